@@ -1,0 +1,52 @@
+//! The `alloc` backend: takes a lease and forwards nothing (flannel
+//! pkg/backend/alloc). `FLANNEL_MTU` is the external interface's MTU.
+
+use async_trait::async_trait;
+
+use super::{Backend, BackendError};
+use crate::iface::ExternalInterface;
+use crate::lease::watcher::Change;
+use crate::lease::{Lease, LeaseAttrs};
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Alloc {
+    mtu: u32,
+}
+
+impl Alloc {
+    /// An alloc backend on an interface with `mtu`.
+    pub fn new(mtu: u32) -> Alloc {
+        Alloc { mtu }
+    }
+}
+
+#[async_trait]
+impl Backend for Alloc {
+    fn name(&self) -> &'static str {
+        "alloc"
+    }
+
+    fn dataplane(&self) -> &'static str {
+        "none"
+    }
+
+    async fn lease_attrs(&mut self, ext: &ExternalInterface) -> Result<LeaseAttrs, BackendError> {
+        // flannel: PublicIP = ExtAddr, no BackendType, no BackendData.
+        Ok(LeaseAttrs {
+            public_ip: ext.ext_addr.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
+            public_ipv6: ext.ext_v6_addr,
+            ..Default::default()
+        })
+    }
+
+    async fn setup(&mut self, _lease: &Lease) -> Result<u32, BackendError> {
+        Ok(self.mtu)
+    }
+
+    async fn apply(&mut self, _change: &Change) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    async fn teardown(&mut self) {}
+}

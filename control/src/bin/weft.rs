@@ -1,0 +1,134 @@
+//! `weft`, the operator CLI.
+//!
+//! - `weft leases [STORE] [--json]`: lists the store's leases;
+//! - `weft leases rm [STORE] KEY`: deletes one (its node's weftd exits, as
+//!   flanneld does when its lease is revoked, and is restarted by its supervisor).
+//!
+//! STORE is `--store-path DIR` (the embedded store, the default) or
+//! `--etcd-endpoints URLS [--etcd-prefix P]`.
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use weft_control::lease::{Lease, SubnetKey};
+use weft_control::store::Registry;
+use weft_control::store::embedded::EmbeddedStore;
+use weft_control::store::etcd::{EtcdOptions, EtcdStore};
+
+#[derive(Debug, Parser)]
+#[command(name = "weft", about = "weft operator CLI", version)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// List (or delete) the leases in a store.
+    Leases {
+        #[command(subcommand)]
+        action: Option<LeaseAction>,
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum LeaseAction {
+    /// Delete the lease with this key (e.g. 10.244.3.0-24).
+    Rm {
+        /// The subnet key.
+        key: SubnetKey,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+#[derive(Debug, Clone, Args)]
+struct StoreArgs {
+    /// The embedded store's directory.
+    #[arg(long, default_value = weft_control::store::embedded::DEFAULT_DIR)]
+    store_path: std::path::PathBuf,
+    /// Use etcd at these endpoints instead of the embedded store.
+    #[arg(long)]
+    etcd_endpoints: Option<String>,
+    /// The etcd key prefix.
+    #[arg(long, default_value = "/coreos.com/network")]
+    etcd_prefix: String,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    weft_control::logging::init(0, "text");
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("weft: {e}");
+            std::process::exit(1);
+        }
+    };
+    let res = rt.block_on(async {
+        match cli.cmd {
+            Cmd::Leases { action: None, store, json } => list(&store, json).await,
+            Cmd::Leases { action: Some(LeaseAction::Rm { key, store }), .. } => remove(&store, &key).await,
+        }
+    });
+    if let Err(e) = res {
+        eprintln!("weft: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn list(s: &StoreArgs, json: bool) -> anyhow::Result<()> {
+    let leases = match &s.etcd_endpoints {
+        Some(ep) => etcd(s, ep).await?.list_leases().await?,
+        None => EmbeddedStore::open(&s.store_path).await?.list_leases().await?,
+    };
+    let out = if json { to_json(&leases)? } else { to_table(&leases) };
+    use std::io::Write;
+    std::io::stdout().write_all(out.as_bytes()).context("stdout")
+}
+
+async fn remove(s: &StoreArgs, key: &SubnetKey) -> anyhow::Result<()> {
+    match &s.etcd_endpoints {
+        Some(ep) => etcd(s, ep).await?.delete_lease(key).await?,
+        None => EmbeddedStore::open(&s.store_path).await?.delete_lease(key).await?,
+    }
+    Ok(())
+}
+
+async fn etcd(s: &StoreArgs, endpoints: &str) -> anyhow::Result<EtcdStore> {
+    let opts = EtcdOptions { endpoints: endpoints.to_string(), prefix: s.etcd_prefix.clone(), ..Default::default() };
+    Ok(EtcdStore::connect(&opts).await?)
+}
+
+fn to_json(leases: &[Lease]) -> anyhow::Result<String> {
+    let v: Vec<serde_json::Value> = leases
+        .iter()
+        .map(|l| {
+            Ok(serde_json::json!({
+                "key": l.key().to_string(),
+                "value": serde_json::from_str::<serde_json::Value>(&l.attrs.to_json())?,
+                "expiration": l.expiration.and_then(|e| e.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs()),
+            }))
+        })
+        .collect::<Result<_, serde_json::Error>>()?;
+    Ok(serde_json::to_string_pretty(&v)? + "\n")
+}
+
+fn to_table(leases: &[Lease]) -> String {
+    let mut out = format!("{:<36} {:<16} {:<10} {}\n", "SUBNET", "PUBLIC IP", "BACKEND", "DATA");
+    for l in leases {
+        let backend = if l.attrs.backend_type.is_empty() { "-" } else { &l.attrs.backend_type };
+        out.push_str(&format!(
+            "{:<36} {:<16} {:<10} {}\n",
+            l.key().to_string(),
+            l.attrs.public_ip.to_string(),
+            backend,
+            l.attrs.backend_data.as_deref().unwrap_or("-")
+        ));
+    }
+    out
+}

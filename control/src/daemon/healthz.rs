@@ -1,0 +1,127 @@
+//! flanneld's health endpoints (spec §9.2): `GET /healthz` → 200
+//! `flanneld is running`; `GET /readyz` → 503 `flanneld is not ready yet`
+//! until subnet.env has been written, then 200 `flanneld is ready`.
+//!
+//! A deliberately tiny HTTP/1.x responder: one request per connection, no
+//! bodies read, bounded header size, a short read timeout.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Shared readiness flag, set once subnet.env is written.
+#[derive(Debug, Clone, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    /// Marks the daemon ready.
+    pub fn set_ready(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Whether the daemon is ready.
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// Binds the listener (so bind errors surface at start) and serves forever.
+pub async fn serve(addr: SocketAddr, ready: Readiness) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let listener = TcpListener::bind(addr).await?;
+    tracing::info!("Start healthz server on {addr}");
+    Ok(tokio::spawn(async move {
+        loop {
+            match listener.accept().await {
+                Ok((conn, _)) => {
+                    let ready = ready.clone();
+                    tokio::spawn(async move {
+                        let _ = tokio::time::timeout(Duration::from_secs(5), handle(conn, ready)).await;
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!("healthz accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }))
+}
+
+async fn handle(mut conn: TcpStream, ready: Readiness) -> std::io::Result<()> {
+    let mut buf = [0u8; 2048];
+    let mut n = 0;
+    while n < buf.len() {
+        let m = conn.read(&mut buf[n..]).await?;
+        if m == 0 {
+            break;
+        }
+        n += m;
+        if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") || buf[..n].windows(2).any(|w| w == b"\n\n") {
+            break;
+        }
+    }
+    let (status, body) = respond(&buf[..n], ready.is_ready());
+    let resp = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(resp.as_bytes()).await?;
+    conn.shutdown().await
+}
+
+/// The status line and body for a raw request.
+pub fn respond(req: &[u8], ready: bool) -> (&'static str, &'static str) {
+    let line = req.split(|&b| b == b'\n').next().unwrap_or_default();
+    let mut parts = line.split(|&b| b == b' ');
+    let method = parts.next().unwrap_or_default();
+    let path = parts.next().unwrap_or_default();
+    let path = path.split(|&b| b == b'?').next().unwrap_or_default();
+    if method != b"GET" && method != b"HEAD" {
+        return ("405 Method Not Allowed", "method not allowed\n");
+    }
+    match path {
+        b"/healthz" => ("200 OK", "flanneld is running"),
+        b"/readyz" if ready => ("200 OK", "flanneld is ready"),
+        b"/readyz" => ("503 Service Unavailable", "flanneld is not ready yet"),
+        _ => ("404 Not Found", "404 page not found\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        assert_eq!(respond(b"GET /healthz HTTP/1.1\r\n\r\n", false), ("200 OK", "flanneld is running"));
+        assert_eq!(respond(b"GET /readyz HTTP/1.1\r\n\r\n", false).0, "503 Service Unavailable");
+        assert_eq!(respond(b"GET /readyz?x=1 HTTP/1.1\r\n\r\n", true), ("200 OK", "flanneld is ready"));
+        assert_eq!(respond(b"POST /healthz HTTP/1.1\r\n\r\n", true).0, "405 Method Not Allowed");
+        assert_eq!(respond(b"", true).0, "405 Method Not Allowed");
+        assert_eq!(respond(b"GET /x HTTP/1.1\r\n\r\n", true).0, "404 Not Found");
+    }
+
+    #[tokio::test]
+    async fn serves_over_tcp() {
+        let ready = Readiness::default();
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr");
+        drop(l);
+        let _h = serve(addr, ready.clone()).await.expect("serve");
+        let get = |path: &'static str| async move {
+            let mut c = TcpStream::connect(addr).await.expect("connect");
+            c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await.expect("write");
+            let mut s = String::new();
+            c.read_to_string(&mut s).await.expect("read");
+            s
+        };
+        assert!(get("/readyz").await.starts_with("HTTP/1.1 503"));
+        ready.set_ready();
+        let r = get("/readyz").await;
+        assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("flanneld is ready"), "{r}");
+    }
+}

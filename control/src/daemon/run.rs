@@ -1,0 +1,301 @@
+//! The daemon's start-up and main loop; see the module docs of `daemon`.
+
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, bail};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+
+use super::flags::{Flags, StoreKind};
+use super::healthz::{self, Readiness};
+use crate::backend::{self, Backend};
+use crate::config::{Config, parse_config};
+use crate::iface::{self, ExternalInterface, IfaceOptions};
+use crate::lease::watcher::{Change, LeaseWatcher};
+use crate::lease::{Lease, LeaseEvent};
+use crate::netlink::Netlink;
+use crate::store::embedded::EmbeddedStore;
+use crate::store::Registry;
+use crate::subnet::{LocalManager, Previous, renew_at};
+use crate::subnet_env::SubnetEnv;
+
+/// How often backends re-check kernel state.
+const RECONCILE_PERIOD: Duration = Duration::from_secs(10);
+
+/// Runs weftd until a signal or the loss of its lease; returns the exit code.
+pub async fn run(flags: Flags, etcd_explicit: bool) -> anyhow::Result<i32> {
+    flags.validate().map_err(anyhow::Error::msg)?;
+    tracing::info!("CLI flags config: {flags:?}");
+    match flags.store_kind(etcd_explicit) {
+        StoreKind::Embedded => {
+            let store = EmbeddedStore::open(&flags.store_path)
+                .await
+                .with_context(|| format!("Failed to create SubnetManager: embedded store {}", flags.store_path.display()))?;
+            run_on(flags, store, StoreKind::Embedded).await
+        }
+        StoreKind::Etcd => {
+            let store = super::stores::etcd(&flags).await?;
+            run_on(flags, store, StoreKind::Etcd).await
+        }
+        StoreKind::Kube => bail!("Failed to create SubnetManager: the Kubernetes subnet manager is not available in this build"),
+    }
+}
+
+async fn run_on<R: Registry + Clone>(flags: Flags, reg: R, kind: StoreKind) -> anyhow::Result<i32> {
+    let mut stop = Stop::install()?;
+    tracing::info!("Installing signal handlers");
+    let ready = Readiness::default();
+    if flags.healthz_port != 0 {
+        let addr = std::net::SocketAddr::new(flags.healthz_ip, flags.healthz_port);
+        healthz::serve(addr, ready.clone()).await.with_context(|| format!("failed to listen on {addr}"))?;
+    }
+
+    let Some(cfg) = stop.until(network_config(&flags, &reg, kind)).await else { return Ok(0) };
+    let cfg = cfg?;
+    tracing::info!("Found network config - Backend type: {}", cfg.backend_type);
+
+    let nl = Netlink::connect()?;
+    let ext = select_iface(&nl, &flags, &cfg).await?;
+    let mut backend = backend::new(&cfg, &ext).context("Error fetching backend")?;
+    let attrs = backend.lease_attrs(&ext).await.context("Error registering network")?;
+
+    let prev_env = SubnetEnv::read(&flags.subnet_file).unwrap_or_else(|e| {
+        tracing::warn!("ignoring previous {}: {e}", flags.subnet_file.display());
+        None
+    });
+    let prev = Previous {
+        subnet: prev_env.as_ref().and_then(|e| e.subnet),
+        ipv6_subnet: prev_env.as_ref().and_then(|e| e.ipv6_subnet),
+    };
+    let ttl = Duration::from_secs(flags.lease_ttl);
+    let mgr = LocalManager::new(reg.clone(), cfg.clone(), prev, Some(ttl));
+    tracing::info!("Created subnet manager: {}", mgr.name());
+
+    let Some(lease) = stop.until(acquire(&mgr, &attrs)).await else { return Ok(0) };
+    let mut lease = lease.context("Error registering network")?;
+    let mtu = backend.setup(&lease).await.context("Error registering network")?;
+
+    let env = SubnetEnv {
+        network: cfg.network.filter(|_| cfg.enable_ipv4),
+        subnet: lease.subnet,
+        ipv6_network: cfg.ipv6_network.filter(|_| cfg.enable_ipv6),
+        ipv6_subnet: lease.ipv6_subnet,
+        mtu,
+        ipmasq: flags.ip_masq,
+    };
+    match env.write(&flags.subnet_file) {
+        Ok(()) => {
+            tracing::info!("Wrote subnet file to {}", flags.subnet_file.display());
+            ready.set_ready();
+            tracing::info!("flannel is ready");
+        }
+        Err(e) => tracing::warn!("Failed to write subnet file: {e}"),
+    }
+    tracing::info!("Running backend.");
+
+    let code = main_loop(&flags, &mgr, backend.as_mut(), &mut lease, &mut stop, ttl).await;
+    tracing::info!("Waiting for all goroutines to exit");
+    backend.teardown().await;
+    tracing::info!("Exiting cleanly...");
+    code
+}
+
+async fn main_loop<R: Registry + Clone>(
+    flags: &Flags,
+    mgr: &LocalManager<R>,
+    backend: &mut dyn Backend,
+    lease: &mut Lease,
+    stop: &mut Stop,
+    ttl: Duration,
+) -> anyhow::Result<i32> {
+    let Some(mut events) = watch(mgr.registry(), stop).await else { return Ok(0) };
+    let own = lease.key();
+    let mut watcher = LeaseWatcher::new(own);
+    let margin = Duration::from_secs(60 * u64::try_from(flags.subnet_lease_renew_margin).unwrap_or(60));
+    let mut reconcile = tokio::time::interval(RECONCILE_PERIOD);
+    reconcile.tick().await;
+    loop {
+        let renew = sleep_until(lease.expiration.map(|e| renew_at(e, margin, ttl)));
+        tokio::select! {
+            _ = stop.wait() => {
+                tracing::info!("shutdownHandler sent cancel signal...");
+                return Ok(0);
+            }
+            ev = events.recv() => {
+                let Some(ev) = ev else { bail!("lease watch ended unexpectedly") };
+                if own_lease_gone(&ev, &own) {
+                    tracing::info!("Lease has been revoked. Shutting down daemon.");
+                    return Ok(0);
+                }
+                if let LeaseEvent::Added(l) = &ev {
+                    if l.key() == own {
+                        tracing::info!("Waiting for {} to renew lease", own);
+                        lease.expiration = l.expiration;
+                    }
+                }
+                for change in watcher.apply(ev) {
+                    match &change {
+                        Change::Add(l) => tracing::info!("Subnet added: {} {}", l.key(), l.attrs.to_json()),
+                        Change::Remove(l) => tracing::info!("Subnet removed: {}", l.key()),
+                    }
+                    if let Err(e) = backend.apply(&change).await {
+                        tracing::error!("failed to apply {change:?}: {e}");
+                    }
+                }
+            }
+            _ = renew => {
+                match mgr.renew_lease(lease).await {
+                    Ok(l) => {
+                        *lease = l;
+                        tracing::info!("Lease renewed, new expiration: {:?}", lease.expiration.map(humantime));
+                    }
+                    Err(e) => {
+                        tracing::error!("Error renewing lease (trying again in 1 min): {e}");
+                        // Retry in a minute, or sooner when the TTL is short.
+                        let retry = Duration::from_secs(60).min(ttl / 4);
+                        lease.expiration = Some(SystemTime::now() + retry + margin.min(ttl / 2));
+                    }
+                }
+            }
+            _ = reconcile.tick() => {
+                if let Err(e) = backend.reconcile().await {
+                    tracing::warn!("reconcile: {e}");
+                }
+            }
+        }
+    }
+}
+
+fn own_lease_gone(ev: &LeaseEvent, own: &crate::lease::SubnetKey) -> bool {
+    match ev {
+        LeaseEvent::Removed(l) => l.key() == *own,
+        LeaseEvent::Snapshot(all) => !all.iter().any(|l| l.key() == *own),
+        LeaseEvent::Added(_) => false,
+    }
+}
+
+fn humantime(t: SystemTime) -> String {
+    let secs = t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    format!("unix {secs}")
+}
+
+async fn sleep_until(at: Option<SystemTime>) {
+    match at {
+        Some(at) => {
+            let d = at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO);
+            tokio::time::sleep(d).await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Reads and checks the network config: the file for the embedded store
+/// (falling back to the store's config key), the `<prefix>/config` key for
+/// etcd (retried every second until it exists, as flanneld does).
+async fn network_config<R: Registry>(flags: &Flags, reg: &R, kind: StoreKind) -> anyhow::Result<Config> {
+    let text = loop {
+        if kind == StoreKind::Embedded && flags.net_config_path.exists() {
+            break std::fs::read(&flags.net_config_path)
+                .with_context(|| format!("failed to read net conf {}", flags.net_config_path.display()))?;
+        }
+        match reg.get_network_config().await {
+            Ok(Some(t)) => break t.into_bytes(),
+            Ok(None) if kind == StoreKind::Etcd => {
+                tracing::error!("Couldn't fetch network config: flannel config not found in etcd store. Did you create your config using etcdv3 API?");
+            }
+            Ok(None) => bail!(
+                "no network config: neither {} nor the embedded store has one",
+                flags.net_config_path.display()
+            ),
+            Err(e) if e.is_retryable() => tracing::error!("Couldn't fetch network config: {e}"),
+            Err(e) => return Err(e).context("Couldn't fetch network config"),
+        }
+        tracing::info!("timed out");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let mut cfg = parse_config(&text).context("error parsing subnet config")?;
+    cfg.check_network_config().context("invalid network config")?;
+    Ok(cfg)
+}
+
+async fn select_iface(nl: &Netlink, flags: &Flags, cfg: &Config) -> anyhow::Result<ExternalInterface> {
+    if flags.iface.is_empty() && flags.iface_regex.is_empty() {
+        tracing::info!("Determining IP address of default interface");
+    }
+    let opts = IfaceOptions {
+        ifaces: flags.iface.clone(),
+        regexes: flags.iface_regex.clone(),
+        can_reach: flags.iface_can_reach,
+        public_ip: flags.public_ip,
+        public_ipv6: flags.public_ipv6,
+        v4: cfg.enable_ipv4,
+        v6: cfg.enable_ipv6,
+    };
+    let ext = iface::select(nl, &opts).await?;
+    let shown = ext.iface_addr.map(|a| a.to_string()).or(ext.iface_v6_addr.map(|a| a.to_string())).unwrap_or_default();
+    tracing::info!("Using interface with name {} and address {}", ext.iface.name, shown);
+    match (flags.public_ip, ext.ext_addr) {
+        (Some(ip), _) => tracing::info!("Using {ip} as external address"),
+        (None, Some(ip)) => tracing::info!("Defaulting external address to interface address ({ip})"),
+        (None, None) => {}
+    }
+    Ok(ext)
+}
+
+/// Acquires the lease, retrying while the store is unreachable.
+async fn acquire<R: Registry>(mgr: &LocalManager<R>, attrs: &crate::lease::LeaseAttrs) -> anyhow::Result<Lease> {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match mgr.acquire_lease(attrs).await {
+            Ok(l) => return Ok(l),
+            Err(crate::subnet::SubnetError::Store(e)) if e.is_retryable() => {
+                tracing::error!("failed to acquire lease: {e}; retrying in {backoff:?}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e).context("failed to acquire lease"),
+        }
+    }
+}
+
+/// Starts the lease watch, retrying while the store is unreachable; `None` on stop.
+async fn watch<R: Registry>(reg: &R, stop: &mut Stop) -> Option<mpsc::Receiver<LeaseEvent>> {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match stop.until(reg.watch_leases()).await? {
+            Ok(rx) => return Some(rx),
+            Err(e) => {
+                tracing::error!("failed to watch leases: {e}; retrying in {backoff:?}");
+                stop.until(tokio::time::sleep(backoff)).await?;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// SIGTERM / SIGINT.
+struct Stop {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Stop {
+    fn install() -> anyhow::Result<Stop> {
+        Ok(Stop { term: signal(SignalKind::terminate())?, int: signal(SignalKind::interrupt())? })
+    }
+
+    async fn wait(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
+
+    /// Runs `f` unless a stop signal comes first (`None`).
+    async fn until<T>(&mut self, f: impl std::future::Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            v = f => Some(v),
+            _ = self.wait() => None,
+        }
+    }
+}

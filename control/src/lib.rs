@@ -1,0 +1,23 @@
+//! weft's control plane.
+//!
+//! Everything that decides *what* the dataplane should do lives here: flannel's
+//! network config, subnet leases and their stores, `subnet.env`, the backends'
+//! kernel programming, host firewall rules and the `weftd` daemon itself.
+//!
+//! **Architecture invariant:** nothing in this crate reads or writes packet
+//! bytes. The userspace dataplane is driven only through `weft_engine`'s
+//! control handle (peer tables, start/stop).
+#![forbid(unsafe_code)]
+
+pub mod backend;
+pub mod config;
+pub mod daemon;
+pub mod gojson;
+pub mod iface;
+pub mod lease;
+pub mod logging;
+pub mod netlink;
+pub mod store;
+pub mod subnet;
+pub mod subnet_env;
+pub mod traffic;

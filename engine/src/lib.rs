@@ -1,0 +1,341 @@
+//! weft's userspace dataplane: TUN <-> flannel-UDP / VXLAN.
+//!
+//! # Bird's-eye view
+//!
+//! [`Engine::start`] creates a multi-queue TUN device and `workers` threads.
+//! Each worker owns one TUN queue, one receive socket bound to
+//! `local_addr:port` (all workers share the port through `SO_REUSEPORT`), a few
+//! send sockets on ephemeral ports (the outer source port is chosen by a hash of
+//! the inner flow, as the kernel's vxlan does), and all of its buffers. The
+//! control plane talks to the engine through exactly one handoff,
+//! [`Engine::set_peers`], which swaps an immutable [`PeerTable`] snapshot
+//! (`arc-swap`); workers load it once per batch. The engine does not configure
+//! addresses, MTU or routes of the TUN device: the daemon does, over netlink.
+//!
+//! Code map: [`wire`] (zero-copy header views, checksums), [`encap`] (sans-IO
+//! flannel-UDP and VXLAN), [`offload`] (userspace GSO and GRO), [`peers`]
+//! (the snapshot), `sys` (the only `unsafe`: TUN ioctls, `sendmmsg`/`recvmmsg`),
+//! `worker` (the loop), [`Stats`] (per-worker counters, summed on read).
+//!
+//! # One packet's walk (pod A on node 1 -> pod B on node 2, VXLAN)
+//!
+//! 1. Pod A's TCP stack sends; the host routes `10.244.2.0/24` to the TUN
+//!    (`flannel.1`). With `offload`, the TUN hands the engine a TCP
+//!    super-packet of up to 64 KiB with a `virtio_net_hdr` (`GSO_TCPV4`, partial
+//!    checksum). The kernel picks the TUN queue by flow hash, so one flow always
+//!    reaches the same worker.
+//! 2. The worker looks the destination up in the peer snapshot (longest prefix),
+//!    cuts the super-packet into MSS-sized IP packets directly into its TX arena,
+//!    leaving 22 bytes of headroom in front of each (userspace GSO: IPv4 length,
+//!    ID and checksum, TCP seq/flags/checksum fixed per segment), and writes the
+//!    VXLAN header (I flag, VNI) and inner Ethernet header (dst = peer VtepMAC,
+//!    src = our VTEP MAC) into the headroom.
+//! 3. The equal-size segments form one `sendmmsg` message with a `UDP_SEGMENT`
+//!    control message (UDP GSO); the kernel adds outer UDP/IP headers once per
+//!    segment, to `peer:8472`.
+//! 4. On node 2 the receive socket (with `UDP_GRO`) returns the train as one
+//!    buffer; the worker checks the outer source is a peer (anti-spoofing), the
+//!    VNI, the inner destination MAC, that the inner source lies in that peer's
+//!    subnet, and strips the 22 bytes.
+//! 5. Userspace GRO merges adjacent segments of the flow (checksums verified)
+//!    and one `writev` hands the TUN a super-packet with a `GSO_TCPV4`
+//!    `virtio_net_hdr`; node 2's kernel routes it to pod B via `cni0`.
+//!
+//! flannel-UDP is the same walk with zero headroom, TTL decremented on send and
+//! on receive, and an ICMP net-unreachable written back into the TUN when no
+//! peer matches.
+//!
+//! # Architecture invariants
+//!
+//! - The hot path does not allocate, lock, block on the control plane, log
+//!   above `trace`, or make a syscall per packet (only per batch / per TUN
+//!   packet or super-packet).
+//! - Encapsulation code ([`encap`], [`offload`], [`wire`]) does no I/O and
+//!   never panics on any input; untrusted bytes go through `new_checked`.
+//! - Per-flow order is kept: a flow maps to one TUN queue, one worker, one
+//!   send socket; GRO emits in arrival order.
+//! - `unsafe` lives only in `sys/`, each block with a `SAFETY` comment.
+//! - The engine never talks to etcd or the apiserver.
+
+pub mod encap;
+pub mod offload;
+pub mod peers;
+mod stats;
+mod sys;
+#[cfg(test)]
+mod test_util;
+pub mod wire;
+mod worker;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+
+use arc_swap::ArcSwap;
+
+pub use encap::DropReason;
+pub use ipnet;
+pub use peers::{Peer, PeerTable};
+pub use stats::{Drops, Stats};
+
+use crate::encap::{Codec, Vxlan};
+use crate::stats::Shared;
+use crate::sys::udp::Udp;
+use crate::worker::{SEND_SOCKETS, Worker};
+
+/// flannel's default udp backend port.
+pub const FLANNEL_UDP_PORT: u16 = 8285;
+/// The Linux kernel's (and flannel's) default VXLAN port.
+pub const VXLAN_PORT: u16 = 8472;
+/// Socket buffer size forced on every engine socket.
+pub const SOCKET_BUFFER: usize = 4 << 20;
+
+/// Which encapsulation the engine speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encap {
+    /// flannel's udp backend: bare IPv4 in UDP.
+    FlannelUdp {
+        /// UDP port, local and remote (flannel `Backend.Port`, default 8285).
+        port: u16,
+    },
+    /// VXLAN as a flannel-configured kernel vxlan device speaks it.
+    Vxlan {
+        /// VNI (24 bits, flannel default 1).
+        vni: u32,
+        /// UDP port, local and remote (default 8472).
+        port: u16,
+        /// Our VTEP MAC (inner Ethernet source; decap accepts only this destination).
+        local_mac: [u8; 6],
+    },
+}
+
+impl Encap {
+    /// The UDP port.
+    pub fn port(&self) -> u16 {
+        match self {
+            Encap::FlannelUdp { port } | Encap::Vxlan { port, .. } => *port,
+        }
+    }
+}
+
+/// Engine configuration.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// TUN name, e.g. `flannel0` (udp) or `flannel.1` (vxlan); a `%d` template is allowed.
+    pub tun_name: String,
+    /// Encapsulation.
+    pub encap: Encap,
+    /// Underlay address the UDP sockets bind to (v4 or v6).
+    pub local_addr: IpAddr,
+    /// Source of generated ICMP errors (the node's subnet IP); flannel-UDP only.
+    pub tun_addr: Option<IpAddr>,
+    /// TUN MTU (informational; the daemon sets it; segments follow the kernel's gso_size).
+    pub mtu: u16,
+    /// Worker threads (and TUN queues); 0 = one per CPU.
+    pub workers: usize,
+    /// Try TUN vnet_hdr/TSO and UDP GSO/GRO.
+    pub offload: bool,
+    /// Drop decapsulated packets from unknown peers or spoofed inner sources.
+    pub anti_spoof: bool,
+}
+
+/// Which offloads are active.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OffloadState {
+    /// TUN reads/writes carry a `virtio_net_hdr` (userspace GRO is on).
+    pub tun_vnet_hdr: bool,
+    /// The TUN hands over TCP super-packets (TSO4/6 accepted; userspace GSO is on).
+    pub tun_tso: bool,
+    /// The TUN hands over partial checksums.
+    pub tun_csum: bool,
+    /// UDP GSO (`UDP_SEGMENT`) is in use (turns off at runtime on `EIO`).
+    pub udp_gso: bool,
+    /// UDP GRO (`UDP_GRO`) is enabled on the receive sockets.
+    pub udp_gro: bool,
+}
+
+/// Errors of [`Engine::start`].
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The configuration is unusable.
+    #[error("invalid engine config: {0}")]
+    Config(&'static str),
+    /// Creating the TUN device or its queues failed.
+    #[error("cannot open tun device {name}")]
+    Tun {
+        /// Requested name.
+        name: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Creating or binding a UDP socket failed.
+    #[error("cannot bind udp socket {addr}")]
+    Socket {
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Spawning a worker thread failed.
+    #[error("cannot spawn worker thread")]
+    Spawn(#[source] std::io::Error),
+}
+
+/// A running dataplane for one TUN device.
+pub struct Engine {
+    tun_name: String,
+    port: u16,
+    peers: Arc<ArcSwap<PeerTable>>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    counters: Vec<Arc<Shared>>,
+    offloads: OffloadState,
+    udp_gso: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("tun_name", &self.tun_name).field("workers", &self.threads.len()).finish()
+    }
+}
+
+impl Engine {
+    /// Creates the TUN device (all queues), binds the sockets and starts the workers.
+    /// The peer table starts empty.
+    pub fn start(cfg: EngineConfig) -> Result<Engine, EngineError> {
+        let codec = match cfg.encap {
+            Encap::FlannelUdp { .. } => Codec::FlannelUdp,
+            Encap::Vxlan { vni, local_mac, .. } => {
+                if vni > wire::vxlan::MAX_VNI {
+                    return Err(EngineError::Config("vni does not fit in 24 bits"));
+                }
+                if local_mac[0] & 1 != 0 {
+                    return Err(EngineError::Config("vtep mac must be unicast"));
+                }
+                Codec::Vxlan(Vxlan { vni, local_mac })
+            }
+        };
+        if cfg.mtu < 68 {
+            return Err(EngineError::Config("mtu below 68"));
+        }
+        if matches!(cfg.encap, Encap::FlannelUdp { .. }) && cfg.local_addr.is_ipv6() {
+            return Err(EngineError::Config("flannel-udp is ipv4 only"));
+        }
+        let workers = match cfg.workers {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+        .min(64);
+        let port = cfg.encap.port();
+        let dev = sys::tun::open(&cfg.tun_name, workers, cfg.offload)
+            .map_err(|source| EngineError::Tun { name: cfg.tun_name.clone(), source })?;
+        let tun_tso = dev.offload & (sys::tun::TUN_F_TSO4 | sys::tun::TUN_F_TSO6) != 0;
+        let mut offloads = OffloadState {
+            tun_vnet_hdr: dev.vnet_hdr,
+            tun_tso,
+            tun_csum: dev.offload & sys::tun::TUN_F_CSUM != 0,
+            udp_gso: cfg.offload,
+            udp_gro: cfg.offload,
+        };
+        let udp_gso = Arc::new(AtomicBool::new(cfg.offload));
+        let peers = Arc::new(ArcSwap::from_pointee(PeerTable::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let icmp_src = match cfg.tun_addr {
+            Some(IpAddr::V4(a)) => Some(a),
+            _ => None,
+        };
+        let mut built = Vec::with_capacity(workers);
+        for q in dev.queues {
+            let addr = SocketAddr::new(cfg.local_addr, port);
+            let rx = Udp::bind(addr, true, true, SOCKET_BUFFER).map_err(|source| EngineError::Socket { addr, source })?;
+            if cfg.offload && !rx.enable_gro() {
+                offloads.udp_gro = false;
+            }
+            let mut tx = Vec::with_capacity(SEND_SOCKETS);
+            for _ in 0..SEND_SOCKETS {
+                let a = SocketAddr::new(cfg.local_addr, 0);
+                tx.push(Udp::bind(a, false, false, SOCKET_BUFFER).map_err(|source| EngineError::Socket { addr: a, source })?);
+            }
+            built.push(Worker {
+                codec,
+                tun: q,
+                vnet_hdr: dev.vnet_hdr,
+                rx,
+                tx,
+                peers: peers.clone(),
+                anti_spoof: cfg.anti_spoof,
+                icmp_src,
+                udp_gso: udp_gso.clone(),
+                stop: stop.clone(),
+                shared: Arc::new(Shared::default()),
+            });
+        }
+        let counters: Vec<_> = built.iter().map(|w| w.shared.clone()).collect();
+        let mut engine = Engine {
+            tun_name: dev.name,
+            port,
+            peers,
+            stop,
+            threads: Vec::with_capacity(workers),
+            counters,
+            offloads,
+            udp_gso,
+        };
+        for (i, w) in built.into_iter().enumerate() {
+            let h = std::thread::Builder::new()
+                .name(format!("weft-w{i}"))
+                .spawn(move || w.run())
+                .map_err(EngineError::Spawn)?;
+            engine.threads.push(h);
+        }
+        tracing::debug!(tun = %engine.tun_name, workers, ?offloads, "engine started");
+        Ok(engine)
+    }
+
+    /// Replaces the peer table (atomically; traffic keeps flowing).
+    pub fn set_peers(&self, peers: Vec<Peer>) {
+        self.peers.store(Arc::new(PeerTable::new(&peers, self.port)));
+    }
+
+    /// The current peer snapshot.
+    pub fn peers(&self) -> Arc<PeerTable> {
+        self.peers.load_full()
+    }
+
+    /// Counters summed over workers.
+    pub fn stats(&self) -> Stats {
+        Stats::sum(self.counters.iter().map(|c| &**c))
+    }
+
+    /// Active offloads.
+    pub fn offloads(&self) -> OffloadState {
+        OffloadState { udp_gso: self.udp_gso.load(Ordering::Relaxed), ..self.offloads }
+    }
+
+    /// The TUN device's name as the kernel reports it.
+    pub fn tun_name(&self) -> &str {
+        &self.tun_name
+    }
+
+    /// Number of worker threads.
+    pub fn workers(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// Stops and joins the workers; the TUN device disappears with its last queue.
+    pub fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}

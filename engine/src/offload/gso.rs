@@ -1,0 +1,159 @@
+//! Userspace GSO: split a TCP super-packet handed over by the TUN
+//! (`virtio_net_hdr` with `GSO_TCPV4/6` and a partial checksum) into
+//! MSS-sized IP packets, and complete partial checksums of single packets.
+//!
+//! Output layout, the one UDP GSO wants: segment `i` occupies
+//! `out[i * stride ..][..len_i]`, where the first `headroom` bytes are left for
+//! the encapsulation header and `stride = headroom + headers + gso_size`; all
+//! segments are `stride` long except possibly the last. Per segment we fix the
+//! IPv4 total length, ID (+i) and header checksum (IPv6: payload length), the
+//! TCP sequence number, flags (FIN/PSH only on the last, CWR only on the first)
+//! and the full TCP checksum, as the kernel's `tcp_gso_segment` does.
+
+use crate::encap::DropReason;
+use crate::wire::{checksum, ipv4, ipv6, put16, tcp};
+
+/// Where the segments of one super-packet ended up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segments {
+    /// Number of segments (>= 1).
+    pub count: usize,
+    /// Distance between segment starts (= length of every segment but the last, headroom included).
+    pub stride: usize,
+    /// Length of the last segment, headroom included.
+    pub last_len: usize,
+}
+
+impl Segments {
+    /// Total bytes written.
+    pub fn total_len(&self) -> usize {
+        (self.count - 1) * self.stride + self.last_len
+    }
+}
+
+/// Parsed facts about a TCP/IP packet needed to cut it.
+struct Layout {
+    v6: bool,
+    ip_hl: usize,
+    hdrs: usize,
+    len: usize,
+}
+
+fn layout(pkt: &[u8]) -> Result<Layout, DropReason> {
+    match pkt.first().map(|b| b >> 4) {
+        Some(4) => {
+            if pkt.len() < ipv4::HEADER_LEN {
+                return Err(DropReason::Malformed);
+            }
+            let p = ipv4::Packet::new_unchecked(pkt);
+            let hl = p.header_len();
+            // Total length 0 happens with BIG TCP; the buffer length is authoritative then.
+            let tl = match usize::from(p.total_len()) {
+                0 => pkt.len(),
+                tl => tl,
+            };
+            if hl < ipv4::HEADER_LEN || tl > pkt.len() || tl < hl || p.protocol() != ipv4::PROTO_TCP {
+                return Err(DropReason::Malformed);
+            }
+            let t = tcp::Packet::new_checked(&pkt[hl..tl]).map_err(|_| DropReason::Malformed)?;
+            Ok(Layout { v6: false, ip_hl: hl, hdrs: hl + t.header_len(), len: tl })
+        }
+        Some(6) => {
+            let p = ipv6::Packet::new_checked(pkt).map_err(|_| DropReason::Malformed)?;
+            if p.next_header() != ipv4::PROTO_TCP {
+                return Err(DropReason::Malformed);
+            }
+            let tl = ipv6::HEADER_LEN + usize::from(p.payload_len());
+            let t = tcp::Packet::new_checked(&pkt[ipv6::HEADER_LEN..tl]).map_err(|_| DropReason::Malformed)?;
+            Ok(Layout { v6: true, ip_hl: ipv6::HEADER_LEN, hdrs: ipv6::HEADER_LEN + t.header_len(), len: tl })
+        }
+        _ => Err(DropReason::Malformed),
+    }
+}
+
+/// Bytes [`tcp_segment`] needs in `out` for `pkt` (`None` if `pkt` is not TCP/IP).
+pub fn required_len(pkt: &[u8], gso_size: usize, headroom: usize) -> Option<usize> {
+    let l = layout(pkt).ok()?;
+    let payload = l.len - l.hdrs;
+    let n = payload.div_ceil(gso_size.max(1)).max(1);
+    Some(n * (headroom + l.hdrs + gso_size))
+}
+
+/// Cuts the TCP super-packet `pkt` into segments of `gso_size` payload bytes
+/// written to `out` (see the module doc for the layout). The checksum field of
+/// `pkt` may hold anything (the kernel leaves a partial sum there).
+pub fn tcp_segment(pkt: &[u8], gso_size: usize, headroom: usize, out: &mut [u8]) -> Result<Segments, DropReason> {
+    if gso_size == 0 {
+        return Err(DropReason::Malformed);
+    }
+    let l = layout(pkt)?;
+    let payload = &pkt[l.hdrs..l.len];
+    let count = payload.len().div_ceil(gso_size).max(1);
+    let stride = headroom + l.hdrs + gso_size;
+    let last_payload = payload.len() - (count - 1) * gso_size;
+    let segs = Segments { count, stride, last_len: headroom + l.hdrs + last_payload };
+    if out.len() < segs.total_len() {
+        return Err(DropReason::Mtu);
+    }
+    let th = tcp::Packet::new_unchecked(&pkt[l.ip_hl..l.hdrs]);
+    let (seq0, flags0) = (th.seq(), th.flags());
+    let ident0 = if l.v6 { 0 } else { ipv4::Packet::new_unchecked(pkt).ident() };
+    let (src, dst) = if l.v6 { (8..24, 24..40) } else { (12..16, 16..20) };
+    let tcp_hl = l.hdrs - l.ip_hl;
+
+    for i in 0..count {
+        let chunk = &payload[i * gso_size..((i + 1) * gso_size).min(payload.len())];
+        let seg = &mut out[i * stride + headroom..][..l.hdrs + chunk.len()];
+        seg[..l.hdrs].copy_from_slice(&pkt[..l.hdrs]);
+        seg[l.hdrs..].copy_from_slice(chunk);
+        let seg_len = seg.len();
+        if l.v6 {
+            let pl = u16::try_from(seg_len - ipv6::HEADER_LEN).map_err(|_| DropReason::Mtu)?;
+            ipv6::Packet::new_unchecked(&mut *seg).set_payload_len(pl);
+        } else {
+            let mut ip = ipv4::Packet::new_unchecked(&mut *seg);
+            ip.set_total_len(u16::try_from(seg_len).map_err(|_| DropReason::Mtu)?);
+            ip.set_ident(ident0.wrapping_add(u16::try_from(i & 0xffff).unwrap_or(0)));
+            ip.fill_checksum();
+        }
+        let mut flags = flags0;
+        if i + 1 != count {
+            flags &= !(tcp::FIN | tcp::PSH);
+        }
+        if i != 0 {
+            flags &= !tcp::CWR;
+        }
+        let seq = seq0.wrapping_add(u32::try_from(i * gso_size).unwrap_or(0));
+        let (ip, t) = seg.split_at_mut(l.ip_hl);
+        let mut th = tcp::Packet::new_unchecked(&mut *t);
+        th.set_seq(seq);
+        th.set_flags(flags);
+        th.set_checksum(0);
+        let tcp_len = u32::try_from(tcp_hl + chunk.len()).unwrap_or(0);
+        let ps = checksum::pseudo_v4(&ip[src.clone()], &ip[dst.clone()], ipv4::PROTO_TCP, tcp_len);
+        let c = checksum::finish(checksum::combine(ps, checksum::sum(t)));
+        put16(t, tcp::CHECKSUM_OFFSET, c);
+    }
+    Ok(segs)
+}
+
+/// Completes a partial checksum (`VIRTIO_NET_HDR_F_NEEDS_CSUM` on a non-GSO
+/// packet): the field at `csum_start + csum_offset` holds the folded
+/// pseudo-header sum; the result covers everything from `csum_start`.
+pub fn complete_checksum(pkt: &mut [u8], csum_start: usize, csum_offset: usize) -> Result<(), DropReason> {
+    let field = csum_start.checked_add(csum_offset).ok_or(DropReason::Malformed)?;
+    if field.checked_add(2).is_none_or(|end| end > pkt.len()) {
+        return Err(DropReason::Malformed);
+    }
+    let mut c = checksum::finish(checksum::sum(&pkt[csum_start..]));
+    // A computed UDP checksum of 0 is sent as all ones (RFC 768); for TCP the two are equal.
+    if c == 0 {
+        c = 0xffff;
+    }
+    put16(pkt, field, c);
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "gso_tests.rs"]
+mod tests;

@@ -1,0 +1,177 @@
+//! Counters: one cache-line-aligned block per worker, written only by that
+//! worker (plain relaxed stores once per loop iteration, no read-modify-write
+//! on shared memory), summed on read by [`crate::Engine::stats`].
+//!
+//! Shape of [`Stats`] (what the daemon exports):
+//! `tx_packets/tx_bytes` = inner packets/bytes encapsulated and handed to UDP,
+//! `rx_packets/rx_bytes` = inner packets/bytes decapsulated and written to TUN,
+//! plus syscall and offload counters and one drop counter per [`DropReason`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::encap::DropReason;
+
+/// Counter slots.
+#[derive(Debug, Clone, Copy)]
+#[repr(usize)]
+pub(crate) enum Ctr {
+    TxPackets,
+    TxBytes,
+    UdpSends,
+    RxPackets,
+    RxBytes,
+    UdpRecvs,
+    TunReads,
+    TunWrites,
+    GsoSuperPackets,
+    GroCoalesced,
+    IcmpSent,
+    Malformed,
+    BadVni,
+    WrongDstMac,
+    UnknownPeer,
+    SpoofedSource,
+    NoRoute,
+    TtlExpired,
+    Mtu,
+    UdpSendErrors,
+    TunWriteErrors,
+    IoErrors,
+}
+
+const N: usize = Ctr::IoErrors as usize + 1;
+
+impl From<DropReason> for Ctr {
+    fn from(r: DropReason) -> Self {
+        match r {
+            DropReason::Malformed => Ctr::Malformed,
+            DropReason::BadVni => Ctr::BadVni,
+            DropReason::WrongDstMac => Ctr::WrongDstMac,
+            DropReason::UnknownPeer => Ctr::UnknownPeer,
+            DropReason::SpoofedSource => Ctr::SpoofedSource,
+            DropReason::NoRoute => Ctr::NoRoute,
+            DropReason::TtlExpired => Ctr::TtlExpired,
+            DropReason::Mtu => Ctr::Mtu,
+        }
+    }
+}
+
+/// The published block of one worker.
+#[repr(align(128))]
+#[derive(Debug, Default)]
+pub(crate) struct Shared([AtomicU64; N]);
+
+/// A worker's private running counters.
+#[derive(Debug, Default)]
+pub(crate) struct Local([u64; N]);
+
+impl Local {
+    #[inline]
+    pub(crate) fn add(&mut self, c: Ctr, n: u64) {
+        self.0[c as usize] += n;
+    }
+    #[inline]
+    pub(crate) fn drop(&mut self, r: DropReason, n: u64) {
+        self.add(Ctr::from(r), n);
+    }
+    /// Publishes the totals (single writer: plain stores are enough).
+    pub(crate) fn publish(&self, to: &Shared) {
+        for (d, s) in to.0.iter().zip(self.0.iter()) {
+            d.store(*s, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Drop counters by reason (packets).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Drops {
+    /// Not a valid IP/Ethernet/VXLAN packet, or a truncated one.
+    pub malformed: u64,
+    /// VXLAN VNI other than ours.
+    pub bad_vni: u64,
+    /// Inner Ethernet destination is not our VTEP MAC.
+    pub wrong_dst_mac: u64,
+    /// Anti-spoofing: outer source is not a peer.
+    pub unknown_peer: u64,
+    /// Anti-spoofing: inner source outside the sending peer's subnet.
+    pub spoofed_source: u64,
+    /// No peer for the destination.
+    pub no_route: u64,
+    /// TTL reached zero (flannel-UDP).
+    pub ttl_expired: u64,
+    /// Too large to carry.
+    pub mtu: u64,
+    /// `sendmmsg` failures (messages).
+    pub udp_send_errors: u64,
+    /// TUN write failures.
+    pub tun_write_errors: u64,
+    /// Other I/O errors (reads, receives).
+    pub io_errors: u64,
+}
+
+/// Engine counters, summed over workers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Inner packets sent to peers (after segmentation).
+    pub tx_packets: u64,
+    /// Inner bytes sent to peers.
+    pub tx_bytes: u64,
+    /// `sendmmsg` calls.
+    pub udp_sends: u64,
+    /// Inner packets written to the TUN (before coalescing).
+    pub rx_packets: u64,
+    /// Inner bytes written to the TUN.
+    pub rx_bytes: u64,
+    /// `recvmmsg` calls that returned data.
+    pub udp_recvs: u64,
+    /// TUN reads that returned a packet.
+    pub tun_reads: u64,
+    /// TUN writes.
+    pub tun_writes: u64,
+    /// TUN super-packets segmented in userspace.
+    pub gso_super_packets: u64,
+    /// Received segments merged into a previous one (userspace GRO).
+    pub gro_coalesced: u64,
+    /// ICMP net-unreachable messages written to the TUN (flannel-UDP).
+    pub icmp_sent: u64,
+    /// Drops by reason.
+    pub drops: Drops,
+}
+
+impl Stats {
+    pub(crate) fn sum<'a>(blocks: impl IntoIterator<Item = &'a Shared>) -> Stats {
+        let mut t = [0u64; N];
+        for b in blocks {
+            for (d, s) in t.iter_mut().zip(b.0.iter()) {
+                *d += s.load(Ordering::Relaxed);
+            }
+        }
+        let g = |c: Ctr| t[c as usize];
+        Stats {
+            tx_packets: g(Ctr::TxPackets),
+            tx_bytes: g(Ctr::TxBytes),
+            udp_sends: g(Ctr::UdpSends),
+            rx_packets: g(Ctr::RxPackets),
+            rx_bytes: g(Ctr::RxBytes),
+            udp_recvs: g(Ctr::UdpRecvs),
+            tun_reads: g(Ctr::TunReads),
+            tun_writes: g(Ctr::TunWrites),
+            gso_super_packets: g(Ctr::GsoSuperPackets),
+            gro_coalesced: g(Ctr::GroCoalesced),
+            icmp_sent: g(Ctr::IcmpSent),
+            drops: Drops {
+                malformed: g(Ctr::Malformed),
+                bad_vni: g(Ctr::BadVni),
+                wrong_dst_mac: g(Ctr::WrongDstMac),
+                unknown_peer: g(Ctr::UnknownPeer),
+                spoofed_source: g(Ctr::SpoofedSource),
+                no_route: g(Ctr::NoRoute),
+                ttl_expired: g(Ctr::TtlExpired),
+                mtu: g(Ctr::Mtu),
+                udp_send_errors: g(Ctr::UdpSendErrors),
+                tun_write_errors: g(Ctr::TunWriteErrors),
+                io_errors: g(Ctr::IoErrors),
+            },
+        }
+    }
+}

@@ -1,0 +1,16 @@
+//! The only place with `unsafe`: raw syscalls for the TUN device and batched UDP.
+
+pub mod tun;
+pub mod udp;
+
+/// Calls a libc function returning -1 on error and converts it to `io::Result`.
+macro_rules! syscall {
+    ($fn:ident ( $($arg:expr),* $(,)? )) => {{
+        #[allow(unused_unsafe)]
+        // SAFETY: the caller passes arguments that are valid for this syscall
+        // (live buffers with correct lengths, initialised structs).
+        let res = unsafe { libc::$fn($($arg),*) };
+        if res == -1 { Err(std::io::Error::last_os_error()) } else { Ok(res) }
+    }};
+}
+pub(crate) use syscall;

@@ -1,0 +1,131 @@
+//! TUN device: `/dev/net/tun` ioctls, one file descriptor per queue.
+//!
+//! Opens `IFF_TUN | IFF_NO_PI | IFF_MULTI_QUEUE` queues (non-blocking,
+//! close-on-exec), optionally with `IFF_VNET_HDR`, then probes
+//! `TUNSETOFFLOAD` from the widest offload set down to none. The device is not
+//! persistent: it disappears when the last queue is closed. Addresses, MTU and
+//! routes are the daemon's job (netlink), not ours.
+
+use std::ffi::CStr;
+use std::io::{self, IoSlice};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use super::syscall;
+
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
+const IFF_TUN: libc::c_short = 0x0001;
+const IFF_NO_PI: libc::c_short = 0x1000;
+const IFF_VNET_HDR: libc::c_short = 0x4000;
+const IFF_MULTI_QUEUE: libc::c_short = 0x0100;
+
+/// `TUN_F_CSUM`: we accept packets with partial checksums.
+pub const TUN_F_CSUM: u32 = 0x01;
+/// `TUN_F_TSO4`.
+pub const TUN_F_TSO4: u32 = 0x02;
+/// `TUN_F_TSO6`.
+pub const TUN_F_TSO6: u32 = 0x04;
+
+#[repr(C)]
+struct IfReq {
+    name: [libc::c_char; libc::IFNAMSIZ],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+/// One TUN queue.
+#[derive(Debug)]
+pub struct Queue {
+    fd: OwnedFd,
+}
+
+/// An opened multi-queue TUN device.
+#[derive(Debug)]
+pub struct Device {
+    /// Queues, one per worker.
+    pub queues: Vec<Queue>,
+    /// The kernel's name for the device (`%d` templates resolved).
+    pub name: String,
+    /// Whether every read/write carries a `virtio_net_hdr`.
+    pub vnet_hdr: bool,
+    /// Accepted `TUN_F_*` offload flags.
+    pub offload: u32,
+}
+
+fn open_queue(name: &str, flags: libc::c_short) -> io::Result<(Queue, String)> {
+    let path = c"/dev/net/tun";
+    let fd = syscall!(open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NONBLOCK))?;
+    // SAFETY: `fd` was just returned by open() and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut req = IfReq { name: [0; libc::IFNAMSIZ], flags, _pad: [0; 22] };
+    if name.len() >= libc::IFNAMSIZ || name.as_bytes().contains(&0) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "bad interface name"));
+    }
+    for (d, s) in req.name.iter_mut().zip(name.as_bytes()) {
+        *d = *s as libc::c_char;
+    }
+    syscall!(ioctl(fd.as_raw_fd(), TUNSETIFF, &mut req as *mut IfReq))?;
+    // SAFETY: the kernel NUL-terminates ifr_name within IFNAMSIZ; the buffer is zero-initialised.
+    let actual = unsafe { CStr::from_ptr(req.name.as_ptr()) }.to_string_lossy().into_owned();
+    Ok((Queue { fd }, actual))
+}
+
+/// Opens `queues` queues of TUN device `name` (which may be a `%d` template).
+/// With `want_offload`, tries `IFF_VNET_HDR` and then the offload sets
+/// `CSUM|TSO4|TSO6`, `CSUM` in that order, falling back to plain packets.
+pub fn open(name: &str, queues: usize, want_offload: bool) -> io::Result<Device> {
+    let base = IFF_TUN | IFF_NO_PI | IFF_MULTI_QUEUE;
+    let (first, actual, vnet_hdr) = match want_offload {
+        true => match open_queue(name, base | IFF_VNET_HDR) {
+            Ok((q, n)) => (q, n, true),
+            Err(_) => {
+                let (q, n) = open_queue(name, base)?;
+                (q, n, false)
+            }
+        },
+        false => {
+            let (q, n) = open_queue(name, base)?;
+            (q, n, false)
+        }
+    };
+    let mut offload = 0;
+    if vnet_hdr {
+        // USO is not requested: the engine segments TCP only, so the kernel keeps doing UDP.
+        for set in [TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6, TUN_F_CSUM, 0] {
+            if syscall!(ioctl(first.fd.as_raw_fd(), TUNSETOFFLOAD, libc::c_ulong::from(set))).is_ok() {
+                offload = set;
+                break;
+            }
+        }
+    }
+    let flags = if vnet_hdr { base | IFF_VNET_HDR } else { base };
+    let mut qs = vec![first];
+    for _ in 1..queues.max(1) {
+        qs.push(open_queue(&actual, flags)?.0);
+    }
+    Ok(Device { queues: qs, name: actual, vnet_hdr, offload })
+}
+
+impl Queue {
+    /// Raw descriptor (for poll).
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Reads one packet (with its vnet header when enabled). `Ok(None)` on EAGAIN.
+    pub fn read(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        match syscall!(read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len())) {
+            Ok(n) => Ok(Some(usize::try_from(n).unwrap_or(0))),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes one packet gathered from `iov`.
+    pub fn writev(&self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+        let cnt = libc::c_int::try_from(iov.len()).unwrap_or(libc::c_int::MAX);
+        // IoSlice is guaranteed ABI-compatible with `struct iovec` on Unix.
+        let n = syscall!(writev(self.fd.as_raw_fd(), iov.as_ptr().cast::<libc::iovec>(), cnt))?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+}

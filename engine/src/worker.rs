@@ -1,0 +1,411 @@
+//! One worker thread: a TUN queue, a receive socket (shared port via
+//! `SO_REUSEPORT`) and [`SEND_SOCKETS`] send sockets on ephemeral ports.
+//!
+//! The loop alternates two budgeted steps and sleeps in `poll` only when both
+//! found nothing:
+//! - TUN -> UDP: up to [`TUN_BUDGET`] reads; each packet is routed, prepared,
+//!   segmented (userspace GSO) into the TX arena with headroom, headed, and
+//!   queued as `sendmmsg` messages whose equal-size runs become one
+//!   `UDP_SEGMENT` train; the arena is flushed when full and at the end.
+//! - UDP -> TUN: one `recvmmsg` (with `UDP_GRO` trains), decap + anti-spoofing
+//!   per segment, userspace GRO, one `writev` per (coalesced) packet.
+//!
+//! The peer table is loaded once per step. All buffers are allocated at start.
+
+use std::io::IoSlice;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use arc_swap::ArcSwap;
+
+use crate::encap::{Codec, DropReason};
+use crate::offload::gro::{Gro, Pushed};
+use crate::offload::gso;
+use crate::peers::PeerTable;
+use crate::stats::{Ctr, Local, Shared};
+use crate::sys::tun::Queue;
+use crate::sys::udp::{BATCH, RxMeta, TxMsg, Udp};
+use crate::wire::{ipv4, vnet};
+
+/// Send sockets (= distinct outer source ports) per worker; flows are hashed onto them.
+pub const SEND_SOCKETS: usize = 4;
+/// TUN reads per step.
+pub const TUN_BUDGET: usize = 64;
+/// Largest UDP payload (IPv4: 65535 - 20 - 8).
+const MAX_UDP_PAYLOAD: usize = 65507;
+/// Kernel limit on segments per `UDP_SEGMENT` train (UDP_MAX_SEGMENTS is 128 on new kernels).
+const MAX_GSO_SEGS: usize = 64;
+const TUN_BUF: usize = vnet::HEADER_LEN + 65536;
+const TX_ARENA: usize = 1 << 20;
+const TX_MSGS: usize = 256;
+const RX_SLOT: usize = 65536;
+const RX_SLOTS: usize = 32;
+
+// Memory budget per worker, checked at compile time: TX arena + RX arena + TUN buffer.
+const _: () = assert!(TX_ARENA + RX_SLOT * RX_SLOTS + TUN_BUF <= 4 << 20);
+const _: () = assert!(RX_SLOTS <= BATCH);
+
+/// Everything a worker needs, moved into its thread.
+pub(crate) struct Worker {
+    pub codec: Codec,
+    pub tun: Queue,
+    pub vnet_hdr: bool,
+    pub rx: Udp,
+    pub tx: Vec<Udp>,
+    pub peers: Arc<ArcSwap<PeerTable>>,
+    pub anti_spoof: bool,
+    pub icmp_src: Option<Ipv4Addr>,
+    pub udp_gso: Arc<AtomicBool>,
+    pub stop: Arc<AtomicBool>,
+    pub shared: Arc<Shared>,
+}
+
+/// A queued message plus the send socket it leaves through.
+#[derive(Clone, Copy)]
+struct Queued {
+    msg: TxMsg,
+    sock: usize,
+}
+
+struct Buffers {
+    tun: Vec<u8>,
+    tx: Vec<u8>,
+    tx_pos: usize,
+    msgs: Vec<Queued>,
+    rx: Vec<u8>,
+    meta: [RxMeta; RX_SLOTS],
+    gro: Gro,
+}
+
+/// FNV-style hash of the inner flow (addresses + L4 ports), like the kernel's
+/// `udp_flow_src_port` input: stable per flow, spread across flows.
+fn flow_hash(pkt: &[u8]) -> u32 {
+    let (addrs, l4) = match pkt[0] >> 4 {
+        4 if pkt.len() >= 20 => {
+            let hl = usize::from(pkt[0] & 0x0f) * 4;
+            (&pkt[12..20], matches!(pkt[9], 6 | 17).then_some(hl))
+        }
+        6 if pkt.len() >= 40 => (&pkt[8..40], matches!(pkt[6], 6 | 17).then_some(40)),
+        _ => (&pkt[..0], None),
+    };
+    let mut h: u32 = 0x811c_9dc5;
+    let ports = l4.and_then(|o| pkt.get(o..o + 4)).unwrap_or(&[]);
+    for b in addrs.iter().chain(ports) {
+        h = (h ^ u32::from(*b)).wrapping_mul(0x0100_0193);
+    }
+    h ^ (h >> 16)
+}
+
+impl Worker {
+    pub(crate) fn run(self) {
+        let mut b = Buffers {
+            tun: vec![0; TUN_BUF],
+            tx: vec![0; TX_ARENA],
+            tx_pos: 0,
+            msgs: Vec::with_capacity(TX_MSGS),
+            rx: vec![0; RX_SLOT * RX_SLOTS],
+            meta: [RxMeta::default(); RX_SLOTS],
+            gro: Gro::new(),
+        };
+        let mut ctr = Local::default();
+        while !self.stop.load(Ordering::Relaxed) {
+            let a = self.tun_step(&mut b, &mut ctr);
+            let r = self.udp_step(&mut b, &mut ctr);
+            ctr.publish(&self.shared);
+            if !a && !r {
+                self.wait();
+            }
+        }
+    }
+
+    fn wait(&self) {
+        let mut fds = [
+            libc::pollfd { fd: self.tun.raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: self.rx.raw_fd(), events: libc::POLLIN, revents: 0 },
+        ];
+        // SAFETY: `fds` is a valid array of two pollfd structs for the duration of the call.
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, 100) };
+    }
+
+    // === TUN -> UDP ===
+
+    fn tun_step(&self, b: &mut Buffers, ctr: &mut Local) -> bool {
+        let peers = self.peers.load();
+        let mut any = false;
+        for _ in 0..TUN_BUDGET {
+            let n = match self.tun.read(&mut b.tun) {
+                Ok(Some(n)) => n,
+                Ok(None) => break,
+                Err(_) => {
+                    ctr.add(Ctr::IoErrors, 1);
+                    break;
+                }
+            };
+            any = true;
+            ctr.add(Ctr::TunReads, 1);
+            if let Err(r) = self.on_tun_packet(b, n, &peers, ctr) {
+                ctr.drop(r, 1);
+            }
+        }
+        self.flush_tx(b, ctr);
+        any
+    }
+
+    fn on_tun_packet(&self, b: &mut Buffers, n: usize, peers: &PeerTable, ctr: &mut Local) -> Result<(), DropReason> {
+        let (hdr, off) = match self.vnet_hdr {
+            true => (vnet::VnetHdr::parse(&b.tun[..n]).ok_or(DropReason::Malformed)?, vnet::HEADER_LEN),
+            false => (vnet::VnetHdr::default(), 0),
+        };
+        let pkt_len = n - off;
+        let pkt = &mut b.tun[off..n];
+        let (version, entry) = match pkt.first().map(|v| v >> 4) {
+            Some(4) if pkt.len() >= ipv4::HEADER_LEN => {
+                let mut d = [0; 4];
+                d.copy_from_slice(&pkt[16..20]);
+                (4, peers.lookup_v4(d))
+            }
+            Some(6) if pkt.len() >= 40 => {
+                let mut d = [0; 16];
+                d.copy_from_slice(&pkt[24..40]);
+                (6, peers.lookup_v6(d))
+            }
+            _ => return Err(DropReason::Malformed),
+        };
+        let Some(entry) = entry else {
+            if version == 4 && matches!(self.codec, Codec::FlannelUdp) {
+                self.send_unreachable(off, n, b, ctr);
+            }
+            return Err(DropReason::NoRoute);
+        };
+        let (dst, mac) = (entry.dst, entry.mac);
+        self.codec.prepare_inner(pkt)?;
+        let sock = (flow_hash(pkt) as usize) % self.tx.len().max(1);
+        let headroom = self.codec.headroom();
+        let gso_type = hdr.gso_type & !vnet::GSO_ECN;
+        if matches!(gso_type, vnet::GSO_TCPV4 | vnet::GSO_TCPV6) && hdr.gso_size > 0 {
+            let gs = usize::from(hdr.gso_size);
+            let need = gso::required_len(pkt, gs, headroom).ok_or(DropReason::Malformed)?;
+            if need > b.tx.len() {
+                return Err(DropReason::Mtu);
+            }
+            if b.tx_pos + need > b.tx.len() || b.msgs.len() + need / (headroom + gs) + 2 > TX_MSGS {
+                self.flush_tx(b, ctr);
+            }
+            let pkt = &b.tun[off..n];
+            let start = b.tx_pos;
+            let segs = gso::tcp_segment(pkt, gs, headroom, &mut b.tx[start..])?;
+            ctr.add(Ctr::GsoSuperPackets, 1);
+            for i in 0..segs.count {
+                let s = start + i * segs.stride;
+                let len = if i + 1 == segs.count { segs.last_len } else { segs.stride };
+                self.codec.write_header(&mut b.tx[s..s + headroom], mac, version);
+                self.queue(b, dst, sock, s, len);
+                ctr.add(Ctr::TxPackets, 1);
+                ctr.add(Ctr::TxBytes, (len - headroom) as u64);
+            }
+            b.tx_pos += segs.total_len();
+        } else {
+            if gso_type != vnet::GSO_NONE {
+                return Err(DropReason::Malformed);
+            }
+            if hdr.flags & vnet::F_NEEDS_CSUM != 0 {
+                gso::complete_checksum(pkt, usize::from(hdr.csum_start), usize::from(hdr.csum_offset))?;
+            }
+            let len = headroom + pkt_len;
+            if len > MAX_UDP_PAYLOAD {
+                return Err(DropReason::Mtu);
+            }
+            if b.tx_pos + len > b.tx.len() || b.msgs.len() + 1 > TX_MSGS {
+                self.flush_tx(b, ctr);
+            }
+            let s = b.tx_pos;
+            b.tx[s + headroom..s + len].copy_from_slice(&b.tun[off..n]);
+            self.codec.write_header(&mut b.tx[s..s + headroom], mac, version);
+            self.queue(b, dst, sock, s, len);
+            b.tx_pos += len;
+            ctr.add(Ctr::TxPackets, 1);
+            ctr.add(Ctr::TxBytes, pkt_len as u64);
+        }
+        Ok(())
+    }
+
+    /// Appends `tx[start..start+len]` to the last message when it extends an
+    /// equal-size train to the same destination (UDP GSO), else starts a new one.
+    fn queue(&self, b: &mut Buffers, dst: std::net::SocketAddr, sock: usize, start: usize, len: usize) {
+        if self.udp_gso.load(Ordering::Relaxed)
+            && let Some(last) = b.msgs.last_mut()
+        {
+            let m = &mut last.msg;
+            let seg = usize::from(m.segment);
+            if last.sock == sock
+                && m.dst == dst
+                && m.start + m.len == start
+                && m.len % seg == 0
+                && len <= seg
+                && m.len + len <= MAX_UDP_PAYLOAD
+                && m.len / seg < MAX_GSO_SEGS
+            {
+                m.len += len;
+                return;
+            }
+        }
+        let segment = u16::try_from(len).unwrap_or(0);
+        b.msgs.push(Queued { msg: TxMsg { dst, start, len, segment }, sock });
+    }
+
+    fn flush_tx(&self, b: &mut Buffers, ctr: &mut Local) {
+        let mut batch = [TxMsg { dst: std::net::SocketAddr::from(([0, 0, 0, 0], 0)), start: 0, len: 0, segment: 0 }; BATCH];
+        for (si, sock) in self.tx.iter().enumerate() {
+            let mut n = 0;
+            for q in b.msgs.iter().filter(|q| q.sock == si) {
+                batch[n] = q.msg;
+                n += 1;
+                if n == BATCH {
+                    self.send_all(sock, &batch[..n], &b.tx, ctr);
+                    n = 0;
+                }
+            }
+            if n > 0 {
+                self.send_all(sock, &batch[..n], &b.tx, ctr);
+            }
+        }
+        b.msgs.clear();
+        b.tx_pos = 0;
+    }
+
+    fn send_all(&self, sock: &Udp, msgs: &[TxMsg], arena: &[u8], ctr: &mut Local) {
+        let mut i = 0;
+        while i < msgs.len() {
+            ctr.add(Ctr::UdpSends, 1);
+            match sock.send_batch(&msgs[i..], arena) {
+                Ok(0) => {
+                    ctr.add(Ctr::UdpSendErrors, (msgs.len() - i) as u64);
+                    return;
+                }
+                Ok(k) => i += k,
+                Err(e) => {
+                    let m = msgs[i];
+                    if e.raw_os_error() == Some(libc::EIO) && usize::from(m.segment) < m.len {
+                        // The egress device cannot checksum a GSO train: turn GSO off and resend split.
+                        self.udp_gso.store(false, Ordering::Relaxed);
+                        let seg = usize::from(m.segment).max(1);
+                        let mut off = 0;
+                        while off < m.len {
+                            let len = seg.min(m.len - off);
+                            let one = [TxMsg { dst: m.dst, start: m.start + off, len, segment: 0 }];
+                            if sock.send_batch(&one, arena).is_err() {
+                                ctr.add(Ctr::UdpSendErrors, 1);
+                            }
+                            off += len;
+                        }
+                    } else if e.raw_os_error() == Some(libc::EMSGSIZE) {
+                        ctr.drop(DropReason::Mtu, 1);
+                    } else {
+                        ctr.add(Ctr::UdpSendErrors, 1);
+                    }
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    /// flannel-UDP: ICMP net-unreachable back into the TUN for `tun[off..n]`.
+    fn send_unreachable(&self, off: usize, n: usize, b: &mut Buffers, ctr: &mut Local) {
+        let Some(src) = self.icmp_src else { return };
+        let mut out = [0u8; 128];
+        let Some(len) = ipv4::build_net_unreachable(src, &b.tun[off..n], &mut out) else { return };
+        let hdr = vnet::VnetHdr::default().to_bytes();
+        let iov_v = [IoSlice::new(&hdr), IoSlice::new(&out[..len])];
+        let iov = if self.vnet_hdr { &iov_v[..] } else { &iov_v[1..] };
+        match self.tun.writev(iov) {
+            Ok(_) => ctr.add(Ctr::IcmpSent, 1),
+            Err(_) => ctr.add(Ctr::TunWriteErrors, 1),
+        }
+    }
+
+    // === UDP -> TUN ===
+
+    fn udp_step(&self, b: &mut Buffers, ctr: &mut Local) -> bool {
+        let got = match self.rx.recv_batch(&mut b.rx, RX_SLOT, &mut b.meta) {
+            Ok(0) => return false,
+            Ok(g) => g,
+            Err(_) => {
+                ctr.add(Ctr::IoErrors, 1);
+                return false;
+            }
+        };
+        ctr.add(Ctr::UdpRecvs, 1);
+        let peers = self.peers.load();
+        for i in 0..got {
+            let m = b.meta[i];
+            let base = i * RX_SLOT;
+            let len = m.len.min(RX_SLOT);
+            let entries = peers.endpoint_entries(m.src);
+            let mut off = 0;
+            while off < len {
+                let seg_len = m.stride.min(len - off);
+                let seg_start = base + off;
+                off += seg_len;
+                if self.anti_spoof && entries.is_empty() {
+                    ctr.drop(DropReason::UnknownPeer, 1);
+                    continue;
+                }
+                let r = match self.codec.decap(&mut b.rx[seg_start..seg_start + seg_len]) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        ctr.drop(e, 1);
+                        continue;
+                    }
+                };
+                let (start, plen) = (seg_start + r.start, r.end - r.start);
+                if self.anti_spoof && !peers.src_allowed(entries, inner_src(&b.rx[start..start + plen])) {
+                    ctr.drop(DropReason::SpoofedSource, 1);
+                    continue;
+                }
+                ctr.add(Ctr::RxPackets, 1);
+                ctr.add(Ctr::RxBytes, plen as u64);
+                if self.vnet_hdr {
+                    if b.gro.push(&b.rx, start, plen) == Pushed::Full {
+                        self.flush_rx(b, ctr);
+                        let _ = b.gro.push(&b.rx, start, plen);
+                    }
+                } else {
+                    match self.tun.writev(&[IoSlice::new(&b.rx[start..start + plen])]) {
+                        Ok(_) => ctr.add(Ctr::TunWrites, 1),
+                        Err(_) => ctr.add(Ctr::TunWriteErrors, 1),
+                    }
+                }
+            }
+        }
+        if self.vnet_hdr {
+            self.flush_rx(b, ctr);
+        }
+        true
+    }
+
+    fn flush_rx(&self, b: &mut Buffers, ctr: &mut Local) {
+        let tun = &self.tun;
+        let (mut ok, mut err) = (0, 0);
+        b.gro.flush(&mut b.rx, |iov| match tun.writev(iov) {
+            Ok(_) => ok += 1,
+            Err(_) => err += 1,
+        });
+        ctr.add(Ctr::TunWrites, ok);
+        ctr.add(Ctr::TunWriteErrors, err);
+        ctr.add(Ctr::GroCoalesced, b.gro.take_coalesced());
+    }
+}
+
+/// Source address of a decapsulated (already validated) IP packet.
+fn inner_src(pkt: &[u8]) -> IpAddr {
+    if pkt[0] >> 4 == 6 {
+        let mut a = [0; 16];
+        a.copy_from_slice(&pkt[8..24]);
+        IpAddr::from(a)
+    } else {
+        let mut a = [0; 4];
+        a.copy_from_slice(&pkt[12..16]);
+        IpAddr::from(a)
+    }
+}

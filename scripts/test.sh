@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# weft's whole test suite: unit tests, then root integration tests that build
+# throwaway network namespaces and run the real daemons (weftd, etcd, CNI
+# plugins, wireguard-go, iperf3) inside them. Run as root; as another user
+# the root tests report "skipped".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh
+if [[ -x scripts/tools/build-cnitool.sh ]]; then scripts/tools/build-cnitool.sh; fi
+export RUST_BACKTRACE=1
+# The integration tests start the workspace's binaries: build them first.
+cargo build --workspace --bins --examples
+# Root tests run their own daemons; two threads keep the 2-core CI machine responsive.
+cargo test --workspace --no-fail-fast -- --test-threads="${WEFT_TEST_THREADS:-2}"

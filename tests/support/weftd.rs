@@ -1,0 +1,99 @@
+//! Running real `weftd` processes for tests.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::proc::{Proc, wait_for};
+
+/// A weftd process with its own subnet.env and log in `dir`.
+#[derive(Debug)]
+pub struct Weftd {
+    /// The process.
+    pub proc: Proc,
+    /// Its subnet.env path.
+    pub subnet_env: PathBuf,
+    /// Its arguments, for restarts.
+    args: Vec<String>,
+    netns: Option<String>,
+    name: String,
+    dir: PathBuf,
+    starts: u32,
+}
+
+impl Weftd {
+    /// Starts `weftd <args> --subnet-file <dir>/<name>.env` (inside `netns` if
+    /// given), logging to `<dir>/<name>.log`.
+    pub fn start(name: &str, dir: &Path, netns: Option<&str>, args: &[String]) -> Weftd {
+        let subnet_env = dir.join(format!("{name}.env"));
+        let mut w = Weftd {
+            proc: spawn(name, dir, netns, args, &subnet_env, 0),
+            subnet_env,
+            args: args.to_vec(),
+            netns: netns.map(str::to_string),
+            name: name.to_string(),
+            dir: dir.to_path_buf(),
+            starts: 1,
+        };
+        w.starts = 1;
+        w
+    }
+
+    /// Starts the same daemon again (after it exited or was killed).
+    pub fn restart(&mut self) {
+        self.starts += 1;
+        self.proc = spawn(&self.name, &self.dir, self.netns.as_deref(), &self.args, &self.subnet_env, self.starts);
+    }
+
+    /// Waits until subnet.env exists and returns its variables.
+    pub fn wait_ready(&mut self, timeout: Duration) -> BTreeMap<String, String> {
+        let path = self.subnet_env.clone();
+        let mut dead = false;
+        let env = wait_for(&format!("{} subnet.env", self.name), timeout, || {
+            if !dead && !self.proc.running() {
+                dead = true;
+            }
+            if dead {
+                return Some(None);
+            }
+            read_env(&path).map(Some)
+        });
+        env.unwrap_or_else(|| panic!("{} exited before it was ready; log:\n{}", self.name, self.proc.log()))
+    }
+
+    /// Waits until the log contains `needle`.
+    pub fn wait_log(&self, needle: &str, timeout: Duration) {
+        wait_for(&format!("{:?} in {}'s log", needle, self.name), timeout, || {
+            self.proc.log().contains(needle).then_some(())
+        });
+    }
+}
+
+fn spawn(name: &str, dir: &Path, netns: Option<&str>, args: &[String], env: &Path, n: u32) -> Proc {
+    let bin = crate::bins::path("weftd");
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(&bin);
+            c
+        }
+        None => Command::new(&bin),
+    };
+    cmd.args(args).arg(format!("--subnet-file={}", env.display()));
+    Proc::spawn(name, cmd, &dir.join(format!("{name}.{n}.log")))
+}
+
+/// Parses a subnet.env file (`None` if missing or empty).
+pub fn read_env(path: &Path) -> Option<BTreeMap<String, String>> {
+    let text = std::fs::read_to_string(path).ok()?;
+    if text.is_empty() {
+        return None;
+    }
+    Some(
+        text.lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}

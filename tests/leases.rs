@@ -27,6 +27,8 @@ impl Store {
     fn args(&self, dir: &Path, ip: u8, extra: &[&str]) -> Vec<String> {
         let mut a = vec![
             "--iface=lo".to_string(),
+            // These daemons run in the host's namespace: no host rules.
+            "--traffic-manager=none".to_string(),
             format!("--public-ip=192.0.2.{ip}"),
             format!("--net-config-path={}", dir.join("net-conf.json").display()),
         ];

@@ -151,7 +151,7 @@ impl NetConf {
 
 /// A string field; `null` is a no-op in Go, so the last non-null key wins.
 fn string_field(raw: &Map<String, Value>, field: &'static str) -> Result<Option<String>, ConfigError> {
-    let last = raw.iter().filter(|(k, v)| k.eq_ignore_ascii_case(field) && !v.is_null()).map(|(_, v)| v).last();
+    let last = raw.iter().rev().find(|(k, v)| k.eq_ignore_ascii_case(field) && !v.is_null()).map(|(_, v)| v);
     match last {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),

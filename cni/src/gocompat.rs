@@ -128,7 +128,7 @@ pub fn io_error_text(e: &io::Error) -> String {
 /// Go's `encoding/json` matches keys: exact or ASCII-case-insensitive, and
 /// when several keys match, the last one in the document wins.
 pub fn lookup_fold<'a>(map: &'a Map<String, Value>, field: &str) -> Option<&'a Value> {
-    map.iter().filter(|(k, _)| k.eq_ignore_ascii_case(field)).map(|(_, v)| v).last()
+    map.iter().rev().find(|(k, _)| k.eq_ignore_ascii_case(field)).map(|(_, v)| v)
 }
 
 /// The Go name of a JSON value's kind, for unmarshal error messages.

@@ -43,6 +43,10 @@ fn lifecycle_add_check_del_with_cnitool() {
     assert_eq!(delegate["type"], "bridge");
     assert_eq!(delegate["ipam"]["ranges"][0][0]["subnet"], w.subnet().as_str());
 
+    // libcni cached the result in the private /var/lib, not the machine's.
+    let cached = std::fs::read_dir(w.path("varlib/cni/results")).expect("cache dir").count();
+    assert_eq!(cached, 1);
+
     w.cnitool(&["check", "cbr0", &pod.path()]).ok();
 
     // CHECK must notice a missing route.
@@ -58,6 +62,7 @@ fn lifecycle_add_check_del_with_cnitool() {
     assert!(w.saved().is_empty(), "saved config left: {:?}", w.saved());
     let host_links = w.host.sh("ip -o link show type veth");
     assert!(host_links.trim().is_empty(), "veth left on the host: {host_links}");
+    assert_eq!(std::fs::read_dir(w.path("varlib/cni/results")).expect("cache dir").count(), 0);
 
     w.cnitool(&["del", "cbr0", &pod.path()]).ok();
     // DEL after the namespace is gone succeeds as well.

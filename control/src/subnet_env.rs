@@ -91,8 +91,15 @@ impl SubnetEnv {
             (Some(net), Some(sn)) => {
                 let ip = Ipv6Addr::from(u128::from(sn.addr()).wrapping_add(1));
                 let net_ip = go_ip6_string(net.addr());
-                out.push_str(&format!("FLANNEL_IPV6_NETWORK={net_ip}/{}\n", net.prefix_len()));
-                out.push_str(&format!("FLANNEL_IPV6_SUBNET={}/{}\n", go_ip6_string(ip), sn.prefix_len()));
+                out.push_str(&format!(
+                    "FLANNEL_IPV6_NETWORK={net_ip}/{}\n",
+                    net.prefix_len()
+                ));
+                out.push_str(&format!(
+                    "FLANNEL_IPV6_SUBNET={}/{}\n",
+                    go_ip6_string(ip),
+                    sn.prefix_len()
+                ));
             }
             (None, None) => {}
             _ => return Err(SubnetEnvError::Incomplete("IPv6")),
@@ -113,7 +120,11 @@ impl SubnetEnv {
         match fs::read(path) {
             Ok(bytes) => Ok(Some(SubnetEnv::parse(&String::from_utf8_lossy(&bytes)))),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(SubnetEnvError::Io { op: "read", path: path.to_path_buf(), source }),
+            Err(source) => Err(SubnetEnvError::Io {
+                op: "read",
+                path: path.to_path_buf(),
+                source,
+            }),
         }
     }
 
@@ -181,9 +192,15 @@ fn parse_env(text: &str) -> HashMap<String, String> {
             continue;
         }
         let line = line.strip_prefix("export ").map_or(line, str::trim_start);
-        let Some(sep) = line.find(['=', ':']) else { continue };
+        let Some(sep) = line.find(['=', ':']) else {
+            continue;
+        };
         let key = line[..sep].trim();
-        if key.is_empty() || !key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.') {
+        if key.is_empty()
+            || !key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+        {
             continue;
         }
         if let Some(value) = parse_value(line[sep + 1..].trim_start()) {
@@ -234,8 +251,14 @@ fn write_atomic(path: &Path, content: &[u8], mode: u32) -> Result<(), SubnetEnvE
         .mode(0o755)
         .create(dir)
         .map_err(io_err("create directory", dir))?;
-    let name = path.file_name().map_or_else(|| "subnet.env".into(), |n| n.to_string_lossy());
-    let tmp = dir.join(format!(".{name}.tmp{}.{}", std::process::id(), rand::random::<u32>()));
+    let name = path
+        .file_name()
+        .map_or_else(|| "subnet.env".into(), |n| n.to_string_lossy());
+    let tmp = dir.join(format!(
+        ".{name}.tmp{}.{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
     let result = (|| {
         let mut f = OpenOptions::new()
             .write(true)
@@ -243,7 +266,8 @@ fn write_atomic(path: &Path, content: &[u8], mode: u32) -> Result<(), SubnetEnvE
             .mode(mode)
             .open(&tmp)
             .map_err(io_err("create", &tmp))?;
-        f.set_permissions(fs::Permissions::from_mode(mode)).map_err(io_err("chmod", &tmp))?;
+        f.set_permissions(fs::Permissions::from_mode(mode))
+            .map_err(io_err("chmod", &tmp))?;
         f.write_all(content).map_err(io_err("write", &tmp))?;
         f.sync_all().map_err(io_err("fsync", &tmp))?;
         drop(f);

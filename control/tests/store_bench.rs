@@ -2,7 +2,7 @@
 //! Ignored by default; run them with
 //! `cargo test -p weft-control --test store_bench -- --ignored --nocapture --test-threads=1`.
 //!
-//! Each one creates 1,000 leases (in 10.16.0.0/12), lists them, takes a
+//! Each one creates 1,000 leases (`WEFT_BENCH_LEASES`) (in 10.16.0.0/12), lists them, takes a
 //! watch snapshot, and measures the latency from the start of a write on one
 //! handle to the matching event on another handle's watch.
 
@@ -15,11 +15,19 @@ use weft_control::store::Registry;
 use weft_control::store::embedded::EmbeddedStore;
 use weft_control::store::etcd::{EtcdOptions, EtcdStore};
 
-const N: u32 = 1000;
+/// Leases per run; `WEFT_BENCH_LEASES` overrides the default 1,000.
+fn leases() -> u32 {
+    std::env::var("WEFT_BENCH_LEASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000)
+}
 const LATENCY_SAMPLES: u32 = 200;
 
 fn subnet(i: u32) -> SubnetKey {
-    format!("10.{}.{}.0-24", 16 + i / 256, i % 256).parse().expect("key")
+    format!("10.{}.{}.0-24", 16 + i / 256, i % 256)
+        .parse()
+        .expect("key")
 }
 
 fn attrs(i: u32) -> LeaseAttrs {
@@ -27,7 +35,9 @@ fn attrs(i: u32) -> LeaseAttrs {
     LeaseAttrs {
         public_ip: Ipv4Addr::new(192, 0, a, b),
         backend_type: "vxlan".into(),
-        backend_data: Some(format!(r#"{{"VNI":1,"VtepMAC":"c6:d2:32:6f:{a:02x}:{b:02x}"}}"#)),
+        backend_data: Some(format!(
+            r#"{{"VNI":1,"VtepMAC":"c6:d2:32:6f:{a:02x}:{b:02x}"}}"#
+        )),
         ..Default::default()
     }
 }
@@ -37,27 +47,31 @@ fn pct(sorted: &[Duration], p: usize) -> Duration {
 }
 
 async fn measure(name: &str, writer: impl Registry, reader: impl Registry) {
+    let n = leases();
     let ttl = Some(Duration::from_secs(86_400));
     let t = Instant::now();
-    for i in 0..N {
-        writer.create_lease(&subnet(i), &attrs(i), ttl).await.expect("create");
+    for i in 0..n {
+        writer
+            .create_lease(&subnet(i), &attrs(i), ttl)
+            .await
+            .expect("create");
     }
     let create = t.elapsed();
     let t = Instant::now();
     let listed = reader.list_leases().await.expect("list");
     let list = t.elapsed();
-    assert_eq!(listed.len(), N as usize);
+    assert_eq!(listed.len(), n as usize);
     let t = Instant::now();
     let mut rx: mpsc::Receiver<LeaseEvent> = reader.watch_leases().await.expect("watch");
     match rx.recv().await {
-        Some(LeaseEvent::Snapshot(l)) => assert_eq!(l.len(), N as usize),
+        Some(LeaseEvent::Snapshot(l)) => assert_eq!(l.len(), n as usize),
         other => panic!("expected a snapshot, got {other:?}"),
     }
     let snapshot = t.elapsed();
 
     let mut lat = Vec::new();
     for s in 0..LATENCY_SAMPLES {
-        let k = subnet(s % N);
+        let k = subnet(s % n);
         let mut a = attrs(s);
         a.public_ip = Ipv4Addr::new(198, 51, 100, (s % 250) as u8);
         let t = Instant::now();
@@ -73,11 +87,11 @@ async fn measure(name: &str, writer: impl Registry, reader: impl Registry) {
     }
     lat.sort();
     println!(
-        "[{name}] create {N} leases: {create:?} ({:?}/lease); list {N}: {list:?}; watch snapshot of {N}: {snapshot:?}",
-        create / N
+        "[{name}] create {n} leases: {create:?} ({:?}/lease); list {n}: {list:?}; watch snapshot of {n}: {snapshot:?}",
+        create / n
     );
     println!(
-        "[{name}] write -> event on another handle ({LATENCY_SAMPLES} samples, store holding {N} leases): \
+        "[{name}] write -> event on another handle ({LATENCY_SAMPLES} samples, store holding {n} leases): \
          p50 {:?}, p90 {:?}, p99 {:?}, max {:?}",
         pct(&lat, 50),
         pct(&lat, 90),
@@ -103,7 +117,10 @@ async fn bench_etcd_1000() {
         return;
     }
     let etcd = weft_tests::etcd::Etcd::start();
-    let opts = EtcdOptions { endpoints: etcd.endpoint(), ..EtcdOptions::default() };
+    let opts = EtcdOptions {
+        endpoints: etcd.endpoint(),
+        ..EtcdOptions::default()
+    };
     let writer = EtcdStore::connect(&opts).await.expect("connect");
     let reader = EtcdStore::connect(&opts).await.expect("connect");
     measure("etcd", writer, reader).await;

@@ -37,21 +37,35 @@ fn topology(tag: &str) -> Topology {
         outside: Netns::new(&format!("{tag}-out")),
     };
     let (pod, node, out) = (&t.pod.name, &t.node.name, &t.outside.name);
-    traffic_util::sh(&["ip", "-n", node, "link", "add", "vpod", "type", "veth", "peer", "name", "eth0", "netns", pod]);
-    traffic_util::sh(&["ip", "-n", node, "link", "add", "vout", "type", "veth", "peer", "name", "eth0", "netns", out]);
-    t.pod.exec(&["ip", "addr", "add", "10.244.1.2/24", "dev", "eth0"]);
+    traffic_util::sh(&[
+        "ip", "-n", node, "link", "add", "vpod", "type", "veth", "peer", "name", "eth0", "netns",
+        pod,
+    ]);
+    traffic_util::sh(&[
+        "ip", "-n", node, "link", "add", "vout", "type", "veth", "peer", "name", "eth0", "netns",
+        out,
+    ]);
+    t.pod
+        .exec(&["ip", "addr", "add", "10.244.1.2/24", "dev", "eth0"]);
     t.pod.exec(&["ip", "link", "set", "eth0", "up"]);
-    t.pod.exec(&["ip", "route", "add", "default", "via", "10.244.1.1"]);
-    t.node.exec(&["ip", "addr", "add", "10.244.1.1/24", "dev", "vpod"]);
-    t.node.exec(&["ip", "addr", "add", "192.0.2.1/24", "dev", "vout"]);
+    t.pod
+        .exec(&["ip", "route", "add", "default", "via", "10.244.1.1"]);
+    t.node
+        .exec(&["ip", "addr", "add", "10.244.1.1/24", "dev", "vpod"]);
+    t.node
+        .exec(&["ip", "addr", "add", "192.0.2.1/24", "dev", "vout"]);
     t.node.exec(&["ip", "link", "set", "vpod", "up"]);
     t.node.exec(&["ip", "link", "set", "vout", "up"]);
-    t.node.exec(&["ip", "route", "add", "10.244.2.0/24", "via", "192.0.2.2"]);
+    t.node
+        .exec(&["ip", "route", "add", "10.244.2.0/24", "via", "192.0.2.2"]);
     t.node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
-    t.outside.exec(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"]);
-    t.outside.exec(&["ip", "addr", "add", "10.244.2.2/32", "dev", "lo"]);
+    t.outside
+        .exec(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"]);
+    t.outside
+        .exec(&["ip", "addr", "add", "10.244.2.2/32", "dev", "lo"]);
     t.outside.exec(&["ip", "link", "set", "eth0", "up"]);
-    t.outside.exec(&["ip", "route", "add", "10.244.1.0/24", "via", "192.0.2.1"]);
+    t.outside
+        .exec(&["ip", "route", "add", "10.244.1.0/24", "via", "192.0.2.1"]);
     t
 }
 
@@ -61,7 +75,8 @@ fn seen_sources(t: &Topology, targets: &'static [&'static str]) -> Vec<String> {
         let listener = TcpListener::bind("0.0.0.0:8080").expect("bind");
         for _ in targets {
             let (mut conn, peer) = listener.accept().expect("accept");
-            conn.write_all(peer.ip().to_string().as_bytes()).expect("reply");
+            conn.write_all(peer.ip().to_string().as_bytes())
+                .expect("reply");
         }
     });
     let client = t.pod.run(move || {
@@ -77,7 +92,8 @@ fn seen_sources(t: &Topology, targets: &'static [&'static str]) -> Vec<String> {
                             .ok()
                     })
                     .expect("connect");
-                conn.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+                conn.set_read_timeout(Some(Duration::from_secs(30)))
+                    .expect("timeout");
                 let mut seen = String::new();
                 conn.read_to_string(&mut seen).expect("read");
                 seen
@@ -92,13 +108,23 @@ fn seen_sources(t: &Topology, targets: &'static [&'static str]) -> Vec<String> {
 fn masquerades_only_non_cluster_traffic(kind: Kind, tag: &str) {
     let t = topology(tag);
     const TARGETS: &[&str] = &["192.0.2.2", "10.244.2.2"];
-    assert_eq!(seen_sources(&t, TARGETS), ["10.244.1.2", "10.244.1.2"], "no NAT before setup");
+    assert_eq!(
+        seen_sources(&t, TARGETS),
+        ["10.244.1.2", "10.244.1.2"],
+        "no NAT before setup"
+    );
 
     let mgr = new_manager(kind, false, t.node.runner());
     mgr.cleanup_other().expect("cleanup other");
     mgr.init().expect("init");
-    let network = Networks { v4: Some("10.244.0.0/16".parse().expect("cidr")), v6: None };
-    let subnet = Networks { v4: Some("10.244.1.0/24".parse().expect("cidr")), v6: None };
+    let network = Networks {
+        v4: Some("10.244.0.0/16".parse().expect("cidr")),
+        v6: None,
+    };
+    let subnet = Networks {
+        v4: Some("10.244.1.0/24".parse().expect("cidr")),
+        v6: None,
+    };
     mgr.setup_masq(&network, &subnet, None).expect("masq");
     mgr.setup_forward(&network).expect("forward");
 

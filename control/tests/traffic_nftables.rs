@@ -5,18 +5,27 @@
 mod traffic_util;
 
 use traffic_util::{Netns, count};
-use weft_control::traffic::{Kind, Networks, NftablesManager, Previous, TrafficManager, new_manager};
+use weft_control::traffic::{
+    Kind, Networks, NftablesManager, Previous, TrafficManager, new_manager,
+};
 
 const N4: &str = "10.244.0.0/16";
 const N6: &str = "2001:db8:42::/56";
 
 fn nets(v4: &str, v6: Option<&str>) -> Networks {
-    Networks { v4: Some(v4.parse().expect("v4")), v6: v6.map(|s| s.parse().expect("v6")) }
+    Networks {
+        v4: Some(v4.parse().expect("v4")),
+        v6: v6.map(|s| s.parse().expect("v6")),
+    }
 }
 
 /// fl:e2e/rules.go `expectedNftPostrouting`, with `ip`/`ip6`, multicast and masquerade as parameters.
 fn golden_postrtg(f: &str, n: &str, p: &str, mcast: &str, masq: &str) -> String {
-    let table = if f == "ip" { "flannel-ipv4" } else { "flannel-ipv6" };
+    let table = if f == "ip" {
+        "flannel-ipv4"
+    } else {
+        "flannel-ipv6"
+    };
     format!(
         "table {f} {table} {{\n\
          \tchain postrtg {{\n\
@@ -35,7 +44,11 @@ fn golden_postrtg(f: &str, n: &str, p: &str, mcast: &str, masq: &str) -> String 
 
 /// fl:e2e/rules.go `expectedNftForward`.
 fn golden_forward(f: &str, n: &str) -> String {
-    let table = if f == "ip" { "flannel-ipv4" } else { "flannel-ipv6" };
+    let table = if f == "ip" {
+        "flannel-ipv4"
+    } else {
+        "flannel-ipv6"
+    };
     format!(
         "table {f} {table} {{\n\
          \tchain forward {{\n\
@@ -51,13 +64,18 @@ fn golden_forward(f: &str, n: &str) -> String {
 fn setup(ns: &Netns, random_fully_disable: bool, s4: &str, s6: &str) -> NftablesManager {
     let mgr = NftablesManager::new(ns.runner(), random_fully_disable);
     mgr.init().expect("init");
-    mgr.setup_masq(&nets(N4, Some(N6)), &nets(s4, Some(s6)), None).expect("masq");
+    mgr.setup_masq(&nets(N4, Some(N6)), &nets(s4, Some(s6)), None)
+        .expect("masq");
     mgr.setup_forward(&nets(N4, Some(N6))).expect("forward");
     mgr
 }
 
 fn list(ns: &Netns, f: &str, chain: &str) -> String {
-    let table = if f == "ip" { "flannel-ipv4" } else { "flannel-ipv6" };
+    let table = if f == "ip" {
+        "flannel-ipv4"
+    } else {
+        "flannel-ipv6"
+    };
     ns.exec(&["nft", "list", "chain", f, table, chain])
 }
 
@@ -67,16 +85,34 @@ fn nft_output_equals_flannels_lines_v4_and_v6() {
     let ns = Netns::new("nft-gold");
     let mgr = setup(&ns, false, "10.244.1.0/24", "2001:db8:42:1::/64");
     let fr = "masquerade fully-random";
-    assert_eq!(list(&ns, "ip", "postrtg"), golden_postrtg("ip", N4, "10.244.1.0/24", "224.0.0.0/4", fr));
+    assert_eq!(
+        list(&ns, "ip", "postrtg"),
+        golden_postrtg("ip", N4, "10.244.1.0/24", "224.0.0.0/4", fr)
+    );
     assert_eq!(list(&ns, "ip", "forward"), golden_forward("ip", N4));
-    assert_eq!(list(&ns, "ip6", "postrtg"), golden_postrtg("ip6", N6, "2001:db8:42:1::/64", "ff00::/8", fr));
+    assert_eq!(
+        list(&ns, "ip6", "postrtg"),
+        golden_postrtg("ip6", N6, "2001:db8:42:1::/64", "ff00::/8", fr)
+    );
     assert_eq!(list(&ns, "ip6", "forward"), golden_forward("ip6", N6));
     let tables = ns.exec(&["nft", "list", "tables"]);
-    assert!(tables.contains("table ip flannel-ipv4\n") && tables.contains("table ip6 flannel-ipv6\n"), "{tables}");
+    assert!(
+        tables.contains("table ip flannel-ipv4\n") && tables.contains("table ip6 flannel-ipv6\n"),
+        "{tables}"
+    );
     let table = ns.exec(&["nft", "list", "table", "ip", "flannel-ipv4"]);
-    assert!(table.contains("comment \"rules for flannel-ipv4\""), "{table}");
-    assert!(!table.contains("masqueradeTest"), "the probe is check-mode only:\n{table}");
-    assert!(!mgr.ensure().expect("ensure"), "nothing to repair right after setup");
+    assert!(
+        table.contains("comment \"rules for flannel-ipv4\""),
+        "{table}"
+    );
+    assert!(
+        !table.contains("masqueradeTest"),
+        "the probe is check-mode only:\n{table}"
+    );
+    assert!(
+        !mgr.ensure().expect("ensure"),
+        "nothing to repair right after setup"
+    );
 }
 
 #[test]
@@ -84,7 +120,10 @@ fn random_fully_disable_drops_fully_random() {
     require_root!();
     let ns = Netns::new("nft-norf");
     let _mgr = setup(&ns, true, "10.244.3.0/24", "2001:db8:42:3::/64");
-    assert_eq!(list(&ns, "ip", "postrtg"), golden_postrtg("ip", N4, "10.244.3.0/24", "224.0.0.0/4", "masquerade"));
+    assert_eq!(
+        list(&ns, "ip", "postrtg"),
+        golden_postrtg("ip", N4, "10.244.3.0/24", "224.0.0.0/4", "masquerade")
+    );
 }
 
 #[test]
@@ -95,10 +134,30 @@ fn ensure_restores_deleted_rules_chains_and_tables() {
     let want = ns.exec(&["nft", "list", "ruleset"]);
 
     // One rule, by handle.
-    let listing = ns.exec(&["nft", "-a", "list", "chain", "ip", "flannel-ipv4", "postrtg"]);
-    let line = listing.lines().find(|l| l.contains("ip saddr != 10.244.1.0/24")).expect("rule present");
+    let listing = ns.exec(&[
+        "nft",
+        "-a",
+        "list",
+        "chain",
+        "ip",
+        "flannel-ipv4",
+        "postrtg",
+    ]);
+    let line = listing
+        .lines()
+        .find(|l| l.contains("ip saddr != 10.244.1.0/24"))
+        .expect("rule present");
     let handle = line.rsplit(' ').next().expect("handle");
-    ns.exec(&["nft", "delete", "rule", "ip", "flannel-ipv4", "postrtg", "handle", handle]);
+    ns.exec(&[
+        "nft",
+        "delete",
+        "rule",
+        "ip",
+        "flannel-ipv4",
+        "postrtg",
+        "handle",
+        handle,
+    ]);
     assert_ne!(ns.exec(&["nft", "list", "ruleset"]), want);
     assert!(mgr.ensure().expect("ensure"));
     assert_eq!(ns.exec(&["nft", "list", "ruleset"]), want);
@@ -110,11 +169,31 @@ fn ensure_restores_deleted_rules_chains_and_tables() {
     assert_eq!(list(&ns, "ip6", "forward"), golden_forward("ip6", N6));
     ns.exec(&["nft", "delete", "table", "ip", "flannel-ipv4"]);
     assert!(mgr.ensure().expect("ensure"));
-    assert_eq!(list(&ns, "ip", "postrtg"), golden_postrtg("ip", N4, "10.244.1.0/24", "224.0.0.0/4", "masquerade fully-random"));
+    assert_eq!(
+        list(&ns, "ip", "postrtg"),
+        golden_postrtg(
+            "ip",
+            N4,
+            "10.244.1.0/24",
+            "224.0.0.0/4",
+            "masquerade fully-random"
+        )
+    );
     assert_eq!(list(&ns, "ip", "forward"), golden_forward("ip", N4));
 
     // A foreign rule inside flannel's chain is an alteration too.
-    ns.exec(&["nft", "add", "rule", "ip", "flannel-ipv4", "forward", "ip", "saddr", "10.9.0.0/16", "drop"]);
+    ns.exec(&[
+        "nft",
+        "add",
+        "rule",
+        "ip",
+        "flannel-ipv4",
+        "forward",
+        "ip",
+        "saddr",
+        "10.9.0.0/16",
+        "drop",
+    ]);
     assert!(mgr.ensure().expect("ensure"));
     assert_eq!(list(&ns, "ip", "forward"), golden_forward("ip", N4));
 }
@@ -124,16 +203,30 @@ fn changed_subnet_re_setup_leaves_only_the_new_rules() {
     require_root!();
     let ns = Netns::new("nft-chg");
     drop(setup(&ns, false, "10.244.1.0/24", "2001:db8:42:1::/64"));
-    let prev = Previous { network: nets(N4, Some(N6)), subnet: nets("10.244.1.1/24", Some("2001:db8:42:1::1/64")) };
+    let prev = Previous {
+        network: nets(N4, Some(N6)),
+        subnet: nets("10.244.1.1/24", Some("2001:db8:42:1::1/64")),
+    };
     let mgr = NftablesManager::new(ns.runner(), false);
     mgr.init().expect("init");
-    mgr.setup_masq(&nets(N4, None), &nets("10.244.7.0/24", None), Some(&prev)).expect("masq");
+    mgr.setup_masq(&nets(N4, None), &nets("10.244.7.0/24", None), Some(&prev))
+        .expect("masq");
     let ruleset = ns.exec(&["nft", "list", "ruleset"]);
     assert!(!ruleset.contains("10.244.1.0/24"), "{ruleset}");
-    assert_eq!(count(&ruleset, "\t\tmeta mark 0x00004000 return"), 1, "v6 masquerade chain removed:\n{ruleset}");
+    assert_eq!(
+        count(&ruleset, "\t\tmeta mark 0x00004000 return"),
+        1,
+        "v6 masquerade chain removed:\n{ruleset}"
+    );
     assert_eq!(
         list(&ns, "ip", "postrtg"),
-        golden_postrtg("ip", N4, "10.244.7.0/24", "224.0.0.0/4", "masquerade fully-random")
+        golden_postrtg(
+            "ip",
+            N4,
+            "10.244.7.0/24",
+            "224.0.0.0/4",
+            "masquerade fully-random"
+        )
     );
 }
 

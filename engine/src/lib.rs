@@ -130,7 +130,9 @@ pub struct EngineConfig {
     pub local_addr: IpAddr,
     /// Source of generated ICMP errors (the node's subnet IP); flannel-UDP only.
     pub tun_addr: Option<IpAddr>,
-    /// TUN MTU (informational; the daemon sets it; segments follow the kernel's gso_size).
+    /// TUN MTU (the daemon sets it on the device). Outgoing segments follow the
+    /// kernel's `gso_size`; received packets larger than this (a kernel peer's
+    /// GSO train delivered whole over a veth underlay) are re-segmented to it.
     pub mtu: u16,
     /// Worker threads (and TUN queues); 0 = one per CPU.
     pub workers: usize,
@@ -267,6 +269,7 @@ impl Engine {
                 tx,
                 peers: peers.clone(),
                 anti_spoof: cfg.anti_spoof,
+                mtu: usize::from(cfg.mtu),
                 icmp_src,
                 udp_gso: udp_gso.clone(),
                 stop: stop.clone(),

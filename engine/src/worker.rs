@@ -55,6 +55,7 @@ pub(crate) struct Worker {
     pub tx: Vec<Udp>,
     pub peers: Arc<ArcSwap<PeerTable>>,
     pub anti_spoof: bool,
+    pub mtu: usize,
     pub icmp_src: Option<Ipv4Addr>,
     pub udp_gso: Arc<AtomicBool>,
     pub stop: Arc<AtomicBool>,
@@ -74,6 +75,8 @@ struct Buffers {
     tx_pos: usize,
     msgs: Vec<Queued>,
     rx: Vec<u8>,
+    /// Segments of oversize received packets when the TUN has no vnet header.
+    scratch: Vec<u8>,
     meta: [RxMeta; RX_SLOTS],
     gro: Gro,
 }
@@ -105,8 +108,9 @@ impl Worker {
             tx_pos: 0,
             msgs: Vec::with_capacity(TX_MSGS),
             rx: vec![0; RX_SLOT * RX_SLOTS],
+            scratch: if self.vnet_hdr { Vec::new() } else { vec![0; 2 * RX_SLOT] },
             meta: [RxMeta::default(); RX_SLOTS],
-            gro: Gro::new(),
+            gro: Gro::new(self.mtu),
         };
         let mut ctr = Local::default();
         while !self.stop.load(Ordering::Relaxed) {
@@ -342,6 +346,11 @@ impl Worker {
             let base = i * RX_SLOT;
             let len = m.len.min(RX_SLOT);
             let entries = peers.endpoint_entries(m.src);
+            if len == 0 {
+                let r = if self.anti_spoof && entries.is_empty() { DropReason::UnknownPeer } else { DropReason::Malformed };
+                ctr.drop(r, 1);
+                continue;
+            }
             let mut off = 0;
             while off < len {
                 let seg_len = m.stride.min(len - off);
@@ -371,10 +380,7 @@ impl Worker {
                         let _ = b.gro.push(&b.rx, start, plen);
                     }
                 } else {
-                    match self.tun.writev(&[IoSlice::new(&b.rx[start..start + plen])]) {
-                        Ok(_) => ctr.add(Ctr::TunWrites, 1),
-                        Err(_) => ctr.add(Ctr::TunWriteErrors, 1),
-                    }
+                    self.write_plain(b, start, plen, ctr);
                 }
             }
         }
@@ -382,6 +388,34 @@ impl Worker {
             self.flush_rx(b, ctr);
         }
         true
+    }
+
+    /// TUN without vnet header: complete partial checksums and segment
+    /// oversize TCP packets in userspace before writing.
+    fn write_plain(&self, b: &mut Buffers, start: usize, plen: usize, ctr: &mut Local) {
+        let pkt = &mut b.rx[start..start + plen];
+        if plen > self.mtu
+            && let Some(hdrs) = gso::tcp_headers_len(pkt)
+            && self.mtu > hdrs
+            && let Ok(segs) = gso::tcp_segment(pkt, self.mtu - hdrs, 0, &mut b.scratch)
+        {
+            for i in 0..segs.count {
+                let len = if i + 1 == segs.count { segs.last_len } else { segs.stride };
+                let s = &b.scratch[i * segs.stride..i * segs.stride + len];
+                match self.tun.writev(&[IoSlice::new(s)]) {
+                    Ok(_) => ctr.add(Ctr::TunWrites, 1),
+                    Err(_) => ctr.add(Ctr::TunWriteErrors, 1),
+                }
+            }
+            return;
+        }
+        if let Some((cs, co)) = crate::offload::partial_checksum(pkt) {
+            let _ = gso::complete_checksum(pkt, cs, co);
+        }
+        match self.tun.writev(&[IoSlice::new(pkt)]) {
+            Ok(_) => ctr.add(Ctr::TunWrites, 1),
+            Err(_) => ctr.add(Ctr::TunWriteErrors, 1),
+        }
     }
 
     fn flush_rx(&self, b: &mut Buffers, ctr: &mut Local) {

@@ -29,6 +29,110 @@ pub struct Etcd {
     peer_port: u16,
     proc: Option<Proc>,
     starts: u32,
+    tls: Option<TlsFiles>,
+}
+
+/// PEM files for an etcd that requires TLS client certificates, made with the
+/// `openssl` command: a CA, a server cert for IP 127.0.0.1 and a client cert.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The CA certificate (`--etcd-cafile`).
+    pub ca: PathBuf,
+    /// The server certificate.
+    pub server_cert: PathBuf,
+    /// The server key.
+    pub server_key: PathBuf,
+    /// A client certificate signed by the CA (`--etcd-certfile`).
+    pub client_cert: PathBuf,
+    /// Its key (`--etcd-keyfile`).
+    pub client_key: PathBuf,
+}
+
+impl TlsFiles {
+    /// Generates the files in `dir`; panics when `openssl` fails.
+    pub fn generate(dir: &Path) -> TlsFiles {
+        let p = |n: &str| dir.join(n);
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .output()
+                .expect("run openssl");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        openssl(
+            &[
+                &["req", "-x509"][..],
+                &ec,
+                &["-keyout", "ca.key", "-out", "ca.crt", "-days", "2"],
+                &["-subj", "/CN=weft-test-ca"],
+            ]
+            .concat(),
+        );
+        for (name, usage) in [("server", "serverAuth"), ("client", "clientAuth")] {
+            let (key, csr, crt, ext) = (
+                format!("{name}.key"),
+                format!("{name}.csr"),
+                format!("{name}.crt"),
+                format!("{name}.ext"),
+            );
+            std::fs::write(
+                p(&ext),
+                format!("subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n"),
+            )
+            .expect("write ext");
+            openssl(
+                &[
+                    &["req"][..],
+                    &ec,
+                    &[
+                        "-keyout",
+                        &key,
+                        "-out",
+                        &csr,
+                        "-subj",
+                        &format!("/CN=weft-{name}"),
+                    ],
+                ]
+                .concat(),
+            );
+            openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &crt,
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+            ]);
+        }
+        TlsFiles {
+            ca: p("ca.crt"),
+            server_cert: p("server.crt"),
+            server_key: p("server.key"),
+            client_cert: p("client.crt"),
+            client_key: p("client.key"),
+        }
+    }
 }
 
 /// A port that was free a moment ago on 127.0.0.1.
@@ -50,15 +154,42 @@ impl Etcd {
     /// Starts a fresh member and waits until it is healthy; panics (with the
     /// log) when it does not come up.
     pub fn start() -> Etcd {
-        let dir = tempfile::Builder::new().prefix("weft-etcd-").tempdir().expect("tempdir");
-        let mut e = Etcd { dir, client_port: free_port(), peer_port: free_port(), proc: None, starts: 0 };
+        Etcd::start_inner(false)
+    }
+
+    /// Like [`Etcd::start`], but clients must speak TLS and present a
+    /// certificate signed by the generated CA (see [`Etcd::tls`]).
+    pub fn start_tls() -> Etcd {
+        Etcd::start_inner(true)
+    }
+
+    fn start_inner(tls: bool) -> Etcd {
+        let dir = tempfile::Builder::new()
+            .prefix("weft-etcd-")
+            .tempdir()
+            .expect("tempdir");
+        let tls = tls.then(|| TlsFiles::generate(dir.path()));
+        let mut e = Etcd {
+            dir,
+            client_port: free_port(),
+            peer_port: free_port(),
+            proc: None,
+            starts: 0,
+            tls,
+        };
         e.start_again();
         e
     }
 
-    /// The client URL, `http://127.0.0.1:<port>`.
+    /// The TLS files when started with [`Etcd::start_tls`].
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
+    }
+
+    /// The client URL, `http://127.0.0.1:<port>` (`https://` with TLS).
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     /// The client port.
@@ -99,11 +230,30 @@ impl Etcd {
             .arg("weft-test")
             .arg("--data-dir")
             .arg(self.data_dir())
-            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
             .args(["--initial-cluster", &format!("weft-test={peer}")])
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
             .args(["--logger", "zap", "--log-level", "warn"]);
+        if let Some(t) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&t.server_cert)
+                .arg("--key-file")
+                .arg(&t.server_key);
+            cmd.arg("--trusted-ca-file")
+                .arg(&t.ca)
+                .arg("--client-cert-auth");
+        }
         let log = self.log_path();
         self.proc = Some(Proc::spawn("etcd", cmd, &log));
         self.wait_healthy();
@@ -128,17 +278,36 @@ impl Etcd {
             if self.healthy() {
                 return;
             }
-            assert!(self.running(), "etcd exited during start; log:\n{}", self.log());
-            assert!(Instant::now() < deadline, "etcd not healthy after {START_TIMEOUT:?}; log:\n{}", self.log());
+            assert!(
+                self.running(),
+                "etcd exited during start; log:\n{}",
+                self.log()
+            );
+            assert!(
+                Instant::now() < deadline,
+                "etcd not healthy after {START_TIMEOUT:?}; log:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
 
-    /// One probe of `GET /health`.
+    /// One probe of `GET /health` (`etcdctl endpoint health` with TLS).
     pub fn healthy(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.client_port)) else { return false };
+        if self.tls.is_some() {
+            return self
+                .etcdctl(&["--command-timeout=2s", "endpoint", "health"])
+                .status
+                .success();
+        }
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.client_port)) else {
+            return false;
+        };
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        let req = format!("GET /health HTTP/1.0\r\nHost: 127.0.0.1:{}\r\n\r\n", self.client_port);
+        let req = format!(
+            "GET /health HTTP/1.0\r\nHost: 127.0.0.1:{}\r\n\r\n",
+            self.client_port
+        );
         if s.write_all(req.as_bytes()).is_err() {
             return false;
         }
@@ -150,12 +319,18 @@ impl Etcd {
     /// Runs `etcdctl` (API v3) against this member; returns its output,
     /// success or not.
     pub fn etcdctl(&self, args: &[&str]) -> Output {
-        Command::new(bin("WEFT_ETCDCTL", ETCDCTL_BIN))
-            .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", self.endpoint()))
-            .args(args)
-            .output()
-            .expect("run etcdctl")
+        let mut cmd = Command::new(bin("WEFT_ETCDCTL", ETCDCTL_BIN));
+        cmd.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", self.endpoint()));
+        if let Some(t) = &self.tls {
+            cmd.arg("--cacert")
+                .arg(&t.ca)
+                .arg("--cert")
+                .arg(&t.client_cert)
+                .arg("--key")
+                .arg(&t.client_key);
+        }
+        cmd.args(args).output().expect("run etcdctl")
     }
 
     /// Runs `etcdctl` and panics with its stderr on failure; returns stdout.

@@ -27,17 +27,20 @@ impl Weftd {
     /// given), logging to `<dir>/<name>.log`.
     pub fn start(name: &str, dir: &Path, netns: Option<&str>, args: &[String]) -> Weftd {
         let subnet_env = dir.join(format!("{name}.env"));
-        let mut w = Weftd {
-            proc: spawn(name, dir, netns, args, &subnet_env, 0),
+        Weftd {
+            proc: spawn(name, dir, netns, args, &subnet_env, 1),
             subnet_env,
             args: args.to_vec(),
             netns: netns.map(str::to_string),
             name: name.to_string(),
             dir: dir.to_path_buf(),
             starts: 1,
-        };
-        w.starts = 1;
-        w
+        }
+    }
+
+    /// Changes the arguments used by the next [`Weftd::restart`].
+    pub fn set_args(&mut self, args: &[String]) {
+        self.args = args.to_vec();
     }
 
     /// Starts the same daemon again (after it exited or was killed).
@@ -48,6 +51,15 @@ impl Weftd {
 
     /// Waits until subnet.env exists and returns its variables.
     pub fn wait_ready(&mut self, timeout: Duration) -> BTreeMap<String, String> {
+        self.wait_env(timeout, |_| true)
+    }
+
+    /// Waits until subnet.env exists and `accept`s its variables.
+    pub fn wait_env(
+        &mut self,
+        timeout: Duration,
+        accept: impl Fn(&BTreeMap<String, String>) -> bool,
+    ) -> BTreeMap<String, String> {
         let path = self.subnet_env.clone();
         let mut dead = false;
         let env = wait_for(&format!("{} subnet.env", self.name), timeout, || {
@@ -57,7 +69,7 @@ impl Weftd {
             if dead {
                 return Some(None);
             }
-            read_env(&path).map(Some)
+            read_env(&path).filter(|e| accept(e)).map(Some)
         });
         env.unwrap_or_else(|| panic!("{} exited before it was ready; log:\n{}", self.name, self.proc.log()))
     }

@@ -297,12 +297,22 @@ fn decode(
     mut apply: impl FnMut(&str, &RawValue, &dyn Fn(&'static str) -> Field) -> Result<(), FieldTypeError>,
 ) -> Result<(), BackendError> {
     let f = |name| Field { strukt: "", name };
-    for_each_member(obj, |k, v| apply(k, v, &f))
-        .map_err(|source| BackendError::Decode { context: ctx, source })
+    for_each_member(obj, |k, v| apply(k, v, &f)).map_err(|source| BackendError::Decode {
+        context: ctx,
+        source,
+    })
 }
 
-fn ranged<T: TryFrom<i64>>(ctx: &'static str, field: &'static str, v: i64) -> Result<T, BackendError> {
-    T::try_from(v).map_err(|_| BackendError::OutOfRange { context: ctx, field, value: v })
+fn ranged<T: TryFrom<i64>>(
+    ctx: &'static str,
+    field: &'static str,
+    v: i64,
+) -> Result<T, BackendError> {
+    T::try_from(v).map_err(|_| BackendError::OutOfRange {
+        context: ctx,
+        field,
+        value: v,
+    })
 }
 
 fn set<T>(slot: &mut T, v: Option<T>) {
@@ -325,7 +335,9 @@ fn parse_udp(obj: &Members) -> Result<UdpOptions, BackendError> {
         }
         Ok(())
     })?;
-    Ok(UdpOptions { port: ranged(UDP_CTX, "Port", port)? })
+    Ok(UdpOptions {
+        port: ranged(UDP_CTX, "Port", port)?,
+    })
 }
 
 fn parse_vxlan(obj: &Members) -> Result<VxlanOptions, BackendError> {
@@ -345,7 +357,11 @@ fn parse_vxlan(obj: &Members) -> Result<VxlanOptions, BackendError> {
     })?;
     let vni: u32 = ranged(VXLAN_CTX, "VNI", vni)?;
     if vni >= 1 << 24 {
-        return Err(BackendError::OutOfRange { context: VXLAN_CTX, field: "VNI", value: i64::from(vni) });
+        return Err(BackendError::OutOfRange {
+            context: VXLAN_CTX,
+            field: "VNI",
+            value: i64::from(vni),
+        });
     }
     Ok(VxlanOptions {
         vni,

@@ -34,7 +34,9 @@ impl Config {
     }
 
     fn check_ipv4(&mut self) -> Result<(), ConfigError> {
-        let net = self.network.filter(|n| !(n.addr().is_unspecified() && n.prefix_len() == 0));
+        let net = self
+            .network
+            .filter(|n| !(n.addr().is_unspecified() && n.prefix_len() == 0));
         let net = net.ok_or(ConfigError::NoNetwork)?;
         let prefix = u32::from(net.prefix_len());
         if self.subnet_len > 0 {
@@ -77,7 +79,9 @@ impl Config {
     }
 
     fn check_ipv6(&mut self) -> Result<(), ConfigError> {
-        let net = self.ipv6_network.filter(|n| !(n.addr().is_unspecified() && n.prefix_len() == 0));
+        let net = self
+            .ipv6_network
+            .filter(|n| !(n.addr().is_unspecified() && n.prefix_len() == 0));
         let net = net.ok_or(ConfigError::NoIpv6Network)?;
         let prefix = u32::from(net.prefix_len());
         if self.ipv6_subnet_len > 0 {
@@ -153,7 +157,10 @@ impl Config {
         let len = self.subnet_len;
         let ok = (1..=32).contains(&len);
         let step = self.subnet_size();
-        let (min, max) = (u64::from(u32::from(self.subnet_min)), u64::from(u32::from(self.subnet_max)));
+        let (min, max) = (
+            u64::from(u32::from(self.subnet_min)),
+            u64::from(u32::from(self.subnet_max)),
+        );
         let mut next = ok.then_some(min);
         std::iter::from_fn(move || {
             let cur = next.filter(|c| *c <= max)?;
@@ -167,7 +174,11 @@ impl Config {
     /// in IPv6SubnetLen steps. Empty when IPv6 is unchecked.
     pub fn ipv6_subnet_candidates(&self) -> impl Iterator<Item = Ipv6Net> + use<> {
         let len = self.ipv6_subnet_len;
-        let step = if (1..=128).contains(&len) { self.ipv6_subnet_size() } else { None };
+        let step = if (1..=128).contains(&len) {
+            self.ipv6_subnet_size()
+        } else {
+            None
+        };
         let min = self.ipv6_subnet_min.map(u128::from);
         let max = self.ipv6_subnet_max.map_or(0, u128::from);
         let mut next = step.and(min);
@@ -204,7 +215,11 @@ impl Config {
 
     /// Both checks, as flannel applies them to a lease it could reuse
     /// (the one held for our PublicIP, or the previous subnet from subnet.env).
-    pub fn is_lease_compatible(&self, subnet: Option<Ipv4Net>, ipv6_subnet: Option<Ipv6Net>) -> bool {
+    pub fn is_lease_compatible(
+        &self,
+        subnet: Option<Ipv4Net>,
+        ipv6_subnet: Option<Ipv6Net>,
+    ) -> bool {
         self.is_subnet_compatible(subnet) && self.is_ipv6_subnet_compatible(ipv6_subnet)
     }
 }

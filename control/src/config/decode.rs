@@ -17,9 +17,8 @@
 //! Error texts follow Go's `UnmarshalTypeError`:
 //! `json: cannot unmarshal string into Go struct field Config.SubnetLen of type uint`.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-
 use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
@@ -142,7 +141,12 @@ pub(crate) struct Field {
 
 impl Field {
     fn err(self, value: String, go_type: &'static str) -> FieldTypeError {
-        FieldTypeError { value, strukt: self.strukt, field: self.name, go_type }
+        FieldTypeError {
+            value,
+            strukt: self.strukt,
+            field: self.name,
+            go_type,
+        }
     }
 
     fn value(raw: &RawValue) -> Value {
@@ -175,7 +179,9 @@ impl Field {
             Value::Null => Ok(None),
             Value::Number(_) => {
                 let lit = raw.get().trim();
-                lit.parse().map(Some).map_err(|_| self.err(format!("number {lit}"), go_type))
+                lit.parse()
+                    .map(Some)
+                    .map_err(|_| self.err(format!("number {lit}"), go_type))
             }
             other => Err(self.err(kind(&other).to_string(), go_type)),
         }
@@ -187,7 +193,9 @@ impl Field {
             Value::Null => Ok(None),
             Value::Number(_) => {
                 let lit = raw.get().trim();
-                lit.parse().map(Some).map_err(|_| self.err(format!("number {lit}"), "uint"))
+                lit.parse()
+                    .map(Some)
+                    .map_err(|_| self.err(format!("number {lit}"), "uint"))
             }
             other => Err(self.err(kind(&other).to_string(), "uint")),
         }
@@ -229,7 +237,11 @@ pub(crate) fn parse_cidr(s: &str) -> Result<(IpAddr, u8), InvalidCidr> {
         return Err(bad());
     }
     let digits = len.trim_start_matches('0');
-    let n: u32 = if digits.is_empty() { 0 } else { digits.parse().map_err(|_| bad())? };
+    let n: u32 = if digits.is_empty() {
+        0
+    } else {
+        digits.parse().map_err(|_| bad())?
+    };
     let max = if addr.is_ipv4() { 32 } else { 128 };
     if n > max {
         return Err(bad());

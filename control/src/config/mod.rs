@@ -172,7 +172,10 @@ impl Default for Config {
 }
 
 const fn field(name: &'static str) -> Field {
-    Field { strukt: "Config", name }
+    Field {
+        strukt: "Config",
+        name,
+    }
 }
 
 /// flannel's `ParseConfig`: decodes net-conf.json / the etcd config value.
@@ -189,26 +192,37 @@ pub fn parse_config(text: &[u8]) -> Result<Config, ConfigError> {
     Ok(cfg)
 }
 
-fn decode_members(cfg: &mut Config, members: &[(String, Box<RawValue>)]) -> Result<(), ConfigError> {
+fn decode_members(
+    cfg: &mut Config,
+    members: &[(String, Box<RawValue>)],
+) -> Result<(), ConfigError> {
     for_each_member(members, |key, v| -> Result<(), ConfigError> {
         match key {
             "enableipv4" => set(&mut cfg.enable_ipv4, field("EnableIPv4").bool(v)?),
             "enableipv6" => set(&mut cfg.enable_ipv6, field("EnableIPv6").bool(v)?),
             "enablenftables" => set(&mut cfg.enable_nftables, field("EnableNFTables").bool(v)?),
-            "subnetlen" => set(&mut cfg.subnet_len, field("SubnetLen").uint(v)?.map(saturate)),
-            "ipv6subnetlen" => {
-                set(&mut cfg.ipv6_subnet_len, field("IPv6SubnetLen").uint(v)?.map(saturate))
-            }
+            "subnetlen" => set(
+                &mut cfg.subnet_len,
+                field("SubnetLen").uint(v)?.map(saturate),
+            ),
+            "ipv6subnetlen" => set(
+                &mut cfg.ipv6_subnet_len,
+                field("IPv6SubnetLen").uint(v)?.map(saturate),
+            ),
             // Non-pointer fields with an UnmarshalJSON method: Go passes `null`
             // to the method, which fails to parse it.
             "network" => {
                 let (ip, len) = parse_cidr(unmarshaler_text(v))?;
-                let IpAddr::V4(ip) = ip else { return Err(ConfigError::NotIpv4Cidr) };
+                let IpAddr::V4(ip) = ip else {
+                    return Err(ConfigError::NotIpv4Cidr);
+                };
                 cfg.network = Some(Ipv4Net::new_assert(ip, len).trunc());
             }
             "ipv6network" => {
                 let (ip, len) = parse_cidr(unmarshaler_text(v))?;
-                let IpAddr::V6(ip) = ip else { return Err(ConfigError::NotIpv6Cidr) };
+                let IpAddr::V6(ip) = ip else {
+                    return Err(ConfigError::NotIpv6Cidr);
+                };
                 cfg.ipv6_network = Some(Ipv6Net::new_assert(ip, len).trunc());
             }
             "subnetmin" => cfg.subnet_min = parse_ip4_field(v)?,
@@ -257,7 +271,9 @@ fn parse_ip6_field(v: &RawValue) -> Result<Option<Ipv6Addr>, ConfigError> {
 
 /// flannel `parseBackendType`: absent → `udp`; otherwise decode `{Type string}`.
 fn backend_type(raw: Option<&str>) -> Result<String, ConfigError> {
-    let Some(raw) = raw else { return Ok("udp".to_string()) };
+    let Some(raw) = raw else {
+        return Ok("udp".to_string());
+    };
     // The raw text came out of a parsed document, so it is valid JSON.
     match parse_doc(raw.as_bytes()).map_err(ConfigError::Syntax)? {
         JsonDoc::Null => Ok(String::new()),
@@ -265,7 +281,10 @@ fn backend_type(raw: Option<&str>) -> Result<String, ConfigError> {
             let mut ty = String::new();
             for_each_member(&members, |key, v| {
                 if key == "type" {
-                    let f = Field { strukt: "", name: "Type" };
+                    let f = Field {
+                        strukt: "",
+                        name: "Type",
+                    };
                     set(&mut ty, f.string(v)?);
                 }
                 Ok::<(), FieldTypeError>(())

@@ -41,6 +41,15 @@ pub enum Dataplane {
     Userspace,
 }
 
+/// Which host firewall manager weftd runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TrafficManagerKind {
+    /// iptables, or nftables when the config sets EnableNFTables (flannel's choice).
+    Auto,
+    /// No host rules at all (and no br_netfilter check).
+    None,
+}
+
 /// weftd's flags. Names, defaults and env variables are flanneld's.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "weftd", about = "weft node daemon, a drop-in for flanneld", disable_version_flag = true)]
@@ -155,6 +164,10 @@ pub struct Flags {
     /// Userspace engine worker threads (0 = one per CPU).
     #[arg(long, env = "WEFT_ENGINE_WORKERS", default_value_t = 0)]
     pub engine_workers: usize,
+    /// Host firewall rules: `auto` (iptables, or nftables with EnableNFTables)
+    /// or `none` for nodes that manage their own firewall.
+    #[arg(long, env = "WEFT_TRAFFIC_MANAGER", value_enum, default_value = "auto")]
+    pub traffic_manager: TrafficManagerKind,
     /// Log format: text or json.
     #[arg(long, env = "WEFT_LOG_FORMAT", default_value = "text")]
     pub log_format: String,

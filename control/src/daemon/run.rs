@@ -6,7 +6,7 @@ use anyhow::{Context, bail};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
-use super::flags::{Flags, StoreKind};
+use super::flags::{Flags, StoreKind, TrafficManagerKind};
 use super::healthz::{self, Readiness};
 use crate::backend::{self, Backend};
 use crate::config::{Config, parse_config};
@@ -18,6 +18,7 @@ use crate::store::embedded::EmbeddedStore;
 use crate::store::Registry;
 use crate::subnet::{LocalManager, Previous, renew_at};
 use crate::subnet_env::SubnetEnv;
+use crate::traffic;
 
 /// How often backends re-check kernel state.
 const RECONCILE_PERIOD: Duration = Duration::from_secs(10);
@@ -71,9 +72,15 @@ async fn run_on<R: Registry + Clone>(flags: Flags, reg: R, kind: StoreKind) -> a
     let mgr = LocalManager::new(reg.clone(), cfg.clone(), prev, Some(ttl));
     tracing::info!("Created subnet manager: {}", mgr.name());
 
+    if flags.traffic_manager == TrafficManagerKind::Auto && !cfg.enable_nftables {
+        traffic::check_br_netfilter(std::path::Path::new("/proc"), cfg.enable_ipv6)
+            .map_err(|e| anyhow::anyhow!("Failed to check br_netfilter: {e}"))?;
+    }
+
     let Some(lease) = stop.until(acquire(&mgr, &attrs)).await else { return Ok(0) };
     let mut lease = lease.context("Error registering network")?;
     let mtu = backend.setup(&lease).await.context("Error registering network")?;
+    let _resync = host_rules(&flags, &cfg, &lease, prev_env.as_ref()).await?;
 
     let env = SubnetEnv {
         network: cfg.network.filter(|_| cfg.enable_ipv4),
@@ -98,6 +105,56 @@ async fn run_on<R: Registry + Clone>(flags: Flags, reg: R, kind: StoreKind) -> a
     backend.teardown().await;
     tracing::info!("Exiting cleanly...");
     code
+}
+
+/// Installs flannel's masquerade and forward rules (before subnet.env is
+/// written) and starts their periodic re-check; `None` with `--traffic-manager=none`.
+async fn host_rules(
+    flags: &Flags,
+    cfg: &Config,
+    lease: &Lease,
+    prev: Option<&SubnetEnv>,
+) -> anyhow::Result<Option<traffic::ResyncHandle>> {
+    if flags.traffic_manager == TrafficManagerKind::None {
+        tracing::info!("host traffic rules disabled (--traffic-manager=none)");
+        return Ok(None);
+    }
+    let kind = traffic::Kind::from_config(cfg.enable_nftables);
+    let mgr = traffic::new_manager(kind, flags.ip_masq_fully_random_disable, traffic::Runner::new());
+    let tflags = traffic::Flags {
+        ip_masq: flags.ip_masq,
+        random_fully_disable: flags.ip_masq_fully_random_disable,
+        forward_rules: flags.iptables_forward_rules,
+        resync: Duration::from_secs(flags.iptables_resync),
+    };
+    let network = traffic::Networks {
+        v4: cfg.network.filter(|_| cfg.enable_ipv4),
+        v6: cfg.ipv6_network.filter(|_| cfg.enable_ipv6),
+    };
+    let subnet = traffic::Networks { v4: lease.subnet, v6: lease.ipv6_subnet };
+    let prev = prev.map(|p| traffic::Previous {
+        network: traffic::Networks { v4: p.network, v6: p.ipv6_network },
+        subnet: traffic::Networks { v4: p.subnet, v6: p.ipv6_subnet },
+    });
+    let m = mgr.clone();
+    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        tracing::info!("Cleaning-up unused traffic manager rules");
+        if let Err(e) = m.cleanup_other() {
+            tracing::warn!("failed to clean up the other traffic manager's rules: {e}");
+        }
+        match kind {
+            traffic::Kind::Nftables => tracing::info!("Starting flannel in nftables mode..."),
+            _ => tracing::info!("Starting flannel in iptables mode..."),
+        }
+        m.init().context("Failed to setup masq rules")?;
+        tracing::info!("Setting up masking rules");
+        traffic::install(&*m, &tflags, &network, &subnet, prev.as_ref()).context("Failed to setup masq rules")?;
+        tracing::info!("bootstrap done");
+        Ok(())
+    })
+    .await
+    .context("traffic rules task")??;
+    Ok(Some(traffic::spawn_resync(mgr, tflags.resync)?))
 }
 
 async fn main_loop<R: Registry + Clone>(

@@ -59,7 +59,7 @@ pub use self::{
     iptables::IptablesManager,
     nftables::NftablesManager,
     none::{Call, NoneManager},
-    resync::{ResyncHandle, resync_once, spawn_resync},
+    resync::{MIN_PERIOD as MIN_RESYNC_PERIOD, ResyncHandle, resync_once, spawn_resync},
     runner::{Output, Runner},
 };
 

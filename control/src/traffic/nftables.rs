@@ -95,7 +95,8 @@ impl NftablesManager {
 
     fn install(&self, st: &mut State, chain: NftChain) -> Result<(), Error> {
         self.script(&chain.payload())?;
-        let listing = self.list(&chain.list_args())?.unwrap_or_default();
+        // The fingerprint `ensure` compares against; the chain must exist now.
+        let listing = self.runner.run("nft", &chain.list_args(), None)?;
         st.installed
             .retain(|(c, _)| !(c.family == chain.family && c.name == chain.name));
         st.installed.push((chain, listing));

@@ -64,11 +64,17 @@ impl Netns {
             .args(args)
             .output()
             .expect("spawn ip netns exec");
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
     }
 
     /// Runs `f` on a new thread that has entered this namespace (sockets it opens live here).
-    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> thread::JoinHandle<T> {
+    pub fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> thread::JoinHandle<T> {
         let path = format!("/run/netns/{}", self.name);
         thread::spawn(move || {
             let file = File::open(&path).expect("open netns");
@@ -80,13 +86,18 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
     }
 }
 
 /// Runs a host command; panics with its stderr on failure; returns stdout.
 pub fn sh(args: &[&str]) -> String {
-    let out = Command::new(args[0]).args(&args[1..]).output().expect("spawn");
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .expect("spawn");
     assert!(
         out.status.success(),
         "{} failed: {}",

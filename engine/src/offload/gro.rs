@@ -51,6 +51,9 @@ struct Item {
     last_payload: usize,
     nsegs: usize,
     psh: bool,
+    /// A single packet larger than the MTU (a peer's GSO train that crossed a
+    /// veth unsegmented): handed over as GSO with `gso_size = mtu - headers`.
+    oversize: bool,
 }
 
 /// Result of [`Gro::push`].
@@ -64,30 +67,31 @@ pub enum Pushed {
 
 /// A per-worker coalescing table; allocated once, reused for every batch.
 pub struct Gro {
+    mtu: usize,
     items: Vec<Item>,
     /// Extra payload slices: `MAX_SEGS - 1` per item slot, `(offset, len)` in the arena.
     extra: Vec<(usize, usize)>,
     coalesced: u64,
 }
 
-impl Default for Gro {
-    fn default() -> Self {
-        Self::new()
-    }
-}
 
+/// A segment may be merged when its TCP checksum is valid, or partial (see
+/// [`super::partial_checksum`]): the merged packet is handed over as partial anyway.
 fn tcp_csum_ok(pkt: &[u8], v6: bool, ip_hl: usize) -> bool {
     let (src, dst) = if v6 { (8..24, 24..40) } else { (12..16, 16..20) };
     let seg = &pkt[ip_hl..];
     let len = u32::try_from(seg.len()).unwrap_or(0);
     let ps = checksum::pseudo_v4(&pkt[src], &pkt[dst], ipv4::PROTO_TCP, len);
+    if u32::from(crate::wire::be16(seg, tcp::CHECKSUM_OFFSET)) == ps {
+        return true;
+    }
     checksum::combine(ps, checksum::sum(seg)) == 0xffff
 }
 
 impl Gro {
-    /// An empty table.
-    pub fn new() -> Self {
-        Gro { items: Vec::with_capacity(MAX_ITEMS), extra: vec![(0, 0); MAX_ITEMS * (MAX_SEGS - 1)], coalesced: 0 }
+    /// An empty table for a TUN with this MTU.
+    pub fn new(mtu: usize) -> Self {
+        Gro { mtu, items: Vec::with_capacity(MAX_ITEMS), extra: vec![(0, 0); MAX_ITEMS * (MAX_SEGS - 1)], coalesced: 0 }
     }
 
     /// Number of queued items.
@@ -120,21 +124,23 @@ impl Gro {
             if self.items.len() == MAX_ITEMS {
                 return Pushed::Full;
             }
+            let oversize = len > self.mtu && self.mtu > hdrs;
             self.items.push(Item {
                 start,
                 first_len: len,
                 key,
-                open: flags & tcp::PSH == 0,
+                open: flags & tcp::PSH == 0 && !oversize,
                 head_ok: false,
                 ip_hl,
                 hdrs,
                 ack,
                 next_seq: seq.wrapping_add(u32::try_from(payload).unwrap_or(0)),
-                gso_size: payload,
+                gso_size: if oversize { self.mtu - hdrs } else { payload },
                 total: len,
                 last_payload: payload,
                 nsegs: 1,
                 psh: flags & tcp::PSH != 0,
+                oversize,
             });
             return Pushed::Queued;
         }
@@ -162,6 +168,7 @@ impl Gro {
             last_payload: 0,
             nsegs: 1,
             psh: false,
+            oversize: false,
         });
         Pushed::Queued
     }
@@ -271,8 +278,16 @@ impl Gro {
         for idx in 0..self.items.len() {
             let it = self.items[idx];
             let mut hdr = none;
-            if it.nsegs > 1 {
+            if it.nsegs > 1 || it.oversize {
                 hdr = Self::finalize(&it, &mut arena[it.start..it.start + it.first_len]).to_bytes();
+            } else if let Some((start, off)) = super::partial_checksum(&arena[it.start..it.start + it.first_len]) {
+                hdr = vnet::VnetHdr {
+                    flags: vnet::F_NEEDS_CSUM,
+                    csum_start: u16::try_from(start).unwrap_or(0),
+                    csum_offset: u16::try_from(off).unwrap_or(0),
+                    ..vnet::VnetHdr::default()
+                }
+                .to_bytes();
             }
             let arena: &[u8] = arena;
             let empty: &[u8] = &[];

@@ -17,7 +17,7 @@ fn arena_of(pkts: &[Vec<u8>]) -> (Vec<u8>, Vec<(usize, usize)>) {
 /// Runs GRO over the packets; returns each TUN write as (vnet header, packet bytes).
 fn run(pkts: &[Vec<u8>]) -> Vec<(VnetHdr, Vec<u8>)> {
     let (mut a, pos) = arena_of(pkts);
-    let mut g = Gro::new();
+    let mut g = Gro::new(1500);
     for (s, l) in pos {
         assert_eq!(g.push(&a, s, l), Pushed::Queued);
     }
@@ -142,10 +142,43 @@ fn limits_split_items() {
 
 #[test]
 fn full_table_asks_for_flush() {
-    let mut g = Gro::new();
+    let mut g = Gro::new(1500);
     let p = udp4([1, 1, 1, 1], [2, 2, 2, 2], 9, &[1, 2, 3]);
     for _ in 0..MAX_ITEMS {
         assert_eq!(g.push(&p, 0, p.len()), Pushed::Queued);
     }
     assert_eq!(g.push(&p, 0, p.len()), Pushed::Full);
+}
+
+#[test]
+fn partial_checksums_from_offloading_senders_are_marked() {
+    // What a kernel vxlan sender on a veth underlay puts on the wire: pseudo-header sum only.
+    let (mut pkts, all) = flow(3, 1000, 500, 0);
+    for p in &mut pkts {
+        let ps = crate::wire::checksum::pseudo_v4(&p[12..16], &p[16..20], 6, (p.len() - 20) as u32);
+        p[36..38].copy_from_slice(&(ps as u16).to_be_bytes());
+        assert_eq!(crate::offload::partial_checksum(p), Some((20, 16)));
+    }
+    let w = run(&pkts);
+    assert_eq!(w.len(), 1, "partial segments still coalesce");
+    assert_eq!(kernel_view(&w[0].0, w[0].1.clone()).2, all);
+    // A single one is written with NEEDS_CSUM so the kernel accepts it.
+    let w = run(&pkts[..1]);
+    assert_eq!((w[0].0.flags, w[0].0.csum_start, w[0].0.csum_offset), (vnet::F_NEEDS_CSUM, 20, 16));
+    kernel_view(&w[0].0, w[0].1.clone());
+    // A complete checksum is not mistaken for a partial one.
+    let (full, _) = flow(1, 10, 10, 0);
+    assert_eq!(crate::offload::partial_checksum(&full[0]), None);
+}
+
+#[test]
+fn oversize_single_packet_becomes_gso() {
+    // A 20 kB segment (a kernel peer's GSO train delivered whole over veth).
+    let data = payload(20000, 11);
+    let p = tcp4([10, 244, 2, 2], [10, 244, 1, 2], 9, &data, false);
+    let w = run(&[p]);
+    assert_eq!(w.len(), 1);
+    let h = w[0].0;
+    assert_eq!((h.gso_type, h.gso_size, h.flags), (vnet::GSO_TCPV4, 1500 - 52, vnet::F_NEEDS_CSUM));
+    assert_eq!(kernel_view(&h, w[0].1.clone()).2, data);
 }

@@ -71,6 +71,11 @@ fn layout(pkt: &[u8]) -> Result<Layout, DropReason> {
     }
 }
 
+/// Length of the IP + TCP headers of a TCP/IP packet (`None` if it is not one).
+pub fn tcp_headers_len(pkt: &[u8]) -> Option<usize> {
+    layout(pkt).ok().map(|l| l.hdrs)
+}
+
 /// Bytes [`tcp_segment`] needs in `out` for `pkt` (`None` if `pkt` is not TCP/IP).
 pub fn required_len(pkt: &[u8], gso_size: usize, headroom: usize) -> Option<usize> {
     let l = layout(pkt).ok()?;

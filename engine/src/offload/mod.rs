@@ -2,3 +2,38 @@
 
 pub mod gro;
 pub mod gso;
+
+use crate::wire::{be16, checksum, ipv4};
+
+/// Detects a transport checksum left *partial* by a sender that relied on
+/// checksum offload (`CHECKSUM_PARTIAL`): the field holds the folded
+/// pseudo-header sum instead of the checksum. A Linux sender whose skb never
+/// meets hardware (veth underlays, e.g. kind or netns) puts such packets on the
+/// wire, and its receivers trust them. Returns `(csum_start, csum_offset)` for
+/// a `NEEDS_CSUM` TUN write, so the kernel treats it exactly as its own vxlan
+/// receive path would. Costs one pseudo-header sum, no pass over the payload.
+pub fn partial_checksum(pkt: &[u8]) -> Option<(usize, usize)> {
+    let (ip_hl, proto, src, dst) = match pkt.first()? >> 4 {
+        4 if pkt.len() >= 20 => {
+            let ip = ipv4::Packet::new_unchecked(pkt);
+            if ip.more_frags() || ip.frag_offset() != 0 {
+                return None;
+            }
+            (ip.header_len(), ip.protocol(), 12..16, 16..20)
+        }
+        6 if pkt.len() >= 40 => (40, pkt[6], 8..24, 24..40),
+        _ => return None,
+    };
+    let off = match proto {
+        ipv4::PROTO_TCP => 16,
+        ipv4::PROTO_UDP => 6,
+        _ => return None,
+    };
+    if pkt.len() < ip_hl + off + 2 {
+        return None;
+    }
+    let l4_len = u32::try_from(pkt.len() - ip_hl).ok()?;
+    let ps = checksum::pseudo_v4(&pkt[src], &pkt[dst], proto, l4_len);
+    let field = u32::from(be16(pkt, ip_hl + off));
+    (field == ps && field != 0).then_some((ip_hl, off))
+}

@@ -85,7 +85,8 @@ impl Entry {
 
     /// The expiry as a wall-clock time.
     pub fn expiration(&self) -> Option<SystemTime> {
-        self.expires_ms.map(|ms| UNIX_EPOCH + Duration::from_millis(ms))
+        self.expires_ms
+            .map(|ms| UNIX_EPOCH + Duration::from_millis(ms))
     }
 }
 
@@ -125,7 +126,8 @@ pub fn now_ms() -> u64 {
 
 /// Milliseconds since the epoch of `t` (0 before the epoch).
 pub fn ms_since_epoch(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// 64-bit FNV-1a: enough to catch truncation and torn or damaged bytes.
@@ -162,7 +164,11 @@ pub fn encode(data: &Data) -> Vec<u8> {
         }
         // JSON allows a line break only as whitespace outside strings, so
         // turning one into a space keeps the value the same.
-        body.extend(e.attrs.chars().map(|c| if c == '\n' || c == '\r' { ' ' } else { c }));
+        body.extend(
+            e.attrs
+                .chars()
+                .map(|c| if c == '\n' || c == '\r' { ' ' } else { c }),
+        );
         body.push('\n');
     }
     let mut out = format!("{MAGIC} {VERSION} {} {} ", data.revision, body.len()).into_bytes();
@@ -174,7 +180,10 @@ pub fn encode(data: &Data) -> Vec<u8> {
 
 /// Decodes a generation; `what` explains the damage when it fails.
 pub fn decode(bytes: &[u8]) -> Result<Data, String> {
-    let nl = bytes.iter().position(|b| *b == b'\n').ok_or("no header line (truncated?)")?;
+    let nl = bytes
+        .iter()
+        .position(|b| *b == b'\n')
+        .ok_or("no header line (truncated?)")?;
     let header = std::str::from_utf8(&bytes[..nl]).map_err(|_| "header is not text")?;
     let f: Vec<&str> = header.split(' ').collect();
     if f.len() != 5 || f[0] != MAGIC {
@@ -183,33 +192,49 @@ pub fn decode(bytes: &[u8]) -> Result<Data, String> {
     if f[1] != VERSION.to_string() {
         return Err(format!("unsupported format version {}", f[1]));
     }
-    let revision: u64 = f[2].parse().map_err(|_| format!("bad revision {:?}", f[2]))?;
+    let revision: u64 = f[2]
+        .parse()
+        .map_err(|_| format!("bad revision {:?}", f[2]))?;
     let len: usize = f[3].parse().map_err(|_| format!("bad length {:?}", f[3]))?;
-    let sum = u64::from_str_radix(f[4], 16).map_err(|_| format!("bad checksum field {:?}", f[4]))?;
+    let sum =
+        u64::from_str_radix(f[4], 16).map_err(|_| format!("bad checksum field {:?}", f[4]))?;
     let body = &bytes[nl + 1..];
     if body.len() != len {
-        return Err(format!("body is {} bytes, header says {len} (truncated or torn write)", body.len()));
+        return Err(format!(
+            "body is {} bytes, header says {len} (truncated or torn write)",
+            body.len()
+        ));
     }
     let covered = &header.as_bytes()[..header.len() - f[4].len()];
     if checksum(covered, body) != sum {
         return Err("checksum mismatch (damaged contents)".to_string());
     }
     let body = std::str::from_utf8(body).map_err(|_| "body is not UTF-8")?;
-    let mut data = Data { revision, ..Data::default() };
+    let mut data = Data {
+        revision,
+        ..Data::default()
+    };
     for (i, line) in body.lines().enumerate() {
         let bad = |what: &str| format!("line {}: {what}", i + 2);
         if let Some(cfg) = line.strip_prefix("C ") {
             data.config = Some(serde_json::from_str(cfg).map_err(|_| bad("bad config string"))?);
         } else if let Some(rest) = line.strip_prefix("L ") {
             let mut parts = rest.splitn(3, ' ');
-            let (Some(key), Some(exp), Some(attrs)) = (parts.next(), parts.next(), parts.next()) else {
+            let (Some(key), Some(exp), Some(attrs)) = (parts.next(), parts.next(), parts.next())
+            else {
                 return Err(bad("short lease line"));
             };
             let expires_ms = match exp {
                 "-" => None,
                 n => Some(n.parse().map_err(|_| bad("bad expiry"))?),
             };
-            data.leases.insert(key.to_string(), Entry { attrs: attrs.to_string(), expires_ms });
+            data.leases.insert(
+                key.to_string(),
+                Entry {
+                    attrs: attrs.to_string(),
+                    expires_ms,
+                },
+            );
         } else {
             return Err(bad("unknown record"));
         }
@@ -237,7 +262,10 @@ pub fn read(paths: &Paths) -> Result<(Data, Option<FileId>), StoreError> {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             if paths.prev.exists() {
-                return Err(corrupt(paths, "the data file is missing but a backup exists"));
+                return Err(corrupt(
+                    paths,
+                    "the data file is missing but a backup exists",
+                ));
             }
             return Ok((Data::default(), None));
         }
@@ -245,7 +273,8 @@ pub fn read(paths: &Paths) -> Result<(Data, Option<FileId>), StoreError> {
     };
     let meta = f.metadata().map_err(|e| io_err("stat", &paths.data, e))?;
     let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-    f.read_to_end(&mut bytes).map_err(|e| io_err("read", &paths.data, e))?;
+    f.read_to_end(&mut bytes)
+        .map_err(|e| io_err("read", &paths.data, e))?;
     let data = decode(&bytes).map_err(|why| corrupt(paths, &why))?;
     Ok((data, Some(FileId::of(&meta))))
 }
@@ -296,12 +325,14 @@ pub fn modify<T>(
 /// Atomically replaces the data file, keeping the old one as the backup.
 fn publish(paths: &Paths, bytes: &[u8]) -> Result<(), StoreError> {
     let mut tmp = File::create(&paths.tmp).map_err(|e| io_err("create", &paths.tmp, e))?;
-    tmp.write_all(bytes).map_err(|e| io_err("write", &paths.tmp, e))?;
+    tmp.write_all(bytes)
+        .map_err(|e| io_err("write", &paths.tmp, e))?;
     tmp.sync_all().map_err(|e| io_err("fsync", &paths.tmp, e))?;
     drop(tmp);
     if paths.data.exists() {
         let _ = fs::remove_file(&paths.prev_tmp);
-        fs::hard_link(&paths.data, &paths.prev_tmp).map_err(|e| io_err("link", &paths.prev_tmp, e))?;
+        fs::hard_link(&paths.data, &paths.prev_tmp)
+            .map_err(|e| io_err("link", &paths.prev_tmp, e))?;
         fs::rename(&paths.prev_tmp, &paths.prev).map_err(|e| io_err("rename", &paths.prev, e))?;
     }
     fs::rename(&paths.tmp, &paths.data).map_err(|e| io_err("rename", &paths.data, e))?;
@@ -315,14 +346,24 @@ mod tests {
     use super::*;
 
     fn sample() -> Data {
-        let mut d = Data { revision: 7, config: Some("{\"Network\": \"10.244.0.0/16\"}\n".into()), ..Data::default() };
+        let mut d = Data {
+            revision: 7,
+            config: Some("{\"Network\": \"10.244.0.0/16\"}\n".into()),
+            ..Data::default()
+        };
         d.leases.insert(
             "10.244.1.0-24".into(),
-            Entry { attrs: r#"{"PublicIP":"192.0.2.1","PublicIPv6":null}"#.into(), expires_ms: Some(1_700_000_000_000) },
+            Entry {
+                attrs: r#"{"PublicIP":"192.0.2.1","PublicIPv6":null}"#.into(),
+                expires_ms: Some(1_700_000_000_000),
+            },
         );
         d.leases.insert(
             "10.244.2.0-24&fd00::-64".into(),
-            Entry { attrs: r#"{"PublicIP":"192.0.2.2","PublicIPv6":null}"#.into(), expires_ms: None },
+            Entry {
+                attrs: r#"{"PublicIP":"192.0.2.2","PublicIPv6":null}"#.into(),
+                expires_ms: None,
+            },
         );
         d
     }
@@ -331,7 +372,10 @@ mod tests {
     fn round_trip() {
         let d = sample();
         assert_eq!(decode(&encode(&d)).expect("decode"), d);
-        assert_eq!(decode(&encode(&Data::default())).expect("empty"), Data::default());
+        assert_eq!(
+            decode(&encode(&Data::default())).expect("empty"),
+            Data::default()
+        );
     }
 
     #[test]
@@ -350,7 +394,13 @@ mod tests {
     #[test]
     fn line_breaks_in_attrs_stay_on_one_line() {
         let mut d = Data::default();
-        d.leases.insert("10.0.0.0-24".into(), Entry { attrs: "{\"A\":\n1}".into(), expires_ms: None });
+        d.leases.insert(
+            "10.0.0.0-24".into(),
+            Entry {
+                attrs: "{\"A\":\n1}".into(),
+                expires_ms: None,
+            },
+        );
         let back = decode(&encode(&d)).expect("decode");
         assert_eq!(back.leases["10.0.0.0-24"].attrs, "{\"A\": 1}");
     }

@@ -53,7 +53,10 @@ impl EmbeddedStore {
     /// that its data file is readable: a damaged file fails here with
     /// [`StoreError::Corrupt`].
     pub async fn open(dir: impl Into<PathBuf>) -> Result<EmbeddedStore, StoreError> {
-        let store = EmbeddedStore { paths: Arc::new(Paths::new(dir.into())), poll_interval: DEFAULT_POLL_INTERVAL };
+        let store = EmbeddedStore {
+            paths: Arc::new(Paths::new(dir.into())),
+            poll_interval: DEFAULT_POLL_INTERVAL,
+        };
         store
             .blocking(|p| {
                 file::ensure_dir(p)?;
@@ -109,7 +112,8 @@ impl EmbeddedStore {
                 if only_if_absent && data.leases.contains_key(&key) {
                     return Err(StoreError::AlreadyExists);
                 }
-                let expires_ms = ttl.map(|t| now.saturating_add(u64::try_from(t.as_millis()).unwrap_or(u64::MAX)));
+                let expires_ms = ttl
+                    .map(|t| now.saturating_add(u64::try_from(t.as_millis()).unwrap_or(u64::MAX)));
                 let entry = Entry { attrs, expires_ms };
                 let expiration = entry.expiration();
                 data.leases.insert(key, entry);
@@ -122,7 +126,11 @@ impl EmbeddedStore {
 
 /// Decodes the live leases of a generation, skipping (and logging) bad ones.
 fn live_leases(data: &Data, now_ms: u64) -> Vec<Lease> {
-    data.leases.iter().filter(|(_, e)| !e.expired(now_ms)).filter_map(|(k, e)| to_lease(k, e)).collect()
+    data.leases
+        .iter()
+        .filter(|(_, e)| !e.expired(now_ms))
+        .filter_map(|(k, e)| to_lease(k, e))
+        .collect()
 }
 
 fn to_lease(key: &str, e: &Entry) -> Option<Lease> {
@@ -134,7 +142,12 @@ fn to_lease(key: &str, e: &Entry) -> Option<Lease> {
         }
     };
     match LeaseAttrs::from_json(e.attrs.as_bytes()) {
-        Ok(attrs) => Some(Lease { subnet: k.v4, ipv6_subnet: k.v6, attrs, expiration: e.expiration() }),
+        Ok(attrs) => Some(Lease {
+            subnet: k.v4,
+            ipv6_subnet: k.v6,
+            attrs,
+            expiration: e.expiration(),
+        }),
         Err(err) => {
             warn!(key, "skipping lease with a bad value: {err}");
             None
@@ -144,7 +157,8 @@ fn to_lease(key: &str, e: &Entry) -> Option<Lease> {
 
 impl Registry for EmbeddedStore {
     async fn get_network_config(&self) -> Result<Option<String>, StoreError> {
-        self.blocking(|p| file::read(p).map(|(d, _)| d.config)).await
+        self.blocking(|p| file::read(p).map(|(d, _)| d.config))
+            .await
     }
 
     async fn put_network_config(&self, text: &str) -> Result<(), StoreError> {
@@ -160,14 +174,18 @@ impl Registry for EmbeddedStore {
     }
 
     async fn list_leases(&self) -> Result<Vec<Lease>, StoreError> {
-        self.blocking(|p| file::read(p).map(|(d, _)| live_leases(&d, file::now_ms()))).await
+        self.blocking(|p| file::read(p).map(|(d, _)| live_leases(&d, file::now_ms())))
+            .await
     }
 
     async fn get_lease(&self, key: &SubnetKey) -> Result<Option<Lease>, StoreError> {
         let key = key.to_string();
         self.blocking(move |p| {
             let (d, _) = file::read(p)?;
-            Ok(d.leases.get(&key).filter(|e| !e.expired(file::now_ms())).and_then(|e| to_lease(&key, e)))
+            Ok(d.leases
+                .get(&key)
+                .filter(|e| !e.expired(file::now_ms()))
+                .and_then(|e| to_lease(&key, e)))
         })
         .await
     }
@@ -192,7 +210,10 @@ impl Registry for EmbeddedStore {
 
     async fn delete_lease(&self, key: &SubnetKey) -> Result<(), StoreError> {
         let key = key.to_string();
-        self.blocking(move |p| file::modify(p, |data, _| Ok(((), data.leases.remove(&key).is_some())))).await
+        self.blocking(move |p| {
+            file::modify(p, |data, _| Ok(((), data.leases.remove(&key).is_some())))
+        })
+        .await
     }
 
     async fn watch_leases(&self) -> Result<mpsc::Receiver<LeaseEvent>, StoreError> {

@@ -20,8 +20,8 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use super::file::{self, Data, FileId, Paths};
-use super::live_leases;
+use super::file::{self, Data, Entry, FileId, Paths};
+use super::to_lease;
 use crate::lease::{Lease, LeaseEvent, SubnetKey};
 use crate::store::StoreError;
 
@@ -44,10 +44,14 @@ struct Cache {
 }
 
 /// Starts a watch on the store in `paths.dir`. Must run inside a tokio runtime.
-pub(super) fn start(paths: Arc<Paths>, poll: Duration) -> Result<mpsc::Receiver<LeaseEvent>, StoreError> {
+pub(super) fn start(
+    paths: Arc<Paths>,
+    poll: Duration,
+) -> Result<mpsc::Receiver<LeaseEvent>, StoreError> {
     file::ensure_dir(&paths)?;
     let other = |what: &str, e: &dyn std::fmt::Display| StoreError::Other(format!("{what}: {e}"));
-    let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).map_err(|e| other("inotify_init", &e))?;
+    let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+        .map_err(|e| other("inotify_init", &e))?;
     ino.add_watch(
         &paths.dir,
         AddWatchFlags::IN_MOVED_TO
@@ -79,14 +83,49 @@ fn refresh(paths: &Paths, cache: Option<Cache>) -> Result<Cache, StoreError> {
     Ok(Cache { id, data })
 }
 
+/// Decoded leases by key text, kept across reads so that only new or changed
+/// entries are decoded again (and a bad entry is logged once, not per poll).
+type Decoded = BTreeMap<String, (Entry, Option<Lease>)>;
+
+/// The live leases of `data`, decoding only what `decoded` does not hold.
+fn live(data: &Data, now_ms: u64, decoded: &mut Decoded) -> BTreeMap<SubnetKey, Lease> {
+    let mut fresh = Decoded::new();
+    for (k, e) in &data.leases {
+        let lease = match decoded.remove(k) {
+            Some((old, lease)) if old == *e => lease,
+            _ => to_lease(k, e),
+        };
+        fresh.insert(k.clone(), (e.clone(), lease));
+    }
+    *decoded = fresh;
+    decoded
+        .values()
+        .filter(|(e, _)| !e.expired(now_ms))
+        .filter_map(|(_, l)| l.clone())
+        .map(|l| (l.key(), l))
+        .collect()
+}
+
 fn diff(old: &BTreeMap<SubnetKey, Lease>, new: &BTreeMap<SubnetKey, Lease>) -> Vec<LeaseEvent> {
-    let removed = old.iter().filter(|(k, _)| !new.contains_key(k)).map(|(_, l)| LeaseEvent::Removed(l.clone()));
-    let added = new.iter().filter(|(k, l)| old.get(k) != Some(l)).map(|(_, l)| LeaseEvent::Added(l.clone()));
+    let removed = old
+        .iter()
+        .filter(|(k, _)| !new.contains_key(k))
+        .map(|(_, l)| LeaseEvent::Removed(l.clone()));
+    let added = new
+        .iter()
+        .filter(|(k, l)| old.get(k) != Some(l))
+        .map(|(_, l)| LeaseEvent::Added(l.clone()));
     removed.chain(added).collect()
 }
 
-async fn run(paths: Arc<Paths>, poll: Duration, fd: AsyncFd<InotifyFd>, tx: mpsc::Sender<LeaseEvent>) {
+async fn run(
+    paths: Arc<Paths>,
+    poll: Duration,
+    fd: AsyncFd<InotifyFd>,
+    tx: mpsc::Sender<LeaseEvent>,
+) {
     let mut cache: Option<Cache> = None;
+    let mut decoded = Decoded::new();
     // What the consumer knows; `None` until a snapshot went out (or after an error).
     let mut sent: Option<BTreeMap<SubnetKey, Lease>> = None;
     let mut backoff = MIN_BACKOFF;
@@ -99,8 +138,7 @@ async fn run(paths: Arc<Paths>, poll: Duration, fd: AsyncFd<InotifyFd>, tx: mpsc
         let wait = match res {
             Ok(c) => {
                 let now = file::now_ms();
-                let current: BTreeMap<SubnetKey, Lease> =
-                    live_leases(&c.data, now).into_iter().map(|l| (l.key(), l)).collect();
+                let current = live(&c.data, now, &mut decoded);
                 let events = match &sent {
                     None => vec![LeaseEvent::Snapshot(current.values().cloned().collect())],
                     Some(old) => diff(old, &current),
@@ -110,7 +148,13 @@ async fn run(paths: Arc<Paths>, poll: Duration, fd: AsyncFd<InotifyFd>, tx: mpsc
                         return;
                     }
                 }
-                let next_expiry = c.data.leases.values().filter_map(|e| e.expires_ms).filter(|&e| e > now).min();
+                let next_expiry = c
+                    .data
+                    .leases
+                    .values()
+                    .filter_map(|e| e.expires_ms)
+                    .filter(|&e| e > now)
+                    .min();
                 sent = Some(current);
                 cache = Some(c);
                 backoff = MIN_BACKOFF;

@@ -27,8 +27,8 @@ use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue, PutOptions, TlsOptions,
-    Txn, TxnOp,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue,
+    PutOptions, TlsOptions, Txn, TxnOp,
 };
 use futures::{StreamExt, TryStreamExt};
 use tokio::sync::mpsc;
@@ -90,7 +90,9 @@ pub struct EtcdStore {
 
 impl std::fmt::Debug for EtcdStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdStore").field("prefix", &self.prefix).finish_non_exhaustive()
+        f.debug_struct("EtcdStore")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
     }
 }
 
@@ -104,11 +106,17 @@ fn tls_options(o: &EtcdOptions) -> Result<Option<TlsOptions>, StoreError> {
     let mut tls = TlsOptions::new();
     let identity = !o.keyfile.is_empty() && !o.certfile.is_empty();
     if identity {
-        tls = tls.identity(Identity::from_pem(read_file("certfile", &o.certfile)?, read_file("keyfile", &o.keyfile)?));
+        tls = tls.identity(Identity::from_pem(
+            read_file("certfile", &o.certfile)?,
+            read_file("keyfile", &o.keyfile)?,
+        ));
     } else {
         warn!("no certificate provided: connecting to etcd with http. This is insecure");
     }
-    let https = o.endpoints.split(',').any(|e| e.trim().starts_with("https://"));
+    let https = o
+        .endpoints
+        .split(',')
+        .any(|e| e.trim().starts_with("https://"));
     if !o.cafile.is_empty() && (identity || https) {
         tls = tls.ca_certificate(Certificate::from_pem(read_file("cafile", &o.cafile)?));
     } else if !identity && !https {
@@ -129,14 +137,23 @@ fn map_err(what: &str, e: etcd_client::Error) -> StoreError {
         _ => false,
     };
     let msg = format!("etcd {what}: {e}");
-    if retryable { StoreError::Unavailable(msg) } else { StoreError::Other(msg) }
+    if retryable {
+        StoreError::Unavailable(msg)
+    } else {
+        StoreError::Other(msg)
+    }
 }
 
 /// Runs one request with [`REQUEST_TIMEOUT`].
-async fn call<T>(what: &str, fut: impl Future<Output = Result<T, etcd_client::Error>>) -> Result<T, StoreError> {
+async fn call<T>(
+    what: &str,
+    fut: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, StoreError> {
     match tokio::time::timeout(REQUEST_TIMEOUT, fut).await {
         Ok(r) => r.map_err(|e| map_err(what, e)),
-        Err(_) => Err(StoreError::Unavailable(format!("etcd {what}: timed out after {REQUEST_TIMEOUT:?}"))),
+        Err(_) => Err(StoreError::Unavailable(format!(
+            "etcd {what}: timed out after {REQUEST_TIMEOUT:?}"
+        ))),
     }
 }
 
@@ -155,7 +172,10 @@ impl EtcdStore {
             .map(|e| match &tls {
                 // etcd-client refuses TLS settings with `http://` URLs; with TLS
                 // on, every endpoint is spoken to over https like flannel does.
-                Some(_) => e.trim_start_matches("http://").trim_start_matches("https://").to_string(),
+                Some(_) => e
+                    .trim_start_matches("http://")
+                    .trim_start_matches("https://")
+                    .to_string(),
                 None => e.to_string(),
             })
             .collect();
@@ -173,7 +193,10 @@ impl EtcdStore {
             co = co.with_user(opts.username.clone(), opts.password.clone());
         }
         let client = call("connect", Client::connect(&endpoints, Some(co))).await?;
-        Ok(EtcdStore { client, prefix: opts.prefix.trim_end_matches('/').to_string() })
+        Ok(EtcdStore {
+            client,
+            prefix: opts.prefix.trim_end_matches('/').to_string(),
+        })
     }
 
     /// The key prefix (without a trailing slash).
@@ -204,7 +227,11 @@ impl EtcdStore {
     /// The current etcd revision (a cursor for [`EtcdStore::watch_leases_since`]).
     pub async fn revision(&self) -> Result<i64, StoreError> {
         let mut c = self.client.clone();
-        let r = call("get", c.get(self.config_key(), Some(GetOptions::new().with_count_only()))).await?;
+        let r = call(
+            "get",
+            c.get(self.config_key(), Some(GetOptions::new().with_count_only())),
+        )
+        .await?;
         Ok(r.header().map_or(0, |h| h.revision()))
     }
 
@@ -219,7 +246,9 @@ impl EtcdStore {
     /// Grants an etcd lease of `ttl` (rounded up to whole seconds, at least 1)
     /// and returns its id and expiration.
     async fn grant(&self, ttl: Duration) -> Result<(i64, SystemTime), StoreError> {
-        let secs = i64::try_from(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)).unwrap_or(i64::MAX).max(1);
+        let secs = i64::try_from(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0))
+            .unwrap_or(i64::MAX)
+            .max(1);
         let mut c = self.client.clone();
         let r = call("lease grant", c.lease_grant(secs, None)).await?;
         let granted = u64::try_from(r.ttl()).unwrap_or(0);
@@ -240,14 +269,21 @@ impl EtcdStore {
         }
         let mut c = self.client.clone();
         let r = call("lease time-to-live", c.lease_time_to_live(id, None)).await?;
-        Ok(Some(SystemTime::now() + Duration::from_secs(u64::try_from(r.ttl()).unwrap_or(0))))
+        Ok(Some(
+            SystemTime::now() + Duration::from_secs(u64::try_from(r.ttl()).unwrap_or(0)),
+        ))
     }
 
     /// Decodes one stored lease; `None` (logged) when key or value is bad.
     fn decode(&self, kv: &KeyValue, expiration: Option<SystemTime>) -> Option<Lease> {
         let key = self.parse_key(kv.key())?;
         match LeaseAttrs::from_json(kv.value()) {
-            Ok(attrs) => Some(Lease { subnet: key.v4, ipv6_subnet: key.v6, attrs, expiration }),
+            Ok(attrs) => Some(Lease {
+                subnet: key.v4,
+                ipv6_subnet: key.v6,
+                attrs,
+                expiration,
+            }),
             Err(e) => {
                 warn!(key = %String::from_utf8_lossy(kv.key()), "skipping lease with a bad value: {e}");
                 None
@@ -274,10 +310,18 @@ impl EtcdStore {
     /// Every lease plus the revision the listing was read at.
     async fn list_at(&self) -> Result<(Vec<Lease>, i64), StoreError> {
         let mut c = self.client.clone();
-        let mut r = call("get subnets", c.get(self.subnets_prefix(), Some(GetOptions::new().with_prefix()))).await?;
+        let mut r = call(
+            "get subnets",
+            c.get(self.subnets_prefix(), Some(GetOptions::new().with_prefix())),
+        )
+        .await?;
         let revision = r.header().map_or(0, |h| h.revision());
         let kvs = r.take_kvs();
-        let mut ids: Vec<i64> = kvs.iter().map(KeyValue::lease).filter(|&id| id != 0).collect();
+        let mut ids: Vec<i64> = kvs
+            .iter()
+            .map(KeyValue::lease)
+            .filter(|&id| id != 0)
+            .collect();
         ids.sort_unstable();
         ids.dedup();
         let ttls: HashMap<i64, Option<SystemTime>> = futures::stream::iter(ids)
@@ -285,8 +329,10 @@ impl EtcdStore {
             .buffer_unordered(TTL_CONCURRENCY)
             .try_collect()
             .await?;
-        let leases =
-            kvs.iter().filter_map(|kv| self.decode(kv, ttls.get(&kv.lease()).copied().flatten())).collect();
+        let leases = kvs
+            .iter()
+            .filter_map(|kv| self.decode(kv, ttls.get(&kv.lease()).copied().flatten()))
+            .collect();
         Ok((leases, revision))
     }
 
@@ -305,7 +351,9 @@ impl EtcdStore {
         let opts = granted.map(|(id, _)| PutOptions::new().with_lease(id));
         let put = TxnOp::put(k.clone(), attrs.to_json(), opts);
         let txn = if only_if_absent {
-            Txn::new().when([Compare::version(k, CompareOp::Equal, 0)]).and_then([put])
+            Txn::new()
+                .when([Compare::version(k, CompareOp::Equal, 0)])
+                .and_then([put])
         } else {
             Txn::new().and_then([put])
         };
@@ -327,12 +375,16 @@ impl Registry for EtcdStore {
     async fn get_network_config(&self) -> Result<Option<String>, StoreError> {
         let mut c = self.client.clone();
         let r = call("get config", c.get(self.config_key(), None)).await?;
-        Ok(r.kvs().first().map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
+        Ok(r.kvs()
+            .first()
+            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
     }
 
     async fn put_network_config(&self, text: &str) -> Result<(), StoreError> {
         let mut c = self.client.clone();
-        call("put config", c.put(self.config_key(), text, None)).await.map(|_| ())
+        call("put config", c.put(self.config_key(), text, None))
+            .await
+            .map(|_| ())
     }
 
     async fn list_leases(&self) -> Result<Vec<Lease>, StoreError> {
@@ -342,7 +394,9 @@ impl Registry for EtcdStore {
     async fn get_lease(&self, key: &SubnetKey) -> Result<Option<Lease>, StoreError> {
         let mut c = self.client.clone();
         let r = call("get subnet", c.get(self.lease_key(key), None)).await?;
-        let Some(kv) = r.kvs().first() else { return Ok(None) };
+        let Some(kv) = r.kvs().first() else {
+            return Ok(None);
+        };
         let exp = self.expiration(kv.lease()).await?;
         Ok(self.decode(kv, exp))
     }
@@ -367,7 +421,9 @@ impl Registry for EtcdStore {
 
     async fn delete_lease(&self, key: &SubnetKey) -> Result<(), StoreError> {
         let mut c = self.client.clone();
-        call("delete subnet", c.delete(self.lease_key(key), None)).await.map(|_| ())
+        call("delete subnet", c.delete(self.lease_key(key), None))
+            .await
+            .map(|_| ())
     }
 
     async fn watch_leases(&self) -> Result<mpsc::Receiver<LeaseEvent>, StoreError> {

@@ -73,7 +73,9 @@ async fn cycle(store: &EtcdStore, since: Option<i64>, tx: &mpsc::Sender<LeaseEve
             }
         },
     };
-    let opts = WatchOptions::new().with_prefix().with_start_revision(rev + 1);
+    let opts = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(rev + 1);
     let mut client = store.client.clone();
     let mut stream = match call("watch", client.watch(store.subnets_prefix(), Some(opts))).await {
         Ok(s) => s,
@@ -99,11 +101,17 @@ async fn cycle(store: &EtcdStore, since: Option<i64>, tx: &mpsc::Sender<LeaseEve
             }
         };
         if resp.compact_revision() != 0 {
-            info!(compact_revision = resp.compact_revision(), "etcd lease watch: history compacted; re-listing");
+            info!(
+                compact_revision = resp.compact_revision(),
+                "etcd lease watch: history compacted; re-listing"
+            );
             return End::Retry { progressed: true };
         }
         if resp.canceled() {
-            warn!(reason = resp.cancel_reason(), "etcd lease watch: canceled by the server; re-listing");
+            warn!(
+                reason = resp.cancel_reason(),
+                "etcd lease watch: canceled by the server; re-listing"
+            );
             return End::Retry { progressed: true };
         }
         for ev in resp.events() {

@@ -1,0 +1,146 @@
+//! Criterion benches of the engine's per-packet work, one group per path, with
+//! `Throughput::Bytes` over 64, 1400 and 8950-byte packets:
+//! flannel-UDP and VXLAN encap/decap, userspace segmentation (GSO) of a 64 KiB
+//! TCP super-packet into segments of that size, userspace coalescing (GRO) of
+//! such segments, and the checksum kernel underneath them all.
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use weft_engine::encap::{Codec, VXLAN_HEADROOM, Vxlan};
+use weft_engine::offload::{gro::Gro, gso};
+use weft_engine::wire::checksum;
+
+const SIZES: [usize; 3] = [64, 1400, 8950];
+const LOCAL: [u8; 6] = [2, 0, 0, 0, 1, 1];
+const PEER: [u8; 6] = [2, 0, 0, 0, 2, 1];
+
+/// An IPv4 UDP packet of exactly `size` bytes (at least 28).
+fn udp_packet(size: usize) -> Vec<u8> {
+    let mut v = Vec::new();
+    etherparse::PacketBuilder::ipv4([10, 244, 1, 2], [10, 244, 2, 3], 64)
+        .udp(1000, 2000)
+        .write(&mut v, &vec![0xab; size.saturating_sub(28)])
+        .expect("build");
+    v
+}
+
+/// An IPv4 TCP packet with `payload` bytes (timestamps option, like Linux).
+fn tcp_packet(seq: u32, payload: usize) -> Vec<u8> {
+    let mut v = Vec::new();
+    etherparse::PacketBuilder::ipv4([10, 244, 1, 2], [10, 244, 2, 3], 64)
+        .tcp(40000, 5201, seq, 500)
+        .ack(1)
+        .options_raw(&[1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2])
+        .expect("options")
+        .write(&mut v, &vec![0x5a; payload])
+        .expect("build");
+    v
+}
+
+fn flannel_udp(c: &mut Criterion) {
+    let mut g = c.benchmark_group("flannel_udp");
+    for size in SIZES {
+        let pkt = udp_packet(size);
+        g.throughput(Throughput::Bytes(pkt.len() as u64));
+        g.bench_with_input(BenchmarkId::new("encap", size), &pkt, |b, pkt| {
+            let mut buf = pkt.clone();
+            b.iter(|| {
+                buf[8] = 64; // keep the TTL from running out
+                let r = Codec::FlannelUdp.prepare_inner(black_box(&mut buf));
+                black_box(r)
+            });
+        });
+        g.bench_with_input(BenchmarkId::new("decap", size), &pkt, |b, pkt| {
+            let mut buf = pkt.clone();
+            b.iter(|| {
+                buf[8] = 64;
+                black_box(Codec::FlannelUdp.decap(black_box(&mut buf)))
+            });
+        });
+    }
+    g.finish();
+}
+
+fn vxlan(c: &mut Criterion) {
+    let mut g = c.benchmark_group("vxlan");
+    let tx = Codec::Vxlan(Vxlan { vni: 1, local_mac: LOCAL });
+    let rx = Codec::Vxlan(Vxlan { vni: 1, local_mac: PEER });
+    for size in SIZES {
+        let pkt = udp_packet(size);
+        let mut buf = vec![0; VXLAN_HEADROOM + pkt.len()];
+        buf[VXLAN_HEADROOM..].copy_from_slice(&pkt);
+        g.throughput(Throughput::Bytes(pkt.len() as u64));
+        g.bench_function(BenchmarkId::new("encap", size), |b| {
+            let mut buf = buf.clone();
+            b.iter(|| {
+                let (hdr, inner) = buf.split_at_mut(VXLAN_HEADROOM);
+                let _ = tx.prepare_inner(black_box(inner));
+                tx.write_header(black_box(hdr), PEER, 4);
+            });
+        });
+        tx.write_header(&mut buf[..VXLAN_HEADROOM], PEER, 4);
+        g.bench_function(BenchmarkId::new("decap", size), |b| {
+            let mut buf = buf.clone();
+            b.iter(|| black_box(rx.decap(black_box(&mut buf))));
+        });
+    }
+    g.finish();
+}
+
+fn segmentation(c: &mut Criterion) {
+    let mut g = c.benchmark_group("gso_tcp_segment_64k");
+    let sp = tcp_packet(1, 65535 - 52);
+    let mut out = vec![0; 1 << 20];
+    for mss in SIZES {
+        g.throughput(Throughput::Bytes(sp.len() as u64));
+        g.bench_function(BenchmarkId::new("vxlan_headroom", mss), |b| {
+            b.iter(|| black_box(gso::tcp_segment(black_box(&sp), mss, VXLAN_HEADROOM, &mut out)))
+        });
+    }
+    g.finish();
+}
+
+fn coalescing(c: &mut Criterion) {
+    let mut g = c.benchmark_group("gro_coalesce");
+    for mss in SIZES {
+        // One recvmmsg worth of segments of one flow, 22-byte gaps as after VXLAN decap.
+        let n = (65535 / (mss + 52)).clamp(2, 64);
+        let mut arena = Vec::new();
+        let mut pos = Vec::new();
+        for i in 0..n {
+            let p = tcp_packet(1 + (i * mss) as u32, mss);
+            arena.extend_from_slice(&[0; 22]);
+            pos.push((arena.len(), p.len()));
+            arena.extend_from_slice(&p);
+        }
+        let bytes: usize = pos.iter().map(|p| p.1).sum();
+        let mut gro = Gro::new(1500);
+        g.throughput(Throughput::Bytes(bytes as u64));
+        g.bench_function(BenchmarkId::new("push_flush", mss), |b| {
+            let mut a = arena.clone();
+            b.iter(|| {
+                for &(s, l) in &pos {
+                    let _ = gro.push(&a, s, l);
+                }
+                let mut writes = 0;
+                gro.flush(&mut a, |iov| writes += iov.len());
+                black_box(writes)
+            });
+        });
+    }
+    g.finish();
+}
+
+fn checksums(c: &mut Criterion) {
+    let mut g = c.benchmark_group("checksum");
+    for size in SIZES {
+        let data = vec![0x33u8; size];
+        g.throughput(Throughput::Bytes(size as u64));
+        g.bench_function(BenchmarkId::new("sum", size), |b| b.iter(|| black_box(checksum::sum(black_box(&data)))));
+    }
+    g.finish();
+}
+
+criterion_group!(benches, flannel_udp, vxlan, segmentation, coalescing, checksums);
+criterion_main!(benches);

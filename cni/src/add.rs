@@ -7,8 +7,10 @@
 //!   text), delegate dictionary checks, IPAM assembly, delegate lookup.
 //! - The config is saved before the delegate runs, so a DEL after a failed or
 //!   interrupted ADD can still undo whatever the delegate did.
-//! - If the delegate's ADD succeeds but its result cannot be used or
-//!   printed, the delegate's DEL runs and the saved config is removed; the
+//! - The saved config's fsync overlaps the delegate's run and is awaited
+//!   before the result is printed.
+//! - If the delegate's ADD succeeds but the saved config cannot be synced or
+//!   its result cannot be used or printed, the delegate's DEL runs and the saved config is removed; the
 //!   first error is the one reported.
 //! - Network `cniVersion` 1.1.0 with a delegate that only speaks up to
 //!   1.0.x (Debian's plugins 1.1.1): the delegate gets the highest 1.0.x it
@@ -32,18 +34,30 @@ pub fn add(req: &Request, out: &mut dyn Write) -> Result<(), Error> {
     let conf = &req.conf;
     let env = subnet_env::load(&conf.subnet_file).map_err(Error::SubnetEnv)?;
     let mut config = delegate::build(conf, &env)?;
-    let plugin_type = config.get("type").and_then(Value::as_str).unwrap_or("bridge").to_string();
+    let plugin_type = config
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("bridge")
+        .to_string();
     let plugin = exec::find(&plugin_type, &req.env.path)?;
     let relabel = negotiate(&mut config, &plugin, &conf.cni_version)?;
     let bytes = delegate::to_bytes(&config);
 
     let store = Store::new(&conf.data_dir);
     let _lock = store.lock_shared()?;
-    store.save(&req.env.container_id, &req.env.ifname, &bytes)?;
+    let sync = store.save(&req.env.container_id, &req.env.ifname, &bytes)?;
     let result = exec::run(&plugin, "ADD", &[], &bytes).inspect_err(|e| {
-        log(&format!("delegate {plugin_type} ADD failed for {}: {e}", req.env.container_id));
-    })?;
-    if let Err(e) = emit(&plugin, &result, relabel.as_deref(), out) {
+        log(&format!(
+            "delegate {plugin_type} ADD failed for {}: {e}",
+            req.env.container_id
+        ));
+    });
+    let synced = sync.wait();
+    let result = result?;
+    if let Err(e) = synced
+        .map_err(Error::from)
+        .and_then(|()| emit(&plugin, &result, relabel.as_deref(), out))
+    {
         // Undo the delegate's work; keep reporting the original error.
         match exec::run(&plugin, "DEL", &[], &bytes) {
             Ok(_) => {
@@ -51,7 +65,9 @@ pub fn add(req: &Request, out: &mut dyn Write) -> Result<(), Error> {
                     log(&format!("rollback: {re}"));
                 }
             }
-            Err(de) => log(&format!("rollback: delegate {plugin_type} DEL failed: {de}")),
+            Err(de) => log(&format!(
+                "rollback: delegate {plugin_type} DEL failed: {de}"
+            )),
         }
         return Err(e);
     }
@@ -60,7 +76,11 @@ pub fn add(req: &Request, out: &mut dyn Write) -> Result<(), Error> {
 
 /// Picks the delegate's `cniVersion` for a 1.1.0 network; returns the
 /// version to relabel the result with, if the delegate got an older one.
-fn negotiate(config: &mut Map<String, Value>, plugin: &Path, cni_version: &str) -> Result<Option<String>, Error> {
+fn negotiate(
+    config: &mut Map<String, Value>,
+    plugin: &Path,
+    cni_version: &str,
+) -> Result<Option<String>, Error> {
     if cni_version != version::CURRENT {
         return Ok(None);
     }
@@ -82,8 +102,18 @@ fn negotiate(config: &mut Map<String, Value>, plugin: &Path, cni_version: &str) 
 }
 
 /// Checks the delegate's result and prints it (relabelled if asked).
-fn emit(plugin: &Path, result: &[u8], relabel: Option<&str>, out: &mut dyn Write) -> Result<(), Error> {
-    let bad = |reason: String| Error::Exec(ExecError::BadOutput { path: plugin.to_path_buf(), reason });
+fn emit(
+    plugin: &Path,
+    result: &[u8],
+    relabel: Option<&str>,
+    out: &mut dyn Write,
+) -> Result<(), Error> {
+    let bad = |reason: String| {
+        Error::Exec(ExecError::BadOutput {
+            path: plugin.to_path_buf(),
+            reason,
+        })
+    };
     let mut value: Value = serde_json::from_slice(result).map_err(|e| bad(e.to_string()))?;
     let Value::Object(obj) = &mut value else {
         return Err(bad("the result is not a JSON object".to_string()));
@@ -95,5 +125,7 @@ fn emit(plugin: &Path, result: &[u8], relabel: Option<&str>, out: &mut dyn Write
         }
         None => result.to_vec(),
     };
-    out.write_all(&bytes).and_then(|()| out.flush()).map_err(Error::Output)
+    out.write_all(&bytes)
+        .and_then(|()| out.flush())
+        .map_err(Error::Output)
 }

@@ -31,12 +31,24 @@ pub fn check(req: &Request) -> Result<(), Error> {
     let store = Store::new(&req.conf.data_dir);
     let id = &req.env.container_id;
     let path = store.path(id).display().to_string();
-    let bytes = store.load(id)?.ok_or_else(|| Error::NoSavedConfig { container_id: id.clone(), path: path.clone() })?;
-    let (mut config, plugin_type) = delegate::parse_saved(&bytes).map_err(|reason| Error::CorruptSavedConfig { path, reason })?;
+    let bytes = store.load(id)?.ok_or_else(|| Error::NoSavedConfig {
+        container_id: id.clone(),
+        path: path.clone(),
+    })?;
+    let (mut config, plugin_type) = delegate::parse_saved(&bytes)
+        .map_err(|reason| Error::CorruptSavedConfig { path, reason })?;
     if let Some(prev) = &req.conf.prev_result {
         let mut prev = prev.clone();
-        let saved_version = config.get("cniVersion").and_then(Value::as_str).unwrap_or("").to_string();
-        let prev_version = prev.get("cniVersion").and_then(Value::as_str).unwrap_or("").to_string();
+        let saved_version = config
+            .get("cniVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let prev_version = prev
+            .get("cniVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
         let major_1 = |v: &str| version::compare(v, "1.0.0").is_ok_and(|o| o != Ordering::Less);
         if saved_version != prev_version && major_1(&saved_version) && major_1(&prev_version) {
             prev.insert("cniVersion".into(), Value::String(saved_version));
@@ -59,12 +71,20 @@ fn fill_route_gateways(result: &mut Map<String, Value>) {
         })
     };
     let (gw4, gw6) = (gateway(true), gateway(false));
-    let Some(Value::Array(routes)) = result.get_mut("routes") else { return };
+    let Some(Value::Array(routes)) = result.get_mut("routes") else {
+        return;
+    };
     for route in routes.iter_mut().filter_map(Value::as_object_mut) {
-        if route.get("gw").and_then(Value::as_str).is_some_and(|g| !g.is_empty()) {
+        if route
+            .get("gw")
+            .and_then(Value::as_str)
+            .is_some_and(|g| !g.is_empty())
+        {
             continue;
         }
-        let Some(dst) = route.get("dst").and_then(Value::as_str) else { continue };
+        let Some(dst) = route.get("dst").and_then(Value::as_str) else {
+            continue;
+        };
         let v4 = !dst.contains(':');
         if let Some(gw) = if v4 { &gw4 } else { &gw6 } {
             route.insert("gw".into(), Value::String(gw.clone()));
@@ -84,7 +104,10 @@ mod tests {
                            "routes": [{"dst": "10.244.0.0/16"}, {"dst": "fd00::/48"}, {"dst": "0.0.0.0/0", "gw": "10.244.7.254"}]});
         let obj = r.as_object_mut().expect("object");
         fill_route_gateways(obj);
-        assert_eq!(obj["routes"], json!([{"dst": "10.244.0.0/16", "gw": "10.244.7.1"}, {"dst": "fd00::/48", "gw": "fd00::1"}, {"dst": "0.0.0.0/0", "gw": "10.244.7.254"}]));
+        assert_eq!(
+            obj["routes"],
+            json!([{"dst": "10.244.0.0/16", "gw": "10.244.7.1"}, {"dst": "fd00::/48", "gw": "fd00::1"}, {"dst": "0.0.0.0/0", "gw": "10.244.7.254"}])
+        );
         let mut none = json!({"routes": [{"dst": "10.0.0.0/8"}]});
         fill_route_gateways(none.as_object_mut().expect("object"));
         assert_eq!(none, json!({"routes": [{"dst": "10.0.0.0/8"}]}));

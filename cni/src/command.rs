@@ -82,7 +82,11 @@ enum Verb {
 impl Command {
     /// Decodes an invocation from `getenv` and `stdin`; the bytes read are
     /// left in `input` (the caller uses them to label errors).
-    pub fn load(getenv: &dyn Fn(&str) -> Option<String>, stdin: &mut dyn Read, input: &mut Vec<u8>) -> Result<Command, Error> {
+    pub fn load(
+        getenv: &dyn Fn(&str) -> Option<String>,
+        stdin: &mut dyn Read,
+        input: &mut Vec<u8>,
+    ) -> Result<Command, Error> {
         let get = |k: &str| getenv(k).unwrap_or_default();
         let command = get("CNI_COMMAND");
         let verb = match command.as_str() {
@@ -109,7 +113,10 @@ impl Command {
         if verb == Verb::Version {
             let requested = serde_json::from_slice::<serde_json::Value>(input)
                 .ok()
-                .and_then(|v| v.get("cniVersion").and_then(|s| s.as_str().map(str::to_string)));
+                .and_then(|v| {
+                    v.get("cniVersion")
+                        .and_then(|s| s.as_str().map(str::to_string))
+                });
             return Ok(Command::Version { requested });
         }
         let conf = NetConf::parse(input)?;
@@ -143,7 +150,11 @@ fn validate_env(command: &str, verb: Option<Verb>, env: &Env) -> Result<(), Erro
     let needs = |verbs: &[Verb]| verb.is_some_and(|v| verbs.contains(&v));
     let vars: [(&'static str, &str, bool); 5] = [
         ("CNI_COMMAND", command, true),
-        ("CNI_CONTAINERID", &env.container_id, needs(&[Add, Check, Del])),
+        (
+            "CNI_CONTAINERID",
+            &env.container_id,
+            needs(&[Add, Check, Del]),
+        ),
         ("CNI_NETNS", &env.netns, needs(&[Add, Check])),
         ("CNI_IFNAME", &env.ifname, needs(&[Add, Check, Del])),
         ("CNI_PATH", &env.path, needs(&[Add, Check, Del, Gc, Status])),
@@ -155,31 +166,51 @@ fn validate_env(command: &str, verb: Option<Verb>, env: &Env) -> Result<(), Erro
                 missing.push(name);
             }
         } else if required && name == "CNI_CONTAINERID" && !valid_id(value) {
-            return Err(Error::InvalidEnv { msg: "invalid characters in containerID", details: value.to_string() });
+            return Err(Error::InvalidEnv {
+                msg: "invalid characters in containerID",
+                details: value.to_string(),
+            });
         } else if required && name == "CNI_IFNAME" {
             validate_ifname(value)?;
         }
     }
-    if missing.is_empty() { Ok(()) } else { Err(Error::MissingEnv(missing)) }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::MissingEnv(missing))
+    }
 }
 
 /// CNI's ID pattern `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$` (container IDs, network names).
 pub fn valid_id(s: &str) -> bool {
     let mut bytes = s.bytes();
-    bytes.next().is_some_and(|b| b.is_ascii_alphanumeric()) && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+    bytes.next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
 /// skel's `ValidateInterfaceName`.
 fn validate_ifname(name: &str) -> Result<(), Error> {
     let invalid = |msg, details: String| Err(Error::InvalidEnv { msg, details });
     if name.len() > MAX_IFNAME {
-        return invalid("interface name is too long", format!("interface name should be less than {} characters", MAX_IFNAME + 1));
+        return invalid(
+            "interface name is too long",
+            format!(
+                "interface name should be less than {} characters",
+                MAX_IFNAME + 1
+            ),
+        );
     }
     if name == "." || name == ".." {
         return invalid("interface name is . or ..", String::new());
     }
-    if name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace()) {
-        return invalid("interface name contains / or : or whitespace characters", String::new());
+    if name
+        .chars()
+        .any(|c| c == '/' || c == ':' || c.is_whitespace())
+    {
+        return invalid(
+            "interface name contains / or : or whitespace characters",
+            String::new(),
+        );
     }
     Ok(())
 }

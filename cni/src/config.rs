@@ -64,13 +64,17 @@ pub enum ConfigError {
     #[error("failed to load netconf: {0}")]
     Syntax(#[source] serde_json::Error),
     /// stdin is JSON but not an object.
-    #[error("failed to load netconf: json: cannot unmarshal {found} into Go value of type main.NetConf")]
+    #[error(
+        "failed to load netconf: json: cannot unmarshal {found} into Go value of type main.NetConf"
+    )]
     NotObject {
         /// The JSON kind found.
         found: &'static str,
     },
     /// A field has the wrong JSON type.
-    #[error("failed to load netconf: json: cannot unmarshal {found} into Go struct field NetConf.{field} of type {go_type}")]
+    #[error(
+        "failed to load netconf: json: cannot unmarshal {found} into Go struct field NetConf.{field} of type {go_type}"
+    )]
     FieldType {
         /// The JSON kind found.
         found: &'static str,
@@ -96,15 +100,19 @@ impl NetConf {
     pub fn parse(bytes: &[u8]) -> Result<NetConf, ConfigError> {
         let value: Value = serde_json::from_slice(bytes).map_err(ConfigError::Syntax)?;
         let Value::Object(raw) = value else {
-            return Err(ConfigError::NotObject { found: json_kind(&value) });
+            return Err(ConfigError::NotObject {
+                found: json_kind(&value),
+            });
         };
         // `type` is not used, but Go rejects a non-string one.
         string_field(&raw, "type")?;
         Ok(NetConf {
             cni_version: string_field(&raw, "cniVersion")?.unwrap_or_default(),
             name: string_field(&raw, "name")?.unwrap_or_default(),
-            subnet_file: string_field(&raw, "subnetFile")?.unwrap_or_else(|| DEFAULT_SUBNET_FILE.to_string()),
-            data_dir: string_field(&raw, "dataDir")?.unwrap_or_else(|| DEFAULT_DATA_DIR.to_string()),
+            subnet_file: string_field(&raw, "subnetFile")?
+                .unwrap_or_else(|| DEFAULT_SUBNET_FILE.to_string()),
+            data_dir: string_field(&raw, "dataDir")?
+                .unwrap_or_else(|| DEFAULT_DATA_DIR.to_string()),
             delegate: map_field(&raw, "delegate")?,
             ipam: map_field(&raw, "ipam")?,
             runtime_config: map_field(&raw, "runtimeConfig")?,
@@ -115,7 +123,11 @@ impl NetConf {
 
     /// The delegate plugin's type: `delegate.type`, or `bridge`.
     pub fn delegate_type(&self) -> &str {
-        self.delegate.as_ref().and_then(|d| d.get("type")).and_then(Value::as_str).unwrap_or("bridge")
+        self.delegate
+            .as_ref()
+            .and_then(|d| d.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("bridge")
     }
 
     /// The union of `cni.dev/valid-attachments` and `cni.dev/attachments`
@@ -123,23 +135,39 @@ impl NetConf {
     pub fn gc_attachments(&self) -> Result<Vec<Attachment>, ConfigError> {
         let mut out = Vec::new();
         for key in [VALID_ATTACHMENTS, ATTACHMENTS] {
-            let Some(list) = gocompat::lookup_fold(&self.raw, key) else { continue };
+            let Some(list) = gocompat::lookup_fold(&self.raw, key) else {
+                continue;
+            };
             let bad = |reason: String| ConfigError::Attachments { key, reason };
             let items = match list {
                 Value::Null => continue,
                 Value::Array(items) => items,
-                other => return Err(bad(format!("expected an array, found {}", json_kind(other)))),
+                other => {
+                    return Err(bad(format!(
+                        "expected an array, found {}",
+                        json_kind(other)
+                    )));
+                }
             };
             for item in items {
                 let Value::Object(obj) = item else {
-                    return Err(bad(format!("expected an object, found {}", json_kind(item))));
+                    return Err(bad(format!(
+                        "expected an object, found {}",
+                        json_kind(item)
+                    )));
                 };
                 let get = |field: &str| match gocompat::lookup_fold(obj, field) {
                     None | Some(Value::Null) => Ok(String::new()),
                     Some(Value::String(s)) => Ok(s.clone()),
-                    Some(other) => Err(bad(format!("{field} must be a string, found {}", json_kind(other)))),
+                    Some(other) => Err(bad(format!(
+                        "{field} must be a string, found {}",
+                        json_kind(other)
+                    ))),
                 };
-                let attachment = Attachment { container_id: get("containerID")?, ifname: get("ifname")? };
+                let attachment = Attachment {
+                    container_id: get("containerID")?,
+                    ifname: get("ifname")?,
+                };
                 if !out.contains(&attachment) {
                     out.push(attachment);
                 }
@@ -150,21 +178,39 @@ impl NetConf {
 }
 
 /// A string field; `null` is a no-op in Go, so the last non-null key wins.
-fn string_field(raw: &Map<String, Value>, field: &'static str) -> Result<Option<String>, ConfigError> {
-    let last = raw.iter().rev().find(|(k, v)| k.eq_ignore_ascii_case(field) && !v.is_null()).map(|(_, v)| v);
+fn string_field(
+    raw: &Map<String, Value>,
+    field: &'static str,
+) -> Result<Option<String>, ConfigError> {
+    let last = raw
+        .iter()
+        .rev()
+        .find(|(k, v)| k.eq_ignore_ascii_case(field) && !v.is_null())
+        .map(|(_, v)| v);
     match last {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(other) => Err(ConfigError::FieldType { found: json_kind(other), field, go_type: "string" }),
+        Some(other) => Err(ConfigError::FieldType {
+            found: json_kind(other),
+            field,
+            go_type: "string",
+        }),
     }
 }
 
 /// A map field; `null` resets a Go map to nil, so the last key wins.
-fn map_field(raw: &Map<String, Value>, field: &'static str) -> Result<Option<Map<String, Value>>, ConfigError> {
+fn map_field(
+    raw: &Map<String, Value>,
+    field: &'static str,
+) -> Result<Option<Map<String, Value>>, ConfigError> {
     match gocompat::lookup_fold(raw, field) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Object(m)) => Ok(Some(m.clone())),
-        Some(other) => Err(ConfigError::FieldType { found: json_kind(other), field, go_type: "map[string]interface {}" }),
+        Some(other) => Err(ConfigError::FieldType {
+            found: json_kind(other),
+            field,
+            go_type: "map[string]interface {}",
+        }),
     }
 }
 
@@ -179,17 +225,24 @@ mod tests {
         assert_eq!(c.subnet_file, DEFAULT_SUBNET_FILE);
         assert_eq!(c.data_dir, DEFAULT_DATA_DIR);
         assert_eq!(c.delegate_type(), "bridge");
-        let c = NetConf::parse(br#"{"subnetfile":"/x","DataDir":"/y","subnetFile":null}"#).expect("valid");
+        let c = NetConf::parse(br#"{"subnetfile":"/x","DataDir":"/y","subnetFile":null}"#)
+            .expect("valid");
         assert_eq!((c.subnet_file.as_str(), c.data_dir.as_str()), ("/x", "/y"));
     }
 
     #[test]
     fn type_errors_name_the_field() {
         let e = NetConf::parse(br#"{"dataDir":5}"#).expect_err("bad type");
-        assert_eq!(e.to_string(), "failed to load netconf: json: cannot unmarshal number into Go struct field NetConf.dataDir of type string");
+        assert_eq!(
+            e.to_string(),
+            "failed to load netconf: json: cannot unmarshal number into Go struct field NetConf.dataDir of type string"
+        );
         let e = NetConf::parse(br#"{"delegate":[]}"#).expect_err("bad type");
         assert!(e.to_string().contains("NetConf.delegate"), "{e}");
-        assert!(matches!(NetConf::parse(b"[1]"), Err(ConfigError::NotObject { found: "array" })));
+        assert!(matches!(
+            NetConf::parse(b"[1]"),
+            Err(ConfigError::NotObject { found: "array" })
+        ));
         assert!(matches!(NetConf::parse(b"{"), Err(ConfigError::Syntax(_))));
         assert!(matches!(NetConf::parse(b""), Err(ConfigError::Syntax(_))));
     }
@@ -203,9 +256,21 @@ mod tests {
         .expect("valid");
         let got = c.gc_attachments().expect("valid list");
         assert_eq!(got.len(), 2);
-        assert_eq!(got[1], Attachment { container_id: "b".into(), ifname: "net1".into() });
+        assert_eq!(
+            got[1],
+            Attachment {
+                container_id: "b".into(),
+                ifname: "net1".into()
+            }
+        );
         let c = NetConf::parse(br#"{"cni.dev/valid-attachments":{"x":1}}"#).expect("valid json");
         assert!(c.gc_attachments().is_err());
-        assert!(NetConf::parse(b"{}").expect("valid").gc_attachments().expect("empty").is_empty());
+        assert!(
+            NetConf::parse(b"{}")
+                .expect("valid")
+                .gc_attachments()
+                .expect("empty")
+                .is_empty()
+        );
     }
 }

@@ -29,7 +29,10 @@ pub fn del(req: &Request) -> Result<(), Error> {
     let plugin_type = match delegate::parse_saved(&bytes) {
         Ok((_, t)) => t,
         Err(reason) => {
-            log(&format!("ignoring corrupt saved config {}: {reason}", store.path(id).display()));
+            log(&format!(
+                "ignoring corrupt saved config {}: {reason}",
+                store.path(id).display()
+            ));
             store.remove(id)?;
             return Ok(());
         }

@@ -44,7 +44,9 @@ pub enum DelegateError {
         value: Value,
     },
     /// `ipam.routes` is malformed.
-    #[error("failed to assemble Delegate IPAM: failed to read IPAM routes: failed to parse ipam.routes: {0}")]
+    #[error(
+        "failed to assemble Delegate IPAM: failed to read IPAM routes: failed to parse ipam.routes: {0}"
+    )]
     Routes(String),
 }
 
@@ -72,14 +74,25 @@ pub struct Route {
 impl Route {
     /// A route to `dst` with nothing else set.
     pub fn to(dst: IpNet) -> Route {
-        Route { dst, gw: None, mtu: 0, advmss: 0, priority: 0, table: None, scope: None }
+        Route {
+            dst,
+            gw: None,
+            mtu: 0,
+            advmss: 0,
+            priority: 0,
+            table: None,
+            scope: None,
+        }
     }
 
     /// Decodes one route with Go semantics (case-insensitive keys, unknown
     /// keys dropped).
     fn parse(v: &Value) -> Result<Route, String> {
         let Value::Object(obj) = v else {
-            return Err(format!("json: cannot unmarshal {} into Go value of type types.Route", json_kind(v)));
+            return Err(format!(
+                "json: cannot unmarshal {} into Go value of type types.Route",
+                json_kind(v)
+            ));
         };
         let dst = match gocompat::lookup_fold(obj, "dst") {
             Some(Value::String(s)) => {
@@ -92,7 +105,10 @@ impl Route {
         let gw = match gocompat::lookup_fold(obj, "gw") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if s.is_empty() => None,
-            Some(Value::String(s)) => Some(s.parse::<IpAddr>().map_err(|_| format!("invalid IP address: {s}"))?),
+            Some(Value::String(s)) => Some(
+                s.parse::<IpAddr>()
+                    .map_err(|_| format!("invalid IP address: {s}"))?,
+            ),
             Some(other) => return Err(field_type(other, "gw", "net.IP")),
         };
         let int = |field: &str| -> Result<Option<i64>, String> {
@@ -124,7 +140,11 @@ impl Route {
         if let Some(gw) = self.gw {
             m.insert("gw".into(), Value::String(gw.to_string()));
         }
-        for (key, v) in [("mtu", self.mtu), ("advmss", self.advmss), ("priority", self.priority)] {
+        for (key, v) in [
+            ("mtu", self.mtu),
+            ("advmss", self.advmss),
+            ("priority", self.priority),
+        ] {
             if v != 0 {
                 m.insert(key.into(), Value::from(v));
             }
@@ -139,20 +159,29 @@ impl Route {
 }
 
 fn field_type(found: &Value, field: &str, go_type: &str) -> String {
-    format!("json: cannot unmarshal {} into Go struct field route.{field} of type {go_type}", json_kind(found))
+    format!(
+        "json: cannot unmarshal {} into Go struct field route.{field} of type {go_type}",
+        json_kind(found)
+    )
 }
 
 /// Checks the `delegate` dictionary as flannel's `cmdAdd` does.
 pub fn validate(conf: &NetConf) -> Result<(), DelegateError> {
-    let Some(d) = &conf.delegate else { return Ok(()) };
+    let Some(d) = &conf.delegate else {
+        return Ok(());
+    };
     if d.get("type").is_some_and(|t| !t.is_string()) {
         return Err(DelegateError::TypeNotString);
     }
     if let Some(value) = d.get("name") {
-        return Err(DelegateError::NameSet { value: value.clone() });
+        return Err(DelegateError::NameSet {
+            value: value.clone(),
+        });
     }
     if let Some(value) = d.get("ipam") {
-        return Err(DelegateError::IpamSet { value: value.clone() });
+        return Err(DelegateError::IpamSet {
+            value: value.clone(),
+        });
     }
     Ok(())
 }
@@ -165,10 +194,14 @@ pub fn build(conf: &NetConf, env: &SubnetEnv) -> Result<Map<String, Value>, Dele
         None => Map::new(),
     };
     if let Some(rc) = &conf.runtime_config {
-        d.insert("runtimeConfig".into(), gocompat::sorted(Value::Object(rc.clone())));
+        d.insert(
+            "runtimeConfig".into(),
+            gocompat::sorted(Value::Object(rc.clone())),
+        );
     }
     d.insert("name".into(), Value::String(conf.name.clone()));
-    d.entry("type").or_insert_with(|| Value::String("bridge".into()));
+    d.entry("type")
+        .or_insert_with(|| Value::String("bridge".into()));
     d.entry("ipMasq").or_insert(Value::Bool(!env.ipmasq));
     d.entry("mtu").or_insert(Value::from(env.mtu));
     if d.get("type").and_then(Value::as_str) == Some("bridge") {
@@ -187,7 +220,8 @@ fn ipam(conf: &NetConf, env: &SubnetEnv) -> Result<Map<String, Value>, DelegateE
         Some(m) => into_map(gocompat::sorted(Value::Object(m))),
         None => Map::new(),
     };
-    ipam.entry("type").or_insert_with(|| Value::String("host-local".into()));
+    ipam.entry("type")
+        .or_insert_with(|| Value::String("host-local".into()));
     let ranges: Vec<Value> = [env.subnet, env.ipv6_subnet]
         .into_iter()
         .flatten()
@@ -195,10 +229,21 @@ fn ipam(conf: &NetConf, env: &SubnetEnv) -> Result<Map<String, Value>, DelegateE
         .collect();
     // Go marshals a nil slice as null; flannel's subnet.env check makes that
     // unreachable, as one subnet is always present.
-    ipam.insert("ranges".into(), if ranges.is_empty() { Value::Null } else { Value::Array(ranges) });
+    ipam.insert(
+        "ranges".into(),
+        if ranges.is_empty() {
+            Value::Null
+        } else {
+            Value::Array(ranges)
+        },
+    );
     let mut routes = match ipam.get("routes") {
         None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(items)) => items.iter().map(Route::parse).collect::<Result<Vec<_>, _>>().map_err(DelegateError::Routes)?,
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(Route::parse)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(DelegateError::Routes)?,
         Some(other) => {
             return Err(DelegateError::Routes(format!(
                 "json: cannot unmarshal {} into Go value of type []types.Route",
@@ -206,8 +251,16 @@ fn ipam(conf: &NetConf, env: &SubnetEnv) -> Result<Map<String, Value>, DelegateE
             )));
         }
     };
-    routes.extend(env.networks.iter().chain(&env.ipv6_networks).map(|n| Route::to(*n)));
-    ipam.insert("routes".into(), Value::Array(routes.iter().map(Route::to_json).collect()));
+    routes.extend(
+        env.networks
+            .iter()
+            .chain(&env.ipv6_networks)
+            .map(|n| Route::to(*n)),
+    );
+    ipam.insert(
+        "routes".into(),
+        Value::Array(routes.iter().map(Route::to_json).collect()),
+    );
     Ok(gocompat::sort_top(ipam))
 }
 

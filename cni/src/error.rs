@@ -71,7 +71,9 @@ pub enum Error {
     #[error(transparent)]
     Version(#[from] VersionError),
     /// subnet.env could not be loaded (flannel's ADD text).
-    #[error("failed to load flannel 'subnet.env' file: {0}. Check the flannel pod log for this node.")]
+    #[error(
+        "failed to load flannel 'subnet.env' file: {0}. Check the flannel pod log for this node."
+    )]
     SubnetEnv(#[source] SubnetEnvError),
     /// The delegate config could not be built.
     #[error(transparent)]
@@ -83,7 +85,9 @@ pub enum Error {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// CHECK: the container has no saved delegate config.
-    #[error("no saved delegate config for container {container_id} ({path}); was it added by this plugin?")]
+    #[error(
+        "no saved delegate config for container {container_id} ({path}); was it added by this plugin?"
+    )]
     NoSavedConfig {
         /// The container.
         container_id: String,
@@ -130,7 +134,10 @@ impl CniError {
     /// Go skel's rendering: indented JSON and a newline.
     pub fn to_json(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        let mut ser = serde_json::Serializer::with_formatter(&mut out, serde_json::ser::PrettyFormatter::with_indent(b"    "));
+        let mut ser = serde_json::Serializer::with_formatter(
+            &mut out,
+            serde_json::ser::PrettyFormatter::with_indent(b"    "),
+        );
         // Serializing plain strings and integers into a Vec cannot fail.
         let _ = self.serialize(&mut ser);
         out.push(b'\n');
@@ -159,8 +166,12 @@ impl Error {
                 _ => (7, String::new()),
             },
             Error::Delegate(d) => match d {
-                DelegateError::NameSet { value } => (2, format!("delegate.name={}", compact(value))),
-                DelegateError::IpamSet { value } => (2, format!("delegate.ipam={}", compact(value))),
+                DelegateError::NameSet { value } => {
+                    (2, format!("delegate.name={}", compact(value)))
+                }
+                DelegateError::IpamSet { value } => {
+                    (2, format!("delegate.ipam={}", compact(value)))
+                }
                 DelegateError::TypeNotString | DelegateError::Routes(_) => (7, String::new()),
             },
             Error::Exec(e) => match e {
@@ -169,17 +180,29 @@ impl Error {
                 ExecError::BadOutput { .. } => (CODE_INTERNAL, String::new()),
                 ExecError::Plugin(p) => {
                     let code = if p.code == 0 { CODE_INTERNAL } else { p.code };
-                    return CniError { cni_version: cni_version.map(str::to_string), code, msg: p.msg.clone(), details: p.details.clone() };
+                    return CniError {
+                        cni_version: cni_version.map(str::to_string),
+                        code,
+                        msg: p.msg.clone(),
+                        details: p.details.clone(),
+                    };
                 }
             },
-            Error::NoSavedConfig { .. } | Error::CorruptSavedConfig { .. } => (CODE_NO_SAVED_CONFIG, String::new()),
+            Error::NoSavedConfig { .. } | Error::CorruptSavedConfig { .. } => {
+                (CODE_NO_SAVED_CONFIG, String::new())
+            }
             Error::NotReady(_) => (50, String::new()),
             Error::Gc(errors) => match errors.first() {
                 Some(first) => (first.to_cni(None).code, String::new()),
                 None => (CODE_INTERNAL, String::new()),
             },
         };
-        CniError { cni_version: cni_version.map(str::to_string), code, msg, details }
+        CniError {
+            cni_version: cni_version.map(str::to_string),
+            code,
+            msg,
+            details,
+        }
     }
 }
 

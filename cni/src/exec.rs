@@ -22,6 +22,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+/// Stdin up to this size is written without a helper thread: a pipe holds
+/// at least one page even when the user's pipe-buffer quota is used up.
+const SMALL_STDIN: usize = 4096;
+
 /// A CNI error object as a plugin prints it.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct PluginError {
@@ -77,19 +81,34 @@ pub fn find(plugin: &str, cni_path: &str) -> Result<PathBuf, ExecError> {
     if plugin.is_empty() || plugin.contains('/') {
         return Err(ExecError::InvalidName(plugin.to_string()));
     }
-    let paths: Vec<String> = cni_path.split(':').filter(|p| !p.is_empty()).map(str::to_string).collect();
+    let paths: Vec<String> = cni_path
+        .split(':')
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+        .collect();
     for dir in &paths {
         let candidate = Path::new(dir).join(plugin);
         if candidate.metadata().is_ok_and(|m| m.is_file()) {
             return Ok(candidate);
         }
     }
-    Err(ExecError::NotFound { plugin: plugin.to_string(), paths })
+    Err(ExecError::NotFound {
+        plugin: plugin.to_string(),
+        paths,
+    })
 }
 
 /// Runs the plugin at `path` for `command` with `stdin`; returns its stdout.
-pub fn run(path: &Path, command: &str, overrides: &[(&str, Option<&str>)], stdin: &[u8]) -> Result<Vec<u8>, ExecError> {
-    let spawn_err = |source| ExecError::Spawn { path: path.to_path_buf(), source };
+pub fn run(
+    path: &Path,
+    command: &str,
+    overrides: &[(&str, Option<&str>)],
+    stdin: &[u8],
+) -> Result<Vec<u8>, ExecError> {
+    let spawn_err = |source| ExecError::Spawn {
+        path: path.to_path_buf(),
+        source,
+    };
     let mut attempt = 0;
     let out = loop {
         match run_once(path, command, overrides, stdin) {
@@ -109,9 +128,17 @@ pub fn run(path: &Path, command: &str, overrides: &[(&str, Option<&str>)], stdin
     Err(ExecError::Plugin(plugin_error(&out)))
 }
 
-fn run_once(path: &Path, command: &str, overrides: &[(&str, Option<&str>)], stdin: &[u8]) -> io::Result<Output> {
+fn run_once(
+    path: &Path,
+    command: &str,
+    overrides: &[(&str, Option<&str>)],
+    stdin: &[u8],
+) -> io::Result<Output> {
     let mut cmd = Command::new(path);
-    cmd.env("CNI_COMMAND", command).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.env("CNI_COMMAND", command)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     for (key, value) in overrides {
         match value {
             Some(v) => cmd.env(key, v),
@@ -120,6 +147,14 @@ fn run_once(path: &Path, command: &str, overrides: &[(&str, Option<&str>)], stdi
     }
     let mut child = cmd.spawn()?;
     let mut pipe = child.stdin.take();
+    if stdin.len() <= SMALL_STDIN {
+        // Fits in any pipe buffer: the write cannot block.
+        if let Some(p) = pipe.as_mut() {
+            let _ = p.write_all(stdin);
+        }
+        drop(pipe);
+        return child.wait_with_output();
+    }
     // Feed stdin from a second thread so a plugin that prints before it has
     // read all of its config cannot deadlock us.
     thread::scope(|s| {
@@ -145,9 +180,16 @@ fn plugin_error(out: &Output) -> PluginError {
         let msg = if out.stderr.is_empty() {
             format!("netplugin failed with no error message: {status}")
         } else {
-            format!("netplugin failed: {:?}", String::from_utf8_lossy(&out.stderr))
+            format!(
+                "netplugin failed: {:?}",
+                String::from_utf8_lossy(&out.stderr)
+            )
         };
-        return PluginError { code: 0, msg, details: String::new() };
+        return PluginError {
+            code: 0,
+            msg,
+            details: String::new(),
+        };
     }
     match serde_json::from_slice::<PluginError>(&out.stdout) {
         Ok(e) => e,
@@ -171,8 +213,10 @@ pub fn supported_versions(path: &Path) -> Result<Vec<String>, ExecError> {
     }
     let stdin = format!(r#"{{"cniVersion":"{}"}}"#, crate::version::CURRENT);
     let out = run(path, "VERSION", &[], stdin.as_bytes())?;
-    let reply: Reply = serde_json::from_slice(&out)
-        .map_err(|e| ExecError::BadOutput { path: path.to_path_buf(), reason: e.to_string() })?;
+    let reply: Reply = serde_json::from_slice(&out).map_err(|e| ExecError::BadOutput {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
     Ok(reply.supported)
 }
 
@@ -194,33 +238,85 @@ mod tests {
         let b = tempfile::tempdir().expect("tempdir");
         script(b.path(), "fake", "true");
         let cni_path = format!("{}:{}", a.path().display(), b.path().display());
-        assert_eq!(find("fake", &cni_path).expect("found"), b.path().join("fake"));
+        assert_eq!(
+            find("fake", &cni_path).expect("found"),
+            b.path().join("fake")
+        );
         let e = find("nope", &cni_path).expect_err("missing");
-        assert_eq!(e.to_string(), format!("failed to find plugin \"nope\" in path [{} {}]", a.path().display(), b.path().display()));
-        assert!(matches!(find("../fake", &cni_path), Err(ExecError::InvalidName(_))));
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "failed to find plugin \"nope\" in path [{} {}]",
+                a.path().display(),
+                b.path().display()
+            )
+        );
+        assert!(matches!(
+            find("../fake", &cni_path),
+            Err(ExecError::InvalidName(_))
+        ));
     }
 
     #[test]
     fn run_passes_env_stdin_and_decodes_errors() {
         let d = tempfile::tempdir().expect("tempdir");
-        script(d.path(), "echo", r#"printf '{"cmd":"%s","id":"%s","x":"%s",' "$CNI_COMMAND" "$CNI_CONTAINERID" "${WEFT_TEST_X-unset}"; cat"#);
+        script(
+            d.path(),
+            "echo",
+            r#"printf '{"cmd":"%s","id":"%s","x":"%s",' "$CNI_COMMAND" "$CNI_CONTAINERID" "${WEFT_TEST_X-unset}"; cat"#,
+        );
         let p = d.path().join("echo");
-        let out = run(&p, "ADD", &[("CNI_CONTAINERID", Some("c1")), ("WEFT_TEST_X", None)], br#""in":1}"#).expect("runs");
-        assert_eq!(String::from_utf8_lossy(&out), r#"{"cmd":"ADD","id":"c1","x":"unset","in":1}"#);
+        let out = run(
+            &p,
+            "ADD",
+            &[("CNI_CONTAINERID", Some("c1")), ("WEFT_TEST_X", None)],
+            br#""in":1}"#,
+        )
+        .expect("runs");
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            r#"{"cmd":"ADD","id":"c1","x":"unset","in":1}"#
+        );
 
-        script(d.path(), "fail", r#"echo '{"code":7,"msg":"bad","details":"d"}'; exit 1"#);
+        // Larger than a pipe buffer: fed from a helper thread.
+        let big = format!("\"{}\"}}", "x".repeat(200_000));
+        let out = run(&p, "DEL", &[], big.as_bytes()).expect("runs");
+        assert_eq!(
+            out.len(),
+            r#"{"cmd":"DEL","id":"","x":"unset","#.len() + big.len()
+        );
+
+        script(
+            d.path(),
+            "fail",
+            r#"echo '{"code":7,"msg":"bad","details":"d"}'; exit 1"#,
+        );
         let e = run(&d.path().join("fail"), "ADD", &[], b"{}").expect_err("fails");
-        assert!(matches!(e, ExecError::Plugin(PluginError { code: 7, ref msg, ref details }) if msg == "bad" && details == "d"));
+        assert!(
+            matches!(e, ExecError::Plugin(PluginError { code: 7, ref msg, ref details }) if msg == "bad" && details == "d")
+        );
 
         script(d.path(), "quiet", "echo oops >&2; exit 3");
         let e = run(&d.path().join("quiet"), "ADD", &[], b"{}").expect_err("fails");
-        assert!(matches!(e, ExecError::Plugin(PluginError { code: 0, ref msg, .. }) if msg == "netplugin failed: \"oops\\n\""));
+        assert!(
+            matches!(e, ExecError::Plugin(PluginError { code: 0, ref msg, .. }) if msg == "netplugin failed: \"oops\\n\"")
+        );
 
         script(d.path(), "silent", "exit 2");
         let e = run(&d.path().join("silent"), "ADD", &[], b"{}").expect_err("fails");
-        assert_eq!(e.to_string(), "netplugin failed with no error message: exit status 2");
+        assert_eq!(
+            e.to_string(),
+            "netplugin failed with no error message: exit status 2"
+        );
 
-        script(d.path(), "ver", r#"echo '{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0"]}'"#);
-        assert_eq!(supported_versions(&d.path().join("ver")).expect("version"), vec!["0.4.0", "1.0.0"]);
+        script(
+            d.path(),
+            "ver",
+            r#"echo '{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0"]}'"#,
+        );
+        assert_eq!(
+            supported_versions(&d.path().join("ver")).expect("version"),
+            vec!["0.4.0", "1.0.0"]
+        );
     }
 }

@@ -33,7 +33,10 @@ pub fn gc(req: &Request) -> Result<(), Error> {
         let _lock = store.lock_exclusive()?;
         for id in store.list()? {
             let ifname = store.ifname(&id);
-            if valid.iter().any(|a| a.container_id == id && a.ifname == ifname) {
+            if valid
+                .iter()
+                .any(|a| a.container_id == id && a.ifname == ifname)
+            {
                 continue;
             }
             match release(&store, &id, &ifname, &req.env.path) {
@@ -46,17 +49,31 @@ pub fn gc(req: &Request) -> Result<(), Error> {
     if let Err(e) = forward(req, &valid) {
         errors.push(e);
     }
-    if errors.is_empty() { Ok(()) } else { Err(Error::Gc(errors)) }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Gc(errors))
+    }
 }
 
 /// Replays one stale attachment's saved config with DEL and removes it.
 fn release(store: &Store, id: &str, ifname: &str, cni_path: &str) -> Result<(), Error> {
-    let Some(bytes) = store.load(id)? else { return Ok(()) };
+    let Some(bytes) = store.load(id)? else {
+        return Ok(());
+    };
     match delegate::parse_saved(&bytes) {
-        Err(reason) => log(&format!("gc: removing corrupt saved config {}: {reason}", store.path(id).display())),
+        Err(reason) => log(&format!(
+            "gc: removing corrupt saved config {}: {reason}",
+            store.path(id).display()
+        )),
         Ok((_, plugin_type)) => {
             let plugin = exec::find(&plugin_type, cni_path)?;
-            let env = [("CNI_CONTAINERID", Some(id)), ("CNI_IFNAME", Some(ifname)), ("CNI_NETNS", None), ("CNI_ARGS", None)];
+            let env = [
+                ("CNI_CONTAINERID", Some(id)),
+                ("CNI_IFNAME", Some(ifname)),
+                ("CNI_NETNS", None),
+                ("CNI_ARGS", None),
+            ];
             exec::run(&plugin, "DEL", &env, &bytes)?;
         }
     }
@@ -75,12 +92,18 @@ fn forward(req: &Request, valid: &[Attachment]) -> Result<(), Error> {
     let env = match subnet_env::load(&conf.subnet_file) {
         Ok(env) => env,
         Err(e) => {
-            log(&format!("gc: not forwarding GC to {}: {e}", conf.delegate_type()));
+            log(&format!(
+                "gc: not forwarding GC to {}: {e}",
+                conf.delegate_type()
+            ));
             return Ok(());
         }
     };
     let mut config = delegate::build(conf, &env)?;
-    let list: Vec<Value> = valid.iter().map(|a| json!({"containerID": a.container_id, "ifname": a.ifname})).collect();
+    let list: Vec<Value> = valid
+        .iter()
+        .map(|a| json!({"containerID": a.container_id, "ifname": a.ifname}))
+        .collect();
     config.insert(VALID_ATTACHMENTS.into(), Value::Array(list.clone()));
     config.insert(ATTACHMENTS.into(), Value::Array(list));
     exec::run(&plugin, "GC", &[], &delegate::to_bytes(&config))?;

@@ -98,7 +98,9 @@ fn go_numbers(v: Value) -> Value {
                 Value::Number(n)
             }
         }
-        Value::Object(map) => Value::Object(map.into_iter().map(|(k, v)| (k, go_numbers(v))).collect()),
+        Value::Object(map) => {
+            Value::Object(map.into_iter().map(|(k, v)| (k, go_numbers(v))).collect())
+        }
         Value::Array(items) => Value::Array(items.into_iter().map(go_numbers).collect()),
         other => other,
     }
@@ -128,7 +130,10 @@ pub fn io_error_text(e: &io::Error) -> String {
 /// Go's `encoding/json` matches keys: exact or ASCII-case-insensitive, and
 /// when several keys match, the last one in the document wins.
 pub fn lookup_fold<'a>(map: &'a Map<String, Value>, field: &str) -> Option<&'a Value> {
-    map.iter().rev().find(|(k, _)| k.eq_ignore_ascii_case(field)).map(|(_, v)| v)
+    map.iter()
+        .rev()
+        .find(|(k, _)| k.eq_ignore_ascii_case(field))
+        .map(|(_, v)| v)
 }
 
 /// The Go name of a JSON value's kind, for unmarshal error messages.
@@ -156,12 +161,28 @@ mod tests {
         assert_eq!(net.to_string(), "10.1.17.0/24");
         let (_, net6) = parse_cidr("2001:cafe:42::1/64").expect("valid v6");
         assert_eq!(net6.to_string(), "2001:cafe:42::/64");
-        assert_eq!(parse_cidr("10.0.0.0/08").expect("leading zero mask").1.to_string(), "10.0.0.0/8");
+        assert_eq!(
+            parse_cidr("10.0.0.0/08")
+                .expect("leading zero mask")
+                .1
+                .to_string(),
+            "10.0.0.0/8"
+        );
     }
 
     #[test]
     fn parse_cidr_rejects_like_go() {
-        for bad in ["", "10.0.0.0", "10.0.0.0/33", "10.0.0.0/-1", "10.0.0.0/ 8", "010.0.0.0/8", "x/8", "::1/129", "10.0.0.0/8 "] {
+        for bad in [
+            "",
+            "10.0.0.0",
+            "10.0.0.0/33",
+            "10.0.0.0/-1",
+            "10.0.0.0/ 8",
+            "010.0.0.0/8",
+            "x/8",
+            "::1/129",
+            "10.0.0.0/8 ",
+        ] {
             assert_eq!(parse_cidr(bad), Err(CidrError(bad.to_string())), "{bad:?}");
         }
         assert_eq!(CidrError("x".into()).to_string(), "invalid CIDR address: x");
@@ -170,7 +191,10 @@ mod tests {
     #[test]
     fn marshal_is_go_compatible() {
         let v = sorted(json!({"b": 1.0, "a": {"z": "<&>", "y": [0.5, 2]}}));
-        assert_eq!(String::from_utf8(marshal(&v)).expect("utf8"), r#"{"a":{"y":[0.5,2],"z":"\u003c\u0026\u003e"},"b":1}"#);
+        assert_eq!(
+            String::from_utf8(marshal(&v)).expect("utf8"),
+            r#"{"a":{"y":[0.5,2],"z":"\u003c\u0026\u003e"},"b":1}"#
+        );
     }
 
     #[test]

@@ -36,13 +36,21 @@ use crate::error::Error;
 fn main() -> ExitCode {
     let mut input = Vec::new();
     let mut stdout = io::stdout().lock();
-    let result = Command::load(&|k| std::env::var(k).ok(), &mut io::stdin().lock(), &mut input).and_then(|cmd| run(cmd, &mut stdout));
+    let result = Command::load(
+        &|k| std::env::var(k).ok(),
+        &mut io::stdin().lock(),
+        &mut input,
+    )
+    .and_then(|cmd| run(cmd, &mut stdout));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let version = serde_json::from_slice::<serde_json::Value>(&input)
                 .ok()
-                .and_then(|v| v.get("cniVersion").and_then(|s| s.as_str().map(str::to_string)))
+                .and_then(|v| {
+                    v.get("cniVersion")
+                        .and_then(|s| s.as_str().map(str::to_string))
+                })
                 .filter(|v| !v.is_empty());
             let _ = stdout.write_all(&e.to_cni(version.as_deref()).to_json());
             let _ = stdout.flush();
@@ -62,7 +70,9 @@ fn run(cmd: Command, out: &mut dyn Write) -> Result<(), Error> {
         Command::Version { requested } => {
             let reply = version::reply(requested.as_deref());
             serde_json::to_writer(&mut *out, &reply).map_err(|e| Error::Output(e.into()))?;
-            out.write_all(b"\n").and_then(|()| out.flush()).map_err(Error::Output)
+            out.write_all(b"\n")
+                .and_then(|()| out.flush())
+                .map_err(Error::Output)
         }
     }
 }

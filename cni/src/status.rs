@@ -22,8 +22,15 @@ pub fn status(req: &Request) -> Result<(), Error> {
     let not_ready = |e: Error| Error::NotReady(Box::new(e));
     let env = subnet_env::load(&conf.subnet_file).map_err(|e| not_ready(Error::SubnetEnv(e)))?;
     let config = delegate::build(conf, &env)?;
-    let plugin_type = config.get("type").and_then(Value::as_str).unwrap_or("bridge");
-    let ipam_type = config.get("ipam").and_then(|i| i.get("type")).and_then(Value::as_str).unwrap_or("host-local");
+    let plugin_type = config
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("bridge");
+    let ipam_type = config
+        .get("ipam")
+        .and_then(|i| i.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("host-local");
     let plugin = exec::find(plugin_type, &req.env.path).map_err(|e| not_ready(e.into()))?;
     exec::find(ipam_type, &req.env.path).map_err(|e| not_ready(e.into()))?;
     let supported = exec::supported_versions(&plugin).map_err(|e| not_ready(e.into()))?;

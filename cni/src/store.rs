@@ -4,7 +4,9 @@
 //! - `<dataDir>/<containerID>` holds the exact delegate config bytes sent on
 //!   ADD (flannel's format, so flannel and weft can DEL each other's pods).
 //!   The directory is created 0700, the file 0600; it is written to a temp
-//!   file, fsynced and renamed into place, so readers never see a torn file.
+//!   file and renamed into place, so readers never see a torn file, and
+//!   fsynced (in the background, overlapping the delegate's run; ADD waits
+//!   for it before it reports success).
 //! - `<dataDir>/.weft-ifnames/<containerID>` records the interface name of
 //!   the attachment (flannel does not keep it); GC needs it to release the
 //!   right IPAM reservation. Absent means `eth0`.
@@ -44,6 +46,28 @@ pub struct Store {
     dir: PathBuf,
 }
 
+/// The background fsync of a saved config.
+#[derive(Debug)]
+pub struct PendingSync {
+    handle: std::thread::JoinHandle<Result<(), StoreError>>,
+}
+
+// === impl PendingSync ===
+
+impl PendingSync {
+    /// Waits for the fsync to finish.
+    pub fn wait(self) -> Result<(), StoreError> {
+        match self.handle.join() {
+            Ok(result) => result,
+            Err(_) => Err(StoreError {
+                op: "sync",
+                path: PathBuf::new(),
+                source: io::Error::other("sync thread panicked"),
+            }),
+        }
+    }
+}
+
 /// A held flock on the data dir; released when dropped.
 #[derive(Debug)]
 pub struct DirLock {
@@ -51,7 +75,11 @@ pub struct DirLock {
 }
 
 fn err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
-    move |source| StoreError { op, path: path.to_path_buf(), source }
+    move |source| StoreError {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 // === impl Store ===
@@ -78,7 +106,11 @@ impl Store {
     }
 
     fn lock(&self, exclusive: bool) -> Result<DirLock, StoreError> {
-        DirBuilder::new().recursive(true).mode(0o700).create(&self.dir).map_err(err("mkdir", &self.dir))?;
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+            .map_err(err("mkdir", &self.dir))?;
         let path = self.dir.join(LOCK_FILE);
         let file = OpenOptions::new()
             .read(true)
@@ -88,7 +120,12 @@ impl Store {
             .mode(0o600)
             .open(&path)
             .map_err(err("open", &path))?;
-        if exclusive { file.lock() } else { file.lock_shared() }.map_err(err("flock", &path))?;
+        if exclusive {
+            file.lock()
+        } else {
+            file.lock_shared()
+        }
+        .map_err(err("flock", &path))?;
         Ok(DirLock { _file: file })
     }
 
@@ -98,16 +135,31 @@ impl Store {
     }
 
     /// Saves `config` for `container_id` (atomically) and remembers `ifname`.
-    pub fn save(&self, container_id: &str, ifname: &str, config: &[u8]) -> Result<(), StoreError> {
+    ///
+    /// The file is in place when this returns; its fsync runs in the
+    /// background (it costs milliseconds) and must be awaited with
+    /// [`PendingSync::wait`] before the ADD reports success.
+    pub fn save(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        config: &[u8],
+    ) -> Result<PendingSync, StoreError> {
         if ifname != DEFAULT_IFNAME {
             let dir = self.dir.join(IFNAME_DIR);
-            DirBuilder::new().recursive(true).mode(0o700).create(&dir).map_err(err("mkdir", &dir))?;
-            write_atomic(&dir, container_id, ifname.as_bytes(), false)?;
+            DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir)
+                .map_err(err("mkdir", &dir))?;
+            write_atomic(&dir, container_id, ifname.as_bytes())?;
         } else {
             // A stale record from an earlier attachment with the same ID.
             let _ = fs::remove_file(self.dir.join(IFNAME_DIR).join(container_id));
         }
-        write_atomic(&self.dir, container_id, config, true)
+        let (file, path) = write_atomic(&self.dir, container_id, config)?;
+        let handle = std::thread::spawn(move || file.sync_all().map_err(err("sync", &path)));
+        Ok(PendingSync { handle })
     }
 
     /// The saved config of `container_id`, `None` if there is none.
@@ -148,7 +200,9 @@ impl Store {
         };
         for entry in entries {
             let entry = entry.map_err(err("readdir", &self.dir))?;
-            let Ok(name) = entry.file_name().into_string() else { continue };
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
             if name.starts_with('.') || !entry.file_type().is_ok_and(|t| t.is_file()) {
                 continue;
             }
@@ -160,11 +214,18 @@ impl Store {
 
     /// Removes interface records whose config is gone; returns how many.
     pub fn prune_ifnames(&self) -> usize {
-        let Ok(entries) = fs::read_dir(self.dir.join(IFNAME_DIR)) else { return 0 };
+        let Ok(entries) = fs::read_dir(self.dir.join(IFNAME_DIR)) else {
+            return 0;
+        };
         let mut n = 0;
         for entry in entries.flatten() {
-            let Ok(name) = entry.file_name().into_string() else { continue };
-            if !name.starts_with('.') && !self.path(&name).exists() && fs::remove_file(entry.path()).is_ok() {
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            if !name.starts_with('.')
+                && !self.path(&name).exists()
+                && fs::remove_file(entry.path()).is_ok()
+            {
                 n += 1;
             }
         }
@@ -172,17 +233,22 @@ impl Store {
     }
 }
 
-/// Writes `dir/name` via a temp file and rename; fsyncs the data if `sync`.
-fn write_atomic(dir: &Path, name: &str, data: &[u8], sync: bool) -> Result<(), StoreError> {
+/// Writes `dir/name` via a temp file (0600) and rename; returns the open
+/// file (for a later fsync) and its final path.
+fn write_atomic(dir: &Path, name: &str, data: &[u8]) -> Result<(File, PathBuf), StoreError> {
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let result = (|| {
-        let mut f = OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).map_err(err("open", &tmp))?;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(err("open", &tmp))?;
         f.write_all(data).map_err(err("write", &tmp))?;
-        if sync {
-            f.sync_all().map_err(err("sync", &tmp))?;
-        }
         let target = dir.join(name);
-        fs::rename(&tmp, &target).map_err(err("rename", &target))
+        fs::rename(&tmp, &target).map_err(err("rename", &target))?;
+        Ok((f, target))
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
@@ -203,15 +269,24 @@ mod tests {
         assert!(!s.exists());
         assert_eq!(s.list().expect("empty"), Vec::<String>::new());
         let _lock = s.lock_shared().expect("lock");
-        s.save("c1", "eth0", b"{\"a\":1}").expect("save");
-        s.save("c2", "net1", b"{}").expect("save");
+        s.save("c1", "eth0", b"{\"a\":1}")
+            .expect("save")
+            .wait()
+            .expect("sync");
+        s.save("c2", "net1", b"{}")
+            .expect("save")
+            .wait()
+            .expect("sync");
         let mode = |p: &Path| fs::metadata(p).expect("stat").permissions().mode() & 0o777;
         assert_eq!(mode(&t.path().join("flannel")), 0o700);
         assert_eq!(mode(&s.path("c1")), 0o600);
         assert_eq!(s.load("c1").expect("read"), Some(b"{\"a\":1}".to_vec()));
         assert_eq!(s.load("c3").expect("read"), None);
         assert_eq!(s.list().expect("list"), vec!["c1", "c2"]);
-        assert_eq!((s.ifname("c1").as_str(), s.ifname("c2").as_str()), ("eth0", "net1"));
+        assert_eq!(
+            (s.ifname("c1").as_str(), s.ifname("c2").as_str()),
+            ("eth0", "net1")
+        );
         s.remove("c2").expect("remove");
         s.remove("c2").expect("remove twice");
         assert_eq!(s.ifname("c2"), "eth0", "record removed with the config");

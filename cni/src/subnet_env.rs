@@ -104,7 +104,10 @@ impl SubnetEnvError {
 
 /// Loads and parses the file at `path`.
 pub fn load(path: &str) -> Result<SubnetEnv, SubnetEnvError> {
-    let file = File::open(path).map_err(|source| SubnetEnvError::Open { path: path.to_string(), source })?;
+    let file = File::open(path).map_err(|source| SubnetEnvError::Open {
+        path: path.to_string(),
+        source,
+    })?;
     parse(path, file)
 }
 
@@ -119,7 +122,10 @@ pub fn parse(path: &str, input: impl Read) -> Result<SubnetEnv, SubnetEnvError> 
         let n = (&mut reader)
             .take(MAX_LINE)
             .read_until(b'\n', &mut line)
-            .map_err(|source| SubnetEnvError::Read { path: path.to_string(), source })?;
+            .map_err(|source| SubnetEnvError::Read {
+                path: path.to_string(),
+                source,
+            })?;
         if n == 0 {
             break;
         }
@@ -157,12 +163,19 @@ impl Accumulator {
         };
         let known = matches!(
             key,
-            "FLANNEL_NETWORK" | "FLANNEL_SUBNET" | "FLANNEL_IPV6_NETWORK" | "FLANNEL_IPV6_SUBNET" | "FLANNEL_MTU" | "FLANNEL_IPMASQ"
+            "FLANNEL_NETWORK"
+                | "FLANNEL_SUBNET"
+                | "FLANNEL_IPV6_NETWORK"
+                | "FLANNEL_IPV6_SUBNET"
+                | "FLANNEL_MTU"
+                | "FLANNEL_IPMASQ"
         );
         if !known {
             return Ok(());
         }
-        let value = value.ok_or_else(|| SubnetEnvError::NoValue { key: key.to_string() })?;
+        let value = value.ok_or_else(|| SubnetEnvError::NoValue {
+            key: key.to_string(),
+        })?;
         match key {
             "FLANNEL_NETWORK" => self.networks = Some(network_list(value)?),
             "FLANNEL_IPV6_NETWORK" => self.ipv6_networks = Some(network_list(value)?),
@@ -199,7 +212,10 @@ impl Accumulator {
                 mtu,
                 ipmasq,
             }),
-            _ => Err(SubnetEnvError::Missing { path: path.to_string(), missing: missing.join(", ") }),
+            _ => Err(SubnetEnvError::Missing {
+                path: path.to_string(),
+                missing: missing.join(", "),
+            }),
         }
     }
 }
@@ -218,7 +234,10 @@ fn network_list(value: &str) -> Result<Vec<IpNet>, CidrError> {
 
 /// Go's `strconv.ParseUint(value, 10, 32)`.
 fn parse_mtu(value: &str) -> Result<u32, SubnetEnvError> {
-    let err = |out_of_range| SubnetEnvError::Mtu { value: value.to_string(), out_of_range };
+    let err = |out_of_range| SubnetEnvError::Mtu {
+        value: value.to_string(),
+        out_of_range,
+    };
     if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
         return Err(err(false));
     }

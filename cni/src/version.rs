@@ -13,7 +13,9 @@ use std::cmp::Ordering;
 use serde_json::{Value, json};
 
 /// The versions this plugin speaks, oldest first.
-pub const SUPPORTED: [&str; 7] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+pub const SUPPORTED: [&str; 7] = [
+    "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
+];
 /// The newest supported version.
 pub const CURRENT: &str = "1.1.0";
 
@@ -54,7 +56,11 @@ impl VersionError {
 
 /// The effective version of a network: `cniVersion`, or 0.1.0 when empty.
 pub fn effective(cni_version: &str) -> &str {
-    if cni_version.is_empty() { "0.1.0" } else { cni_version }
+    if cni_version.is_empty() {
+        "0.1.0"
+    } else {
+        cni_version
+    }
 }
 
 /// Checks that `cni_version` is supported (ADD, DEL).
@@ -63,12 +69,18 @@ pub fn check_supported(cni_version: &str) -> Result<(), VersionError> {
     if SUPPORTED.contains(&v) {
         Ok(())
     } else {
-        Err(VersionError::Incompatible { config: v.to_string() })
+        Err(VersionError::Incompatible {
+            config: v.to_string(),
+        })
     }
 }
 
 /// Checks that `cni_version` is supported and at least `min` (CHECK, GC, STATUS).
-pub fn check_at_least(cni_version: &str, min: &str, verb: &'static str) -> Result<(), VersionError> {
+pub fn check_at_least(
+    cni_version: &str,
+    min: &str,
+    verb: &'static str,
+) -> Result<(), VersionError> {
     let v = effective(cni_version);
     if compare(v, min)? == Ordering::Less {
         return Err(VersionError::VerbNotAllowed { verb });
@@ -121,21 +133,35 @@ mod tests {
             e.details(),
             r#"config is "9.9.9", plugin supports ["0.1.0" "0.2.0" "0.3.0" "0.3.1" "0.4.0" "1.0.0" "1.1.0"]"#
         );
-        assert_eq!(check_at_least("0.3.1", "0.4.0", "CHECK"), Err(VersionError::VerbNotAllowed { verb: "CHECK" }));
+        assert_eq!(
+            check_at_least("0.3.1", "0.4.0", "CHECK"),
+            Err(VersionError::VerbNotAllowed { verb: "CHECK" })
+        );
         assert!(check_at_least("1.0.0", "0.4.0", "CHECK").is_ok());
         assert_eq!(
-            check_at_least("1.0.0", "1.1.0", "GC").expect_err("too old").to_string(),
+            check_at_least("1.0.0", "1.1.0", "GC")
+                .expect_err("too old")
+                .to_string(),
             "config version does not allow GC"
         );
         assert!(check_at_least("1.1.0", "1.1.0", "STATUS").is_ok());
-        assert!(matches!(check_at_least("x.y", "1.1.0", "GC"), Err(VersionError::Invalid(_))));
-        assert!(matches!(check_at_least("1.2.0", "1.1.0", "GC"), Err(VersionError::Incompatible { .. })));
+        assert!(matches!(
+            check_at_least("x.y", "1.1.0", "GC"),
+            Err(VersionError::Invalid(_))
+        ));
+        assert!(matches!(
+            check_at_least("1.2.0", "1.1.0", "GC"),
+            Err(VersionError::Incompatible { .. })
+        ));
     }
 
     #[test]
     fn reply_echoes_supported_versions() {
         assert_eq!(reply(Some("0.3.1"))["cniVersion"], "0.3.1");
         assert_eq!(reply(Some("7.0.0"))["cniVersion"], CURRENT);
-        assert_eq!(reply(None)["supportedVersions"].as_array().map(Vec::len), Some(7));
+        assert_eq!(
+            reply(None)["supportedVersions"].as_array().map(Vec::len),
+            Some(7)
+        );
     }
 }

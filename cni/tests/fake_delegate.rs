@@ -59,14 +59,30 @@ esac
     fn run(&self, cmd: &str, vars: &[(&str, &str)], conf: &Value) -> (i32, String) {
         use std::io::Write;
         let mut c = Command::new(FLANNEL);
-        c.env_clear().env("CNI_COMMAND", cmd).env("CNI_PATH", self.path("bin")).env("CNI_ARGS", "IgnoreUnknown=1");
+        c.env_clear()
+            .env("CNI_COMMAND", cmd)
+            .env("CNI_PATH", self.path("bin"))
+            .env("CNI_ARGS", "IgnoreUnknown=1");
         for (k, v) in vars {
             c.env(k, v);
         }
-        let mut child = c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("spawn");
-        child.stdin.take().expect("stdin").write_all(&serde_json::to_vec(conf).expect("json")).expect("write");
+        let mut child = c
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(&serde_json::to_vec(conf).expect("json"))
+            .expect("write");
         let out = child.wait_with_output().expect("wait");
-        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
     }
 
     /// The delegate's calls: (command, container ID, ifname, netns, stdin JSON).
@@ -77,7 +93,13 @@ esac
                 let parts: Vec<&str> = l.splitn(5, '|').collect();
                 assert_eq!(parts.len(), 5, "{l}");
                 let stdin = serde_json::from_str(parts[4]).unwrap_or(Value::Null);
-                (parts[0].into(), parts[1].into(), parts[2].into(), parts[3].into(), stdin)
+                (
+                    parts[0].into(),
+                    parts[1].into(),
+                    parts[2].into(),
+                    parts[3].into(),
+                    stdin,
+                )
             })
             .filter(|c| c.0 != "VERSION")
             .collect()
@@ -89,7 +111,11 @@ esac
 }
 
 fn attach<'a>(id: &'a str, ifname: &'a str) -> Vec<(&'static str, &'a str)> {
-    vec![("CNI_CONTAINERID", id), ("CNI_IFNAME", ifname), ("CNI_NETNS", "/var/run/netns/none")]
+    vec![
+        ("CNI_CONTAINERID", id),
+        ("CNI_IFNAME", ifname),
+        ("CNI_NETNS", "/var/run/netns/none"),
+    ]
 }
 
 #[test]
@@ -99,8 +125,12 @@ fn add_keeps_1_1_0_for_a_1_1_delegate_and_check_gets_prev_result() {
     assert_eq!(code, 0, "{out}");
     let result: Value = serde_json::from_str(&out).expect("result");
     assert_eq!(result["cniVersion"], "1.1.0");
-    let saved: Value = serde_json::from_slice(&std::fs::read(n.path("data/c1")).expect("saved")).expect("json");
-    assert_eq!(saved["cniVersion"], "1.1.0", "no downgrade for a 1.1 delegate");
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(n.path("data/c1")).expect("saved")).expect("json");
+    assert_eq!(
+        saved["cniVersion"], "1.1.0",
+        "no downgrade for a 1.1 delegate"
+    );
     assert_eq!(saved["ipam"]["type"], "fake11");
 
     let mut check = n.conf();
@@ -110,8 +140,14 @@ fn add_keeps_1_1_0_for_a_1_1_delegate_and_check_gets_prev_result() {
     let calls = n.calls();
     let (cmd, id, _, _, stdin) = calls.last().expect("check call");
     assert_eq!((cmd.as_str(), id.as_str()), ("CHECK", "c1"));
-    assert_eq!(stdin["prevResult"]["routes"][0], json!({"dst": "10.244.0.0/16", "gw": "10.244.9.1"}));
-    assert_eq!(stdin["type"], "fake11", "the saved config, not a rebuilt one");
+    assert_eq!(
+        stdin["prevResult"]["routes"][0],
+        json!({"dst": "10.244.0.0/16", "gw": "10.244.9.1"})
+    );
+    assert_eq!(
+        stdin["type"], "fake11",
+        "the saved config, not a rebuilt one"
+    );
 }
 
 #[test]
@@ -123,7 +159,11 @@ fn unusable_result_rolls_back_with_delegate_del() {
     let e: Value = serde_json::from_str(&out).expect("error json");
     assert_eq!(e["code"], 999, "{e}");
     let cmds: Vec<String> = n.calls().into_iter().map(|c| c.0).collect();
-    assert_eq!(cmds, vec!["ADD", "DEL"], "delegate DEL after a successful delegate ADD");
+    assert_eq!(
+        cmds,
+        vec!["ADD", "DEL"],
+        "delegate DEL after a successful delegate ADD"
+    );
     assert!(!n.saved("c2"), "saved config removed after rollback");
 }
 
@@ -142,11 +182,20 @@ fn gc_releases_stale_then_forwards_valid_list() {
     let tail: Vec<_> = calls.iter().skip(2).collect();
     assert_eq!(tail.len(), 2, "{calls:?}");
     let (cmd, id, ifname, netns, _) = tail[0];
-    assert_eq!((cmd.as_str(), id.as_str(), ifname.as_str(), netns.as_str()), ("DEL", "stale", "net1", "unset"));
+    assert_eq!(
+        (cmd.as_str(), id.as_str(), ifname.as_str(), netns.as_str()),
+        ("DEL", "stale", "net1", "unset")
+    );
     let (cmd, _, _, _, stdin) = tail[1];
     assert_eq!(cmd, "GC");
-    assert_eq!(stdin["cni.dev/valid-attachments"], json!([{"containerID": "keep", "ifname": "eth0"}]));
-    assert_eq!(stdin["cni.dev/attachments"], stdin["cni.dev/valid-attachments"]);
+    assert_eq!(
+        stdin["cni.dev/valid-attachments"],
+        json!([{"containerID": "keep", "ifname": "eth0"}])
+    );
+    assert_eq!(
+        stdin["cni.dev/attachments"],
+        stdin["cni.dev/valid-attachments"]
+    );
     assert_eq!(stdin["ipam"]["ranges"][0][0]["subnet"], "10.244.9.0/24");
     assert!(n.saved("keep") && !n.saved("stale"));
 }
@@ -156,10 +205,16 @@ fn status_is_forwarded_and_passes_the_delegate_error_through() {
     let n = Node::new();
     let (code, out) = n.run("STATUS", &[], &n.conf());
     assert_eq!((code, out.as_str()), (0, ""));
-    assert_eq!(n.calls().last().map(|c| c.0.clone()), Some("STATUS".to_string()));
+    assert_eq!(
+        n.calls().last().map(|c| c.0.clone()),
+        Some("STATUS".to_string())
+    );
     std::fs::write(n.path("unready"), "").expect("flag");
     let (code, out) = n.run("STATUS", &[], &n.conf());
     assert_eq!(code, 1);
     let e: Value = serde_json::from_str(&out).expect("error json");
-    assert_eq!((e["code"].as_u64(), e["msg"].as_str(), e["details"].as_str()), (Some(51), Some("fake not ready"), Some("d")));
+    assert_eq!(
+        (e["code"].as_u64(), e["msg"].as_str(), e["details"].as_str()),
+        (Some(51), Some("fake not ready"), Some("d"))
+    );
 }

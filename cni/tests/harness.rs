@@ -21,14 +21,21 @@ fn gc_removes_only_stale_attachments() {
     let w = World::new("gc", 41);
     w.write_subnet_env();
     let conf = w.net_conf("1.1.0");
-    let pods: Vec<Netns> = (0..4).map(|i| Netns::new(&format!("{}-p{i}", w.tag))).collect();
+    let pods: Vec<Netns> = (0..4)
+        .map(|i| Netns::new(&format!("{}-p{i}", w.tag)))
+        .collect();
     let ids = ["gc-a", "gc-b", "gc-c", "gc-d"];
     let ifnames = ["eth0", "eth0", "net1", "eth0"];
     let mut ips = Vec::new();
     for ((id, ifname), pod) in ids.iter().zip(ifnames).zip(&pods) {
         let path = pod.path();
-        let r = w.plugin("ADD", &World::attach_vars(id, ifname, &path), &bytes(&conf)).ok();
-        assert_eq!(r["cniVersion"], "1.1.0", "result relabelled to the network's version: {r}");
+        let r = w
+            .plugin("ADD", &World::attach_vars(id, ifname, &path), &bytes(&conf))
+            .ok();
+        assert_eq!(
+            r["cniVersion"], "1.1.0",
+            "result relabelled to the network's version: {r}"
+        );
         ips.push(result_ip(&r));
     }
     assert_eq!(w.saved(), ids.to_vec());
@@ -58,7 +65,12 @@ fn gc_removes_only_stale_attachments() {
     // The valid pod still works and can still be deleted normally.
     assert!(pods[0].try_sh(&format!("ping -c 1 -W 5 {}", w.gateway())));
     let path = pods[0].path();
-    w.plugin("DEL", &World::attach_vars("gc-a", "eth0", &path), &bytes(&conf)).ok();
+    w.plugin(
+        "DEL",
+        &World::attach_vars("gc-a", "eth0", &path),
+        &bytes(&conf),
+    )
+    .ok();
     assert!(w.saved().is_empty() && w.leases().is_empty());
     // GC on an empty node, and with a malformed list.
     w.plugin("GC", &[], &bytes(&conf)).ok();
@@ -66,8 +78,13 @@ fn gc_removes_only_stale_attachments() {
     bad["cni.dev/valid-attachments"] = json!({"containerID": "x"});
     assert_eq!(w.plugin("GC", &[], &bytes(&bad)).cni_error()["code"], 6);
     // GC needs a 1.1.0 network.
-    let e = w.plugin("GC", &[], &bytes(&w.net_conf("1.0.0"))).cni_error();
-    assert_eq!((e["code"].as_u64(), e["msg"].as_str()), (Some(1), Some("config version does not allow GC")));
+    let e = w
+        .plugin("GC", &[], &bytes(&w.net_conf("1.0.0")))
+        .cni_error();
+    assert_eq!(
+        (e["code"].as_u64(), e["msg"].as_str()),
+        (Some(1), Some("config version does not allow GC"))
+    );
 }
 
 /// STATUS fails with code 50 until subnet.env exists and parses, and while
@@ -82,13 +99,22 @@ fn status_before_and_after_subnet_env() {
     let e = w.plugin("STATUS", &[], &conf).cni_error();
     assert_eq!(e["code"], 50);
     let msg = e["msg"].as_str().unwrap_or_default();
-    assert!(msg.contains("failed to load flannel 'subnet.env' file: open ") && msg.contains("no such file or directory"), "{msg}");
+    assert!(
+        msg.contains("failed to load flannel 'subnet.env' file: open ")
+            && msg.contains("no such file or directory"),
+        "{msg}"
+    );
     assert_eq!(e["cniVersion"], "1.1.0");
 
     std::fs::write(w.path("subnet.env"), "FLANNEL_NETWORK=10.244.0.0/16\n").expect("write");
     let e = w.plugin("STATUS", &[], &conf).cni_error();
     assert_eq!(e["code"], 50);
-    assert!(e["msg"].as_str().unwrap_or_default().contains("is missing FLANNEL_SUBNET, FLANNEL_IPV6_SUBNET, FLANNEL_MTU, FLANNEL_IPMASQ"), "{e}");
+    assert!(
+        e["msg"].as_str().unwrap_or_default().contains(
+            "is missing FLANNEL_SUBNET, FLANNEL_IPV6_SUBNET, FLANNEL_MTU, FLANNEL_IPMASQ"
+        ),
+        "{e}"
+    );
 
     w.write_subnet_env();
     assert_eq!(w.plugin("STATUS", &[], &conf).ok(), Value::Null);
@@ -98,7 +124,13 @@ fn status_before_and_after_subnet_env() {
     other["delegate"]["type"] = json!("no-such-plugin");
     let e = w.plugin("STATUS", &[], &bytes(&other)).cni_error();
     assert_eq!(e["code"], 50);
-    assert!(e["msg"].as_str().unwrap_or_default().contains("failed to find plugin \"no-such-plugin\""), "{e}");
+    assert!(
+        e["msg"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("failed to find plugin \"no-such-plugin\""),
+        "{e}"
+    );
 }
 
 /// A 1.1.0 network works end to end with pre-1.1 delegates: ADD (result
@@ -117,14 +149,27 @@ fn cni_1_1_network_add_check_del() {
     let result = w.plugin("ADD", &vars, &bytes(&conf)).ok();
     assert_eq!(result["cniVersion"], "1.1.0");
     assert!(in_subnet(&result_ip(&result), w.n));
-    let saved: Value = serde_json::from_slice(&std::fs::read(w.path("flannel/v110-a")).expect("saved")).expect("json");
-    assert_eq!(saved["cniVersion"], "1.0.0", "the delegate got the newest version it speaks");
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(w.path("flannel/v110-a")).expect("saved"))
+            .expect("json");
+    assert_eq!(
+        saved["cniVersion"], "1.0.0",
+        "the delegate got the newest version it speaks"
+    );
 
     conf["prevResult"] = result;
     w.plugin("CHECK", &vars, &bytes(&conf)).ok();
     // A second ADD of the same interface fails (bridge: already exists).
-    let again = w.plugin("ADD", &vars, &bytes(&w.net_conf("1.1.0"))).cni_error();
-    assert!(again["msg"].as_str().unwrap_or_default().contains("already exists"), "{again}");
+    let again = w
+        .plugin("ADD", &vars, &bytes(&w.net_conf("1.1.0")))
+        .cni_error();
+    assert!(
+        again["msg"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("already exists"),
+        "{again}"
+    );
     w.plugin("DEL", &vars, &bytes(&w.net_conf("1.1.0"))).ok();
     assert!(w.saved().is_empty() && w.leases().is_empty());
     // CHECK after the state is gone reports it.
@@ -144,21 +189,41 @@ fn del_is_idempotent() {
     let conf = bytes(&w.net_conf("1.0.0"));
     let pod = Netns::new(&format!("{}-pod", w.tag));
     let path = pod.path();
-    w.plugin("ADD", &World::attach_vars("del-a", "eth0", &path), &conf).ok();
+    w.plugin("ADD", &World::attach_vars("del-a", "eth0", &path), &conf)
+        .ok();
     drop(pod);
     // The netns is gone and the runtime sends no CNI_NETNS.
-    w.plugin("DEL", &[("CNI_CONTAINERID", "del-a"), ("CNI_IFNAME", "eth0")], &conf).ok();
+    w.plugin(
+        "DEL",
+        &[("CNI_CONTAINERID", "del-a"), ("CNI_IFNAME", "eth0")],
+        &conf,
+    )
+    .ok();
     assert!(w.leases().is_empty() && w.saved().is_empty());
-    w.plugin("DEL", &World::attach_vars("del-a", "eth0", &path), &conf).ok();
+    w.plugin("DEL", &World::attach_vars("del-a", "eth0", &path), &conf)
+        .ok();
     // A corrupt saved config is dropped.
     std::fs::write(w.path("flannel/del-b"), b"{not json").expect("write");
-    w.plugin("DEL", &[("CNI_CONTAINERID", "del-b"), ("CNI_IFNAME", "eth0")], &conf).ok();
+    w.plugin(
+        "DEL",
+        &[("CNI_CONTAINERID", "del-b"), ("CNI_IFNAME", "eth0")],
+        &conf,
+    )
+    .ok();
     assert!(w.saved().is_empty());
     // No data dir at all.
     let mut elsewhere = w.net_conf("1.0.0");
     elsewhere["dataDir"] = json!(w.path("never-created"));
-    w.plugin("DEL", &[("CNI_CONTAINERID", "del-c"), ("CNI_IFNAME", "eth0")], &bytes(&elsewhere)).ok();
-    assert!(!w.path("never-created").exists(), "DEL must not create the data dir");
+    w.plugin(
+        "DEL",
+        &[("CNI_CONTAINERID", "del-c"), ("CNI_IFNAME", "eth0")],
+        &bytes(&elsewhere),
+    )
+    .ok();
+    assert!(
+        !w.path("never-created").exists(),
+        "DEL must not create the data dir"
+    );
 }
 
 /// ADD without subnet.env fails with flannel's text, and nothing is left.
@@ -170,7 +235,13 @@ fn missing_subnet_env_gives_flannel_error() {
     let w = World::new("nosub", 45);
     let pod = Netns::new(&format!("{}-pod", w.tag));
     let path = pod.path();
-    let e = w.plugin("ADD", &World::attach_vars("nosub-a", "eth0", &path), &bytes(&w.net_conf("0.3.1"))).cni_error();
+    let e = w
+        .plugin(
+            "ADD",
+            &World::attach_vars("nosub-a", "eth0", &path),
+            &bytes(&w.net_conf("0.3.1")),
+        )
+        .cni_error();
     let file = w.path("subnet.env");
     assert_eq!(
         e["msg"],
@@ -181,8 +252,18 @@ fn missing_subnet_env_gives_flannel_error() {
     );
     assert_eq!(e["code"], 11);
     assert_eq!(e["cniVersion"], "0.3.1");
-    std::fs::write(&file, "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.45.1/24\n").expect("write");
-    let e = w.plugin("ADD", &World::attach_vars("nosub-a", "eth0", &path), &bytes(&w.net_conf("0.3.1"))).cni_error();
+    std::fs::write(
+        &file,
+        "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.45.1/24\n",
+    )
+    .expect("write");
+    let e = w
+        .plugin(
+            "ADD",
+            &World::attach_vars("nosub-a", "eth0", &path),
+            &bytes(&w.net_conf("0.3.1")),
+        )
+        .cni_error();
     assert_eq!(
         e["msg"],
         format!(
@@ -227,29 +308,63 @@ fn malformed_input_gives_cni_errors() {
                 ("CHECK" | "GC" | "STATUS", 1) => 1,
                 (_, c) => c,
             };
-            assert_eq!(e["code"], expected, "{verb} {:?}: {e}", String::from_utf8_lossy(&input[..input.len().min(40)]));
+            assert_eq!(
+                e["code"],
+                expected,
+                "{verb} {:?}: {e}",
+                String::from_utf8_lossy(&input[..input.len().min(40)])
+            );
         }
     }
     // flannel's own config checks.
     let mut c = w.net_conf("1.0.0");
     c["delegate"]["name"] = json!("x");
     let e = w.plugin("ADD", &vars, &bytes(&c)).cni_error();
-    assert_eq!((e["code"].as_u64(), e["msg"].as_str()), (Some(2), Some("'delegate' dictionary must not have 'name' field, it'll be set by flannel")));
+    assert_eq!(
+        (e["code"].as_u64(), e["msg"].as_str()),
+        (
+            Some(2),
+            Some("'delegate' dictionary must not have 'name' field, it'll be set by flannel")
+        )
+    );
     let mut c = w.net_conf("1.0.0");
     c["delegate"]["ipam"] = json!({});
     let e = w.plugin("ADD", &vars, &bytes(&c)).cni_error();
-    assert_eq!(e["msg"], "'delegate' dictionary must not have 'ipam' field, it'll be set by flannel");
+    assert_eq!(
+        e["msg"],
+        "'delegate' dictionary must not have 'ipam' field, it'll be set by flannel"
+    );
     // Env problems.
     let conf = bytes(&w.net_conf("1.0.0"));
     let e = w.plugin("ADD", &[], &conf).cni_error();
-    assert_eq!((e["code"].as_u64(), e["msg"].as_str()), (Some(4), Some("required env variables [CNI_CONTAINERID,CNI_NETNS,CNI_IFNAME] missing")));
-    let e = w.plugin("ADD", &World::attach_vars("../etc", "eth0", &path), &conf).cni_error();
+    assert_eq!(
+        (e["code"].as_u64(), e["msg"].as_str()),
+        (
+            Some(4),
+            Some("required env variables [CNI_CONTAINERID,CNI_NETNS,CNI_IFNAME] missing")
+        )
+    );
+    let e = w
+        .plugin("ADD", &World::attach_vars("../etc", "eth0", &path), &conf)
+        .cni_error();
     assert_eq!(e["msg"], "invalid characters in containerID");
-    let e = w.plugin("ADD", &World::attach_vars("ok", "a-very-long-ifname", &path), &conf).cni_error();
+    let e = w
+        .plugin(
+            "ADD",
+            &World::attach_vars("ok", "a-very-long-ifname", &path),
+            &conf,
+        )
+        .cni_error();
     assert_eq!(e["msg"], "interface name is too long");
     let e = w.plugin("FROB", &[], &conf).cni_error();
-    assert_eq!((e["code"].as_u64(), e["msg"].as_str()), (Some(4), Some("unknown CNI_COMMAND: FROB")));
-    assert!(w.saved().is_empty() && w.leases().is_empty(), "nothing allocated by bad input");
+    assert_eq!(
+        (e["code"].as_u64(), e["msg"].as_str()),
+        (Some(4), Some("unknown CNI_COMMAND: FROB"))
+    );
+    assert!(
+        w.saved().is_empty() && w.leases().is_empty(),
+        "nothing allocated by bad input"
+    );
 }
 
 /// VERSION lists 0.1.0 through 1.1.0 and echoes a supported request.
@@ -260,6 +375,9 @@ fn version_reply() {
     }
     let w = World::new("ver", 47);
     let v = w.plugin("VERSION", &[], br#"{"cniVersion":"0.4.0"}"#).ok();
-    assert_eq!(v, json!({"cniVersion": "0.4.0", "supportedVersions": ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]}));
+    assert_eq!(
+        v,
+        json!({"cniVersion": "0.4.0", "supportedVersions": ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]})
+    );
     assert_eq!(w.plugin("VERSION", &[], b"").ok()["cniVersion"], "1.1.0");
 }

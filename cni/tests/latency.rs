@@ -41,10 +41,19 @@ fn timed(binary: &str, cmd: &str, id: &str, env: &Env<'_>, stdin: &[u8]) -> Dura
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
-    child.stdin.take().expect("stdin").write_all(stdin).expect("write stdin");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin)
+        .expect("write stdin");
     let out = child.wait_with_output().expect("wait");
     let took = start.elapsed();
-    assert!(out.status.success(), "{binary} {cmd} failed: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "{binary} {cmd} failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     took
 }
 
@@ -70,7 +79,10 @@ fn add_del_latency_vs_direct_bridge() {
     let conf = serde_json::to_vec(&w.net_conf("1.0.0")).expect("json");
     let host_path = format!("/var/run/netns/{}", w.host.name);
     let pod_path = pod.path();
-    let env = Env { cni_path: w.cni_path(), netns: &pod_path };
+    let env = Env {
+        cni_path: w.cni_path(),
+        netns: &pod_path,
+    };
 
     let (mut fa, mut fd, mut ba, mut bd) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     std::thread::scope(|s| {
@@ -80,7 +92,8 @@ fn add_del_latency_vs_direct_bridge() {
             let bridge = format!("{}/bridge", common::SYSTEM_PLUGINS);
             // The exact delegate config the plugin sends, for the direct calls.
             timed(common::FLANNEL, "ADD", "lat-probe", &env, &conf);
-            let delegate = std::fs::read(w.path("flannel/lat-probe")).expect("saved delegate config");
+            let delegate =
+                std::fs::read(w.path("flannel/lat-probe")).expect("saved delegate config");
             timed(common::FLANNEL, "DEL", "lat-probe", &env, &conf);
             for i in 0..WARMUP + CALLS {
                 let keep = i >= WARMUP;
@@ -96,7 +109,9 @@ fn add_del_latency_vs_direct_bridge() {
                     (a, d)
                 };
                 // Alternate the order so neither side always runs on a warm cache.
-                let ((a1, d1), (a2, d2)) = if i % 2 == 0 { (flannel(), direct()) } else {
+                let ((a1, d1), (a2, d2)) = if i % 2 == 0 {
+                    (flannel(), direct())
+                } else {
                     let (b, f) = (direct(), flannel());
                     (f, b)
                 };
@@ -109,12 +124,22 @@ fn add_del_latency_vs_direct_bridge() {
             }
         });
     });
-    assert!(w.leases().is_empty() && w.saved().is_empty(), "every ADD was deleted");
+    assert!(
+        w.leases().is_empty() && w.saved().is_empty(),
+        "every ADD was deleted"
+    );
 
-    println!("\nCNI latency over {CALLS} calls each (ms), pod netns reused, real bridge + host-local:");
+    println!(
+        "\nCNI latency over {CALLS} calls each (ms), pod netns reused, real bridge + host-local:"
+    );
     println!("{:<28} {:>8} {:>8}", "", "p50", "p99");
     let mut rows = Vec::new();
-    for (name, v) in [("flannel (weft) ADD", &mut fa), ("bridge direct ADD", &mut ba), ("flannel (weft) DEL", &mut fd), ("bridge direct DEL", &mut bd)] {
+    for (name, v) in [
+        ("flannel (weft) ADD", &mut fa),
+        ("bridge direct ADD", &mut ba),
+        ("flannel (weft) DEL", &mut fd),
+        ("bridge direct DEL", &mut bd),
+    ] {
         let (p50, p99) = (percentile(v, 0.50), percentile(v, 0.99));
         println!("{name:<28} {:>8.2} {:>8.2}", ms(p50), ms(p99));
         rows.push((p50, p99));

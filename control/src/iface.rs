@@ -25,6 +25,8 @@ pub struct ExternalInterface {
     pub ext_addr: Option<Ipv4Addr>,
     /// The public IPv6 address published in the lease (ExtV6Addr).
     pub ext_v6_addr: Option<Ipv6Addr>,
+    /// The prefixes configured on the interface (on-link destinations).
+    pub connected: Vec<ipnet::IpNet>,
 }
 
 /// What the user asked for.
@@ -123,7 +125,9 @@ pub async fn select(nl: &Netlink, opts: &IfaceOptions) -> Result<ExternalInterfa
     } else {
         None
     };
+    let connected = addrs.iter().filter(|a| a.index == link.index).map(|a| a.net.trunc()).collect();
     Ok(ExternalInterface {
+        connected,
         ext_addr: opts.public_ip.or(iface_addr).filter(|_| opts.v4),
         ext_v6_addr: opts.public_ipv6.or(iface_v6_addr).filter(|_| opts.v6),
         iface: link,

@@ -15,7 +15,10 @@ fn built(conf: &str, env_text: &str) -> String {
 #[test]
 fn spec_example_standard_conflist() {
     // The kube-flannel.yml conflist as libcni hands it to the plugin.
-    let got = built(r#"{"cniVersion":"0.3.1","name":"cbr0","type":"flannel","delegate":{"hairpinMode":true,"isDefaultGateway":true}}"#, V4);
+    let got = built(
+        r#"{"cniVersion":"0.3.1","name":"cbr0","type":"flannel","delegate":{"hairpinMode":true,"isDefaultGateway":true}}"#,
+        V4,
+    );
     assert_eq!(
         got,
         r#"{"cniVersion":"0.3.1","hairpinMode":true,"ipMasq":false,"ipam":{"ranges":[[{"subnet":"10.244.1.0/24"}]],"routes":[{"dst":"10.244.0.0/16"}],"type":"host-local"},"isDefaultGateway":true,"isGateway":true,"mtu":1450,"name":"cbr0","type":"bridge"}"#
@@ -57,7 +60,10 @@ fn dual_stack_two_networks_and_custom_ipam() {
 
 #[test]
 fn delegate_values_win_and_non_bridge_gets_no_gateway() {
-    let got = built(r#"{"name":"n","cniVersion":"0.4.0","delegate":{"type":"ipvlan","ipMasq":true,"mtu":9000,"master":"eth1","cniVersion":"9"}}"#, V4);
+    let got = built(
+        r#"{"name":"n","cniVersion":"0.4.0","delegate":{"type":"ipvlan","ipMasq":true,"mtu":9000,"master":"eth1","cniVersion":"9"}}"#,
+        V4,
+    );
     assert_eq!(
         got,
         r#"{"cniVersion":"0.4.0","ipMasq":true,"ipam":{"ranges":[[{"subnet":"10.244.1.0/24"}]],"routes":[{"dst":"10.244.0.0/16"}],"type":"host-local"},"master":"eth1","mtu":9000,"name":"n","type":"ipvlan"}"#
@@ -70,15 +76,35 @@ fn delegate_values_win_and_non_bridge_gets_no_gateway() {
 fn rejects_name_ipam_and_non_string_type_with_flannel_messages() {
     let e = |conf: &str| {
         let conf = NetConf::parse(conf.as_bytes()).expect("test conf");
-        build(&conf, &env(V4)).expect_err("must be rejected").to_string()
+        build(&conf, &env(V4))
+            .expect_err("must be rejected")
+            .to_string()
     };
-    assert_eq!(e(r#"{"name":"n","delegate":{"name":"x"}}"#), "'delegate' dictionary must not have 'name' field, it'll be set by flannel");
-    assert_eq!(e(r#"{"name":"n","delegate":{"ipam":{}}}"#), "'delegate' dictionary must not have 'ipam' field, it'll be set by flannel");
-    assert_eq!(e(r#"{"name":"n","delegate":{"type":1}}"#), "'delegate' dictionary, if present, must have (string) 'type' field");
+    assert_eq!(
+        e(r#"{"name":"n","delegate":{"name":"x"}}"#),
+        "'delegate' dictionary must not have 'name' field, it'll be set by flannel"
+    );
+    assert_eq!(
+        e(r#"{"name":"n","delegate":{"ipam":{}}}"#),
+        "'delegate' dictionary must not have 'ipam' field, it'll be set by flannel"
+    );
+    assert_eq!(
+        e(r#"{"name":"n","delegate":{"type":1}}"#),
+        "'delegate' dictionary, if present, must have (string) 'type' field"
+    );
     assert!(e(r#"{"name":"n","ipam":{"routes":{}}}"#).starts_with("failed to assemble Delegate IPAM: failed to read IPAM routes: failed to parse ipam.routes: "));
-    assert!(e(r#"{"name":"n","ipam":{"routes":[{"dst":"bad"}]}}"#).ends_with("invalid CIDR address: bad"));
-    assert!(e(r#"{"name":"n","ipam":{"routes":[{"dst":"10.0.0.0/8","gw":"x"}]}}"#).ends_with("invalid IP address: x"));
-    assert!(e(r#"{"name":"n","ipam":{"routes":[{"dst":"10.0.0.0/8","mtu":1.5}]}}"#).contains("route.mtu of type int"));
+    assert!(
+        e(r#"{"name":"n","ipam":{"routes":[{"dst":"bad"}]}}"#)
+            .ends_with("invalid CIDR address: bad")
+    );
+    assert!(
+        e(r#"{"name":"n","ipam":{"routes":[{"dst":"10.0.0.0/8","gw":"x"}]}}"#)
+            .ends_with("invalid IP address: x")
+    );
+    assert!(
+        e(r#"{"name":"n","ipam":{"routes":[{"dst":"10.0.0.0/8","mtu":1.5}]}}"#)
+            .contains("route.mtu of type int")
+    );
 }
 
 #[test]

@@ -59,10 +59,17 @@ fn missing_message_lists_only_missing_groups() {
         err.to_string(),
         "/run/flannel/subnet.env is missing FLANNEL_NETWORK, FLANNEL_IPV6_NETWORK, FLANNEL_SUBNET, FLANNEL_IPV6_SUBNET, FLANNEL_MTU, FLANNEL_IPMASQ"
     );
-    let err = p("FLANNEL_NETWORK=10.1.0.0/16\nFLANNEL_SUBNET=10.1.1.1/24\nFLANNEL_IPMASQ=true\n").expect_err("no mtu");
-    assert_eq!(err.to_string(), "/run/flannel/subnet.env is missing FLANNEL_MTU");
+    let err = p("FLANNEL_NETWORK=10.1.0.0/16\nFLANNEL_SUBNET=10.1.1.1/24\nFLANNEL_IPMASQ=true\n")
+        .expect_err("no mtu");
+    assert_eq!(
+        err.to_string(),
+        "/run/flannel/subnet.env is missing FLANNEL_MTU"
+    );
     let err = p("FLANNEL_IPV6_SUBNET=fd00::1/64\nFLANNEL_MTU=1400\n").expect_err("no network");
-    assert_eq!(err.to_string(), "/run/flannel/subnet.env is missing FLANNEL_NETWORK, FLANNEL_IPV6_NETWORK, FLANNEL_IPMASQ");
+    assert_eq!(
+        err.to_string(),
+        "/run/flannel/subnet.env is missing FLANNEL_NETWORK, FLANNEL_IPV6_NETWORK, FLANNEL_IPMASQ"
+    );
 }
 
 #[test]
@@ -79,9 +86,15 @@ fn bad_values_use_go_texts() {
     let e = p("FLANNEL_SUBNET=10.1.1.1\n").expect_err("no prefix");
     assert_eq!(e.to_string(), "invalid CIDR address: 10.1.1.1");
     let e = p("FLANNEL_MTU=abc\n").expect_err("mtu syntax");
-    assert_eq!(e.to_string(), r#"strconv.ParseUint: parsing "abc": invalid syntax"#);
+    assert_eq!(
+        e.to_string(),
+        r#"strconv.ParseUint: parsing "abc": invalid syntax"#
+    );
     let e = p("FLANNEL_MTU=4294967296\n").expect_err("mtu range");
-    assert_eq!(e.to_string(), r#"strconv.ParseUint: parsing "4294967296": value out of range"#);
+    assert_eq!(
+        e.to_string(),
+        r#"strconv.ParseUint: parsing "4294967296": value out of range"#
+    );
     let e = p("FLANNEL_MTU=-1\n").expect_err("mtu sign");
     assert!(e.to_string().ends_with("invalid syntax"));
     let e = p("FLANNEL_MTU\n").expect_err("no =");
@@ -98,12 +111,23 @@ fn overlong_line_is_token_too_long() {
 fn open_error_is_go_path_error() {
     let err = load("/nonexistent-weft/subnet.env").expect_err("missing file");
     assert!(err.is_not_found());
-    assert_eq!(err.to_string(), "open /nonexistent-weft/subnet.env: no such file or directory");
+    assert_eq!(
+        err.to_string(),
+        "open /nonexistent-weft/subnet.env: no such file or directory"
+    );
 }
 
 #[test]
 fn garbage_never_panics() {
-    for text in ["=", "==", "\0\0\0", "FLANNEL_NETWORK=\u{fffd}/8", "FLANNEL_IPMASQ", "\n\n\r\r", "FLANNEL_SUBNET=::/0\n"] {
+    for text in [
+        "=",
+        "==",
+        "\0\0\0",
+        "FLANNEL_NETWORK=\u{fffd}/8",
+        "FLANNEL_IPMASQ",
+        "\n\n\r\r",
+        "FLANNEL_SUBNET=::/0\n",
+    ] {
         let _ = p(text);
     }
 }

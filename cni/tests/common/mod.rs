@@ -61,15 +61,31 @@ impl Run {
 
     /// Panics unless the run succeeded; returns stdout as JSON (Null if empty).
     pub fn ok(&self) -> Value {
-        assert_eq!(self.code, 0, "expected success\nstdout: {}\nstderr: {}", self.stdout, self.stderr);
-        if self.stdout.trim().is_empty() { Value::Null } else { serde_json::from_str(&self.stdout).expect("stdout is JSON") }
+        assert_eq!(
+            self.code, 0,
+            "expected success\nstdout: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
+        if self.stdout.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&self.stdout).expect("stdout is JSON")
+        }
     }
 
     /// Panics unless the run failed with a CNI error object on stdout; returns it.
     pub fn cni_error(&self) -> Value {
-        assert_eq!(self.code, 1, "expected exit 1 with a CNI error\nstdout: {}\nstderr: {}", self.stdout, self.stderr);
-        let v: Value = serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout));
-        assert!(v["code"].as_u64().is_some() && v["msg"].is_string(), "not a CNI error: {v}");
+        assert_eq!(
+            self.code, 1,
+            "expected exit 1 with a CNI error\nstdout: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
+        let v: Value = serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout));
+        assert!(
+            v["code"].as_u64().is_some() && v["msg"].is_string(),
+            "not a CNI error: {v}"
+        );
         v
     }
 }
@@ -86,7 +102,9 @@ impl Netns {
     pub fn new(name: &str) -> Netns {
         let _ = Command::new("ip").args(["netns", "del", name]).output();
         sh(&format!("ip netns add {name}"));
-        let ns = Netns { name: name.to_string() };
+        let ns = Netns {
+            name: name.to_string(),
+        };
         ns.sh("ip link set lo up");
         ns
     }
@@ -98,25 +116,41 @@ impl Netns {
 
     /// Runs a shell snippet inside; panics on failure; returns stdout.
     pub fn sh(&self, script: &str) -> String {
-        sh(&format!("ip netns exec {} sh -ec '{}'", self.name, script.replace('\'', r"'\''")))
+        sh(&format!(
+            "ip netns exec {} sh -ec '{}'",
+            self.name,
+            script.replace('\'', r"'\''")
+        ))
     }
 
     /// Runs a shell snippet inside; returns whether it succeeded.
     pub fn try_sh(&self, script: &str) -> bool {
-        Command::new("ip").args(["netns", "exec", &self.name, "sh", "-ec", script]).output().is_ok_and(|o| o.status.success())
+        Command::new("ip")
+            .args(["netns", "exec", &self.name, "sh", "-ec", script])
+            .output()
+            .is_ok_and(|o| o.status.success())
     }
 }
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
     }
 }
 
 /// Runs a shell snippet on the host; panics on failure; returns stdout.
 pub fn sh(script: &str) -> String {
-    let out = Command::new("sh").args(["-ec", script]).output().expect("spawn sh");
-    assert!(out.status.success(), "`{script}` failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("sh")
+        .args(["-ec", script])
+        .output()
+        .expect("spawn sh");
+    assert!(
+        out.status.success(),
+        "`{script}` failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -125,16 +159,28 @@ pub fn cnitool() -> PathBuf {
     static BUILD: Once = Once::new();
     let tools = std::env::var("WEFT_TOOLS")
         .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache/weft-tools"));
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
+                .join(".cache/weft-tools")
+        });
     let bin = tools.join("bin/cnitool");
     BUILD.call_once(|| {
         if !bin.exists() {
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/tools/build-cnitool.sh");
-            let status = Command::new("bash").arg(&script).stdout(Stdio::null()).status().expect("run build-cnitool.sh");
+            let script =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/tools/build-cnitool.sh");
+            let status = Command::new("bash")
+                .arg(&script)
+                .stdout(Stdio::null())
+                .status()
+                .expect("run build-cnitool.sh");
             assert!(status.success(), "{} failed", script.display());
         }
     });
-    assert!(bin.exists(), "{} missing after build-cnitool.sh", bin.display());
+    assert!(
+        bin.exists(),
+        "{} missing after build-cnitool.sh",
+        bin.display()
+    );
     bin
 }
 
@@ -155,11 +201,15 @@ impl World {
     /// subnet.env yet).
     pub fn new(tag: &str, n: u8) -> World {
         let tag = unique(tag);
-        let dir = tempfile::Builder::new().prefix(&format!("{tag}-")).tempdir().expect("tempdir");
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{tag}-"))
+            .tempdir()
+            .expect("tempdir");
         for sub in ["bin", "net.d", "varlib", "flannel", "ipam"] {
             std::fs::create_dir_all(dir.path().join(sub)).expect("mkdir");
         }
-        std::os::unix::fs::symlink(FLANNEL, dir.path().join("bin/flannel")).expect("symlink flannel");
+        std::os::unix::fs::symlink(FLANNEL, dir.path().join("bin/flannel"))
+            .expect("symlink flannel");
         let host = Netns::new(&format!("{tag}-host"));
         World { tag, dir, host, n }
     }
@@ -220,7 +270,11 @@ impl World {
             "cniVersion": cni_version,
             "plugins": [self.plugin_conf(), { "type": "portmap", "capabilities": { "portMappings": true } }]
         });
-        std::fs::write(self.path("net.d/10-flannel.conflist"), serde_json::to_vec_pretty(&list).expect("json")).expect("write conflist");
+        std::fs::write(
+            self.path("net.d/10-flannel.conflist"),
+            serde_json::to_vec_pretty(&list).expect("json"),
+        )
+        .expect("write conflist");
     }
 
     /// Runs the plugin in the host namespace with `CNI_COMMAND=cmd`, the
@@ -233,12 +287,20 @@ impl World {
     pub fn exec(&self, binary: &str, cmd: &str, vars: &[(&str, &str)], stdin: &[u8]) -> Run {
         use std::io::Write;
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.host.name, binary]).env_clear().env("PATH", PATH).env("CNI_COMMAND", cmd);
+        c.args(["netns", "exec", &self.host.name, binary])
+            .env_clear()
+            .env("PATH", PATH)
+            .env("CNI_COMMAND", cmd);
         c.env("CNI_PATH", self.cni_path());
         for (k, v) in vars {
             c.env(k, v);
         }
-        let mut child = c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn plugin");
+        let mut child = c
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn plugin");
         let mut pipe = child.stdin.take().expect("stdin");
         let data = stdin.to_vec();
         let writer = std::thread::spawn(move || {
@@ -250,8 +312,20 @@ impl World {
     }
 
     /// ADD/CHECK/DEL variables for attachment `id`/`ifname` in `netns`.
-    pub fn attach_vars<'a>(id: &'a str, ifname: &'a str, netns: &'a str) -> Vec<(&'static str, &'a str)> {
-        vec![("CNI_CONTAINERID", id), ("CNI_IFNAME", ifname), ("CNI_NETNS", netns), ("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=p")]
+    pub fn attach_vars<'a>(
+        id: &'a str,
+        ifname: &'a str,
+        netns: &'a str,
+    ) -> Vec<(&'static str, &'a str)> {
+        vec![
+            ("CNI_CONTAINERID", id),
+            ("CNI_IFNAME", ifname),
+            ("CNI_NETNS", netns),
+            (
+                "CNI_ARGS",
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=p",
+            ),
+        ]
     }
 
     /// Runs `cnitool <args>` in the host namespace with a private `/var/lib`.
@@ -263,14 +337,25 @@ impl World {
             tool.display()
         );
         let out = Command::new("ip")
-            .args(["netns", "exec", &self.host.name, "sh", "-ec", &script, "cnitool"])
+            .args([
+                "netns",
+                "exec",
+                &self.host.name,
+                "sh",
+                "-ec",
+                &script,
+                "cnitool",
+            ])
             .args(args)
             .env_clear()
             .env("PATH", PATH)
             .env("NETCONFPATH", self.path("net.d"))
             .env("CNI_PATH", self.cni_path())
             .env("CNI_IFNAME", "eth0")
-            .env("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod")
+            .env(
+                "CNI_ARGS",
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod",
+            )
             .output()
             .expect("spawn cnitool");
         Run::from(out)
@@ -279,7 +364,11 @@ impl World {
     /// The host-local lease files (one per allocated address).
     pub fn leases(&self) -> Vec<String> {
         let mut out: Vec<String> = std::fs::read_dir(self.path("ipam/cbr0"))
-            .map(|d| d.flatten().filter_map(|e| e.file_name().into_string().ok()).collect())
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .collect()
+            })
             .unwrap_or_default();
         out.retain(|n| n.parse::<std::net::IpAddr>().is_ok());
         out.sort();
@@ -289,7 +378,11 @@ impl World {
     /// The saved delegate configs (container IDs).
     pub fn saved(&self) -> Vec<String> {
         let mut out: Vec<String> = std::fs::read_dir(self.path("flannel"))
-            .map(|d| d.flatten().filter_map(|e| e.file_name().into_string().ok()).collect())
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .collect()
+            })
             .unwrap_or_default();
         out.retain(|n| !n.starts_with('.'));
         out.sort();
@@ -299,12 +392,16 @@ impl World {
 
 /// The IPv4 address (without prefix) of the first `ips` entry of a result.
 pub fn result_ip(result: &Value) -> String {
-    let addr = result["ips"][0]["address"].as_str().unwrap_or_else(|| panic!("no ips in {result}"));
+    let addr = result["ips"][0]["address"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no ips in {result}"));
     addr.split('/').next().unwrap_or_default().to_string()
 }
 
 /// Whether `ip` lies in 10.244.`n`.0/24, above the gateway.
 pub fn in_subnet(ip: &str, n: u8) -> bool {
     let prefix = format!("10.244.{n}.");
-    ip.strip_prefix(&prefix).and_then(|h| h.parse::<u8>().ok()).is_some_and(|h| (2..255).contains(&h))
+    ip.strip_prefix(&prefix)
+        .and_then(|h| h.parse::<u8>().ok())
+        .is_some_and(|h| (2..255).contains(&h))
 }

@@ -9,15 +9,15 @@ use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
 
 /// See the module docs.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Alloc {
     mtu: u32,
 }
 
 impl Alloc {
-    /// An alloc backend on an interface with `mtu`.
-    pub fn new(mtu: u32) -> Alloc {
-        Alloc { mtu }
+    /// An alloc backend.
+    pub fn new() -> Alloc {
+        Alloc::default()
     }
 }
 
@@ -31,7 +31,8 @@ impl Backend for Alloc {
         "none"
     }
 
-    async fn lease_attrs(&mut self, ext: &ExternalInterface) -> Result<LeaseAttrs, BackendError> {
+    async fn lease_attrs(&mut self, ext: &ExternalInterface, _prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
+        self.mtu = ext.iface.mtu;
         // flannel: PublicIP = ExtAddr, no BackendType, no BackendData.
         Ok(LeaseAttrs {
             public_ip: ext.ext_addr.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),

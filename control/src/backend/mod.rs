@@ -9,14 +9,18 @@
 //! period, and [`Backend::teardown`] on exit.
 
 pub mod alloc;
+pub mod tunnel;
+pub mod udp;
+pub mod vxlan;
 
 use async_trait::async_trait;
 
 use crate::config::Config;
+use crate::config::backend::BackendOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
-use crate::netlink::NetlinkError;
+use crate::netlink::{Netlink, NetlinkError};
 
 /// Errors from a backend.
 #[derive(Debug, thiserror::Error)]
@@ -47,8 +51,10 @@ pub trait Backend: Send {
     /// Which dataplane runs it ("kernel", "userspace" or "none").
     fn dataplane(&self) -> &'static str;
 
-    /// The attributes this node publishes in its lease.
-    async fn lease_attrs(&mut self, ext: &ExternalInterface) -> Result<LeaseAttrs, BackendError>;
+    /// The attributes this node publishes in its lease. `prev` is the lease
+    /// the store still holds for this node's public IP, if any (to keep
+    /// identities such as the VTEP MAC across restarts).
+    async fn lease_attrs(&mut self, ext: &ExternalInterface, prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError>;
 
     /// Creates what the node needs for `lease`; returns `FLANNEL_MTU`.
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError>;
@@ -65,14 +71,61 @@ pub trait Backend: Send {
     async fn teardown(&mut self);
 }
 
-/// Builds the backend named by the network config.
-pub fn new(cfg: &Config, ext: &ExternalInterface) -> Result<Box<dyn Backend>, BackendError> {
-    let kind = cfg.backend_type.as_str();
-    match kind {
-        "alloc" => Ok(Box::new(alloc::Alloc::new(ext.iface.mtu))),
-        "udp" | "vxlan" | "host-gw" | "ipip" | "ipsec" | "wireguard" | "extension" | "tencent-vpc" => {
-            Err(BackendError::Unsupported(kind.to_string()))
+/// How the daemon wants the userspace engine run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineTuning {
+    /// Worker threads (0 = one per CPU).
+    pub workers: usize,
+    /// Use TUN and UDP offloads when the kernel has them.
+    pub offload: bool,
+    /// Drop decapsulated packets from unknown peers or with spoofed sources.
+    pub anti_spoof: bool,
+}
+
+/// Which dataplane to use where both exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataplaneChoice {
+    /// The kernel when it can, else userspace.
+    Auto,
+    /// Only the kernel.
+    Kernel,
+    /// Only the userspace engine.
+    Userspace,
+}
+
+/// Builds the backend named by the network config: the factory, the only
+/// place naming the backends.
+pub fn new(
+    cfg: &Config,
+    dataplane: DataplaneChoice,
+    tuning: EngineTuning,
+    nl: &Netlink,
+) -> Result<Box<dyn Backend>, BackendError> {
+    let opts = BackendOptions::from_config(&cfg.backend_type, cfg.backend.as_deref())
+        .map_err(|e| match e {
+            crate::config::backend::BackendError::UnknownType(t) => BackendError::Unknown(t),
+            other => BackendError::Config(other.to_string()),
+        })?;
+    let kernel_only = |name: &str| {
+        if dataplane == DataplaneChoice::Kernel {
+            Err(BackendError::Unsupported(format!("{name} with --dataplane=kernel")))
+        } else {
+            Ok(())
         }
-        other => Err(BackendError::Unknown(other.to_string())),
+    };
+    match opts {
+        BackendOptions::Alloc => Ok(Box::new(alloc::Alloc::new())),
+        BackendOptions::Udp(o) => {
+            let network = cfg.network.filter(|_| cfg.enable_ipv4).ok_or_else(|| {
+                BackendError::Config("the udp backend needs an IPv4 Network".into())
+            })?;
+            Ok(Box::new(udp::Udp::new(o, network, tuning, nl.clone())))
+        }
+        BackendOptions::Vxlan(o) => {
+            // The kernel vxlan path is not built yet: auto runs userspace.
+            kernel_only("vxlan")?;
+            Ok(Box::new(vxlan::Vxlan::new(o, cfg.enable_ipv4, cfg.enable_ipv6, tuning, nl.clone())))
+        }
+        other => Err(BackendError::Unsupported(other.kind().name().to_string())),
     }
 }

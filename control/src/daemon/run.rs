@@ -6,7 +6,7 @@ use anyhow::{Context, bail};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
-use super::flags::{Flags, StoreKind, TrafficManagerKind};
+use super::flags::{Dataplane, Flags, StoreKind, TrafficManagerKind};
 use super::healthz::{self, Readiness};
 use crate::backend::{self, Backend};
 use crate::config::{Config, parse_config};
@@ -57,8 +57,15 @@ async fn run_on<R: Registry + Clone>(flags: Flags, reg: R, kind: StoreKind) -> a
 
     let nl = Netlink::connect()?;
     let ext = select_iface(&nl, &flags, &cfg).await?;
-    let mut backend = backend::new(&cfg, &ext).context("Error fetching backend")?;
-    let attrs = backend.lease_attrs(&ext).await.context("Error registering network")?;
+    let tuning = backend::EngineTuning { workers: flags.engine_workers, offload: true, anti_spoof: true };
+    let dataplane = match flags.dataplane {
+        Dataplane::Auto => backend::DataplaneChoice::Auto,
+        Dataplane::Kernel => backend::DataplaneChoice::Kernel,
+        Dataplane::Userspace => backend::DataplaneChoice::Userspace,
+    };
+    let mut backend = backend::new(&cfg, dataplane, tuning, &nl).context("Error fetching backend")?;
+    let own_prev = previous_own_lease(&reg, &ext).await;
+    let attrs = backend.lease_attrs(&ext, own_prev.as_ref()).await.context("Error registering network")?;
 
     let prev_env = SubnetEnv::read(&flags.subnet_file).unwrap_or_else(|e| {
         tracing::warn!("ignoring previous {}: {e}", flags.subnet_file.display());
@@ -297,6 +304,15 @@ async fn select_iface(nl: &Netlink, flags: &Flags, cfg: &Config) -> anyhow::Resu
         (None, None) => {}
     }
     Ok(ext)
+}
+
+/// The lease the store still holds for this node's public IP (best effort).
+async fn previous_own_lease<R: Registry>(reg: &R, ext: &ExternalInterface) -> Option<Lease> {
+    let leases = reg.list_leases().await.ok()?;
+    leases.into_iter().find(|l| match ext.ext_addr {
+        Some(ip) => l.attrs.public_ip == ip,
+        None => ext.ext_v6_addr.is_some() && l.attrs.public_ipv6 == ext.ext_v6_addr,
+    })
 }
 
 /// Acquires the lease, retrying while the store is unreachable.

@@ -358,7 +358,12 @@ impl EtcdStore {
             Txn::new().and_then([put])
         };
         let mut c = self.client.clone();
-        let result = call("create subnet", c.txn(txn)).await;
+        let what = if only_if_absent {
+            "create subnet"
+        } else {
+            "update subnet"
+        };
+        let result = call(what, c.txn(txn)).await;
         let outcome = match result {
             Ok(r) if r.succeeded() => return Ok(granted.map(|(_, exp)| exp)),
             Ok(_) => Err(StoreError::AlreadyExists),

@@ -18,7 +18,7 @@
 
 use serde_json::{Value, json};
 
-use crate::command::Request;
+use crate::command::{self, Request};
 use crate::config::{ATTACHMENTS, Attachment, VALID_ATTACHMENTS};
 use crate::error::Error;
 use crate::store::Store;
@@ -32,6 +32,13 @@ pub fn gc(req: &Request) -> Result<(), Error> {
     if store.exists() {
         let _lock = store.lock_exclusive()?;
         for id in store.list()? {
+            if !command::valid_id(&id) {
+                log(&format!(
+                    "gc: ignoring {}: not a container ID",
+                    store.path(&id).display()
+                ));
+                continue;
+            }
             let ifname = store.ifname(&id);
             if valid
                 .iter()

@@ -63,10 +63,14 @@ fn lifecycle_add_check_del_with_cnitool() {
     );
 
     // libcni cached the result in the private /var/lib, not the machine's.
-    let cached = std::fs::read_dir(w.path("varlib/cni/results"))
+    let cached: Vec<_> = std::fs::read_dir(w.path("varlib/cni/results"))
         .expect("cache dir")
-        .count();
-    assert_eq!(cached, 1);
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(cached.len(), 1);
+    let machine_cache = std::path::Path::new("/var/lib/cni/results").join(&cached[0]);
+    assert!(!machine_cache.exists(), "cnitool wrote the machine's cache");
 
     w.cnitool(&["check", "cbr0", &pod.path()]).ok();
 

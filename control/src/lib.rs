@@ -12,6 +12,7 @@
 pub mod backend;
 pub mod config;
 pub mod daemon;
+pub mod demo;
 pub mod gojson;
 pub mod iface;
 pub mod lease;

@@ -23,6 +23,25 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
+    /// Build a local multi-node cluster in network namespaces, show pod
+    /// traffic across nodes, and tear it down (needs root).
+    Demo {
+        /// Backend type: udp, vxlan, alloc.
+        #[arg(long, default_value = "vxlan")]
+        backend: String,
+        /// Number of nodes.
+        #[arg(long, default_value_t = 3)]
+        nodes: u8,
+        /// Pods per node.
+        #[arg(long, default_value_t = 2)]
+        pods: u8,
+        /// iperf3 seconds (0 skips it).
+        #[arg(long, default_value_t = 5)]
+        iperf: u32,
+        /// Extra weftd arguments (repeatable), e.g. --weftd-arg=--dataplane=userspace.
+        #[arg(long = "weftd-arg", allow_hyphen_values = true)]
+        weftd_args: Vec<String>,
+    },
     /// List (or delete) the leases in a store.
     Leases {
         #[command(subcommand)]
@@ -69,8 +88,30 @@ fn main() {
             std::process::exit(1);
         }
     };
+    if let Cmd::Demo { backend, nodes, pods, iperf, weftd_args } = &cli.cmd {
+        drop(rt);
+        let opts = weft_control::demo::DemoOptions {
+            backend: backend.clone(),
+            nodes: *nodes,
+            pods: *pods,
+            iperf_secs: *iperf,
+            weftd_args: weftd_args.clone(),
+        };
+        match weft_control::demo::run(&opts) {
+            Ok(true) => std::process::exit(0),
+            Ok(false) => {
+                eprintln!("weft demo: some pods could not reach each other");
+                std::process::exit(1);
+            }
+            Err(e) => {
+                eprintln!("weft demo: {e:#}");
+                std::process::exit(1);
+            }
+        }
+    }
     let res = rt.block_on(async {
         match cli.cmd {
+            Cmd::Demo { .. } => Ok(()),
             Cmd::Leases { action: None, store, json } => list(&store, json).await,
             Cmd::Leases { action: Some(LeaseAction::Rm { key, store }), .. } => remove(&store, &key).await,
         }

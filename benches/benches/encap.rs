@@ -115,7 +115,7 @@ fn coalescing(c: &mut Criterion) {
             arena.extend_from_slice(&p);
         }
         let bytes: usize = pos.iter().map(|p| p.1).sum();
-        let mut gro = Gro::new(9000);
+        let mut gro = Gro::new(9100);
         g.throughput(Throughput::Bytes(bytes as u64));
         g.bench_function(BenchmarkId::new("push_flush", mss), |b| {
             // flush() rewrites the head's headers, so every iteration gets a fresh copy.

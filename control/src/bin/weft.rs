@@ -1,6 +1,7 @@
 //! `weft`, the operator CLI.
 //!
 //! - `weft leases [STORE] [--json]`: lists the store's leases;
+//! - `weft leases put [STORE] KEY JSON [--ttl S]`: writes one by hand;
 //! - `weft leases rm [STORE] KEY`: deletes one (its node's weftd exits, as
 //!   flanneld does when its lease is revoked, and is restarted by its supervisor).
 //!
@@ -9,7 +10,7 @@
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use weft_control::lease::{Lease, SubnetKey};
+use weft_control::lease::{Lease, LeaseAttrs, SubnetKey};
 use weft_control::store::Registry;
 use weft_control::store::embedded::EmbeddedStore;
 use weft_control::store::etcd::{EtcdOptions, EtcdStore};
@@ -56,6 +57,18 @@ enum Cmd {
 
 #[derive(Debug, Subcommand)]
 enum LeaseAction {
+    /// Write a lease by hand: KEY (e.g. 10.244.3.0-24) and flannel's LeaseAttrs JSON.
+    Put {
+        /// The subnet key.
+        key: SubnetKey,
+        /// The value, e.g. {"PublicIP":"192.0.2.9","PublicIPv6":null}.
+        value: String,
+        /// Lease TTL in seconds (0: a reservation that never expires).
+        #[arg(long, default_value_t = 86_400)]
+        ttl: u64,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
     /// Delete the lease with this key (e.g. 10.244.3.0-24).
     Rm {
         /// The subnet key.
@@ -114,6 +127,7 @@ fn main() {
             Cmd::Demo { .. } => Ok(()),
             Cmd::Leases { action: None, store, json } => list(&store, json).await,
             Cmd::Leases { action: Some(LeaseAction::Rm { key, store }), .. } => remove(&store, &key).await,
+            Cmd::Leases { action: Some(LeaseAction::Put { key, value, ttl, store }), .. } => put(&store, &key, &value, ttl).await,
         }
     });
     if let Err(e) = res {
@@ -137,6 +151,16 @@ async fn remove(s: &StoreArgs, key: &SubnetKey) -> anyhow::Result<()> {
         Some(ep) => etcd(s, ep).await?.delete_lease(key).await?,
         None => EmbeddedStore::open(&s.store_path).await?.delete_lease(key).await?,
     }
+    Ok(())
+}
+
+async fn put(s: &StoreArgs, key: &SubnetKey, value: &str, ttl: u64) -> anyhow::Result<()> {
+    let attrs = LeaseAttrs::from_json(value.as_bytes()).context("invalid lease value")?;
+    let ttl = (ttl > 0).then(|| std::time::Duration::from_secs(ttl));
+    match &s.etcd_endpoints {
+        Some(ep) => etcd(s, ep).await?.update_lease(key, &attrs, ttl).await?,
+        None => EmbeddedStore::open(&s.store_path).await?.update_lease(key, &attrs, ttl).await?,
+    };
     Ok(())
 }
 

@@ -8,7 +8,7 @@ PKGS=(
   containernetworking-plugins # real bridge, host-local, portmap in /usr/lib/cni
   iproute2 iputils-ping procps psmisc kmod
   iptables nftables
-  iperf3 tcpdump curl
+  iperf3 tcpdump curl openssl
   wireguard-go wireguard-tools
 )
 missing=()

@@ -177,6 +177,69 @@ fn cni_1_1_network_add_check_del() {
     assert_eq!(e["code"], 100);
 }
 
+/// Dual stack: one host-local range set per family, a route to each
+/// flannel network, both gateways reachable; CHECK and DEL work.
+#[test]
+fn dual_stack_add_check_del() {
+    if !common::root_or_skip() {
+        return;
+    }
+    let w = World::new("dual", 49);
+    w.write_subnet_env_dual();
+    let pod = Netns::new(&format!("{}-pod", w.tag));
+    let path = pod.path();
+    let vars = World::attach_vars("dual-a", "eth0", &path);
+    let mut conf = w.net_conf("1.0.0");
+    let result = w.plugin("ADD", &vars, &bytes(&conf)).ok();
+    let addrs: Vec<&str> = result["ips"]
+        .as_array()
+        .expect("ips")
+        .iter()
+        .filter_map(|i| i["address"].as_str())
+        .collect();
+    assert_eq!(addrs.len(), 2, "{result}");
+    assert!(
+        in_subnet(addrs[0].split('/').next().unwrap_or_default(), w.n),
+        "{addrs:?}"
+    );
+    assert!(
+        addrs[1].starts_with("fd00:10:244:49::") && addrs[1].ends_with("/64"),
+        "{addrs:?}"
+    );
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(w.path("flannel/dual-a")).expect("saved"))
+            .expect("json");
+    assert_eq!(
+        saved["ipam"]["ranges"],
+        json!([[{"subnet": "10.244.49.0/24"}], [{"subnet": "fd00:10:244:49::/64"}]])
+    );
+    let routes6 = pod.sh("ip -6 route show");
+    assert!(
+        routes6.contains("fd00:10:244::/56 via fd00:10:244:49::1 dev eth0"),
+        "{routes6}"
+    );
+    assert!(
+        pod.sh("ip -4 route show")
+            .contains("10.244.0.0/16 via 10.244.49.1 dev eth0")
+    );
+    assert!(pod.try_sh("ping -c 1 -W 5 10.244.49.1"));
+    // cni0's IPv6 address may still be tentative (DAD) for a moment.
+    assert!(
+        pod.try_sh("ping -6 -c 1 -W 10 fd00:10:244:49::1"),
+        "IPv6 gateway does not answer"
+    );
+
+    conf["prevResult"] = result;
+    w.plugin("CHECK", &vars, &bytes(&conf)).ok();
+    w.plugin("DEL", &vars, &bytes(&w.net_conf("1.0.0"))).ok();
+    assert!(
+        w.saved().is_empty() && w.leases().is_empty(),
+        "{:?}",
+        w.leases()
+    );
+    assert!(!pod.try_sh("ip link show dev eth0"));
+}
+
 /// DEL is idempotent: without a netns, with the netns gone, with a corrupt
 /// or missing saved config.
 #[test]

@@ -243,6 +243,17 @@ impl World {
         std::fs::write(self.path("subnet.env"), text).expect("write subnet.env");
     }
 
+    /// Writes a dual-stack subnet.env (IPv6 subnet fd00:10:244:<n>::/64).
+    pub fn write_subnet_env_dual(&self) {
+        let n = self.n;
+        let text = format!(
+            "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.{n}.1/24\n\
+             FLANNEL_IPV6_NETWORK=fd00:10:244::/56\nFLANNEL_IPV6_SUBNET=fd00:10:244:{n}::1/64\n\
+             FLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n"
+        );
+        std::fs::write(self.path("subnet.env"), text).expect("write subnet.env");
+    }
+
     /// The flannel plugin's config object (as inside kube-flannel's conflist,
     /// with every path redirected into the temp dir).
     pub fn plugin_conf(&self) -> Value {

@@ -16,7 +16,7 @@ use crate::lease::{Lease, LeaseEvent};
 use crate::netlink::Netlink;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::Registry;
-use crate::subnet::{LocalManager, Previous, renew_at};
+use crate::subnet::{LocalManager, Previous, SubnetManager, renew_at};
 use crate::subnet_env::SubnetEnv;
 use crate::traffic;
 
@@ -27,22 +27,6 @@ const RECONCILE_PERIOD: Duration = Duration::from_secs(10);
 pub async fn run(flags: Flags, etcd_explicit: bool) -> anyhow::Result<i32> {
     flags.validate().map_err(anyhow::Error::msg)?;
     tracing::info!("CLI flags config: {flags:?}");
-    match flags.store_kind(etcd_explicit) {
-        StoreKind::Embedded => {
-            let store = EmbeddedStore::open(&flags.store_path)
-                .await
-                .with_context(|| format!("Failed to create SubnetManager: embedded store {}", flags.store_path.display()))?;
-            run_on(flags, store, StoreKind::Embedded).await
-        }
-        StoreKind::Etcd => {
-            let store = super::stores::etcd(&flags).await?;
-            run_on(flags, store, StoreKind::Etcd).await
-        }
-        StoreKind::Kube => bail!("Failed to create SubnetManager: the Kubernetes subnet manager is not available in this build"),
-    }
-}
-
-async fn run_on<R: Registry + Clone>(flags: Flags, reg: R, kind: StoreKind) -> anyhow::Result<i32> {
     let mut stop = Stop::install()?;
     tracing::info!("Installing signal handlers");
     let ready = Readiness::default();
@@ -50,13 +34,58 @@ async fn run_on<R: Registry + Clone>(flags: Flags, reg: R, kind: StoreKind) -> a
         let addr = std::net::SocketAddr::new(flags.healthz_ip, flags.healthz_port);
         healthz::serve(addr, ready.clone()).await.with_context(|| format!("failed to listen on {addr}"))?;
     }
+    let kind = flags.store_kind(etcd_explicit);
+    match kind {
+        StoreKind::Embedded => {
+            let store = EmbeddedStore::open(&flags.store_path)
+                .await
+                .with_context(|| format!("Failed to create SubnetManager: embedded store {}", flags.store_path.display()))?;
+            let Some(cfg) = stop.until(network_config(&flags, &store, kind)).await else { return Ok(0) };
+            let cfg = cfg?;
+            let mgr = local_manager(&flags, store, &cfg);
+            run_with(&flags, cfg, mgr, &mut stop, &ready).await
+        }
+        StoreKind::Etcd => {
+            let store = super::stores::etcd(&flags).await?;
+            let Some(cfg) = stop.until(network_config(&flags, &store, kind)).await else { return Ok(0) };
+            let cfg = cfg?;
+            let mgr = local_manager(&flags, store, &cfg);
+            run_with(&flags, cfg, mgr, &mut stop, &ready).await
+        }
+        StoreKind::Kube => bail!("Failed to create SubnetManager: the Kubernetes subnet manager is not available in this build"),
+    }
+}
 
-    let Some(cfg) = stop.until(network_config(&flags, &reg, kind)).await else { return Ok(0) };
-    let cfg = cfg?;
+/// The allocator on a registry, seeded with the previous subnet.env.
+fn local_manager<R: Registry + Clone>(flags: &Flags, reg: R, cfg: &Config) -> LocalManager<R> {
+    let prev_env = read_prev_env(flags);
+    let prev = Previous {
+        subnet: prev_env.as_ref().and_then(|e| e.subnet),
+        ipv6_subnet: prev_env.as_ref().and_then(|e| e.ipv6_subnet),
+    };
+    LocalManager::new(reg, cfg.clone(), prev, Some(Duration::from_secs(flags.lease_ttl)))
+}
+
+fn read_prev_env(flags: &Flags) -> Option<SubnetEnv> {
+    SubnetEnv::read(&flags.subnet_file).unwrap_or_else(|e| {
+        tracing::warn!("ignoring previous {}: {e}", flags.subnet_file.display());
+        None
+    })
+}
+
+/// Everything after the config and the subnet manager exist: interface,
+/// backend, lease, host rules, subnet.env, then the main loop.
+pub async fn run_with<M: SubnetManager>(
+    flags: &Flags,
+    cfg: Config,
+    mgr: M,
+    stop: &mut Stop,
+    ready: &Readiness,
+) -> anyhow::Result<i32> {
+    tracing::info!("Created subnet manager: {}", mgr.name());
     tracing::info!("Found network config - Backend type: {}", cfg.backend_type);
-
     let nl = Netlink::connect()?;
-    let ext = select_iface(&nl, &flags, &cfg).await?;
+    let ext = select_iface(&nl, flags, &cfg).await?;
     let tuning = backend::EngineTuning { workers: flags.engine_workers, offload: true, anti_spoof: true };
     let dataplane = match flags.dataplane {
         Dataplane::Auto => backend::DataplaneChoice::Auto,
@@ -64,20 +93,9 @@ async fn run_on<R: Registry + Clone>(flags: Flags, reg: R, kind: StoreKind) -> a
         Dataplane::Userspace => backend::DataplaneChoice::Userspace,
     };
     let mut backend = backend::new(&cfg, dataplane, tuning, &nl).context("Error fetching backend")?;
-    let own_prev = previous_own_lease(&reg, &ext).await;
+    let own_prev = mgr.previous_own_lease(&ext).await;
     let attrs = backend.lease_attrs(&ext, own_prev.as_ref()).await.context("Error registering network")?;
-
-    let prev_env = SubnetEnv::read(&flags.subnet_file).unwrap_or_else(|e| {
-        tracing::warn!("ignoring previous {}: {e}", flags.subnet_file.display());
-        None
-    });
-    let prev = Previous {
-        subnet: prev_env.as_ref().and_then(|e| e.subnet),
-        ipv6_subnet: prev_env.as_ref().and_then(|e| e.ipv6_subnet),
-    };
-    let ttl = Duration::from_secs(flags.lease_ttl);
-    let mgr = LocalManager::new(reg.clone(), cfg.clone(), prev, Some(ttl));
-    tracing::info!("Created subnet manager: {}", mgr.name());
+    let prev_env = read_prev_env(flags);
 
     if flags.traffic_manager == TrafficManagerKind::Auto && !cfg.enable_nftables {
         traffic::check_br_netfilter(std::path::Path::new("/proc"), cfg.enable_ipv6)
@@ -87,7 +105,7 @@ async fn run_on<R: Registry + Clone>(flags: Flags, reg: R, kind: StoreKind) -> a
     let Some(lease) = stop.until(acquire(&mgr, &attrs)).await else { return Ok(0) };
     let mut lease = lease.context("Error registering network")?;
     let mtu = backend.setup(&lease).await.context("Error registering network")?;
-    let _resync = host_rules(&flags, &cfg, &lease, prev_env.as_ref()).await?;
+    let _resync = host_rules(flags, &cfg, &lease, prev_env.as_ref()).await?;
 
     let env = SubnetEnv {
         network: cfg.network.filter(|_| cfg.enable_ipv4),
@@ -105,9 +123,13 @@ async fn run_on<R: Registry + Clone>(flags: Flags, reg: R, kind: StoreKind) -> a
         }
         Err(e) => tracing::warn!("Failed to write subnet file: {e}"),
     }
+    if let Err(e) = mgr.complete_lease(&lease).await {
+        tracing::error!("failed to complete lease: {e}");
+    }
     tracing::info!("Running backend.");
 
-    let code = main_loop(&flags, &mgr, backend.as_mut(), &mut lease, &mut stop, ttl).await;
+    let ttl = Duration::from_secs(flags.lease_ttl);
+    let code = main_loop(flags, &mgr, backend.as_mut(), &mut lease, stop, ttl).await;
     tracing::info!("Waiting for all goroutines to exit");
     backend.teardown().await;
     tracing::info!("Exiting cleanly...");
@@ -164,15 +186,15 @@ async fn host_rules(
     Ok(Some(traffic::spawn_resync(mgr, tflags.resync)?))
 }
 
-async fn main_loop<R: Registry + Clone>(
+async fn main_loop<M: SubnetManager>(
     flags: &Flags,
-    mgr: &LocalManager<R>,
+    mgr: &M,
     backend: &mut dyn Backend,
     lease: &mut Lease,
     stop: &mut Stop,
     ttl: Duration,
 ) -> anyhow::Result<i32> {
-    let Some(mut events) = watch(mgr.registry(), stop).await else { return Ok(0) };
+    let Some(mut events) = watch(mgr, stop).await else { return Ok(0) };
     let own = lease.key();
     let mut watcher = LeaseWatcher::new(own);
     let margin = Duration::from_secs(60 * u64::try_from(flags.subnet_lease_renew_margin).unwrap_or(60));
@@ -306,17 +328,8 @@ async fn select_iface(nl: &Netlink, flags: &Flags, cfg: &Config) -> anyhow::Resu
     Ok(ext)
 }
 
-/// The lease the store still holds for this node's public IP (best effort).
-async fn previous_own_lease<R: Registry>(reg: &R, ext: &ExternalInterface) -> Option<Lease> {
-    let leases = reg.list_leases().await.ok()?;
-    leases.into_iter().find(|l| match ext.ext_addr {
-        Some(ip) => l.attrs.public_ip == ip,
-        None => ext.ext_v6_addr.is_some() && l.attrs.public_ipv6 == ext.ext_v6_addr,
-    })
-}
-
 /// Acquires the lease, retrying while the store is unreachable.
-async fn acquire<R: Registry>(mgr: &LocalManager<R>, attrs: &crate::lease::LeaseAttrs) -> anyhow::Result<Lease> {
+async fn acquire<M: SubnetManager>(mgr: &M, attrs: &crate::lease::LeaseAttrs) -> anyhow::Result<Lease> {
     let mut backoff = Duration::from_millis(200);
     loop {
         match mgr.acquire_lease(attrs).await {
@@ -332,10 +345,10 @@ async fn acquire<R: Registry>(mgr: &LocalManager<R>, attrs: &crate::lease::Lease
 }
 
 /// Starts the lease watch, retrying while the store is unreachable; `None` on stop.
-async fn watch<R: Registry>(reg: &R, stop: &mut Stop) -> Option<mpsc::Receiver<LeaseEvent>> {
+async fn watch<M: SubnetManager>(mgr: &M, stop: &mut Stop) -> Option<mpsc::Receiver<LeaseEvent>> {
     let mut backoff = Duration::from_millis(100);
     loop {
-        match stop.until(reg.watch_leases()).await? {
+        match stop.until(mgr.watch_leases()).await? {
             Ok(rx) => return Some(rx),
             Err(e) => {
                 tracing::error!("failed to watch leases: {e}; retrying in {backoff:?}");
@@ -347,7 +360,7 @@ async fn watch<R: Registry>(reg: &R, stop: &mut Stop) -> Option<mpsc::Receiver<L
 }
 
 /// SIGTERM / SIGINT.
-struct Stop {
+pub struct Stop {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
 }

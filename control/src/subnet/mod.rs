@@ -17,8 +17,11 @@
 //! - a lost create race is retried (flannel's check compares the wrong error
 //!   and fails hard).
 
+mod manager;
 #[cfg(test)]
 mod tests;
+
+pub use manager::SubnetManager;
 
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -76,19 +79,6 @@ impl<R: Registry> LocalManager<R> {
     /// An allocator for a checked config. `ttl` is the lease TTL (flannel: 24 h).
     pub fn new(reg: R, cfg: Config, prev: Previous, ttl: Option<Duration>) -> Self {
         LocalManager { reg, cfg, prev, ttl }
-    }
-
-    /// The name flannel logs for this manager.
-    pub fn name(&self) -> String {
-        match self.prev.subnet {
-            Some(s) => format!("Local Manager with Previous Subnet: {s}"),
-            None => "Local Manager with Previous Subnet: None".to_string(),
-        }
-    }
-
-    /// The store.
-    pub fn registry(&self) -> &R {
-        &self.reg
     }
 
     /// Acquires a lease for a node publishing `attrs`.
@@ -235,6 +225,35 @@ impl<R: Registry> LocalManager<R> {
             }
         }
         choose(free)
+    }
+}
+
+impl<R: Registry + Clone> SubnetManager for LocalManager<R> {
+    fn name(&self) -> String {
+        match self.prev.subnet {
+            Some(s) => format!("Local Manager with Previous Subnet: {s}"),
+            None => "Local Manager with Previous Subnet: None".to_string(),
+        }
+    }
+
+    async fn previous_own_lease(&self, ext: &crate::iface::ExternalInterface) -> Option<Lease> {
+        let leases = self.reg.list_leases().await.ok()?;
+        leases.into_iter().find(|l| match ext.ext_addr {
+            Some(ip) => l.attrs.public_ip == ip,
+            None => ext.ext_v6_addr.is_some() && l.attrs.public_ipv6 == ext.ext_v6_addr,
+        })
+    }
+
+    async fn acquire_lease(&self, attrs: &LeaseAttrs) -> Result<Lease, SubnetError> {
+        LocalManager::acquire_lease(self, attrs).await
+    }
+
+    async fn renew_lease(&self, lease: &Lease) -> Result<Lease, SubnetError> {
+        LocalManager::renew_lease(self, lease).await
+    }
+
+    async fn watch_leases(&self) -> Result<tokio::sync::mpsc::Receiver<crate::lease::LeaseEvent>, StoreError> {
+        self.reg.watch_leases().await
     }
 }
 

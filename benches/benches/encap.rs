@@ -64,8 +64,14 @@ fn flannel_udp(c: &mut Criterion) {
 
 fn vxlan(c: &mut Criterion) {
     let mut g = c.benchmark_group("vxlan");
-    let tx = Codec::Vxlan(Vxlan { vni: 1, local_mac: LOCAL });
-    let rx = Codec::Vxlan(Vxlan { vni: 1, local_mac: PEER });
+    let tx = Codec::Vxlan(Vxlan {
+        vni: 1,
+        local_mac: LOCAL,
+    });
+    let rx = Codec::Vxlan(Vxlan {
+        vni: 1,
+        local_mac: PEER,
+    });
     for size in SIZES {
         let pkt = udp_packet(size);
         let mut buf = vec![0; VXLAN_HEADROOM + pkt.len()];
@@ -95,7 +101,14 @@ fn segmentation(c: &mut Criterion) {
     for mss in SIZES {
         g.throughput(Throughput::Bytes(sp.len() as u64));
         g.bench_function(BenchmarkId::new("vxlan_headroom", mss), |b| {
-            b.iter(|| black_box(gso::tcp_segment(black_box(&sp), mss, VXLAN_HEADROOM, &mut out)))
+            b.iter(|| {
+                black_box(gso::tcp_segment(
+                    black_box(&sp),
+                    mss,
+                    VXLAN_HEADROOM,
+                    &mut out,
+                ))
+            })
         });
     }
     g.finish();
@@ -142,10 +155,19 @@ fn checksums(c: &mut Criterion) {
     for size in SIZES {
         let data = vec![0x33u8; size];
         g.throughput(Throughput::Bytes(size as u64));
-        g.bench_function(BenchmarkId::new("sum", size), |b| b.iter(|| black_box(checksum::sum(black_box(&data)))));
+        g.bench_function(BenchmarkId::new("sum", size), |b| {
+            b.iter(|| black_box(checksum::sum(black_box(&data))))
+        });
     }
     g.finish();
 }
 
-criterion_group!(benches, flannel_udp, vxlan, segmentation, coalescing, checksums);
+criterion_group!(
+    benches,
+    flannel_udp,
+    vxlan,
+    segmentation,
+    coalescing,
+    checksums
+);
 criterion_main!(benches);

@@ -27,18 +27,26 @@ fn parse_mac(s: &str) -> Result<[u8; 6]> {
 }
 
 fn parse_peer(s: &str) -> Result<Peer> {
-    let (subnet, rest) = s.split_once('=').context("peer must be SUBNET=ENDPOINT[,MAC]")?;
+    let (subnet, rest) = s
+        .split_once('=')
+        .context("peer must be SUBNET=ENDPOINT[,MAC]")?;
     let (ep, mac) = match rest.split_once(',') {
         Some((e, m)) => (e, Some(parse_mac(m)?)),
         None => (rest, None),
     };
-    Ok(Peer { subnet: subnet.parse().context("peer subnet")?, endpoint: ep.parse().context("peer endpoint")?, vtep_mac: mac })
+    Ok(Peer {
+        subnet: subnet.parse().context("peer subnet")?,
+        endpoint: ep.parse().context("peer endpoint")?,
+        vtep_mac: mac,
+    })
 }
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
-    let (mut tun, mut encap, mut local, mut port, mut vni, mut mac) = (None, String::from("udp"), None, None, 1u32, None);
-    let (mut tun_addr, mut mtu, mut workers, mut offload, mut anti_spoof, mut stats) = (None, 1450u16, 0usize, true, true, 0u64);
+    let (mut tun, mut encap, mut local, mut port, mut vni, mut mac) =
+        (None, String::from("udp"), None, None, 1u32, None);
+    let (mut tun_addr, mut mtu, mut workers, mut offload, mut anti_spoof, mut stats) =
+        (None, 1450u16, 0usize, true, true, 0u64);
     let mut peers = Vec::new();
     while let Some(a) = args.next() {
         let mut val = || args.next().with_context(|| format!("{a} needs a value"));
@@ -60,7 +68,9 @@ fn main() -> Result<()> {
         }
     }
     let encap = match encap.as_str() {
-        "udp" => Encap::FlannelUdp { port: port.unwrap_or(weft_engine::FLANNEL_UDP_PORT) },
+        "udp" => Encap::FlannelUdp {
+            port: port.unwrap_or(weft_engine::FLANNEL_UDP_PORT),
+        },
         "vxlan" => Encap::Vxlan {
             vni,
             port: port.unwrap_or(weft_engine::VXLAN_PORT),
@@ -90,7 +100,12 @@ fn main() -> Result<()> {
     };
     let engine = Engine::start(cfg).context("starting engine")?;
     engine.set_peers(peers);
-    eprintln!("ready tun={} workers={} offloads={:?}", engine.tun_name(), engine.workers(), engine.offloads());
+    eprintln!(
+        "ready tun={} workers={} offloads={:?}",
+        engine.tun_name(),
+        engine.workers(),
+        engine.offloads()
+    );
     if stats > 0 {
         let e = &engine;
         std::thread::scope(|s| {
@@ -107,7 +122,11 @@ fn main() -> Result<()> {
         });
     }
     wait(&set);
-    eprintln!("final {:?} offloads={:?}", engine.stats(), engine.offloads());
+    eprintln!(
+        "final {:?} offloads={:?}",
+        engine.stats(),
+        engine.offloads()
+    );
     engine.stop();
     Ok(())
 }

@@ -44,7 +44,11 @@ impl FlannelUdp {
     /// Validates an inner packet read from the TUN and decrements its TTL.
     pub fn prepare_inner(pkt: &mut [u8]) -> Result<(), DropReason> {
         let mut p = ipv4::Packet::new_checked(pkt).map_err(|_| DropReason::Malformed)?;
-        if p.decrement_ttl() { Ok(()) } else { Err(DropReason::TtlExpired) }
+        if p.decrement_ttl() {
+            Ok(())
+        } else {
+            Err(DropReason::TtlExpired)
+        }
     }
 
     /// Validates a received datagram (a bare IPv4 packet) and decrements its TTL.
@@ -80,7 +84,11 @@ impl Vxlan {
     /// If `hdr` is shorter than [`VXLAN_HEADROOM`].
     pub fn write_header(&self, hdr: &mut [u8], dst_mac: [u8; 6], ip_version: u8) {
         vxlan::Packet::new_unchecked(&mut hdr[..vxlan::HEADER_LEN]).emit(self.vni);
-        let ethertype = if ip_version == 6 { ethernet::ETHERTYPE_IPV6 } else { ethernet::ETHERTYPE_IPV4 };
+        let ethertype = if ip_version == 6 {
+            ethernet::ETHERTYPE_IPV6
+        } else {
+            ethernet::ETHERTYPE_IPV4
+        };
         ethernet::Frame::new_unchecked(&mut hdr[vxlan::HEADER_LEN..VXLAN_HEADROOM]).emit(
             dst_mac,
             self.local_mac,

@@ -200,7 +200,10 @@ pub struct Engine {
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine").field("tun_name", &self.tun_name).field("workers", &self.threads.len()).finish()
+        f.debug_struct("Engine")
+            .field("tun_name", &self.tun_name)
+            .field("workers", &self.threads.len())
+            .finish()
     }
 }
 
@@ -232,8 +235,12 @@ impl Engine {
         }
         .min(64);
         let port = cfg.encap.port();
-        let dev = sys::tun::open(&cfg.tun_name, workers, cfg.offload)
-            .map_err(|source| EngineError::Tun { name: cfg.tun_name.clone(), source })?;
+        let dev = sys::tun::open(&cfg.tun_name, workers, cfg.offload).map_err(|source| {
+            EngineError::Tun {
+                name: cfg.tun_name.clone(),
+                source,
+            }
+        })?;
         let tun_tso = dev.offload & (sys::tun::TUN_F_TSO4 | sys::tun::TUN_F_TSO6) != 0;
         let mut offloads = OffloadState {
             tun_vnet_hdr: dev.vnet_hdr,
@@ -252,14 +259,18 @@ impl Engine {
         let mut built = Vec::with_capacity(workers);
         for q in dev.queues {
             let addr = SocketAddr::new(cfg.local_addr, port);
-            let rx = Udp::bind(addr, true, true, SOCKET_BUFFER).map_err(|source| EngineError::Socket { addr, source })?;
+            let rx = Udp::bind(addr, true, true, SOCKET_BUFFER)
+                .map_err(|source| EngineError::Socket { addr, source })?;
             if cfg.offload && !rx.enable_gro() {
                 offloads.udp_gro = false;
             }
             let mut tx = Vec::with_capacity(SEND_SOCKETS);
             for _ in 0..SEND_SOCKETS {
                 let a = SocketAddr::new(cfg.local_addr, 0);
-                tx.push(Udp::bind(a, false, false, SOCKET_BUFFER).map_err(|source| EngineError::Socket { addr: a, source })?);
+                tx.push(
+                    Udp::bind(a, false, false, SOCKET_BUFFER)
+                        .map_err(|source| EngineError::Socket { addr: a, source })?,
+                );
             }
             built.push(Worker {
                 codec,
@@ -300,7 +311,8 @@ impl Engine {
 
     /// Replaces the peer table (atomically; traffic keeps flowing).
     pub fn set_peers(&self, peers: Vec<Peer>) {
-        self.peers.store(Arc::new(PeerTable::new(&peers, self.port)));
+        self.peers
+            .store(Arc::new(PeerTable::new(&peers, self.port)));
     }
 
     /// The current peer snapshot.
@@ -315,7 +327,10 @@ impl Engine {
 
     /// Active offloads.
     pub fn offloads(&self) -> OffloadState {
-        OffloadState { udp_gso: self.udp_gso.load(Ordering::Relaxed), ..self.offloads }
+        OffloadState {
+            udp_gso: self.udp_gso.load(Ordering::Relaxed),
+            ..self.offloads
+        }
     }
 
     /// The TUN device's name as the kernel reports it.

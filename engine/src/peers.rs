@@ -44,11 +44,19 @@ pub struct PeerTable {
 }
 
 fn mask4(a: u32, len: u8) -> u32 {
-    if len == 0 { 0 } else { a & (u32::MAX << (32 - u32::from(len))) }
+    if len == 0 {
+        0
+    } else {
+        a & (u32::MAX << (32 - u32::from(len)))
+    }
 }
 
 fn mask6(a: u128, len: u8) -> u128 {
-    if len == 0 { 0 } else { a & (u128::MAX << (128 - u32::from(len))) }
+    if len == 0 {
+        0
+    } else {
+        a & (u128::MAX << (128 - u32::from(len)))
+    }
 }
 
 impl PeerTable {
@@ -87,8 +95,8 @@ impl PeerTable {
             }
             t.by_endpoint.entry(p.endpoint).or_default().push(idx);
         }
-        t.v4.sort_by(|a, b| b.0.cmp(&a.0));
-        t.v6.sort_by(|a, b| b.0.cmp(&a.0));
+        t.v4.sort_by_key(|e| std::cmp::Reverse(e.0));
+        t.v6.sort_by_key(|e| std::cmp::Reverse(e.0));
         t
     }
 
@@ -136,7 +144,11 @@ impl PeerTable {
     /// Whether `inner_src` lies in the subnet of one of `entries`.
     #[inline]
     pub fn src_allowed(&self, entries: &[usize], inner_src: IpAddr) -> bool {
-        entries.iter().any(|&i| self.entries.get(i).is_some_and(|e| e.subnet.contains(&inner_src)))
+        entries.iter().any(|&i| {
+            self.entries
+                .get(i)
+                .is_some_and(|e| e.subnet.contains(&inner_src))
+        })
     }
 }
 
@@ -145,17 +157,31 @@ mod tests {
     use super::*;
 
     fn peer(s: &str, ep: &str) -> Peer {
-        Peer { subnet: s.parse().expect("cidr"), endpoint: ep.parse().expect("ip"), vtep_mac: Some([2, 0, 0, 0, 0, 1]) }
+        Peer {
+            subnet: s.parse().expect("cidr"),
+            endpoint: ep.parse().expect("ip"),
+            vtep_mac: Some([2, 0, 0, 0, 0, 1]),
+        }
     }
 
     #[test]
     fn longest_prefix_wins_and_misses_are_none() {
         let t = PeerTable::new(
-            &[peer("10.244.0.0/16", "192.0.2.9"), peer("10.244.2.0/24", "192.0.2.2"), peer("fd00:2::/64", "2001:db8::2")],
+            &[
+                peer("10.244.0.0/16", "192.0.2.9"),
+                peer("10.244.2.0/24", "192.0.2.2"),
+                peer("fd00:2::/64", "2001:db8::2"),
+            ],
             8472,
         );
-        assert_eq!(t.lookup_v4([10, 244, 2, 7]).map(|e| e.dst), Some("192.0.2.2:8472".parse().expect("sa")));
-        assert_eq!(t.lookup_v4([10, 244, 3, 7]).map(|e| e.dst), Some("192.0.2.9:8472".parse().expect("sa")));
+        assert_eq!(
+            t.lookup_v4([10, 244, 2, 7]).map(|e| e.dst),
+            Some("192.0.2.2:8472".parse().expect("sa"))
+        );
+        assert_eq!(
+            t.lookup_v4([10, 244, 3, 7]).map(|e| e.dst),
+            Some("192.0.2.9:8472".parse().expect("sa"))
+        );
         assert!(t.lookup_v4([10, 245, 0, 1]).is_none());
         let v6: std::net::Ipv6Addr = "fd00:2::5".parse().expect("v6");
         assert!(t.lookup_v6(v6.octets()).is_some());
@@ -169,7 +195,10 @@ mod tests {
         assert_eq!(e.len(), 1);
         assert!(t.src_allowed(e, "10.244.2.9".parse().expect("ip")));
         assert!(!t.src_allowed(e, "10.244.3.9".parse().expect("ip")));
-        assert!(t.endpoint_entries("192.0.2.3".parse().expect("ip")).is_empty());
+        assert!(
+            t.endpoint_entries("192.0.2.3".parse().expect("ip"))
+                .is_empty()
+        );
     }
 
     #[test]

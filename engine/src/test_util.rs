@@ -7,7 +7,10 @@ pub const TS_OPTS: [u8; 12] = [1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2];
 
 /// An IPv4 TCP packet with ACK (+PSH when `psh`) and timestamp options.
 pub fn tcp4(src: [u8; 4], dst: [u8; 4], seq: u32, payload: &[u8], psh: bool) -> Vec<u8> {
-    let b = PacketBuilder::ipv4(src, dst, 64).tcp(40000, 5201, seq, 502).ack(77).options_raw(&TS_OPTS);
+    let b = PacketBuilder::ipv4(src, dst, 64)
+        .tcp(40000, 5201, seq, 502)
+        .ack(77)
+        .options_raw(&TS_OPTS);
     let b = match b {
         Ok(b) => b,
         Err(e) => panic!("options: {e:?}"),
@@ -22,7 +25,10 @@ pub fn tcp4(src: [u8; 4], dst: [u8; 4], seq: u32, payload: &[u8], psh: bool) -> 
 pub fn tcp6(seq: u32, payload: &[u8], psh: bool) -> Vec<u8> {
     let src = [0xfd, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
     let dst = [0xfd, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
-    let b = PacketBuilder::ipv6(src, dst, 64).tcp(40000, 5201, seq, 502).ack(77).options_raw(&TS_OPTS);
+    let b = PacketBuilder::ipv6(src, dst, 64)
+        .tcp(40000, 5201, seq, 502)
+        .ack(77)
+        .options_raw(&TS_OPTS);
     let b = match b {
         Ok(b) => b,
         Err(e) => panic!("options: {e:?}"),
@@ -36,7 +42,10 @@ pub fn tcp6(seq: u32, payload: &[u8], psh: bool) -> Vec<u8> {
 /// An IPv4 UDP packet.
 pub fn udp4(src: [u8; 4], dst: [u8; 4], ttl: u8, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    PacketBuilder::ipv4(src, dst, ttl).udp(1234, 5678).write(&mut out, payload).expect("build");
+    PacketBuilder::ipv4(src, dst, ttl)
+        .udp(1234, 5678)
+        .write(&mut out, payload)
+        .expect("build");
     out
 }
 
@@ -56,11 +65,17 @@ pub fn payload(len: usize, seed: u32) -> Vec<u8> {
 /// Asserts `pkt` is a valid TCP/IP packet (both checksums) and returns (seq, flags, payload).
 pub fn check_tcp(pkt: &[u8]) -> (u32, u8, Vec<u8>) {
     let s = etherparse::SlicedPacket::from_ip(pkt).expect("parse");
-    let Some(etherparse::TransportSlice::Tcp(t)) = s.transport else { panic!("not tcp") };
+    let Some(etherparse::TransportSlice::Tcp(t)) = s.transport else {
+        panic!("not tcp")
+    };
     match s.net {
         Some(etherparse::NetSlice::Ipv4(ip)) => {
             let h = ip.header().to_header();
-            assert_eq!(h.calc_header_checksum(), h.header_checksum, "ipv4 header checksum");
+            assert_eq!(
+                h.calc_header_checksum(),
+                h.header_checksum,
+                "ipv4 header checksum"
+            );
             let c = t.calc_checksum_ipv4(h.source, h.destination).expect("csum");
             assert_eq!(c, t.checksum(), "tcp checksum");
         }
@@ -71,7 +86,11 @@ pub fn check_tcp(pkt: &[u8]) -> (u32, u8, Vec<u8>) {
         }
         _ => panic!("not ip"),
     }
-    (t.sequence_number(), pkt_flags(t.slice()), t.payload().to_vec())
+    (
+        t.sequence_number(),
+        pkt_flags(t.slice()),
+        t.payload().to_vec(),
+    )
 }
 
 fn pkt_flags(tcp: &[u8]) -> u8 {

@@ -108,7 +108,11 @@ impl Worker {
             tx_pos: 0,
             msgs: Vec::with_capacity(TX_MSGS),
             rx: vec![0; RX_SLOT * RX_SLOTS],
-            scratch: if self.vnet_hdr { Vec::new() } else { vec![0; 2 * RX_SLOT] },
+            scratch: if self.vnet_hdr {
+                Vec::new()
+            } else {
+                vec![0; 2 * RX_SLOT]
+            },
             meta: [RxMeta::default(); RX_SLOTS],
             gro: Gro::new(self.mtu),
         };
@@ -125,8 +129,16 @@ impl Worker {
 
     fn wait(&self) {
         let mut fds = [
-            libc::pollfd { fd: self.tun.raw_fd(), events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: self.rx.raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd {
+                fd: self.tun.raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.rx.raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
         ];
         // SAFETY: `fds` is a valid array of two pollfd structs for the duration of the call.
         unsafe { libc::poll(fds.as_mut_ptr(), 2, 100) };
@@ -156,9 +168,18 @@ impl Worker {
         any
     }
 
-    fn on_tun_packet(&self, b: &mut Buffers, n: usize, peers: &PeerTable, ctr: &mut Local) -> Result<(), DropReason> {
+    fn on_tun_packet(
+        &self,
+        b: &mut Buffers,
+        n: usize,
+        peers: &PeerTable,
+        ctr: &mut Local,
+    ) -> Result<(), DropReason> {
         let (hdr, off) = match self.vnet_hdr {
-            true => (vnet::VnetHdr::parse(&b.tun[..n]).ok_or(DropReason::Malformed)?, vnet::HEADER_LEN),
+            true => (
+                vnet::VnetHdr::parse(&b.tun[..n]).ok_or(DropReason::Malformed)?,
+                vnet::HEADER_LEN,
+            ),
             false => (vnet::VnetHdr::default(), 0),
         };
         let pkt_len = n - off;
@@ -202,8 +223,13 @@ impl Worker {
             ctr.add(Ctr::GsoSuperPackets, 1);
             for i in 0..segs.count {
                 let s = start + i * segs.stride;
-                let len = if i + 1 == segs.count { segs.last_len } else { segs.stride };
-                self.codec.write_header(&mut b.tx[s..s + headroom], mac, version);
+                let len = if i + 1 == segs.count {
+                    segs.last_len
+                } else {
+                    segs.stride
+                };
+                self.codec
+                    .write_header(&mut b.tx[s..s + headroom], mac, version);
                 self.queue(b, dst, sock, s, len);
                 ctr.add(Ctr::TxPackets, 1);
                 ctr.add(Ctr::TxBytes, (len - headroom) as u64);
@@ -214,7 +240,11 @@ impl Worker {
                 return Err(DropReason::Malformed);
             }
             if hdr.flags & vnet::F_NEEDS_CSUM != 0 {
-                gso::complete_checksum(pkt, usize::from(hdr.csum_start), usize::from(hdr.csum_offset))?;
+                gso::complete_checksum(
+                    pkt,
+                    usize::from(hdr.csum_start),
+                    usize::from(hdr.csum_offset),
+                )?;
             }
             let len = headroom + pkt_len;
             if len > MAX_UDP_PAYLOAD {
@@ -225,7 +255,8 @@ impl Worker {
             }
             let s = b.tx_pos;
             b.tx[s + headroom..s + len].copy_from_slice(&b.tun[off..n]);
-            self.codec.write_header(&mut b.tx[s..s + headroom], mac, version);
+            self.codec
+                .write_header(&mut b.tx[s..s + headroom], mac, version);
             self.queue(b, dst, sock, s, len);
             b.tx_pos += len;
             ctr.add(Ctr::TxPackets, 1);
@@ -236,7 +267,14 @@ impl Worker {
 
     /// Appends `tx[start..start+len]` to the last message when it extends an
     /// equal-size train to the same destination (UDP GSO), else starts a new one.
-    fn queue(&self, b: &mut Buffers, dst: std::net::SocketAddr, sock: usize, start: usize, len: usize) {
+    fn queue(
+        &self,
+        b: &mut Buffers,
+        dst: std::net::SocketAddr,
+        sock: usize,
+        start: usize,
+        len: usize,
+    ) {
         if self.udp_gso.load(Ordering::Relaxed)
             && let Some(last) = b.msgs.last_mut()
         {
@@ -255,11 +293,24 @@ impl Worker {
             }
         }
         let segment = u16::try_from(len).unwrap_or(0);
-        b.msgs.push(Queued { msg: TxMsg { dst, start, len, segment }, sock });
+        b.msgs.push(Queued {
+            msg: TxMsg {
+                dst,
+                start,
+                len,
+                segment,
+            },
+            sock,
+        });
     }
 
     fn flush_tx(&self, b: &mut Buffers, ctr: &mut Local) {
-        let mut batch = [TxMsg { dst: std::net::SocketAddr::from(([0, 0, 0, 0], 0)), start: 0, len: 0, segment: 0 }; BATCH];
+        let mut batch = [TxMsg {
+            dst: std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+            start: 0,
+            len: 0,
+            segment: 0,
+        }; BATCH];
         for (si, sock) in self.tx.iter().enumerate() {
             let mut n = 0;
             for q in b.msgs.iter().filter(|q| q.sock == si) {
@@ -297,7 +348,12 @@ impl Worker {
                         let mut off = 0;
                         while off < m.len {
                             let len = seg.min(m.len - off);
-                            let one = [TxMsg { dst: m.dst, start: m.start + off, len, segment: 0 }];
+                            let one = [TxMsg {
+                                dst: m.dst,
+                                start: m.start + off,
+                                len,
+                                segment: 0,
+                            }];
                             if sock.send_batch(&one, arena).is_err() {
                                 ctr.add(Ctr::UdpSendErrors, 1);
                             }
@@ -318,10 +374,16 @@ impl Worker {
     fn send_unreachable(&self, off: usize, n: usize, b: &mut Buffers, ctr: &mut Local) {
         let Some(src) = self.icmp_src else { return };
         let mut out = [0u8; 128];
-        let Some(len) = ipv4::build_net_unreachable(src, &b.tun[off..n], &mut out) else { return };
+        let Some(len) = ipv4::build_net_unreachable(src, &b.tun[off..n], &mut out) else {
+            return;
+        };
         let hdr = vnet::VnetHdr::default().to_bytes();
         let iov_v = [IoSlice::new(&hdr), IoSlice::new(&out[..len])];
-        let iov = if self.vnet_hdr { &iov_v[..] } else { &iov_v[1..] };
+        let iov = if self.vnet_hdr {
+            &iov_v[..]
+        } else {
+            &iov_v[1..]
+        };
         match self.tun.writev(iov) {
             Ok(_) => ctr.add(Ctr::IcmpSent, 1),
             Err(_) => ctr.add(Ctr::TunWriteErrors, 1),
@@ -347,7 +409,11 @@ impl Worker {
             let len = m.len.min(RX_SLOT);
             let entries = peers.endpoint_entries(m.src);
             if len == 0 {
-                let r = if self.anti_spoof && entries.is_empty() { DropReason::UnknownPeer } else { DropReason::Malformed };
+                let r = if self.anti_spoof && entries.is_empty() {
+                    DropReason::UnknownPeer
+                } else {
+                    DropReason::Malformed
+                };
                 ctr.drop(r, 1);
                 continue;
             }
@@ -368,7 +434,9 @@ impl Worker {
                     }
                 };
                 let (start, plen) = (seg_start + r.start, r.end - r.start);
-                if self.anti_spoof && !peers.src_allowed(entries, inner_src(&b.rx[start..start + plen])) {
+                if self.anti_spoof
+                    && !peers.src_allowed(entries, inner_src(&b.rx[start..start + plen]))
+                {
                     ctr.drop(DropReason::SpoofedSource, 1);
                     continue;
                 }
@@ -400,7 +468,11 @@ impl Worker {
             && let Ok(segs) = gso::tcp_segment(pkt, self.mtu - hdrs, 0, &mut b.scratch)
         {
             for i in 0..segs.count {
-                let len = if i + 1 == segs.count { segs.last_len } else { segs.stride };
+                let len = if i + 1 == segs.count {
+                    segs.last_len
+                } else {
+                    segs.stride
+                };
                 let s = &b.scratch[i * segs.stride..i * segs.stride + len];
                 match self.tun.writev(&[IoSlice::new(s)]) {
                     Ok(_) => ctr.add(Ctr::TunWrites, 1),

@@ -24,7 +24,11 @@ fn udp_cfg(n: usize) -> EngineConfig {
 fn vxlan_cfg(n: usize) -> EngineConfig {
     EngineConfig {
         tun_name: "flannel.1".into(),
-        encap: Encap::Vxlan { vni: 1, port: 8472, local_mac: mac_of(n) },
+        encap: Encap::Vxlan {
+            vni: 1,
+            port: 8472,
+            local_mac: mac_of(n),
+        },
         tun_addr: None,
         mtu: 1450,
         ..udp_cfg(n)
@@ -44,7 +48,11 @@ macro_rules! require_root {
 /// ways; removing a peer cuts it off and re-adding restores it.
 fn three_nodes(test: &str, vxlan: bool, offload: bool) {
     let mut t = Topo::new(test, 3);
-    let (dev, mtu) = if vxlan { ("flannel.1", 1450u16) } else { ("flannel0", 1472u16) };
+    let (dev, mtu) = if vxlan {
+        ("flannel.1", 1450u16)
+    } else {
+        ("flannel0", 1472u16)
+    };
     let engines: Vec<Engine> = (1..=3)
         .map(|n| {
             let mut cfg = if vxlan { vxlan_cfg(n) } else { udp_cfg(n) };
@@ -66,37 +74,61 @@ fn three_nodes(test: &str, vxlan: bool, offload: bool) {
     for a in 1..=3 {
         for b in 1..=3 {
             if a != b {
-                assert!(t.ping_eventually(a, &format!("10.244.{b}.2"), &[]), "pod {a} -> pod {b}");
+                assert!(
+                    t.ping_eventually(a, &format!("10.244.{b}.2"), &[]),
+                    "pod {a} -> pod {b}"
+                );
             }
         }
     }
     let size = (mtu - 28).to_string();
-    assert!(t.ping(1, "10.244.2.2", &["-M", "do", "-s", &size]), "MTU-sized DF ping");
+    assert!(
+        t.ping(1, "10.244.2.2", &["-M", "do", "-s", &size]),
+        "MTU-sized DF ping"
+    );
     let too_big = (mtu - 27).to_string();
-    assert!(!t.ping(1, "10.244.2.2", &["-M", "do", "-s", &too_big]), "one byte over the MTU must not pass with DF");
+    assert!(
+        !t.ping(1, "10.244.2.2", &["-M", "do", "-s", &too_big]),
+        "one byte over the MTU must not pass with DF"
+    );
     t.iperf(1, 2, false);
     t.iperf(3, 1, true);
     let s = engines[0].stats();
     assert!(s.tx_packets > 1000 && s.rx_packets > 1000, "{s:?}");
     if offload && engines[0].offloads().tun_tso {
-        assert!(s.gso_super_packets > 0, "TSO super-packets were segmented: {s:?}");
+        assert!(
+            s.gso_super_packets > 0,
+            "TSO super-packets were segmented: {s:?}"
+        );
     }
 
     // Node 3's lease goes away on node 1: pod 1 can no longer reach pod 3.
     engines[0].set_peers(peers_for(1, 3, &[3], vxlan));
     assert!(engines[0].peers().len() == 1);
     let before = engines[0].stats().drops.no_route;
-    assert!(!t.ping(1, "10.244.3.2", &[]), "removed peer still reachable");
-    assert!(engines[0].stats().drops.no_route > before, "no_route counted");
+    assert!(
+        !t.ping(1, "10.244.3.2", &[]),
+        "removed peer still reachable"
+    );
+    assert!(
+        engines[0].stats().drops.no_route > before,
+        "no_route counted"
+    );
     assert!(t.ping(1, "10.244.2.2", &[]), "other peer unaffected");
     engines[0].set_peers(peers_for(1, 3, &[], vxlan));
-    assert!(t.ping_eventually(1, "10.244.3.2", &[]), "re-added peer reachable");
+    assert!(
+        t.ping_eventually(1, "10.244.3.2", &[]),
+        "re-added peer reachable"
+    );
 
     for e in engines {
         e.stop();
     }
     // stop() closes every queue: the TUN disappears.
-    assert!(!try_sh(&["ip", "-n", &t.node(1), "link", "show", dev]), "tun device must be gone after stop");
+    assert!(
+        !try_sh(&["ip", "-n", &t.node(1), "link", "show", dev]),
+        "tun device must be gone after stop"
+    );
 }
 
 #[test]
@@ -151,12 +183,22 @@ fn vxlan_kernel_interop() {
         t.kernel_vxlan(2, &mac_str(2), &[(1, &mac_str(1))]);
         assert!(t.ping_eventually(1, "10.244.2.2", &[]), "weft -> kernel");
         assert!(t.ping_eventually(2, "10.244.1.2", &[]), "kernel -> weft");
-        assert!(t.ping(1, "10.244.2.2", &["-M", "do", "-s", "1422"]), "MTU ping weft -> kernel");
-        assert!(t.ping(2, "10.244.1.2", &["-M", "do", "-s", "1422"]), "MTU ping kernel -> weft");
+        assert!(
+            t.ping(1, "10.244.2.2", &["-M", "do", "-s", "1422"]),
+            "MTU ping weft -> kernel"
+        );
+        assert!(
+            t.ping(2, "10.244.1.2", &["-M", "do", "-s", "1422"]),
+            "MTU ping kernel -> weft"
+        );
         t.iperf(1, 2, false);
         t.iperf(2, 1, false);
         let s = e.stats();
-        assert_eq!(s.drops.wrong_dst_mac + s.drops.bad_vni + s.drops.malformed, 0, "{s:?}");
+        assert_eq!(
+            s.drops.wrong_dst_mac + s.drops.bad_vni + s.drops.malformed,
+            0,
+            "{s:?}"
+        );
         e.stop();
     }
 }
@@ -172,7 +214,10 @@ fn garbage_is_dropped_and_counted() {
     // Node 2 has no engine: the test sends crafted datagrams from its address.
     let valid_inner = {
         let mut v = Vec::new();
-        etherparse::PacketBuilder::ipv4([10, 244, 2, 2], [10, 244, 1, 2], 64).udp(1, 2).write(&mut v, b"hello").expect("build");
+        etherparse::PacketBuilder::ipv4([10, 244, 2, 2], [10, 244, 1, 2], 64)
+            .udp(1, 2)
+            .write(&mut v, b"hello")
+            .expect("build");
         v
     };
     let frame = |vni: u32, dst: [u8; 6], inner: &[u8]| {
@@ -196,7 +241,7 @@ fn garbage_is_dropped_and_counted() {
         vec![],
         vec![0x08],
         vec![0; 7],
-        vec![0; 64],                               // no I flag
+        vec![0; 64],                                // no I flag
         frame(2, mac_of(1), &valid_inner),          // bad VNI
         frame(1, [2, 9, 9, 9, 9, 9], &valid_inner), // wrong dst MAC
         frame(1, mac_of(1), &valid_inner[..10]),    // truncated inner
@@ -214,7 +259,11 @@ fn garbage_is_dropped_and_counted() {
     });
     let ok = wait_for(10, || {
         let d = e.stats().drops;
-        d.bad_vni == 1 && d.wrong_dst_mac == 1 && d.spoofed_source == 1 && d.malformed == 6 && e.stats().rx_packets == 1
+        d.bad_vni == 1
+            && d.wrong_dst_mac == 1
+            && d.spoofed_source == 1
+            && d.malformed == 6
+            && e.stats().rx_packets == 1
     });
     assert!(ok, "counters: {:?}", e.stats());
 
@@ -227,7 +276,12 @@ fn garbage_is_dropped_and_counted() {
             s.send_to(d, "192.0.2.1:8472").expect("send");
         }
     });
-    assert!(wait_for(10, || e.stats().drops.unknown_peer == datagrams.len() as u64), "{:?}", e.stats());
+    assert!(
+        wait_for(10, || e.stats().drops.unknown_peer
+            == datagrams.len() as u64),
+        "{:?}",
+        e.stats()
+    );
     assert_eq!(e.stats().rx_packets, 1);
     e.stop();
 
@@ -244,8 +298,15 @@ fn garbage_is_dropped_and_counted() {
             s.send_to(d, "192.0.2.1:8472").expect("send");
         }
     });
-    assert!(wait_for(10, || e.stats().rx_packets == 2), "{:?}", e.stats());
-    assert_eq!(e.stats().drops.unknown_peer + e.stats().drops.spoofed_source, 0);
+    assert!(
+        wait_for(10, || e.stats().rx_packets == 2),
+        "{:?}",
+        e.stats()
+    );
+    assert_eq!(
+        e.stats().drops.unknown_peer + e.stats().drops.spoofed_source,
+        0
+    );
 
     // flannel-UDP: short and TTL-1 packets.
     let u = {
@@ -256,7 +317,13 @@ fn garbage_is_dropped_and_counted() {
     u.set_peers(peers_for(1, 2, &[], false));
     let mut ttl1 = valid_inner.clone();
     ttl1[8] = 1;
-    let sent = vec![vec![0x45; 19], vec![0x60; 40], ttl1, valid_inner.clone(), vec![0xff; 3000]];
+    let sent = vec![
+        vec![0x45; 19],
+        vec![0x60; 40],
+        ttl1,
+        valid_inner.clone(),
+        vec![0xff; 3000],
+    ];
     in_netns(&node2, move || {
         let s = UdpSocket::bind("192.0.2.2:0").expect("bind");
         for d in &sent {
@@ -281,12 +348,60 @@ fn vxlan_dual_stack() {
     for n in 1..=2usize {
         let m = 3 - n;
         let node = t.node(n);
-        sh(&["ip", "netns", "exec", &node, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
-        t.ip(n, &["addr", "add", &format!("2001:db8::{n}/64"), "dev", "eth0", "nodad"]);
-        t.ip(n, &["addr", "add", &format!("fd00:10:244:{n}::1/64"), "dev", "cni0", "nodad"]);
+        sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &node,
+            "sysctl",
+            "-qw",
+            "net.ipv6.conf.all.forwarding=1",
+        ]);
+        t.ip(
+            n,
+            &[
+                "addr",
+                "add",
+                &format!("2001:db8::{n}/64"),
+                "dev",
+                "eth0",
+                "nodad",
+            ],
+        );
+        t.ip(
+            n,
+            &[
+                "addr",
+                "add",
+                &format!("fd00:10:244:{n}::1/64"),
+                "dev",
+                "cni0",
+                "nodad",
+            ],
+        );
         let pod = t.pod(n);
-        sh(&["ip", "-n", &pod, "addr", "add", &format!("fd00:10:244:{n}::2/64"), "dev", "eth0", "nodad"]);
-        sh(&["ip", "-n", &pod, "-6", "route", "add", "default", "via", &format!("fd00:10:244:{n}::1")]);
+        sh(&[
+            "ip",
+            "-n",
+            &pod,
+            "addr",
+            "add",
+            &format!("fd00:10:244:{n}::2/64"),
+            "dev",
+            "eth0",
+            "nodad",
+        ]);
+        sh(&[
+            "ip",
+            "-n",
+            &pod,
+            "-6",
+            "route",
+            "add",
+            "default",
+            "via",
+            &format!("fd00:10:244:{n}::1"),
+        ]);
 
         let v4 = start_engine(&node, vxlan_cfg(n));
         v4.set_peers(peers_for(n, 2, &[], true));
@@ -295,7 +410,11 @@ fn vxlan_dual_stack() {
         let peer_mac6 = [0x02, 0, 0, 6, u8::try_from(m).expect("small"), 1];
         let cfg6 = EngineConfig {
             tun_name: "flannel-v6.1".into(),
-            encap: Encap::Vxlan { vni: 1, port: 8472, local_mac: mac6 },
+            encap: Encap::Vxlan {
+                vni: 1,
+                port: 8472,
+                local_mac: mac6,
+            },
             local_addr: format!("2001:db8::{n}").parse().expect("v6"),
             mtu: 1430,
             ..vxlan_cfg(n)
@@ -306,21 +425,72 @@ fn vxlan_dual_stack() {
             endpoint: format!("2001:db8::{m}").parse().expect("v6"),
             vtep_mac: Some(peer_mac6),
         }]);
-        t.ip(n, &["addr", "add", &format!("fd00:10:244:{n}::/128"), "dev", "flannel-v6.1", "nodad"]);
+        t.ip(
+            n,
+            &[
+                "addr",
+                "add",
+                &format!("fd00:10:244:{n}::/128"),
+                "dev",
+                "flannel-v6.1",
+                "nodad",
+            ],
+        );
         t.ip(n, &["link", "set", "flannel-v6.1", "mtu", "1430", "up"]);
-        t.ip(n, &["-6", "route", "add", &format!("fd00:10:244:{m}::/64"), "dev", "flannel-v6.1"]);
+        t.ip(
+            n,
+            &[
+                "-6",
+                "route",
+                "add",
+                &format!("fd00:10:244:{m}::/64"),
+                "dev",
+                "flannel-v6.1",
+            ],
+        );
         engines.push((v4, v6));
     }
     assert!(t.ping_eventually(1, "10.244.2.2", &[]), "v4");
-    assert!(t.ping_eventually(1, "fd00:10:244:2::2", &[]), "v6 pod 1 -> 2");
-    assert!(t.ping_eventually(2, "fd00:10:244:1::2", &[]), "v6 pod 2 -> 1");
-    assert!(t.ping(1, "fd00:10:244:2::2", &["-M", "do", "-s", "1382"]), "v6 MTU-sized ping");
+    assert!(
+        t.ping_eventually(1, "fd00:10:244:2::2", &[]),
+        "v6 pod 1 -> 2"
+    );
+    assert!(
+        t.ping_eventually(2, "fd00:10:244:1::2", &[]),
+        "v6 pod 2 -> 1"
+    );
+    assert!(
+        t.ping(1, "fd00:10:244:2::2", &["-M", "do", "-s", "1382"]),
+        "v6 MTU-sized ping"
+    );
     // TCP bulk over v6 inner + v6 underlay.
     let pod2 = t.pod(2);
-    t.spawn(&["ip", "netns", "exec", &pod2, "iperf3", "-s", "-1", "-B", "fd00:10:244:2::2"]);
+    t.spawn(&[
+        "ip",
+        "netns",
+        "exec",
+        &pod2,
+        "iperf3",
+        "-s",
+        "-1",
+        "-B",
+        "fd00:10:244:2::2",
+    ]);
     let pod1 = t.pod(1);
     let ok = wait_for(30, || {
-        try_sh(&["ip", "netns", "exec", &pod1, "iperf3", "-c", "fd00:10:244:2::2", "-t", "2", "--connect-timeout", "2000"])
+        try_sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &pod1,
+            "iperf3",
+            "-c",
+            "fd00:10:244:2::2",
+            "-t",
+            "2",
+            "--connect-timeout",
+            "2000",
+        ])
     });
     assert!(ok, "v6 iperf3");
     let s6 = engines[0].1.stats();

@@ -24,7 +24,6 @@ mod tests;
 pub use manager::SubnetManager;
 
 use std::collections::BTreeSet;
-use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, SystemTime};
 
 use ipnet::{Ipv4Net, Ipv6Net};
@@ -161,70 +160,29 @@ impl<R: Registry> LocalManager<R> {
         }
     }
 
-    /// flannel's `isSubnetConfigCompat` for both families.
+    /// flannel's `isSubnetConfigCompat` for both families (the IPv4 check is
+    /// skipped for an IPv6-only network).
     fn is_compatible(&self, l: &Lease) -> bool {
         let c = &self.cfg;
-        let v4_ok = if c.enable_ipv4 {
-            l.subnet.is_some_and(|s| {
-                s.addr() >= c.subnet_min && s.addr() <= c.subnet_max && u32::from(s.prefix_len()) == c.subnet_len
-            })
-        } else {
-            true
-        };
-        let v6_ok = if c.enable_ipv6 {
-            l.ipv6_subnet.is_some_and(|s| {
-                c.ipv6_subnet_min.is_some_and(|min| s.addr() >= min)
-                    && c.ipv6_subnet_max.is_some_and(|max| s.addr() <= max)
-                    && u32::from(s.prefix_len()) == c.ipv6_subnet_len
-            })
-        } else {
-            l.ipv6_subnet.is_none()
-        };
-        v4_ok && v6_ok
+        (!c.enable_ipv4 || c.is_subnet_compatible(l.subnet)) && c.is_ipv6_subnet_compatible(l.ipv6_subnet)
     }
 
     fn pick_v4(&self, taken: &BTreeSet<Ipv4Net>, wide: &[Ipv4Net]) -> Result<Ipv4Net, SubnetError> {
         let c = &self.cfg;
-        let len = u8::try_from(c.subnet_len).ok().filter(|l| (1..=32).contains(l));
-        let len = len.ok_or(SubnetError::Unchecked("SubnetLen"))?;
-        let step = 1u64 << (32 - u32::from(len));
-        let (min, max) = (u64::from(u32::from(c.subnet_min)), u64::from(u32::from(c.subnet_max)));
-        tracing::info!("Picking subnet in range {} ... {}", c.subnet_min, c.subnet_max);
-        let mut free = Vec::with_capacity(CANDIDATES);
-        let mut ip = min;
-        while ip <= max && free.len() < CANDIDATES {
-            let net = Ipv4Net::new_assert(Ipv4Addr::from(u32::try_from(ip).unwrap_or(u32::MAX)), len);
-            if !overlaps4(taken, wide, net) {
-                free.push(net);
-            }
-            ip += step;
+        if !(1..=32).contains(&c.subnet_len) {
+            return Err(SubnetError::Unchecked("SubnetLen"));
         }
-        choose(free)
+        tracing::info!("Picking subnet in range {} ... {}", c.subnet_min, c.subnet_max);
+        choose(c.subnet_candidates().filter(|n| !overlaps4(taken, wide, *n)).take(CANDIDATES).collect())
     }
 
     fn pick_v6(&self, taken: &BTreeSet<Ipv6Net>, wide: &[Ipv6Net]) -> Result<Ipv6Net, SubnetError> {
         let c = &self.cfg;
-        let len = u8::try_from(c.ipv6_subnet_len).ok().filter(|l| (1..=128).contains(l));
-        let len = len.ok_or(SubnetError::Unchecked("IPv6SubnetLen"))?;
-        let (Some(min6), Some(max6)) = (c.ipv6_subnet_min, c.ipv6_subnet_max) else {
+        let (Some(min), Some(max)) = (c.ipv6_subnet_min, c.ipv6_subnet_max) else {
             return Err(SubnetError::Unchecked("IPv6SubnetMin/Max"));
         };
-        let step = 1u128 << (128 - u32::from(len));
-        let (min, max) = (u128::from(min6), u128::from(max6));
-        tracing::info!("Picking subnet in range {min6} ... {max6}");
-        let mut free = Vec::with_capacity(CANDIDATES);
-        let mut ip = min;
-        while ip <= max && free.len() < CANDIDATES {
-            let net = Ipv6Net::new_assert(Ipv6Addr::from(ip), len);
-            if !overlaps6(taken, wide, net) {
-                free.push(net);
-            }
-            match ip.checked_add(step) {
-                Some(n) => ip = n,
-                None => break,
-            }
-        }
-        choose(free)
+        tracing::info!("Picking subnet in range {min} ... {max}");
+        choose(c.ipv6_subnet_candidates().filter(|n| !overlaps6(taken, wide, *n)).take(CANDIDATES).collect())
     }
 }
 

@@ -74,11 +74,14 @@ pub struct Gro {
     coalesced: u64,
 }
 
-
 /// A segment may be merged when its TCP checksum is valid, or partial (see
 /// [`super::partial_checksum`]): the merged packet is handed over as partial anyway.
 fn tcp_csum_ok(pkt: &[u8], v6: bool, ip_hl: usize) -> bool {
-    let (src, dst) = if v6 { (8..24, 24..40) } else { (12..16, 16..20) };
+    let (src, dst) = if v6 {
+        (8..24, 24..40)
+    } else {
+        (12..16, 16..20)
+    };
     let seg = &pkt[ip_hl..];
     let len = u32::try_from(seg.len()).unwrap_or(0);
     let ps = checksum::pseudo_v4(&pkt[src], &pkt[dst], ipv4::PROTO_TCP, len);
@@ -91,7 +94,12 @@ fn tcp_csum_ok(pkt: &[u8], v6: bool, ip_hl: usize) -> bool {
 impl Gro {
     /// An empty table for a TUN with this MTU.
     pub fn new(mtu: usize) -> Self {
-        Gro { mtu, items: Vec::with_capacity(MAX_ITEMS), extra: vec![(0, 0); MAX_ITEMS * (MAX_SEGS - 1)], coalesced: 0 }
+        Gro {
+            mtu,
+            items: Vec::with_capacity(MAX_ITEMS),
+            extra: vec![(0, 0); MAX_ITEMS * (MAX_SEGS - 1)],
+            coalesced: 0,
+        }
     }
 
     /// Number of queued items.
@@ -180,7 +188,11 @@ impl Gro {
             6 if pkt.len() >= 60 && pkt[6] == ipv4::PROTO_TCP => (true, 40),
             _ => return None,
         };
-        let mut key = FlowKey { v6, ports: crate::wire::be32(pkt, ip_hl), ..FlowKey::default() };
+        let mut key = FlowKey {
+            v6,
+            ports: crate::wire::be32(pkt, ip_hl),
+            ..FlowKey::default()
+        };
         if v6 {
             key.src.copy_from_slice(&pkt[8..24]);
             key.dst.copy_from_slice(&pkt[24..40]);
@@ -280,7 +292,9 @@ impl Gro {
             let mut hdr = none;
             if it.nsegs > 1 || it.oversize {
                 hdr = Self::finalize(&it, &mut arena[it.start..it.start + it.first_len]).to_bytes();
-            } else if let Some((start, off)) = super::partial_checksum(&arena[it.start..it.start + it.first_len]) {
+            } else if let Some((start, off)) =
+                super::partial_checksum(&arena[it.start..it.start + it.first_len])
+            {
                 hdr = vnet::VnetHdr {
                     flags: vnet::F_NEEDS_CSUM,
                     csum_start: u16::try_from(start).unwrap_or(0),
@@ -307,9 +321,14 @@ impl Gro {
     /// Rewrites the head packet's headers for the coalesced length and returns its vnet header.
     fn finalize(it: &Item, head: &mut [u8]) -> vnet::VnetHdr {
         let tcp_len = it.total - it.ip_hl;
-        let (src, dst) = if it.key.v6 { (8..24, 24..40) } else { (12..16, 16..20) };
+        let (src, dst) = if it.key.v6 {
+            (8..24, 24..40)
+        } else {
+            (12..16, 16..20)
+        };
         if it.key.v6 {
-            ipv6::Packet::new_unchecked(&mut *head).set_payload_len(u16::try_from(tcp_len).unwrap_or(u16::MAX));
+            ipv6::Packet::new_unchecked(&mut *head)
+                .set_payload_len(u16::try_from(tcp_len).unwrap_or(u16::MAX));
         } else {
             let mut ip = ipv4::Packet::new_unchecked(&mut *head);
             ip.set_total_len(u16::try_from(it.total).unwrap_or(u16::MAX));
@@ -320,11 +339,24 @@ impl Gro {
             head[it.ip_hl + 13] = f | tcp::PSH;
         }
         // NEEDS_CSUM: the field holds the folded (not complemented) pseudo-header sum.
-        let ps = checksum::pseudo_v4(&head[src], &head[dst], ipv4::PROTO_TCP, u32::try_from(tcp_len).unwrap_or(0));
-        put16(head, it.ip_hl + tcp::CHECKSUM_OFFSET, u16::try_from(ps).unwrap_or(0));
+        let ps = checksum::pseudo_v4(
+            &head[src],
+            &head[dst],
+            ipv4::PROTO_TCP,
+            u32::try_from(tcp_len).unwrap_or(0),
+        );
+        put16(
+            head,
+            it.ip_hl + tcp::CHECKSUM_OFFSET,
+            u16::try_from(ps).unwrap_or(0),
+        );
         vnet::VnetHdr {
             flags: vnet::F_NEEDS_CSUM,
-            gso_type: if it.key.v6 { vnet::GSO_TCPV6 } else { vnet::GSO_TCPV4 },
+            gso_type: if it.key.v6 {
+                vnet::GSO_TCPV6
+            } else {
+                vnet::GSO_TCPV4
+            },
             hdr_len: u16::try_from(it.hdrs).unwrap_or(0),
             gso_size: u16::try_from(it.gso_size).unwrap_or(0),
             csum_start: u16::try_from(it.ip_hl).unwrap_or(0),

@@ -34,7 +34,8 @@ fn run(pkts: &[Vec<u8>]) -> Vec<(VnetHdr, Vec<u8>)> {
 /// Completes the NEEDS_CSUM partial checksum like the kernel would, then checks everything.
 fn kernel_view(h: &VnetHdr, mut pkt: Vec<u8>) -> (u32, u8, Vec<u8>) {
     if h.flags & vnet::F_NEEDS_CSUM != 0 {
-        crate::offload::gso::complete_checksum(&mut pkt, h.csum_start.into(), h.csum_offset.into()).expect("csum");
+        crate::offload::gso::complete_checksum(&mut pkt, h.csum_start.into(), h.csum_offset.into())
+            .expect("csum");
     }
     check_tcp(&pkt)
 }
@@ -79,7 +80,11 @@ fn gso_then_gro_round_trips() {
     let segs = crate::offload::gso::tcp_segment(&sp, 1200, 0, &mut out).expect("gso");
     let pkts: Vec<Vec<u8>> = (0..segs.count)
         .map(|i| {
-            let len = if i + 1 == segs.count { segs.last_len } else { segs.stride };
+            let len = if i + 1 == segs.count {
+                segs.last_len
+            } else {
+                segs.stride
+            };
             out[i * segs.stride..i * segs.stride + len].to_vec()
         })
         .collect();
@@ -102,9 +107,22 @@ fn gaps_flows_and_non_data_keep_order() {
     let (f1, _) = flow(3, 1000, 1000, 0);
     let mut f2 = Vec::new();
     for i in 0..3u32 {
-        f2.push(tcp4([10, 244, 1, 9], [10, 244, 2, 3], 100 + i * 1000, &payload(1000, i), false));
+        f2.push(tcp4(
+            [10, 244, 1, 9],
+            [10, 244, 2, 3],
+            100 + i * 1000,
+            &payload(1000, i),
+            false,
+        ));
     }
-    pkts = vec![f1[0].clone(), f2[0].clone(), f1[1].clone(), f2[1].clone(), f1[2].clone(), f2[2].clone()];
+    pkts = vec![
+        f1[0].clone(),
+        f2[0].clone(),
+        f1[1].clone(),
+        f2[1].clone(),
+        f1[2].clone(),
+        f2[2].clone(),
+    ];
     let w = run(&pkts);
     assert_eq!(w.len(), 2);
     assert_eq!(&w[0].1[12..16], &[10, 244, 1, 2]);
@@ -124,7 +142,10 @@ fn corrupted_segment_is_not_merged() {
     let w = run(&pkts);
     // The first stays alone (its successor is bad), the bad one alone, the third alone.
     assert_eq!(w.len(), 3);
-    assert_eq!(w[1].1, pkts[1], "the corrupt segment is handed to the kernel untouched");
+    assert_eq!(
+        w[1].1, pkts[1],
+        "the corrupt segment is handed to the kernel untouched"
+    );
 }
 
 #[test]
@@ -164,7 +185,10 @@ fn partial_checksums_from_offloading_senders_are_marked() {
     assert_eq!(kernel_view(&w[0].0, w[0].1.clone()).2, all);
     // A single one is written with NEEDS_CSUM so the kernel accepts it.
     let w = run(&pkts[..1]);
-    assert_eq!((w[0].0.flags, w[0].0.csum_start, w[0].0.csum_offset), (vnet::F_NEEDS_CSUM, 20, 16));
+    assert_eq!(
+        (w[0].0.flags, w[0].0.csum_start, w[0].0.csum_offset),
+        (vnet::F_NEEDS_CSUM, 20, 16)
+    );
     kernel_view(&w[0].0, w[0].1.clone());
     // A complete checksum is not mistaken for a partial one.
     let (full, _) = flow(1, 10, 10, 0);
@@ -179,6 +203,9 @@ fn oversize_single_packet_becomes_gso() {
     let w = run(&[p]);
     assert_eq!(w.len(), 1);
     let h = w[0].0;
-    assert_eq!((h.gso_type, h.gso_size, h.flags), (vnet::GSO_TCPV4, 1500 - 52, vnet::F_NEEDS_CSUM));
+    assert_eq!(
+        (h.gso_type, h.gso_size, h.flags),
+        (vnet::GSO_TCPV4, 1500 - 52, vnet::F_NEEDS_CSUM)
+    );
     assert_eq!(kernel_view(&h, w[0].1.clone()).2, data);
 }

@@ -52,11 +52,17 @@ fn layout(pkt: &[u8]) -> Result<Layout, DropReason> {
                 0 => pkt.len(),
                 tl => tl,
             };
-            if hl < ipv4::HEADER_LEN || tl > pkt.len() || tl < hl || p.protocol() != ipv4::PROTO_TCP {
+            if hl < ipv4::HEADER_LEN || tl > pkt.len() || tl < hl || p.protocol() != ipv4::PROTO_TCP
+            {
                 return Err(DropReason::Malformed);
             }
             let t = tcp::Packet::new_checked(&pkt[hl..tl]).map_err(|_| DropReason::Malformed)?;
-            Ok(Layout { v6: false, ip_hl: hl, hdrs: hl + t.header_len(), len: tl })
+            Ok(Layout {
+                v6: false,
+                ip_hl: hl,
+                hdrs: hl + t.header_len(),
+                len: tl,
+            })
         }
         Some(6) => {
             let p = ipv6::Packet::new_checked(pkt).map_err(|_| DropReason::Malformed)?;
@@ -64,8 +70,14 @@ fn layout(pkt: &[u8]) -> Result<Layout, DropReason> {
                 return Err(DropReason::Malformed);
             }
             let tl = ipv6::HEADER_LEN + usize::from(p.payload_len());
-            let t = tcp::Packet::new_checked(&pkt[ipv6::HEADER_LEN..tl]).map_err(|_| DropReason::Malformed)?;
-            Ok(Layout { v6: true, ip_hl: ipv6::HEADER_LEN, hdrs: ipv6::HEADER_LEN + t.header_len(), len: tl })
+            let t = tcp::Packet::new_checked(&pkt[ipv6::HEADER_LEN..tl])
+                .map_err(|_| DropReason::Malformed)?;
+            Ok(Layout {
+                v6: true,
+                ip_hl: ipv6::HEADER_LEN,
+                hdrs: ipv6::HEADER_LEN + t.header_len(),
+                len: tl,
+            })
         }
         _ => Err(DropReason::Malformed),
     }
@@ -87,7 +99,12 @@ pub fn required_len(pkt: &[u8], gso_size: usize, headroom: usize) -> Option<usiz
 /// Cuts the TCP super-packet `pkt` into segments of `gso_size` payload bytes
 /// written to `out` (see the module doc for the layout). The checksum field of
 /// `pkt` may hold anything (the kernel leaves a partial sum there).
-pub fn tcp_segment(pkt: &[u8], gso_size: usize, headroom: usize, out: &mut [u8]) -> Result<Segments, DropReason> {
+pub fn tcp_segment(
+    pkt: &[u8],
+    gso_size: usize,
+    headroom: usize,
+    out: &mut [u8],
+) -> Result<Segments, DropReason> {
     if gso_size == 0 {
         return Err(DropReason::Malformed);
     }
@@ -96,14 +113,26 @@ pub fn tcp_segment(pkt: &[u8], gso_size: usize, headroom: usize, out: &mut [u8])
     let count = payload.len().div_ceil(gso_size).max(1);
     let stride = headroom + l.hdrs + gso_size;
     let last_payload = payload.len() - (count - 1) * gso_size;
-    let segs = Segments { count, stride, last_len: headroom + l.hdrs + last_payload };
+    let segs = Segments {
+        count,
+        stride,
+        last_len: headroom + l.hdrs + last_payload,
+    };
     if out.len() < segs.total_len() {
         return Err(DropReason::Mtu);
     }
     let th = tcp::Packet::new_unchecked(&pkt[l.ip_hl..l.hdrs]);
     let (seq0, flags0) = (th.seq(), th.flags());
-    let ident0 = if l.v6 { 0 } else { ipv4::Packet::new_unchecked(pkt).ident() };
-    let (src, dst) = if l.v6 { (8..24, 24..40) } else { (12..16, 16..20) };
+    let ident0 = if l.v6 {
+        0
+    } else {
+        ipv4::Packet::new_unchecked(pkt).ident()
+    };
+    let (src, dst) = if l.v6 {
+        (8..24, 24..40)
+    } else {
+        (12..16, 16..20)
+    };
     let tcp_hl = l.hdrs - l.ip_hl;
 
     for i in 0..count {
@@ -145,8 +174,14 @@ pub fn tcp_segment(pkt: &[u8], gso_size: usize, headroom: usize, out: &mut [u8])
 /// Completes a partial checksum (`VIRTIO_NET_HDR_F_NEEDS_CSUM` on a non-GSO
 /// packet): the field at `csum_start + csum_offset` holds the folded
 /// pseudo-header sum; the result covers everything from `csum_start`.
-pub fn complete_checksum(pkt: &mut [u8], csum_start: usize, csum_offset: usize) -> Result<(), DropReason> {
-    let field = csum_start.checked_add(csum_offset).ok_or(DropReason::Malformed)?;
+pub fn complete_checksum(
+    pkt: &mut [u8],
+    csum_start: usize,
+    csum_offset: usize,
+) -> Result<(), DropReason> {
+    let field = csum_start
+        .checked_add(csum_offset)
+        .ok_or(DropReason::Malformed)?;
     if field.checked_add(2).is_none_or(|end| end > pkt.len()) {
         return Err(DropReason::Malformed);
     }

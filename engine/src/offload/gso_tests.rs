@@ -15,7 +15,11 @@ fn segment_and_check(pkt: &[u8], gso: usize, headroom: usize, ip_hl: usize) -> V
     assert!(segs.total_len() <= need);
     let mut res = Vec::new();
     for i in 0..segs.count {
-        let len = if i + 1 == segs.count { segs.last_len } else { segs.stride };
+        let len = if i + 1 == segs.count {
+            segs.last_len
+        } else {
+            segs.stride
+        };
         let seg = out[i * segs.stride + headroom..i * segs.stride + len].to_vec();
         assert!(seg.len() - ip_hl <= 32 + gso + 20);
         res.push(seg);
@@ -37,10 +41,17 @@ fn ipv4_super_packet_is_cut_like_the_kernel() {
     for (i, s) in segs.iter().enumerate() {
         let (seq, flags, pl) = check_tcp(s);
         assert_eq!(seq, 1000 + 1400 * i as u32);
-        assert_eq!(u16::from_be_bytes([s[4], s[5]]), ident0.wrapping_add(i as u16));
+        assert_eq!(
+            u16::from_be_bytes([s[4], s[5]]),
+            ident0.wrapping_add(i as u16)
+        );
         assert_eq!(usize::from(u16::from_be_bytes([s[2], s[3]])), s.len());
         let last = i == 3;
-        assert_eq!(flags & (tcp::PSH | tcp::FIN) != 0, last, "segment {i} flags {flags:#x}");
+        assert_eq!(
+            flags & (tcp::PSH | tcp::FIN) != 0,
+            last,
+            "segment {i} flags {flags:#x}"
+        );
         assert_eq!(pl.len(), if last { 800 } else { 1400 });
         joined.extend_from_slice(&pl);
     }
@@ -85,9 +96,15 @@ fn bad_input_is_an_error_not_a_panic() {
     let sp = tcp4([1, 1, 1, 1], [2, 2, 2, 2], 0, &payload(3000, 5), false);
     let mut out = vec![0; 70000];
     assert_eq!(tcp_segment(&sp, 0, 0, &mut out), Err(DropReason::Malformed));
-    assert_eq!(tcp_segment(&sp, 1000, 0, &mut out[..100]), Err(DropReason::Mtu));
+    assert_eq!(
+        tcp_segment(&sp, 1000, 0, &mut out[..100]),
+        Err(DropReason::Mtu)
+    );
     let udp = udp4([1, 1, 1, 1], [2, 2, 2, 2], 5, &[0; 100]);
-    assert_eq!(tcp_segment(&udp, 1000, 0, &mut out), Err(DropReason::Malformed));
+    assert_eq!(
+        tcp_segment(&udp, 1000, 0, &mut out),
+        Err(DropReason::Malformed)
+    );
     for len in 0..sp.len().min(80) {
         let _ = tcp_segment(&sp[..len], 1000, 22, &mut out);
         let _ = required_len(&sp[..len], 1000, 22);
@@ -113,5 +130,8 @@ fn partial_udp_checksum_is_completed() {
     p[26..28].copy_from_slice(&(ps as u16).to_be_bytes());
     complete_checksum(&mut p, 20, 6).expect("complete");
     assert_eq!(u16::from_be_bytes([p[26], p[27]]), want);
-    assert_eq!(complete_checksum(&mut p, 20, 400), Err(DropReason::Malformed));
+    assert_eq!(
+        complete_checksum(&mut p, 20, 400),
+        Err(DropReason::Malformed)
+    );
 }

@@ -54,19 +54,31 @@ pub struct Device {
 
 fn open_queue(name: &str, flags: libc::c_short) -> io::Result<(Queue, String)> {
     let path = c"/dev/net/tun";
-    let fd = syscall!(open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NONBLOCK))?;
+    let fd = syscall!(open(
+        path.as_ptr(),
+        libc::O_RDWR | libc::O_CLOEXEC | libc::O_NONBLOCK
+    ))?;
     // SAFETY: `fd` was just returned by open() and is owned by nobody else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut req = IfReq { name: [0; libc::IFNAMSIZ], flags, _pad: [0; 22] };
+    let mut req = IfReq {
+        name: [0; libc::IFNAMSIZ],
+        flags,
+        _pad: [0; 22],
+    };
     if name.len() >= libc::IFNAMSIZ || name.as_bytes().contains(&0) {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "bad interface name"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "bad interface name",
+        ));
     }
     for (d, s) in req.name.iter_mut().zip(name.as_bytes()) {
         *d = *s as libc::c_char;
     }
     syscall!(ioctl(fd.as_raw_fd(), TUNSETIFF, &mut req as *mut IfReq))?;
     // SAFETY: the kernel NUL-terminates ifr_name within IFNAMSIZ; the buffer is zero-initialised.
-    let actual = unsafe { CStr::from_ptr(req.name.as_ptr()) }.to_string_lossy().into_owned();
+    let actual = unsafe { CStr::from_ptr(req.name.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
     Ok((Queue { fd }, actual))
 }
 
@@ -92,7 +104,13 @@ pub fn open(name: &str, queues: usize, want_offload: bool) -> io::Result<Device>
     if vnet_hdr {
         // USO is not requested: the engine segments TCP only, so the kernel keeps doing UDP.
         for set in [TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6, TUN_F_CSUM, 0] {
-            if syscall!(ioctl(first.fd.as_raw_fd(), TUNSETOFFLOAD, libc::c_ulong::from(set))).is_ok() {
+            if syscall!(ioctl(
+                first.fd.as_raw_fd(),
+                TUNSETOFFLOAD,
+                libc::c_ulong::from(set)
+            ))
+            .is_ok()
+            {
                 offload = set;
                 break;
             }
@@ -103,7 +121,12 @@ pub fn open(name: &str, queues: usize, want_offload: bool) -> io::Result<Device>
     for _ in 1..queues.max(1) {
         qs.push(open_queue(&actual, flags)?.0);
     }
-    Ok(Device { queues: qs, name: actual, vnet_hdr, offload })
+    Ok(Device {
+        queues: qs,
+        name: actual,
+        vnet_hdr,
+        offload,
+    })
 }
 
 impl Queue {
@@ -114,7 +137,11 @@ impl Queue {
 
     /// Reads one packet (with its vnet header when enabled). `Ok(None)` on EAGAIN.
     pub fn read(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        match syscall!(read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len())) {
+        match syscall!(read(
+            self.fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len()
+        )) {
             Ok(n) => Ok(Some(usize::try_from(n).unwrap_or(0))),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
             Err(e) => Err(e),
@@ -125,7 +152,11 @@ impl Queue {
     pub fn writev(&self, iov: &[IoSlice<'_>]) -> io::Result<usize> {
         let cnt = libc::c_int::try_from(iov.len()).unwrap_or(libc::c_int::MAX);
         // IoSlice is guaranteed ABI-compatible with `struct iovec` on Unix.
-        let n = syscall!(writev(self.fd.as_raw_fd(), iov.as_ptr().cast::<libc::iovec>(), cnt))?;
+        let n = syscall!(writev(
+            self.fd.as_raw_fd(),
+            iov.as_ptr().cast::<libc::iovec>(),
+            cnt
+        ))?;
         Ok(usize::try_from(n).unwrap_or(0))
     }
 }

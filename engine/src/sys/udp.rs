@@ -46,7 +46,11 @@ pub struct RxMeta {
 
 impl Default for RxMeta {
     fn default() -> Self {
-        RxMeta { src: IpAddr::V4(Ipv4Addr::UNSPECIFIED), len: 0, stride: 0 }
+        RxMeta {
+            src: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            len: 0,
+            stride: 0,
+        }
     }
 }
 
@@ -56,17 +60,38 @@ pub struct Udp {
     fd: OwnedFd,
 }
 
-fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
+fn setsockopt_int(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    v: libc::c_int,
+) -> io::Result<()> {
     let len = libc::socklen_t::try_from(size_of::<libc::c_int>()).unwrap_or(4);
-    syscall!(setsockopt(fd, level, name, (&v as *const libc::c_int).cast(), len)).map(drop)
+    syscall!(setsockopt(
+        fd,
+        level,
+        name,
+        (&v as *const libc::c_int).cast(),
+        len
+    ))
+    .map(drop)
 }
 
 impl Udp {
     /// Binds `addr`. `reuse_port` lets every worker bind the same port; `buf`
     /// bytes of send and receive buffer are forced (`SO_*BUFFORCE`, falling back
     /// to the capped `SO_*BUF`).
-    pub fn bind(addr: SocketAddr, reuse_port: bool, nonblocking: bool, buf: usize) -> io::Result<Self> {
-        let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
+    pub fn bind(
+        addr: SocketAddr,
+        reuse_port: bool,
+        nonblocking: bool,
+        buf: usize,
+    ) -> io::Result<Self> {
+        let domain = if addr.is_ipv4() {
+            Domain::IPV4
+        } else {
+            Domain::IPV6
+        };
         let s = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
         if addr.is_ipv6() {
             s.set_only_v6(true)?;
@@ -108,11 +133,17 @@ impl Udp {
         let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
         // SAFETY: as above.
         let mut names: [libc::sockaddr_in6; BATCH] = unsafe { zeroed() };
-        let mut iovs = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; BATCH];
+        let mut iovs = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; BATCH];
         let mut ctrl = [[0u64; 4]; BATCH];
         for (i, m) in msgs[..n].iter().enumerate() {
             let slice = &arena[m.start..m.start + m.len];
-            iovs[i] = libc::iovec { iov_base: slice.as_ptr() as *mut libc::c_void, iov_len: slice.len() };
+            iovs[i] = libc::iovec {
+                iov_base: slice.as_ptr() as *mut libc::c_void,
+                iov_len: slice.len(),
+            };
             let namelen = write_sockaddr(&mut names[i], m.dst);
             let h = &mut hdrs[i].msg_hdr;
             h.msg_name = (&mut names[i] as *mut libc::sockaddr_in6).cast();
@@ -140,7 +171,12 @@ impl Udp {
 
     /// Receives up to `meta.len()` datagrams into `arena`, slot `i` at
     /// `i * slot`. Returns how many were received (0 on EAGAIN).
-    pub fn recv_batch(&self, arena: &mut [u8], slot: usize, meta: &mut [RxMeta]) -> io::Result<usize> {
+    pub fn recv_batch(
+        &self,
+        arena: &mut [u8],
+        slot: usize,
+        meta: &mut [RxMeta],
+    ) -> io::Result<usize> {
         let n = meta.len().min(BATCH).min(arena.len() / slot.max(1));
         if n == 0 {
             return Ok(0);
@@ -149,20 +185,33 @@ impl Udp {
         let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
         // SAFETY: as above.
         let mut names: [libc::sockaddr_storage; BATCH] = unsafe { zeroed() };
-        let mut iovs = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; BATCH];
+        let mut iovs = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; BATCH];
         let mut ctrl = [[0u64; 8]; BATCH];
         for (i, chunk) in arena.chunks_exact_mut(slot).take(n).enumerate() {
-            iovs[i] = libc::iovec { iov_base: chunk.as_mut_ptr().cast(), iov_len: chunk.len() };
+            iovs[i] = libc::iovec {
+                iov_base: chunk.as_mut_ptr().cast(),
+                iov_len: chunk.len(),
+            };
             let h = &mut hdrs[i].msg_hdr;
             h.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
-            h.msg_namelen = libc::socklen_t::try_from(size_of::<libc::sockaddr_storage>()).unwrap_or(0);
+            h.msg_namelen =
+                libc::socklen_t::try_from(size_of::<libc::sockaddr_storage>()).unwrap_or(0);
             h.msg_iov = &mut iovs[i];
             h.msg_iovlen = 1;
             h.msg_control = ctrl[i].as_mut_ptr().cast();
             h.msg_controllen = size_of::<[u64; 8]>();
         }
         let cnt = libc::c_uint::try_from(n).unwrap_or(0);
-        let got = match syscall!(recvmmsg(self.fd.as_raw_fd(), hdrs.as_mut_ptr(), cnt, 0, std::ptr::null_mut())) {
+        let got = match syscall!(recvmmsg(
+            self.fd.as_raw_fd(),
+            hdrs.as_mut_ptr(),
+            cnt,
+            0,
+            std::ptr::null_mut()
+        )) {
             Ok(g) => usize::try_from(g).unwrap_or(0),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
             Err(e) => return Err(e),
@@ -182,7 +231,11 @@ impl Udp {
                     c = libc::CMSG_NXTHDR(h, c);
                 }
             }
-            meta[i] = RxMeta { src: read_sockaddr(&names[i]), len, stride: stride.max(1) };
+            meta[i] = RxMeta {
+                src: read_sockaddr(&names[i]),
+                len,
+                stride: stride.max(1),
+            };
         }
         Ok(got)
     }
@@ -194,18 +247,27 @@ fn write_sockaddr(out: &mut libc::sockaddr_in6, addr: SocketAddr) -> libc::sockl
             let sin = libc::sockaddr_in {
                 sin_family: libc::AF_INET as libc::sa_family_t,
                 sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
                 sin_zero: [0; 8],
             };
             // SAFETY: sockaddr_in6 (28 bytes) is larger than sockaddr_in (16 bytes) and both are plain data.
-            unsafe { std::ptr::write_unaligned((out as *mut libc::sockaddr_in6).cast::<libc::sockaddr_in>(), sin) };
+            unsafe {
+                std::ptr::write_unaligned(
+                    (out as *mut libc::sockaddr_in6).cast::<libc::sockaddr_in>(),
+                    sin,
+                )
+            };
             libc::socklen_t::try_from(size_of::<libc::sockaddr_in>()).unwrap_or(16)
         }
         SocketAddr::V6(a) => {
             out.sin6_family = libc::AF_INET6 as libc::sa_family_t;
             out.sin6_port = a.port().to_be();
             out.sin6_flowinfo = a.flowinfo();
-            out.sin6_addr = libc::in6_addr { s6_addr: a.ip().octets() };
+            out.sin6_addr = libc::in6_addr {
+                s6_addr: a.ip().octets(),
+            };
             out.sin6_scope_id = a.scope_id();
             libc::socklen_t::try_from(size_of::<libc::sockaddr_in6>()).unwrap_or(28)
         }

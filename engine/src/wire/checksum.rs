@@ -109,7 +109,11 @@ mod tests {
     fn reference(data: &[u8]) -> u32 {
         let mut s: u32 = 0;
         for c in data.chunks(2) {
-            let w = if c.len() == 2 { u16::from_be_bytes([c[0], c[1]]) } else { u16::from_be_bytes([c[0], 0]) };
+            let w = if c.len() == 2 {
+                u16::from_be_bytes([c[0], c[1]])
+            } else {
+                u16::from_be_bytes([c[0], 0])
+            };
             s += u32::from(w);
             s = (s & 0xffff) + (s >> 16);
         }
@@ -118,25 +122,38 @@ mod tests {
 
     #[test]
     fn sum_matches_reference_for_all_lengths() {
-        let data: Vec<u8> = (0..300u32).map(|i| (i.wrapping_mul(151) ^ 0xa5) as u8).collect();
+        let data: Vec<u8> = (0..300u32)
+            .map(|i| (i.wrapping_mul(151) ^ 0xa5) as u8)
+            .collect();
         for len in 0..data.len() {
             let a = sum(&data[..len]);
             let b = reference(&data[..len]);
             // 0x0000 and 0xffff are both zero in one's complement.
-            assert!(a == b || (a % 0xffff == 0 && b % 0xffff == 0), "len {len}: {a:#x} != {b:#x}");
+            assert!(
+                a == b || (a.is_multiple_of(0xffff) && b.is_multiple_of(0xffff)),
+                "len {len}: {a:#x} != {b:#x}"
+            );
         }
     }
 
     #[test]
     fn rfc1071_example() {
         // RFC 1071 §3 example: 00 01 f2 03 f4 f5 f6 f7 sums to ddf2.
-        assert_eq!(sum(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]), 0xddf2);
-        assert_eq!(checksum(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]), !0xddf2);
+        assert_eq!(
+            sum(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]),
+            0xddf2
+        );
+        assert_eq!(
+            checksum(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]),
+            !0xddf2
+        );
     }
 
     #[test]
     fn incremental_update_equals_recompute() {
-        let mut hdr = [0x45u8, 0, 0, 60, 0x12, 0x34, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2];
+        let mut hdr = [
+            0x45u8, 0, 0, 60, 0x12, 0x34, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+        ];
         let c = checksum(&hdr);
         hdr[10..12].copy_from_slice(&c.to_be_bytes());
         let old = u16::from_be_bytes([hdr[8], hdr[9]]);

@@ -77,11 +77,21 @@ mod tests {
 
     #[test]
     fn roundtrip() {
-        let h = VnetHdr { flags: 1, gso_type: 4, hdr_len: 60, gso_size: 1388, csum_start: 40, csum_offset: 16 };
+        let h = VnetHdr {
+            flags: 1,
+            gso_type: 4,
+            hdr_len: 60,
+            gso_size: 1388,
+            csum_start: 40,
+            csum_offset: 16,
+        };
         assert_eq!(VnetHdr::parse(&h.to_bytes()), Some(h));
         // The layout observed from the kernel in /work/shared/crates.md.
         let k = VnetHdr::parse(&[1, 0, 0, 0, 0, 0, 20, 0, 6, 0]);
-        assert_eq!(k.map(|h| (h.flags, h.csum_start, h.csum_offset)), Some((1, 20, 6)));
+        assert_eq!(
+            k.map(|h| (h.flags, h.csum_start, h.csum_offset)),
+            Some((1, 20, 6))
+        );
         assert_eq!(VnetHdr::parse(&[0; 9]), None);
     }
 }

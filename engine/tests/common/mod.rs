@@ -18,14 +18,26 @@ pub fn root() -> bool {
 
 /// Runs a command, panicking with its output on failure.
 pub fn sh(args: &[&str]) -> String {
-    let out = Command::new(args[0]).args(&args[1..]).output().expect("spawn");
-    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .expect("spawn");
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Runs a command, returning whether it succeeded.
 pub fn try_sh(args: &[&str]) -> bool {
-    Command::new(args[0]).args(&args[1..]).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    Command::new(args[0])
+        .args(&args[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Runs `f` inside network namespace `ns` on a fresh thread (so the caller's
@@ -71,7 +83,12 @@ impl Topo {
     /// with `cni0` = `10.244.<n>.1/24` and a pod `<prefix>-p<n>` = `10.244.<n>.2/24`.
     pub fn new(test: &str, nodes: usize) -> Topo {
         let prefix = format!("wt-{test}-{}", std::process::id());
-        let mut t = Topo { prefix: prefix.clone(), nodes, netns: Vec::new(), children: Vec::new() };
+        let mut t = Topo {
+            prefix: prefix.clone(),
+            nodes,
+            netns: Vec::new(),
+            children: Vec::new(),
+        };
         let sw = t.add_ns("sw");
         sh(&["ip", "-n", &sw, "link", "add", "br0", "type", "bridge"]);
         sh(&["ip", "-n", &sw, "link", "set", "br0", "up"]);
@@ -79,21 +96,73 @@ impl Topo {
             let node = t.add_ns(&format!("n{n}"));
             let pod = t.add_ns(&format!("p{n}"));
             let port = format!("n{n}");
-            sh(&["ip", "link", "add", "eth0", "netns", &node, "type", "veth", "peer", "name", &port, "netns", &sw]);
+            sh(&[
+                "ip", "link", "add", "eth0", "netns", &node, "type", "veth", "peer", "name", &port,
+                "netns", &sw,
+            ]);
             sh(&["ip", "-n", &sw, "link", "set", &port, "master", "br0", "up"]);
-            sh(&["ip", "-n", &node, "addr", "add", &format!("192.0.2.{n}/24"), "dev", "eth0"]);
+            sh(&[
+                "ip",
+                "-n",
+                &node,
+                "addr",
+                "add",
+                &format!("192.0.2.{n}/24"),
+                "dev",
+                "eth0",
+            ]);
             sh(&["ip", "-n", &node, "link", "set", "eth0", "up"]);
             sh(&["ip", "-n", &node, "link", "set", "lo", "up"]);
-            sh(&["ip", "netns", "exec", &node, "sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+            sh(&[
+                "ip",
+                "netns",
+                "exec",
+                &node,
+                "sysctl",
+                "-qw",
+                "net.ipv4.ip_forward=1",
+            ]);
             sh(&["ip", "-n", &node, "link", "add", "cni0", "type", "bridge"]);
-            sh(&["ip", "-n", &node, "addr", "add", &format!("10.244.{n}.1/24"), "dev", "cni0"]);
+            sh(&[
+                "ip",
+                "-n",
+                &node,
+                "addr",
+                "add",
+                &format!("10.244.{n}.1/24"),
+                "dev",
+                "cni0",
+            ]);
             sh(&["ip", "-n", &node, "link", "set", "cni0", "up"]);
-            sh(&["ip", "link", "add", "eth0", "netns", &pod, "type", "veth", "peer", "name", "veth0", "netns", &node]);
-            sh(&["ip", "-n", &node, "link", "set", "veth0", "master", "cni0", "up"]);
-            sh(&["ip", "-n", &pod, "addr", "add", &format!("10.244.{n}.2/24"), "dev", "eth0"]);
+            sh(&[
+                "ip", "link", "add", "eth0", "netns", &pod, "type", "veth", "peer", "name",
+                "veth0", "netns", &node,
+            ]);
+            sh(&[
+                "ip", "-n", &node, "link", "set", "veth0", "master", "cni0", "up",
+            ]);
+            sh(&[
+                "ip",
+                "-n",
+                &pod,
+                "addr",
+                "add",
+                &format!("10.244.{n}.2/24"),
+                "dev",
+                "eth0",
+            ]);
             sh(&["ip", "-n", &pod, "link", "set", "eth0", "up"]);
             sh(&["ip", "-n", &pod, "link", "set", "lo", "up"]);
-            sh(&["ip", "-n", &pod, "route", "add", "default", "via", &format!("10.244.{n}.1")]);
+            sh(&[
+                "ip",
+                "-n",
+                &pod,
+                "route",
+                "add",
+                "default",
+                "via",
+                &format!("10.244.{n}.1"),
+            ]);
         }
         t
     }
@@ -137,30 +206,121 @@ impl Topo {
         self.ip(n, &["addr", "add", &format!("10.244.{n}.0/32"), "dev", dev]);
         self.ip(n, &["link", "set", dev, "mtu", &mtu.to_string(), "up"]);
         for m in peers {
-            self.ip(n, &["route", "add", &format!("10.244.{m}.0/24"), "via", &format!("10.244.{m}.0"), "dev", dev, "onlink"]);
+            self.ip(
+                n,
+                &[
+                    "route",
+                    "add",
+                    &format!("10.244.{m}.0/24"),
+                    "via",
+                    &format!("10.244.{m}.0"),
+                    "dev",
+                    dev,
+                    "onlink",
+                ],
+            );
         }
     }
 
     /// Sets up a kernel vxlan device exactly as flannel's vxlan backend would on node `n`.
     pub fn kernel_vxlan(&self, n: usize, mac: &str, peers: &[(usize, &str)]) {
         let local = format!("192.0.2.{n}");
-        self.ip(n, &["link", "add", "flannel.1", "address", mac, "type", "vxlan", "id", "1", "local", &local, "dev", "eth0", "dstport", "8472", "nolearning"]);
+        self.ip(
+            n,
+            &[
+                "link",
+                "add",
+                "flannel.1",
+                "address",
+                mac,
+                "type",
+                "vxlan",
+                "id",
+                "1",
+                "local",
+                &local,
+                "dev",
+                "eth0",
+                "dstport",
+                "8472",
+                "nolearning",
+            ],
+        );
         self.ip(n, &["link", "set", "flannel.1", "mtu", "1450"]);
-        self.ip(n, &["addr", "add", &format!("10.244.{n}.0/32"), "dev", "flannel.1"]);
+        self.ip(
+            n,
+            &[
+                "addr",
+                "add",
+                &format!("10.244.{n}.0/32"),
+                "dev",
+                "flannel.1",
+            ],
+        );
         self.ip(n, &["link", "set", "flannel.1", "up"]);
         for (m, pmac) in peers {
             let gw = format!("10.244.{m}.0");
-            self.ip(n, &["neigh", "replace", &gw, "lladdr", pmac, "dev", "flannel.1", "nud", "permanent"]);
+            self.ip(
+                n,
+                &[
+                    "neigh",
+                    "replace",
+                    &gw,
+                    "lladdr",
+                    pmac,
+                    "dev",
+                    "flannel.1",
+                    "nud",
+                    "permanent",
+                ],
+            );
             let ns = self.node(n);
-            sh(&["bridge", "-n", &ns, "fdb", "replace", pmac, "dev", "flannel.1", "dst", &format!("192.0.2.{m}"), "self", "permanent"]);
-            self.ip(n, &["route", "replace", &format!("10.244.{m}.0/24"), "via", &gw, "dev", "flannel.1", "onlink"]);
+            sh(&[
+                "bridge",
+                "-n",
+                &ns,
+                "fdb",
+                "replace",
+                pmac,
+                "dev",
+                "flannel.1",
+                "dst",
+                &format!("192.0.2.{m}"),
+                "self",
+                "permanent",
+            ]);
+            self.ip(
+                n,
+                &[
+                    "route",
+                    "replace",
+                    &format!("10.244.{m}.0/24"),
+                    "via",
+                    &gw,
+                    "dev",
+                    "flannel.1",
+                    "onlink",
+                ],
+            );
         }
     }
 
     /// `ping` from pod `from` to `dst`; true when all replies arrive.
     pub fn ping(&self, from: usize, dst: &str, extra: &[&str]) -> bool {
         let pod = self.pod(from);
-        let mut a = vec!["ip", "netns", "exec", pod.as_str(), "ping", "-c", "2", "-i", "0.2", "-W", "2"];
+        let mut a = vec![
+            "ip",
+            "netns",
+            "exec",
+            pod.as_str(),
+            "ping",
+            "-c",
+            "2",
+            "-i",
+            "0.2",
+            "-W",
+            "2",
+        ];
         a.extend_from_slice(extra);
         a.push(dst);
         try_sh(&a)
@@ -176,7 +336,16 @@ impl Topo {
     pub fn iperf(&mut self, from: usize, to: usize, reverse: bool) -> String {
         let dst = format!("10.244.{to}.2");
         let server = Command::new("ip")
-            .args(["netns", "exec", &self.pod(to), "iperf3", "-s", "-1", "-B", &dst])
+            .args([
+                "netns",
+                "exec",
+                &self.pod(to),
+                "iperf3",
+                "-s",
+                "-1",
+                "-B",
+                &dst,
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -185,7 +354,18 @@ impl Topo {
         let pod = self.pod(from);
         let mut out = String::new();
         let ok = wait_for(30, || {
-            let mut a = vec!["netns", "exec", pod.as_str(), "iperf3", "-c", dst.as_str(), "-t", "2", "--connect-timeout", "2000"];
+            let mut a = vec![
+                "netns",
+                "exec",
+                pod.as_str(),
+                "iperf3",
+                "-c",
+                dst.as_str(),
+                "-t",
+                "2",
+                "--connect-timeout",
+                "2000",
+            ];
             if reverse {
                 a.push("-R");
             }
@@ -204,7 +384,12 @@ impl Topo {
 
     /// Spawns a long-running process and kills it on drop.
     pub fn spawn(&mut self, args: &[&str]) {
-        let c = Command::new(args[0]).args(&args[1..]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn");
+        let c = Command::new(args[0])
+            .args(&args[1..])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn");
         self.children.push(c);
     }
 }
@@ -240,5 +425,9 @@ pub fn mac_of(n: usize) -> [u8; 6] {
 
 /// Colon form of [`mac_of`].
 pub fn mac_str(n: usize) -> String {
-    mac_of(n).iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    mac_of(n)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }

@@ -24,13 +24,17 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use crate::command::Request;
+use crate::config::Mode;
 use crate::error::Error;
 use crate::exec::{self, ExecError};
 use crate::store::Store;
-use crate::{delegate, log, subnet_env, version};
+use crate::{delegate, log, routed, subnet_env, version};
 
 /// Runs ADD; the result goes to `out`.
 pub fn add(req: &Request, out: &mut dyn Write) -> Result<(), Error> {
+    if req.conf.mode == Mode::Routed {
+        return routed::add(req, out);
+    }
     let conf = &req.conf;
     let env = subnet_env::load(&conf.subnet_file).map_err(Error::SubnetEnv)?;
     let mut config = delegate::build(conf, &env)?;

@@ -22,12 +22,16 @@ use std::net::IpAddr;
 use serde_json::{Map, Value};
 
 use crate::command::Request;
+use crate::config::Mode;
 use crate::error::Error;
 use crate::store::Store;
-use crate::{delegate, exec, version};
+use crate::{delegate, exec, routed, version};
 
 /// Runs CHECK.
 pub fn check(req: &Request) -> Result<(), Error> {
+    if req.conf.mode == Mode::Routed {
+        return routed::check(req);
+    }
     let store = Store::new(&req.conf.data_dir);
     let id = &req.env.container_id;
     let path = store.path(id).display().to_string();

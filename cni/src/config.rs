@@ -44,8 +44,22 @@ pub struct NetConf {
     pub runtime_config: Option<Map<String, Value>>,
     /// `prevResult` (the cached ADD result on CHECK/DEL).
     pub prev_result: Option<Map<String, Value>>,
+    /// `mode` (weft): `bridge` (flannel's delegation, the default) or `routed`.
+    pub mode: Mode,
+    /// `ipamSocket` (weft, routed mode): weftd's IPAM API socket.
+    pub ipam_socket: Option<String>,
     /// The whole document, for keys only some verbs read.
     raw: Map<String, Value>,
+}
+
+/// How pods are attached (`mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// flannel's delegation to bridge + host-local (absent, empty or `bridge`).
+    #[default]
+    Bridge,
+    /// weft's routed datapath with daemon-side IPAM (`routed`).
+    Routed,
 }
 
 /// One still-valid attachment listed on GC.
@@ -83,6 +97,12 @@ pub enum ConfigError {
         /// The Go type expected.
         go_type: &'static str,
     },
+    /// `mode` names no known mode.
+    #[error("unsupported mode {value:?}: expected \"bridge\" or \"routed\"")]
+    UnknownMode {
+        /// The value as written.
+        value: String,
+    },
     /// The GC attachment list is malformed.
     #[error("invalid {key}: {reason}")]
     Attachments {
@@ -117,6 +137,12 @@ impl NetConf {
             ipam: map_field(&raw, "ipam")?,
             runtime_config: map_field(&raw, "runtimeConfig")?,
             prev_result: map_field(&raw, "prevResult")?,
+            mode: match string_field(&raw, "mode")?.as_deref() {
+                None | Some("" | "bridge") => Mode::Bridge,
+                Some("routed") => Mode::Routed,
+                Some(other) => return Err(ConfigError::UnknownMode { value: other.to_string() }),
+            },
+            ipam_socket: string_field(&raw, "ipamSocket")?.filter(|s| !s.is_empty()),
             raw,
         })
     }
@@ -228,6 +254,17 @@ mod tests {
         let c = NetConf::parse(br#"{"subnetfile":"/x","DataDir":"/y","subnetFile":null}"#)
             .expect("valid");
         assert_eq!((c.subnet_file.as_str(), c.data_dir.as_str()), ("/x", "/y"));
+    }
+
+    #[test]
+    fn mode_and_ipam_socket() {
+        let c = NetConf::parse(br#"{"name":"n"}"#).expect("valid");
+        assert_eq!((c.mode, c.ipam_socket), (Mode::Bridge, None));
+        let c = NetConf::parse(br#"{"mode":"routed","ipamSocket":"/x/s.sock"}"#).expect("valid");
+        assert_eq!((c.mode, c.ipam_socket.as_deref()), (Mode::Routed, Some("/x/s.sock")));
+        let e = NetConf::parse(br#"{"mode":"ipvlan"}"#).expect_err("unknown mode");
+        assert_eq!(e.to_string(), r#"unsupported mode "ipvlan": expected "bridge" or "routed""#);
+        assert!(NetConf::parse(br#"{"mode":1}"#).is_err());
     }
 
     #[test]

@@ -11,12 +11,16 @@
 //!   runtime's retry can replay it.
 
 use crate::command::Request;
+use crate::config::Mode;
 use crate::error::Error;
 use crate::store::Store;
-use crate::{delegate, exec, log};
+use crate::{delegate, exec, log, routed};
 
 /// Runs DEL.
 pub fn del(req: &Request) -> Result<(), Error> {
+    if req.conf.mode == Mode::Routed {
+        return routed::del(req);
+    }
     let store = Store::new(&req.conf.data_dir);
     if !store.exists() {
         return Ok(());

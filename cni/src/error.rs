@@ -16,6 +16,13 @@
 //! | 11 | try again later: subnet.env does not exist yet (flanneld not ready) |
 //! | 50 | STATUS: not ready (no usable subnet.env, or a delegate is not installed) |
 //! | 100 | plugin specific: CHECK found no usable saved delegate config |
+//! | 101 | routed mode: weftd has no free address left |
+//! | 102 | routed mode: CHECK found the datapath or the allocation differs |
+//! | 103 | routed mode: the attachment or the pod's interface name already exists |
+//!
+//! Routed mode otherwise: weftd unreachable, or its state unusable → 11; a
+//! request weftd calls invalid → 7; netns, netlink and sysctl failures → 5;
+//! an unknown `mode` → 2.
 //! | 999 | internal: a delegate printed an unusable result or an error without a code |
 //!
 //! A delegate's own CNI error is passed through with its code, msg and
@@ -28,6 +35,7 @@ use serde_json::Value;
 
 use crate::config::ConfigError;
 use crate::delegate::DelegateError;
+use crate::routed::{ClientError, RoutedError};
 use crate::exec::ExecError;
 use crate::store::StoreError;
 use crate::subnet_env::SubnetEnvError;
@@ -35,6 +43,12 @@ use crate::version::VersionError;
 
 /// Plugin-specific code: CHECK found no usable saved delegate config.
 pub const CODE_NO_SAVED_CONFIG: u32 = 100;
+/// Routed mode: no free address.
+pub const CODE_NO_ADDRESS: u32 = 101;
+/// Routed mode: CHECK failed.
+pub const CODE_CHECK_FAILED: u32 = 102;
+/// Routed mode: already exists.
+pub const CODE_EXISTS: u32 = 103;
 /// Go's `ErrInternal`.
 pub const CODE_INTERNAL: u32 = 999;
 
@@ -111,6 +125,9 @@ pub enum Error {
     /// The result could not be written to stdout.
     #[error("failed to write result: {0}")]
     Output(#[source] io::Error),
+    /// Routed mode failed.
+    #[error(transparent)]
+    Routed(#[from] RoutedError),
 }
 
 /// A CNI error object, ready to print.
@@ -155,6 +172,7 @@ impl Error {
             Error::MissingEnv(_) | Error::UnknownCommand(_) => (4, String::new()),
             Error::InvalidEnv { details, .. } => (4, details.clone()),
             Error::Stdin(_) | Error::Store(_) | Error::Output(_) => (5, String::new()),
+            Error::Config(ConfigError::UnknownMode { value }) => (2, format!("mode={value}")),
             Error::Config(_) => (6, String::new()),
             Error::MissingName => (7, String::new()),
             Error::InvalidName(name) => (7, name.clone()),
@@ -192,6 +210,7 @@ impl Error {
                 (CODE_NO_SAVED_CONFIG, String::new())
             }
             Error::NotReady(_) => (50, String::new()),
+            Error::Routed(e) => (routed_code(e), String::new()),
             Error::Gc(errors) => match errors.first() {
                 Some(first) => (first.to_cni(None).code, String::new()),
                 None => (CODE_INTERNAL, String::new()),
@@ -203,6 +222,23 @@ impl Error {
             msg,
             details,
         }
+    }
+}
+
+/// The CNI code of a routed-mode failure (part of [`Error::to_cni`]).
+fn routed_code(e: &RoutedError) -> u32 {
+    match e {
+        RoutedError::Ipam(ClientError::Unreachable { .. }) => 11,
+        RoutedError::Ipam(ClientError::Protocol { .. }) => CODE_INTERNAL,
+        RoutedError::Ipam(ClientError::Refused { kind, .. }) => match kind.as_str() {
+            "exhausted" => CODE_NO_ADDRESS,
+            "invalid" => 7,
+            _ => 11,
+        },
+        RoutedError::Netns { .. } | RoutedError::Netlink(_) | RoutedError::Sysctl { .. } => 5,
+        RoutedError::Exists(_) => CODE_EXISTS,
+        RoutedError::Check(_) => CODE_CHECK_FAILED,
+        RoutedError::Teardown(errors) => errors.first().map_or(CODE_INTERNAL, routed_code),
     }
 }
 

@@ -19,13 +19,16 @@
 use serde_json::{Value, json};
 
 use crate::command::{self, Request};
-use crate::config::{ATTACHMENTS, Attachment, VALID_ATTACHMENTS};
+use crate::config::{ATTACHMENTS, Attachment, Mode, VALID_ATTACHMENTS};
 use crate::error::Error;
 use crate::store::Store;
-use crate::{delegate, exec, log, subnet_env, version};
+use crate::{delegate, exec, log, routed, subnet_env, version};
 
 /// Runs GC.
 pub fn gc(req: &Request) -> Result<(), Error> {
+    if req.conf.mode == Mode::Routed {
+        return routed::gc(req);
+    }
     let valid = req.conf.gc_attachments()?;
     let mut errors = Vec::new();
     let store = Store::new(&req.conf.data_dir);

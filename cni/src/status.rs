@@ -13,11 +13,15 @@
 use serde_json::Value;
 
 use crate::command::Request;
+use crate::config::Mode;
 use crate::error::Error;
-use crate::{delegate, exec, subnet_env, version};
+use crate::{delegate, exec, routed, subnet_env, version};
 
 /// Runs STATUS.
 pub fn status(req: &Request) -> Result<(), Error> {
+    if req.conf.mode == Mode::Routed {
+        return routed::status(req);
+    }
     let conf = &req.conf;
     let not_ready = |e: Error| Error::NotReady(Box::new(e));
     let env = subnet_env::load(&conf.subnet_file).map_err(|e| not_ready(Error::SubnetEnv(e)))?;

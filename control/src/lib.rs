@@ -15,6 +15,8 @@ pub mod daemon;
 pub mod demo;
 pub mod gojson;
 pub mod iface;
+pub mod ipam;
+pub mod kube;
 pub mod lease;
 pub mod logging;
 pub mod netlink;

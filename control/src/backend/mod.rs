@@ -6,12 +6,38 @@
 //! acquired: the attributes depend on devices and keys), [`Backend::setup`]
 //! (devices for the acquired lease; returns `FLANNEL_MTU`), then
 //! [`Backend::apply`] for every peer change and [`Backend::reconcile`] every
-//! period, and [`Backend::teardown`] on exit.
+//! period, and [`Backend::teardown`] on exit. [`Backend::switch_dataplane`]
+//! (any time after `setup`) moves the node between the kernel and userspace
+//! implementations of its backend without changing its lease.
+//!
+//! Every backend except `alloc` is wrapped in a [`dual::Dual`], which picks
+//! the kernel or the userspace implementation (`--dataplane`, capability
+//! probing in [`probe`]) and does the switching:
+//!
+//! | type | kernel | userspace |
+//! |---|---|---|
+//! | vxlan | [`kernel_vxlan`] (probe: vxlan driver) | [`vxlan`] (engine) |
+//! | host-gw | [`host_gw`] (routes only) | – |
+//! | ipip | [`ipip`] (probe: ipip driver) | – (no engine IPIP yet) |
+//! | ipsec | [`ipsec`] (probe: ESP) | – |
+//! | udp | – | [`udp`] (engine) |
+//! | wireguard | – (not implemented) | – (not implemented) |
 
 pub mod alloc;
+pub mod dual;
+pub mod host_gw;
+pub mod ipip;
+pub mod ipsec;
+pub mod kernel_vxlan;
+pub mod probe;
+pub mod route_set;
+#[cfg(test)]
+mod test_util;
 pub mod tunnel;
 pub mod udp;
 pub mod vxlan;
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
 
@@ -20,7 +46,7 @@ use crate::config::backend::BackendOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
-use crate::netlink::{Netlink, NetlinkError};
+use crate::netlink::{Client, Netlink, NetlinkError, XfrmClient, XfrmNetlink};
 
 /// Errors from a backend.
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +95,20 @@ pub trait Backend: Send {
 
     /// Removes what `setup` made that must not outlive the daemon.
     async fn teardown(&mut self);
+
+    /// Removes everything `setup` and `apply` made, including what
+    /// `teardown` leaves for a restart (kernel devices, routes); used when
+    /// the node moves to another dataplane. Best effort.
+    async fn remove_all(&mut self) {
+        self.teardown().await;
+    }
+
+    /// Moves the running node to the `to` implementation of this backend,
+    /// keeping its lease; returns the dataplane that runs afterwards.
+    async fn switch_dataplane(&mut self, to: DataplaneChoice) -> Result<&'static str, BackendError> {
+        let _ = to;
+        Err(BackendError::Unsupported(format!("switching the dataplane of {}", self.name())))
+    }
 }
 
 /// How the daemon wants the userspace engine run.
@@ -93,6 +133,27 @@ pub enum DataplaneChoice {
     Userspace,
 }
 
+impl DataplaneChoice {
+    /// Parses `auto`, `kernel` or `userspace` (surrounding white space ignored).
+    pub fn parse(s: &str) -> Option<DataplaneChoice> {
+        match s.trim() {
+            "auto" => Some(DataplaneChoice::Auto),
+            "kernel" => Some(DataplaneChoice::Kernel),
+            "userspace" => Some(DataplaneChoice::Userspace),
+            _ => None,
+        }
+    }
+
+    /// The flag value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DataplaneChoice::Auto => "auto",
+            DataplaneChoice::Kernel => "kernel",
+            DataplaneChoice::Userspace => "userspace",
+        }
+    }
+}
+
 /// Builds the backend named by the network config: the factory, the only
 /// place naming the backends.
 pub fn new(
@@ -101,31 +162,65 @@ pub fn new(
     tuning: EngineTuning,
     nl: &Netlink,
 ) -> Result<Box<dyn Backend>, BackendError> {
-    let opts = BackendOptions::from_config(&cfg.backend_type, cfg.backend.as_deref())
-        .map_err(|e| match e {
-            crate::config::backend::BackendError::UnknownType(t) => BackendError::Unknown(t),
-            other => BackendError::Config(other.to_string()),
-        })?;
-    let kernel_only = |name: &str| {
-        if dataplane == DataplaneChoice::Kernel {
-            Err(BackendError::Unsupported(format!("{name} with --dataplane=kernel")))
-        } else {
-            Ok(())
-        }
-    };
-    match opts {
-        BackendOptions::Alloc => Ok(Box::new(alloc::Alloc::new())),
+    build(cfg, dataplane, tuning, nl, Arc::new(nl.clone()), Arc::new(XfrmNetlink::new()))
+}
+
+/// [`new`] with explicit kernel clients for the kernel paths (`client`,
+/// `xfrm`); `nl` is what the userspace engine's TUN devices are configured with.
+pub fn build(
+    cfg: &Config,
+    dataplane: DataplaneChoice,
+    tuning: EngineTuning,
+    nl: &Netlink,
+    client: Arc<dyn Client>,
+    xfrm: Arc<dyn XfrmClient>,
+) -> Result<Box<dyn Backend>, BackendError> {
+    let opts = BackendOptions::from_config(&cfg.backend_type, cfg.backend.as_deref()).map_err(|e| match e {
+        crate::config::backend::BackendError::UnknownType(t) => BackendError::Unknown(t),
+        other => BackendError::Config(other.to_string()),
+    })?;
+    let (v4, v6) = (cfg.enable_ipv4, cfg.enable_ipv6);
+    let dual = |name| dual::Dual::new(name, dataplane, client.clone(), xfrm.clone());
+    let c = client.clone();
+    let b: Box<dyn Backend> = match opts {
+        BackendOptions::Alloc => Box::new(alloc::Alloc::new()),
         BackendOptions::Udp(o) => {
-            let network = cfg.network.filter(|_| cfg.enable_ipv4).ok_or_else(|| {
-                BackendError::Config("the udp backend needs an IPv4 Network".into())
-            })?;
-            Ok(Box::new(udp::Udp::new(o, network, tuning, nl.clone())))
+            let network = cfg
+                .network
+                .filter(|_| cfg.enable_ipv4)
+                .ok_or_else(|| BackendError::Config("the udp backend needs an IPv4 Network".into()))?;
+            let nl = nl.clone();
+            Box::new(dual("udp").userspace(Box::new(move || Box::new(udp::Udp::new(o.clone(), network, tuning, nl.clone())))))
         }
         BackendOptions::Vxlan(o) => {
-            // The kernel vxlan path is not built yet: auto runs userspace.
-            kernel_only("vxlan")?;
-            Ok(Box::new(vxlan::Vxlan::new(o, cfg.enable_ipv4, cfg.enable_ipv6, tuning, nl.clone())))
+            let (ok, ou, nl) = (o.clone(), o.clone(), nl.clone());
+            let names = vec![format!("flannel.{}", o.vni), format!("flannel-v6.{}", o.vni)];
+            Box::new(
+                dual("vxlan")
+                    .kernel(
+                        Some(probe::Capability::Vxlan),
+                        Box::new(move || Box::new(kernel_vxlan::KernelVxlan::new(ok.clone(), v4, v6, c.clone()))),
+                    )
+                    .userspace(Box::new(move || Box::new(vxlan::Vxlan::new(ou.clone(), v4, v6, tuning, nl.clone()))))
+                    .kernel_links(names),
+            )
         }
-        other => Err(BackendError::Unsupported(other.kind().name().to_string())),
-    }
+        BackendOptions::HostGw => {
+            Box::new(dual("host-gw").kernel(None, Box::new(move || Box::new(host_gw::HostGw::new(v4, v6, c.clone())))))
+        }
+        BackendOptions::Ipip(o) => Box::new(dual("ipip").kernel(
+            Some(probe::Capability::Ipip),
+            Box::new(move || Box::new(ipip::Ipip::new(o.clone(), c.clone()))),
+        )),
+        BackendOptions::Ipsec(o) => {
+            let x = xfrm.clone();
+            Box::new(
+                dual("ipsec")
+                    .kernel(Some(probe::Capability::Esp), Box::new(move || Box::new(ipsec::Ipsec::new(o.clone(), x.clone())))),
+            )
+        }
+        BackendOptions::Wireguard(_) => Box::new(dual("wireguard")),
+        other => return Err(BackendError::Unsupported(other.kind().name().to_string())),
+    };
+    Ok(b)
 }

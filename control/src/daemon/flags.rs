@@ -171,6 +171,14 @@ pub struct Flags {
     /// Log format: text or json.
     #[arg(long, env = "WEFT_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+    /// Unix socket of the pod IPAM API (CNI routed mode), mode 0600.
+    /// Default: `weft.sock` next to --subnet-file; empty disables the API.
+    #[arg(long, env = "WEFT_IPAM_SOCKET")]
+    pub ipam_socket: Option<PathBuf>,
+    /// File keeping the pod IPAM allocations across restarts.
+    /// Default: `weft-ipam.json` next to --subnet-file.
+    #[arg(long, env = "WEFT_IPAM_STATE")]
+    pub ipam_state: Option<PathBuf>,
 }
 
 impl Flags {

@@ -52,8 +52,35 @@ pub async fn run(flags: Flags, etcd_explicit: bool) -> anyhow::Result<i32> {
             let mgr = local_manager(&flags, store, &cfg);
             run_with(&flags, cfg, mgr, &mut stop, &ready).await
         }
-        StoreKind::Kube => bail!("Failed to create SubnetManager: the Kubernetes subnet manager is not available in this build"),
+        StoreKind::Kube => {
+            let (mgr, cfg, flags) = match stop.until(kube_manager(&flags)).await {
+                None => return Ok(0),
+                Some(r) => r.context("Failed to create SubnetManager")?,
+            };
+            run_with(&flags, cfg, mgr, &mut stop, &ready).await
+        }
     }
+}
+
+/// The Kubernetes subnet manager, as flanneld builds it: net-conf.json is only
+/// parsed (no `CheckNetworkConfig`), and the node's `node-public-ip(v6)`
+/// annotations replace `--public-ip(v6)`.
+async fn kube_manager(flags: &Flags) -> anyhow::Result<(crate::kube::KubeManager, Config, Flags)> {
+    let path = &flags.net_config_path;
+    let text = std::fs::read(path).with_context(|| format!("failed to read net conf {}", path.display()))?;
+    let cfg = parse_config(&text).context("error parsing subnet config")?;
+    let opts = crate::kube::KubeOptions::from_env(
+        &flags.kube_api_url,
+        &flags.kubeconfig_file,
+        &flags.kube_annotation_prefix,
+        flags.set_node_network_unavailable,
+    )?;
+    let mgr = crate::kube::KubeManager::start(opts, cfg.clone()).await?;
+    let mut flags = flags.clone();
+    let (ip, ip6) = mgr.stored_public_ips().await;
+    flags.public_ip = ip.or(flags.public_ip);
+    flags.public_ipv6 = ip6.or(flags.public_ipv6);
+    Ok((mgr, cfg, flags))
 }
 
 /// The allocator on a registry, seeded with the previous subnet.env.
@@ -106,6 +133,7 @@ pub async fn run_with<M: SubnetManager>(
     let mut lease = lease.context("Error registering network")?;
     let mtu = backend.setup(&lease).await.context("Error registering network")?;
     let _resync = host_rules(flags, &cfg, &lease, prev_env.as_ref()).await?;
+    let _ipam = crate::ipam::start(&flags.subnet_file, flags.ipam_socket.as_deref(), flags.ipam_state.as_deref(), &lease).await;
 
     let env = SubnetEnv {
         network: cfg.network.filter(|_| cfg.enable_ipv4),

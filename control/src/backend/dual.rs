@@ -1,0 +1,344 @@
+//! [`Dual`]: one backend type with a kernel and/or a userspace
+//! implementation, the choice between them (`--dataplane`), capability
+//! probing, and live switching.
+//!
+//! - At start ([`Backend::lease_attrs`]) the path is resolved: `kernel` needs
+//!   a kernel implementation and the kernel capability ([`probe`]); `userspace`
+//!   needs weft's engine implementation; `auto` takes the kernel when it can,
+//!   else the userspace engine with the same wire format. The choice and the
+//!   reason are logged, and [`Backend::dataplane`] reports it.
+//! - [`Backend::switch_dataplane`] moves the running node to the other path
+//!   **without changing its lease**: the new implementation must publish
+//!   byte-identical attributes (it is given the current lease as its previous
+//!   one, so it keeps e.g. the VTEP MAC), else the switch is refused and the
+//!   old path keeps running. The old path is removed completely, the new one
+//!   is set up and every known peer is applied again. Both vxlan paths use
+//!   the same UDP port and device name, so this is break-before-make; the
+//!   gap is one engine stop (≤ 100 ms) plus a few netlink round trips per
+//!   peer, and is logged. A failed setup rolls back to the old path.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use super::probe::{self, Capability};
+use super::{Backend, BackendError, DataplaneChoice};
+use crate::iface::ExternalInterface;
+use crate::lease::watcher::Change;
+use crate::lease::{Lease, LeaseAttrs, SubnetKey};
+use crate::netlink::{Client, LinkKind, XfrmClient};
+
+/// Makes a fresh, not yet set up, implementation.
+pub type Make = Box<dyn Fn() -> Box<dyn Backend> + Send + Sync>;
+
+/// Which implementation runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// The kernel's drivers.
+    Kernel,
+    /// weft's userspace engine.
+    Userspace,
+}
+
+impl Path {
+    /// "kernel" or "userspace".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Path::Kernel => "kernel",
+            Path::Userspace => "userspace",
+        }
+    }
+}
+
+/// See the module docs.
+pub struct Dual {
+    name: &'static str,
+    choice: DataplaneChoice,
+    /// The kernel implementation and the capability it needs (`None`: always there).
+    kernel: Option<(Option<Capability>, Make)>,
+    userspace: Option<Make>,
+    /// Kernel links of these names are removed before the userspace path
+    /// starts (a kernel device left by an earlier run would take the TUN's name).
+    kernel_links: Vec<String>,
+    nl: Arc<dyn Client>,
+    xfrm: Arc<dyn XfrmClient>,
+    active: Option<(Path, Box<dyn Backend>)>,
+    ext: Option<ExternalInterface>,
+    attrs: Option<LeaseAttrs>,
+    lease: Option<Lease>,
+    mtu: Option<u32>,
+    peers: BTreeMap<SubnetKey, Lease>,
+}
+
+impl std::fmt::Debug for Dual {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dual")
+            .field("name", &self.name)
+            .field("choice", &self.choice)
+            .field("active", &self.active.as_ref().map(|a| a.0))
+            .field("peers", &self.peers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Dual {
+    /// A backend named `name` run as `choice` says.
+    pub fn new(name: &'static str, choice: DataplaneChoice, nl: Arc<dyn Client>, xfrm: Arc<dyn XfrmClient>) -> Dual {
+        Dual {
+            name,
+            choice,
+            kernel: None,
+            userspace: None,
+            kernel_links: Vec::new(),
+            nl,
+            xfrm,
+            active: None,
+            ext: None,
+            attrs: None,
+            lease: None,
+            mtu: None,
+            peers: BTreeMap::new(),
+        }
+    }
+
+    /// Adds the kernel implementation, which needs `cap` (`None`: nothing to probe).
+    pub fn kernel(mut self, cap: Option<Capability>, make: Make) -> Dual {
+        self.kernel = Some((cap, make));
+        self
+    }
+
+    /// Adds the userspace implementation.
+    pub fn userspace(mut self, make: Make) -> Dual {
+        self.userspace = Some(make);
+        self
+    }
+
+    /// Names kernel links the userspace path must remove first.
+    pub fn kernel_links(mut self, names: Vec<String>) -> Dual {
+        self.kernel_links = names;
+        self
+    }
+
+    /// Which path `choice` gives on this kernel, and why.
+    pub async fn resolve(&self, choice: DataplaneChoice) -> Result<(Path, String), BackendError> {
+        let name = self.name;
+        let kernel_ok = match &self.kernel {
+            None => None,
+            Some((None, _)) => Some(Ok(())),
+            Some((Some(cap), _)) => Some(match probe::kernel_has(*cap, &*self.nl, &*self.xfrm).await? {
+                true => Ok(()),
+                false => Err(cap.module()),
+            }),
+        };
+        match choice {
+            DataplaneChoice::Kernel => match kernel_ok {
+                None => Err(BackendError::Unsupported(format!("{name} with --dataplane=kernel (it has no kernel dataplane)"))),
+                Some(Err(m)) => Err(BackendError::Config(format!(
+                    "--dataplane=kernel: this kernel cannot run the {name} backend: no {m} support"
+                ))),
+                Some(Ok(())) => Ok((Path::Kernel, "--dataplane=kernel".into())),
+            },
+            DataplaneChoice::Userspace => match self.userspace {
+                Some(_) => Ok((Path::Userspace, "--dataplane=userspace".into())),
+                None => Err(BackendError::Unsupported(format!(
+                    "{name} with --dataplane=userspace (weft has no userspace {name} engine)"
+                ))),
+            },
+            DataplaneChoice::Auto => match (kernel_ok, &self.userspace) {
+                (Some(Ok(())), _) => Ok((Path::Kernel, "auto: the kernel supports it".into())),
+                (Some(Err(m)), Some(_)) => {
+                    Ok((Path::Userspace, format!("auto: the kernel has no {m} support; same wire format in userspace")))
+                }
+                (None, Some(_)) => Ok((Path::Userspace, "auto: userspace only".into())),
+                (Some(Err(m)), None) => Err(BackendError::Config(format!(
+                    "this kernel cannot run the {name} backend (no {m} support) and weft has no userspace {name} engine yet"
+                ))),
+                (None, None) => Err(BackendError::Unsupported(format!(
+                    "{name} (weft implements neither its kernel nor its userspace dataplane yet)"
+                ))),
+            },
+        }
+    }
+
+    fn make(&self, path: Path) -> Option<Box<dyn Backend>> {
+        match path {
+            Path::Kernel => self.kernel.as_ref().map(|(_, m)| m()),
+            Path::Userspace => self.userspace.as_ref().map(|m| m()),
+        }
+    }
+
+    /// Removes kernel links that would clash with the userspace devices.
+    async fn clear_kernel_links(&self) {
+        for name in &self.kernel_links {
+            match self.nl.link_detail(name).await {
+                Ok(Some(d)) if d.kind != LinkKind::Tun => {
+                    tracing::info!("removing kernel device {name} left by the kernel dataplane");
+                    if let Err(e) = self.nl.delete_link(d.link.index).await {
+                        tracing::warn!("failed to remove {name}: {e}");
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("{e}"),
+            }
+        }
+    }
+
+    /// A fresh `path` implementation that publishes exactly the current
+    /// lease attributes (given the current lease as its previous one).
+    async fn prepare(&self, path: Path) -> Result<Box<dyn Backend>, BackendError> {
+        let (Some(ext), Some(lease)) = (&self.ext, &self.lease) else {
+            return Err(BackendError::Config("switching before setup".into()));
+        };
+        let mut b = self.make(path).ok_or_else(|| BackendError::Unsupported(format!("{} {}", self.name, path.as_str())))?;
+        let attrs = b.lease_attrs(ext, Some(lease)).await?;
+        if Some(&attrs) != self.attrs.as_ref() {
+            return Err(BackendError::Config(format!(
+                "the {} dataplane would publish different lease attributes ({}); not switching",
+                path.as_str(),
+                attrs.to_json()
+            )));
+        }
+        Ok(b)
+    }
+
+    /// Sets `b` (a [`Dual::prepare`]d `path`) up for the current lease and
+    /// applies every known peer.
+    async fn start(&self, mut b: Box<dyn Backend>, path: Path, deadline: Instant) -> Result<Box<dyn Backend>, BackendError> {
+        let lease = self.lease.clone().ok_or_else(|| BackendError::Config("switching before setup".into()))?;
+        if path == Path::Userspace {
+            self.clear_kernel_links().await;
+        }
+        // The old path's UDP socket may take a moment to go; retry briefly.
+        let mtu = loop {
+            match b.setup(&lease).await {
+                Ok(m) => break m,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::debug!("setup of the {} path failed ({e}); retrying", path.as_str());
+                    b.remove_all().await;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => {
+                    b.remove_all().await;
+                    return Err(e);
+                }
+            }
+        };
+        if Some(mtu) != self.mtu {
+            tracing::warn!("the {} path has MTU {mtu}, subnet.env says {:?}", path.as_str(), self.mtu);
+        }
+        for peer in self.peers.values() {
+            if let Err(e) = b.apply(&Change::Add(peer.clone())).await {
+                tracing::error!("failed to apply {} after switching: {e}", peer.key());
+            }
+        }
+        Ok(b)
+    }
+}
+
+#[async_trait]
+impl Backend for Dual {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn dataplane(&self) -> &'static str {
+        self.active.as_ref().map_or("none", |(p, _)| p.as_str())
+    }
+
+    async fn lease_attrs(&mut self, ext: &ExternalInterface, prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
+        let (path, why) = self.resolve(self.choice).await?;
+        tracing::info!("dataplane: the {} backend runs in the {} ({why})", self.name, path.as_str());
+        let mut b = self.make(path).ok_or_else(|| BackendError::Unsupported(self.name.into()))?;
+        let attrs = b.lease_attrs(ext, prev).await?;
+        self.ext = Some(ext.clone());
+        self.attrs = Some(attrs.clone());
+        self.active = Some((path, b));
+        Ok(attrs)
+    }
+
+    async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
+        if self.active.as_ref().is_some_and(|(p, _)| *p == Path::Userspace) {
+            self.clear_kernel_links().await;
+        }
+        let (_, b) = self.active.as_mut().ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+        let mtu = b.setup(lease).await?;
+        self.lease = Some(lease.clone());
+        self.mtu = Some(mtu);
+        Ok(mtu)
+    }
+
+    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
+        match change {
+            Change::Add(l) => self.peers.insert(l.key(), l.clone()),
+            Change::Remove(l) => self.peers.remove(&l.key()),
+        };
+        match self.active.as_mut() {
+            Some((_, b)) => b.apply(change).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
+        match self.active.as_mut() {
+            Some((_, b)) => b.reconcile().await,
+            None => Ok(()),
+        }
+    }
+
+    async fn teardown(&mut self) {
+        if let Some((_, b)) = self.active.as_mut() {
+            b.teardown().await;
+        }
+    }
+
+    async fn remove_all(&mut self) {
+        if let Some((_, b)) = self.active.as_mut() {
+            b.remove_all().await;
+        }
+    }
+
+    async fn switch_dataplane(&mut self, to: DataplaneChoice) -> Result<&'static str, BackendError> {
+        let (path, why) = self.resolve(to).await?;
+        let Some(cur) = self.active.as_ref().map(|(p, _)| *p) else {
+            return Err(BackendError::Config("switching before setup".into()));
+        };
+        if path == cur {
+            tracing::info!("dataplane: the {} backend already runs in the {}", self.name, path.as_str());
+            return Ok(path.as_str());
+        }
+        // Refused here, before anything is touched, if the lease would change.
+        let next = self.prepare(path).await?;
+        let t0 = Instant::now();
+        tracing::info!("dataplane: switching the {} backend from {} to {} ({why})", self.name, cur.as_str(), path.as_str());
+        if let Some((_, mut old)) = self.active.take() {
+            old.remove_all().await;
+        }
+        match self.start(next, path, t0 + Duration::from_secs(2)).await {
+            Ok(b) => {
+                self.active = Some((path, b));
+                let gap = t0.elapsed();
+                tracing::info!(
+                    "dataplane: the {} backend now runs in the {} (switched in {} ms, {} peers)",
+                    self.name,
+                    path.as_str(),
+                    gap.as_millis(),
+                    self.peers.len()
+                );
+                Ok(path.as_str())
+            }
+            Err(e) => {
+                tracing::error!("dataplane: switching to {} failed: {e}; going back to {}", path.as_str(), cur.as_str());
+                let back = self.prepare(cur).await?;
+                let b = self.start(back, cur, Instant::now() + Duration::from_secs(2)).await?;
+                self.active = Some((cur, b));
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "dual_tests.rs"]
+mod tests;

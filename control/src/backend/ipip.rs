@@ -1,0 +1,181 @@
+//! The `ipip` backend on the kernel's ipip driver (fl:pkg/backend/ipip,
+//! spec §2.4, checklist 22): device `flannel.ipip` (local = interface IP,
+//! remote any, MTU ext − 20, `<subnet IP>/32`, up) and per peer `ip route
+//! replace <peer subnet> via <peer PublicIP> dev flannel.ipip onlink`; with
+//! DirectRouting a peer on the same link is routed via the external interface
+//! instead (onlink kept). IPv4 only. Routes are checked every period (§4.5).
+//!
+//! An existing `flannel.ipip` is reused when its local address matches and
+//! its remote is "any", else recreated; a non-ipip link of that name is an
+//! error (flannel's text). The device stays on exit.
+//!
+//! weft has no userspace IPIP engine yet, so on a kernel without ipip the
+//! factory reports a clear error (see [`super::probe`]).
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use ipnet::IpNet;
+
+use super::route_set::RouteSet;
+use super::{Backend, BackendError};
+use crate::config::backend::IpipOptions;
+use crate::iface::ExternalInterface;
+use crate::lease::watcher::Change;
+use crate::lease::{Lease, LeaseAttrs};
+use crate::netlink::{Client, IpipLink, LinkKind, LinkSpec, NetlinkError, Route};
+
+/// The device name.
+pub const DEVICE: &str = "flannel.ipip";
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Ipip {
+    opts: IpipOptions,
+    nl: Arc<dyn Client>,
+    ext: Option<ExternalInterface>,
+    index: u32,
+    addr: Option<IpNet>,
+    routes: RouteSet,
+}
+
+impl Ipip {
+    /// A kernel ipip backend.
+    pub fn new(opts: IpipOptions, nl: Arc<dyn Client>) -> Ipip {
+        Ipip { opts, routes: RouteSet::new(nl.clone()), nl, ext: None, index: 0, addr: None }
+    }
+
+    fn local(&self) -> Result<Ipv4Addr, BackendError> {
+        self.ext
+            .as_ref()
+            .and_then(|e| e.iface_addr)
+            .ok_or_else(|| BackendError::Config("ipip: the external interface has no IPv4 address".into()))
+    }
+
+    /// Creates or reuses `flannel.ipip`, sets MTU, address, up; returns the MTU.
+    async fn bring_up(&mut self) -> Result<u32, BackendError> {
+        let ext = self.ext.clone().ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+        let local = self.local()?;
+        let want = ext.iface.mtu.saturating_sub(20);
+        let mut link = self.nl.link_detail(DEVICE).await?;
+        if let Some(d) = &link {
+            match d.kind {
+                LinkKind::Ipip { local: l, remote: None } if l == Some(local) => {}
+                LinkKind::Ipip { .. } => {
+                    tracing::warn!("{DEVICE} exists with a different local or remote address; recreating it");
+                    self.nl.delete_link(d.link.index).await?;
+                    link = None;
+                }
+                _ => return Err(BackendError::Config(format!("{DEVICE} isn't an ipip mode device"))),
+            }
+        }
+        if link.is_none() {
+            self.nl.add_link(&LinkSpec::Ipip(IpipLink { name: DEVICE.into(), local })).await?;
+            link = self.nl.link_detail(DEVICE).await?;
+        }
+        let d = link.ok_or_else(|| NetlinkError::NoSuchLink(DEVICE.into()))?;
+        self.index = d.link.index;
+        let mtu = (d.link.mtu > want || d.link.mtu == 0).then_some(want);
+        if let Some(addr) = self.addr {
+            for a in self.nl.addrs_on(self.index).await? {
+                if a.net != addr && a.net.addr().is_ipv4() {
+                    self.nl.remove_addr(self.index, a.net).await?;
+                }
+            }
+            if !self.nl.addrs_on(self.index).await?.iter().any(|a| a.net == addr) {
+                self.nl.add_addr(self.index, addr).await?;
+            }
+        }
+        self.nl.link_up(self.index, mtu).await?;
+        Ok(want)
+    }
+
+    async fn route_for(&self, subnet: IpNet, public: Ipv4Addr) -> Route {
+        let mut oif = self.index;
+        if self.opts.direct_routing {
+            if let Ok(r) = self.nl.route_get(IpAddr::V4(public)).await {
+                if r.len() == 1 && r[0].gateway.is_none() {
+                    oif = self.ext.as_ref().map_or(oif, |e| e.iface.index);
+                }
+            }
+        }
+        Route { dst: subnet, gateway: Some(IpAddr::V4(public)), oif: Some(oif), onlink: true, scope_link: false }
+    }
+}
+
+#[async_trait]
+impl Backend for Ipip {
+    fn name(&self) -> &'static str {
+        "ipip"
+    }
+
+    fn dataplane(&self) -> &'static str {
+        "kernel"
+    }
+
+    async fn lease_attrs(&mut self, ext: &ExternalInterface, _prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
+        tracing::info!("IPIP config: DirectRouting={}", self.opts.direct_routing);
+        self.ext = Some(ext.clone());
+        let public_ip = ext.ext_addr.ok_or_else(|| BackendError::Config("ipip: no IPv4 public address".into()))?;
+        Ok(LeaseAttrs { public_ip, backend_type: "ipip".into(), ..Default::default() })
+    }
+
+    async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
+        let sn = lease.subnet.ok_or_else(|| BackendError::Config("ipip backend needs an IPv4 lease".into()))?;
+        self.addr = Some(IpNet::new(sn.network().into(), 32).map_err(|e| BackendError::Config(e.to_string()))?);
+        self.bring_up().await
+    }
+
+    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
+        match change {
+            Change::Add(l) => {
+                if l.attrs.backend_type != "ipip" {
+                    tracing::warn!("Ignoring non-ipip subnet: type={}", l.attrs.backend_type);
+                    return Ok(());
+                }
+                if let Some(s) = l.subnet {
+                    let r = self.route_for(IpNet::V4(s), l.attrs.public_ip).await;
+                    self.routes.add(r).await?;
+                }
+            }
+            Change::Remove(l) => {
+                if let Some(s) = l.subnet {
+                    if let Err(e) = self.routes.remove(IpNet::V4(s)).await {
+                        tracing::error!("Error deleting route to {s}: {e}");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
+        let present = self.nl.link_detail(DEVICE).await?;
+        if !present.is_some_and(|d| d.link.index == self.index && d.link.up) && self.addr.is_some() {
+            tracing::warn!("{DEVICE} is gone or down; recreating it");
+            let old = self.index;
+            self.bring_up().await?;
+            if old != self.index {
+                let routes: Vec<Route> = self.routes.routes().cloned().collect();
+                for mut r in routes {
+                    if r.oif == Some(old) {
+                        r.oif = Some(self.index);
+                    }
+                    self.routes.add(r).await?;
+                }
+            }
+        }
+        self.routes.reconcile().await?;
+        Ok(())
+    }
+
+    async fn teardown(&mut self) {}
+
+    async fn remove_all(&mut self) {
+        self.routes.clear().await;
+        if let Ok(Some(d)) = self.nl.link_detail(DEVICE).await {
+            let _ = self.nl.delete_link(d.link.index).await;
+        }
+    }
+}

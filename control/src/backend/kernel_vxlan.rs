@@ -1,0 +1,435 @@
+//! The `vxlan` backend on the Linux kernel's vxlan driver, programmed exactly
+//! as flannel programs it (spec §4.1-4.3, checklist 16-18):
+//!
+//! - device `flannel.<VNI>` / `flannel-v6.<VNI>`: nolearning, `dev <ext
+//!   iface>`, `local <public IP>`, `dstport` only when `Port` is set, MTU
+//!   cfg.MTU − 50, the persisted VTEP MAC, `accept_ra=0`, address `<subnet
+//!   IP>/32` (`/128`), up. An existing device is reused when compatible
+//!   (flannel's `vxlanLinksIncompat`, plus the MAC), else recreated.
+//! - per peer, in this order, with rollback on failure: a permanent neighbour
+//!   `<peer subnet IP> lladdr <VtepMAC>`, a permanent self fdb entry
+//!   `<VtepMAC> dst <peer PublicIP>`, and `ip route replace <peer subnet> via
+//!   <peer subnet IP> dev flannel.<VNI> onlink`. Removal deletes all three.
+//! - DirectRouting: a peer on the same link gets only `<subnet> via <PublicIP>`.
+//!
+//! The lease (BackendData `{"VNI":n,"VtepMAC":"..."}`) is byte-identical to
+//! the userspace vxlan backend's: the MAC comes from the previous lease, else
+//! [`super::vxlan::derive_mac`]. Nodes can therefore mix the two and a node
+//! can move between them without changing its lease.
+//!
+//! Unlike flannel, `reconcile` re-adds missing neighbours, fdb entries and
+//! routes, and recreates a deleted device with all its peers. On exit the
+//! device stays (flannel: a restart must not interrupt traffic);
+//! [`Backend::remove_all`] deletes it (used when switching to userspace).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use ipnet::IpNet;
+
+use super::vxlan::{backend_data, derive_mac, fmt_mac, parse_backend_data};
+use super::{Backend, BackendError};
+use crate::config::backend::VxlanOptions;
+use crate::iface::ExternalInterface;
+use crate::lease::watcher::Change;
+use crate::lease::{Lease, LeaseAttrs};
+use crate::netlink::{Client, Fdb, LinkKind, LinkSpec, Neigh, Route, VxlanLink};
+
+/// One family's device.
+#[derive(Debug, Clone)]
+struct Dev {
+    spec: VxlanLink,
+    /// `<subnet IP>/32` or `/128`, set by `setup`.
+    addr: Option<IpNet>,
+    /// Interface index once created.
+    index: u32,
+}
+
+/// What one peer subnet got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Entry {
+    /// Neighbour, fdb entry and onlink route on the vxlan device.
+    Encap { neigh: Neigh, fdb: Fdb, route: Route },
+    /// DirectRouting: a plain route via the peer's public IP.
+    Direct(Route),
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct KernelVxlan {
+    opts: VxlanOptions,
+    nl: Arc<dyn Client>,
+    v4: Option<Dev>,
+    v6: Option<Dev>,
+    want_v4: bool,
+    want_v6: bool,
+    ext: Option<ExternalInterface>,
+    peers: BTreeMap<IpNet, Entry>,
+}
+
+impl KernelVxlan {
+    /// A kernel vxlan backend for the enabled families.
+    pub fn new(opts: VxlanOptions, v4: bool, v6: bool, nl: Arc<dyn Client>) -> KernelVxlan {
+        KernelVxlan { opts, nl, v4: None, v6: None, want_v4: v4, want_v6: v6, ext: None, peers: BTreeMap::new() }
+    }
+
+    fn mtu(&self, ext: &ExternalInterface) -> u32 {
+        let cfg = if self.opts.mtu == 0 { ext.iface.mtu } else { self.opts.mtu };
+        cfg.saturating_sub(50)
+    }
+
+    /// flannel's `ensureLink`: create, or reuse a compatible device, or recreate.
+    async fn ensure_link(&self, spec: &VxlanLink) -> Result<u32, BackendError> {
+        if let Some(d) = self.nl.link_detail(&spec.name).await? {
+            match incompatible(spec, &d.kind, d.link.mac.as_deref()) {
+                None => return Ok(d.link.index),
+                Some(why) => {
+                    tracing::warn!("{:?} already exists with incompatible configuration: {why}; recreating device", spec.name);
+                    self.nl.delete_link(d.link.index).await?;
+                }
+            }
+        }
+        self.nl.add_link(&LinkSpec::Vxlan(spec.clone())).await?;
+        let d = self.nl.link_detail(&spec.name).await?.ok_or_else(|| crate::netlink::NetlinkError::NoSuchLink(spec.name.clone()))?;
+        if let Err(e) = self.nl.sysctl(&format!("net/ipv6/conf/{}/accept_ra", spec.name), "0").await {
+            tracing::warn!("{e}");
+        }
+        Ok(d.link.index)
+    }
+
+    /// Creates (or re-creates) one device with its address, up, and checks its MAC.
+    async fn bring_up(&self, dev: &mut Dev) -> Result<(), BackendError> {
+        dev.index = self.ensure_link(&dev.spec).await?;
+        if let Some(addr) = dev.addr {
+            // EnsureV4AddressOnLink / EnsureV6AddressOnLink: ours only.
+            for a in self.nl.addrs_on(dev.index).await? {
+                if a.net != addr && !a.link_local && a.net.addr().is_ipv4() == addr.addr().is_ipv4() {
+                    self.nl.remove_addr(dev.index, a.net).await?;
+                }
+            }
+            if !self.nl.addrs_on(dev.index).await?.iter().any(|a| a.net == addr) {
+                self.nl.add_addr(dev.index, addr).await?;
+            }
+        }
+        self.nl.link_up(dev.index, None).await?;
+        let got = self.nl.link_detail(&dev.spec.name).await?.and_then(|d| d.link.mac);
+        if got.as_deref() != Some(&dev.spec.mac[..]) {
+            return Err(BackendError::Config(format!(
+                "{}'s mac address wanted: {}, but got: {}",
+                dev.spec.name,
+                fmt_mac(dev.spec.mac),
+                got.map(|m| m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")).unwrap_or_default()
+            )));
+        }
+        Ok(())
+    }
+
+    fn dev_for(&self, subnet: &IpNet) -> Option<&Dev> {
+        match subnet {
+            IpNet::V4(_) => self.v4.as_ref(),
+            IpNet::V6(_) => self.v6.as_ref(),
+        }
+    }
+
+    /// flannel's DirectRouting check: `ip route get` gives one gateway-less route.
+    async fn on_link(&self, ip: IpAddr) -> bool {
+        match self.nl.route_get(ip).await {
+            Ok(r) => r.len() == 1 && r[0].gateway.is_none(),
+            Err(e) => {
+                tracing::warn!("ip route get {ip}: {e}");
+                false
+            }
+        }
+    }
+
+    /// Programs one peer subnet (neighbour, fdb, route; rollback on failure).
+    async fn program(&self, e: &Entry) -> Result<(), BackendError> {
+        match e {
+            Entry::Direct(r) => Ok(self.nl.route_replace(r).await?),
+            Entry::Encap { neigh, fdb, route } => {
+                self.nl.neigh_replace(neigh).await?;
+                if let Err(err) = self.nl.fdb_replace(fdb).await {
+                    let _ = self.nl.neigh_del(neigh).await;
+                    return Err(err.into());
+                }
+                if let Err(err) = self.nl.route_replace(route).await {
+                    let _ = self.nl.neigh_del(neigh).await;
+                    let _ = self.nl.fdb_del(fdb).await;
+                    return Err(err.into());
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Removes one peer subnet's entries; errors are logged (flannel does not bail out).
+    async fn unprogram(&self, e: &Entry) {
+        let results = match e {
+            Entry::Direct(r) => vec![self.nl.route_del(r).await],
+            Entry::Encap { neigh, fdb, route } => {
+                vec![self.nl.neigh_del(neigh).await, self.nl.fdb_del(fdb).await, self.nl.route_del(route).await]
+            }
+        };
+        for r in results {
+            if let Err(err) = r {
+                tracing::error!("failed to remove a vxlan peer entry: {err}");
+            }
+        }
+    }
+
+    async fn entry_for(&self, subnet: IpNet, public: IpAddr, data: Option<&String>) -> Option<Entry> {
+        if self.opts.direct_routing && self.on_link(public).await {
+            let r = Route { dst: subnet, gateway: Some(public), oif: None, onlink: false, scope_link: false };
+            return Some(Entry::Direct(r));
+        }
+        let dev = self.dev_for(&subnet)?;
+        let Some((_, mac)) = data.and_then(|d| parse_backend_data(d)) else {
+            tracing::error!("error decoding subnet lease JSON for {subnet}: {data:?}");
+            return None;
+        };
+        let gw = subnet.network();
+        Some(Entry::Encap {
+            neigh: Neigh { index: dev.index, ip: gw, mac },
+            fdb: Fdb { index: dev.index, mac, dst: public },
+            route: Route { dst: subnet, gateway: Some(gw), oif: Some(dev.index), onlink: true, scope_link: false },
+        })
+    }
+
+    /// Re-points remembered encap entries at the current device index.
+    fn reindex(&mut self, v6: bool, index: u32) {
+        for e in self.peers.values_mut() {
+            if let Entry::Encap { neigh, fdb, route } = e {
+                if neigh.ip.is_ipv6() == v6 {
+                    neigh.index = index;
+                    fdb.index = index;
+                    route.oif = Some(index);
+                }
+            }
+        }
+    }
+}
+
+/// flannel's `vxlanLinksIncompat` (plus the MAC, which weft treats as part of
+/// the lease): why an existing link cannot be reused, or `None`.
+fn incompatible(want: &VxlanLink, have: &LinkKind, mac: Option<&[u8]>) -> Option<String> {
+    let LinkKind::Vxlan(h) = have else { return Some(format!("link type: {have:?} vs vxlan")) };
+    if h.vni != want.vni {
+        return Some(format!("vni: {} vs {}", h.vni, want.vni));
+    }
+    if h.vtep_index > 0 && want.vtep_index > 0 && h.vtep_index != want.vtep_index {
+        return Some(format!("vtep (external) interface: {} vs {}", h.vtep_index, want.vtep_index));
+    }
+    if h.local.is_some_and(|l| l != want.local) {
+        return Some(format!("vtep (external) IP: {:?} vs {}", h.local, want.local));
+    }
+    if h.group.is_some() {
+        return Some(format!("group address: {:?} vs none", h.group));
+    }
+    if h.l2miss {
+        return Some("l2miss: true vs false".into());
+    }
+    if h.port > 0 && want.port > 0 && h.port != want.port {
+        return Some(format!("port: {} vs {}", h.port, want.port));
+    }
+    if h.gbp != want.gbp {
+        return Some(format!("gbp: {} vs {}", h.gbp, want.gbp));
+    }
+    if mac.is_some_and(|m| m != want.mac) {
+        return Some("mac address differs from the lease's VtepMAC".into());
+    }
+    None
+}
+
+#[async_trait]
+impl Backend for KernelVxlan {
+    fn name(&self) -> &'static str {
+        "vxlan"
+    }
+
+    fn dataplane(&self) -> &'static str {
+        "kernel"
+    }
+
+    async fn lease_attrs(&mut self, ext: &ExternalInterface, prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
+        tracing::info!(
+            "VXLAN config: VNI={} Port={} GBP={} Learning={} DirectRouting={}",
+            self.opts.vni,
+            self.opts.port,
+            self.opts.gbp,
+            self.opts.learning,
+            self.opts.direct_routing
+        );
+        self.ext = Some(ext.clone());
+        let vni = self.opts.vni;
+        let reuse = |d: Option<&String>| d.and_then(|d| parse_backend_data(d)).filter(|(v, _)| *v == vni).map(|(_, m)| m);
+        let mtu = self.mtu(ext);
+        let spec = |name: String, local: IpAddr, mac: [u8; 6]| VxlanLink {
+            name,
+            vni,
+            vtep_index: ext.iface.index,
+            local,
+            port: self.opts.port,
+            learning: self.opts.learning,
+            gbp: self.opts.gbp,
+            mtu,
+            mac,
+        };
+        let mut attrs = LeaseAttrs { backend_type: "vxlan".into(), ..Default::default() };
+        if self.want_v4 {
+            let ip = ext.ext_addr.ok_or_else(|| BackendError::Config("vxlan: no IPv4 public address".into()))?;
+            let mac = reuse(prev.and_then(|p| p.attrs.backend_data.as_ref())).unwrap_or_else(|| derive_mac(ip.into(), vni, 4));
+            attrs.public_ip = ip;
+            attrs.backend_data = Some(backend_data(vni, mac));
+            self.v4 = Some(Dev { spec: spec(format!("flannel.{vni}"), ip.into(), mac), addr: None, index: 0 });
+        }
+        if self.want_v6 {
+            let ip = ext.ext_v6_addr.ok_or_else(|| BackendError::Config("vxlan: no IPv6 public address".into()))?;
+            let mac = reuse(prev.and_then(|p| p.attrs.backend_v6_data.as_ref())).unwrap_or_else(|| derive_mac(ip.into(), vni, 6));
+            attrs.public_ipv6 = Some(ip);
+            attrs.backend_v6_data = Some(backend_data(vni, mac));
+            self.v6 = Some(Dev { spec: spec(format!("flannel-v6.{vni}"), ip.into(), mac), addr: None, index: 0 });
+        }
+        Ok(attrs)
+    }
+
+    async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
+        let ext = self.ext.clone().ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+        if let (Some(mut d), Some(sn)) = (self.v4.take(), lease.subnet) {
+            d.addr = Some(IpNet::new(sn.network().into(), 32).map_err(|e| BackendError::Config(e.to_string()))?);
+            let r = self.bring_up(&mut d).await;
+            self.v4 = Some(d);
+            r?;
+        }
+        if let (Some(mut d), Some(sn)) = (self.v6.take(), lease.ipv6_subnet) {
+            d.addr = Some(IpNet::new(sn.network().into(), 128).map_err(|e| BackendError::Config(e.to_string()))?);
+            let r = self.bring_up(&mut d).await;
+            self.v6 = Some(d);
+            r?;
+        }
+        Ok(self.mtu(&ext))
+    }
+
+    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
+        let (lease, add) = match change {
+            Change::Add(l) => (l, true),
+            Change::Remove(l) => (l, false),
+        };
+        if add && lease.attrs.backend_type != "vxlan" {
+            tracing::info!(
+                "ignoring non-vxlan v4Subnet({:?}) v6Subnet({:?}): type={}",
+                lease.subnet,
+                lease.ipv6_subnet,
+                lease.attrs.backend_type
+            );
+            return Ok(());
+        }
+        let targets = [
+            (lease.subnet.map(IpNet::V4), Some(IpAddr::V4(lease.attrs.public_ip)), lease.attrs.backend_data.as_ref()),
+            (lease.ipv6_subnet.map(IpNet::V6), lease.attrs.public_ipv6.map(IpAddr::V6), lease.attrs.backend_v6_data.as_ref()),
+        ];
+        let mut first_err = None;
+        for (subnet, public, data) in targets {
+            let Some(subnet) = subnet else { continue };
+            if self.dev_for(&subnet).is_none() {
+                continue;
+            }
+            let old = self.peers.remove(&subnet);
+            if !add {
+                if let Some(old) = old {
+                    self.unprogram(&old).await;
+                }
+                continue;
+            }
+            let Some(public) = public else { continue };
+            let Some(entry) = self.entry_for(subnet, public, data).await else { continue };
+            if let Some(old) = old.filter(|o| *o != entry) {
+                self.unprogram(&old).await;
+            }
+            // Remembered even on failure: reconcile retries it.
+            self.peers.insert(subnet, entry.clone());
+            if let Err(e) = self.program(&entry).await {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
+        // A deleted device comes back with all its peers.
+        for v6 in [false, true] {
+            let slot = if v6 { &self.v6 } else { &self.v4 };
+            let Some(dev) = slot.clone() else { continue };
+            if dev.addr.is_none() {
+                continue;
+            }
+            let present = self.nl.link_detail(&dev.spec.name).await?;
+            if present.as_ref().is_some_and(|d| d.link.index == dev.index && d.link.up) {
+                continue;
+            }
+            tracing::warn!("{} is gone or down; recreating it", dev.spec.name);
+            let mut dev = dev;
+            self.bring_up(&mut dev).await?;
+            let index = dev.index;
+            if v6 {
+                self.v6 = Some(dev);
+            } else {
+                self.v4 = Some(dev);
+            }
+            self.reindex(v6, index);
+        }
+        let mut neighs = BTreeMap::new();
+        let mut fdbs = BTreeMap::new();
+        for dev in [self.v4.as_ref(), self.v6.as_ref()].into_iter().flatten().filter(|d| d.index > 0) {
+            neighs.insert(dev.index, self.nl.neighs(dev.index).await?);
+            fdbs.insert(dev.index, self.nl.fdbs(dev.index).await?);
+        }
+        for e in self.peers.values() {
+            match e {
+                Entry::Direct(r) => {
+                    if !self.nl.routes_exact(r.dst).await?.iter().any(|p| p.same_as(r)) {
+                        self.nl.route_replace(r).await?;
+                        tracing::info!("Route recovered {} : {}", r.dst, r);
+                    }
+                }
+                Entry::Encap { neigh, fdb, route } => {
+                    if !neighs.get(&neigh.index).is_some_and(|v| v.contains(neigh)) {
+                        self.nl.neigh_replace(neigh).await?;
+                        tracing::info!("Neighbour recovered {} lladdr {}", neigh.ip, fmt_mac(neigh.mac));
+                    }
+                    if !fdbs.get(&fdb.index).is_some_and(|v| v.contains(fdb)) {
+                        self.nl.fdb_replace(fdb).await?;
+                        tracing::info!("FDB entry recovered {} dst {}", fmt_mac(fdb.mac), fdb.dst);
+                    }
+                    if !self.nl.routes_exact(route.dst).await?.iter().any(|p| p.same_as(route)) {
+                        self.nl.route_replace(route).await?;
+                        tracing::info!("Route recovered {} : {}", route.dst, route);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn teardown(&mut self) {}
+
+    async fn remove_all(&mut self) {
+        for e in std::mem::take(&mut self.peers).into_values() {
+            if let Entry::Direct(r) = &e {
+                let _ = self.nl.route_del(r).await;
+            }
+        }
+        for dev in [self.v4.take(), self.v6.take()].into_iter().flatten() {
+            if let Ok(Some(d)) = self.nl.link_detail(&dev.spec.name).await {
+                if let Err(e) = self.nl.delete_link(d.link.index).await {
+                    tracing::warn!("failed to delete {}: {e}", dev.spec.name);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "kernel_vxlan_tests.rs"]
+mod tests;

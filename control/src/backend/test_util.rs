@@ -1,0 +1,50 @@
+//! Shared fixtures for the backends' unit tests: an external interface
+//! (`eth0`, index 2, 192.0.2.1/24) and leases.
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use crate::iface::ExternalInterface;
+use crate::lease::{Lease, LeaseAttrs};
+use crate::netlink::{FakeNetlink, Link};
+
+/// `eth0` (index 2, MTU 1500) with 192.0.2.1/24 as interface and public address.
+pub fn ext() -> ExternalInterface {
+    ExternalInterface {
+        iface: Link { index: 2, name: "eth0".into(), mtu: 1500, up: true, mac: None },
+        iface_addr: Some(Ipv4Addr::new(192, 0, 2, 1)),
+        iface_v6_addr: None,
+        ext_addr: Some(Ipv4Addr::new(192, 0, 2, 1)),
+        ext_v6_addr: None,
+        connected: vec!["192.0.2.0/24".parse().expect("net")],
+    }
+}
+
+/// A lease for `subnet` published by `public` with `backend_type` and `data`.
+pub fn lease(subnet: &str, public: &str, backend_type: &str, data: Option<&str>) -> Lease {
+    Lease {
+        subnet: Some(subnet.parse().expect("subnet")),
+        ipv6_subnet: None,
+        attrs: LeaseAttrs {
+            public_ip: public.parse().expect("ip"),
+            backend_type: backend_type.into(),
+            backend_data: data.map(String::from),
+            ..Default::default()
+        },
+        expiration: None,
+    }
+}
+
+/// A fake kernel supporting `kinds`, with 192.0.2.0/24 on-link on eth0 and a
+/// default route via 192.0.2.254.
+pub fn fake(kinds: &[&'static str], esp: bool) -> Arc<FakeNetlink> {
+    let f = Arc::new(FakeNetlink::new(kinds, esp));
+    f.set_connected("192.0.2.0/24".parse().expect("net"), 2);
+    f.set_default_via("192.0.2.254".parse().expect("ip"), 2);
+    f
+}
+
+/// Runs a future to completion on a current-thread runtime.
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(f)
+}

@@ -1,0 +1,233 @@
+//! The IPAM API's wire format: one JSON object per line each way, one reply
+//! per request, in order, on a unix stream socket.
+//!
+//! Requests (`op` selects the operation; unknown keys are errors):
+//!
+//! ```text
+//! {"op":"allocate","containerID":"abc","ifname":"eth0"}
+//!     -> {"ok":true,"allocation":{"containerID":"abc","ifname":"eth0","ipv4":"10.244.1.2","ipv6":"fd00::2"}}
+//! {"op":"release","containerID":"abc","ifname":"eth0"}
+//!     -> {"ok":true,"allocation":{...}}     (what was released; absent if nothing was held)
+//! {"op":"list"}    -> {"ok":true,"allocations":[{...},...]}
+//! {"op":"status"}  -> {"ok":true,"subnet":"10.244.1.0/24","ipv6Subnet":"fd00::/64"}
+//! any failure      -> {"ok":false,"error":{"kind":"invalid|exhausted|unavailable","message":"..."}}
+//! ```
+//!
+//! Contract: a request line is at most [`MAX_REQUEST`] bytes (a longer one is
+//! answered with an `invalid` error and the connection is closed); container
+//! IDs follow CNI's `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$` (at most 256 bytes) and
+//! interface names Linux's rules (1-15 bytes, no `/`, `:`, whitespace, not
+//! `.`/`..`). Parsing never panics. `allocate` and `release` are idempotent.
+
+use ipnet::{Ipv4Net, Ipv6Net};
+use serde::{Deserialize, Serialize};
+
+use super::alloc::{Allocation, Key};
+
+/// Longest request line accepted, in bytes (without the newline).
+pub const MAX_REQUEST: usize = 4096;
+/// Longest container ID accepted.
+const MAX_CONTAINER_ID: usize = 256;
+
+/// One request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Request {
+    /// Allocate (or return the existing) addresses of an attachment.
+    Allocate {
+        /// `CNI_CONTAINERID`.
+        #[serde(rename = "containerID")]
+        container_id: String,
+        /// `CNI_IFNAME`.
+        ifname: String,
+    },
+    /// Release an attachment's addresses (no-op when it holds none).
+    Release {
+        /// `CNI_CONTAINERID`.
+        #[serde(rename = "containerID")]
+        container_id: String,
+        /// `CNI_IFNAME`.
+        ifname: String,
+    },
+    /// List every allocation (for GC).
+    List,
+    /// Whether the API can allocate, and from which subnets.
+    Status,
+}
+
+/// What kind of failure an error reply reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ErrorKind {
+    /// The request is malformed.
+    Invalid,
+    /// No free address is left.
+    Exhausted,
+    /// The allocator cannot serve (corrupt state file, failed write).
+    Unavailable,
+}
+
+/// The error part of a reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorReply {
+    /// The failure class.
+    pub kind: ErrorKind,
+    /// A human-readable message.
+    pub message: String,
+}
+
+/// One reply.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Response {
+    /// Whether the request succeeded.
+    pub ok: bool,
+    /// Set when `ok` is false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorReply>,
+    /// `allocate`: the addresses; `release`: what was released.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation: Option<Allocation>,
+    /// `list`: every allocation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocations: Option<Vec<Allocation>>,
+    /// `status`: the IPv4 lease subnet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subnet: Option<Ipv4Net>,
+    /// `status`: the IPv6 lease subnet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6_subnet: Option<Ipv6Net>,
+}
+
+// === impl Response ===
+
+impl Response {
+    /// A failure reply.
+    pub fn error(kind: ErrorKind, message: impl Into<String>) -> Response {
+        Response { ok: false, error: Some(ErrorReply { kind, message: message.into() }), ..Response::default() }
+    }
+
+    /// A success reply with nothing in it (the caller fills it).
+    pub fn ok() -> Response {
+        Response { ok: true, ..Response::default() }
+    }
+
+    /// The reply as one line, newline included.
+    pub fn to_line(&self) -> Vec<u8> {
+        // Plain strings, addresses and numbers: encoding cannot fail.
+        let mut out = serde_json::to_vec(self).unwrap_or_else(|_| b"{\"ok\":false}".to_vec());
+        out.push(b'\n');
+        out
+    }
+}
+
+// === impl Request ===
+
+impl Request {
+    /// Parses and validates one request line (without its newline).
+    pub fn parse(line: &[u8]) -> Result<Request, String> {
+        if line.len() > MAX_REQUEST {
+            return Err(format!("request longer than {MAX_REQUEST} bytes"));
+        }
+        let req: Request = serde_json::from_slice(line).map_err(|e| format!("bad request: {e}"))?;
+        if let Request::Allocate { container_id, ifname } | Request::Release { container_id, ifname } = &req {
+            validate_container_id(container_id)?;
+            validate_ifname(ifname)?;
+        }
+        Ok(req)
+    }
+
+    /// The attachment key of `allocate`/`release`.
+    pub fn key(&self) -> Option<Key> {
+        match self {
+            Request::Allocate { container_id, ifname } | Request::Release { container_id, ifname } => {
+                Some(Key { container_id: container_id.clone(), ifname: ifname.clone() })
+            }
+            Request::List | Request::Status => None,
+        }
+    }
+}
+
+fn validate_container_id(id: &str) -> Result<(), String> {
+    let mut bytes = id.bytes();
+    let ok = id.len() <= MAX_CONTAINER_ID
+        && bytes.next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if ok { Ok(()) } else { Err(format!("invalid containerID {id:?}")) }
+}
+
+fn validate_ifname(name: &str) -> Result<(), String> {
+    let ok = (1..=15).contains(&name.len())
+        && name != "."
+        && name != ".."
+        && !name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace());
+    if ok { Ok(()) } else { Err(format!("invalid ifname {name:?}")) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_op() {
+        assert_eq!(
+            Request::parse(br#"{"op":"allocate","containerID":"abc-1","ifname":"eth0"}"#),
+            Ok(Request::Allocate { container_id: "abc-1".into(), ifname: "eth0".into() })
+        );
+        assert_eq!(
+            Request::parse(br#"{"ifname":"net1","containerID":"x","op":"release"}"#),
+            Ok(Request::Release { container_id: "x".into(), ifname: "net1".into() })
+        );
+        assert_eq!(Request::parse(br#"{"op":"list"}"#), Ok(Request::List));
+        assert_eq!(Request::parse(br#"{"op":"status"}"#), Ok(Request::Status));
+    }
+
+    #[test]
+    fn rejects_bad_input_with_reasons() {
+        let cases: [(&[u8], &str); 11] = [
+            (b"", "EOF"),
+            (b"\xff\xfe", "bad request"),
+            (b"[]", "bad request"),
+            (br#"{"op":"steal"}"#, "unknown variant `steal`"),
+            (br#"{"containerID":"a","ifname":"eth0"}"#, "missing field `op`"),
+            (br#"{"op":"allocate","containerID":"a"}"#, "missing field `ifname`"),
+            (br#"{"op":"allocate","containerID":"a","ifname":"eth0","x":1}"#, "unknown field `x`"),
+            (br#"{"op":"list","x":1}"#, "unknown field `x`"),
+            (br#"{"op":"allocate","containerID":"-a","ifname":"eth0"}"#, "invalid containerID"),
+            (br#"{"op":"release","containerID":"a","ifname":"a/b"}"#, "invalid ifname"),
+            (br#"{"op":"allocate","containerID":"a","ifname":"sixteen-chars-xx"}"#, "invalid ifname"),
+        ];
+        for (input, want) in cases {
+            let e = Request::parse(input).expect_err(&String::from_utf8_lossy(input));
+            assert!(e.contains(want), "{:?}: {e}", String::from_utf8_lossy(input));
+        }
+        let long = format!(r#"{{"op":"list","pad":"{}"}}"#, "x".repeat(MAX_REQUEST));
+        assert!(Request::parse(long.as_bytes()).expect_err("too long").contains("longer than"));
+        let long_id = format!(r#"{{"op":"release","containerID":"{}","ifname":"eth0"}}"#, "a".repeat(300));
+        assert!(Request::parse(long_id.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn replies_round_trip() {
+        let mut r = Response::ok();
+        r.allocation = Some(Allocation {
+            container_id: "a".into(),
+            ifname: "eth0".into(),
+            ipv4: Some("10.244.1.2".parse().expect("ip")),
+            ipv6: None,
+        });
+        let line = r.to_line();
+        assert_eq!(
+            std::str::from_utf8(&line).expect("utf8"),
+            "{\"ok\":true,\"allocation\":{\"containerID\":\"a\",\"ifname\":\"eth0\",\"ipv4\":\"10.244.1.2\"}}\n"
+        );
+        let back: Response = serde_json::from_slice(&line).expect("parse");
+        assert_eq!(back, r);
+        let e = Response::error(ErrorKind::Exhausted, "no free address left in 10.244.1.0/24");
+        assert_eq!(
+            String::from_utf8(e.to_line()).expect("utf8"),
+            "{\"ok\":false,\"error\":{\"kind\":\"exhausted\",\"message\":\"no free address left in 10.244.1.0/24\"}}\n"
+        );
+    }
+}

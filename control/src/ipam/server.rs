@@ -1,0 +1,250 @@
+//! The IPAM API server: a unix stream socket speaking [`super::proto`], and
+//! one owner thread that holds the allocator and the state file.
+//!
+//! Contract:
+//! - The socket is created root-only (mode 0600) before anyone can connect:
+//!   it is bound under a temporary name, chmod-ed, then renamed into place
+//!   (which also replaces a stale socket of an earlier run).
+//! - Every request goes through one channel to the owner thread, which
+//!   applies it, persists the change (fsync) and only then replies: requests
+//!   are serialised without any file lock, and an address is never handed
+//!   out before it is on disk. If persisting fails, the change is undone and
+//!   the request fails (`unavailable`).
+//! - A corrupt state file does not stop weftd (bridge-mode pods do not need
+//!   IPAM): the server runs and answers every request with `unavailable` and
+//!   the file's problem, so CNI ADD/STATUS fail with a clear message.
+//! - A connection may carry several requests; each read waits at most
+//!   [`IDLE_TIMEOUT`]. Dropping the [`IpamServer`] stops accepting and
+//!   removes the socket.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ipnet::{Ipv4Net, Ipv6Net};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot};
+
+use super::alloc::{AllocError, Allocator};
+use super::proto::{ErrorKind, MAX_REQUEST, Request, Response};
+use super::state::StateFile;
+
+/// How long a connection may stay silent before it is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Requests queued for the owner thread before connections wait.
+const QUEUE: usize = 256;
+
+/// Errors starting the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The socket could not be created.
+    #[error("{op} {path}: {source}")]
+    Socket {
+        /// What was being done.
+        op: &'static str,
+        /// The path involved.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The owner thread could not be started.
+    #[error("cannot start the ipam thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+type Job = (Request, oneshot::Sender<Response>);
+
+/// A running IPAM API; see the module docs.
+#[derive(Debug)]
+pub struct IpamServer {
+    socket: PathBuf,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl IpamServer {
+    /// The socket path.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+}
+
+impl Drop for IpamServer {
+    fn drop(&mut self) {
+        self.accept.abort();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// Loads the state file and serves the API on `socket` for the lease subnets.
+pub async fn serve(
+    socket: &Path,
+    state: &Path,
+    subnet: Option<Ipv4Net>,
+    ipv6_subnet: Option<Ipv6Net>,
+) -> Result<IpamServer, ServerError> {
+    let file = StateFile::new(state);
+    let alloc = match file.load(subnet, ipv6_subnet) {
+        Ok(a) => {
+            tracing::info!("ipam: {} allocations restored from {}", a.len(), state.display());
+            Ok(a)
+        }
+        Err(e) => {
+            tracing::error!("ipam: {e}; refusing to allocate until it is fixed");
+            Err(e.to_string())
+        }
+    };
+    let (tx, rx) = mpsc::channel::<Job>(QUEUE);
+    let mut owner = Owner { file, alloc };
+    std::thread::Builder::new()
+        .name("weft-ipam".into())
+        .spawn(move || owner.run(rx))
+        .map_err(ServerError::Thread)?;
+    let listener = bind(socket)?;
+    tracing::info!("ipam: serving on {}", socket.display());
+    let accept = tokio::spawn(accept_loop(listener, tx));
+    Ok(IpamServer { socket: socket.to_path_buf(), accept })
+}
+
+/// Binds `socket` with mode 0600 from the start (temporary name, chmod, rename).
+fn bind(socket: &Path) -> Result<UnixListener, ServerError> {
+    use std::os::unix::fs::PermissionsExt;
+    let err = |op: &'static str, p: &Path| {
+        let path = p.to_path_buf();
+        move |source| ServerError::Socket { op, path, source }
+    };
+    let dir = match socket.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&dir).map_err(err("create directory", &dir))?;
+    let name = socket.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp).map_err(err("bind", &tmp))?;
+    let setup = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+        .map_err(err("chmod", &tmp))
+        .and_then(|()| std::fs::rename(&tmp, socket).map_err(err("rename", socket)));
+    if let Err(e) = setup {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(listener)
+}
+
+async fn accept_loop(listener: UnixListener, tx: mpsc::Sender<Job>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::spawn(connection(stream, tx.clone()));
+            }
+            Err(e) => {
+                tracing::warn!("ipam: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Serves one connection: request lines in, reply lines out.
+async fn connection(stream: UnixStream, tx: mpsc::Sender<Job>) {
+    let (read, mut write) = stream.into_split();
+    let mut reader = BufReader::new(read);
+    let mut line = Vec::with_capacity(256);
+    loop {
+        line.clear();
+        let limit = u64::try_from(MAX_REQUEST).unwrap_or(u64::MAX) + 1;
+        let read = tokio::time::timeout(IDLE_TIMEOUT, (&mut reader).take(limit).read_until(b'\n', &mut line)).await;
+        let n = match read {
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) => {
+                tracing::debug!("ipam: read: {e}");
+                return;
+            }
+            Err(_) => return,
+        };
+        if n == 0 {
+            return;
+        }
+        let complete = line.last() == Some(&b'\n');
+        if complete {
+            line.pop();
+        }
+        let (reply, close) = if !complete && line.len() > MAX_REQUEST {
+            (Response::error(ErrorKind::Invalid, format!("request longer than {MAX_REQUEST} bytes")), true)
+        } else {
+            match Request::parse(&line) {
+                Err(reason) => (Response::error(ErrorKind::Invalid, reason), false),
+                Ok(req) => (ask(&tx, req).await, false),
+            }
+        };
+        if write.write_all(&reply.to_line()).await.is_err() || close || !complete {
+            return;
+        }
+    }
+}
+
+async fn ask(tx: &mpsc::Sender<Job>, req: Request) -> Response {
+    let (reply_tx, reply_rx) = oneshot::channel();
+    if tx.send((req, reply_tx)).await.is_err() {
+        return Response::error(ErrorKind::Unavailable, "the ipam thread has stopped");
+    }
+    reply_rx.await.unwrap_or_else(|_| Response::error(ErrorKind::Unavailable, "the ipam thread has stopped"))
+}
+
+/// The single owner of the allocations.
+struct Owner {
+    file: StateFile,
+    /// The allocator, or why it cannot be used.
+    alloc: Result<Allocator, String>,
+}
+
+// === impl Owner ===
+
+impl Owner {
+    fn run(&mut self, mut rx: mpsc::Receiver<Job>) {
+        while let Some((req, reply)) = rx.blocking_recv() {
+            let _ = reply.send(self.handle(req));
+        }
+    }
+
+    fn handle(&mut self, req: Request) -> Response {
+        let alloc = match &mut self.alloc {
+            Ok(a) => a,
+            Err(reason) => return Response::error(ErrorKind::Unavailable, reason.clone()),
+        };
+        match req {
+            Request::Status => Response {
+                subnet: alloc.subnet(),
+                ipv6_subnet: alloc.ipv6_subnet(),
+                ..Response::ok()
+            },
+            Request::List => Response { allocations: Some(alloc.list()), ..Response::ok() },
+            Request::Allocate { .. } | Request::Release { .. } => {
+                let Some(key) = req.key() else { return Response::error(ErrorKind::Invalid, "no key") };
+                let before = alloc.clone();
+                let (allocation, changed) = if matches!(req, Request::Allocate { .. }) {
+                    match alloc.allocate(&key) {
+                        Ok((a, changed)) => (Some(a), changed),
+                        Err(e @ AllocError::Exhausted(_)) => return Response::error(ErrorKind::Exhausted, e.to_string()),
+                        Err(e) => return Response::error(ErrorKind::Unavailable, e.to_string()),
+                    }
+                } else {
+                    let released = alloc.release(&key);
+                    let changed = released.is_some();
+                    (released, changed)
+                };
+                if changed {
+                    if let Err(e) = self.file.save(alloc) {
+                        *alloc = before;
+                        tracing::error!("ipam: {e}");
+                        return Response::error(ErrorKind::Unavailable, format!("cannot persist the change: {e}"));
+                    }
+                    let op = if matches!(req, Request::Allocate { .. }) { "allocated" } else { "released" };
+                    tracing::debug!("ipam: {op} {allocation:?}");
+                }
+                Response { allocation, ..Response::ok() }
+            }
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Control-plane targets: net-conf.json, lease JSON and keys, subnet.env, the
+//! embedded store's data file and VXLAN backend data. Every decoder that has
+//! an encoder is checked for a round trip (decode, encode, decode gives the
+//! same value; encoding is a fixpoint).
+
+use std::str::FromStr;
+
+use weft_control::backend::vxlan::{backend_data, fmt_mac, parse_backend_data};
+use weft_control::config::{BackendOptions, parse_config};
+use weft_control::lease::{LeaseAttrs, SubnetKey};
+use weft_control::store::embedded::file;
+use weft_control::subnet_env::SubnetEnv;
+
+/// net-conf.json / the etcd config value, then what weftd derives from it:
+/// the backend's options and MTU, and (etcd and embedded modes)
+/// `check_network_config` with the allocator's candidate walk.
+pub fn net_conf(data: &[u8]) {
+    let Ok(mut cfg) = parse_config(data) else {
+        return;
+    };
+    if let Ok(opts) = BackendOptions::from_config(&cfg.backend_type, cfg.backend.as_deref()) {
+        for ext in [0, 68, 1500, 9001, u32::MAX] {
+            assert!(opts.mtu(ext) <= ext.max(opts.mtu(0)));
+        }
+        let again = BackendOptions::parse(opts.kind(), cfg.backend.as_deref())
+            .expect("options decoded once decode again");
+        assert_eq!(again.kind(), opts.kind());
+    }
+    let _ = cfg.ip_family();
+    if cfg.check_network_config().is_err() {
+        return;
+    }
+    if cfg.enable_ipv4 {
+        let net = cfg.network.expect("a checked IPv4 config has a network");
+        for sn in cfg.subnet_candidates().take(4) {
+            assert!(net.contains(&sn), "candidate {sn} outside {net}");
+            assert!(cfg.is_subnet_compatible(Some(sn)));
+        }
+    }
+    if cfg.enable_ipv6 {
+        let net = cfg.ipv6_network.expect("a checked IPv6 config has a network");
+        for sn in cfg.ipv6_subnet_candidates().take(4) {
+            assert!(net.contains(&sn), "candidate {sn} outside {net}");
+            assert!(cfg.is_ipv6_subnet_compatible(Some(sn)));
+        }
+    }
+    let mut twice = cfg.clone();
+    twice
+        .check_network_config()
+        .expect("a checked config passes the check again");
+    assert_eq!(twice, cfg, "check_network_config is not idempotent");
+}
+
+/// A lease value from the store: Go-rules decode, byte-exact re-encode.
+pub fn lease_attrs(data: &[u8]) {
+    let Ok(attrs) = LeaseAttrs::from_json(data) else {
+        return;
+    };
+    let text = attrs.to_json();
+    let again = LeaseAttrs::from_json(text.as_bytes()).expect("to_json output decodes");
+    assert_eq!(again, attrs);
+    assert_eq!(again.to_json(), text);
+    for d in [&attrs.backend_data, &attrs.backend_v6_data].into_iter().flatten() {
+        let _ = parse_backend_data(d);
+    }
+}
+
+/// A lease key (`10.244.1.0-24[&fc00::-64]`): parse, print, parse.
+pub fn subnet_key(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(key) = SubnetKey::from_str(text) else {
+        return;
+    };
+    let printed = key.to_string();
+    let again = SubnetKey::from_str(&printed)
+        .unwrap_or_else(|e| panic!("{printed:?} (printed from {text:?}) does not parse: {e}"));
+    assert_eq!(again, key);
+}
+
+/// subnet.env as flanneld reads it at startup; what it writes reads back the
+/// same (for lease prefixes below /32 and /128: the file holds the subnet's
+/// first address plus one).
+pub fn subnet_env(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let env = SubnetEnv::parse(text);
+    let Ok(out) = env.render() else {
+        return;
+    };
+    let host_v4 = env.subnet.is_some_and(|s| s.prefix_len() == 32);
+    let host_v6 = env.ipv6_subnet.is_some_and(|s| s.prefix_len() == 128);
+    if !host_v4 && !host_v6 {
+        assert_eq!(SubnetEnv::parse(&out), env, "render output {out:?} reads back differently");
+    }
+}
+
+/// 64-bit FNV-1a, the data file's checksum.
+fn fnv1a64(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in parts.iter().flat_map(|p| p.iter()) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The embedded store's data file. Input: a mode byte, then the file (bit 0
+/// clear) or only its body, for which the harness writes a valid header with
+/// length and checksum (bit 0 set). A decoded generation must encode to a
+/// file that decodes to the same generation, and re-encode byte for byte.
+pub fn store_file(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let bytes = if mode & 1 == 0 {
+        rest.to_vec()
+    } else {
+        let mut out = format!("weft-store 1 {} {} ", u64::from(mode >> 1), rest.len()).into_bytes();
+        let sum = fnv1a64(&[&out, rest]);
+        out.extend_from_slice(format!("{sum:016x}\n").as_bytes());
+        out.extend_from_slice(rest);
+        out
+    };
+    let Ok(decoded) = file::decode(&bytes) else {
+        return;
+    };
+    let encoded = file::encode(&decoded);
+    let again = file::decode(&encoded).expect("encode output decodes");
+    assert_eq!(again.revision, decoded.revision);
+    assert_eq!(again.config, decoded.config);
+    assert!(again.leases.keys().eq(decoded.leases.keys()));
+    for (a, b) in again.leases.values().zip(decoded.leases.values()) {
+        assert_eq!(a.expires_ms, b.expires_ms);
+        // encode turns line breaks inside a value into spaces (same JSON value).
+        let b_attrs: String = b.attrs.chars().map(|c| if c == '\r' { ' ' } else { c }).collect();
+        assert_eq!(a.attrs, b_attrs);
+    }
+    assert!(file::encode(&again) == encoded, "encode is not a fixpoint");
+    // What the store does with each entry when listing leases.
+    for (key, entry) in &decoded.leases {
+        let _ = SubnetKey::from_str(key);
+        let _ = LeaseAttrs::from_json(entry.attrs.as_bytes());
+    }
+}
+
+/// A VXLAN lease's BackendData (`{"VNI":1,"VtepMAC":"..."}`).
+pub fn vxlan_backend_data(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Some((vni, mac)) = parse_backend_data(text) else {
+        return;
+    };
+    assert_eq!(fmt_mac(mac).len(), 17);
+    let printed = backend_data(vni, mac);
+    assert_eq!(parse_backend_data(&printed), Some((vni, mac)), "{printed}");
+}

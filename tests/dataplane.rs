@@ -18,6 +18,7 @@ fn cluster(tag: &str, backend: &str, nodes: u8) -> (tempfile::TempDir, Cluster) 
         weftd_args: vec!["--traffic-manager=none".into()],
         bin_dir: weft_tests::bins::dir(),
         work: work.path().to_path_buf(),
+        store: Default::default(),
     })
     .unwrap_or_else(|e| panic!("cluster: {e}"));
     (work, c)

@@ -5,6 +5,9 @@
 //!     --mac 02:00:00:00:01:01 [--tun-addr 10.244.1.0] [--mtu 1450] [--workers N]
 //!     [--no-offload] [--no-anti-spoof] [--stats SECS]
 //!     --peer 10.244.2.0/24=192.0.2.2[,02:00:00:00:02:01] ...
+//! fwd --tun flannel-wg --encap wireguard --local 192.0.2.1 [--port 51820]
+//!     --key <base64 private key> [--psk <base64>] [--keepalive SECS] [--mtu 1420]
+//!     --peer 10.244.2.0/24=192.0.2.2,<base64 peer public key> ...
 //! ```
 //! The TUN is created but not configured: set address, MTU, link up and routes
 //! with `ip` after "ready" is printed on stderr. Final counters go to stderr.
@@ -12,7 +15,8 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use weft_engine::{Encap, Engine, EngineConfig, Peer};
+use weft_engine::wg::key_from_base64;
+use weft_engine::{Encap, Engine, EngineConfig, Peer, WgPeer, WgSecret};
 
 fn parse_mac(s: &str) -> Result<[u8; 6]> {
     let parts: Vec<&str> = s.split(':').collect();
@@ -26,18 +30,24 @@ fn parse_mac(s: &str) -> Result<[u8; 6]> {
     Ok(m)
 }
 
-fn parse_peer(s: &str) -> Result<Peer> {
+fn parse_peer(s: &str, psk: Option<[u8; 32]>, keepalive: u16) -> Result<Peer> {
     let (subnet, rest) = s
         .split_once('=')
-        .context("peer must be SUBNET=ENDPOINT[,MAC]")?;
-    let (ep, mac) = match rest.split_once(',') {
-        Some((e, m)) => (e, Some(parse_mac(m)?)),
-        None => (rest, None),
+        .context("peer must be SUBNET=ENDPOINT[,MAC|,PUBKEY]")?;
+    let (ep, mac, wireguard) = match rest.split_once(',') {
+        Some((e, k)) if k.len() == 44 => {
+            let public_key = key_from_base64(k).context("bad peer public key")?;
+            let wg = WgPeer { public_key, port: 0, psk, keepalive };
+            (e, None, Some(wg))
+        }
+        Some((e, m)) => (e, Some(parse_mac(m)?), None),
+        None => (rest, None, None),
     };
     Ok(Peer {
         subnet: subnet.parse().context("peer subnet")?,
         endpoint: ep.parse().context("peer endpoint")?,
         vtep_mac: mac,
+        wireguard,
     })
 }
 
@@ -47,7 +57,8 @@ fn main() -> Result<()> {
         (None, String::from("udp"), None, None, 1u32, None);
     let (mut tun_addr, mut mtu, mut workers, mut offload, mut anti_spoof, mut stats) =
         (None, 1450u16, 0usize, true, true, 0u64);
-    let mut peers = Vec::new();
+    let (mut key, mut psk, mut keepalive) = (None, None, 0u16);
+    let mut peer_args = Vec::new();
     while let Some(a) = args.next() {
         let mut val = || args.next().with_context(|| format!("{a} needs a value"));
         match a.as_str() {
@@ -63,7 +74,10 @@ fn main() -> Result<()> {
             "--stats" => stats = val()?.parse().context("--stats")?,
             "--no-offload" => offload = false,
             "--no-anti-spoof" => anti_spoof = false,
-            "--peer" => peers.push(parse_peer(&val()?)?),
+            "--peer" => peer_args.push(val()?),
+            "--key" => key = Some(key_from_base64(&val()?).context("bad --key")?),
+            "--psk" => psk = Some(key_from_base64(&val()?).context("bad --psk")?),
+            "--keepalive" => keepalive = val()?.parse().context("--keepalive")?,
             other => bail!("unknown argument {other}"),
         }
     }
@@ -76,8 +90,16 @@ fn main() -> Result<()> {
             port: port.unwrap_or(weft_engine::VXLAN_PORT),
             local_mac: mac.context("--mac is required for vxlan")?,
         },
+        "wireguard" => Encap::WireGuard {
+            port: port.unwrap_or(weft_engine::WIREGUARD_PORT),
+            private_key: WgSecret(key.context("--key is required for wireguard")?),
+        },
         other => bail!("unknown encap {other}"),
     };
+    let peers = peer_args
+        .iter()
+        .map(|p| parse_peer(p, psk, keepalive))
+        .collect::<Result<Vec<_>>>()?;
     let cfg = EngineConfig {
         tun_name: tun.context("--tun is required")?,
         encap,

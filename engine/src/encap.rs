@@ -32,6 +32,19 @@ pub enum DropReason {
     TtlExpired,
     /// The packet cannot be carried at this size.
     Mtu,
+    /// WireGuard: a handshake MAC or a data packet's AEAD tag did not verify
+    /// (forged, corrupted, or encrypted for another key).
+    BadMac,
+    /// WireGuard: a handshake from a static key that is not a peer, or a
+    /// packet for a receiver index no peer owns.
+    UnknownKey,
+    /// WireGuard: a data packet whose counter was already seen or is too old.
+    Replay,
+    /// WireGuard: no session yet / handshake state does not fit (a stray or
+    /// expired message), or a handshake refused (rate limit, old timestamp).
+    Handshake,
+    /// The cross-worker handoff had no free buffer.
+    Backlog,
 }
 
 /// flannel-UDP (flannel's `udp` backend): the UDP payload is exactly one bare

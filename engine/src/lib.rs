@@ -1,4 +1,4 @@
-//! weft's userspace dataplane: TUN <-> flannel-UDP / VXLAN.
+//! weft's userspace dataplane: TUN <-> flannel-UDP / VXLAN / WireGuard.
 //!
 //! # Bird's-eye view
 //!
@@ -45,6 +45,13 @@
 //! on receive, and an ICMP net-unreachable written back into the TUN when no
 //! peer matches.
 //!
+//! WireGuard ([`wg`]) walks the same way with boringtun's `Tunn` as the codec:
+//! segments are encrypted one by one into the TX arena and leave as a UDP GSO
+//! train from the listen port; received trains are decrypted segment by
+//! segment, checked against the peer's AllowedIPs and coalesced. A peer's
+//! `Tunn` is owned by exactly one worker; the [`wg`] docs explain how packets
+//! reach it without a lock.
+//!
 //! # Architecture invariants
 //!
 //! - The hot path does not allocate, lock, block on the control plane, log
@@ -64,6 +71,7 @@ mod stats;
 mod sys;
 #[cfg(test)]
 mod test_util;
+pub mod wg;
 pub mod wire;
 mod worker;
 
@@ -76,10 +84,12 @@ use arc_swap::ArcSwap;
 
 pub use encap::DropReason;
 pub use ipnet;
-pub use peers::{Peer, PeerTable};
+pub use peers::{Peer, PeerTable, WgPeer};
+pub use wg::WgSecret;
 pub use stats::{Drops, Stats};
 
 use crate::encap::{Codec, Vxlan};
+use crate::peers::WgIds;
 use crate::stats::Shared;
 use crate::sys::udp::Udp;
 use crate::worker::{SEND_SOCKETS, Worker};
@@ -88,6 +98,8 @@ use crate::worker::{SEND_SOCKETS, Worker};
 pub const FLANNEL_UDP_PORT: u16 = 8285;
 /// The Linux kernel's (and flannel's) default VXLAN port.
 pub const VXLAN_PORT: u16 = 8472;
+/// flannel's default WireGuard listen port (IPv4 device).
+pub const WIREGUARD_PORT: u16 = 51820;
 /// Socket buffer size forced on every engine socket.
 pub const SOCKET_BUFFER: usize = 4 << 20;
 
@@ -108,13 +120,23 @@ pub enum Encap {
         /// Our VTEP MAC (inner Ethernet source; decap accepts only this destination).
         local_mac: [u8; 6],
     },
+    /// WireGuard (interoperates with the kernel module, wireguard-go, boringtun).
+    /// Peers need [`Peer::wireguard`]; peers without it are not reachable.
+    WireGuard {
+        /// Listen port; also the default peer port (flannel `ListenPort`, 51820).
+        port: u16,
+        /// Our static private key.
+        private_key: WgSecret,
+    },
 }
 
 impl Encap {
     /// The UDP port.
     pub fn port(&self) -> u16 {
         match self {
-            Encap::FlannelUdp { port } | Encap::Vxlan { port, .. } => *port,
+            Encap::FlannelUdp { port } | Encap::Vxlan { port, .. } | Encap::WireGuard { port, .. } => {
+                *port
+            }
         }
     }
 }
@@ -138,7 +160,8 @@ pub struct EngineConfig {
     pub workers: usize,
     /// Try TUN vnet_hdr/TSO and UDP GSO/GRO.
     pub offload: bool,
-    /// Drop decapsulated packets from unknown peers or spoofed inner sources.
+    /// Drop decapsulated packets from unknown peers or spoofed inner sources
+    /// (WireGuard: inner sources outside the peer's AllowedIPs).
     pub anti_spoof: bool,
 }
 
@@ -196,6 +219,8 @@ pub struct Engine {
     counters: Vec<Arc<Shared>>,
     offloads: OffloadState,
     udp_gso: Arc<AtomicBool>,
+    /// WireGuard ids of public keys (control path only, see [`peers::WgIds`]).
+    wg_ids: std::sync::Mutex<WgIds>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -211,6 +236,9 @@ impl Engine {
     /// Creates the TUN device (all queues), binds the sockets and starts the workers.
     /// The peer table starts empty.
     pub fn start(cfg: EngineConfig) -> Result<Engine, EngineError> {
+        if let Encap::WireGuard { port, private_key } = cfg.encap {
+            return Self::start_wireguard(cfg, port, private_key);
+        }
         let codec = match cfg.encap {
             Encap::FlannelUdp { .. } => Codec::FlannelUdp,
             Encap::Vxlan { vni, local_mac, .. } => {
@@ -222,6 +250,7 @@ impl Engine {
                 }
                 Codec::Vxlan(Vxlan { vni, local_mac })
             }
+            Encap::WireGuard { .. } => return Err(EngineError::Config("unreachable")),
         };
         if cfg.mtu < 68 {
             return Err(EngineError::Config("mtu below 68"));
@@ -297,6 +326,7 @@ impl Engine {
             counters,
             offloads,
             udp_gso,
+            wg_ids: Default::default(),
         };
         for (i, w) in built.into_iter().enumerate() {
             let h = std::thread::Builder::new()
@@ -309,10 +339,99 @@ impl Engine {
         Ok(engine)
     }
 
-    /// Replaces the peer table (atomically; traffic keeps flowing).
+    /// Replaces the peer table (atomically; traffic keeps flowing). WireGuard
+    /// peers keep their sessions when their key, PSK and keepalive stay.
     pub fn set_peers(&self, peers: Vec<Peer>) {
+        let mut ids = self.wg_ids.lock().unwrap_or_else(|p| p.into_inner());
         self.peers
-            .store(Arc::new(PeerTable::new(&peers, self.port)));
+            .store(Arc::new(PeerTable::with_ids(&peers, self.port, &mut ids)));
+    }
+
+    fn start_wireguard(cfg: EngineConfig, port: u16, key: WgSecret) -> Result<Engine, EngineError> {
+        use boringtun::noise::rate_limiter::RateLimiter;
+        use boringtun::x25519;
+        if cfg.mtu < 68 {
+            return Err(EngineError::Config("mtu below 68"));
+        }
+        let workers = match cfg.workers {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+        .min(64);
+        let dev = sys::tun::open(&cfg.tun_name, workers, cfg.offload).map_err(|source| {
+            EngineError::Tun {
+                name: cfg.tun_name.clone(),
+                source,
+            }
+        })?;
+        let mut offloads = OffloadState {
+            tun_vnet_hdr: dev.vnet_hdr,
+            tun_tso: dev.offload & (sys::tun::TUN_F_TSO4 | sys::tun::TUN_F_TSO6) != 0,
+            tun_csum: dev.offload & sys::tun::TUN_F_CSUM != 0,
+            udp_gso: cfg.offload,
+            udp_gro: cfg.offload,
+        };
+        let udp_gso = Arc::new(AtomicBool::new(cfg.offload));
+        let peers = Arc::new(ArcSwap::from_pointee(PeerTable::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let public = x25519::PublicKey::from(key.public_key());
+        let rate_limiter = Arc::new(RateLimiter::new(&public, wg::HANDSHAKE_RATE_LIMIT));
+        let (hub, inboxes) = wg::handoff::Hub::new(workers, wg::worker::TUN_BUF)
+            .map_err(|e| EngineError::Tun { name: cfg.tun_name.clone(), source: e })?;
+        let addr = SocketAddr::new(cfg.local_addr, port);
+        let mut socks = Vec::with_capacity(workers);
+        for _ in 0..workers {
+            let s = Udp::bind(addr, true, true, SOCKET_BUFFER)
+                .map_err(|source| EngineError::Socket { addr, source })?;
+            if cfg.offload && !s.enable_gro() {
+                offloads.udp_gro = false;
+            }
+            socks.push(s);
+        }
+        if workers > 1
+            && let Err(e) = socks[0].attach_reuseport_cbpf(&wg::steering_program(workers))
+        {
+            tracing::debug!("reuseport steering unavailable ({e}); packets are handed off between workers");
+        }
+        let mut engine = Engine {
+            tun_name: dev.name,
+            port,
+            peers: peers.clone(),
+            stop: stop.clone(),
+            threads: Vec::with_capacity(workers),
+            counters: Vec::with_capacity(workers),
+            offloads,
+            udp_gso: udp_gso.clone(),
+            wg_ids: Default::default(),
+        };
+        for (i, ((q, sock), inbox)) in dev.queues.into_iter().zip(socks).zip(inboxes).enumerate() {
+            let shared = Arc::new(Shared::default());
+            engine.counters.push(shared.clone());
+            let w = wg::worker::WgWorker {
+                me: i,
+                workers,
+                tun: q,
+                vnet_hdr: dev.vnet_hdr,
+                sock,
+                peers: peers.clone(),
+                secret: key.0,
+                rate_limiter: rate_limiter.clone(),
+                anti_spoof: cfg.anti_spoof,
+                mtu: usize::from(cfg.mtu),
+                udp_gso: udp_gso.clone(),
+                stop: stop.clone(),
+                shared,
+                hub: hub.clone(),
+                inbox,
+            };
+            let h = std::thread::Builder::new()
+                .name(format!("weft-wg{i}"))
+                .spawn(move || w.run())
+                .map_err(EngineError::Spawn)?;
+            engine.threads.push(h);
+        }
+        tracing::debug!(tun = %engine.tun_name, workers, ?offloads, "wireguard engine started");
+        Ok(engine)
     }
 
     /// The current peer snapshot.

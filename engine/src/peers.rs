@@ -19,6 +19,79 @@ pub struct Peer {
     pub endpoint: IpAddr,
     /// The node's VTEP MAC (VXLAN only; lease `BackendData.VtepMAC`).
     pub vtep_mac: Option<[u8; 6]>,
+    /// WireGuard parameters (WireGuard engines only). Several `Peer`s with the
+    /// same public key form one WireGuard peer whose AllowedIPs are their subnets.
+    pub wireguard: Option<WgPeer>,
+}
+
+/// A peer's WireGuard parameters (flannel: lease `BackendData` + backend options).
+#[derive(Clone, PartialEq, Eq)]
+pub struct WgPeer {
+    /// The peer's static public key.
+    pub public_key: [u8; 32],
+    /// The peer's listen port (`BackendData.Port`); 0 means our own port.
+    pub port: u16,
+    /// Pre-shared key (the `PSK` option), if any.
+    pub psk: Option<[u8; 32]>,
+    /// Persistent keepalive in seconds; 0 = off.
+    pub keepalive: u16,
+}
+
+impl std::fmt::Debug for WgPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WgPeer")
+            .field("public_key", &crate::wg::key_to_base64(&self.public_key))
+            .field("port", &self.port)
+            .field("psk", &self.psk.map(|_| "<redacted>"))
+            .field("keepalive", &self.keepalive)
+            .finish()
+    }
+}
+
+/// One WireGuard peer of the table (all entries sharing a public key).
+#[derive(Debug, Clone)]
+pub struct WgEntry {
+    /// Stable 24-bit id while the key stays in the table: the upper bits of
+    /// every receiver index we hand out, and the owner worker (`id % workers`).
+    pub id: u32,
+    /// Parameters.
+    pub params: WgPeer,
+    /// Configured endpoint (`PublicIP:Port`).
+    pub endpoint: SocketAddr,
+    /// AllowedIPs: the subnets of the peer's entries.
+    pub allowed: Vec<IpNet>,
+}
+
+/// Stable ids for WireGuard public keys across table swaps (control path only).
+#[derive(Debug, Default)]
+pub struct WgIds {
+    by_key: HashMap<[u8; 32], u32>,
+    next: u32,
+}
+
+/// Largest id (ids are 24 bits: boringtun shifts them left by 8).
+const MAX_WG_ID: u32 = (1 << 24) - 1;
+
+impl WgIds {
+    /// The id of `key`, allocating one if new.
+    fn get(&mut self, key: &[u8; 32]) -> u32 {
+        if let Some(id) = self.by_key.get(key) {
+            return *id;
+        }
+        loop {
+            self.next = if self.next >= MAX_WG_ID { 1 } else { self.next + 1 };
+            let n = self.next;
+            if !self.by_key.values().any(|v| *v == n) {
+                self.by_key.insert(*key, n);
+                return n;
+            }
+        }
+    }
+
+    /// Forgets keys not in `keep`.
+    fn retain(&mut self, keep: &[[u8; 32]]) {
+        self.by_key.retain(|k, _| keep.contains(k));
+    }
 }
 
 /// One resolved peer entry.
@@ -30,6 +103,8 @@ pub struct Entry {
     pub dst: SocketAddr,
     /// Inner Ethernet destination (VXLAN); zero when unknown.
     pub mac: [u8; 6],
+    /// Index into [`PeerTable::wg_peers`] (WireGuard).
+    pub wg: Option<usize>,
 }
 
 /// Immutable routing + anti-spoofing table.
@@ -41,6 +116,10 @@ pub struct PeerTable {
     v6: Vec<(u8, HashMap<u128, usize>)>,
     /// Outer source address -> entry indices of that endpoint.
     by_endpoint: HashMap<IpAddr, Vec<usize>>,
+    /// WireGuard peers (grouped by public key).
+    wg: Vec<WgEntry>,
+    /// WireGuard id -> index into `wg`.
+    wg_by_id: HashMap<u32, usize>,
 }
 
 fn mask4(a: u32, len: u8) -> u32 {
@@ -62,14 +141,48 @@ fn mask6(a: u128, len: u8) -> u128 {
 impl PeerTable {
     /// Builds a table; every peer is reached on `port`. Later duplicates of a subnet win.
     pub fn new(peers: &[Peer], port: u16) -> Self {
+        Self::with_ids(peers, port, &mut WgIds::default())
+    }
+
+    /// Like [`PeerTable::new`], taking WireGuard ids from `ids` (so that they
+    /// stay stable across tables) and forgetting ids of keys no longer present.
+    pub fn with_ids(peers: &[Peer], port: u16, ids: &mut WgIds) -> Self {
         let mut t = PeerTable::default();
+        let mut keys = Vec::new();
         for p in peers {
             let subnet = p.subnet.trunc();
             let idx = t.entries.len();
+            let wg = p.wireguard.as_ref().map(|w| {
+                let id = ids.get(&w.public_key);
+                keys.push(w.public_key);
+                match t.wg_by_id.get(&id) {
+                    Some(&i) => {
+                        t.wg[i].allowed.push(subnet);
+                        i
+                    }
+                    None => {
+                        let i = t.wg.len();
+                        let port = if w.port == 0 { port } else { w.port };
+                        t.wg.push(WgEntry {
+                            id,
+                            params: w.clone(),
+                            endpoint: SocketAddr::new(p.endpoint, port),
+                            allowed: vec![subnet],
+                        });
+                        t.wg_by_id.insert(id, i);
+                        i
+                    }
+                }
+            });
+            let dst_port = match &p.wireguard {
+                Some(w) if w.port != 0 => w.port,
+                _ => port,
+            };
             t.entries.push(Entry {
                 subnet,
-                dst: SocketAddr::new(p.endpoint, port),
+                dst: SocketAddr::new(p.endpoint, dst_port),
                 mac: p.vtep_mac.unwrap_or([0; 6]),
+                wg,
             });
             match subnet {
                 IpNet::V4(n) => {
@@ -97,7 +210,24 @@ impl PeerTable {
         }
         t.v4.sort_by_key(|e| std::cmp::Reverse(e.0));
         t.v6.sort_by_key(|e| std::cmp::Reverse(e.0));
+        ids.retain(&keys);
         t
+    }
+
+    /// The WireGuard peers.
+    pub fn wg_peers(&self) -> &[WgEntry] {
+        &self.wg
+    }
+
+    /// The WireGuard peer with id `id`.
+    #[inline]
+    pub fn wg_by_id(&self, id: u32) -> Option<&WgEntry> {
+        self.wg_by_id.get(&id).and_then(|&i| self.wg.get(i))
+    }
+
+    /// The WireGuard peer with public key `key`.
+    pub fn wg_by_key(&self, key: &[u8; 32]) -> Option<&WgEntry> {
+        self.wg.iter().find(|w| &w.params.public_key == key)
     }
 
     /// Number of peers.
@@ -161,7 +291,55 @@ mod tests {
             subnet: s.parse().expect("cidr"),
             endpoint: ep.parse().expect("ip"),
             vtep_mac: Some([2, 0, 0, 0, 0, 1]),
+            wireguard: None,
         }
+    }
+
+    fn wg(s: &str, ep: &str, key: u8, port: u16) -> Peer {
+        Peer {
+            wireguard: Some(WgPeer {
+                public_key: [key; 32],
+                port,
+                psk: None,
+                keepalive: 0,
+            }),
+            vtep_mac: None,
+            ..peer(s, ep)
+        }
+    }
+
+    #[test]
+    fn wireguard_peers_group_by_key_and_keep_ids() {
+        let mut ids = WgIds::default();
+        let t = PeerTable::with_ids(
+            &[
+                wg("10.244.2.0/24", "192.0.2.2", 2, 0),
+                wg("fd00:2::/64", "192.0.2.2", 2, 0),
+                wg("10.244.3.0/24", "192.0.2.3", 3, 51999),
+            ],
+            51820,
+            &mut ids,
+        );
+        assert_eq!(t.wg_peers().len(), 2);
+        let a = t.wg_by_key(&[2; 32]).expect("peer 2");
+        assert_eq!(a.allowed.len(), 2);
+        assert_eq!(a.endpoint, "192.0.2.2:51820".parse().expect("sa"));
+        let b = t.wg_by_key(&[3; 32]).expect("peer 3");
+        assert_eq!(b.endpoint, "192.0.2.3:51999".parse().expect("sa"));
+        assert_ne!(a.id, b.id);
+        let e = t.lookup_v4([10, 244, 3, 1]).expect("route");
+        assert_eq!(e.wg.map(|i| t.wg_peers()[i].id), Some(b.id));
+        let (ida, idb) = (a.id, b.id);
+        // Peer 2 leaves; peer 3 keeps its id; a new key gets a fresh id.
+        let t2 = PeerTable::with_ids(
+            &[wg("10.244.3.0/24", "192.0.2.3", 3, 0), wg("10.244.4.0/24", "192.0.2.4", 4, 0)],
+            51820,
+            &mut ids,
+        );
+        assert_eq!(t2.wg_by_key(&[3; 32]).map(|w| w.id), Some(idb));
+        let c = t2.wg_by_key(&[4; 32]).expect("peer 4").id;
+        assert!(c != idb && c != ida && c <= MAX_WG_ID && c > 0);
+        assert!(t2.wg_by_id(ida).is_none());
     }
 
     #[test]

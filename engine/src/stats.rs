@@ -34,6 +34,12 @@ pub(crate) enum Ctr {
     NoRoute,
     TtlExpired,
     Mtu,
+    BadMac,
+    UnknownKey,
+    Replay,
+    Handshake,
+    Backlog,
+    Handoffs,
     UdpSendErrors,
     TunWriteErrors,
     IoErrors,
@@ -52,6 +58,11 @@ impl From<DropReason> for Ctr {
             DropReason::NoRoute => Ctr::NoRoute,
             DropReason::TtlExpired => Ctr::TtlExpired,
             DropReason::Mtu => Ctr::Mtu,
+            DropReason::BadMac => Ctr::BadMac,
+            DropReason::UnknownKey => Ctr::UnknownKey,
+            DropReason::Replay => Ctr::Replay,
+            DropReason::Handshake => Ctr::Handshake,
+            DropReason::Backlog => Ctr::Backlog,
         }
     }
 }
@@ -101,6 +112,16 @@ pub struct Drops {
     pub ttl_expired: u64,
     /// Too large to carry.
     pub mtu: u64,
+    /// WireGuard: MAC / AEAD tag did not verify.
+    pub bad_mac: u64,
+    /// WireGuard: unknown static key or receiver index.
+    pub unknown_key: u64,
+    /// WireGuard: replayed or too old counter.
+    pub replay: u64,
+    /// WireGuard: handshake state mismatch or refused handshake.
+    pub handshake: u64,
+    /// Cross-worker handoff had no free buffer.
+    pub backlog: u64,
     /// `sendmmsg` failures (messages).
     pub udp_send_errors: u64,
     /// TUN write failures.
@@ -134,6 +155,8 @@ pub struct Stats {
     pub gro_coalesced: u64,
     /// ICMP net-unreachable messages written to the TUN (flannel-UDP).
     pub icmp_sent: u64,
+    /// Packets passed to another worker (WireGuard: the peer's owner).
+    pub handoffs: u64,
     /// Drops by reason.
     pub drops: Drops,
 }
@@ -159,6 +182,7 @@ impl Stats {
             gso_super_packets: g(Ctr::GsoSuperPackets),
             gro_coalesced: g(Ctr::GroCoalesced),
             icmp_sent: g(Ctr::IcmpSent),
+            handoffs: g(Ctr::Handoffs),
             drops: Drops {
                 malformed: g(Ctr::Malformed),
                 bad_vni: g(Ctr::BadVni),
@@ -168,6 +192,11 @@ impl Stats {
                 no_route: g(Ctr::NoRoute),
                 ttl_expired: g(Ctr::TtlExpired),
                 mtu: g(Ctr::Mtu),
+                bad_mac: g(Ctr::BadMac),
+                unknown_key: g(Ctr::UnknownKey),
+                replay: g(Ctr::Replay),
+                handshake: g(Ctr::Handshake),
+                backlog: g(Ctr::Backlog),
                 udp_send_errors: g(Ctr::UdpSendErrors),
                 tun_write_errors: g(Ctr::TunWriteErrors),
                 io_errors: g(Ctr::IoErrors),

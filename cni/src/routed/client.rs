@@ -95,24 +95,35 @@ pub struct Client {
 impl Client {
     /// A client for `socket` (nothing is connected yet).
     pub fn new(socket: impl Into<PathBuf>) -> Client {
-        Client { socket: socket.into() }
+        Client {
+            socket: socket.into(),
+        }
     }
 
     /// Allocates (or returns) the addresses of `(container_id, ifname)`.
     pub fn allocate(&self, container_id: &str, ifname: &str) -> Result<Allocation, ClientError> {
-        let r = self.call(&json!({"op": "allocate", "containerID": container_id, "ifname": ifname}))?;
-        r.allocation.ok_or_else(|| self.protocol("allocate reply has no allocation"))
+        let r =
+            self.call(&json!({"op": "allocate", "containerID": container_id, "ifname": ifname}))?;
+        r.allocation
+            .ok_or_else(|| self.protocol("allocate reply has no allocation"))
     }
 
     /// Releases `(container_id, ifname)`; returns what was held.
-    pub fn release(&self, container_id: &str, ifname: &str) -> Result<Option<Allocation>, ClientError> {
-        Ok(self.call(&json!({"op": "release", "containerID": container_id, "ifname": ifname}))?.allocation)
+    pub fn release(
+        &self,
+        container_id: &str,
+        ifname: &str,
+    ) -> Result<Option<Allocation>, ClientError> {
+        Ok(self
+            .call(&json!({"op": "release", "containerID": container_id, "ifname": ifname}))?
+            .allocation)
     }
 
     /// Every allocation.
     pub fn list(&self) -> Result<Vec<Allocation>, ClientError> {
         let r = self.call(&json!({"op": "list"}))?;
-        r.allocations.ok_or_else(|| self.protocol("list reply has no allocations"))
+        r.allocations
+            .ok_or_else(|| self.protocol("list reply has no allocations"))
     }
 
     /// Whether the API can serve.
@@ -121,19 +132,31 @@ impl Client {
     }
 
     fn protocol(&self, reason: impl Into<String>) -> ClientError {
-        ClientError::Protocol { socket: self.socket.clone(), reason: reason.into() }
+        ClientError::Protocol {
+            socket: self.socket.clone(),
+            reason: reason.into(),
+        }
     }
 
     fn call(&self, req: &serde_json::Value) -> Result<Reply, ClientError> {
-        let unreachable = |source| ClientError::Unreachable { socket: self.socket.clone(), source };
+        let unreachable = |source| ClientError::Unreachable {
+            socket: self.socket.clone(),
+            source,
+        };
         let mut stream = UnixStream::connect(&self.socket).map_err(unreachable)?;
-        stream.set_read_timeout(Some(TIMEOUT)).map_err(unreachable)?;
-        stream.set_write_timeout(Some(TIMEOUT)).map_err(unreachable)?;
+        stream
+            .set_read_timeout(Some(TIMEOUT))
+            .map_err(unreachable)?;
+        stream
+            .set_write_timeout(Some(TIMEOUT))
+            .map_err(unreachable)?;
         let mut line = req.to_string().into_bytes();
         line.push(b'\n');
         stream.write_all(&line).map_err(unreachable)?;
         let mut reply = Vec::new();
-        BufReader::new(stream.take(MAX_REPLY)).read_until(b'\n', &mut reply).map_err(unreachable)?;
+        BufReader::new(stream.take(MAX_REPLY))
+            .read_until(b'\n', &mut reply)
+            .map_err(unreachable)?;
         if reply.last() != Some(&b'\n') {
             return Err(self.protocol("connection closed before a complete reply"));
         }
@@ -141,7 +164,12 @@ impl Client {
         if r.ok {
             return Ok(r);
         }
-        let e = r.error.ok_or_else(|| self.protocol("error reply without an error"))?;
-        Err(ClientError::Refused { kind: e.kind, message: e.message })
+        let e = r
+            .error
+            .ok_or_else(|| self.protocol("error reply without an error"))?;
+        Err(ClientError::Refused {
+            kind: e.kind,
+            message: e.message,
+        })
     }
 }

@@ -27,8 +27,8 @@
 use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::nl::{Link, NlError, Socket, max_prefix};
 use super::RoutedError;
+use super::nl::{Link, NlError, Socket, max_prefix};
 
 /// The pods' IPv4 gateway: link-local, never on the wire.
 pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
@@ -59,7 +59,11 @@ pub fn host_veth_name(container_id: &str, ifname: &str) -> String {
 
 /// The gateway of `ip`'s family.
 pub fn gateway(ip: IpAddr) -> IpAddr {
-    if ip.is_ipv4() { IpAddr::V4(GATEWAY_V4) } else { IpAddr::V6(GATEWAY_V6) }
+    if ip.is_ipv4() {
+        IpAddr::V4(GATEWAY_V4)
+    } else {
+        IpAddr::V6(GATEWAY_V6)
+    }
 }
 
 /// Builds the datapath for a pod with addresses `ips` (see the module docs).
@@ -73,7 +77,9 @@ pub fn create(
 ) -> Result<Attached, RoutedError> {
     if let Err(e) = host.add_veth(host_name, ifname, mtu, netns) {
         return Err(match e.errno() {
-            Some(libc::EEXIST) => RoutedError::Exists(format!("container veth name provided ({ifname}) already exists")),
+            Some(libc::EEXIST) => RoutedError::Exists(format!(
+                "container veth name provided ({ifname}) already exists"
+            )),
             _ => e.into(),
         });
     }
@@ -88,7 +94,13 @@ pub fn create(
     }
 }
 
-fn configure(host: &mut Socket, netns: &File, host_name: &str, ifname: &str, ips: &[IpAddr]) -> Result<Attached, RoutedError> {
+fn configure(
+    host: &mut Socket,
+    netns: &File,
+    host_name: &str,
+    ifname: &str,
+    ips: &[IpAddr],
+) -> Result<Attached, RoutedError> {
     let host_link = must_link(host, host_name)?;
     host.set_up(host_link.index)?;
     let mut pod = Socket::open_in(netns)?;
@@ -100,16 +112,25 @@ fn configure(host: &mut Socket, netns: &File, host_name: &str, ifname: &str, ips
     for &ip in ips {
         let gw = gateway(ip);
         pod.add_permanent_neigh(pod_link.index, gw, &host_link.mac)?;
-        let any = if ip.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { IpAddr::V6(Ipv6Addr::UNSPECIFIED) };
+        let any = if ip.is_ipv4() {
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+        } else {
+            IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+        };
         pod.add_route(any, 0, Some(gw), pod_link.index)?;
         host.add_permanent_neigh(host_link.index, ip, &pod_link.mac)?;
         host.add_route(ip, max_prefix(ip), None, host_link.index)?;
     }
-    Ok(Attached { host_name: host_name.to_string(), host_mac: host_link.mac, pod_mac: pod_link.mac })
+    Ok(Attached {
+        host_name: host_name.to_string(),
+        host_mac: host_link.mac,
+        pod_mac: pod_link.mac,
+    })
 }
 
 fn must_link(sock: &mut Socket, name: &str) -> Result<Link, RoutedError> {
-    sock.link(name)?.ok_or_else(|| RoutedError::Check(format!("link {name} vanished right after its creation")))
+    sock.link(name)?
+        .ok_or_else(|| RoutedError::Check(format!("link {name} vanished right after its creation")))
 }
 
 /// Deletes the host veth (and with it everything [`create`] made); `false`
@@ -120,7 +141,13 @@ pub fn remove(host: &mut Socket, host_name: &str) -> Result<bool, NlError> {
 
 /// Verifies the datapath of a pod with addresses `ips`; the first problem
 /// found is the error.
-pub fn verify(host: &mut Socket, netns: &File, host_name: &str, ifname: &str, ips: &[IpAddr]) -> Result<(), RoutedError> {
+pub fn verify(
+    host: &mut Socket,
+    netns: &File,
+    host_name: &str,
+    ifname: &str,
+    ips: &[IpAddr],
+) -> Result<(), RoutedError> {
     let fail = |m: String| Err(RoutedError::Check(m));
     let Some(host_link) = host.link(host_name)? else {
         return fail(format!("host veth {host_name} is missing"));
@@ -143,14 +170,26 @@ pub fn verify(host: &mut Socket, netns: &File, host_name: &str, ifname: &str, ip
             return fail(format!("pod interface {ifname} lacks {ip}/{len}"));
         }
         let gw = gateway(ip);
-        let default = pod.routes(ip.is_ipv6())?.into_iter().any(|r| r.len == 0 && r.gw == Some(gw) && r.oif == pod_link.index);
+        let default = pod
+            .routes(ip.is_ipv6())?
+            .into_iter()
+            .any(|r| r.len == 0 && r.gw == Some(gw) && r.oif == pod_link.index);
         if !default {
             return fail(format!("pod has no default route via {gw} dev {ifname}"));
         }
-        if !neighs.iter().any(|(n, mac)| *n == gw && *mac == host_link.mac) {
-            return fail(format!("pod has no permanent neighbour {gw} -> {}", super::nl::fmt_mac(&host_link.mac)));
+        if !neighs
+            .iter()
+            .any(|(n, mac)| *n == gw && *mac == host_link.mac)
+        {
+            return fail(format!(
+                "pod has no permanent neighbour {gw} -> {}",
+                super::nl::fmt_mac(&host_link.mac)
+            ));
         }
-        let host_route = host.routes(ip.is_ipv6())?.into_iter().any(|r| r.dst == Some(ip) && r.len == len && r.oif == host_link.index);
+        let host_route = host
+            .routes(ip.is_ipv6())?
+            .into_iter()
+            .any(|r| r.dst == Some(ip) && r.len == len && r.oif == host_link.index);
         if !host_route {
             return fail(format!("host has no route {ip}/{len} dev {host_name}"));
         }
@@ -169,8 +208,14 @@ mod tests {
         assert_eq!(a.len(), 15);
         assert!(a.starts_with("weft") && a[4..].bytes().all(|b| b.is_ascii_hexdigit()));
         assert_ne!(a, host_veth_name("abc", "eth1"));
-        assert_ne!(a, host_veth_name("abce", "th0"), "the separator keeps the fields apart");
-        let names: std::collections::BTreeSet<String> = (0..10_000).map(|i| host_veth_name(&format!("c{i}"), "eth0")).collect();
+        assert_ne!(
+            a,
+            host_veth_name("abce", "th0"),
+            "the separator keeps the fields apart"
+        );
+        let names: std::collections::BTreeSet<String> = (0..10_000)
+            .map(|i| host_veth_name(&format!("c{i}"), "eth0"))
+            .collect();
         assert_eq!(names.len(), 10_000);
     }
 }

@@ -85,13 +85,24 @@ fn socket(req: &Request) -> PathBuf {
         return PathBuf::from(s);
     }
     let subnet_file = PathBuf::from(&req.conf.subnet_file);
-    let stem = subnet_file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    let name = if stem.is_empty() || stem == "subnet" { "weft.sock".to_string() } else { format!("{stem}.weft.sock") };
+    let stem = subnet_file
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name = if stem.is_empty() || stem == "subnet" {
+        "weft.sock".to_string()
+    } else {
+        format!("{stem}.weft.sock")
+    };
     subnet_file.with_file_name(name)
 }
 
 fn ips_of(a: &client::Allocation) -> Vec<IpAddr> {
-    a.ipv4.map(IpAddr::V4).into_iter().chain(a.ipv6.map(IpAddr::V6)).collect()
+    a.ipv4
+        .map(IpAddr::V4)
+        .into_iter()
+        .chain(a.ipv6.map(IpAddr::V6))
+        .collect()
 }
 
 /// ADD in routed mode.
@@ -101,18 +112,33 @@ pub fn add(req: &Request, out: &mut dyn Write) -> Result<(), Error> {
     let host_name = datapath::host_veth_name(id, ifname);
     let mut host = nl::Socket::open().map_err(RoutedError::from)?;
     if host.link(&host_name).map_err(RoutedError::from)?.is_some() {
-        return Err(RoutedError::Exists(format!("attachment {id}/{ifname} already exists (host veth {host_name})")).into());
+        return Err(RoutedError::Exists(format!(
+            "attachment {id}/{ifname} already exists (host veth {host_name})"
+        ))
+        .into());
     }
-    let netns = File::open(&req.env.netns)
-        .map_err(|source| RoutedError::Netns { path: req.env.netns.clone(), source })?;
+    let netns = File::open(&req.env.netns).map_err(|source| RoutedError::Netns {
+        path: req.env.netns.clone(),
+        source,
+    })?;
     enable_forwarding(&env)?;
     let client = Client::new(socket(req));
     let alloc = client.allocate(id, ifname).map_err(RoutedError::from)?;
     let ips = ips_of(&alloc);
-    let built = datapath::create(&mut host, &netns, &host_name, ifname, &ips, env.mtu).and_then(|a| {
-        let r = result::build(&req.conf.cni_version, &a, ifname, &req.env.netns, &ips, env.mtu);
-        out.write_all(&r).and_then(|()| out.flush()).map_err(|e| RoutedError::Check(format!("cannot print the result: {e}")))
-    });
+    let built =
+        datapath::create(&mut host, &netns, &host_name, ifname, &ips, env.mtu).and_then(|a| {
+            let r = result::build(
+                &req.conf.cni_version,
+                &a,
+                ifname,
+                &req.env.netns,
+                &ips,
+                env.mtu,
+            );
+            out.write_all(&r)
+                .and_then(|()| out.flush())
+                .map_err(|e| RoutedError::Check(format!("cannot print the result: {e}")))
+        });
     if let Err(e) = built {
         // Undo in reverse; report the step's error, log the rollback's.
         if let Err(de) = datapath::remove(&mut host, &host_name) {
@@ -149,7 +175,11 @@ fn enable_forwarding(env: &SubnetEnv) -> Result<(), RoutedError> {
 pub fn del(req: &Request) -> Result<(), Error> {
     let (id, ifname) = (&req.env.container_id, &req.env.ifname);
     let errors = teardown(&Client::new(socket(req)), id, ifname);
-    if errors.is_empty() { Ok(()) } else { Err(RoutedError::Teardown(errors).into()) }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(RoutedError::Teardown(errors).into())
+    }
 }
 
 /// Removes the datapath and releases the address; returns the failures.
@@ -158,7 +188,9 @@ fn teardown(client: &Client, id: &str, ifname: &str) -> Vec<RoutedError> {
     let host_name = datapath::host_veth_name(id, ifname);
     match nl::Socket::open().and_then(|mut s| datapath::remove(&mut s, &host_name)) {
         Ok(true) => {}
-        Ok(false) => crate::log(&format!("{id}/{ifname}: host veth {host_name} already gone")),
+        Ok(false) => crate::log(&format!(
+            "{id}/{ifname}: host veth {host_name} already gone"
+        )),
         Err(e) => errors.push(e.into()),
     }
     if let Err(e) = client.release(id, ifname) {
@@ -182,14 +214,25 @@ pub fn check(req: &Request) -> Result<(), Error> {
         let listed = result::addresses(prev);
         for ip in &listed {
             if !ips.contains(ip) {
-                return Err(RoutedError::Check(format!("prevResult address {ip} is not allocated to {id}/{ifname}")).into());
+                return Err(RoutedError::Check(format!(
+                    "prevResult address {ip} is not allocated to {id}/{ifname}"
+                ))
+                .into());
             }
         }
     }
-    let netns = File::open(&req.env.netns)
-        .map_err(|source| RoutedError::Netns { path: req.env.netns.clone(), source })?;
+    let netns = File::open(&req.env.netns).map_err(|source| RoutedError::Netns {
+        path: req.env.netns.clone(),
+        source,
+    })?;
     let mut host = nl::Socket::open().map_err(RoutedError::from)?;
-    datapath::verify(&mut host, &netns, &datapath::host_veth_name(id, ifname), ifname, &ips)?;
+    datapath::verify(
+        &mut host,
+        &netns,
+        &datapath::host_veth_name(id, ifname),
+        ifname,
+        &ips,
+    )?;
     Ok(())
 }
 
@@ -199,21 +242,33 @@ pub fn gc(req: &Request) -> Result<(), Error> {
     let client = Client::new(socket(req));
     let mut errors = Vec::new();
     for a in client.list().map_err(RoutedError::from)? {
-        if valid.iter().any(|v| v.container_id == a.container_id && v.ifname == a.ifname) {
+        if valid
+            .iter()
+            .any(|v| v.container_id == a.container_id && v.ifname == a.ifname)
+        {
             continue;
         }
         let failed = teardown(&client, &a.container_id, &a.ifname);
         if failed.is_empty() {
-            crate::log(&format!("gc: released stale attachment {}/{}", a.container_id, a.ifname));
+            crate::log(&format!(
+                "gc: released stale attachment {}/{}",
+                a.container_id, a.ifname
+            ));
         }
         errors.extend(failed.into_iter().map(Error::from));
     }
-    if errors.is_empty() { Ok(()) } else { Err(Error::Gc(errors)) }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Gc(errors))
+    }
 }
 
 /// STATUS in routed mode.
 pub fn status(req: &Request) -> Result<(), Error> {
     let not_ready = |e: Error| Error::NotReady(Box::new(e));
     subnet_env::load(&req.conf.subnet_file).map_err(|e| not_ready(Error::SubnetEnv(e)))?;
-    Client::new(socket(req)).status().map_err(|e| not_ready(RoutedError::from(e).into()))
+    Client::new(socket(req))
+        .status()
+        .map_err(|e| not_ready(RoutedError::from(e).into()))
 }

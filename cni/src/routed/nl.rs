@@ -19,14 +19,19 @@ use netlink_packet_core::{
     NetlinkPayload,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
-use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
-use netlink_packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState};
+use netlink_packet_route::link::{
+    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
+use netlink_packet_route::neighbour::{
+    NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
+};
 use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
+    RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteProtocol, RouteScope,
+    RouteType,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
-use netlink_sys::protocols::NETLINK_ROUTE;
 use netlink_sys::SocketAddr;
+use netlink_sys::protocols::NETLINK_ROUTE;
 
 /// Receive buffer: the kernel sends at most 32 KiB per dump datagram.
 const RECV_BUF: usize = 64 * 1024;
@@ -93,8 +98,13 @@ impl Socket {
     pub fn open() -> Result<Socket, NlError> {
         let mut sock = netlink_sys::Socket::new(NETLINK_ROUTE).map_err(NlError::Socket)?;
         sock.bind_auto().map_err(NlError::Socket)?;
-        sock.connect(&SocketAddr::new(0, 0)).map_err(NlError::Socket)?;
-        Ok(Socket { sock, seq: 0, buf: Vec::with_capacity(RECV_BUF) })
+        sock.connect(&SocketAddr::new(0, 0))
+            .map_err(NlError::Socket)?;
+        Ok(Socket {
+            sock,
+            seq: 0,
+            buf: Vec::with_capacity(RECV_BUF),
+        })
     }
 
     /// Opens a socket inside the namespace `netns` (already opened): a
@@ -111,12 +121,22 @@ impl Socket {
     }
 
     /// `ip link add <name> mtu <mtu> type veth peer name <peer> mtu <mtu> netns <peer_ns>`.
-    pub fn add_veth(&mut self, name: &str, peer: &str, mtu: u32, peer_ns: &File) -> Result<(), NlError> {
+    pub fn add_veth(
+        &mut self,
+        name: &str,
+        peer: &str,
+        mtu: u32,
+        peer_ns: &File,
+    ) -> Result<(), NlError> {
         use std::os::fd::AsRawFd;
         let mut peer_msg = LinkMessage::default();
-        peer_msg.attributes.push(LinkAttribute::IfName(peer.to_string()));
+        peer_msg
+            .attributes
+            .push(LinkAttribute::IfName(peer.to_string()));
         peer_msg.attributes.push(LinkAttribute::Mtu(mtu));
-        peer_msg.attributes.push(LinkAttribute::NetNsFd(peer_ns.as_raw_fd()));
+        peer_msg
+            .attributes
+            .push(LinkAttribute::NetNsFd(peer_ns.as_raw_fd()));
         let mut msg = LinkMessage::default();
         msg.attributes.push(LinkAttribute::IfName(name.to_string()));
         msg.attributes.push(LinkAttribute::Mtu(mtu));
@@ -125,7 +145,11 @@ impl Socket {
             LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer_msg))),
         ]));
         let op = format!("ip link add {name} type veth peer name {peer}");
-        self.change(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL, &op)
+        self.change(
+            RouteNetlinkMessage::NewLink(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+            &op,
+        )
     }
 
     /// `ip link show <name>`; `None` if there is no such link.
@@ -149,14 +173,22 @@ impl Socket {
         msg.header.index = index;
         msg.header.flags = LinkFlags::Up;
         msg.header.change_mask = LinkFlags::Up;
-        self.change(RouteNetlinkMessage::SetLink(msg), 0, &format!("ip link set {index} up"))
+        self.change(
+            RouteNetlinkMessage::SetLink(msg),
+            0,
+            &format!("ip link set {index} up"),
+        )
     }
 
     /// `ip link del <name>`; `false` if there was no such link.
     pub fn del_link(&mut self, name: &str) -> Result<bool, NlError> {
         let mut msg = LinkMessage::default();
         msg.attributes.push(LinkAttribute::IfName(name.to_string()));
-        match self.change(RouteNetlinkMessage::DelLink(msg), 0, &format!("ip link del {name}")) {
+        match self.change(
+            RouteNetlinkMessage::DelLink(msg),
+            0,
+            &format!("ip link del {name}"),
+        ) {
             Ok(()) => Ok(true),
             Err(e) if e.errno() == Some(libc::ENODEV) => Ok(false),
             Err(e) => Err(e),
@@ -173,15 +205,24 @@ impl Socket {
         msg.attributes.push(AddressAttribute::Local(ip));
         msg.attributes.push(AddressAttribute::Address(ip));
         if ip.is_ipv6() {
-            msg.attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
+            msg.attributes
+                .push(AddressAttribute::Flags(AddressFlags::Nodad));
         }
         let op = format!("ip addr add {ip}/{} dev {index}", max_prefix(ip));
-        self.change(RouteNetlinkMessage::NewAddress(msg), NLM_F_CREATE | NLM_F_EXCL, &op)
+        self.change(
+            RouteNetlinkMessage::NewAddress(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+            &op,
+        )
     }
 
     /// `ip addr show dev <index>`: the addresses with prefix lengths.
     pub fn addrs(&mut self, index: u32) -> Result<Vec<(IpAddr, u8)>, NlError> {
-        let replies = self.request(RouteNetlinkMessage::GetAddress(AddressMessage::default()), NLM_F_DUMP, "ip addr show")?;
+        let replies = self.request(
+            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            NLM_F_DUMP,
+            "ip addr show",
+        )?;
         Ok(replies
             .into_iter()
             .filter_map(|m| match m {
@@ -198,24 +239,41 @@ impl Socket {
     }
 
     /// `ip neigh replace <ip> lladdr <mac> dev <index> nud permanent`.
-    pub fn add_permanent_neigh(&mut self, index: u32, ip: IpAddr, mac: &[u8]) -> Result<(), NlError> {
+    pub fn add_permanent_neigh(
+        &mut self,
+        index: u32,
+        ip: IpAddr,
+        mac: &[u8],
+    ) -> Result<(), NlError> {
         let mut msg = NeighbourMessage::default();
         msg.header.family = family(ip);
         msg.header.ifindex = index;
         msg.header.state = NeighbourState::Permanent;
-        msg.attributes.push(NeighbourAttribute::Destination(match ip {
-            IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
-            IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
-        }));
-        msg.attributes.push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
-        let op = format!("ip neigh replace {ip} lladdr {} dev {index} nud permanent", fmt_mac(mac));
-        self.change(RouteNetlinkMessage::NewNeighbour(msg), NLM_F_CREATE | netlink_packet_core::NLM_F_REPLACE, &op)
+        msg.attributes
+            .push(NeighbourAttribute::Destination(match ip {
+                IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
+                IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
+            }));
+        msg.attributes
+            .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
+        let op = format!(
+            "ip neigh replace {ip} lladdr {} dev {index} nud permanent",
+            fmt_mac(mac)
+        );
+        self.change(
+            RouteNetlinkMessage::NewNeighbour(msg),
+            NLM_F_CREATE | netlink_packet_core::NLM_F_REPLACE,
+            &op,
+        )
     }
 
     /// `ip neigh show dev <index>`: permanent entries as (address, MAC).
     pub fn permanent_neighs(&mut self, index: u32) -> Result<Vec<(IpAddr, Vec<u8>)>, NlError> {
-        let replies =
-            self.request(RouteNetlinkMessage::GetNeighbour(NeighbourMessage::default()), NLM_F_DUMP, "ip neigh show")?;
+        let replies = self.request(
+            RouteNetlinkMessage::GetNeighbour(NeighbourMessage::default()),
+            NLM_F_DUMP,
+            "ip neigh show",
+        )?;
         Ok(replies
             .into_iter()
             .filter_map(|m| match m {
@@ -226,8 +284,12 @@ impl Socket {
                     let mut mac = None;
                     for at in &n.attributes {
                         match at {
-                            NeighbourAttribute::Destination(NeighbourAddress::Inet(v)) => ip = Some(IpAddr::V4(*v)),
-                            NeighbourAttribute::Destination(NeighbourAddress::Inet6(v)) => ip = Some(IpAddr::V6(*v)),
+                            NeighbourAttribute::Destination(NeighbourAddress::Inet(v)) => {
+                                ip = Some(IpAddr::V4(*v))
+                            }
+                            NeighbourAttribute::Destination(NeighbourAddress::Inet6(v)) => {
+                                ip = Some(IpAddr::V6(*v))
+                            }
                             NeighbourAttribute::LinkLayerAddress(m) => mac = Some(m.clone()),
                             _ => {}
                         }
@@ -241,23 +303,48 @@ impl Socket {
 
     /// `ip route add <dst>/<len> [via <gw> onlink] dev <index> [scope link]`
     /// in the main table (`gw = None` gives a link-scope route).
-    pub fn add_route(&mut self, dst: IpAddr, len: u8, gw: Option<IpAddr>, index: u32) -> Result<(), NlError> {
+    pub fn add_route(
+        &mut self,
+        dst: IpAddr,
+        len: u8,
+        gw: Option<IpAddr>,
+        index: u32,
+    ) -> Result<(), NlError> {
         let msg = route_msg(dst, len, gw, index);
         let via = gw.map(|g| format!(" via {g} onlink")).unwrap_or_default();
         let op = format!("ip route add {dst}/{len}{via} dev {index}");
-        self.change(RouteNetlinkMessage::NewRoute(msg), NLM_F_CREATE | NLM_F_EXCL, &op)
+        self.change(
+            RouteNetlinkMessage::NewRoute(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+            &op,
+        )
     }
 
     /// `ip route show table main` for one family: (dst, len, gateway, oif).
     pub fn routes(&mut self, v6: bool) -> Result<Vec<Route>, NlError> {
         let mut msg = RouteMessage::default();
-        msg.header.address_family = if v6 { AddressFamily::Inet6 } else { AddressFamily::Inet };
-        let replies = self.request(RouteNetlinkMessage::GetRoute(msg), NLM_F_DUMP, "ip route show")?;
+        msg.header.address_family = if v6 {
+            AddressFamily::Inet6
+        } else {
+            AddressFamily::Inet
+        };
+        let replies = self.request(
+            RouteNetlinkMessage::GetRoute(msg),
+            NLM_F_DUMP,
+            "ip route show",
+        )?;
         Ok(replies
             .into_iter()
             .filter_map(|m| match m {
-                RouteNetlinkMessage::NewRoute(r) if r.header.table == RouteHeader::RT_TABLE_MAIN => {
-                    let mut route = Route { dst: None, len: r.header.destination_prefix_length, gw: None, oif: 0 };
+                RouteNetlinkMessage::NewRoute(r)
+                    if r.header.table == RouteHeader::RT_TABLE_MAIN =>
+                {
+                    let mut route = Route {
+                        dst: None,
+                        len: r.header.destination_prefix_length,
+                        gw: None,
+                        oif: 0,
+                    };
                     for at in &r.attributes {
                         match at {
                             RouteAttribute::Destination(a) => route.dst = route_ip(a),
@@ -280,7 +367,12 @@ impl Socket {
 
     /// Sends one request and collects the replies until the ack, the error
     /// or the end of the dump.
-    fn request(&mut self, msg: RouteNetlinkMessage, flags: u16, op: &str) -> Result<Vec<RouteNetlinkMessage>, NlError> {
+    fn request(
+        &mut self,
+        msg: RouteNetlinkMessage,
+        flags: u16,
+        op: &str,
+    ) -> Result<Vec<RouteNetlinkMessage>, NlError> {
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
         let mut header = NetlinkHeader::default();
@@ -300,11 +392,19 @@ impl Socket {
             let mut off = 0;
             while off < self.buf.len() {
                 let bytes = &self.buf[off..];
-                let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(bytes)
-                    .map_err(|e| NlError::Decode { op: op.to_string(), reason: e.to_string() })?;
+                let reply =
+                    NetlinkMessage::<RouteNetlinkMessage>::deserialize(bytes).map_err(|e| {
+                        NlError::Decode {
+                            op: op.to_string(),
+                            reason: e.to_string(),
+                        }
+                    })?;
                 let len = usize::try_from(reply.header.length).unwrap_or(0);
                 if len == 0 {
-                    return Err(NlError::Decode { op: op.to_string(), reason: "zero-length message".into() });
+                    return Err(NlError::Decode {
+                        op: op.to_string(),
+                        reason: "zero-length message".into(),
+                    });
                 }
                 off += (len + 3) & !3;
                 if reply.header.sequence_number != seq {
@@ -313,7 +413,12 @@ impl Socket {
                 match reply.payload {
                     NetlinkPayload::Error(e) => match e.code {
                         None => return Ok(replies),
-                        Some(_) => return Err(NlError::Kernel { op: op.to_string(), source: e.to_io() }),
+                        Some(_) => {
+                            return Err(NlError::Kernel {
+                                op: op.to_string(),
+                                source: e.to_io(),
+                            });
+                        }
                     },
                     NetlinkPayload::Done(_) => return Ok(replies),
                     NetlinkPayload::InnerMessage(m) => {
@@ -349,13 +454,19 @@ fn route_msg(dst: IpAddr, len: u8, gw: Option<IpAddr>, index: u32) -> RouteMessa
     msg.header.table = RouteHeader::RT_TABLE_MAIN;
     msg.header.protocol = RouteProtocol::Boot;
     msg.header.kind = RouteType::Unicast;
-    msg.header.scope = if gw.is_some() || dst.is_ipv6() { RouteScope::Universe } else { RouteScope::Link };
+    msg.header.scope = if gw.is_some() || dst.is_ipv6() {
+        RouteScope::Universe
+    } else {
+        RouteScope::Link
+    };
     if len > 0 {
-        msg.attributes.push(RouteAttribute::Destination(RouteAddress::from(dst)));
+        msg.attributes
+            .push(RouteAttribute::Destination(RouteAddress::from(dst)));
     }
     if let Some(gw) = gw {
         msg.header.flags = RouteFlags::Onlink;
-        msg.attributes.push(RouteAttribute::Gateway(RouteAddress::from(gw)));
+        msg.attributes
+            .push(RouteAttribute::Gateway(RouteAddress::from(gw)));
     }
     msg.attributes.push(RouteAttribute::Oif(index));
     msg
@@ -370,7 +481,12 @@ fn route_ip(a: &RouteAddress) -> Option<IpAddr> {
 }
 
 fn to_link(l: &LinkMessage) -> Link {
-    let mut link = Link { index: l.header.index, up: l.header.flags.contains(LinkFlags::Up), mac: Vec::new(), mtu: 0 };
+    let mut link = Link {
+        index: l.header.index,
+        up: l.header.flags.contains(LinkFlags::Up),
+        mac: Vec::new(),
+        mtu: 0,
+    };
     for at in &l.attributes {
         match at {
             LinkAttribute::Address(m) => link.mac = m.clone(),
@@ -382,7 +498,11 @@ fn to_link(l: &LinkMessage) -> Link {
 }
 
 fn family(ip: IpAddr) -> AddressFamily {
-    if ip.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 }
+    if ip.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    }
 }
 
 /// 32 for IPv4, 128 for IPv6.
@@ -392,5 +512,8 @@ pub fn max_prefix(ip: IpAddr) -> u8 {
 
 /// `aa:bb:cc:dd:ee:ff`.
 pub fn fmt_mac(mac: &[u8]) -> String {
-    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }

@@ -12,7 +12,14 @@ use super::nl::{fmt_mac, max_prefix};
 use crate::version;
 
 /// The result bytes for `cni_version`.
-pub fn build(cni_version: &str, a: &Attached, ifname: &str, netns: &str, ips: &[IpAddr], mtu: u32) -> Vec<u8> {
+pub fn build(
+    cni_version: &str,
+    a: &Attached,
+    ifname: &str,
+    netns: &str,
+    ips: &[IpAddr],
+    mtu: u32,
+) -> Vec<u8> {
     let v = version::effective(cni_version);
     let default = |ip: &IpAddr| if ip.is_ipv4() { "0.0.0.0/0" } else { "::/0" };
     let value = if v == "0.1.0" || v == "0.2.0" {
@@ -46,7 +53,10 @@ pub fn build(cni_version: &str, a: &Attached, ifname: &str, netns: &str, ips: &[
                 e
             })
             .collect();
-        let routes: Vec<Value> = ips.iter().map(|ip| json!({"dst": default(ip), "gw": gateway(*ip).to_string()})).collect();
+        let routes: Vec<Value> = ips
+            .iter()
+            .map(|ip| json!({"dst": default(ip), "gw": gateway(*ip).to_string()}))
+            .collect();
         json!({"cniVersion": v, "interfaces": [host, pod], "ips": addrs, "routes": routes, "dns": {}})
     };
     let mut out = serde_json::to_vec(&value).unwrap_or_default();
@@ -58,7 +68,10 @@ pub fn build(cni_version: &str, a: &Attached, ifname: &str, netns: &str, ips: &[
 pub fn addresses(result: &Map<String, Value>) -> Vec<IpAddr> {
     let mut out = Vec::new();
     let mut push = |s: Option<&str>| {
-        if let Some(ip) = s.and_then(|s| s.split('/').next()).and_then(|s| s.parse().ok()) {
+        if let Some(ip) = s
+            .and_then(|s| s.split('/').next())
+            .and_then(|s| s.parse().ok())
+        {
             out.push(ip);
         }
     };
@@ -68,7 +81,12 @@ pub fn addresses(result: &Map<String, Value>) -> Vec<IpAddr> {
         }
     }
     for key in ["ip4", "ip6"] {
-        push(result.get(key).and_then(|o| o.get("ip")).and_then(Value::as_str));
+        push(
+            result
+                .get(key)
+                .and_then(|o| o.get("ip"))
+                .and_then(Value::as_str),
+        );
     }
     out
 }
@@ -78,13 +96,28 @@ mod tests {
     use super::*;
 
     fn attached() -> Attached {
-        Attached { host_name: "weft0123456789a".into(), host_mac: vec![2, 0, 0, 0, 0, 1], pod_mac: vec![2, 0, 0, 0, 0, 2] }
+        Attached {
+            host_name: "weft0123456789a".into(),
+            host_mac: vec![2, 0, 0, 0, 0, 1],
+            pod_mac: vec![2, 0, 0, 0, 0, 2],
+        }
     }
 
     #[test]
     fn results_per_version() {
-        let ips: Vec<IpAddr> = vec!["10.244.1.5".parse().expect("ip"), "fd00::5".parse().expect("ip")];
-        let r: Value = serde_json::from_slice(&build("1.0.0", &attached(), "eth0", "/var/run/netns/p", &ips, 1450)).expect("json");
+        let ips: Vec<IpAddr> = vec![
+            "10.244.1.5".parse().expect("ip"),
+            "fd00::5".parse().expect("ip"),
+        ];
+        let r: Value = serde_json::from_slice(&build(
+            "1.0.0",
+            &attached(),
+            "eth0",
+            "/var/run/netns/p",
+            &ips,
+            1450,
+        ))
+        .expect("json");
         assert_eq!(
             r,
             json!({"cniVersion": "1.0.0",
@@ -95,12 +128,17 @@ mod tests {
                    "routes": [{"dst": "0.0.0.0/0", "gw": "169.254.1.1"}, {"dst": "::/0", "gw": "fe80::1"}],
                    "dns": {}})
         );
-        let r: Value = serde_json::from_slice(&build("0.3.1", &attached(), "eth0", "/p", &ips[..1], 1450)).expect("json");
+        let r: Value =
+            serde_json::from_slice(&build("0.3.1", &attached(), "eth0", "/p", &ips[..1], 1450))
+                .expect("json");
         assert_eq!(r["ips"][0]["version"], "4");
         assert_eq!(r["cniVersion"], "0.3.1");
-        let r: Value = serde_json::from_slice(&build("1.1.0", &attached(), "eth0", "/p", &ips[..1], 1450)).expect("json");
+        let r: Value =
+            serde_json::from_slice(&build("1.1.0", &attached(), "eth0", "/p", &ips[..1], 1450))
+                .expect("json");
         assert_eq!(r["interfaces"][1]["mtu"], 1450);
-        let r: Value = serde_json::from_slice(&build("", &attached(), "eth0", "/p", &ips, 1450)).expect("json");
+        let r: Value = serde_json::from_slice(&build("", &attached(), "eth0", "/p", &ips, 1450))
+            .expect("json");
         assert_eq!(r["cniVersion"], "0.1.0");
         assert_eq!(r["ip4"]["ip"], "10.244.1.5/32");
         assert_eq!(r["ip6"]["gateway"], "fe80::1");

@@ -54,6 +54,13 @@ impl Path {
 
 /// See the module docs.
 pub struct Dual {
+    core: Core,
+    active: Option<(Path, Box<dyn Backend>)>,
+}
+
+/// Everything but the running implementation (kept `Sync` so that it can be
+/// borrowed across awaits while the implementation is borrowed mutably).
+struct Core {
     name: &'static str,
     choice: DataplaneChoice,
     /// The kernel implementation and the capability it needs (`None`: always there).
@@ -64,7 +71,6 @@ pub struct Dual {
     kernel_links: Vec<String>,
     nl: Arc<dyn Client>,
     xfrm: Arc<dyn XfrmClient>,
-    active: Option<(Path, Box<dyn Backend>)>,
     ext: Option<ExternalInterface>,
     attrs: Option<LeaseAttrs>,
     lease: Option<Lease>,
@@ -75,10 +81,10 @@ pub struct Dual {
 impl std::fmt::Debug for Dual {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dual")
-            .field("name", &self.name)
-            .field("choice", &self.choice)
+            .field("name", &self.core.name)
+            .field("choice", &self.core.choice)
             .field("active", &self.active.as_ref().map(|a| a.0))
-            .field("peers", &self.peers.len())
+            .field("peers", &self.core.peers.len())
             .finish_non_exhaustive()
     }
 }
@@ -86,7 +92,7 @@ impl std::fmt::Debug for Dual {
 impl Dual {
     /// A backend named `name` run as `choice` says.
     pub fn new(name: &'static str, choice: DataplaneChoice, nl: Arc<dyn Client>, xfrm: Arc<dyn XfrmClient>) -> Dual {
-        Dual {
+        let core = Core {
             name,
             choice,
             kernel: None,
@@ -94,35 +100,41 @@ impl Dual {
             kernel_links: Vec::new(),
             nl,
             xfrm,
-            active: None,
             ext: None,
             attrs: None,
             lease: None,
             mtu: None,
             peers: BTreeMap::new(),
-        }
+        };
+        Dual { core, active: None }
     }
 
     /// Adds the kernel implementation, which needs `cap` (`None`: nothing to probe).
     pub fn kernel(mut self, cap: Option<Capability>, make: Make) -> Dual {
-        self.kernel = Some((cap, make));
+        self.core.kernel = Some((cap, make));
         self
     }
 
     /// Adds the userspace implementation.
     pub fn userspace(mut self, make: Make) -> Dual {
-        self.userspace = Some(make);
+        self.core.userspace = Some(make);
         self
     }
 
     /// Names kernel links the userspace path must remove first.
     pub fn kernel_links(mut self, names: Vec<String>) -> Dual {
-        self.kernel_links = names;
+        self.core.kernel_links = names;
         self
     }
 
     /// Which path `choice` gives on this kernel, and why.
     pub async fn resolve(&self, choice: DataplaneChoice) -> Result<(Path, String), BackendError> {
+        self.core.resolve(choice).await
+    }
+}
+
+impl Core {
+    async fn resolve(&self, choice: DataplaneChoice) -> Result<(Path, String), BackendError> {
         let name = self.name;
         let kernel_ok = match &self.kernel {
             None => None,
@@ -240,7 +252,7 @@ impl Dual {
 #[async_trait]
 impl Backend for Dual {
     fn name(&self) -> &'static str {
-        self.name
+        self.core.name
     }
 
     fn dataplane(&self) -> &'static str {
@@ -248,31 +260,31 @@ impl Backend for Dual {
     }
 
     async fn lease_attrs(&mut self, ext: &ExternalInterface, prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
-        let (path, why) = self.resolve(self.choice).await?;
-        tracing::info!("dataplane: the {} backend runs in the {} ({why})", self.name, path.as_str());
-        let mut b = self.make(path).ok_or_else(|| BackendError::Unsupported(self.name.into()))?;
+        let (path, why) = self.core.resolve(self.core.choice).await?;
+        tracing::info!("dataplane: the {} backend runs in the {} ({why})", self.core.name, path.as_str());
+        let mut b = self.core.make(path).ok_or_else(|| BackendError::Unsupported(self.core.name.into()))?;
         let attrs = b.lease_attrs(ext, prev).await?;
-        self.ext = Some(ext.clone());
-        self.attrs = Some(attrs.clone());
+        self.core.ext = Some(ext.clone());
+        self.core.attrs = Some(attrs.clone());
         self.active = Some((path, b));
         Ok(attrs)
     }
 
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
         if self.active.as_ref().is_some_and(|(p, _)| *p == Path::Userspace) {
-            self.clear_kernel_links().await;
+            self.core.clear_kernel_links().await;
         }
         let (_, b) = self.active.as_mut().ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
         let mtu = b.setup(lease).await?;
-        self.lease = Some(lease.clone());
-        self.mtu = Some(mtu);
+        self.core.lease = Some(lease.clone());
+        self.core.mtu = Some(mtu);
         Ok(mtu)
     }
 
     async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
         match change {
-            Change::Add(l) => self.peers.insert(l.key(), l.clone()),
-            Change::Remove(l) => self.peers.remove(&l.key()),
+            Change::Add(l) => self.core.peers.insert(l.key(), l.clone()),
+            Change::Remove(l) => self.core.peers.remove(&l.key()),
         };
         match self.active.as_mut() {
             Some((_, b)) => b.apply(change).await,
@@ -300,38 +312,38 @@ impl Backend for Dual {
     }
 
     async fn switch_dataplane(&mut self, to: DataplaneChoice) -> Result<&'static str, BackendError> {
-        let (path, why) = self.resolve(to).await?;
+        let (path, why) = self.core.resolve(to).await?;
         let Some(cur) = self.active.as_ref().map(|(p, _)| *p) else {
             return Err(BackendError::Config("switching before setup".into()));
         };
         if path == cur {
-            tracing::info!("dataplane: the {} backend already runs in the {}", self.name, path.as_str());
+            tracing::info!("dataplane: the {} backend already runs in the {}", self.core.name, path.as_str());
             return Ok(path.as_str());
         }
         // Refused here, before anything is touched, if the lease would change.
-        let next = self.prepare(path).await?;
+        let next = self.core.prepare(path).await?;
         let t0 = Instant::now();
-        tracing::info!("dataplane: switching the {} backend from {} to {} ({why})", self.name, cur.as_str(), path.as_str());
+        tracing::info!("dataplane: switching the {} backend from {} to {} ({why})", self.core.name, cur.as_str(), path.as_str());
         if let Some((_, mut old)) = self.active.take() {
             old.remove_all().await;
         }
-        match self.start(next, path, t0 + Duration::from_secs(2)).await {
+        match self.core.start(next, path, t0 + Duration::from_secs(2)).await {
             Ok(b) => {
                 self.active = Some((path, b));
                 let gap = t0.elapsed();
                 tracing::info!(
                     "dataplane: the {} backend now runs in the {} (switched in {} ms, {} peers)",
-                    self.name,
+                    self.core.name,
                     path.as_str(),
                     gap.as_millis(),
-                    self.peers.len()
+                    self.core.peers.len()
                 );
                 Ok(path.as_str())
             }
             Err(e) => {
                 tracing::error!("dataplane: switching to {} failed: {e}; going back to {}", path.as_str(), cur.as_str());
-                let back = self.prepare(cur).await?;
-                let b = self.start(back, cur, Instant::now() + Duration::from_secs(2)).await?;
+                let back = self.core.prepare(cur).await?;
+                let b = self.core.start(back, cur, Instant::now() + Duration::from_secs(2)).await?;
                 self.active = Some((cur, b));
                 Err(e)
             }

@@ -24,6 +24,7 @@
 //! | wireguard | – (not implemented) | – (not implemented) |
 
 pub mod alloc;
+pub mod dataplane_ctl;
 pub mod dual;
 pub mod host_gw;
 pub mod ipip;
@@ -31,6 +32,8 @@ pub mod ipsec;
 pub mod kernel_vxlan;
 pub mod probe;
 pub mod route_set;
+#[cfg(test)]
+mod route_backends_tests;
 #[cfg(test)]
 mod test_util;
 pub mod tunnel;
@@ -66,6 +69,10 @@ pub enum BackendError {
     /// The userspace engine failed.
     #[error("engine: {0}")]
     Engine(String),
+    /// A device the backend runs on was deleted under it (e.g. `ip link del
+    /// flannel.1`); the daemon rebuilds the backend on the same lease.
+    #[error("device {0} was deleted")]
+    DeviceGone(String),
 }
 
 /// What a backend does. See the module docs for the call order.

@@ -81,7 +81,13 @@ impl Tunnel {
 
     /// Adds or replaces a peer and hands the engine the new table.
     pub fn upsert_peer(&mut self, subnet: IpNet, endpoint: IpAddr, vtep_mac: Option<[u8; 6]>) {
-        self.peers.insert(subnet, Peer { subnet, endpoint, vtep_mac });
+        self.peers.insert(subnet, Peer { subnet, endpoint, vtep_mac, wireguard: None });
+        self.publish();
+    }
+
+    /// Adds or replaces a peer given in full (WireGuard peers carry keys).
+    pub fn upsert(&mut self, peer: Peer) {
+        self.peers.insert(peer.subnet, peer);
         self.publish();
     }
 
@@ -98,8 +104,13 @@ impl Tunnel {
         }
     }
 
-    /// Re-adds routes that went missing.
+    /// Re-adds routes that went missing; reports a deleted TUN device as
+    /// [`BackendError::DeviceGone`] (its queues are dead: only a new engine helps).
     pub async fn reconcile(&mut self) -> Result<(), BackendError> {
+        let name = self.name().to_string();
+        if !self.nl.links().await?.iter().any(|l| l.index == self.index && l.name == name) {
+            return Err(BackendError::DeviceGone(name));
+        }
         for r in self.routes.values() {
             if self.nl.routes_to(r.dst).await?.is_empty() {
                 tracing::info!("Route recovered {}", r.dst);

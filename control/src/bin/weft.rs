@@ -5,6 +5,11 @@
 //! - `weft leases rm [STORE] KEY`: deletes one (its node's weftd exits, as
 //!   flanneld does when its lease is revoked, and is restarted by its supervisor).
 //!
+//! - `weft dataplane [--subnet-file F]`: shows which dataplane the node's
+//!   weftd runs; `weft dataplane set auto|kernel|userspace [--subnet-file F]`
+//!   switches it live (override file + SIGHUP, see
+//!   `weft_control::backend::dataplane_ctl`).
+//!
 //! STORE is `--store-path DIR` (the embedded store, the default) or
 //! `--etcd-endpoints URLS [--etcd-prefix P]`.
 
@@ -43,6 +48,14 @@ enum Cmd {
         #[arg(long = "weftd-arg", allow_hyphen_values = true)]
         weftd_args: Vec<String>,
     },
+    /// Show or switch (live) the dataplane of this node's weftd.
+    Dataplane {
+        #[command(subcommand)]
+        action: Option<DataplaneAction>,
+        /// weftd's --subnet-file (the control files live next to it).
+        #[arg(long, default_value = "/run/flannel/subnet.env")]
+        subnet_file: std::path::PathBuf,
+    },
     /// List (or delete) the leases in a store.
     Leases {
         #[command(subcommand)]
@@ -52,6 +65,18 @@ enum Cmd {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DataplaneAction {
+    /// Switch to auto, kernel or userspace, keeping the lease; waits until weftd reports it.
+    Set {
+        /// auto, kernel or userspace.
+        mode: String,
+        /// Seconds to wait for weftd.
+        #[arg(long, default_value_t = 30)]
+        timeout: u64,
     },
 }
 
@@ -125,6 +150,7 @@ fn main() {
     let res = rt.block_on(async {
         match cli.cmd {
             Cmd::Demo { .. } => Ok(()),
+            Cmd::Dataplane { action, subnet_file } => dataplane(action, &subnet_file),
             Cmd::Leases { action: None, store, json } => list(&store, json).await,
             Cmd::Leases { action: Some(LeaseAction::Rm { key, store }), .. } => remove(&store, &key).await,
             Cmd::Leases { action: Some(LeaseAction::Put { key, value, ttl, store }), .. } => put(&store, &key, &value, ttl).await,
@@ -134,6 +160,24 @@ fn main() {
         eprintln!("weft: {e:#}");
         std::process::exit(1);
     }
+}
+
+fn dataplane(action: Option<DataplaneAction>, subnet_file: &std::path::Path) -> anyhow::Result<()> {
+    use weft_control::backend::dataplane_ctl::{Status, request};
+    let st = match action {
+        None => {
+            let dir = subnet_file.parent().unwrap_or(std::path::Path::new("."));
+            let path = dir.join(weft_control::backend::dataplane_ctl::STATUS_FILE);
+            Status::read(&path).with_context(|| format!("no weftd status in {}", path.display()))?
+        }
+        Some(DataplaneAction::Set { mode, timeout }) => {
+            let want = weft_control::backend::DataplaneChoice::parse(&mode)
+                .with_context(|| format!("{mode:?}: expected auto, kernel or userspace"))?;
+            request(subnet_file, want, std::time::Duration::from_secs(timeout))?
+        }
+    };
+    println!("backend {} runs in the {} (requested: {}, weftd pid {})", st.backend, st.dataplane, st.requested, st.pid);
+    Ok(())
 }
 
 async fn list(s: &StoreArgs, json: bool) -> anyhow::Result<()> {

@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 
 use super::flags::{Dataplane, Flags, StoreKind, TrafficManagerKind};
 use super::healthz::{self, Readiness};
-use crate::backend::{self, Backend};
+use crate::backend::{self, Backend, BackendError};
 use crate::config::{Config, parse_config};
 use crate::iface::{self, ExternalInterface, IfaceOptions};
 use crate::lease::watcher::{Change, LeaseWatcher};
@@ -119,6 +119,9 @@ pub async fn run_with<M: SubnetManager>(
         Dataplane::Kernel => backend::DataplaneChoice::Kernel,
         Dataplane::Userspace => backend::DataplaneChoice::Userspace,
     };
+    // The operator's override file (`weft dataplane set`) wins over the flag.
+    let ctl = backend::dataplane_ctl::DataplaneControl::new(&flags.subnet_file, dataplane);
+    let dataplane = ctl.wanted();
     let mut backend = backend::new(&cfg, dataplane, tuning, &nl).context("Error fetching backend")?;
     let own_prev = mgr.previous_own_lease(&ext).await;
     let attrs = backend.lease_attrs(&ext, own_prev.as_ref()).await.context("Error registering network")?;
@@ -155,9 +158,10 @@ pub async fn run_with<M: SubnetManager>(
         tracing::error!("failed to complete lease: {e}");
     }
     tracing::info!("Running backend.");
+    ctl.write_status(backend.as_ref());
 
     let ttl = Duration::from_secs(flags.lease_ttl);
-    let code = main_loop(flags, &mgr, backend.as_mut(), &mut lease, stop, ttl).await;
+    let code = main_loop(flags, &mgr, backend.as_mut(), &mut lease, stop, ttl, &ctl).await;
     tracing::info!("Waiting for all goroutines to exit");
     backend.teardown().await;
     tracing::info!("Exiting cleanly...");
@@ -221,7 +225,9 @@ async fn main_loop<M: SubnetManager>(
     lease: &mut Lease,
     stop: &mut Stop,
     ttl: Duration,
+    ctl: &backend::dataplane_ctl::DataplaneControl,
 ) -> anyhow::Result<i32> {
+    let mut hup = stop.take_hup();
     let Some(mut events) = watch(mgr, stop).await else { return Ok(0) };
     let own = lease.key();
     let mut watcher = LeaseWatcher::new(own);
@@ -271,9 +277,23 @@ async fn main_loop<M: SubnetManager>(
                     }
                 }
             }
+            Some(()) = recv_hup(&mut hup) => ctl.on_hup(backend).await,
             _ = reconcile.tick() => {
-                if let Err(e) = backend.reconcile().await {
-                    tracing::warn!("reconcile: {e}");
+                match backend.reconcile().await {
+                    Ok(()) => {}
+                    Err(BackendError::DeviceGone(dev)) => {
+                        // Rebuild on the same lease, then replay every known peer.
+                        tracing::error!("device {dev} was deleted; recreating the {} backend", backend.name());
+                        backend.teardown().await;
+                        backend.setup(lease).await.context("failed to recreate the backend")?;
+                        for l in watcher.leases() {
+                            if let Err(e) = backend.apply(&Change::Add(l.clone())).await {
+                                tracing::error!("failed to re-apply {}: {e}", l.key());
+                            }
+                        }
+                        tracing::info!("backend recreated on {}", lease.key());
+                    }
+                    Err(e) => tracing::warn!("reconcile: {e}"),
                 }
             }
         }
@@ -387,15 +407,34 @@ async fn watch<M: SubnetManager>(mgr: &M, stop: &mut Stop) -> Option<mpsc::Recei
     }
 }
 
-/// SIGTERM / SIGINT.
+/// SIGTERM / SIGINT (and SIGHUP, installed early so that it never kills
+/// the daemon; the main loop takes it to switch the dataplane).
 pub struct Stop {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
+    hup: Option<tokio::signal::unix::Signal>,
+}
+
+/// The next SIGHUP (never, without a handler).
+async fn recv_hup(hup: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match hup {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Stop {
     fn install() -> anyhow::Result<Stop> {
-        Ok(Stop { term: signal(SignalKind::terminate())?, int: signal(SignalKind::interrupt())? })
+        Ok(Stop {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: Some(signal(SignalKind::hangup())?),
+        })
+    }
+
+    /// The SIGHUP stream, for the main loop.
+    fn take_hup(&mut self) -> Option<tokio::signal::unix::Signal> {
+        self.hup.take()
     }
 
     async fn wait(&mut self) {

@@ -4,7 +4,7 @@
 //! Topology (all inside namespaces named `<prefix>-*`, nothing on the host):
 //! an underlay namespace with bridge `br0`; per node a namespace with `eth0`
 //! on that bridge (`192.0.2.<i>/24`, a documentation range) running one
-//! `weftd` on a shared embedded store; per pod a namespace wired to its node
+//! `weftd` on a shared embedded store (or on etcd, see [`ClusterStore`]); per pod a namespace wired to its node
 //! by weft's CNI plugin (`flannel`, delegating to the real bridge and
 //! host-local plugins), exactly as a kubelet would.
 //!
@@ -34,6 +34,29 @@ pub struct ClusterSpec {
     pub bin_dir: PathBuf,
     /// Working directory (store, logs, subnet.env files, CNI state).
     pub work: PathBuf,
+    /// Where the nodes keep their leases.
+    pub store: ClusterStore,
+}
+
+/// The lease store the nodes of a [`Cluster`] share.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ClusterStore {
+    /// The embedded store in `<work>/store`, with net-conf.json from the work dir.
+    #[default]
+    Embedded,
+    /// etcd at these endpoints (`--etcd-endpoints`, as seen from inside each
+    /// node's namespace); the network config must already be in etcd.
+    Etcd(String),
+}
+
+/// How the CNI plugin attaches a node's pods (see [`Cluster::set_cni_mode`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CniMode {
+    /// flannel's delegation to bridge + host-local (`cni0`).
+    #[default]
+    Bridge,
+    /// weft's routed datapath: /32 per pod, addresses from weftd's IPAM API.
+    Routed,
 }
 
 /// A running node.
@@ -59,6 +82,7 @@ pub struct Pod {
     /// Index of its node in [`Cluster::nodes`].
     pub node: usize,
     id: String,
+    mode: CniMode,
 }
 
 /// Errors building the cluster.
@@ -85,6 +109,9 @@ pub struct Cluster {
     /// The pods created so far.
     pub pods: Vec<Pod>,
     spec: ClusterSpec,
+    cni_modes: Vec<CniMode>,
+    /// Extra weftd arguments per node (after the spec's), see [`Cluster::start_with_node_args`].
+    node_args: Vec<Vec<String>>,
     // Dropped last: the underlay outlives the nodes' veths.
     _underlay: Underlay,
 }
@@ -93,6 +120,12 @@ impl Cluster {
     /// Builds the underlay and the nodes and starts a weftd on each; waits
     /// until every node has written its subnet.env.
     pub fn start(spec: ClusterSpec) -> Result<Cluster, ClusterError> {
+        Cluster::start_with_node_args(spec, Vec::new())
+    }
+
+    /// [`Cluster::start`] with extra weftd arguments for node `i` in
+    /// `node_args[i]` (e.g. a per-node `--dataplane`).
+    pub fn start_with_node_args(spec: ClusterSpec, node_args: Vec<Vec<String>>) -> Result<Cluster, ClusterError> {
         std::fs::create_dir_all(&spec.work).map_err(io("create work dir"))?;
         let conf = spec.work.join("net-conf.json");
         std::fs::write(&conf, &spec.net_conf).map_err(io("write net-conf.json"))?;
@@ -108,7 +141,8 @@ impl Cluster {
             std::fs::create_dir_all(&dir).map_err(io("create node dir"))?;
             nodes.push(Node { ns, addr, weftd: None, dir });
         }
-        let mut c = Cluster { nodes, pods: Vec::new(), spec, _underlay: underlay };
+        let cni_modes = vec![CniMode::Bridge; nodes.len()];
+        let mut c = Cluster { nodes, pods: Vec::new(), spec, cni_modes, node_args, _underlay: underlay };
         for i in 0..c.nodes.len() {
             c.start_weftd(i)?;
         }
@@ -124,11 +158,16 @@ impl Cluster {
         let log = std::fs::File::create(n.dir.join("weftd.log")).map_err(io("create weftd.log"))?;
         let log2 = log.try_clone().map_err(io("dup log"))?;
         let mut cmd = n.ns.command(&self.spec.bin_dir.join("weftd").to_string_lossy());
-        cmd.arg("--store=embedded")
-            .arg(format!("--store-path={}", self.spec.work.join("store").display()))
-            .arg(format!("--net-config-path={}", self.spec.work.join("net-conf.json").display()))
+        match &self.spec.store {
+            ClusterStore::Embedded => {
+                cmd.arg("--store=embedded").arg(format!("--store-path={}", self.spec.work.join("store").display()))
+            }
+            ClusterStore::Etcd(endpoints) => cmd.arg("--store=etcd").arg(format!("--etcd-endpoints={endpoints}")),
+        };
+        cmd.arg(format!("--net-config-path={}", self.spec.work.join("net-conf.json").display()))
             .arg(format!("--subnet-file={}", n.dir.join("subnet.env").display()))
             .args(&self.spec.weftd_args)
+            .args(self.node_args.get(i).into_iter().flatten())
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2);
@@ -187,11 +226,18 @@ impl Cluster {
         &self.spec.work
     }
 
+    /// Makes node `i`'s CNI plugin attach pods added from now on in `mode`
+    /// (every node starts in bridge mode). Each pod keeps the mode it was added with.
+    pub fn set_cni_mode(&mut self, i: usize, mode: CniMode) {
+        self.cni_modes[i] = mode;
+    }
+
     /// Creates pod `name` on node `i` through the CNI plugin; returns its index.
     pub fn add_pod(&mut self, i: usize, name: &str) -> Result<usize, ClusterError> {
         let ns = Netns::new(&format!("{}-{name}", self.spec.prefix));
         let id = format!("{}{name}", self.spec.prefix);
-        let out = self.cni(i, "ADD", &id, &ns.path())?;
+        let mode = self.cni_modes[i];
+        let out = self.cni(i, "ADD", &id, &ns.path(), mode)?;
         let v: serde_json::Value = serde_json::from_str(&out)
             .map_err(|e| ClusterError::Step(format!("CNI ADD returned no JSON ({e}): {out}")))?;
         let ip = v["ips"][0]["address"]
@@ -199,7 +245,7 @@ impl Cluster {
             .and_then(|a| a.split('/').next())
             .ok_or_else(|| ClusterError::Step(format!("CNI ADD result has no address: {out}")))?
             .to_string();
-        self.pods.push(Pod { ns, ip, node: i, id });
+        self.pods.push(Pod { ns, ip, node: i, id, mode });
         Ok(self.pods.len() - 1)
     }
 
@@ -207,14 +253,15 @@ impl Cluster {
     pub fn del_pod(&mut self, p: usize) -> Result<(), ClusterError> {
         let pod = self.pods.remove(p);
         let path = pod.ns.path();
-        self.cni(pod.node, "DEL", &pod.id, &path).map(|_| ())
+        self.cni(pod.node, "DEL", &pod.id, &path, pod.mode).map(|_| ())
     }
 
-    /// The flannel CNI config every node uses (bridge `cni0` via the delegate,
-    /// host-local state kept in the node's directory).
-    fn cni_conf(&self, i: usize) -> String {
+    /// The flannel CNI config of node `i` (bridge `cni0` via the delegate,
+    /// host-local state kept in the node's directory; in routed mode the
+    /// plugin finds weftd's IPAM socket next to the node's subnet.env).
+    pub fn cni_conf(&self, i: usize, mode: CniMode) -> String {
         let d = &self.nodes[i].dir;
-        serde_json::json!({
+        let mut conf = serde_json::json!({
             "cniVersion": "1.0.0",
             "name": "cbr0",
             "type": "flannel",
@@ -222,11 +269,14 @@ impl Cluster {
             "dataDir": d.join("cni-flannel"),
             "ipam": { "dataDir": d.join("cni-ipam") },
             "delegate": { "hairpinMode": true, "isDefaultGateway": true }
-        })
-        .to_string()
+        });
+        if mode == CniMode::Routed {
+            conf["mode"] = "routed".into();
+        }
+        conf.to_string()
     }
 
-    fn cni(&self, i: usize, verb: &str, id: &str, netns: &str) -> Result<String, ClusterError> {
+    fn cni(&self, i: usize, verb: &str, id: &str, netns: &str, mode: CniMode) -> Result<String, ClusterError> {
         use std::io::Write;
         let node = &self.nodes[i];
         let plugin = self.spec.bin_dir.join("flannel");
@@ -244,7 +294,7 @@ impl Cluster {
             .spawn()
             .map_err(io("run the CNI plugin"))?;
         if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(self.cni_conf(i).as_bytes()).map_err(io("write CNI config"))?;
+            stdin.write_all(self.cni_conf(i, mode).as_bytes()).map_err(io("write CNI config"))?;
         }
         let out = child.wait_with_output().map_err(io("wait for the CNI plugin"))?;
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();

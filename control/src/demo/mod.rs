@@ -62,6 +62,7 @@ fn demo(opts: &DemoOptions, prefix: &str, work: &std::path::Path, bin_dir: PathB
         weftd_args: opts.weftd_args.clone(),
         bin_dir,
         work: work.to_path_buf(),
+        store: Default::default(),
     })?;
     for i in 0..c.nodes.len() {
         let env = c.subnet_env(i).unwrap_or_default();

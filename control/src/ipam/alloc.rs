@@ -177,11 +177,17 @@ impl Allocator {
             return Err(AllocError::NoSubnet);
         }
         let ipv4 = match self.subnet {
-            Some(net) => Some(self.next4(net).ok_or_else(|| AllocError::Exhausted(net.to_string()))?),
+            Some(net) => Some(
+                self.next4(net)
+                    .ok_or_else(|| AllocError::Exhausted(net.to_string()))?,
+            ),
             None => None,
         };
         let ipv6 = match self.ipv6_subnet {
-            Some(net) => Some(self.next6(net).ok_or_else(|| AllocError::Exhausted(net.to_string()))?),
+            Some(net) => Some(
+                self.next6(net)
+                    .ok_or_else(|| AllocError::Exhausted(net.to_string()))?,
+            ),
             None => None,
         };
         let a = Allocation {
@@ -220,9 +226,8 @@ impl Allocator {
         // .0, .1 and the broadcast address are not handed out.
         let range = usable(base, size, 3)?;
         let last = self.last4.map(|ip| u128::from(u32::from(ip)));
-        let used = |v: u128| {
-            u32::try_from(v).map_or(true, |v| self.used4.contains(&Ipv4Addr::from(v)))
-        };
+        let used =
+            |v: u128| u32::try_from(v).map_or(true, |v| self.used4.contains(&Ipv4Addr::from(v)));
         let v = search(range, last, self.used4.len(), used)?;
         u32::try_from(v).ok().map(Ipv4Addr::from)
     }
@@ -230,7 +235,11 @@ impl Allocator {
     fn next6(&self, net: Ipv6Net) -> Option<Ipv6Addr> {
         let base = u128::from(net.network());
         let bits = 128 - u32::from(net.prefix_len());
-        let size = if bits == 128 { u128::MAX } else { 1u128 << bits };
+        let size = if bits == 128 {
+            u128::MAX
+        } else {
+            1u128 << bits
+        };
         // `::` and `::1` are not handed out; there is no broadcast address.
         let range = usable(base, size, 2)?;
         let last = self.last6.map(u128::from);
@@ -246,7 +255,11 @@ fn usable(base: u128, size: u128, reserved: u128) -> Option<(u128, u128)> {
         return None;
     }
     let first = base + 2;
-    let end = if reserved == 3 { base + size - 2 } else { base + (size - 1) };
+    let end = if reserved == 3 {
+        base + size - 2
+    } else {
+        base + (size - 1)
+    };
     Some((first, end))
 }
 
@@ -263,7 +276,9 @@ fn search(
         Some(l) if l >= first && l < end => l + 1,
         _ => first,
     };
-    let probes = u128::try_from(used_count).unwrap_or(u128::MAX).saturating_add(1);
+    let probes = u128::try_from(used_count)
+        .unwrap_or(u128::MAX)
+        .saturating_add(1);
     let mut v = start;
     let mut n: u128 = 0;
     while n <= span && n < probes {
@@ -341,7 +356,10 @@ mod tests {
         assert_eq!(x.ipv4, Some("10.244.3.2".parse().expect("ip")));
         assert_eq!(x.ipv6, Some("fd00:1::2".parse().expect("ip")));
         // The /30 has one usable address: b gets nothing, not even IPv6.
-        assert!(matches!(a.allocate(&key("b")), Err(AllocError::Exhausted(_))));
+        assert!(matches!(
+            a.allocate(&key("b")),
+            Err(AllocError::Exhausted(_))
+        ));
         assert_eq!(a.len(), 1);
         let v6only = Allocator::new(None, Some("fd00:2::/127".parse().expect("net")))
             .allocate(&key("c"))
@@ -361,11 +379,20 @@ mod tests {
             ipv4: Some(ip.parse().expect("ip")),
             ipv6: None,
         };
-        let dup_ip = v4("10.244.3.0/24")
-            .restore(vec![alloc("a", "10.244.3.2"), alloc("b", "10.244.3.2")], None, None);
-        assert_eq!(dup_ip, Err(AllocError::Duplicate("address 10.244.3.2".into())));
-        let dup_key = v4("10.244.3.0/24")
-            .restore(vec![alloc("a", "10.244.3.2"), alloc("a", "10.244.3.3")], None, None);
+        let dup_ip = v4("10.244.3.0/24").restore(
+            vec![alloc("a", "10.244.3.2"), alloc("b", "10.244.3.2")],
+            None,
+            None,
+        );
+        assert_eq!(
+            dup_ip,
+            Err(AllocError::Duplicate("address 10.244.3.2".into()))
+        );
+        let dup_key = v4("10.244.3.0/24").restore(
+            vec![alloc("a", "10.244.3.2"), alloc("a", "10.244.3.3")],
+            None,
+            None,
+        );
         assert!(matches!(dup_key, Err(AllocError::Duplicate(_))));
         // An allocation from an older lease stays held; the cursor continues.
         let mut a = v4("10.244.3.0/24")

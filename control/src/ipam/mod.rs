@@ -43,19 +43,33 @@ pub fn paths(subnet_file: &Path, socket: Option<&Path>, state: Option<&Path>) ->
         return None;
     }
     let beside = |name: &str| {
-        let stem = subnet_file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-        let file = if stem.is_empty() || stem == "subnet" { name.to_string() } else { format!("{stem}.{name}") };
+        let stem = subnet_file
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let file = if stem.is_empty() || stem == "subnet" {
+            name.to_string()
+        } else {
+            format!("{stem}.{name}")
+        };
         subnet_file.with_file_name(file)
     };
     Some(Paths {
         socket: socket.map_or_else(|| beside("weft.sock"), Path::to_path_buf),
-        state: state.filter(|s| !s.as_os_str().is_empty()).map_or_else(|| beside("weft-ipam.json"), Path::to_path_buf),
+        state: state
+            .filter(|s| !s.as_os_str().is_empty())
+            .map_or_else(|| beside("weft-ipam.json"), Path::to_path_buf),
     })
 }
 
 /// Starts the API for the node's lease (weftd's start-up hook); failures are
 /// logged, not fatal, because bridge-mode pods do not need it.
-pub async fn start(subnet_file: &Path, socket: Option<&Path>, state: Option<&Path>, lease: &Lease) -> Option<IpamServer> {
+pub async fn start(
+    subnet_file: &Path,
+    socket: Option<&Path>,
+    state: Option<&Path>,
+    lease: &Lease,
+) -> Option<IpamServer> {
     let Some(paths) = paths(subnet_file, socket, state) else {
         tracing::info!("ipam API disabled (--ipam-socket is empty)");
         return None;

@@ -105,12 +105,22 @@ pub struct Response {
 impl Response {
     /// A failure reply.
     pub fn error(kind: ErrorKind, message: impl Into<String>) -> Response {
-        Response { ok: false, error: Some(ErrorReply { kind, message: message.into() }), ..Response::default() }
+        Response {
+            ok: false,
+            error: Some(ErrorReply {
+                kind,
+                message: message.into(),
+            }),
+            ..Response::default()
+        }
     }
 
     /// A success reply with nothing in it (the caller fills it).
     pub fn ok() -> Response {
-        Response { ok: true, ..Response::default() }
+        Response {
+            ok: true,
+            ..Response::default()
+        }
     }
 
     /// The reply as one line, newline included.
@@ -131,7 +141,15 @@ impl Request {
             return Err(format!("request longer than {MAX_REQUEST} bytes"));
         }
         let req: Request = serde_json::from_slice(line).map_err(|e| format!("bad request: {e}"))?;
-        if let Request::Allocate { container_id, ifname } | Request::Release { container_id, ifname } = &req {
+        if let Request::Allocate {
+            container_id,
+            ifname,
+        }
+        | Request::Release {
+            container_id,
+            ifname,
+        } = &req
+        {
             validate_container_id(container_id)?;
             validate_ifname(ifname)?;
         }
@@ -141,9 +159,17 @@ impl Request {
     /// The attachment key of `allocate`/`release`.
     pub fn key(&self) -> Option<Key> {
         match self {
-            Request::Allocate { container_id, ifname } | Request::Release { container_id, ifname } => {
-                Some(Key { container_id: container_id.clone(), ifname: ifname.clone() })
+            Request::Allocate {
+                container_id,
+                ifname,
             }
+            | Request::Release {
+                container_id,
+                ifname,
+            } => Some(Key {
+                container_id: container_id.clone(),
+                ifname: ifname.clone(),
+            }),
             Request::List | Request::Status => None,
         }
     }
@@ -154,15 +180,25 @@ fn validate_container_id(id: &str) -> Result<(), String> {
     let ok = id.len() <= MAX_CONTAINER_ID
         && bytes.next().is_some_and(|b| b.is_ascii_alphanumeric())
         && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-    if ok { Ok(()) } else { Err(format!("invalid containerID {id:?}")) }
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("invalid containerID {id:?}"))
+    }
 }
 
 fn validate_ifname(name: &str) -> Result<(), String> {
     let ok = (1..=15).contains(&name.len())
         && name != "."
         && name != ".."
-        && !name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace());
-    if ok { Ok(()) } else { Err(format!("invalid ifname {name:?}")) }
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("invalid ifname {name:?}"))
+    }
 }
 
 #[cfg(test)]
@@ -173,11 +209,17 @@ mod tests {
     fn parses_every_op() {
         assert_eq!(
             Request::parse(br#"{"op":"allocate","containerID":"abc-1","ifname":"eth0"}"#),
-            Ok(Request::Allocate { container_id: "abc-1".into(), ifname: "eth0".into() })
+            Ok(Request::Allocate {
+                container_id: "abc-1".into(),
+                ifname: "eth0".into()
+            })
         );
         assert_eq!(
             Request::parse(br#"{"ifname":"net1","containerID":"x","op":"release"}"#),
-            Ok(Request::Release { container_id: "x".into(), ifname: "net1".into() })
+            Ok(Request::Release {
+                container_id: "x".into(),
+                ifname: "net1".into()
+            })
         );
         assert_eq!(Request::parse(br#"{"op":"list"}"#), Ok(Request::List));
         assert_eq!(Request::parse(br#"{"op":"status"}"#), Ok(Request::Status));
@@ -190,21 +232,50 @@ mod tests {
             (b"\xff\xfe", "bad request"),
             (b"[]", "bad request"),
             (br#"{"op":"steal"}"#, "unknown variant `steal`"),
-            (br#"{"containerID":"a","ifname":"eth0"}"#, "missing field `op`"),
-            (br#"{"op":"allocate","containerID":"a"}"#, "missing field `ifname`"),
-            (br#"{"op":"allocate","containerID":"a","ifname":"eth0","x":1}"#, "unknown field `x`"),
+            (
+                br#"{"containerID":"a","ifname":"eth0"}"#,
+                "missing field `op`",
+            ),
+            (
+                br#"{"op":"allocate","containerID":"a"}"#,
+                "missing field `ifname`",
+            ),
+            (
+                br#"{"op":"allocate","containerID":"a","ifname":"eth0","x":1}"#,
+                "unknown field `x`",
+            ),
             (br#"{"op":"list","x":1}"#, "unknown field `x`"),
-            (br#"{"op":"allocate","containerID":"-a","ifname":"eth0"}"#, "invalid containerID"),
-            (br#"{"op":"release","containerID":"a","ifname":"a/b"}"#, "invalid ifname"),
-            (br#"{"op":"allocate","containerID":"a","ifname":"sixteen-chars-xx"}"#, "invalid ifname"),
+            (
+                br#"{"op":"allocate","containerID":"-a","ifname":"eth0"}"#,
+                "invalid containerID",
+            ),
+            (
+                br#"{"op":"release","containerID":"a","ifname":"a/b"}"#,
+                "invalid ifname",
+            ),
+            (
+                br#"{"op":"allocate","containerID":"a","ifname":"sixteen-chars-xx"}"#,
+                "invalid ifname",
+            ),
         ];
         for (input, want) in cases {
             let e = Request::parse(input).expect_err(&String::from_utf8_lossy(input));
-            assert!(e.contains(want), "{:?}: {e}", String::from_utf8_lossy(input));
+            assert!(
+                e.contains(want),
+                "{:?}: {e}",
+                String::from_utf8_lossy(input)
+            );
         }
         let long = format!(r#"{{"op":"list","pad":"{}"}}"#, "x".repeat(MAX_REQUEST));
-        assert!(Request::parse(long.as_bytes()).expect_err("too long").contains("longer than"));
-        let long_id = format!(r#"{{"op":"release","containerID":"{}","ifname":"eth0"}}"#, "a".repeat(300));
+        assert!(
+            Request::parse(long.as_bytes())
+                .expect_err("too long")
+                .contains("longer than")
+        );
+        let long_id = format!(
+            r#"{{"op":"release","containerID":"{}","ifname":"eth0"}}"#,
+            "a".repeat(300)
+        );
         assert!(Request::parse(long_id.as_bytes()).is_err());
     }
 
@@ -224,7 +295,10 @@ mod tests {
         );
         let back: Response = serde_json::from_slice(&line).expect("parse");
         assert_eq!(back, r);
-        let e = Response::error(ErrorKind::Exhausted, "no free address left in 10.244.1.0/24");
+        let e = Response::error(
+            ErrorKind::Exhausted,
+            "no free address left in 10.244.1.0/24",
+        );
         assert_eq!(
             String::from_utf8(e.to_line()).expect("utf8"),
             "{\"ok\":false,\"error\":{\"kind\":\"exhausted\",\"message\":\"no free address left in 10.244.1.0/24\"}}\n"

@@ -86,7 +86,11 @@ pub async fn serve(
     let file = StateFile::new(state);
     let alloc = match file.load(subnet, ipv6_subnet) {
         Ok(a) => {
-            tracing::info!("ipam: {} allocations restored from {}", a.len(), state.display());
+            tracing::info!(
+                "ipam: {} allocations restored from {}",
+                a.len(),
+                state.display()
+            );
             Ok(a)
         }
         Err(e) => {
@@ -103,7 +107,10 @@ pub async fn serve(
     let listener = bind(socket)?;
     tracing::info!("ipam: serving on {}", socket.display());
     let accept = tokio::spawn(accept_loop(listener, tx));
-    Ok(IpamServer { socket: socket.to_path_buf(), accept })
+    Ok(IpamServer {
+        socket: socket.to_path_buf(),
+        accept,
+    })
 }
 
 /// Binds `socket` with mode 0600 from the start (temporary name, chmod, rename).
@@ -118,7 +125,10 @@ fn bind(socket: &Path) -> Result<UnixListener, ServerError> {
         _ => PathBuf::from("."),
     };
     std::fs::create_dir_all(&dir).map_err(err("create directory", &dir))?;
-    let name = socket.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = socket
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     let listener = UnixListener::bind(&tmp).map_err(err("bind", &tmp))?;
@@ -154,7 +164,11 @@ async fn connection(stream: UnixStream, tx: mpsc::Sender<Job>) {
     loop {
         line.clear();
         let limit = u64::try_from(MAX_REQUEST).unwrap_or(u64::MAX) + 1;
-        let read = tokio::time::timeout(IDLE_TIMEOUT, (&mut reader).take(limit).read_until(b'\n', &mut line)).await;
+        let read = tokio::time::timeout(
+            IDLE_TIMEOUT,
+            (&mut reader).take(limit).read_until(b'\n', &mut line),
+        )
+        .await;
         let n = match read {
             Ok(Ok(n)) => n,
             Ok(Err(e)) => {
@@ -171,7 +185,13 @@ async fn connection(stream: UnixStream, tx: mpsc::Sender<Job>) {
             line.pop();
         }
         let (reply, close) = if !complete && line.len() > MAX_REQUEST {
-            (Response::error(ErrorKind::Invalid, format!("request longer than {MAX_REQUEST} bytes")), true)
+            (
+                Response::error(
+                    ErrorKind::Invalid,
+                    format!("request longer than {MAX_REQUEST} bytes"),
+                ),
+                true,
+            )
         } else {
             match Request::parse(&line) {
                 Err(reason) => (Response::error(ErrorKind::Invalid, reason), false),
@@ -189,7 +209,9 @@ async fn ask(tx: &mpsc::Sender<Job>, req: Request) -> Response {
     if tx.send((req, reply_tx)).await.is_err() {
         return Response::error(ErrorKind::Unavailable, "the ipam thread has stopped");
     }
-    reply_rx.await.unwrap_or_else(|_| Response::error(ErrorKind::Unavailable, "the ipam thread has stopped"))
+    reply_rx
+        .await
+        .unwrap_or_else(|_| Response::error(ErrorKind::Unavailable, "the ipam thread has stopped"))
 }
 
 /// The single owner of the allocations.
@@ -219,14 +241,21 @@ impl Owner {
                 ipv6_subnet: alloc.ipv6_subnet(),
                 ..Response::ok()
             },
-            Request::List => Response { allocations: Some(alloc.list()), ..Response::ok() },
+            Request::List => Response {
+                allocations: Some(alloc.list()),
+                ..Response::ok()
+            },
             Request::Allocate { .. } | Request::Release { .. } => {
-                let Some(key) = req.key() else { return Response::error(ErrorKind::Invalid, "no key") };
+                let Some(key) = req.key() else {
+                    return Response::error(ErrorKind::Invalid, "no key");
+                };
                 let before = alloc.clone();
                 let (allocation, changed) = if matches!(req, Request::Allocate { .. }) {
                     match alloc.allocate(&key) {
                         Ok((a, changed)) => (Some(a), changed),
-                        Err(e @ AllocError::Exhausted(_)) => return Response::error(ErrorKind::Exhausted, e.to_string()),
+                        Err(e @ AllocError::Exhausted(_)) => {
+                            return Response::error(ErrorKind::Exhausted, e.to_string());
+                        }
                         Err(e) => return Response::error(ErrorKind::Unavailable, e.to_string()),
                     }
                 } else {
@@ -238,12 +267,22 @@ impl Owner {
                     if let Err(e) = self.file.save(alloc) {
                         *alloc = before;
                         tracing::error!("ipam: {e}");
-                        return Response::error(ErrorKind::Unavailable, format!("cannot persist the change: {e}"));
+                        return Response::error(
+                            ErrorKind::Unavailable,
+                            format!("cannot persist the change: {e}"),
+                        );
                     }
-                    let op = if matches!(req, Request::Allocate { .. }) { "allocated" } else { "released" };
+                    let op = if matches!(req, Request::Allocate { .. }) {
+                        "allocated"
+                    } else {
+                        "released"
+                    };
                     tracing::debug!("ipam: {op} {allocation:?}");
                 }
-                Response { allocation, ..Response::ok() }
+                Response {
+                    allocation,
+                    ..Response::ok()
+                }
             }
         }
     }

@@ -54,7 +54,9 @@ pub enum StateError {
         source: io::Error,
     },
     /// The file exists but cannot be used; it is left in place.
-    #[error("ipam state file {path} is corrupt: {reason}; fix or move it away (pods holding its addresses must then be re-created)")]
+    #[error(
+        "ipam state file {path} is corrupt: {reason}; fix or move it away (pods holding its addresses must then be re-created)"
+    )]
     Corrupt {
         /// The file.
         path: PathBuf,
@@ -108,13 +110,23 @@ impl StateFile {
             Ok(b) => b,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(fresh),
             Err(source) => {
-                return Err(StateError::Io { op: "read", path: self.path.clone(), source });
+                return Err(StateError::Io {
+                    op: "read",
+                    path: self.path.clone(),
+                    source,
+                });
             }
         };
-        let corrupt = |reason: String| StateError::Corrupt { path: self.path.clone(), reason };
+        let corrupt = |reason: String| StateError::Corrupt {
+            path: self.path.clone(),
+            reason,
+        };
         let doc: Document = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
         if doc.version != VERSION {
-            return Err(corrupt(format!("unsupported version {} (expected {VERSION})", doc.version)));
+            return Err(corrupt(format!(
+                "unsupported version {} (expected {VERSION})",
+                doc.version
+            )));
         }
         fresh
             .restore(doc.allocations, doc.last_ipv4, doc.last_ipv6)
@@ -148,7 +160,9 @@ fn read_bounded(path: &Path) -> io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
     file.take(MAX_STATE_BYTES + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > MAX_STATE_BYTES {
-        return Err(io::Error::other(format!("larger than {MAX_STATE_BYTES} bytes")));
+        return Err(io::Error::other(format!(
+            "larger than {MAX_STATE_BYTES} bytes"
+        )));
     }
     Ok(bytes)
 }
@@ -156,14 +170,21 @@ fn read_bounded(path: &Path) -> io::Result<Vec<u8>> {
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
     let err = |op: &'static str, p: &Path| {
         let p = p.to_path_buf();
-        move |source| StateError::Io { op, path: p, source }
+        move |source| StateError::Io {
+            op,
+            path: p,
+            source,
+        }
     };
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
     fs::create_dir_all(&dir).map_err(err("create directory", &dir))?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp"));
     let mut f = OpenOptions::new()
         .write(true)
@@ -176,7 +197,9 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
     f.sync_all().map_err(err("fsync", &tmp))?;
     drop(f);
     fs::rename(&tmp, path).map_err(err("rename", path))?;
-    File::open(&dir).and_then(|d| d.sync_all()).map_err(err("fsync", &dir))?;
+    File::open(&dir)
+        .and_then(|d| d.sync_all())
+        .map_err(err("fsync", &dir))?;
     Ok(())
 }
 
@@ -186,7 +209,10 @@ mod tests {
     use crate::ipam::alloc::Key;
 
     fn key(id: &str) -> Key {
-        Key { container_id: id.into(), ifname: "eth0".into() }
+        Key {
+            container_id: id.into(),
+            ifname: "eth0".into(),
+        }
     }
 
     #[test]
@@ -195,7 +221,9 @@ mod tests {
         let file = StateFile::new(dir.path().join("sub/ipam.json"));
         let net: Ipv4Net = "10.244.5.0/24".parse().expect("net");
         let v6: Ipv6Net = "fd00:5::/64".parse().expect("net");
-        let mut a = file.load(Some(net), Some(v6)).expect("missing file is empty");
+        let mut a = file
+            .load(Some(net), Some(v6))
+            .expect("missing file is empty");
         assert!(a.is_empty());
         for id in ["a", "b", "c"] {
             a.allocate(&key(id)).expect("alloc");
@@ -203,7 +231,10 @@ mod tests {
         a.release(&key("b"));
         file.save(&a).expect("save");
         let mode = fs::metadata(file.path()).expect("stat");
-        assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777, 0o600);
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+            0o600
+        );
         let mut b = file.load(Some(net), Some(v6)).expect("load");
         assert_eq!(b, a);
         // The cursor survived: the next address is .5, not b's released .3.
@@ -227,21 +258,37 @@ mod tests {
         let cases: [(&str, &str); 6] = [
             ("{\"version\":1,\"allocations\":[", "EOF"),
             ("[]", "invalid type"),
-            ("{\"version\":2,\"allocations\":[]}", "unsupported version 2"),
-            ("{\"version\":1,\"allocations\":[],\"extra\":1}", "unknown field `extra`"),
+            (
+                "{\"version\":2,\"allocations\":[]}",
+                "unsupported version 2",
+            ),
+            (
+                "{\"version\":1,\"allocations\":[],\"extra\":1}",
+                "unknown field `extra`",
+            ),
             (
                 "{\"version\":1,\"allocations\":[{\"containerID\":\"a\",\"ifname\":\"eth0\",\"ipv4\":\"10.244.5.2\"},{\"containerID\":\"b\",\"ifname\":\"eth0\",\"ipv4\":\"10.244.5.2\"}]}",
                 "duplicate address 10.244.5.2",
             ),
-            ("{\"version\":1,\"allocations\":[{\"containerID\":\"a\",\"ifname\":\"eth0\",\"ipv4\":\"10.244.5.300\"}]}", "invalid"),
+            (
+                "{\"version\":1,\"allocations\":[{\"containerID\":\"a\",\"ifname\":\"eth0\",\"ipv4\":\"10.244.5.300\"}]}",
+                "invalid",
+            ),
         ];
         for (text, want) in cases {
             fs::write(&path, text).expect("write");
             let e = file.load(net, None).expect_err(text);
             let msg = e.to_string();
             assert!(matches!(e, StateError::Corrupt { .. }), "{msg}");
-            assert!(msg.contains(want) && msg.contains("ipam.json"), "{text}: {msg}");
-            assert_eq!(fs::read_to_string(&path).expect("read"), text, "file untouched");
+            assert!(
+                msg.contains(want) && msg.contains("ipam.json"),
+                "{text}: {msg}"
+            );
+            assert_eq!(
+                fs::read_to_string(&path).expect("read"),
+                text,
+                "file untouched"
+            );
         }
     }
 }

@@ -11,7 +11,9 @@ use super::*;
 
 async fn call(socket: &Path, line: &str) -> Response {
     let mut s = UnixStream::connect(socket).await.expect("connect");
-    s.write_all(format!("{line}\n").as_bytes()).await.expect("write");
+    s.write_all(format!("{line}\n").as_bytes())
+        .await
+        .expect("write");
     let mut r = BufReader::new(s);
     let mut out = String::new();
     r.read_line(&mut out).await.expect("read");
@@ -30,10 +32,20 @@ fn default_paths_follow_the_subnet_file() {
     let p = paths(Path::new("/tmp/x/n1.env"), None, None).expect("enabled");
     assert_eq!(p.socket, Path::new("/tmp/x/n1.weft.sock"));
     assert_eq!(p.state, Path::new("/tmp/x/n1.weft-ipam.json"));
-    let p = paths(Path::new("/a/subnet.env"), Some(Path::new("/s/api.sock")), Some(Path::new("/d/st.json")))
-        .expect("enabled");
-    assert_eq!((p.socket.as_path(), p.state.as_path()), (Path::new("/s/api.sock"), Path::new("/d/st.json")));
-    assert_eq!(paths(Path::new("/a/subnet.env"), Some(Path::new("")), None), None);
+    let p = paths(
+        Path::new("/a/subnet.env"),
+        Some(Path::new("/s/api.sock")),
+        Some(Path::new("/d/st.json")),
+    )
+    .expect("enabled");
+    assert_eq!(
+        (p.socket.as_path(), p.state.as_path()),
+        (Path::new("/s/api.sock"), Path::new("/d/st.json"))
+    );
+    assert_eq!(
+        paths(Path::new("/a/subnet.env"), Some(Path::new("")), None),
+        None
+    );
 }
 
 #[tokio::test]
@@ -42,15 +54,28 @@ async fn serves_persists_and_survives_a_restart() {
     let socket = dir.path().join("weft.sock");
     let state = dir.path().join("state/ipam.json");
     let net = Some("10.244.7.0/24".parse().expect("net"));
-    let server = server::serve(&socket, &state, net, None).await.expect("serve");
-    let mode = std::fs::metadata(&socket).expect("stat").permissions().mode();
+    let server = server::serve(&socket, &state, net, None)
+        .await
+        .expect("serve");
+    let mode = std::fs::metadata(&socket)
+        .expect("stat")
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o600, "root-only socket");
 
     let a = call(&socket, &alloc("a")).await;
     assert!(a.ok, "{a:?}");
     let ip_a = a.allocation.as_ref().and_then(|x| x.ipv4).expect("v4");
-    assert_eq!(call(&socket, &alloc("a")).await.allocation, a.allocation, "idempotent");
-    let b = call(&socket, &alloc("b")).await.allocation.and_then(|x| x.ipv4).expect("v4");
+    assert_eq!(
+        call(&socket, &alloc("a")).await.allocation,
+        a.allocation,
+        "idempotent"
+    );
+    let b = call(&socket, &alloc("b"))
+        .await
+        .allocation
+        .and_then(|x| x.ipv4)
+        .expect("v4");
     assert_ne!(ip_a, b);
     let status = call(&socket, r#"{"op":"status"}"#).await;
     assert_eq!(status.subnet, net);
@@ -61,16 +86,24 @@ async fn serves_persists_and_survives_a_restart() {
         .await
         .expect("write");
     let mut lines = BufReader::new(s).lines();
-    let list: Response = serde_json::from_str(&lines.next_line().await.expect("read").expect("line")).expect("json");
+    let list: Response =
+        serde_json::from_str(&lines.next_line().await.expect("read").expect("line")).expect("json");
     assert_eq!(list.allocations.map(|l| l.len()), Some(2));
-    let bad: Response = serde_json::from_str(&lines.next_line().await.expect("read").expect("line")).expect("json");
+    let bad: Response =
+        serde_json::from_str(&lines.next_line().await.expect("read").expect("line")).expect("json");
     assert_eq!(bad.error.map(|e| e.kind), Some(ErrorKind::Invalid));
-    let none: Response = serde_json::from_str(&lines.next_line().await.expect("read").expect("line")).expect("json");
-    assert!(none.ok && none.allocation.is_none(), "releasing an unknown key is a no-op");
+    let none: Response =
+        serde_json::from_str(&lines.next_line().await.expect("read").expect("line")).expect("json");
+    assert!(
+        none.ok && none.allocation.is_none(),
+        "releasing an unknown key is a no-op"
+    );
 
     // An oversized request is refused and the connection closed.
     let mut s = UnixStream::connect(&socket).await.expect("connect");
-    s.write_all(&vec![b'x'; proto::MAX_REQUEST + 100]).await.expect("write");
+    s.write_all(&vec![b'x'; proto::MAX_REQUEST + 100])
+        .await
+        .expect("write");
     let mut out = String::new();
     BufReader::new(s).read_line(&mut out).await.expect("read");
     assert!(out.contains("longer than"), "{out}");
@@ -78,14 +111,30 @@ async fn serves_persists_and_survives_a_restart() {
     // Restart: a holds its address, nothing is handed out twice.
     drop(server);
     assert!(!socket.exists(), "socket removed on drop");
-    let _server = server::serve(&socket, &state, net, None).await.expect("serve again");
-    let again = call(&socket, &alloc("a")).await.allocation.and_then(|x| x.ipv4);
+    let _server = server::serve(&socket, &state, net, None)
+        .await
+        .expect("serve again");
+    let again = call(&socket, &alloc("a"))
+        .await
+        .allocation
+        .and_then(|x| x.ipv4);
     assert_eq!(again, Some(ip_a));
-    let c = call(&socket, &alloc("c")).await.allocation.and_then(|x| x.ipv4).expect("v4");
+    let c = call(&socket, &alloc("c"))
+        .await
+        .allocation
+        .and_then(|x| x.ipv4)
+        .expect("v4");
     assert!(c != ip_a && c != b);
-    let released = call(&socket, r#"{"op":"release","containerID":"a","ifname":"eth0"}"#).await;
+    let released = call(
+        &socket,
+        r#"{"op":"release","containerID":"a","ifname":"eth0"}"#,
+    )
+    .await;
     assert_eq!(released.allocation.and_then(|x| x.ipv4), Some(ip_a));
-    let list = call(&socket, r#"{"op":"list"}"#).await.allocations.expect("list");
+    let list = call(&socket, r#"{"op":"list"}"#)
+        .await
+        .allocations
+        .expect("list");
     let ids: Vec<&str> = list.iter().map(|x| x.container_id.as_str()).collect();
     assert_eq!(ids, vec!["b", "c"]);
 }
@@ -96,17 +145,32 @@ async fn corrupt_state_refuses_to_allocate() {
     let socket = dir.path().join("weft.sock");
     let state = dir.path().join("ipam.json");
     std::fs::write(&state, "{\"version\":1,\"allocations\":[{\"containerID\":").expect("write");
-    let _server = server::serve(&socket, &state, Some("10.244.7.0/24".parse().expect("net")), None)
-        .await
-        .expect("serve");
-    for req in [alloc("a").as_str(), r#"{"op":"status"}"#, r#"{"op":"list"}"#] {
+    let _server = server::serve(
+        &socket,
+        &state,
+        Some("10.244.7.0/24".parse().expect("net")),
+        None,
+    )
+    .await
+    .expect("serve");
+    for req in [
+        alloc("a").as_str(),
+        r#"{"op":"status"}"#,
+        r#"{"op":"list"}"#,
+    ] {
         let r = call(&socket, req).await;
         let e = r.error.expect("error");
         assert_eq!(e.kind, ErrorKind::Unavailable);
-        assert!(e.message.contains("is corrupt") && e.message.contains("ipam.json"), "{}", e.message);
+        assert!(
+            e.message.contains("is corrupt") && e.message.contains("ipam.json"),
+            "{}",
+            e.message
+        );
     }
     assert!(
-        std::fs::read_to_string(&state).expect("read").starts_with("{\"version\":1,\"allocations\":[{"),
+        std::fs::read_to_string(&state)
+            .expect("read")
+            .starts_with("{\"version\":1,\"allocations\":[{"),
         "the corrupt file is kept for the operator"
     );
 }

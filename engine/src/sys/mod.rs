@@ -1,5 +1,6 @@
 //! The only place with `unsafe`: raw syscalls for the TUN device and batched UDP.
 
+pub mod event;
 pub mod tun;
 pub mod udp;
 

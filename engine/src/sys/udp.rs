@@ -38,6 +38,8 @@ pub struct TxMsg {
 pub struct RxMeta {
     /// Outer source address.
     pub src: IpAddr,
+    /// Outer source port.
+    pub src_port: u16,
     /// Bytes received.
     pub len: usize,
     /// Segment size when the kernel coalesced several datagrams (`UDP_GRO`), else `len`.
@@ -48,6 +50,7 @@ impl Default for RxMeta {
     fn default() -> Self {
         RxMeta {
             src: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            src_port: 0,
             len: 0,
             stride: 0,
         }
@@ -115,6 +118,26 @@ impl Udp {
     /// Raw descriptor (for poll).
     pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// Attaches a classic BPF program to this socket's `SO_REUSEPORT` group
+    /// (`SO_ATTACH_REUSEPORT_CBPF`): it runs on the UDP payload and returns the
+    /// index of the receiving socket in bind order (out of range: the kernel
+    /// falls back to its hash).
+    pub fn attach_reuseport_cbpf(&self, prog: &[libc::sock_filter]) -> io::Result<()> {
+        let fprog = libc::sock_fprog {
+            len: u16::try_from(prog.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+            filter: prog.as_ptr().cast_mut(),
+        };
+        let len = libc::socklen_t::try_from(size_of::<libc::sock_fprog>()).unwrap_or(16);
+        syscall!(setsockopt(
+            self.fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_REUSEPORT_CBPF,
+            (&fprog as *const libc::sock_fprog).cast(),
+            len
+        ))
+        .map(drop)
     }
 
     /// Enables `UDP_GRO`; returns whether the kernel accepted it.
@@ -231,8 +254,10 @@ impl Udp {
                     c = libc::CMSG_NXTHDR(h, c);
                 }
             }
+            let (src, src_port) = read_sockaddr(&names[i]);
             meta[i] = RxMeta {
-                src: read_sockaddr(&names[i]),
+                src,
+                src_port,
                 len,
                 stride: stride.max(1),
             };
@@ -274,20 +299,26 @@ fn write_sockaddr(out: &mut libc::sockaddr_in6, addr: SocketAddr) -> libc::sockl
     }
 }
 
-fn read_sockaddr(s: &libc::sockaddr_storage) -> IpAddr {
+fn read_sockaddr(s: &libc::sockaddr_storage) -> (IpAddr, u16) {
     match libc::c_int::from(s.ss_family) {
         libc::AF_INET => {
             // SAFETY: ss_family says this storage holds a sockaddr_in.
             let a = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
-            IpAddr::V4(Ipv4Addr::from(a.sin_addr.s_addr.to_ne_bytes()))
+            (
+                IpAddr::V4(Ipv4Addr::from(a.sin_addr.s_addr.to_ne_bytes())),
+                u16::from_be(a.sin_port),
+            )
         }
         libc::AF_INET6 => {
             // SAFETY: ss_family says this storage holds a sockaddr_in6.
             let a = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
             let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
             // A v4-mapped source can only come from a dual-stack socket; report it as v4.
-            ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4)
+            (
+                ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4),
+                u16::from_be(a.sin6_port),
+            )
         }
-        _ => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        _ => (IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
     }
 }

@@ -1,0 +1,217 @@
+//! Kernel vxlan against the fake netlink: the exact requests flannel makes.
+
+use std::net::IpAddr;
+
+use super::*;
+use crate::backend::test_util::{block_on, ext, fake, lease};
+use crate::backend::vxlan::Vxlan;
+use crate::backend::EngineTuning;
+use crate::netlink::{FakeNetlink, Netlink, Op, VxlanAttrs};
+
+fn opts(direct: bool) -> VxlanOptions {
+    VxlanOptions { vni: 1, port: 0, mtu: 0, gbp: false, learning: false, direct_routing: direct }
+}
+
+const PEER_MAC: [u8; 6] = [0x0e, 0xaa, 0xbb, 0xcc, 0xdd, 0x02];
+
+fn peer(subnet: &str, public: &str) -> Lease {
+    lease(subnet, public, "vxlan", Some(&backend_data(1, PEER_MAC)))
+}
+
+/// A backend set up for 10.244.1.0/24 on the fake; returns it, the fake and the device index.
+async fn up(direct: bool) -> (KernelVxlan, Arc<FakeNetlink>, u32) {
+    let f = fake(&["vxlan"], false);
+    let mut b = KernelVxlan::new(opts(direct), true, false, f.clone());
+    let attrs = b.lease_attrs(&ext(), None).await.expect("attrs");
+    let mut own = lease("10.244.1.0/24", "192.0.2.1", "vxlan", None);
+    own.attrs = attrs;
+    assert_eq!(b.setup(&own).await.expect("setup"), 1450);
+    let index = f.links().values().find(|d| d.link.name == "flannel.1").expect("device").link.index;
+    (b, f, index)
+}
+
+#[test]
+fn device_is_created_as_flannel_does() {
+    block_on(async {
+        let (_b, f, idx) = up(false).await;
+        let mac = derive_mac("192.0.2.1".parse().expect("ip"), 1, 4);
+        assert_eq!(
+            f.ops(),
+            vec![
+                Op::AddLink(LinkSpec::Vxlan(VxlanLink {
+                    name: "flannel.1".into(),
+                    vni: 1,
+                    vtep_index: 2,
+                    local: "192.0.2.1".parse().expect("ip"),
+                    port: 0,
+                    learning: false,
+                    gbp: false,
+                    mtu: 1450,
+                    mac,
+                })),
+                Op::Sysctl("net/ipv6/conf/flannel.1/accept_ra".into(), "0".into()),
+                Op::AddAddr(idx, "10.244.1.0/32".parse().expect("net")),
+                Op::LinkUp(idx, None),
+            ]
+        );
+    });
+}
+
+#[test]
+fn lease_is_byte_identical_to_the_userspace_backend() {
+    block_on(async {
+        let f = fake(&["vxlan"], false);
+        let nl = Netlink::connect().expect("netlink socket");
+        let tuning = EngineTuning { workers: 1, offload: false, anti_spoof: true };
+        let mut k = KernelVxlan::new(opts(false), true, false, f.clone());
+        let mut u = Vxlan::new(opts(false), true, false, tuning, nl);
+        let (ka, ua) = (k.lease_attrs(&ext(), None).await.expect("k"), u.lease_attrs(&ext(), None).await.expect("u"));
+        assert_eq!(ka, ua);
+        assert_eq!(ka.to_json(), ua.to_json());
+        // With a previous lease, both keep its MAC.
+        let prev = lease("10.244.1.0/24", "192.0.2.1", "vxlan", Some(&backend_data(1, PEER_MAC)));
+        let (ka, ua) = (k.lease_attrs(&ext(), Some(&prev)).await.expect("k"), u.lease_attrs(&ext(), Some(&prev)).await.expect("u"));
+        assert_eq!(ka.backend_data.as_deref(), Some(r#"{"VNI":1,"VtepMAC":"0e:aa:bb:cc:dd:02"}"#));
+        assert_eq!(ka, ua);
+    });
+}
+
+#[test]
+fn peer_gets_neighbour_fdb_and_onlink_route_in_order_and_loses_them() {
+    block_on(async {
+        let (mut b, f, idx) = up(false).await;
+        f.take_ops();
+        let p = peer("10.244.2.0/24", "192.0.2.2");
+        b.apply(&Change::Add(p.clone())).await.expect("add");
+        let gw: IpAddr = "10.244.2.0".parse().expect("ip");
+        let neigh = Neigh { index: idx, ip: gw, mac: PEER_MAC };
+        let fdb = Fdb { index: idx, mac: PEER_MAC, dst: "192.0.2.2".parse().expect("ip") };
+        let route = Route {
+            dst: "10.244.2.0/24".parse().expect("net"),
+            gateway: Some(gw),
+            oif: Some(idx),
+            onlink: true,
+            scope_link: false,
+        };
+        assert_eq!(
+            f.take_ops(),
+            vec![Op::NeighReplace(neigh.clone()), Op::FdbReplace(fdb.clone()), Op::RouteReplace(route.clone())]
+        );
+        b.apply(&Change::Remove(p)).await.expect("remove");
+        assert_eq!(f.take_ops(), vec![Op::NeighDel(neigh), Op::FdbDel(fdb), Op::RouteDel(route)]);
+        assert!(f.routes().is_empty() && f.all_neighs().is_empty() && f.all_fdbs().is_empty());
+    });
+}
+
+#[test]
+fn other_backend_types_and_bad_data_are_ignored() {
+    block_on(async {
+        let (mut b, f, _) = up(false).await;
+        f.take_ops();
+        b.apply(&Change::Add(lease("10.244.3.0/24", "192.0.2.3", "host-gw", None))).await.expect("apply");
+        b.apply(&Change::Add(lease("10.244.4.0/24", "192.0.2.4", "vxlan", Some(r#"{"VNI":1}"#)))).await.expect("apply");
+        assert_eq!(f.take_ops(), vec![]);
+    });
+}
+
+#[test]
+fn direct_routing_uses_a_plain_route_for_on_link_peers_only() {
+    block_on(async {
+        let (mut b, f, idx) = up(true).await;
+        f.take_ops();
+        b.apply(&Change::Add(peer("10.244.2.0/24", "192.0.2.2"))).await.expect("add");
+        let direct = Route {
+            dst: "10.244.2.0/24".parse().expect("net"),
+            gateway: Some("192.0.2.2".parse().expect("ip")),
+            oif: None,
+            onlink: false,
+            scope_link: false,
+        };
+        assert_eq!(f.take_ops(), vec![Op::RouteReplace(direct.clone())]);
+        // A peer behind a router gets the three vxlan entries.
+        b.apply(&Change::Add(peer("10.244.3.0/24", "198.51.100.3"))).await.expect("add");
+        let ops = f.take_ops();
+        assert_eq!(ops.len(), 3, "{ops:?}");
+        assert!(matches!(&ops[2], Op::RouteReplace(r) if r.oif == Some(idx) && r.onlink));
+        b.apply(&Change::Remove(peer("10.244.2.0/24", "192.0.2.2"))).await.expect("remove");
+        assert_eq!(f.take_ops(), vec![Op::RouteDel(direct)]);
+    });
+}
+
+#[test]
+fn reconcile_restores_deleted_neighbour_fdb_and_route() {
+    block_on(async {
+        let (mut b, f, _) = up(false).await;
+        b.apply(&Change::Add(peer("10.244.2.0/24", "192.0.2.2"))).await.expect("add");
+        let (routes, neighs, fdbs) = (f.routes(), f.all_neighs(), f.all_fdbs());
+        b.reconcile().await.expect("reconcile");
+        f.take_ops();
+        b.reconcile().await.expect("reconcile");
+        assert!(f.take_ops().is_empty(), "nothing missing, nothing written");
+        f.forget_route("10.244.2.0/24".parse().expect("net"));
+        f.forget_neigh("10.244.2.0".parse().expect("ip"));
+        f.forget_fdb("192.0.2.2".parse().expect("ip"));
+        b.reconcile().await.expect("reconcile");
+        assert_eq!((f.routes(), f.all_neighs(), f.all_fdbs()), (routes, neighs, fdbs));
+        assert_eq!(f.take_ops().len(), 3);
+    });
+}
+
+#[test]
+fn deleted_device_is_recreated_with_its_peers() {
+    block_on(async {
+        let (mut b, f, idx) = up(false).await;
+        b.apply(&Change::Add(peer("10.244.2.0/24", "192.0.2.2"))).await.expect("add");
+        f.delete_link(idx).await.expect("delete by hand");
+        assert!(f.routes().is_empty());
+        b.reconcile().await.expect("reconcile");
+        let new = f.links().values().find(|d| d.link.name == "flannel.1").expect("recreated").link.index;
+        assert_ne!(new, idx);
+        assert_eq!(f.routes().len(), 1);
+        assert_eq!(f.routes()[0].oif, Some(new));
+        assert_eq!(f.all_fdbs().len(), 1);
+        assert_eq!(f.all_neighs()[0].index, new);
+    });
+}
+
+#[test]
+fn compatible_device_is_reused_and_incompatible_recreated() {
+    block_on(async {
+        let mac = derive_mac("192.0.2.1".parse().expect("ip"), 1, 4);
+        let attrs = |vni| VxlanAttrs {
+            vni,
+            vtep_index: 2,
+            local: Some("192.0.2.1".parse().expect("ip")),
+            port: 8472,
+            ..Default::default()
+        };
+        for (vni, reused) in [(1, true), (2, false)] {
+            let f = fake(&["vxlan"], false);
+            let old = f.insert_link("flannel.1", LinkKind::Vxlan(attrs(vni)), 1450, Some(mac));
+            let mut b = KernelVxlan::new(opts(false), true, false, f.clone());
+            b.lease_attrs(&ext(), None).await.expect("attrs");
+            b.setup(&lease("10.244.1.0/24", "192.0.2.1", "vxlan", None)).await.expect("setup");
+            let ops = f.ops();
+            assert_eq!(!ops.iter().any(|o| matches!(o, Op::AddLink(_))), reused, "vni {vni}: {ops:?}");
+            assert_eq!(ops.contains(&Op::DelLink(old)), !reused);
+        }
+        // A non-vxlan link of that name (e.g. a leftover TUN) is replaced too.
+        let f = fake(&["vxlan"], false);
+        f.insert_link("flannel.1", LinkKind::Tun, 1450, None);
+        let mut b = KernelVxlan::new(opts(false), true, false, f.clone());
+        b.lease_attrs(&ext(), None).await.expect("attrs");
+        b.setup(&lease("10.244.1.0/24", "192.0.2.1", "vxlan", None)).await.expect("setup");
+        assert!(matches!(f.links().values().find(|d| d.link.name == "flannel.1").map(|d| &d.kind), Some(LinkKind::Vxlan(_))));
+    });
+}
+
+#[test]
+fn remove_all_deletes_the_device_but_teardown_keeps_it() {
+    block_on(async {
+        let (mut b, f, idx) = up(false).await;
+        b.teardown().await;
+        assert!(f.links().contains_key(&idx));
+        b.remove_all().await;
+        assert!(!f.links().contains_key(&idx));
+    });
+}

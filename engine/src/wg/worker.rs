@@ -1,0 +1,719 @@
+//! One WireGuard worker: a TUN queue, one socket on the listen port (receive
+//! and send: WireGuard peers learn our endpoint from the source port), the
+//! `Tunn`s of the peers it owns, and its buffers. See [`super`] for the design.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use boringtun::noise::errors::WireGuardError;
+use boringtun::noise::handshake::parse_handshake_anon;
+use boringtun::noise::rate_limiter::RateLimiter;
+use boringtun::noise::{Packet, Tunn, TunnResult};
+use boringtun::x25519;
+
+use super::handoff::{Hub, Inbox, Kind};
+use super::{MIN_DST, OVERHEAD, TIMER_TICK, owner};
+use crate::encap::DropReason;
+use crate::offload::gro::{Gro, Pushed};
+use crate::offload::gso;
+use crate::peers::{PeerTable, WgEntry};
+use crate::stats::{Ctr, Local, Shared};
+use crate::sys::tun::Queue;
+use crate::sys::udp::{BATCH, RxMeta, TxMsg, Udp};
+use crate::wire::{ipv4, vnet};
+
+/// TUN reads per step.
+const TUN_BUDGET: usize = 64;
+/// Handed-off packets processed per step.
+const INBOX_BUDGET: usize = 32;
+const MAX_UDP_PAYLOAD: usize = 65507;
+const MAX_GSO_SEGS: usize = 64;
+/// A TUN read: vnet header + up to 64 KiB.
+pub(crate) const TUN_BUF: usize = vnet::HEADER_LEN + 65536;
+/// Segments of one super-packet (headers repeated per segment).
+const SEG_BUF: usize = 2 * 65536;
+const TX_ARENA: usize = 1 << 20;
+const TX_MSGS: usize = 256;
+const RX_SLOT: usize = 65536;
+const RX_SLOTS: usize = 16;
+
+const _: () = assert!(TX_ARENA + 2 * RX_SLOT * RX_SLOTS + TUN_BUF + SEG_BUF <= 4 << 20);
+const _: () = assert!(RX_SLOTS <= BATCH);
+
+/// Everything a worker needs, moved into its thread.
+pub(crate) struct WgWorker {
+    pub me: usize,
+    pub workers: usize,
+    pub tun: Queue,
+    pub vnet_hdr: bool,
+    pub sock: Udp,
+    pub peers: Arc<ArcSwap<PeerTable>>,
+    pub secret: [u8; 32],
+    pub rate_limiter: Arc<RateLimiter>,
+    pub anti_spoof: bool,
+    pub mtu: usize,
+    pub udp_gso: Arc<AtomicBool>,
+    pub stop: Arc<AtomicBool>,
+    pub shared: Arc<Shared>,
+    pub hub: Arc<Hub>,
+    pub inbox: Inbox,
+}
+
+/// A peer this worker owns.
+struct Owned {
+    key: [u8; 32],
+    psk: Option<[u8; 32]>,
+    keepalive: u16,
+    tunn: Box<Tunn>,
+    /// The endpoint from the lease (a change resets `endpoint`).
+    configured: SocketAddr,
+    /// Where we send: `configured`, or the source of the last authenticated packet.
+    endpoint: SocketAddr,
+}
+
+struct Buffers {
+    seg: Vec<u8>,
+    tx: Vec<u8>,
+    tx_pos: usize,
+    msgs: Vec<TxMsg>,
+    rx: Vec<u8>,
+    plain: Vec<u8>,
+    plain_pos: usize,
+    meta: [RxMeta; RX_SLOTS],
+    gro: Gro,
+}
+
+/// What a `decapsulate` call produced, with the borrow of the output buffer ended.
+enum Decap {
+    Tunnel(usize, IpAddr),
+    Network(usize),
+    Done,
+    Err(DropReason),
+}
+
+fn classify(e: &WireGuardError) -> DropReason {
+    match e {
+        WireGuardError::InvalidMac | WireGuardError::InvalidAeadTag | WireGuardError::WrongKey => {
+            DropReason::BadMac
+        }
+        WireGuardError::DuplicateCounter | WireGuardError::InvalidCounter => DropReason::Replay,
+        WireGuardError::WrongIndex => DropReason::UnknownKey,
+        WireGuardError::InvalidPacket
+        | WireGuardError::IncorrectPacketLength
+        | WireGuardError::WrongPacketType
+        | WireGuardError::DestinationBufferTooSmall => DropReason::Malformed,
+        _ => DropReason::Handshake,
+    }
+}
+
+fn decap_result(r: TunnResult<'_>) -> Decap {
+    match r {
+        TunnResult::Done => Decap::Done,
+        TunnResult::Err(e) => Decap::Err(classify(&e)),
+        TunnResult::WriteToNetwork(p) => Decap::Network(p.len()),
+        TunnResult::WriteToTunnelV4(p, a) => Decap::Tunnel(p.len(), IpAddr::V4(a)),
+        TunnResult::WriteToTunnelV6(p, a) => Decap::Tunnel(p.len(), IpAddr::V6(a)),
+    }
+}
+
+/// The peer id a datagram is addressed to, from its receiver index
+/// (handshake responses, cookie replies, data). `None` for initiations and junk.
+fn receiver_id(d: &[u8]) -> Option<u32> {
+    let at = match d.first()? {
+        2 => 8,
+        3 | 4 => 4,
+        _ => return None,
+    };
+    let b = d.get(at..at + 4)?;
+    Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) >> 8)
+}
+
+impl WgWorker {
+    pub(crate) fn run(self) {
+        let mut tun_buf = vec![0u8; TUN_BUF];
+        let mut b = Buffers {
+            seg: vec![0; SEG_BUF],
+            tx: vec![0; TX_ARENA],
+            tx_pos: 0,
+            msgs: Vec::with_capacity(TX_MSGS),
+            rx: vec![0; RX_SLOT * RX_SLOTS],
+            plain: vec![0; RX_SLOT * RX_SLOTS],
+            plain_pos: 0,
+            meta: [RxMeta::default(); RX_SLOTS],
+            gro: Gro::new(self.mtu),
+        };
+        let mut owned: HashMap<u32, Owned> = HashMap::new();
+        let mut table = self.peers.load_full();
+        self.reconcile(&table, &mut owned);
+        let mut ctr = Local::default();
+        let mut next_tick = Instant::now() + TIMER_TICK;
+        let mut next_reset = Instant::now();
+        while !self.stop.load(Ordering::Relaxed) {
+            let cur = self.peers.load();
+            if !Arc::ptr_eq(&cur, &table) {
+                table = arc_swap::Guard::into_inner(cur);
+                self.reconcile(&table, &mut owned);
+            }
+            let h = self.inbox_step(&table, &mut owned, &mut b, &mut ctr);
+            let a = self.tun_step(&table, &mut owned, &mut tun_buf, &mut b, &mut ctr);
+            let r = self.udp_step(&table, &mut owned, &mut b, &mut ctr);
+            let now = Instant::now();
+            if now >= next_tick {
+                next_tick = now + TIMER_TICK;
+                self.timers(&mut owned, &mut b, &mut ctr);
+            }
+            if self.me == 0 && now >= next_reset {
+                next_reset = now + std::time::Duration::from_secs(1);
+                self.rate_limiter.reset_count();
+            }
+            ctr.publish(&self.shared);
+            if !a && !r && !h {
+                self.wait();
+            }
+        }
+    }
+
+    fn wait(&self) {
+        let fd = |fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let mut fds = [fd(self.tun.raw_fd()), fd(self.sock.raw_fd()), fd(self.inbox.event.raw_fd())];
+        // SAFETY: `fds` is a valid array of three pollfd structs for the duration of the call.
+        unsafe { libc::poll(fds.as_mut_ptr(), 3, 100) };
+        if fds[2].revents != 0 {
+            self.inbox.event.clear();
+        }
+    }
+
+    /// Creates, replaces or drops `Tunn`s so that `owned` matches the peers of
+    /// `table` this worker owns. Runs on table swaps only (control-plane pace).
+    fn reconcile(&self, table: &PeerTable, owned: &mut HashMap<u32, Owned>) {
+        owned.retain(|id, o| table.wg_by_id(*id).is_some_and(|w| w.params.public_key == o.key));
+        for w in table.wg_peers() {
+            if owner(w.id, self.workers) != self.me {
+                continue;
+            }
+            match owned.get_mut(&w.id) {
+                Some(o) if o.psk == w.params.psk && o.keepalive == w.params.keepalive => {
+                    if o.configured != w.endpoint {
+                        o.configured = w.endpoint;
+                        o.endpoint = w.endpoint;
+                    }
+                }
+                _ => {
+                    owned.insert(w.id, self.new_owned(w));
+                }
+            }
+        }
+    }
+
+    fn new_owned(&self, w: &WgEntry) -> Owned {
+        let ka = (w.params.keepalive > 0).then_some(w.params.keepalive);
+        let tunn = Tunn::new(
+            x25519::StaticSecret::from(self.secret),
+            x25519::PublicKey::from(w.params.public_key),
+            w.params.psk,
+            ka,
+            w.id,
+            Some(self.rate_limiter.clone()),
+        );
+        Owned {
+            key: w.params.public_key,
+            psk: w.params.psk,
+            keepalive: w.params.keepalive,
+            tunn: Box::new(tunn),
+            configured: w.endpoint,
+            endpoint: w.endpoint,
+        }
+    }
+
+    // === handoff ===
+
+    fn inbox_step(
+        &self,
+        table: &PeerTable,
+        owned: &mut HashMap<u32, Owned>,
+        b: &mut Buffers,
+        ctr: &mut Local,
+    ) -> bool {
+        let mut any = false;
+        for _ in 0..INBOX_BUDGET {
+            let Ok(mut m) = self.inbox.rx.try_recv() else { break };
+            any = true;
+            match m.kind {
+                Kind::Tun => {
+                    if let Err(r) = self.on_tun_packet(table, owned, &mut m.buf, m.len, b, ctr) {
+                        ctr.drop(r, 1);
+                    }
+                }
+                Kind::Udp { src, stride } => {
+                    let mut off = 0;
+                    while off < m.len {
+                        let l = stride.max(1).min(m.len - off);
+                        self.on_datagram(table, owned, &m.buf[off..off + l], src, b, ctr);
+                        off += l;
+                    }
+                }
+            }
+            self.hub.recycle(m.buf);
+        }
+        if any {
+            self.flush_rx(b, ctr);
+            self.flush_tx(b, ctr);
+        }
+        any
+    }
+
+    fn hand_off(&self, to: usize, kind: Kind, data: &[u8], ctr: &mut Local) {
+        match self.hub.send(to, kind, data) {
+            Ok(()) => ctr.add(Ctr::Handoffs, 1),
+            Err(_) => ctr.drop(DropReason::Backlog, 1),
+        }
+    }
+
+    // === TUN -> UDP ===
+
+    fn tun_step(
+        &self,
+        table: &PeerTable,
+        owned: &mut HashMap<u32, Owned>,
+        tun_buf: &mut [u8],
+        b: &mut Buffers,
+        ctr: &mut Local,
+    ) -> bool {
+        let mut any = false;
+        for _ in 0..TUN_BUDGET {
+            let n = match self.tun.read(tun_buf) {
+                Ok(Some(n)) => n,
+                Ok(None) => break,
+                Err(_) => {
+                    ctr.add(Ctr::IoErrors, 1);
+                    break;
+                }
+            };
+            any = true;
+            ctr.add(Ctr::TunReads, 1);
+            if let Err(r) = self.on_tun_packet(table, owned, tun_buf, n, b, ctr) {
+                ctr.drop(r, 1);
+            }
+        }
+        self.flush_tx(b, ctr);
+        any
+    }
+
+    /// One TUN read `buf[..n]`: route, hand off or segment + encrypt + queue.
+    fn on_tun_packet(
+        &self,
+        table: &PeerTable,
+        owned: &mut HashMap<u32, Owned>,
+        buf: &mut [u8],
+        n: usize,
+        b: &mut Buffers,
+        ctr: &mut Local,
+    ) -> Result<(), DropReason> {
+        let (hdr, off) = match self.vnet_hdr {
+            true => (vnet::VnetHdr::parse(&buf[..n]).ok_or(DropReason::Malformed)?, vnet::HEADER_LEN),
+            false => (vnet::VnetHdr::default(), 0),
+        };
+        let pkt = &buf[off..n];
+        let entry = match pkt.first().map(|v| v >> 4) {
+            Some(4) if pkt.len() >= ipv4::HEADER_LEN => {
+                table.lookup_v4([pkt[16], pkt[17], pkt[18], pkt[19]])
+            }
+            Some(6) if pkt.len() >= 40 => {
+                let mut d = [0; 16];
+                d.copy_from_slice(&pkt[24..40]);
+                table.lookup_v6(d)
+            }
+            _ => return Err(DropReason::Malformed),
+        };
+        let w = entry
+            .and_then(|e| e.wg)
+            .and_then(|i| table.wg_peers().get(i))
+            .ok_or(DropReason::NoRoute)?;
+        let home = owner(w.id, self.workers);
+        if home != self.me {
+            self.hand_off(home, Kind::Tun, &buf[..n], ctr);
+            return Ok(());
+        }
+        let peer = owned.get_mut(&w.id).ok_or(DropReason::NoRoute)?;
+        let gso_type = hdr.gso_type & !vnet::GSO_ECN;
+        if matches!(gso_type, vnet::GSO_TCPV4 | vnet::GSO_TCPV6) && hdr.gso_size > 0 {
+            let gs = usize::from(hdr.gso_size);
+            let segs = gso::tcp_segment(&buf[off..n], gs, 0, &mut b.seg)?;
+            ctr.add(Ctr::GsoSuperPackets, 1);
+            for i in 0..segs.count {
+                let len = if i + 1 == segs.count { segs.last_len } else { segs.stride };
+                let s = i * segs.stride;
+                self.encrypt(peer, SegSrc::Seg(s, len), b, ctr);
+            }
+        } else {
+            if gso_type != vnet::GSO_NONE {
+                return Err(DropReason::Malformed);
+            }
+            let pkt = &mut buf[off..n];
+            if hdr.flags & vnet::F_NEEDS_CSUM != 0 {
+                gso::complete_checksum(pkt, usize::from(hdr.csum_start), usize::from(hdr.csum_offset))?;
+            }
+            if pkt.len() + OVERHEAD > MAX_UDP_PAYLOAD {
+                return Err(DropReason::Mtu);
+            }
+            self.encrypt(peer, SegSrc::Ext(pkt), b, ctr);
+        }
+        Ok(())
+    }
+
+    /// Encrypts one inner packet for `peer` into the TX arena and queues it.
+    fn encrypt(&self, peer: &mut Owned, src: SegSrc<'_>, b: &mut Buffers, ctr: &mut Local) {
+        let len = match src {
+            SegSrc::Seg(_, l) => l,
+            SegSrc::Ext(p) => p.len(),
+        };
+        let need = (len + OVERHEAD).max(MIN_DST);
+        if b.tx_pos + need > b.tx.len() || b.msgs.len() + 1 > TX_MSGS {
+            self.flush_tx(b, ctr);
+        }
+        let start = b.tx_pos;
+        let plain = match src {
+            SegSrc::Seg(s, l) => &b.seg[s..s + l],
+            SegSrc::Ext(p) => p,
+        };
+        let out = match peer.tunn.encapsulate(plain, &mut b.tx[start..start + need]) {
+            TunnResult::WriteToNetwork(p) => p.len(),
+            TunnResult::Done => return,
+            TunnResult::Err(e) => {
+                ctr.drop(classify(&e), 1);
+                return;
+            }
+            TunnResult::WriteToTunnelV4(..) | TunnResult::WriteToTunnelV6(..) => return,
+        };
+        // A handshake initiation instead of data means the packet was queued.
+        if out == len + OVERHEAD {
+            ctr.add(Ctr::TxPackets, 1);
+            ctr.add(Ctr::TxBytes, len as u64);
+        }
+        self.queue(b, peer.endpoint, start, out);
+        b.tx_pos += out;
+    }
+
+    /// Appends `tx[start..start+len]` to the last message when it extends an
+    /// equal-size train to the same destination (UDP GSO), else starts a new one.
+    fn queue(&self, b: &mut Buffers, dst: SocketAddr, start: usize, len: usize) {
+        if self.udp_gso.load(Ordering::Relaxed)
+            && let Some(m) = b.msgs.last_mut()
+        {
+            let seg = usize::from(m.segment);
+            if m.dst == dst
+                && seg > 0
+                && m.start + m.len == start
+                && m.len % seg == 0
+                && len <= seg
+                && m.len + len <= MAX_UDP_PAYLOAD
+                && m.len / seg < MAX_GSO_SEGS
+            {
+                m.len += len;
+                return;
+            }
+        }
+        let segment = u16::try_from(len).unwrap_or(0);
+        b.msgs.push(TxMsg { dst, start, len, segment });
+    }
+
+    fn flush_tx(&self, b: &mut Buffers, ctr: &mut Local) {
+        let mut i = 0;
+        while i < b.msgs.len() {
+            ctr.add(Ctr::UdpSends, 1);
+            let end = (i + BATCH).min(b.msgs.len());
+            match self.sock.send_batch(&b.msgs[i..end], &b.tx) {
+                Ok(0) => {
+                    ctr.add(Ctr::UdpSendErrors, (b.msgs.len() - i) as u64);
+                    break;
+                }
+                Ok(k) => i += k,
+                Err(e) => {
+                    let m = b.msgs[i];
+                    if e.raw_os_error() == Some(libc::EIO) && usize::from(m.segment) < m.len {
+                        // The egress device cannot checksum a GSO train: turn GSO off, resend split.
+                        self.udp_gso.store(false, Ordering::Relaxed);
+                        let seg = usize::from(m.segment).max(1);
+                        let mut off = 0;
+                        while off < m.len {
+                            let len = seg.min(m.len - off);
+                            let one = [TxMsg { dst: m.dst, start: m.start + off, len, segment: 0 }];
+                            if self.sock.send_batch(&one, &b.tx).is_err() {
+                                ctr.add(Ctr::UdpSendErrors, 1);
+                            }
+                            off += len;
+                        }
+                    } else if e.raw_os_error() == Some(libc::EMSGSIZE) {
+                        ctr.drop(DropReason::Mtu, 1);
+                    } else {
+                        ctr.add(Ctr::UdpSendErrors, 1);
+                    }
+                    i += 1;
+                }
+            }
+        }
+        b.msgs.clear();
+        b.tx_pos = 0;
+    }
+
+    fn timers(&self, owned: &mut HashMap<u32, Owned>, b: &mut Buffers, ctr: &mut Local) {
+        for o in owned.values_mut() {
+            if b.tx_pos + MIN_DST > b.tx.len() || b.msgs.len() + 1 > TX_MSGS {
+                self.flush_tx(b, ctr);
+            }
+            let start = b.tx_pos;
+            if let TunnResult::WriteToNetwork(p) = o.tunn.update_timers(&mut b.tx[start..]) {
+                let len = p.len();
+                self.queue(b, o.endpoint, start, len);
+                b.tx_pos += len;
+            }
+        }
+        self.flush_tx(b, ctr);
+    }
+
+    // === UDP -> TUN ===
+
+    fn udp_step(
+        &self,
+        table: &PeerTable,
+        owned: &mut HashMap<u32, Owned>,
+        b: &mut Buffers,
+        ctr: &mut Local,
+    ) -> bool {
+        let got = match self.sock.recv_batch(&mut b.rx, RX_SLOT, &mut b.meta) {
+            Ok(0) => return false,
+            Ok(g) => g,
+            Err(_) => {
+                ctr.add(Ctr::IoErrors, 1);
+                return false;
+            }
+        };
+        ctr.add(Ctr::UdpRecvs, 1);
+        // Take the receive arena out so that segments can be borrowed while `b` is mutated.
+        let rx = std::mem::take(&mut b.rx);
+        for i in 0..got {
+            let m = b.meta[i];
+            let base = i * RX_SLOT;
+            let len = m.len.min(RX_SLOT);
+            let src = SocketAddr::new(m.src, m.src_port);
+            if len == 0 {
+                ctr.drop(DropReason::Malformed, 1);
+                continue;
+            }
+            let first = &rx[base..base + m.stride.min(len)];
+            let home = match receiver_id(first) {
+                Some(id) => owner(id, self.workers),
+                None => self.me,
+            };
+            if home != self.me {
+                self.hand_off(home, Kind::Udp { src, stride: m.stride }, &rx[base..base + len], ctr);
+                continue;
+            }
+            let mut off = 0;
+            while off < len {
+                let seg_len = m.stride.min(len - off);
+                self.on_datagram(table, owned, &rx[base + off..base + off + seg_len], src, b, ctr);
+                off += seg_len;
+            }
+        }
+        b.rx = rx;
+        self.flush_rx(b, ctr);
+        self.flush_tx(b, ctr);
+        true
+    }
+
+    /// One WireGuard message from `src`.
+    fn on_datagram(
+        &self,
+        table: &PeerTable,
+        owned: &mut HashMap<u32, Owned>,
+        d: &[u8],
+        src: SocketAddr,
+        b: &mut Buffers,
+        ctr: &mut Local,
+    ) {
+        let id = match receiver_id(d) {
+            Some(id) => id,
+            None => match self.initiator(table, d, src, b, ctr) {
+                Some(id) => id,
+                None => return,
+            },
+        };
+        let home = owner(id, self.workers);
+        if home != self.me {
+            self.hand_off(home, Kind::Udp { src, stride: d.len() }, d, ctr);
+            return;
+        }
+        let Some(peer) = owned.get_mut(&id) else {
+            ctr.drop(DropReason::UnknownKey, 1);
+            return;
+        };
+        let data = d.first() == Some(&4);
+        let res = if data {
+            if b.plain_pos + d.len() > b.plain.len() {
+                self.flush_rx(b, ctr);
+            }
+            let s = b.plain_pos;
+            decap_result(peer.tunn.decapsulate(Some(src.ip()), d, &mut b.plain[s..]))
+        } else {
+            if b.tx_pos + MIN_DST.max(d.len()) > b.tx.len() || b.msgs.len() + 1 > TX_MSGS {
+                self.flush_tx(b, ctr);
+            }
+            let s = b.tx_pos;
+            decap_result(peer.tunn.decapsulate(Some(src.ip()), d, &mut b.tx[s..]))
+        };
+        match res {
+            Decap::Tunnel(len, inner_src) => {
+                let allowed = table.wg_by_id(id).is_some_and(|w| w.allowed.iter().any(|n| n.contains(&inner_src)));
+                if self.anti_spoof && !allowed {
+                    ctr.drop(DropReason::SpoofedSource, 1);
+                    return;
+                }
+                peer.endpoint = src;
+                let start = b.plain_pos;
+                b.plain_pos += len;
+                ctr.add(Ctr::RxPackets, 1);
+                ctr.add(Ctr::RxBytes, len as u64);
+                self.deliver(b, start, len, ctr);
+            }
+            Decap::Network(len) => {
+                // A handshake answer (boringtun answers data with nothing).
+                peer.endpoint = src;
+                if !data {
+                    let start = b.tx_pos;
+                    self.queue(b, src, start, len);
+                    b.tx_pos += len;
+                }
+                // Then what boringtun queued while it had no session.
+                self.drain_queued(peer, b, ctr);
+            }
+            Decap::Done => {}
+            Decap::Err(r) => ctr.drop(r, 1),
+        }
+    }
+
+    /// Sends the packets boringtun queued while it had no session.
+    fn drain_queued(&self, peer: &mut Owned, b: &mut Buffers, ctr: &mut Local) {
+        loop {
+            if b.tx_pos + RX_SLOT > b.tx.len() || b.msgs.len() + 1 > TX_MSGS {
+                self.flush_tx(b, ctr);
+            }
+            let s = b.tx_pos;
+            match peer.tunn.decapsulate(None, &[], &mut b.tx[s..s + RX_SLOT]) {
+                TunnResult::WriteToNetwork(p) => {
+                    let len = p.len();
+                    self.queue(b, peer.endpoint, s, len);
+                    b.tx_pos += len;
+                    ctr.add(Ctr::TxPackets, 1);
+                }
+                _ => break,
+            }
+        }
+    }
+
+    /// A handshake initiation (or junk): verifies MAC1 (answering with a
+    /// cookie reply under load) and finds the initiator's id by its static key.
+    fn initiator(
+        &self,
+        table: &PeerTable,
+        d: &[u8],
+        src: SocketAddr,
+        b: &mut Buffers,
+        ctr: &mut Local,
+    ) -> Option<u32> {
+        let mut cookie = [0u8; 64];
+        let pkt = match self.rate_limiter.verify_packet(Some(src.ip()), d, &mut cookie) {
+            Ok(Packet::HandshakeInit(h)) => h,
+            Ok(_) => {
+                ctr.drop(DropReason::Malformed, 1);
+                return None;
+            }
+            Err(TunnResult::WriteToNetwork(c)) => {
+                let len = c.len();
+                if b.tx_pos + len > b.tx.len() || b.msgs.len() + 1 > TX_MSGS {
+                    self.flush_tx(b, ctr);
+                }
+                let s = b.tx_pos;
+                b.tx[s..s + len].copy_from_slice(&cookie[..len]);
+                self.queue(b, src, s, len);
+                b.tx_pos += len;
+                ctr.drop(DropReason::Handshake, 1);
+                return None;
+            }
+            Err(TunnResult::Err(e)) => {
+                ctr.drop(classify(&e), 1);
+                return None;
+            }
+            Err(_) => {
+                ctr.drop(DropReason::Malformed, 1);
+                return None;
+            }
+        };
+        let secret = x25519::StaticSecret::from(self.secret);
+        let public = x25519::PublicKey::from(&secret);
+        match parse_handshake_anon(&secret, &public, &pkt) {
+            Ok(half) => match table.wg_by_key(&half.peer_static_public) {
+                Some(w) => Some(w.id),
+                None => {
+                    ctr.drop(DropReason::UnknownKey, 1);
+                    None
+                }
+            },
+            Err(e) => {
+                ctr.drop(classify(&e), 1);
+                None
+            }
+        }
+    }
+
+    /// Hands a decrypted packet `plain[start..start+len]` to GRO (or the TUN).
+    fn deliver(&self, b: &mut Buffers, start: usize, len: usize, ctr: &mut Local) {
+        if self.vnet_hdr {
+            if b.gro.push(&b.plain, start, len) == Pushed::Full {
+                self.flush_gro(b, ctr);
+                let _ = b.gro.push(&b.plain, start, len);
+            }
+        } else {
+            let pkt = &mut b.plain[start..start + len];
+            if let Some((cs, co)) = crate::offload::partial_checksum(pkt) {
+                let _ = gso::complete_checksum(pkt, cs, co);
+            }
+            match self.tun.writev(&[std::io::IoSlice::new(pkt)]) {
+                Ok(_) => ctr.add(Ctr::TunWrites, 1),
+                Err(_) => ctr.add(Ctr::TunWriteErrors, 1),
+            }
+        }
+    }
+
+    fn flush_gro(&self, b: &mut Buffers, ctr: &mut Local) {
+        let tun = &self.tun;
+        let (mut ok, mut err) = (0, 0);
+        b.gro.flush(&mut b.plain, |iov| match tun.writev(iov) {
+            Ok(_) => ok += 1,
+            Err(_) => err += 1,
+        });
+        ctr.add(Ctr::TunWrites, ok);
+        ctr.add(Ctr::TunWriteErrors, err);
+        ctr.add(Ctr::GroCoalesced, b.gro.take_coalesced());
+    }
+
+    /// Writes everything decrypted so far and frees the plaintext arena.
+    fn flush_rx(&self, b: &mut Buffers, ctr: &mut Local) {
+        if self.vnet_hdr {
+            self.flush_gro(b, ctr);
+        }
+        b.plain_pos = 0;
+    }
+}
+
+/// Where the plaintext of one packet is: a GSO segment in the scratch buffer,
+/// or a whole packet elsewhere.
+#[derive(Clone, Copy)]
+enum SegSrc<'a> {
+    Seg(usize, usize),
+    Ext(&'a [u8]),
+}

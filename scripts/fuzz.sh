@@ -22,7 +22,7 @@
 #
 # Environment: CARGO_TARGET_DIR (default /work/target-fuzz), FUZZ_WORK
 # (default /work/fuzz-work), FUZZ_SANITIZER (default none; `address` needs
-# RUSTC_BOOTSTRAP=1 or nightly).
+# RUSTC_BOOTSTRAP=1 or nightly), FUZZ_NO_BUILD=1 (`run` uses the last build).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -75,9 +75,17 @@ run)
     mkdir -p "$FUZZ_WORK/corpus/$target" "$FUZZ_WORK/artifacts/$target" "$FUZZ_WORK/logs"
     log="$FUZZ_WORK/logs/$target-$(date +%Y%m%dT%H%M%S).log"
     cd "$ROOT"
+    # New inputs go to the first directory only: the committed seeds stay as they are.
+    dirs=("$FUZZ_WORK/corpus/$target" "$ROOT/fuzz/corpus/$target")
+    # FUZZ_NO_BUILD=1 runs the binary of the last build (sources being edited
+    # meanwhile do not trigger a rebuild).
+    if [[ "${FUZZ_NO_BUILD:-0}" == 1 ]]; then
+        runner=("$CARGO_TARGET_DIR/x86_64-unknown-linux-gnu/release/$target" "${dirs[@]}")
+    else
+        runner=(cargo fuzz run "${fuzz_flags[@]}" "$target" "${dirs[@]}" --)
+    fi
     set +e
-    cargo fuzz run "${fuzz_flags[@]}" "$target" \
-        "$FUZZ_WORK/corpus/$target" "$ROOT/fuzz/corpus/$target" -- \
+    "${runner[@]}" \
         -max_total_time="$secs" -max_len="$(max_len "$target")" -print_final_stats=1 \
         -artifact_prefix="$FUZZ_WORK/artifacts/$target/" "$@" 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}

@@ -336,13 +336,17 @@ pub fn node_state(ns: &Netns) -> BTreeMap<&'static str, Vec<String>> {
         .filter_map(|l| l.split(':').nth(1).map(|n| n.trim().split('@').next().unwrap_or("").to_string()))
         .collect::<Vec<_>>()
         .join("\n");
-    let rules: String = ns
-        .exec(&["iptables-save"])
-        .lines()
-        .filter(|l| l.starts_with("-A ") || l.starts_with(':'))
-        .map(|l| l.split(" [").next().unwrap_or(l).to_string())
-        .collect::<Vec<_>>()
-        .join("\n");
+    // Chains and rules, each prefixed with its table; counters dropped.
+    let mut table = String::new();
+    let mut rules = Vec::new();
+    for l in ns.exec(&["iptables-save"]).lines() {
+        if let Some(t) = l.strip_prefix('*') {
+            table = t.to_string();
+        } else if l.starts_with("-A ") || l.starts_with(':') {
+            rules.push(format!("{table} {}", l.split(" [").next().unwrap_or(l)));
+        }
+    }
+    let rules = rules.join("\n");
     BTreeMap::from([
         ("links", sorted(links)),
         ("routes", sorted(ns.exec(&["ip", "route", "show"]))),

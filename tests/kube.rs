@@ -25,7 +25,10 @@ const WAIT: Duration = Duration::from_secs(90);
 const P: &str = "flannel.alpha.coreos.com/";
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repo root").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repo root")
+        .to_path_buf()
 }
 
 /// Root + a built kube-apiserver, else "skipped".
@@ -76,7 +79,11 @@ impl Node {
             c.arg(format!("{k}={v}"));
         }
         c.arg(weft_tests::bins::path("weftd"))
-            .args(["--kube-subnet-mgr", "--iface=eth0", "--traffic-manager=none"])
+            .args([
+                "--kube-subnet-mgr",
+                "--iface=eth0",
+                "--traffic-manager=none",
+            ])
             .arg(format!("--kubeconfig-file={}", kubeconfig.display()))
             .arg(format!("--net-config-path={}", conf.display()))
             .arg(format!("--subnet-file={}", self.env.display()));
@@ -124,14 +131,20 @@ fn flannel_annotations(node: &Value) -> BTreeMap<String, String> {
         .as_object()
         .map(|m| {
             m.iter()
-                .filter_map(|(k, v)| Some((k.strip_prefix(P)?.to_string(), v.as_str()?.to_string())))
+                .filter_map(|(k, v)| {
+                    Some((k.strip_prefix(P)?.to_string(), v.as_str()?.to_string()))
+                })
                 .collect()
         })
         .unwrap_or_default()
 }
 
 fn condition(node: &Value, ty: &str) -> Option<Value> {
-    node["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == ty).cloned()
+    node["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == ty)
+        .cloned()
 }
 
 /// Two, then three weftd on Node objects: podCIDRs become subnets, the
@@ -145,20 +158,29 @@ fn nodes_take_pod_cidrs_and_see_peers() {
     for i in 1..=3 {
         cp.apply(&node_yaml(&format!("n{i}"), &format!("10.244.{i}.0/24")));
     }
-    let mut nodes: Vec<Node> = (1..=3).map(|i| Node::new(&mut cp, &pfx, &format!("n{i}"), i)).collect();
+    let mut nodes: Vec<Node> = (1..=3)
+        .map(|i| Node::new(&mut cp, &pfx, &format!("n{i}"), i))
+        .collect();
     for n in &mut nodes[..2] {
         n.start_admin(&cp);
     }
     for (i, n) in nodes[..2].iter_mut().enumerate() {
         let env = n.wait_ready();
-        assert_eq!(env["FLANNEL_SUBNET"], format!("10.244.{}.1/24", i + 1), "the podCIDR is the subnet");
+        assert_eq!(
+            env["FLANNEL_SUBNET"],
+            format!("10.244.{}.1/24", i + 1),
+            "the podCIDR is the subnet"
+        );
         assert_eq!(env["FLANNEL_NETWORK"], "10.244.0.0/16");
     }
     // flannel's annotations, byte for byte, and nothing else of flannel's.
     for (i, n) in nodes[..2].iter().enumerate() {
         let obj = cp.node_json(&n.name);
         let want: BTreeMap<String, String> = [
-            ("backend-data", format!(r#"{{"VNI":1,"VtepMAC":"{}"}}"#, n.vtep_mac())),
+            (
+                "backend-data",
+                format!(r#"{{"VNI":1,"VtepMAC":"{}"}}"#, n.vtep_mac()),
+            ),
             ("backend-type", "vxlan".to_string()),
             ("kube-subnet-manager", "true".to_string()),
             ("public-ip", format!("192.0.2.{}", i + 1)),
@@ -168,13 +190,21 @@ fn nodes_take_pod_cidrs_and_see_peers() {
         .collect();
         assert_eq!(flannel_annotations(&obj), want, "{} annotations", n.name);
         let c = condition(&obj, "NetworkUnavailable").expect("NetworkUnavailable condition");
-        assert_eq!((c["status"].as_str(), c["reason"].as_str()), (Some("False"), Some("FlannelIsUp")));
+        assert_eq!(
+            (c["status"].as_str(), c["reason"].as_str()),
+            (Some("False"), Some("FlannelIsUp"))
+        );
         assert_eq!(c["message"], "Flannel is running on this node");
     }
     nodes[0].wait_log("Subnet added: 10.244.2.0-24");
     nodes[1].wait_log("Subnet added: 10.244.1.0-24");
     let ok = (0..20).any(|_| nodes[0].ns.ping("10.244.2.0", 1));
-    assert!(ok, "n1 cannot reach n2's vxlan address; logs:\n{}\n{}", nodes[0].log(), nodes[1].log());
+    assert!(
+        ok,
+        "n1 cannot reach n2's vxlan address; logs:\n{}\n{}",
+        nodes[0].log(),
+        nodes[1].log()
+    );
 
     // A third node joins; its Node object is then deleted.
     nodes[2].start_admin(&cp);
@@ -184,9 +214,23 @@ fn nodes_take_pod_cidrs_and_see_peers() {
     nodes[0].wait_log("Subnet removed: 10.244.3.0-24");
     nodes[1].wait_log("Subnet removed: 10.244.3.0-24");
     let routes = nodes[0].ns.exec(&["ip", "route", "show", "10.244.3.0/24"]);
-    assert!(routes.trim().is_empty(), "route to the removed peer must go: {routes}");
-    assert!(nodes[2].running(), "a daemon whose Node is deleted keeps running, as flanneld");
-    assert_eq!(nodes[0].log().matches("Subnet added: 10.244.2.0-24").count(), 1, "{}", nodes[0].log());
+    assert!(
+        routes.trim().is_empty(),
+        "route to the removed peer must go: {routes}"
+    );
+    assert!(
+        nodes[2].running(),
+        "a daemon whose Node is deleted keeps running, as flanneld"
+    );
+    assert_eq!(
+        nodes[0]
+            .log()
+            .matches("Subnet added: 10.244.2.0-24")
+            .count(),
+        1,
+        "{}",
+        nodes[0].log()
+    );
 }
 
 /// A service-account token limited to flannel's ClusterRole (from
@@ -197,7 +241,8 @@ fn flannel_rbac_is_enough_and_needed() {
     let bin = require_apiserver!();
     let pfx = weft_tests::unique("kr");
     let mut cp = ControlPlane::start(&pfx, bin);
-    let manifest = std::fs::read_to_string(repo().join("deploy/kube-flannel.yml")).expect("manifest");
+    let manifest =
+        std::fs::read_to_string(repo().join("deploy/kube-flannel.yml")).expect("manifest");
     cp.apply(&manifest);
     cp.apply(&node_yaml("n1", "10.244.1.0/24"));
     cp.apply(&node_yaml("n2", "10.244.2.0/24"));
@@ -210,11 +255,59 @@ fn flannel_rbac_is_enough_and_needed() {
     let token = cp.kubectl(&["create", "token", "flannel", "-n", "kube-flannel"]);
     let sa = cp.write_kubeconfig("flannel-sa", token.trim());
     let mut n1 = Node::new(&mut cp, &pfx, "n1", 1);
-    n1.start(&cp, &sa, &[("POD_NAME", "kube-flannel-ds-x"), ("POD_NAMESPACE", "kube-flannel")]);
+    n1.start(
+        &cp,
+        &sa,
+        &[
+            ("POD_NAME", "kube-flannel-ds-x"),
+            ("POD_NAMESPACE", "kube-flannel"),
+        ],
+    );
     assert_eq!(n1.wait_ready()["FLANNEL_SUBNET"], "10.244.1.1/24");
     let obj = cp.node_json("n1");
-    assert_eq!(flannel_annotations(&obj).get("kube-subnet-manager").map(String::as_str), Some("true"));
-    assert!(condition(&obj, "NetworkUnavailable").is_some(), "condition patched with flannel's RBAC");
+    assert_eq!(
+        flannel_annotations(&obj)
+            .get("kube-subnet-manager")
+            .map(String::as_str),
+        Some("true")
+    );
+    assert!(
+        condition(&obj, "NetworkUnavailable").is_some(),
+        "condition patched with flannel's RBAC"
+    );
+
+    // No rights at all yet: the first node list cannot finish.
+    let nostatus = cp.write_kubeconfig("nostatus", "nostatus-token");
+    let mut n2 = Node::new(&mut cp, &pfx, "n2", 2);
+    let exit = |n: &mut Node| {
+        wait_for(&format!("{} to exit", n.name), WAIT, || {
+            let p = n.proc.as_mut().expect("proc");
+            (!p.running()).then(|| p.stop(libc::SIGKILL, Duration::from_secs(1)))
+        })
+    };
+    n2.start(
+        &cp,
+        &nostatus,
+        &[("NODE_NAME", "n2"), ("WEFT_KUBE_SYNC_TIMEOUT", "3")],
+    );
+    assert_ne!(exit(&mut n2), Some(0));
+    assert!(
+        n2.log()
+            .contains("error waiting for nodeController to sync state"),
+        "{}",
+        n2.log()
+    );
+    n2.start(
+        &cp,
+        &nostatus,
+        &[
+            ("NODE_NAME", "n2"),
+            ("WEFT_KUBE_SYNC_TIMEOUT", "3"),
+            ("CONT_WHEN_CACHE_NOT_READY", "true"),
+        ],
+    );
+    n2.wait_log("continuing (CONT_WHEN_CACHE_NOT_READY=true)");
+    n2.proc.take();
 
     // Everything but nodes/status.
     cp.apply(
@@ -225,14 +318,8 @@ fn flannel_rbac_is_enough_and_needed() {
          roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: weft-nostatus}\n\
          subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: weft-nostatus}]\n",
     );
-    let nostatus = cp.write_kubeconfig("nostatus", "nostatus-token");
-    let mut n2 = Node::new(&mut cp, &pfx, "n2", 2);
     n2.start(&cp, &nostatus, &[("NODE_NAME", "n2")]);
-    let code = wait_for("n2 to fail", WAIT, || {
-        let p = n2.proc.as_mut().expect("proc");
-        (!p.running()).then(|| p.stop(libc::SIGKILL, Duration::from_secs(1)))
-    });
-    assert_ne!(code, Some(0), "must fail; log:\n{}", n2.log());
+    assert_ne!(exit(&mut n2), Some(0), "must fail; log:\n{}", n2.log());
     let log = n2.log();
     assert!(
         log.contains(r#"failed to patch annotations of node "n2" (nodes/status)"#)
@@ -254,7 +341,9 @@ fn apiserver_restart_keeps_peers() {
     for i in 1..=3 {
         cp.apply(&node_yaml(&format!("n{i}"), &format!("10.244.{i}.0/24")));
     }
-    let mut nodes: Vec<Node> = (1..=3).map(|i| Node::new(&mut cp, &pfx, &format!("n{i}"), i)).collect();
+    let mut nodes: Vec<Node> = (1..=3)
+        .map(|i| Node::new(&mut cp, &pfx, &format!("n{i}"), i))
+        .collect();
     for n in &mut nodes {
         n.start_admin(&cp);
     }
@@ -267,10 +356,16 @@ fn apiserver_restart_keeps_peers() {
 
     cp.stop_apiserver();
     let out = cp.etcdctl(&["del", "/registry/minions/n3"]);
-    assert!(String::from_utf8_lossy(&out.stdout).trim() == "1", "delete n3 in etcd: {out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).trim() == "1",
+        "delete n3 in etcd: {out:?}"
+    );
     let status = cp.etcdctl(&["endpoint", "status", "-w", "json"]);
     let v: Value = serde_json::from_slice(&status.stdout).expect("endpoint status json");
-    let rev = v[0]["Status"]["header"]["revision"].as_u64().expect("revision").to_string();
+    let rev = v[0]["Status"]["header"]["revision"]
+        .as_u64()
+        .expect("revision")
+        .to_string();
     assert!(cp.etcdctl(&["compact", &rev]).status.success(), "compact");
     cp.start_apiserver();
 
@@ -288,8 +383,18 @@ fn apiserver_restart_keeps_peers() {
     for (i, n) in nodes[..2].iter().enumerate() {
         let log = n.log();
         let other = format!("10.244.{}.0-24", 2 - i);
-        assert_eq!(log.matches(&format!("Subnet added: {other}")).count(), 1, "{} duplicated a peer:\n{log}", n.name);
-        assert_eq!(log.matches(&format!("Subnet removed: {other}")).count(), 0, "{} lost a peer:\n{log}", n.name);
+        assert_eq!(
+            log.matches(&format!("Subnet added: {other}")).count(),
+            1,
+            "{} duplicated a peer:\n{log}",
+            n.name
+        );
+        assert_eq!(
+            log.matches(&format!("Subnet removed: {other}")).count(),
+            0,
+            "{} lost a peer:\n{log}",
+            n.name
+        );
     }
     let r = nodes[0].ns.exec(&["ip", "route", "show", "10.244.2.0/24"]);
     assert!(r.contains("flannel.1"), "route to n2 kept: {r}");
@@ -304,10 +409,15 @@ fn deploy_manifests_pass_server_dry_run() {
     let cp = ControlPlane::start(&pfx, bin);
     // Namespaced objects of a dry run need their namespace to exist.
     cp.kubectl(&["create", "namespace", "kube-flannel"]);
-    let manifest = std::fs::read_to_string(repo().join("deploy/kube-flannel.yml")).expect("manifest");
+    let manifest =
+        std::fs::read_to_string(repo().join("deploy/kube-flannel.yml")).expect("manifest");
     let out = cp.kubectl_in(&["apply", "--dry-run=server", "-f", "-"], Some(&manifest));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "dry run failed: {}\n{text}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "dry run failed: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for obj in [
         "clusterrole.rbac.authorization.k8s.io/flannel",
         "clusterrolebinding.rbac.authorization.k8s.io/flannel",
@@ -315,10 +425,16 @@ fn deploy_manifests_pass_server_dry_run() {
         "configmap/kube-flannel-cfg",
         "daemonset.apps/kube-flannel-ds",
     ] {
-        assert!(text.contains(&format!("{obj} created (server dry run)")), "{obj} missing:\n{text}");
+        assert!(
+            text.contains(&format!("{obj} created (server dry run)")),
+            "{obj} missing:\n{text}"
+        );
     }
     let ds = cp.kubectl(&["get", "daemonset", "-n", "kube-flannel", "-o", "name"]);
-    assert!(ds.trim().is_empty(), "a dry run must not create anything: {ds}");
+    assert!(
+        ds.trim().is_empty(),
+        "a dry run must not create anything: {ds}"
+    );
 }
 
 #[path = "kube_deploy.rs"]

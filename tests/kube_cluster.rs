@@ -21,9 +21,9 @@ const ETCD: &str = "http://127.0.0.1:2379";
 
 /// The cached kube-apiserver, if built.
 pub fn apiserver_bin() -> Option<PathBuf> {
-    let tools = std::env::var_os("WEFT_TOOLS").map(PathBuf::from).or_else(|| {
-        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/weft-tools"))
-    })?;
+    let tools = std::env::var_os("WEFT_TOOLS")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/weft-tools")))?;
     let p = tools.join("bin/kube-apiserver");
     p.exists().then_some(p)
 }
@@ -44,8 +44,12 @@ impl ControlPlane {
     /// Starts etcd and the apiserver in a new underlay namespace `<prefix>ul`.
     pub fn start(prefix: &str, bin: PathBuf) -> ControlPlane {
         let ul = Underlay::new(&format!("{prefix}ul"));
-        ul.ns.exec(&["ip", "addr", "add", "192.0.2.100/24", "dev", "br0"]);
-        let dir = tempfile::Builder::new().prefix("weft-kube-").tempdir().expect("tempdir");
+        ul.ns
+            .exec(&["ip", "addr", "add", "192.0.2.100/24", "dev", "br0"]);
+        let dir = tempfile::Builder::new()
+            .prefix("weft-kube-")
+            .tempdir()
+            .expect("tempdir");
         let d = dir.path();
         std::fs::write(
             d.join("tokens.csv"),
@@ -57,12 +61,34 @@ impl ControlPlane {
         let mut etcd = Command::new("ip");
         etcd.args(["netns", "exec", ul.ns.name(), "etcd", "--name", "kapi"])
             .arg(format!("--data-dir={}", d.join("etcd").display()))
-            .args(["--listen-client-urls", ETCD, "--advertise-client-urls", ETCD])
-            .args(["--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380"])
+            .args([
+                "--listen-client-urls",
+                ETCD,
+                "--advertise-client-urls",
+                ETCD,
+            ])
+            .args([
+                "--listen-peer-urls",
+                "http://127.0.0.1:2380",
+                "--initial-advertise-peer-urls",
+                "http://127.0.0.1:2380",
+            ])
             .args(["--initial-cluster", "kapi=http://127.0.0.1:2380"]);
         let etcd = Proc::spawn("etcd", etcd, &d.join("etcd.log"));
-        let mut cp = ControlPlane { ul, dir, bin, etcd: Some(etcd), apiserver: None, starts: 0 };
-        wait_for("etcd health", Duration::from_secs(30), || cp.etcdctl(&["endpoint", "health"]).status.success().then_some(()));
+        let mut cp = ControlPlane {
+            ul,
+            dir,
+            bin,
+            etcd: Some(etcd),
+            apiserver: None,
+            starts: 0,
+        };
+        wait_for("etcd health", Duration::from_secs(30), || {
+            cp.etcdctl(&["endpoint", "health"])
+                .status
+                .success()
+                .then_some(())
+        });
         cp.start_apiserver();
         cp.write_kubeconfig("admin", "admin-token");
         cp
@@ -76,32 +102,56 @@ impl ControlPlane {
         c.args(["netns", "exec", self.ul.ns.name()])
             .arg(&self.bin)
             .arg(format!("--etcd-servers={ETCD}"))
-            .args(["--bind-address=0.0.0.0", "--advertise-address=192.0.2.100", "--secure-port=6443"])
+            .args([
+                "--bind-address=0.0.0.0",
+                "--advertise-address=192.0.2.100",
+                "--secure-port=6443",
+            ])
             .arg(format!("--cert-dir={}", d.join("certs").display()))
-            .arg(format!("--token-auth-file={}", d.join("tokens.csv").display()))
+            .arg(format!(
+                "--token-auth-file={}",
+                d.join("tokens.csv").display()
+            ))
             .args(["--authorization-mode=RBAC", "--allow-privileged=true"])
             .args(["--service-account-issuer=https://kubernetes.default.svc.cluster.local"])
-            .arg(format!("--service-account-key-file={}", d.join("sa.pub").display()))
-            .arg(format!("--service-account-signing-key-file={}", d.join("sa.key").display()))
-            .args(["--service-cluster-ip-range=10.96.0.0/16", "--enable-priority-and-fairness=false"])
+            .arg(format!(
+                "--service-account-key-file={}",
+                d.join("sa.pub").display()
+            ))
+            .arg(format!(
+                "--service-account-signing-key-file={}",
+                d.join("sa.key").display()
+            ))
+            .args([
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--enable-priority-and-fairness=false",
+            ])
             .args(["--endpoint-reconciler-type=none"]);
         let log = d.join(format!("apiserver.{}.log", self.starts));
         self.apiserver = Some(Proc::spawn("kube-apiserver", c, &log));
         wait_for("kube-apiserver /readyz", Duration::from_secs(120), || {
             let out = self.ul.ns.try_exec(&[
-                "curl", "-skf", "-H", "Authorization: Bearer admin-token", &format!("{APISERVER}/readyz"),
+                "curl",
+                "-skf",
+                "-H",
+                "Authorization: Bearer admin-token",
+                &format!("{APISERVER}/readyz"),
             ]);
             if !self.apiserver.as_mut().is_some_and(Proc::running) {
-                panic!("kube-apiserver exited:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+                panic!(
+                    "kube-apiserver exited:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
             }
             out.status.success().then_some(())
         });
     }
 
-    /// Stops the apiserver (SIGTERM), leaving etcd running.
+    /// Kills the apiserver (a crash: open watches break without a goodbye;
+    /// a graceful stop waits a minute for them), leaving etcd running.
     pub fn stop_apiserver(&mut self) {
         if let Some(mut p) = self.apiserver.take() {
-            p.stop(libc::SIGTERM, Duration::from_secs(30));
+            p.stop(libc::SIGKILL, Duration::from_secs(30));
         }
     }
 
@@ -127,12 +177,17 @@ impl ControlPlane {
     /// Runs kubectl as admin (inside the underlay namespace), feeding `stdin`.
     pub fn kubectl_in(&self, args: &[&str], stdin: Option<&str>) -> Output {
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", self.ul.ns.name(), "kubectl"]).arg(format!("--kubeconfig={}", self.admin().display()));
-        c.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        c.args(["netns", "exec", self.ul.ns.name(), "kubectl"])
+            .arg(format!("--kubeconfig={}", self.admin().display()));
+        c.args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut child = c.spawn().expect("spawn kubectl");
         if let Some(mut w) = child.stdin.take() {
             use std::io::Write;
-            w.write_all(stdin.unwrap_or("").as_bytes()).expect("kubectl stdin");
+            w.write_all(stdin.unwrap_or("").as_bytes())
+                .expect("kubectl stdin");
         }
         child.wait_with_output().expect("kubectl")
     }
@@ -140,20 +195,29 @@ impl ControlPlane {
     /// kubectl that must succeed; returns stdout.
     pub fn kubectl(&self, args: &[&str]) -> String {
         let out = self.kubectl_in(args, None);
-        assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// `kubectl apply -f -` of `yaml`, which must succeed.
     pub fn apply(&self, yaml: &str) -> String {
         let out = self.kubectl_in(&["apply", "-f", "-"], Some(yaml));
-        assert!(out.status.success(), "kubectl apply: {}\n{yaml}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "kubectl apply: {}\n{yaml}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// A Node object as JSON.
     pub fn node_json(&self, name: &str) -> serde_json::Value {
-        serde_json::from_str(&self.kubectl(&["get", "node", name, "-o", "json"])).expect("node json")
+        serde_json::from_str(&self.kubectl(&["get", "node", name, "-o", "json"]))
+            .expect("node json")
     }
 
     /// etcdctl against the control plane's etcd.
@@ -161,7 +225,9 @@ impl ControlPlane {
         let mut full = vec!["etcdctl", "--endpoints", ETCD];
         full.extend_from_slice(args);
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", self.ul.ns.name()]).args(&full).env("ETCDCTL_API", "3");
+        c.args(["netns", "exec", self.ul.ns.name()])
+            .args(&full)
+            .env("ETCDCTL_API", "3");
         c.output().expect("etcdctl")
     }
 
@@ -179,11 +245,21 @@ impl Drop for ControlPlane {
 }
 
 fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl");
-    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A Node object with a podCIDR, as kube-controller-manager would leave it.
 pub fn node_yaml(name: &str, pod_cidr: &str) -> String {
-    format!("apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\nspec:\n  podCIDR: {pod_cidr}\n  podCIDRs: [{pod_cidr}]\n")
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\nspec:\n  podCIDR: {pod_cidr}\n  podCIDRs: [{pod_cidr}]\n"
+    )
 }

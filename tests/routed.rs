@@ -24,6 +24,7 @@ fn cluster(tag: &str, nodes: u8) -> (tempfile::TempDir, Cluster) {
         weftd_args: vec!["--traffic-manager=none".into()],
         bin_dir: weft_tests::bins::dir(),
         work: work.path().to_path_buf(),
+        store: Default::default(),
     })
     .unwrap_or_else(|e| panic!("cluster: {e}"));
     (work, c)
@@ -353,4 +354,5 @@ fn mixed_routed_and_bridge_nodes() {
     assert!(pod_routes(&c, 0).is_empty());
 }
 
+#[path = "routed/latency.rs"]
 mod latency;

@@ -146,10 +146,10 @@ fn by_name_or_ip(links: &[Link], addrs: &[Addr], s: &str) -> Option<Link> {
 fn by_regex(links: &[Link], addrs: &[Addr], res: &[Regex]) -> Option<Link> {
     for re in res {
         // Addresses first, then names (flannel's order).
-        if let Some(a) = addrs.iter().find(|a| re.is_match(&a.net.addr().to_string())) {
-            if let Some(l) = links.iter().find(|l| l.index == a.index) {
-                return Some(l.clone());
-            }
+        if let Some(a) = addrs.iter().find(|a| re.is_match(&a.net.addr().to_string()))
+            && let Some(l) = links.iter().find(|l| l.index == a.index)
+        {
+            return Some(l.clone());
         }
         if let Some(l) = links.iter().find(|l| re.is_match(&l.name)) {
             return Some(l.clone());

@@ -37,7 +37,12 @@ fn parse_peer(s: &str, psk: Option<[u8; 32]>, keepalive: u16) -> Result<Peer> {
     let (ep, mac, wireguard) = match rest.split_once(',') {
         Some((e, k)) if k.len() == 44 => {
             let public_key = key_from_base64(k).context("bad peer public key")?;
-            let wg = WgPeer { public_key, port: 0, psk, keepalive };
+            let wg = WgPeer {
+                public_key,
+                port: 0,
+                psk,
+                keepalive,
+            };
             (e, None, Some(wg))
         }
         Some((e, m)) => (e, Some(parse_mac(m)?), None),

@@ -85,8 +85,8 @@ use arc_swap::ArcSwap;
 pub use encap::DropReason;
 pub use ipnet;
 pub use peers::{Peer, PeerTable, WgPeer};
-pub use wg::WgSecret;
 pub use stats::{Drops, Stats};
+pub use wg::WgSecret;
 
 use crate::encap::{Codec, Vxlan};
 use crate::peers::WgIds;
@@ -134,9 +134,9 @@ impl Encap {
     /// The UDP port.
     pub fn port(&self) -> u16 {
         match self {
-            Encap::FlannelUdp { port } | Encap::Vxlan { port, .. } | Encap::WireGuard { port, .. } => {
-                *port
-            }
+            Encap::FlannelUdp { port }
+            | Encap::Vxlan { port, .. }
+            | Encap::WireGuard { port, .. } => *port,
         }
     }
 }
@@ -376,8 +376,11 @@ impl Engine {
         let stop = Arc::new(AtomicBool::new(false));
         let public = x25519::PublicKey::from(key.public_key());
         let rate_limiter = Arc::new(RateLimiter::new(&public, wg::HANDSHAKE_RATE_LIMIT));
-        let (hub, inboxes) = wg::handoff::Hub::new(workers, wg::worker::TUN_BUF)
-            .map_err(|e| EngineError::Tun { name: cfg.tun_name.clone(), source: e })?;
+        let (hub, inboxes) =
+            wg::handoff::Hub::new(workers, wg::worker::TUN_BUF).map_err(|e| EngineError::Tun {
+                name: cfg.tun_name.clone(),
+                source: e,
+            })?;
         let addr = SocketAddr::new(cfg.local_addr, port);
         let mut socks = Vec::with_capacity(workers);
         for _ in 0..workers {
@@ -391,7 +394,9 @@ impl Engine {
         if workers > 1
             && let Err(e) = socks[0].attach_reuseport_cbpf(&wg::steering_program(workers))
         {
-            tracing::debug!("reuseport steering unavailable ({e}); packets are handed off between workers");
+            tracing::debug!(
+                "reuseport steering unavailable ({e}); packets are handed off between workers"
+            );
         }
         let mut engine = Engine {
             tun_name: dev.name,

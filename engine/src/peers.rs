@@ -79,7 +79,11 @@ impl WgIds {
             return *id;
         }
         loop {
-            self.next = if self.next >= MAX_WG_ID { 1 } else { self.next + 1 };
+            self.next = if self.next >= MAX_WG_ID {
+                1
+            } else {
+                self.next + 1
+            };
             let n = self.next;
             if !self.by_key.values().any(|v| *v == n) {
                 self.by_key.insert(*key, n);
@@ -332,7 +336,10 @@ mod tests {
         let (ida, idb) = (a.id, b.id);
         // Peer 2 leaves; peer 3 keeps its id; a new key gets a fresh id.
         let t2 = PeerTable::with_ids(
-            &[wg("10.244.3.0/24", "192.0.2.3", 3, 0), wg("10.244.4.0/24", "192.0.2.4", 4, 0)],
+            &[
+                wg("10.244.3.0/24", "192.0.2.3", 3, 0),
+                wg("10.244.4.0/24", "192.0.2.4", 4, 0),
+            ],
             51820,
             &mut ids,
         );

@@ -56,7 +56,11 @@ impl DataplaneControl {
     /// The files next to `subnet_file`; `flag` is `--dataplane`.
     pub fn new(subnet_file: &Path, flag: DataplaneChoice) -> DataplaneControl {
         let dir = subnet_file.parent().unwrap_or(Path::new("."));
-        DataplaneControl { override_path: dir.join(OVERRIDE_FILE), status_path: dir.join(STATUS_FILE), flag }
+        DataplaneControl {
+            override_path: dir.join(OVERRIDE_FILE),
+            status_path: dir.join(STATUS_FILE),
+            flag,
+        }
     }
 
     /// The dataplane asked for: the override file if it holds a valid
@@ -85,7 +89,8 @@ impl DataplaneControl {
             "requested": self.wanted().as_str(),
         });
         let tmp = self.status_path.with_extension("json.tmp");
-        let res = std::fs::write(&tmp, format!("{v}\n")).and_then(|()| std::fs::rename(&tmp, &self.status_path));
+        let res = std::fs::write(&tmp, format!("{v}\n"))
+            .and_then(|()| std::fs::rename(&tmp, &self.status_path));
         if let Err(e) = res {
             tracing::warn!("failed to write {}: {e}", self.status_path.display());
         }
@@ -96,7 +101,11 @@ impl DataplaneControl {
     /// running on whichever path it ends up on.
     pub async fn on_hup(&self, backend: &mut dyn Backend) {
         let want = self.wanted();
-        tracing::info!("SIGHUP: dataplane {} requested for the {} backend", want.as_str(), backend.name());
+        tracing::info!(
+            "SIGHUP: dataplane {} requested for the {} backend",
+            want.as_str(),
+            backend.name()
+        );
         match backend.switch_dataplane(want).await {
             Ok(now) => tracing::info!("dataplane: {} runs in the {now}", backend.name()),
             Err(e) => tracing::error!("dataplane switch failed: {e}"),
@@ -125,18 +134,29 @@ pub enum RequestError {
 /// `weft dataplane set`: writes the override file next to `subnet_file`,
 /// sends weftd SIGHUP and waits until its status shows `want` (for `auto`:
 /// until the status file is rewritten). Returns the final status.
-pub fn request(subnet_file: &Path, want: DataplaneChoice, timeout: std::time::Duration) -> Result<Status, RequestError> {
+pub fn request(
+    subnet_file: &Path,
+    want: DataplaneChoice,
+    timeout: std::time::Duration,
+) -> Result<Status, RequestError> {
     let ctl = DataplaneControl::new(subnet_file, want);
-    let before = Status::read(&ctl.status_path).ok_or_else(|| RequestError::NoDaemon(ctl.status_path.display().to_string()))?;
-    let stamp = std::fs::metadata(&ctl.status_path).and_then(|m| m.modified()).ok();
+    let before = Status::read(&ctl.status_path)
+        .ok_or_else(|| RequestError::NoDaemon(ctl.status_path.display().to_string()))?;
+    let stamp = std::fs::metadata(&ctl.status_path)
+        .and_then(|m| m.modified())
+        .ok();
     std::fs::write(&ctl.override_path, format!("{}\n", want.as_str()))
         .map_err(|e| RequestError::Write(ctl.override_path.display().to_string(), e))?;
     let pid = nix::unistd::Pid::from_raw(i32::try_from(before.pid).unwrap_or(i32::MAX));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).map_err(|e| RequestError::Signal(before.pid, e))?;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP)
+        .map_err(|e| RequestError::Signal(before.pid, e))?;
     let deadline = std::time::Instant::now() + timeout;
     loop {
         let now = Status::read(&ctl.status_path);
-        let rewritten = std::fs::metadata(&ctl.status_path).and_then(|m| m.modified()).ok() != stamp;
+        let rewritten = std::fs::metadata(&ctl.status_path)
+            .and_then(|m| m.modified())
+            .ok()
+            != stamp;
         if let Some(st) = &now {
             let done = match want {
                 DataplaneChoice::Auto => rewritten || st.requested == "auto",
@@ -169,7 +189,14 @@ mod tests {
         let b = crate::backend::alloc::Alloc::new();
         ctl.write_status(&b);
         let st = Status::read(&dir.path().join(STATUS_FILE)).expect("status");
-        assert_eq!((st.backend.as_str(), st.dataplane.as_str(), st.requested.as_str()), ("alloc", "none", "auto"));
+        assert_eq!(
+            (
+                st.backend.as_str(),
+                st.dataplane.as_str(),
+                st.requested.as_str()
+            ),
+            ("alloc", "none", "auto")
+        );
         assert_eq!(st.pid, std::process::id());
     }
 }

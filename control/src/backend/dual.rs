@@ -91,7 +91,12 @@ impl std::fmt::Debug for Dual {
 
 impl Dual {
     /// A backend named `name` run as `choice` says.
-    pub fn new(name: &'static str, choice: DataplaneChoice, nl: Arc<dyn Client>, xfrm: Arc<dyn XfrmClient>) -> Dual {
+    pub fn new(
+        name: &'static str,
+        choice: DataplaneChoice,
+        nl: Arc<dyn Client>,
+        xfrm: Arc<dyn XfrmClient>,
+    ) -> Dual {
         let core = Core {
             name,
             choice,
@@ -139,14 +144,18 @@ impl Core {
         let kernel_ok = match &self.kernel {
             None => None,
             Some((None, _)) => Some(Ok(())),
-            Some((Some(cap), _)) => Some(match probe::kernel_has(*cap, &*self.nl, &*self.xfrm).await? {
-                true => Ok(()),
-                false => Err(cap.module()),
-            }),
+            Some((Some(cap), _)) => Some(
+                match probe::kernel_has(*cap, &*self.nl, &*self.xfrm).await? {
+                    true => Ok(()),
+                    false => Err(cap.module()),
+                },
+            ),
         };
         match choice {
             DataplaneChoice::Kernel => match kernel_ok {
-                None => Err(BackendError::Unsupported(format!("{name} with --dataplane=kernel (it has no kernel dataplane)"))),
+                None => Err(BackendError::Unsupported(format!(
+                    "{name} with --dataplane=kernel (it has no kernel dataplane)"
+                ))),
                 Some(Err(m)) => Err(BackendError::Config(format!(
                     "--dataplane=kernel: this kernel cannot run the {name} backend: no {m} support"
                 ))),
@@ -160,9 +169,10 @@ impl Core {
             },
             DataplaneChoice::Auto => match (kernel_ok, &self.userspace) {
                 (Some(Ok(())), _) => Ok((Path::Kernel, "auto: the kernel supports it".into())),
-                (Some(Err(m)), Some(_)) => {
-                    Ok((Path::Userspace, format!("auto: the kernel has no {m} support; same wire format in userspace")))
-                }
+                (Some(Err(m)), Some(_)) => Ok((
+                    Path::Userspace,
+                    format!("auto: the kernel has no {m} support; same wire format in userspace"),
+                )),
                 (None, Some(_)) => Ok((Path::Userspace, "auto: userspace only".into())),
                 (Some(Err(m)), None) => Err(BackendError::Config(format!(
                     "this kernel cannot run the {name} backend (no {m} support) and weft has no userspace {name} engine yet"
@@ -203,7 +213,9 @@ impl Core {
         let (Some(ext), Some(lease)) = (&self.ext, &self.lease) else {
             return Err(BackendError::Config("switching before setup".into()));
         };
-        let mut b = self.make(path).ok_or_else(|| BackendError::Unsupported(format!("{} {}", self.name, path.as_str())))?;
+        let mut b = self
+            .make(path)
+            .ok_or_else(|| BackendError::Unsupported(format!("{} {}", self.name, path.as_str())))?;
         let attrs = b.lease_attrs(ext, Some(lease)).await?;
         if Some(&attrs) != self.attrs.as_ref() {
             return Err(BackendError::Config(format!(
@@ -217,8 +229,16 @@ impl Core {
 
     /// Sets `b` (a [`Dual::prepare`]d `path`) up for the current lease and
     /// applies every known peer.
-    async fn start(&self, mut b: Box<dyn Backend>, path: Path, deadline: Instant) -> Result<Box<dyn Backend>, BackendError> {
-        let lease = self.lease.clone().ok_or_else(|| BackendError::Config("switching before setup".into()))?;
+    async fn start(
+        &self,
+        mut b: Box<dyn Backend>,
+        path: Path,
+        deadline: Instant,
+    ) -> Result<Box<dyn Backend>, BackendError> {
+        let lease = self
+            .lease
+            .clone()
+            .ok_or_else(|| BackendError::Config("switching before setup".into()))?;
         if path == Path::Userspace {
             self.clear_kernel_links().await;
         }
@@ -238,7 +258,11 @@ impl Core {
             }
         };
         if Some(mtu) != self.mtu {
-            tracing::warn!("the {} path has MTU {mtu}, subnet.env says {:?}", path.as_str(), self.mtu);
+            tracing::warn!(
+                "the {} path has MTU {mtu}, subnet.env says {:?}",
+                path.as_str(),
+                self.mtu
+            );
         }
         for peer in self.peers.values() {
             if let Err(e) = b.apply(&Change::Add(peer.clone())).await {
@@ -259,10 +283,21 @@ impl Backend for Dual {
         self.active.as_ref().map_or("none", |(p, _)| p.as_str())
     }
 
-    async fn lease_attrs(&mut self, ext: &ExternalInterface, prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
+    async fn lease_attrs(
+        &mut self,
+        ext: &ExternalInterface,
+        prev: Option<&Lease>,
+    ) -> Result<LeaseAttrs, BackendError> {
         let (path, why) = self.core.resolve(self.core.choice).await?;
-        tracing::info!("dataplane: the {} backend runs in the {} ({why})", self.core.name, path.as_str());
-        let mut b = self.core.make(path).ok_or_else(|| BackendError::Unsupported(self.core.name.into()))?;
+        tracing::info!(
+            "dataplane: the {} backend runs in the {} ({why})",
+            self.core.name,
+            path.as_str()
+        );
+        let mut b = self
+            .core
+            .make(path)
+            .ok_or_else(|| BackendError::Unsupported(self.core.name.into()))?;
         let attrs = b.lease_attrs(ext, prev).await?;
         self.core.ext = Some(ext.clone());
         self.core.attrs = Some(attrs.clone());
@@ -271,10 +306,17 @@ impl Backend for Dual {
     }
 
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        if self.active.as_ref().is_some_and(|(p, _)| *p == Path::Userspace) {
+        if self
+            .active
+            .as_ref()
+            .is_some_and(|(p, _)| *p == Path::Userspace)
+        {
             self.core.clear_kernel_links().await;
         }
-        let (_, b) = self.active.as_mut().ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+        let (_, b) = self
+            .active
+            .as_mut()
+            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
         let mtu = b.setup(lease).await?;
         self.core.lease = Some(lease.clone());
         self.core.mtu = Some(mtu);
@@ -311,23 +353,39 @@ impl Backend for Dual {
         }
     }
 
-    async fn switch_dataplane(&mut self, to: DataplaneChoice) -> Result<&'static str, BackendError> {
+    async fn switch_dataplane(
+        &mut self,
+        to: DataplaneChoice,
+    ) -> Result<&'static str, BackendError> {
         let (path, why) = self.core.resolve(to).await?;
         let Some(cur) = self.active.as_ref().map(|(p, _)| *p) else {
             return Err(BackendError::Config("switching before setup".into()));
         };
         if path == cur {
-            tracing::info!("dataplane: the {} backend already runs in the {}", self.core.name, path.as_str());
+            tracing::info!(
+                "dataplane: the {} backend already runs in the {}",
+                self.core.name,
+                path.as_str()
+            );
             return Ok(path.as_str());
         }
         // Refused here, before anything is touched, if the lease would change.
         let next = self.core.prepare(path).await?;
         let t0 = Instant::now();
-        tracing::info!("dataplane: switching the {} backend from {} to {} ({why})", self.core.name, cur.as_str(), path.as_str());
+        tracing::info!(
+            "dataplane: switching the {} backend from {} to {} ({why})",
+            self.core.name,
+            cur.as_str(),
+            path.as_str()
+        );
         if let Some((_, mut old)) = self.active.take() {
             old.remove_all().await;
         }
-        match self.core.start(next, path, t0 + Duration::from_secs(2)).await {
+        match self
+            .core
+            .start(next, path, t0 + Duration::from_secs(2))
+            .await
+        {
             Ok(b) => {
                 self.active = Some((path, b));
                 let gap = t0.elapsed();
@@ -341,9 +399,16 @@ impl Backend for Dual {
                 Ok(path.as_str())
             }
             Err(e) => {
-                tracing::error!("dataplane: switching to {} failed: {e}; going back to {}", path.as_str(), cur.as_str());
+                tracing::error!(
+                    "dataplane: switching to {} failed: {e}; going back to {}",
+                    path.as_str(),
+                    cur.as_str()
+                );
                 let back = self.core.prepare(cur).await?;
-                let b = self.core.start(back, cur, Instant::now() + Duration::from_secs(2)).await?;
+                let b = self
+                    .core
+                    .start(back, cur, Instant::now() + Duration::from_secs(2))
+                    .await?;
                 self.active = Some((cur, b));
                 Err(e)
             }

@@ -25,8 +25,15 @@ impl Backend for Recorder {
     fn dataplane(&self) -> &'static str {
         "userspace"
     }
-    async fn lease_attrs(&mut self, _: &ExternalInterface, prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
-        self.log.lock().expect("log").push(format!("attrs prev={}", prev.is_some()));
+    async fn lease_attrs(
+        &mut self,
+        _: &ExternalInterface,
+        prev: Option<&Lease>,
+    ) -> Result<LeaseAttrs, BackendError> {
+        self.log
+            .lock()
+            .expect("log")
+            .push(format!("attrs prev={}", prev.is_some()));
         Ok(self.attrs.clone())
     }
     async fn setup(&mut self, _: &Lease) -> Result<u32, BackendError> {
@@ -53,7 +60,14 @@ impl Backend for Recorder {
 }
 
 fn vx_opts() -> VxlanOptions {
-    VxlanOptions { vni: 1, port: 0, mtu: 0, gbp: false, learning: false, direct_routing: false }
+    VxlanOptions {
+        vni: 1,
+        port: 0,
+        mtu: 0,
+        gbp: false,
+        learning: false,
+        direct_routing: false,
+    }
 }
 
 /// vxlan with the real kernel implementation (on the fake) and a recording
@@ -67,9 +81,16 @@ fn vxlan_dual(
     let log = Arc::new(Mutex::new(Vec::new()));
     let (c, l) = (f.clone(), log.clone());
     let d = Dual::new("vxlan", choice, f.clone(), f.clone())
-        .kernel(Some(Capability::Vxlan), Box::new(move || Box::new(KernelVxlan::new(vx_opts(), true, false, c.clone()))))
+        .kernel(
+            Some(Capability::Vxlan),
+            Box::new(move || Box::new(KernelVxlan::new(vx_opts(), true, false, c.clone()))),
+        )
         .userspace(Box::new(move || {
-            Box::new(Recorder { log: l.clone(), attrs: user_attrs.clone(), fail_setup })
+            Box::new(Recorder {
+                log: l.clone(),
+                attrs: user_attrs.clone(),
+                fail_setup,
+            })
         }))
         .kernel_links(vec!["flannel.1".into()]);
     (d, log)
@@ -77,7 +98,10 @@ fn vxlan_dual(
 
 async fn kernel_attrs() -> LeaseAttrs {
     let f = fake(&["vxlan"], false);
-    KernelVxlan::new(vx_opts(), true, false, f).lease_attrs(&ext(), None).await.expect("attrs")
+    KernelVxlan::new(vx_opts(), true, false, f)
+        .lease_attrs(&ext(), None)
+        .await
+        .expect("attrs")
 }
 
 #[test]
@@ -86,16 +110,28 @@ fn auto_prefers_the_kernel_and_falls_back_to_userspace() {
         let attrs = kernel_attrs().await;
         let with = fake(&["vxlan"], false);
         let (d, _) = vxlan_dual(DataplaneChoice::Auto, &with, attrs.clone(), false);
-        assert_eq!(d.resolve(DataplaneChoice::Auto).await.expect("resolve").0, Path::Kernel);
+        assert_eq!(
+            d.resolve(DataplaneChoice::Auto).await.expect("resolve").0,
+            Path::Kernel
+        );
         // The probe left nothing behind.
         assert_eq!(with.links().len(), 2);
         let without = fake(&[], false);
         let (mut d, _) = vxlan_dual(DataplaneChoice::Auto, &without, attrs, false);
-        assert_eq!(d.resolve(DataplaneChoice::Auto).await.expect("resolve").0, Path::Userspace);
+        assert_eq!(
+            d.resolve(DataplaneChoice::Auto).await.expect("resolve").0,
+            Path::Userspace
+        );
         d.lease_attrs(&ext(), None).await.expect("attrs");
         assert_eq!(d.dataplane(), "userspace");
-        let err = d.resolve(DataplaneChoice::Kernel).await.expect_err("kernel");
-        assert_eq!(err.to_string(), "--dataplane=kernel: this kernel cannot run the vxlan backend: no vxlan support");
+        let err = d
+            .resolve(DataplaneChoice::Kernel)
+            .await
+            .expect_err("kernel");
+        assert_eq!(
+            err.to_string(),
+            "--dataplane=kernel: this kernel cannot run the vxlan backend: no vxlan support"
+        );
     });
 }
 
@@ -104,25 +140,54 @@ fn kernel_only_and_userspace_only_backends_refuse_the_other_path() {
     block_on(async {
         let f = fake(&[], false);
         let c = f.clone();
-        let hg = Dual::new("host-gw", DataplaneChoice::Auto, f.clone(), f.clone())
-            .kernel(None, Box::new(move || Box::new(HostGw::new(true, false, c.clone()))));
-        assert_eq!(hg.resolve(DataplaneChoice::Auto).await.expect("auto").0, Path::Kernel);
-        let e = hg.resolve(DataplaneChoice::Userspace).await.expect_err("userspace");
+        let hg = Dual::new("host-gw", DataplaneChoice::Auto, f.clone(), f.clone()).kernel(
+            None,
+            Box::new(move || Box::new(HostGw::new(true, false, c.clone()))),
+        );
+        assert_eq!(
+            hg.resolve(DataplaneChoice::Auto).await.expect("auto").0,
+            Path::Kernel
+        );
+        let e = hg
+            .resolve(DataplaneChoice::Userspace)
+            .await
+            .expect_err("userspace");
         assert!(e.to_string().contains("no userspace host-gw engine"), "{e}");
         let ipip = Dual::new("ipip", DataplaneChoice::Auto, f.clone(), f.clone()).kernel(
             Some(Capability::Ipip),
-            Box::new(|| Box::new(Recorder { log: Arc::default(), attrs: LeaseAttrs::default(), fail_setup: false })),
+            Box::new(|| {
+                Box::new(Recorder {
+                    log: Arc::default(),
+                    attrs: LeaseAttrs::default(),
+                    fail_setup: false,
+                })
+            }),
         );
-        let e = ipip.resolve(DataplaneChoice::Auto).await.expect_err("no ipip here");
+        let e = ipip
+            .resolve(DataplaneChoice::Auto)
+            .await
+            .expect_err("no ipip here");
         assert_eq!(
             e.to_string(),
             "this kernel cannot run the ipip backend (no ipip support) and weft has no userspace ipip engine yet"
         );
         let esp = Dual::new("ipsec", DataplaneChoice::Auto, f.clone(), f.clone()).kernel(
             Some(Capability::Esp),
-            Box::new(|| Box::new(Recorder { log: Arc::default(), attrs: LeaseAttrs::default(), fail_setup: false })),
+            Box::new(|| {
+                Box::new(Recorder {
+                    log: Arc::default(),
+                    attrs: LeaseAttrs::default(),
+                    fail_setup: false,
+                })
+            }),
         );
-        assert!(esp.resolve(DataplaneChoice::Auto).await.expect_err("no esp").to_string().contains("esp4"));
+        assert!(
+            esp.resolve(DataplaneChoice::Auto)
+                .await
+                .expect_err("no esp")
+                .to_string()
+                .contains("esp4")
+        );
     });
 }
 
@@ -137,26 +202,74 @@ fn switching_keeps_the_lease_and_reapplies_every_peer() {
         own.attrs = attrs.clone();
         d.setup(&own).await.expect("setup");
         let mac = crate::backend::vxlan::backend_data(1, [2, 0, 0, 0, 0, 2]);
-        d.apply(&Change::Add(lease("10.244.2.0/24", "192.0.2.2", "vxlan", Some(&mac)))).await.expect("add");
-        d.apply(&Change::Add(lease("10.244.3.0/24", "192.0.2.3", "vxlan", Some(&mac)))).await.expect("add");
-        d.apply(&Change::Remove(lease("10.244.3.0/24", "192.0.2.3", "vxlan", None))).await.expect("remove");
+        d.apply(&Change::Add(lease(
+            "10.244.2.0/24",
+            "192.0.2.2",
+            "vxlan",
+            Some(&mac),
+        )))
+        .await
+        .expect("add");
+        d.apply(&Change::Add(lease(
+            "10.244.3.0/24",
+            "192.0.2.3",
+            "vxlan",
+            Some(&mac),
+        )))
+        .await
+        .expect("add");
+        d.apply(&Change::Remove(lease(
+            "10.244.3.0/24",
+            "192.0.2.3",
+            "vxlan",
+            None,
+        )))
+        .await
+        .expect("remove");
         assert_eq!(f.routes().len(), 1);
 
-        assert_eq!(d.switch_dataplane(DataplaneChoice::Userspace).await.expect("switch"), "userspace");
+        assert_eq!(
+            d.switch_dataplane(DataplaneChoice::Userspace)
+                .await
+                .expect("switch"),
+            "userspace"
+        );
         assert_eq!(d.dataplane(), "userspace");
         // The kernel device went with all its entries; userspace got the lease and the live peer.
         assert!(f.links().values().all(|l| l.link.name != "flannel.1"));
         assert!(f.routes().is_empty() && f.all_fdbs().is_empty());
-        assert_eq!(*log.lock().expect("log"), vec!["attrs prev=true", "setup", "add 10.244.2.0-24"]);
+        assert_eq!(
+            *log.lock().expect("log"),
+            vec!["attrs prev=true", "setup", "add 10.244.2.0-24"]
+        );
 
-        assert_eq!(d.switch_dataplane(DataplaneChoice::Kernel).await.expect("back"), "kernel");
+        assert_eq!(
+            d.switch_dataplane(DataplaneChoice::Kernel)
+                .await
+                .expect("back"),
+            "kernel"
+        );
         assert!(log.lock().expect("log").contains(&"remove_all".to_string()));
         assert_eq!(f.routes().len(), 1);
         assert_eq!(f.all_neighs().len(), 1);
-        // Same path again: nothing happens.
+        // Same path again: nothing but the capability probe happens.
         f.take_ops();
-        assert_eq!(d.switch_dataplane(DataplaneChoice::Kernel).await.expect("noop"), "kernel");
-        assert!(f.take_ops().iter().all(|o| !matches!(o, Op::DelLink(_) | Op::AddLink(_))));
+        assert_eq!(
+            d.switch_dataplane(DataplaneChoice::Kernel)
+                .await
+                .expect("noop"),
+            "kernel"
+        );
+        let touched: Vec<Op> = f
+            .take_ops()
+            .into_iter()
+            .filter(|o| {
+                !matches!(o, Op::AddLink(l) if l.name() == "weftprobe-vx")
+                    && !matches!(o, Op::DelLink(_))
+            })
+            .collect();
+        assert_eq!(touched, vec![]);
+        assert!(f.links().values().any(|l| l.link.name == "flannel.1"));
     });
 }
 
@@ -172,17 +285,30 @@ fn switching_is_refused_when_the_lease_would_change_and_rolled_back_on_failure()
         let mut own = lease("10.244.1.0/24", "192.0.2.1", "vxlan", None);
         own.attrs = attrs.clone();
         d.setup(&own).await.expect("setup");
-        let e = d.switch_dataplane(DataplaneChoice::Userspace).await.expect_err("refused");
+        let e = d
+            .switch_dataplane(DataplaneChoice::Userspace)
+            .await
+            .expect_err("refused");
         assert!(e.to_string().contains("different lease attributes"), "{e}");
         assert_eq!(d.dataplane(), "kernel");
-        assert!(f.links().values().any(|l| l.link.name == "flannel.1"), "the kernel path was left alone");
+        assert!(
+            f.links().values().any(|l| l.link.name == "flannel.1"),
+            "the kernel path was left alone"
+        );
         assert!(!log.lock().expect("log").contains(&"setup".to_string()));
 
         let (mut d, _) = vxlan_dual(DataplaneChoice::Kernel, &f, attrs.clone(), true);
         d.lease_attrs(&ext(), None).await.expect("attrs");
         d.setup(&own).await.expect("setup");
-        assert!(d.switch_dataplane(DataplaneChoice::Userspace).await.is_err());
+        assert!(
+            d.switch_dataplane(DataplaneChoice::Userspace)
+                .await
+                .is_err()
+        );
         assert_eq!(d.dataplane(), "kernel");
-        assert!(f.links().values().any(|l| l.link.name == "flannel.1"), "rolled back to the kernel device");
+        assert!(
+            f.links().values().any(|l| l.link.name == "flannel.1"),
+            "rolled back to the kernel device"
+        );
     });
 }

@@ -34,12 +34,23 @@ pub struct HostGw {
 impl HostGw {
     /// A host-gw backend for the enabled families.
     pub fn new(v4: bool, v6: bool, nl: Arc<dyn Client>) -> HostGw {
-        HostGw { v4, v6, ext: None, routes: RouteSet::new(nl) }
+        HostGw {
+            v4,
+            v6,
+            ext: None,
+            routes: RouteSet::new(nl),
+        }
     }
 
     fn route(&self, dst: IpNet, gw: IpAddr) -> Option<Route> {
         let oif = self.ext.as_ref()?.iface.index;
-        Some(Route { dst, gateway: Some(gw), oif: Some(oif), onlink: false, scope_link: false })
+        Some(Route {
+            dst,
+            gateway: Some(gw),
+            oif: Some(oif),
+            onlink: false,
+            scope_link: false,
+        })
     }
 }
 
@@ -53,24 +64,38 @@ impl Backend for HostGw {
         "kernel"
     }
 
-    async fn lease_attrs(&mut self, ext: &ExternalInterface, _prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
+    async fn lease_attrs(
+        &mut self,
+        ext: &ExternalInterface,
+        _prev: Option<&Lease>,
+    ) -> Result<LeaseAttrs, BackendError> {
         if ext.ext_addr != ext.iface_addr {
             return Err(BackendError::Config(NAT_ERROR.into()));
         }
         self.ext = Some(ext.clone());
-        let mut attrs = LeaseAttrs { backend_type: "host-gw".into(), ..Default::default() };
+        let mut attrs = LeaseAttrs {
+            backend_type: "host-gw".into(),
+            ..Default::default()
+        };
         if self.v4 {
-            attrs.public_ip = ext.ext_addr.ok_or_else(|| BackendError::Config("host-gw: no IPv4 public address".into()))?;
+            attrs.public_ip = ext
+                .ext_addr
+                .ok_or_else(|| BackendError::Config("host-gw: no IPv4 public address".into()))?;
         }
         if self.v6 {
             attrs.public_ipv6 =
-                Some(ext.ext_v6_addr.ok_or_else(|| BackendError::Config("host-gw: no IPv6 public address".into()))?);
+                Some(ext.ext_v6_addr.ok_or_else(|| {
+                    BackendError::Config("host-gw: no IPv6 public address".into())
+                })?);
         }
         Ok(attrs)
     }
 
     async fn setup(&mut self, _lease: &Lease) -> Result<u32, BackendError> {
-        let ext = self.ext.as_ref().ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+        let ext = self
+            .ext
+            .as_ref()
+            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
         Ok(ext.iface.mtu)
     }
 
@@ -93,7 +118,11 @@ impl Backend for HostGw {
                 }
             }
             Change::Remove(l) => {
-                let dsts = l.subnet.map(IpNet::V4).into_iter().chain(l.ipv6_subnet.map(IpNet::V6));
+                let dsts = l
+                    .subnet
+                    .map(IpNet::V4)
+                    .into_iter()
+                    .chain(l.ipv6_subnet.map(IpNet::V6));
                 for dst in dsts {
                     if let Err(e) = self.routes.remove(dst).await {
                         tracing::error!("Error deleting route to {dst}: {e}");

@@ -43,35 +43,58 @@ pub struct Ipip {
 impl Ipip {
     /// A kernel ipip backend.
     pub fn new(opts: IpipOptions, nl: Arc<dyn Client>) -> Ipip {
-        Ipip { opts, routes: RouteSet::new(nl.clone()), nl, ext: None, index: 0, addr: None }
+        Ipip {
+            opts,
+            routes: RouteSet::new(nl.clone()),
+            nl,
+            ext: None,
+            index: 0,
+            addr: None,
+        }
     }
 
     fn local(&self) -> Result<Ipv4Addr, BackendError> {
-        self.ext
-            .as_ref()
-            .and_then(|e| e.iface_addr)
-            .ok_or_else(|| BackendError::Config("ipip: the external interface has no IPv4 address".into()))
+        self.ext.as_ref().and_then(|e| e.iface_addr).ok_or_else(|| {
+            BackendError::Config("ipip: the external interface has no IPv4 address".into())
+        })
     }
 
     /// Creates or reuses `flannel.ipip`, sets MTU, address, up; returns the MTU.
     async fn bring_up(&mut self) -> Result<u32, BackendError> {
-        let ext = self.ext.clone().ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+        let ext = self
+            .ext
+            .clone()
+            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
         let local = self.local()?;
         let want = ext.iface.mtu.saturating_sub(20);
         let mut link = self.nl.link_detail(DEVICE).await?;
         if let Some(d) = &link {
             match d.kind {
-                LinkKind::Ipip { local: l, remote: None } if l == Some(local) => {}
+                LinkKind::Ipip {
+                    local: l,
+                    remote: None,
+                } if l == Some(local) => {}
                 LinkKind::Ipip { .. } => {
-                    tracing::warn!("{DEVICE} exists with a different local or remote address; recreating it");
+                    tracing::warn!(
+                        "{DEVICE} exists with a different local or remote address; recreating it"
+                    );
                     self.nl.delete_link(d.link.index).await?;
                     link = None;
                 }
-                _ => return Err(BackendError::Config(format!("{DEVICE} isn't an ipip mode device"))),
+                _ => {
+                    return Err(BackendError::Config(format!(
+                        "{DEVICE} isn't an ipip mode device"
+                    )));
+                }
             }
         }
         if link.is_none() {
-            self.nl.add_link(&LinkSpec::Ipip(IpipLink { name: DEVICE.into(), local })).await?;
+            self.nl
+                .add_link(&LinkSpec::Ipip(IpipLink {
+                    name: DEVICE.into(),
+                    local,
+                }))
+                .await?;
             link = self.nl.link_detail(DEVICE).await?;
         }
         let d = link.ok_or_else(|| NetlinkError::NoSuchLink(DEVICE.into()))?;
@@ -83,7 +106,13 @@ impl Ipip {
                     self.nl.remove_addr(self.index, a.net).await?;
                 }
             }
-            if !self.nl.addrs_on(self.index).await?.iter().any(|a| a.net == addr) {
+            if !self
+                .nl
+                .addrs_on(self.index)
+                .await?
+                .iter()
+                .any(|a| a.net == addr)
+            {
                 self.nl.add_addr(self.index, addr).await?;
             }
         }
@@ -93,14 +122,20 @@ impl Ipip {
 
     async fn route_for(&self, subnet: IpNet, public: Ipv4Addr) -> Route {
         let mut oif = self.index;
-        if self.opts.direct_routing {
-            if let Ok(r) = self.nl.route_get(IpAddr::V4(public)).await {
-                if r.len() == 1 && r[0].gateway.is_none() {
-                    oif = self.ext.as_ref().map_or(oif, |e| e.iface.index);
-                }
-            }
+        if self.opts.direct_routing
+            && let Ok(r) = self.nl.route_get(IpAddr::V4(public)).await
+            && r.len() == 1
+            && r[0].gateway.is_none()
+        {
+            oif = self.ext.as_ref().map_or(oif, |e| e.iface.index);
         }
-        Route { dst: subnet, gateway: Some(IpAddr::V4(public)), oif: Some(oif), onlink: true, scope_link: false }
+        Route {
+            dst: subnet,
+            gateway: Some(IpAddr::V4(public)),
+            oif: Some(oif),
+            onlink: true,
+            scope_link: false,
+        }
     }
 }
 
@@ -114,16 +149,30 @@ impl Backend for Ipip {
         "kernel"
     }
 
-    async fn lease_attrs(&mut self, ext: &ExternalInterface, _prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
+    async fn lease_attrs(
+        &mut self,
+        ext: &ExternalInterface,
+        _prev: Option<&Lease>,
+    ) -> Result<LeaseAttrs, BackendError> {
         tracing::info!("IPIP config: DirectRouting={}", self.opts.direct_routing);
         self.ext = Some(ext.clone());
-        let public_ip = ext.ext_addr.ok_or_else(|| BackendError::Config("ipip: no IPv4 public address".into()))?;
-        Ok(LeaseAttrs { public_ip, backend_type: "ipip".into(), ..Default::default() })
+        let public_ip = ext
+            .ext_addr
+            .ok_or_else(|| BackendError::Config("ipip: no IPv4 public address".into()))?;
+        Ok(LeaseAttrs {
+            public_ip,
+            backend_type: "ipip".into(),
+            ..Default::default()
+        })
     }
 
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        let sn = lease.subnet.ok_or_else(|| BackendError::Config("ipip backend needs an IPv4 lease".into()))?;
-        self.addr = Some(IpNet::new(sn.network().into(), 32).map_err(|e| BackendError::Config(e.to_string()))?);
+        let sn = lease
+            .subnet
+            .ok_or_else(|| BackendError::Config("ipip backend needs an IPv4 lease".into()))?;
+        self.addr = Some(
+            IpNet::new(sn.network().into(), 32).map_err(|e| BackendError::Config(e.to_string()))?,
+        );
         self.bring_up().await
     }
 
@@ -140,10 +189,10 @@ impl Backend for Ipip {
                 }
             }
             Change::Remove(l) => {
-                if let Some(s) = l.subnet {
-                    if let Err(e) = self.routes.remove(IpNet::V4(s)).await {
-                        tracing::error!("Error deleting route to {s}: {e}");
-                    }
+                if let Some(s) = l.subnet
+                    && let Err(e) = self.routes.remove(IpNet::V4(s)).await
+                {
+                    tracing::error!("Error deleting route to {s}: {e}");
                 }
             }
         }
@@ -152,7 +201,8 @@ impl Backend for Ipip {
 
     async fn reconcile(&mut self) -> Result<(), BackendError> {
         let present = self.nl.link_detail(DEVICE).await?;
-        if !present.is_some_and(|d| d.link.index == self.index && d.link.up) && self.addr.is_some() {
+        if !present.is_some_and(|d| d.link.index == self.index && d.link.up) && self.addr.is_some()
+        {
             tracing::warn!("{DEVICE} is gone or down; recreating it");
             let old = self.index;
             self.bring_up().await?;

@@ -49,11 +49,22 @@ pub struct Ipsec {
 impl Ipsec {
     /// An ipsec backend.
     pub fn new(opts: IpsecOptions, xfrm: Arc<dyn XfrmClient>) -> Ipsec {
-        Ipsec { opts, xfrm, ext: None, own: None, peers: BTreeMap::new() }
+        Ipsec {
+            opts,
+            xfrm,
+            ext: None,
+            own: None,
+            peers: BTreeMap::new(),
+        }
     }
 
     /// flannel's three policies between this node and a peer.
-    pub fn policies(local: Ipv4Net, local_pub: IpAddr, remote: Ipv4Net, remote_pub: IpAddr) -> [XfrmPolicy; 3] {
+    pub fn policies(
+        local: Ipv4Net,
+        local_pub: IpAddr,
+        remote: Ipv4Net,
+        remote_pub: IpAddr,
+    ) -> [XfrmPolicy; 3] {
         let pol = |src: Ipv4Net, dst: Ipv4Net, tsrc, tdst, dir| XfrmPolicy {
             src: IpNet::V4(src),
             dst: IpNet::V4(dst),
@@ -80,38 +91,64 @@ impl Backend for Ipsec {
         "kernel"
     }
 
-    async fn lease_attrs(&mut self, ext: &ExternalInterface, _prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
-        tracing::info!("IPSec config: UDPEncap={} ESPProposal={}", self.opts.udp_encap, self.opts.esp_proposal);
+    async fn lease_attrs(
+        &mut self,
+        ext: &ExternalInterface,
+        _prev: Option<&Lease>,
+    ) -> Result<LeaseAttrs, BackendError> {
+        tracing::info!(
+            "IPSec config: UDPEncap={} ESPProposal={}",
+            self.opts.udp_encap,
+            self.opts.esp_proposal
+        );
         self.ext = Some(ext.clone());
-        let public_ip = ext.ext_addr.ok_or_else(|| BackendError::Config("ipsec: no IPv4 public address".into()))?;
-        Ok(LeaseAttrs { public_ip, backend_type: "ipsec".into(), ..Default::default() })
+        let public_ip = ext
+            .ext_addr
+            .ok_or_else(|| BackendError::Config("ipsec: no IPv4 public address".into()))?;
+        Ok(LeaseAttrs {
+            public_ip,
+            backend_type: "ipsec".into(),
+            ..Default::default()
+        })
     }
 
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        let ext = self.ext.as_ref().ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        let sn = lease.subnet.ok_or_else(|| BackendError::Config("ipsec backend needs an IPv4 lease".into()))?;
+        let ext = self
+            .ext
+            .as_ref()
+            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+        let sn = lease
+            .subnet
+            .ok_or_else(|| BackendError::Config("ipsec backend needs an IPv4 lease".into()))?;
         self.own = Some((sn, IpAddr::V4(lease.attrs.public_ip)));
         tracing::warn!(
             "ipsec: weft installs flannel's XFRM policies but runs no IKE daemon; SAs must come from one (see the backend docs)"
         );
-        Ok(ext.iface.mtu.saturating_sub(if self.opts.udp_encap { 85 } else { 77 }))
+        Ok(ext
+            .iface
+            .mtu
+            .saturating_sub(if self.opts.udp_encap { 85 } else { 77 }))
     }
 
     async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
-        let Some((local, local_pub)) = self.own else { return Ok(()) };
+        let Some((local, local_pub)) = self.own else {
+            return Ok(());
+        };
         match change {
             Change::Add(l) => {
                 if l.attrs.backend_type != "ipsec" {
                     tracing::warn!("Ignoring non-ipsec subnet: type={}", l.attrs.backend_type);
                     return Ok(());
                 }
-                let Some(remote) = l.subnet else { return Ok(()) };
+                let Some(remote) = l.subnet else {
+                    return Ok(());
+                };
                 let ps = Ipsec::policies(local, local_pub, remote, IpAddr::V4(l.attrs.public_ip));
-                if let Some(old) = self.peers.insert(remote, ps.clone()) {
-                    if old != ps {
-                        for p in &old {
-                            let _ = self.xfrm.policy_del(p).await;
-                        }
+                if let Some(old) = self.peers.insert(remote, ps.clone())
+                    && old != ps
+                {
+                    for p in &old {
+                        let _ = self.xfrm.policy_del(p).await;
                     }
                 }
                 for p in &ps {
@@ -119,7 +156,9 @@ impl Backend for Ipsec {
                 }
             }
             Change::Remove(l) => {
-                let Some(remote) = l.subnet else { return Ok(()) };
+                let Some(remote) = l.subnet else {
+                    return Ok(());
+                };
                 if let Some(ps) = self.peers.remove(&remote) {
                     for p in &ps {
                         if let Err(e) = self.xfrm.policy_del(p).await {

@@ -51,7 +51,11 @@ struct Dev {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Entry {
     /// Neighbour, fdb entry and onlink route on the vxlan device.
-    Encap { neigh: Neigh, fdb: Fdb, route: Route },
+    Encap {
+        neigh: Neigh,
+        fdb: Fdb,
+        route: Route,
+    },
     /// DirectRouting: a plain route via the peer's public IP.
     Direct(Route),
 }
@@ -72,11 +76,24 @@ pub struct KernelVxlan {
 impl KernelVxlan {
     /// A kernel vxlan backend for the enabled families.
     pub fn new(opts: VxlanOptions, v4: bool, v6: bool, nl: Arc<dyn Client>) -> KernelVxlan {
-        KernelVxlan { opts, nl, v4: None, v6: None, want_v4: v4, want_v6: v6, ext: None, peers: BTreeMap::new() }
+        KernelVxlan {
+            opts,
+            nl,
+            v4: None,
+            v6: None,
+            want_v4: v4,
+            want_v6: v6,
+            ext: None,
+            peers: BTreeMap::new(),
+        }
     }
 
     fn mtu(&self, ext: &ExternalInterface) -> u32 {
-        let cfg = if self.opts.mtu == 0 { ext.iface.mtu } else { self.opts.mtu };
+        let cfg = if self.opts.mtu == 0 {
+            ext.iface.mtu
+        } else {
+            self.opts.mtu
+        };
         cfg.saturating_sub(50)
     }
 
@@ -86,14 +103,25 @@ impl KernelVxlan {
             match incompatible(spec, &d.kind, d.link.mac.as_deref()) {
                 None => return Ok(d.link.index),
                 Some(why) => {
-                    tracing::warn!("{:?} already exists with incompatible configuration: {why}; recreating device", spec.name);
+                    tracing::warn!(
+                        "{:?} already exists with incompatible configuration: {why}; recreating device",
+                        spec.name
+                    );
                     self.nl.delete_link(d.link.index).await?;
                 }
             }
         }
         self.nl.add_link(&LinkSpec::Vxlan(spec.clone())).await?;
-        let d = self.nl.link_detail(&spec.name).await?.ok_or_else(|| crate::netlink::NetlinkError::NoSuchLink(spec.name.clone()))?;
-        if let Err(e) = self.nl.sysctl(&format!("net/ipv6/conf/{}/accept_ra", spec.name), "0").await {
+        let d = self
+            .nl
+            .link_detail(&spec.name)
+            .await?
+            .ok_or_else(|| crate::netlink::NetlinkError::NoSuchLink(spec.name.clone()))?;
+        if let Err(e) = self
+            .nl
+            .sysctl(&format!("net/ipv6/conf/{}/accept_ra", spec.name), "0")
+            .await
+        {
             tracing::warn!("{e}");
         }
         Ok(d.link.index)
@@ -105,22 +133,38 @@ impl KernelVxlan {
         if let Some(addr) = dev.addr {
             // EnsureV4AddressOnLink / EnsureV6AddressOnLink: ours only.
             for a in self.nl.addrs_on(dev.index).await? {
-                if a.net != addr && !a.link_local && a.net.addr().is_ipv4() == addr.addr().is_ipv4() {
+                if a.net != addr && !a.link_local && a.net.addr().is_ipv4() == addr.addr().is_ipv4()
+                {
                     self.nl.remove_addr(dev.index, a.net).await?;
                 }
             }
-            if !self.nl.addrs_on(dev.index).await?.iter().any(|a| a.net == addr) {
+            if !self
+                .nl
+                .addrs_on(dev.index)
+                .await?
+                .iter()
+                .any(|a| a.net == addr)
+            {
                 self.nl.add_addr(dev.index, addr).await?;
             }
         }
         self.nl.link_up(dev.index, None).await?;
-        let got = self.nl.link_detail(&dev.spec.name).await?.and_then(|d| d.link.mac);
+        let got = self
+            .nl
+            .link_detail(&dev.spec.name)
+            .await?
+            .and_then(|d| d.link.mac);
         if got.as_deref() != Some(&dev.spec.mac[..]) {
             return Err(BackendError::Config(format!(
                 "{}'s mac address wanted: {}, but got: {}",
                 dev.spec.name,
                 fmt_mac(dev.spec.mac),
-                got.map(|m| m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")).unwrap_or_default()
+                got.map(|m| m
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<Vec<_>>()
+                    .join(":"))
+                    .unwrap_or_default()
             )));
         }
         Ok(())
@@ -169,7 +213,11 @@ impl KernelVxlan {
         let results = match e {
             Entry::Direct(r) => vec![self.nl.route_del(r).await],
             Entry::Encap { neigh, fdb, route } => {
-                vec![self.nl.neigh_del(neigh).await, self.nl.fdb_del(fdb).await, self.nl.route_del(route).await]
+                vec![
+                    self.nl.neigh_del(neigh).await,
+                    self.nl.fdb_del(fdb).await,
+                    self.nl.route_del(route).await,
+                ]
             }
         };
         for r in results {
@@ -179,9 +227,20 @@ impl KernelVxlan {
         }
     }
 
-    async fn entry_for(&self, subnet: IpNet, public: IpAddr, data: Option<&String>) -> Option<Entry> {
+    async fn entry_for(
+        &self,
+        subnet: IpNet,
+        public: IpAddr,
+        data: Option<&String>,
+    ) -> Option<Entry> {
         if self.opts.direct_routing && self.on_link(public).await {
-            let r = Route { dst: subnet, gateway: Some(public), oif: None, onlink: false, scope_link: false };
+            let r = Route {
+                dst: subnet,
+                gateway: Some(public),
+                oif: None,
+                onlink: false,
+                scope_link: false,
+            };
             return Some(Entry::Direct(r));
         }
         let dev = self.dev_for(&subnet)?;
@@ -191,21 +250,35 @@ impl KernelVxlan {
         };
         let gw = subnet.network();
         Some(Entry::Encap {
-            neigh: Neigh { index: dev.index, ip: gw, mac },
-            fdb: Fdb { index: dev.index, mac, dst: public },
-            route: Route { dst: subnet, gateway: Some(gw), oif: Some(dev.index), onlink: true, scope_link: false },
+            neigh: Neigh {
+                index: dev.index,
+                ip: gw,
+                mac,
+            },
+            fdb: Fdb {
+                index: dev.index,
+                mac,
+                dst: public,
+            },
+            route: Route {
+                dst: subnet,
+                gateway: Some(gw),
+                oif: Some(dev.index),
+                onlink: true,
+                scope_link: false,
+            },
         })
     }
 
     /// Re-points remembered encap entries at the current device index.
     fn reindex(&mut self, v6: bool, index: u32) {
         for e in self.peers.values_mut() {
-            if let Entry::Encap { neigh, fdb, route } = e {
-                if neigh.ip.is_ipv6() == v6 {
-                    neigh.index = index;
-                    fdb.index = index;
-                    route.oif = Some(index);
-                }
+            if let Entry::Encap { neigh, fdb, route } = e
+                && neigh.ip.is_ipv6() == v6
+            {
+                neigh.index = index;
+                fdb.index = index;
+                route.oif = Some(index);
             }
         }
     }
@@ -214,15 +287,23 @@ impl KernelVxlan {
 /// flannel's `vxlanLinksIncompat` (plus the MAC, which weft treats as part of
 /// the lease): why an existing link cannot be reused, or `None`.
 fn incompatible(want: &VxlanLink, have: &LinkKind, mac: Option<&[u8]>) -> Option<String> {
-    let LinkKind::Vxlan(h) = have else { return Some(format!("link type: {have:?} vs vxlan")) };
+    let LinkKind::Vxlan(h) = have else {
+        return Some(format!("link type: {have:?} vs vxlan"));
+    };
     if h.vni != want.vni {
         return Some(format!("vni: {} vs {}", h.vni, want.vni));
     }
     if h.vtep_index > 0 && want.vtep_index > 0 && h.vtep_index != want.vtep_index {
-        return Some(format!("vtep (external) interface: {} vs {}", h.vtep_index, want.vtep_index));
+        return Some(format!(
+            "vtep (external) interface: {} vs {}",
+            h.vtep_index, want.vtep_index
+        ));
     }
     if h.local.is_some_and(|l| l != want.local) {
-        return Some(format!("vtep (external) IP: {:?} vs {}", h.local, want.local));
+        return Some(format!(
+            "vtep (external) IP: {:?} vs {}",
+            h.local, want.local
+        ));
     }
     if h.group.is_some() {
         return Some(format!("group address: {:?} vs none", h.group));
@@ -252,7 +333,11 @@ impl Backend for KernelVxlan {
         "kernel"
     }
 
-    async fn lease_attrs(&mut self, ext: &ExternalInterface, prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
+    async fn lease_attrs(
+        &mut self,
+        ext: &ExternalInterface,
+        prev: Option<&Lease>,
+    ) -> Result<LeaseAttrs, BackendError> {
         tracing::info!(
             "VXLAN config: VNI={} Port={} GBP={} Learning={} DirectRouting={}",
             self.opts.vni,
@@ -263,7 +348,11 @@ impl Backend for KernelVxlan {
         );
         self.ext = Some(ext.clone());
         let vni = self.opts.vni;
-        let reuse = |d: Option<&String>| d.and_then(|d| parse_backend_data(d)).filter(|(v, _)| *v == vni).map(|(_, m)| m);
+        let reuse = |d: Option<&String>| {
+            d.and_then(|d| parse_backend_data(d))
+                .filter(|(v, _)| *v == vni)
+                .map(|(_, m)| m)
+        };
         let mtu = self.mtu(ext);
         let spec = |name: String, local: IpAddr, mac: [u8; 6]| VxlanLink {
             name,
@@ -276,34 +365,60 @@ impl Backend for KernelVxlan {
             mtu,
             mac,
         };
-        let mut attrs = LeaseAttrs { backend_type: "vxlan".into(), ..Default::default() };
+        let mut attrs = LeaseAttrs {
+            backend_type: "vxlan".into(),
+            ..Default::default()
+        };
         if self.want_v4 {
-            let ip = ext.ext_addr.ok_or_else(|| BackendError::Config("vxlan: no IPv4 public address".into()))?;
-            let mac = reuse(prev.and_then(|p| p.attrs.backend_data.as_ref())).unwrap_or_else(|| derive_mac(ip.into(), vni, 4));
+            let ip = ext
+                .ext_addr
+                .ok_or_else(|| BackendError::Config("vxlan: no IPv4 public address".into()))?;
+            let mac = reuse(prev.and_then(|p| p.attrs.backend_data.as_ref()))
+                .unwrap_or_else(|| derive_mac(ip.into(), vni, 4));
             attrs.public_ip = ip;
             attrs.backend_data = Some(backend_data(vni, mac));
-            self.v4 = Some(Dev { spec: spec(format!("flannel.{vni}"), ip.into(), mac), addr: None, index: 0 });
+            self.v4 = Some(Dev {
+                spec: spec(format!("flannel.{vni}"), ip.into(), mac),
+                addr: None,
+                index: 0,
+            });
         }
         if self.want_v6 {
-            let ip = ext.ext_v6_addr.ok_or_else(|| BackendError::Config("vxlan: no IPv6 public address".into()))?;
-            let mac = reuse(prev.and_then(|p| p.attrs.backend_v6_data.as_ref())).unwrap_or_else(|| derive_mac(ip.into(), vni, 6));
+            let ip = ext
+                .ext_v6_addr
+                .ok_or_else(|| BackendError::Config("vxlan: no IPv6 public address".into()))?;
+            let mac = reuse(prev.and_then(|p| p.attrs.backend_v6_data.as_ref()))
+                .unwrap_or_else(|| derive_mac(ip.into(), vni, 6));
             attrs.public_ipv6 = Some(ip);
             attrs.backend_v6_data = Some(backend_data(vni, mac));
-            self.v6 = Some(Dev { spec: spec(format!("flannel-v6.{vni}"), ip.into(), mac), addr: None, index: 0 });
+            self.v6 = Some(Dev {
+                spec: spec(format!("flannel-v6.{vni}"), ip.into(), mac),
+                addr: None,
+                index: 0,
+            });
         }
         Ok(attrs)
     }
 
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        let ext = self.ext.clone().ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+        let ext = self
+            .ext
+            .clone()
+            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
         if let (Some(mut d), Some(sn)) = (self.v4.take(), lease.subnet) {
-            d.addr = Some(IpNet::new(sn.network().into(), 32).map_err(|e| BackendError::Config(e.to_string()))?);
+            d.addr = Some(
+                IpNet::new(sn.network().into(), 32)
+                    .map_err(|e| BackendError::Config(e.to_string()))?,
+            );
             let r = self.bring_up(&mut d).await;
             self.v4 = Some(d);
             r?;
         }
         if let (Some(mut d), Some(sn)) = (self.v6.take(), lease.ipv6_subnet) {
-            d.addr = Some(IpNet::new(sn.network().into(), 128).map_err(|e| BackendError::Config(e.to_string()))?);
+            d.addr = Some(
+                IpNet::new(sn.network().into(), 128)
+                    .map_err(|e| BackendError::Config(e.to_string()))?,
+            );
             let r = self.bring_up(&mut d).await;
             self.v6 = Some(d);
             r?;
@@ -326,8 +441,16 @@ impl Backend for KernelVxlan {
             return Ok(());
         }
         let targets = [
-            (lease.subnet.map(IpNet::V4), Some(IpAddr::V4(lease.attrs.public_ip)), lease.attrs.backend_data.as_ref()),
-            (lease.ipv6_subnet.map(IpNet::V6), lease.attrs.public_ipv6.map(IpAddr::V6), lease.attrs.backend_v6_data.as_ref()),
+            (
+                lease.subnet.map(IpNet::V4),
+                Some(IpAddr::V4(lease.attrs.public_ip)),
+                lease.attrs.backend_data.as_ref(),
+            ),
+            (
+                lease.ipv6_subnet.map(IpNet::V6),
+                lease.attrs.public_ipv6.map(IpAddr::V6),
+                lease.attrs.backend_v6_data.as_ref(),
+            ),
         ];
         let mut first_err = None;
         for (subnet, public, data) in targets {
@@ -343,7 +466,9 @@ impl Backend for KernelVxlan {
                 continue;
             }
             let Some(public) = public else { continue };
-            let Some(entry) = self.entry_for(subnet, public, data).await else { continue };
+            let Some(entry) = self.entry_for(subnet, public, data).await else {
+                continue;
+            };
             if let Some(old) = old.filter(|o| *o != entry) {
                 self.unprogram(&old).await;
             }
@@ -365,7 +490,10 @@ impl Backend for KernelVxlan {
                 continue;
             }
             let present = self.nl.link_detail(&dev.spec.name).await?;
-            if present.as_ref().is_some_and(|d| d.link.index == dev.index && d.link.up) {
+            if present
+                .as_ref()
+                .is_some_and(|d| d.link.index == dev.index && d.link.up)
+            {
                 continue;
             }
             tracing::warn!("{} is gone or down; recreating it", dev.spec.name);
@@ -381,14 +509,24 @@ impl Backend for KernelVxlan {
         }
         let mut neighs = BTreeMap::new();
         let mut fdbs = BTreeMap::new();
-        for dev in [self.v4.as_ref(), self.v6.as_ref()].into_iter().flatten().filter(|d| d.index > 0) {
+        for dev in [self.v4.as_ref(), self.v6.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter(|d| d.index > 0)
+        {
             neighs.insert(dev.index, self.nl.neighs(dev.index).await?);
             fdbs.insert(dev.index, self.nl.fdbs(dev.index).await?);
         }
         for e in self.peers.values() {
             match e {
                 Entry::Direct(r) => {
-                    if !self.nl.routes_exact(r.dst).await?.iter().any(|p| p.same_as(r)) {
+                    if !self
+                        .nl
+                        .routes_exact(r.dst)
+                        .await?
+                        .iter()
+                        .any(|p| p.same_as(r))
+                    {
                         self.nl.route_replace(r).await?;
                         tracing::info!("Route recovered {} : {}", r.dst, r);
                     }
@@ -396,13 +534,23 @@ impl Backend for KernelVxlan {
                 Entry::Encap { neigh, fdb, route } => {
                     if !neighs.get(&neigh.index).is_some_and(|v| v.contains(neigh)) {
                         self.nl.neigh_replace(neigh).await?;
-                        tracing::info!("Neighbour recovered {} lladdr {}", neigh.ip, fmt_mac(neigh.mac));
+                        tracing::info!(
+                            "Neighbour recovered {} lladdr {}",
+                            neigh.ip,
+                            fmt_mac(neigh.mac)
+                        );
                     }
                     if !fdbs.get(&fdb.index).is_some_and(|v| v.contains(fdb)) {
                         self.nl.fdb_replace(fdb).await?;
                         tracing::info!("FDB entry recovered {} dst {}", fmt_mac(fdb.mac), fdb.dst);
                     }
-                    if !self.nl.routes_exact(route.dst).await?.iter().any(|p| p.same_as(route)) {
+                    if !self
+                        .nl
+                        .routes_exact(route.dst)
+                        .await?
+                        .iter()
+                        .any(|p| p.same_as(route))
+                    {
                         self.nl.route_replace(route).await?;
                         tracing::info!("Route recovered {} : {}", route.dst, route);
                     }
@@ -421,10 +569,11 @@ impl Backend for KernelVxlan {
             }
         }
         for dev in [self.v4.take(), self.v6.take()].into_iter().flatten() {
-            if let Ok(Some(d)) = self.nl.link_detail(&dev.spec.name).await {
-                if let Err(e) = self.nl.delete_link(d.link.index).await {
-                    tracing::warn!("failed to delete {}: {e}", dev.spec.name);
-                }
+            if let Ok(Some(d)) = self.nl.link_detail(&dev.spec.name).await
+                && matches!(d.kind, LinkKind::Vxlan(_))
+                && let Err(e) = self.nl.delete_link(d.link.index).await
+            {
+                tracing::warn!("failed to delete {}: {e}", dev.spec.name);
             }
         }
     }

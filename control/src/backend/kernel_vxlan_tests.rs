@@ -3,13 +3,20 @@
 use std::net::IpAddr;
 
 use super::*;
+use crate::backend::EngineTuning;
 use crate::backend::test_util::{block_on, ext, fake, lease};
 use crate::backend::vxlan::Vxlan;
-use crate::backend::EngineTuning;
 use crate::netlink::{FakeNetlink, Netlink, Op, VxlanAttrs};
 
 fn opts(direct: bool) -> VxlanOptions {
-    VxlanOptions { vni: 1, port: 0, mtu: 0, gbp: false, learning: false, direct_routing: direct }
+    VxlanOptions {
+        vni: 1,
+        port: 0,
+        mtu: 0,
+        gbp: false,
+        learning: false,
+        direct_routing: direct,
+    }
 }
 
 const PEER_MAC: [u8; 6] = [0x0e, 0xaa, 0xbb, 0xcc, 0xdd, 0x02];
@@ -26,7 +33,13 @@ async fn up(direct: bool) -> (KernelVxlan, Arc<FakeNetlink>, u32) {
     let mut own = lease("10.244.1.0/24", "192.0.2.1", "vxlan", None);
     own.attrs = attrs;
     assert_eq!(b.setup(&own).await.expect("setup"), 1450);
-    let index = f.links().values().find(|d| d.link.name == "flannel.1").expect("device").link.index;
+    let index = f
+        .links()
+        .values()
+        .find(|d| d.link.name == "flannel.1")
+        .expect("device")
+        .link
+        .index;
     (b, f, index)
 }
 
@@ -62,16 +75,34 @@ fn lease_is_byte_identical_to_the_userspace_backend() {
     block_on(async {
         let f = fake(&["vxlan"], false);
         let nl = Netlink::connect().expect("netlink socket");
-        let tuning = EngineTuning { workers: 1, offload: false, anti_spoof: true };
+        let tuning = EngineTuning {
+            workers: 1,
+            offload: false,
+            anti_spoof: true,
+        };
         let mut k = KernelVxlan::new(opts(false), true, false, f.clone());
         let mut u = Vxlan::new(opts(false), true, false, tuning, nl);
-        let (ka, ua) = (k.lease_attrs(&ext(), None).await.expect("k"), u.lease_attrs(&ext(), None).await.expect("u"));
+        let (ka, ua) = (
+            k.lease_attrs(&ext(), None).await.expect("k"),
+            u.lease_attrs(&ext(), None).await.expect("u"),
+        );
         assert_eq!(ka, ua);
         assert_eq!(ka.to_json(), ua.to_json());
         // With a previous lease, both keep its MAC.
-        let prev = lease("10.244.1.0/24", "192.0.2.1", "vxlan", Some(&backend_data(1, PEER_MAC)));
-        let (ka, ua) = (k.lease_attrs(&ext(), Some(&prev)).await.expect("k"), u.lease_attrs(&ext(), Some(&prev)).await.expect("u"));
-        assert_eq!(ka.backend_data.as_deref(), Some(r#"{"VNI":1,"VtepMAC":"0e:aa:bb:cc:dd:02"}"#));
+        let prev = lease(
+            "10.244.1.0/24",
+            "192.0.2.1",
+            "vxlan",
+            Some(&backend_data(1, PEER_MAC)),
+        );
+        let (ka, ua) = (
+            k.lease_attrs(&ext(), Some(&prev)).await.expect("k"),
+            u.lease_attrs(&ext(), Some(&prev)).await.expect("u"),
+        );
+        assert_eq!(
+            ka.backend_data.as_deref(),
+            Some(r#"{"VNI":1,"VtepMAC":"0e:aa:bb:cc:dd:02"}"#)
+        );
         assert_eq!(ka, ua);
     });
 }
@@ -84,8 +115,16 @@ fn peer_gets_neighbour_fdb_and_onlink_route_in_order_and_loses_them() {
         let p = peer("10.244.2.0/24", "192.0.2.2");
         b.apply(&Change::Add(p.clone())).await.expect("add");
         let gw: IpAddr = "10.244.2.0".parse().expect("ip");
-        let neigh = Neigh { index: idx, ip: gw, mac: PEER_MAC };
-        let fdb = Fdb { index: idx, mac: PEER_MAC, dst: "192.0.2.2".parse().expect("ip") };
+        let neigh = Neigh {
+            index: idx,
+            ip: gw,
+            mac: PEER_MAC,
+        };
+        let fdb = Fdb {
+            index: idx,
+            mac: PEER_MAC,
+            dst: "192.0.2.2".parse().expect("ip"),
+        };
         let route = Route {
             dst: "10.244.2.0/24".parse().expect("net"),
             gateway: Some(gw),
@@ -95,10 +134,17 @@ fn peer_gets_neighbour_fdb_and_onlink_route_in_order_and_loses_them() {
         };
         assert_eq!(
             f.take_ops(),
-            vec![Op::NeighReplace(neigh.clone()), Op::FdbReplace(fdb.clone()), Op::RouteReplace(route.clone())]
+            vec![
+                Op::NeighReplace(neigh.clone()),
+                Op::FdbReplace(fdb.clone()),
+                Op::RouteReplace(route.clone())
+            ]
         );
         b.apply(&Change::Remove(p)).await.expect("remove");
-        assert_eq!(f.take_ops(), vec![Op::NeighDel(neigh), Op::FdbDel(fdb), Op::RouteDel(route)]);
+        assert_eq!(
+            f.take_ops(),
+            vec![Op::NeighDel(neigh), Op::FdbDel(fdb), Op::RouteDel(route)]
+        );
         assert!(f.routes().is_empty() && f.all_neighs().is_empty() && f.all_fdbs().is_empty());
     });
 }
@@ -108,8 +154,22 @@ fn other_backend_types_and_bad_data_are_ignored() {
     block_on(async {
         let (mut b, f, _) = up(false).await;
         f.take_ops();
-        b.apply(&Change::Add(lease("10.244.3.0/24", "192.0.2.3", "host-gw", None))).await.expect("apply");
-        b.apply(&Change::Add(lease("10.244.4.0/24", "192.0.2.4", "vxlan", Some(r#"{"VNI":1}"#)))).await.expect("apply");
+        b.apply(&Change::Add(lease(
+            "10.244.3.0/24",
+            "192.0.2.3",
+            "host-gw",
+            None,
+        )))
+        .await
+        .expect("apply");
+        b.apply(&Change::Add(lease(
+            "10.244.4.0/24",
+            "192.0.2.4",
+            "vxlan",
+            Some(r#"{"VNI":1}"#),
+        )))
+        .await
+        .expect("apply");
         assert_eq!(f.take_ops(), vec![]);
     });
 }
@@ -119,7 +179,9 @@ fn direct_routing_uses_a_plain_route_for_on_link_peers_only() {
     block_on(async {
         let (mut b, f, idx) = up(true).await;
         f.take_ops();
-        b.apply(&Change::Add(peer("10.244.2.0/24", "192.0.2.2"))).await.expect("add");
+        b.apply(&Change::Add(peer("10.244.2.0/24", "192.0.2.2")))
+            .await
+            .expect("add");
         let direct = Route {
             dst: "10.244.2.0/24".parse().expect("net"),
             gateway: Some("192.0.2.2".parse().expect("ip")),
@@ -129,11 +191,15 @@ fn direct_routing_uses_a_plain_route_for_on_link_peers_only() {
         };
         assert_eq!(f.take_ops(), vec![Op::RouteReplace(direct.clone())]);
         // A peer behind a router gets the three vxlan entries.
-        b.apply(&Change::Add(peer("10.244.3.0/24", "198.51.100.3"))).await.expect("add");
+        b.apply(&Change::Add(peer("10.244.3.0/24", "198.51.100.3")))
+            .await
+            .expect("add");
         let ops = f.take_ops();
         assert_eq!(ops.len(), 3, "{ops:?}");
         assert!(matches!(&ops[2], Op::RouteReplace(r) if r.oif == Some(idx) && r.onlink));
-        b.apply(&Change::Remove(peer("10.244.2.0/24", "192.0.2.2"))).await.expect("remove");
+        b.apply(&Change::Remove(peer("10.244.2.0/24", "192.0.2.2")))
+            .await
+            .expect("remove");
         assert_eq!(f.take_ops(), vec![Op::RouteDel(direct)]);
     });
 }
@@ -142,7 +208,9 @@ fn direct_routing_uses_a_plain_route_for_on_link_peers_only() {
 fn reconcile_restores_deleted_neighbour_fdb_and_route() {
     block_on(async {
         let (mut b, f, _) = up(false).await;
-        b.apply(&Change::Add(peer("10.244.2.0/24", "192.0.2.2"))).await.expect("add");
+        b.apply(&Change::Add(peer("10.244.2.0/24", "192.0.2.2")))
+            .await
+            .expect("add");
         let (routes, neighs, fdbs) = (f.routes(), f.all_neighs(), f.all_fdbs());
         b.reconcile().await.expect("reconcile");
         f.take_ops();
@@ -152,7 +220,10 @@ fn reconcile_restores_deleted_neighbour_fdb_and_route() {
         f.forget_neigh("10.244.2.0".parse().expect("ip"));
         f.forget_fdb("192.0.2.2".parse().expect("ip"));
         b.reconcile().await.expect("reconcile");
-        assert_eq!((f.routes(), f.all_neighs(), f.all_fdbs()), (routes, neighs, fdbs));
+        assert_eq!(
+            (f.routes(), f.all_neighs(), f.all_fdbs()),
+            (routes, neighs, fdbs)
+        );
         assert_eq!(f.take_ops().len(), 3);
     });
 }
@@ -161,11 +232,19 @@ fn reconcile_restores_deleted_neighbour_fdb_and_route() {
 fn deleted_device_is_recreated_with_its_peers() {
     block_on(async {
         let (mut b, f, idx) = up(false).await;
-        b.apply(&Change::Add(peer("10.244.2.0/24", "192.0.2.2"))).await.expect("add");
+        b.apply(&Change::Add(peer("10.244.2.0/24", "192.0.2.2")))
+            .await
+            .expect("add");
         f.delete_link(idx).await.expect("delete by hand");
         assert!(f.routes().is_empty());
         b.reconcile().await.expect("reconcile");
-        let new = f.links().values().find(|d| d.link.name == "flannel.1").expect("recreated").link.index;
+        let new = f
+            .links()
+            .values()
+            .find(|d| d.link.name == "flannel.1")
+            .expect("recreated")
+            .link
+            .index;
         assert_ne!(new, idx);
         assert_eq!(f.routes().len(), 1);
         assert_eq!(f.routes()[0].oif, Some(new));
@@ -190,9 +269,15 @@ fn compatible_device_is_reused_and_incompatible_recreated() {
             let old = f.insert_link("flannel.1", LinkKind::Vxlan(attrs(vni)), 1450, Some(mac));
             let mut b = KernelVxlan::new(opts(false), true, false, f.clone());
             b.lease_attrs(&ext(), None).await.expect("attrs");
-            b.setup(&lease("10.244.1.0/24", "192.0.2.1", "vxlan", None)).await.expect("setup");
+            b.setup(&lease("10.244.1.0/24", "192.0.2.1", "vxlan", None))
+                .await
+                .expect("setup");
             let ops = f.ops();
-            assert_eq!(!ops.iter().any(|o| matches!(o, Op::AddLink(_))), reused, "vni {vni}: {ops:?}");
+            assert_eq!(
+                !ops.iter().any(|o| matches!(o, Op::AddLink(_))),
+                reused,
+                "vni {vni}: {ops:?}"
+            );
             assert_eq!(ops.contains(&Op::DelLink(old)), !reused);
         }
         // A non-vxlan link of that name (e.g. a leftover TUN) is replaced too.
@@ -200,8 +285,16 @@ fn compatible_device_is_reused_and_incompatible_recreated() {
         f.insert_link("flannel.1", LinkKind::Tun, 1450, None);
         let mut b = KernelVxlan::new(opts(false), true, false, f.clone());
         b.lease_attrs(&ext(), None).await.expect("attrs");
-        b.setup(&lease("10.244.1.0/24", "192.0.2.1", "vxlan", None)).await.expect("setup");
-        assert!(matches!(f.links().values().find(|d| d.link.name == "flannel.1").map(|d| &d.kind), Some(LinkKind::Vxlan(_))));
+        b.setup(&lease("10.244.1.0/24", "192.0.2.1", "vxlan", None))
+            .await
+            .expect("setup");
+        assert!(matches!(
+            f.links()
+                .values()
+                .find(|d| d.link.name == "flannel.1")
+                .map(|d| &d.kind),
+            Some(LinkKind::Vxlan(_))
+        ));
     });
 }
 

@@ -21,7 +21,7 @@
 //! | ipip | [`ipip`] (probe: ipip driver) | – (no engine IPIP yet) |
 //! | ipsec | [`ipsec`] (probe: ESP) | – |
 //! | udp | – | [`udp`] (engine) |
-//! | wireguard | – (not implemented) | – (not implemented) |
+//! | wireguard | – (no kernel module here) | [`wireguard`] (engine, boringtun) |
 
 pub mod alloc;
 pub mod dataplane_ctl;
@@ -39,6 +39,8 @@ mod test_util;
 pub mod tunnel;
 pub mod udp;
 pub mod vxlan;
+pub mod wgkey;
+pub mod wireguard;
 
 use std::sync::Arc;
 
@@ -226,7 +228,14 @@ pub fn build(
                     .kernel(Some(probe::Capability::Esp), Box::new(move || Box::new(ipsec::Ipsec::new(o.clone(), x.clone())))),
             )
         }
-        BackendOptions::Wireguard(_) => Box::new(dual("wireguard")),
+        BackendOptions::Wireguard(o) => {
+            let (n4, n6) = (cfg.network.filter(|_| v4), cfg.ipv6_network.filter(|_| v6));
+            wireguard::Wireguard::validate(&o, n4, n6)?;
+            let nl = nl.clone();
+            Box::new(dual("wireguard").userspace(Box::new(move || {
+                Box::new(wireguard::Wireguard::new(o.clone(), n4, n6, tuning, nl.clone()))
+            })))
+        }
         other => return Err(BackendError::Unsupported(other.kind().name().to_string())),
     };
     Ok(b)

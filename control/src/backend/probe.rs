@@ -11,7 +11,9 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use crate::netlink::{Client, IpipLink, LinkSpec, NetlinkError, VxlanLink, WireguardLink, XfrmClient};
+use crate::netlink::{
+    Client, IpipLink, LinkSpec, NetlinkError, VxlanLink, WireguardLink, XfrmClient,
+};
 
 /// A kernel feature a backend needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,10 +52,14 @@ impl Capability {
                 mtu: 1280,
                 mac: [0x02, 0x77, 0x65, 0x66, 0x74, 0x01],
             }),
-            Capability::Ipip => {
-                LinkSpec::Ipip(IpipLink { name: "weftprobe-ip".into(), local: Ipv4Addr::new(127, 0, 0, 253) })
-            }
-            Capability::Wireguard => LinkSpec::Wireguard(WireguardLink { name: "weftprobe-wg".into(), mtu: 1280 }),
+            Capability::Ipip => LinkSpec::Ipip(IpipLink {
+                name: "weftprobe-ip".into(),
+                local: Ipv4Addr::new(127, 0, 0, 253),
+            }),
+            Capability::Wireguard => LinkSpec::Wireguard(WireguardLink {
+                name: "weftprobe-wg".into(),
+                mtu: 1280,
+            }),
             Capability::Esp => return None,
         })
     }
@@ -61,8 +67,14 @@ impl Capability {
 
 /// Whether the kernel has `cap`. Errors other than "not supported" are
 /// returned (e.g. EPERM without CAP_NET_ADMIN).
-pub async fn kernel_has(cap: Capability, nl: &dyn Client, xfrm: &dyn XfrmClient) -> Result<bool, NetlinkError> {
-    let Some(spec) = cap.probe_link() else { return xfrm.esp_supported().await };
+pub async fn kernel_has(
+    cap: Capability,
+    nl: &dyn Client,
+    xfrm: &dyn XfrmClient,
+) -> Result<bool, NetlinkError> {
+    let Some(spec) = cap.probe_link() else {
+        return xfrm.esp_supported().await;
+    };
     // A leftover from a crashed probe goes first.
     if let Some(d) = nl.link_detail(spec.name()).await? {
         nl.delete_link(d.link.index).await?;

@@ -24,7 +24,10 @@ pub struct RouteSet {
 impl RouteSet {
     /// An empty set programming through `nl`.
     pub fn new(nl: Arc<dyn Client>) -> RouteSet {
-        RouteSet { nl, routes: BTreeMap::new() }
+        RouteSet {
+            nl,
+            routes: BTreeMap::new(),
+        }
     }
 
     /// flannel's `routeAdd`; the route is remembered even when adding fails

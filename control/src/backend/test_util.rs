@@ -11,7 +11,13 @@ use crate::netlink::{FakeNetlink, Link};
 /// `eth0` (index 2, MTU 1500) with 192.0.2.1/24 as interface and public address.
 pub fn ext() -> ExternalInterface {
     ExternalInterface {
-        iface: Link { index: 2, name: "eth0".into(), mtu: 1500, up: true, mac: None },
+        iface: Link {
+            index: 2,
+            name: "eth0".into(),
+            mtu: 1500,
+            up: true,
+            mac: None,
+        },
         iface_addr: Some(Ipv4Addr::new(192, 0, 2, 1)),
         iface_v6_addr: None,
         ext_addr: Some(Ipv4Addr::new(192, 0, 2, 1)),
@@ -46,5 +52,9 @@ pub fn fake(kinds: &[&'static str], esp: bool) -> Arc<FakeNetlink> {
 
 /// Runs a future to completion on a current-thread runtime.
 pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(f)
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(f)
 }

@@ -61,17 +61,27 @@ fn create_temp(dir: &Path, name: &str) -> io::Result<(PathBuf, File)> {
     for i in 0..10_000u64 {
         let suffix = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(i) % 1_000_000_000;
         let path = dir.join(format!(".{name}.tmp{suffix}"));
-        match OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+        {
             Ok(f) => return Ok((path, f)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(e),
         }
     }
-    Err(io::Error::new(io::ErrorKind::AlreadyExists, "no free temporary file name"))
+    Err(io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        "no free temporary file name",
+    ))
 }
 
 fn nanos() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| u64::from(d.subsec_nanos()))
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::from(d.subsec_nanos()))
 }
 
 #[cfg(test)]
@@ -89,8 +99,13 @@ mod tests {
         fs::write(&dest, b"old").expect("old dest");
         install(&src, &dest).expect("install");
         assert_eq!(fs::read(&dest).expect("read dest"), b"{\"name\":\"cbr0\"}");
-        assert_eq!(fs::metadata(&dest).expect("stat").permissions().mode() & 0o7777, 0o640);
-        let left: Vec<_> = fs::read_dir(dir.path().join("net.d")).expect("ls").collect();
+        assert_eq!(
+            fs::metadata(&dest).expect("stat").permissions().mode() & 0o7777,
+            0o640
+        );
+        let left: Vec<_> = fs::read_dir(dir.path().join("net.d"))
+            .expect("ls")
+            .collect();
         assert_eq!(left.len(), 1, "no temp file may be left behind");
     }
 

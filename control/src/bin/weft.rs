@@ -53,7 +53,7 @@ enum Cmd {
         #[command(subcommand)]
         action: Option<DataplaneAction>,
         /// weftd's --subnet-file (the control files live next to it).
-        #[arg(long, default_value = "/run/flannel/subnet.env")]
+        #[arg(long, global = true, default_value = "/run/flannel/subnet.env")]
         subnet_file: std::path::PathBuf,
     },
     /// List (or delete) the leases in a store.

@@ -247,11 +247,11 @@ async fn main_loop<M: SubnetManager>(
                     tracing::info!("Lease has been revoked. Shutting down daemon.");
                     return Ok(0);
                 }
-                if let LeaseEvent::Added(l) = &ev {
-                    if l.key() == own {
-                        tracing::info!("Waiting for {} to renew lease", own);
-                        lease.expiration = l.expiration;
-                    }
+                if let LeaseEvent::Added(l) = &ev
+                    && l.key() == own
+                {
+                    tracing::info!("Waiting for {} to renew lease", own);
+                    lease.expiration = l.expiration;
                 }
                 for change in watcher.apply(ev) {
                     match &change {

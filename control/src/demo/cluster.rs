@@ -4,9 +4,10 @@
 //! Topology (all inside namespaces named `<prefix>-*`, nothing on the host):
 //! an underlay namespace with bridge `br0`; per node a namespace with `eth0`
 //! on that bridge (`192.0.2.<i>/24`, a documentation range) running one
-//! `weftd` on a shared embedded store (or on etcd, see [`ClusterStore`]); per pod a namespace wired to its node
-//! by weft's CNI plugin (`flannel`, delegating to the real bridge and
-//! host-local plugins), exactly as a kubelet would.
+//! `weftd` on a shared embedded store (or on etcd, see [`ClusterStore`]);
+//! per pod a namespace wired to its node by weft's CNI plugin (`flannel`,
+//! delegating to the real bridge and host-local plugins), exactly as a
+//! kubelet would.
 //!
 //! Dropping the cluster stops the daemons and deletes every namespace.
 
@@ -126,6 +127,15 @@ impl Cluster {
     /// [`Cluster::start`] with extra weftd arguments for node `i` in
     /// `node_args[i]` (e.g. a per-node `--dataplane`).
     pub fn start_with_node_args(spec: ClusterSpec, node_args: Vec<Vec<String>>) -> Result<Cluster, ClusterError> {
+        let mut c = Cluster::create(spec, node_args)?;
+        c.start_all()?;
+        Ok(c)
+    }
+
+    /// Builds the underlay and the nodes without starting any weftd (for
+    /// callers that need something inside the node namespaces first, e.g. a
+    /// proxy to etcd); then [`Cluster::start_all`] or [`Cluster::start_weftd`].
+    pub fn create(spec: ClusterSpec, node_args: Vec<Vec<String>>) -> Result<Cluster, ClusterError> {
         std::fs::create_dir_all(&spec.work).map_err(io("create work dir"))?;
         let conf = spec.work.join("net-conf.json");
         std::fs::write(&conf, &spec.net_conf).map_err(io("write net-conf.json"))?;
@@ -142,14 +152,18 @@ impl Cluster {
             nodes.push(Node { ns, addr, weftd: None, dir });
         }
         let cni_modes = vec![CniMode::Bridge; nodes.len()];
-        let mut c = Cluster { nodes, pods: Vec::new(), spec, cni_modes, node_args, _underlay: underlay };
-        for i in 0..c.nodes.len() {
-            c.start_weftd(i)?;
+        Ok(Cluster { nodes, pods: Vec::new(), spec, cni_modes, node_args, _underlay: underlay })
+    }
+
+    /// Starts every node's weftd and waits until each has written its subnet.env.
+    pub fn start_all(&mut self) -> Result<(), ClusterError> {
+        for i in 0..self.nodes.len() {
+            self.start_weftd(i)?;
         }
-        for i in 0..c.nodes.len() {
-            c.wait_ready(i, Duration::from_secs(60))?;
+        for i in 0..self.nodes.len() {
+            self.wait_ready(i, Duration::from_secs(60))?;
         }
-        Ok(c)
+        Ok(())
     }
 
     /// Starts (or restarts) node `i`'s weftd.
@@ -168,6 +182,8 @@ impl Cluster {
             .arg(format!("--subnet-file={}", n.dir.join("subnet.env").display()))
             .args(&self.spec.weftd_args)
             .args(self.node_args.get(i).into_iter().flatten())
+            // Each node keeps its own WireGuard key (the default /run/flannel/wgkey is host-wide).
+            .env("WIREGUARD_KEY_FILE", n.dir.join("wgkey"))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2);

@@ -115,15 +115,15 @@ impl Allocator {
                     a.container_id, a.ifname
                 )));
             }
-            if let Some(ip) = a.ipv4 {
-                if !self.used4.insert(ip) {
-                    return Err(AllocError::Duplicate(format!("address {ip}")));
-                }
+            if let Some(ip) = a.ipv4
+                && !self.used4.insert(ip)
+            {
+                return Err(AllocError::Duplicate(format!("address {ip}")));
             }
-            if let Some(ip) = a.ipv6 {
-                if !self.used6.insert(ip) {
-                    return Err(AllocError::Duplicate(format!("address {ip}")));
-                }
+            if let Some(ip) = a.ipv6
+                && !self.used6.insert(ip)
+            {
+                return Err(AllocError::Duplicate(format!("address {ip}")));
             }
             self.by_key.insert(a.key(), a);
         }

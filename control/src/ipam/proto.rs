@@ -49,10 +49,11 @@ pub enum Request {
         /// `CNI_IFNAME`.
         ifname: String,
     },
-    /// List every allocation (for GC).
-    List,
+    /// List every allocation (for GC). (An empty struct variant, so that
+    /// unknown keys are refused as for the others.)
+    List {},
     /// Whether the API can allocate, and from which subnets.
-    Status,
+    Status {},
 }
 
 /// What kind of failure an error reply reports.
@@ -170,7 +171,7 @@ impl Request {
                 container_id: container_id.clone(),
                 ifname: ifname.clone(),
             }),
-            Request::List | Request::Status => None,
+            Request::List {} | Request::Status {} => None,
         }
     }
 }
@@ -221,8 +222,11 @@ mod tests {
                 ifname: "net1".into()
             })
         );
-        assert_eq!(Request::parse(br#"{"op":"list"}"#), Ok(Request::List));
-        assert_eq!(Request::parse(br#"{"op":"status"}"#), Ok(Request::Status));
+        assert_eq!(Request::parse(br#"{"op":"list"}"#), Ok(Request::List {}));
+        assert_eq!(
+            Request::parse(br#"{"op":"status"}"#),
+            Ok(Request::Status {})
+        );
     }
 
     #[test]

@@ -236,12 +236,12 @@ impl Owner {
             Err(reason) => return Response::error(ErrorKind::Unavailable, reason.clone()),
         };
         match req {
-            Request::Status => Response {
+            Request::Status {} => Response {
                 subnet: alloc.subnet(),
                 ipv6_subnet: alloc.ipv6_subnet(),
                 ..Response::ok()
             },
-            Request::List => Response {
+            Request::List {} => Response {
                 allocations: Some(alloc.list()),
                 ..Response::ok()
             },

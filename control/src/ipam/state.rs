@@ -257,7 +257,7 @@ mod tests {
         let net = Some("10.244.5.0/24".parse().expect("net"));
         let cases: [(&str, &str); 6] = [
             ("{\"version\":1,\"allocations\":[", "EOF"),
-            ("[]", "invalid type"),
+            ("[]", "expected struct Document"),
             (
                 "{\"version\":2,\"allocations\":[]}",
                 "unsupported version 2",

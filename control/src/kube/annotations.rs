@@ -47,7 +47,9 @@ impl Annotations {
     pub fn new(prefix: &str) -> Result<Annotations, KubeError> {
         let slashes = prefix.matches('/').count();
         if slashes > 1 {
-            return Err(KubeError::Prefix("subnet/kube: prefix can contain at most single slash"));
+            return Err(KubeError::Prefix(
+                "subnet/kube: prefix can contain at most single slash",
+            ));
         }
         let mut p = prefix.to_string();
         if slashes == 0 {
@@ -58,7 +60,9 @@ impl Annotations {
         }
         let ok = PREFIX_RE.as_ref().is_some_and(|re| re.is_match(&p));
         if !ok {
-            return Err(KubeError::Prefix("subnet/kube: prefix must be in a format: fqdn/[0-9a-z-_]*"));
+            return Err(KubeError::Prefix(
+                "subnet/kube: prefix must be in a format: fqdn/[0-9a-z-_]*",
+            ));
         }
         let k = |s: &str| format!("{p}{s}");
         Ok(Annotations {
@@ -83,34 +87,78 @@ mod tests {
     #[test]
     fn default_prefix_gives_flannels_names() {
         let a = Annotations::new(DEFAULT_PREFIX).expect("default prefix");
-        assert_eq!(a.subnet_kube_managed, "flannel.alpha.coreos.com/kube-subnet-manager");
+        assert_eq!(
+            a.subnet_kube_managed,
+            "flannel.alpha.coreos.com/kube-subnet-manager"
+        );
         assert_eq!(a.backend_data, "flannel.alpha.coreos.com/backend-data");
-        assert_eq!(a.backend_v6_data, "flannel.alpha.coreos.com/backend-v6-data");
+        assert_eq!(
+            a.backend_v6_data,
+            "flannel.alpha.coreos.com/backend-v6-data"
+        );
         assert_eq!(a.backend_type, "flannel.alpha.coreos.com/backend-type");
         assert_eq!(a.backend_public_ip, "flannel.alpha.coreos.com/public-ip");
-        assert_eq!(a.backend_public_ipv6, "flannel.alpha.coreos.com/public-ipv6");
-        assert_eq!(a.backend_node_public_ip, "flannel.alpha.coreos.com/node-public-ip");
-        assert_eq!(a.backend_public_ip_overwrite, "flannel.alpha.coreos.com/public-ip-overwrite");
-        assert_eq!(a.backend_public_ipv6_overwrite, "flannel.alpha.coreos.com/public-ipv6-overwrite");
+        assert_eq!(
+            a.backend_public_ipv6,
+            "flannel.alpha.coreos.com/public-ipv6"
+        );
+        assert_eq!(
+            a.backend_node_public_ip,
+            "flannel.alpha.coreos.com/node-public-ip"
+        );
+        assert_eq!(
+            a.backend_public_ip_overwrite,
+            "flannel.alpha.coreos.com/public-ip-overwrite"
+        );
+        assert_eq!(
+            a.backend_public_ipv6_overwrite,
+            "flannel.alpha.coreos.com/public-ipv6-overwrite"
+        );
     }
 
     /// The cases of flannel's annotations_test.go.
     #[test]
     fn prefix_rules_match_flannel() {
         let ok = [
-            ("flannel.alpha.coreos.com", "flannel.alpha.coreos.com/public-ip"),
-            ("flannel.alpha.coreos.com/", "flannel.alpha.coreos.com/public-ip"),
-            ("flannel.alpha.coreos.com/prefix", "flannel.alpha.coreos.com/prefix-public-ip"),
-            ("flannel.alpha.coreos.com/prefix-", "flannel.alpha.coreos.com/prefix-public-ip"),
+            (
+                "flannel.alpha.coreos.com",
+                "flannel.alpha.coreos.com/public-ip",
+            ),
+            (
+                "flannel.alpha.coreos.com/",
+                "flannel.alpha.coreos.com/public-ip",
+            ),
+            (
+                "flannel.alpha.coreos.com/prefix",
+                "flannel.alpha.coreos.com/prefix-public-ip",
+            ),
+            (
+                "flannel.alpha.coreos.com/prefix-",
+                "flannel.alpha.coreos.com/prefix-public-ip",
+            ),
             ("example.com/a_b", "example.com/a_b-public-ip"),
         ];
         for (prefix, want) in ok {
-            assert_eq!(Annotations::new(prefix).expect(prefix).backend_public_ip, want, "{prefix}");
+            assert_eq!(
+                Annotations::new(prefix).expect(prefix).backend_public_ip,
+                want,
+                "{prefix}"
+            );
         }
-        for bad in ["flannel.alpha.coreos.com/a/b", "Flannel.coreos.com", "flannel", "flannel.io/Pre", "flannel.io/a.b"] {
+        // Go's MatchString is not anchored at the start: "lannel.coreos.com/" matches.
+        assert!(Annotations::new("Flannel.coreos.com").is_ok());
+        for bad in [
+            "flannel.alpha.coreos.com/a/b",
+            "flannel",
+            "flannel.io/Pre",
+            "flannel.io/a.b",
+        ] {
             assert!(Annotations::new(bad).is_err(), "{bad} must be rejected");
         }
         let e = Annotations::new("a.b/c/d").expect_err("two slashes");
-        assert_eq!(e.to_string(), "subnet/kube: prefix can contain at most single slash");
+        assert_eq!(
+            e.to_string(),
+            "subnet/kube: prefix can contain at most single slash"
+        );
     }
 }

@@ -21,16 +21,20 @@ pub async fn connect(api_url: &str, kubeconfig: &str) -> Result<Client, KubeErro
     // panicking should another provider ever join the build.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cfg = config(api_url, kubeconfig).await?;
-    Client::try_from(cfg).map_err(|e| KubeError::Config(format!("unable to initialize client: {e}")))
+    Client::try_from(cfg)
+        .map_err(|e| KubeError::Config(format!("unable to initialize client: {e}")))
 }
 
 async fn config(api_url: &str, kubeconfig: &str) -> Result<Config, KubeError> {
-    let bad_url = |e: &dyn std::fmt::Display| KubeError::Config(format!("invalid --kube-api-url {api_url:?}: {e}"));
+    let bad_url = |e: &dyn std::fmt::Display| {
+        KubeError::Config(format!("invalid --kube-api-url {api_url:?}: {e}"))
+    };
     match (api_url.is_empty(), kubeconfig.is_empty()) {
         (true, true) => Config::incluster().map_err(|e| KubeError::Config(e.to_string())),
         (false, true) => Ok(Config::new(api_url.parse().map_err(|e| bad_url(&e))?)),
         (_, false) => {
-            let kc = Kubeconfig::read_from(kubeconfig).map_err(|e| KubeError::Config(e.to_string()))?;
+            let kc =
+                Kubeconfig::read_from(kubeconfig).map_err(|e| KubeError::Config(e.to_string()))?;
             let mut cfg = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
                 .await
                 .map_err(|e| KubeError::Config(e.to_string()))?;
@@ -57,7 +61,11 @@ impl NodeNameSource {
     /// Reads `NODE_NAME`, `POD_NAME` and `POD_NAMESPACE` (empty = unset).
     pub fn from_env() -> NodeNameSource {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        NodeNameSource { node_name: var("NODE_NAME"), pod_name: var("POD_NAME"), pod_namespace: var("POD_NAMESPACE") }
+        NodeNameSource {
+            node_name: var("NODE_NAME"),
+            pod_name: var("POD_NAME"),
+            pod_namespace: var("POD_NAMESPACE"),
+        }
     }
 }
 
@@ -67,12 +75,19 @@ pub async fn node_name(client: &Client, src: &NodeNameSource) -> Result<String, 
         return Ok(n.clone());
     }
     let (Some(pod), Some(ns)) = (&src.pod_name, &src.pod_namespace) else {
-        return Err(KubeError::NodeName("env variables POD_NAME and POD_NAMESPACE must be set".into()));
+        return Err(KubeError::NodeName(
+            "env variables POD_NAME and POD_NAMESPACE must be set".into(),
+        ));
     };
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let p = api.get(pod).await.map_err(|e| KubeError::api(format!("error retrieving pod spec for '{ns}/{pod}'"), &e))?;
+    let p = api
+        .get(pod)
+        .await
+        .map_err(|e| KubeError::api(format!("error retrieving pod spec for '{ns}/{pod}'"), &e))?;
     match p.spec.and_then(|s| s.node_name).filter(|n| !n.is_empty()) {
         Some(n) => Ok(n),
-        None => Err(KubeError::NodeName(format!("node name not present in pod spec '{ns}/{pod}'"))),
+        None => Err(KubeError::NodeName(format!(
+            "node name not present in pod spec '{ns}/{pod}'"
+        ))),
     }
 }

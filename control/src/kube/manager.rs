@@ -60,12 +60,16 @@ impl KubeOptions {
         annotation_prefix: &str,
         set_node_network_unavailable: bool,
     ) -> Result<KubeOptions, KubeError> {
-        let depth = std::env::var("EVENT_QUEUE_DEPTH").ok().filter(|v| !v.is_empty());
-        let timeout = std::env::var("WEFT_KUBE_SYNC_TIMEOUT").ok().filter(|v| !v.is_empty());
+        let depth = std::env::var("EVENT_QUEUE_DEPTH")
+            .ok()
+            .filter(|v| !v.is_empty());
+        let timeout = std::env::var("WEFT_KUBE_SYNC_TIMEOUT")
+            .ok()
+            .filter(|v| !v.is_empty());
         let sync_timeout = match timeout {
-            Some(t) => Duration::from_secs(
-                t.parse().map_err(|e| KubeError::Env(format!("env WEFT_KUBE_SYNC_TIMEOUT={t} format error: {e}")))?,
-            ),
+            Some(t) => Duration::from_secs(t.parse().map_err(|e| {
+                KubeError::Env(format!("env WEFT_KUBE_SYNC_TIMEOUT={t} format error: {e}"))
+            })?),
             None => SYNC_TIMEOUT,
         };
         Ok(KubeOptions {
@@ -75,7 +79,8 @@ impl KubeOptions {
             set_node_network_unavailable,
             node: NodeNameSource::from_env(),
             event_queue_depth: parse_queue_depth(depth.as_deref())?,
-            cont_when_cache_not_ready: std::env::var("CONT_WHEN_CACHE_NOT_READY").as_deref() == Ok("true"),
+            cont_when_cache_not_ready: std::env::var("CONT_WHEN_CACHE_NOT_READY").as_deref()
+                == Ok("true"),
             sync_timeout,
         })
     }
@@ -83,9 +88,16 @@ impl KubeOptions {
 
 /// flannel's `EVENT_QUEUE_DEPTH` rule: Go `strconv.Atoi`; values ≤ 0 keep 5000.
 pub fn parse_queue_depth(v: Option<&str>) -> Result<usize, KubeError> {
-    let Some(v) = v else { return Ok(DEFAULT_EVENT_QUEUE_DEPTH) };
-    let n: i64 = v.parse().map_err(|e| KubeError::Env(format!("env EVENT_QUEUE_DEPTH={v} format error: {e}")))?;
-    Ok(usize::try_from(n).ok().filter(|n| *n > 0).unwrap_or(DEFAULT_EVENT_QUEUE_DEPTH))
+    let Some(v) = v else {
+        return Ok(DEFAULT_EVENT_QUEUE_DEPTH);
+    };
+    let n: i64 = v
+        .parse()
+        .map_err(|e| KubeError::Env(format!("env EVENT_QUEUE_DEPTH={v} format error: {e}")))?;
+    Ok(usize::try_from(n)
+        .ok()
+        .filter(|n| *n > 0)
+        .unwrap_or(DEFAULT_EVENT_QUEUE_DEPTH))
 }
 
 /// Aborts the watcher task when the manager goes away.
@@ -120,21 +132,41 @@ impl KubeManager {
         let client: Client = client::connect(&opts.api_url, &opts.kubeconfig).await?;
         let name = client::node_name(&client, &opts.node).await?;
         let nodes: Api<Node> = Api::all(client);
-        let state = Arc::new(Mutex::new(State::new(ann.clone(), name.clone(), cfg.enable_ipv4, cfg.enable_ipv6)));
+        let state = Arc::new(Mutex::new(State::new(
+            ann.clone(),
+            name.clone(),
+            cfg.enable_ipv4,
+            cfg.enable_ipv6,
+        )));
         let informer = cfg.backend_type != "alloc";
-        let mut mgr = KubeManager { nodes, name, cfg, ann, opts, state, informer, _watcher: None };
+        let mut mgr = KubeManager {
+            nodes,
+            name,
+            cfg,
+            ann,
+            opts,
+            state,
+            informer,
+            _watcher: None,
+        };
         if !informer {
             tracing::info!("Node controller skips sync");
             return Ok(mgr);
         }
+        tracing::info!(
+            "Waiting {} for node controller to sync",
+            go_duration(mgr.opts.sync_timeout)
+        );
         let (tx, mut synced) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(watch::run(mgr.nodes.clone(), mgr.state.clone(), tx));
         mgr._watcher = Some(AbortOnDrop(task));
-        tracing::info!("Waiting {} for node controller to sync", go_duration(mgr.opts.sync_timeout));
         match tokio::time::timeout(mgr.opts.sync_timeout, synced.wait_for(|s| *s)).await {
             Ok(_) => tracing::info!("Node controller sync successful"),
             Err(_) if mgr.opts.cont_when_cache_not_ready => {
-                tracing::error!("{}; continuing (CONT_WHEN_CACHE_NOT_READY=true)", KubeError::SyncTimeout);
+                tracing::error!(
+                    "{}; continuing (CONT_WHEN_CACHE_NOT_READY=true)",
+                    KubeError::SyncTimeout
+                );
             }
             Err(_) => return Err(KubeError::SyncTimeout),
         }
@@ -168,7 +200,10 @@ impl KubeManager {
             }
             tokio::time::sleep(POLL.min(Duration::from_millis(500))).await;
         }
-        self.nodes.get(&self.name).await.map_err(|e| KubeError::api(format!("failed to get node {:?}", self.name), &e))
+        self.nodes
+            .get(&self.name)
+            .await
+            .map_err(|e| KubeError::api(format!("failed to get node {:?}", self.name), &e))
     }
 
     /// A strategic-merge PATCH on `nodes/<name>/status`, retried for up to
@@ -176,11 +211,24 @@ impl KubeManager {
     async fn patch_status(&self, what: &str, patch: serde_json::Value) -> Result<Node, KubeError> {
         let deadline = Instant::now() + NODE_WAIT;
         loop {
-            let res = self.nodes.patch_status(&self.name, &PatchParams::default(), &Patch::Strategic(&patch)).await;
+            let res = self
+                .nodes
+                .patch_status(
+                    &self.name,
+                    &PatchParams::default(),
+                    &Patch::Strategic(&patch),
+                )
+                .await;
             match res {
                 Ok(n) => return Ok(n),
                 Err(e) => {
-                    let err = KubeError::api(format!("failed to patch {what} of node {:?} (nodes/status)", self.name), &e);
+                    let err = KubeError::api(
+                        format!(
+                            "failed to patch {what} of node {:?} (nodes/status)",
+                            self.name
+                        ),
+                        &e,
+                    );
                     if !err.is_retryable() || Instant::now() >= deadline {
                         return Err(err);
                     }
@@ -198,16 +246,24 @@ impl KubeManager {
         let updates = node::annotation_updates(current, &self.ann, attrs);
         if !updates.is_empty() {
             for (key, over) in [
-                (&self.ann.backend_public_ip, &self.ann.backend_public_ip_overwrite),
-                (&self.ann.backend_public_ipv6, &self.ann.backend_public_ipv6_overwrite),
+                (
+                    &self.ann.backend_public_ip,
+                    &self.ann.backend_public_ip_overwrite,
+                ),
+                (
+                    &self.ann.backend_public_ipv6,
+                    &self.ann.backend_public_ipv6_overwrite,
+                ),
             ] {
-                if let (Some(v), Some(o)) = (updates.get(key), current.get(over)) {
-                    if v == o {
-                        tracing::info!("Overriding public ip with '{o}' from node annotation '{over}'");
-                    }
+                if let (Some(v), Some(o)) = (updates.get(key), current.get(over))
+                    && v == o
+                {
+                    tracing::info!("Overriding public ip with '{o}' from node annotation '{over}'");
                 }
             }
-            n = self.patch_status("annotations", node::annotation_patch(&updates)).await?;
+            n = self
+                .patch_status("annotations", node::annotation_patch(&updates))
+                .await?;
         }
         let lease = node::own_lease(&n, &self.cfg, attrs)?;
         let mut st = lock(&self.state);
@@ -224,11 +280,15 @@ impl SubnetManager for KubeManager {
 
     async fn previous_own_lease(&self, _ext: &ExternalInterface) -> Option<Lease> {
         let n = self.own_node().await.ok()?;
-        node::node_to_lease(&n, &self.ann, self.cfg.enable_ipv4, self.cfg.enable_ipv6).ok().flatten()
+        node::node_to_lease(&n, &self.ann, self.cfg.enable_ipv4, self.cfg.enable_ipv6)
+            .ok()
+            .flatten()
     }
 
     async fn acquire_lease(&self, attrs: &LeaseAttrs) -> Result<Lease, SubnetError> {
-        self.acquire(attrs).await.map_err(|e| SubnetError::Store(e.into()))
+        self.acquire(attrs)
+            .await
+            .map_err(|e| SubnetError::Store(e.into()))
     }
 
     async fn renew_lease(&self, lease: &Lease) -> Result<Lease, SubnetError> {
@@ -241,9 +301,12 @@ impl SubnetManager for KubeManager {
             return Ok(());
         }
         let now = Time(k8s_openapi::jiff::Timestamp::now());
-        self.patch_status("condition NetworkUnavailable", node::network_available_patch(now))
-            .await
-            .map_err(|e| SubnetError::Store(e.into()))?;
+        self.patch_status(
+            "condition NetworkUnavailable",
+            node::network_available_patch(now),
+        )
+        .await
+        .map_err(|e| SubnetError::Store(e.into()))?;
         Ok(())
     }
 
@@ -273,7 +336,11 @@ mod tests {
         assert_eq!(parse_queue_depth(Some("0")).expect("0"), 5000);
         assert_eq!(parse_queue_depth(Some("-3")).expect("-3"), 5000);
         let e = parse_queue_depth(Some("x1")).expect_err("not a number");
-        assert!(e.to_string().starts_with("env EVENT_QUEUE_DEPTH=x1 format error"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("env EVENT_QUEUE_DEPTH=x1 format error"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -86,18 +86,33 @@ impl KubeError {
     /// Wraps a client error, classifying it.
     pub(crate) fn api(what: impl Into<String>, source: &::kube::Error) -> KubeError {
         let (detail, code, retryable) = match source {
-            ::kube::Error::Api(s) => (s.to_string(), Some(s.code), matches!(s.code, 409 | 429) || s.code >= 500),
-            ::kube::Error::HyperError(_) | ::kube::Error::Service(_) | ::kube::Error::ReadEvents(_) => {
-                (source.to_string(), None, true)
-            }
+            ::kube::Error::Api(s) => (
+                s.to_string(),
+                Some(s.code),
+                matches!(s.code, 409 | 429) || s.code >= 500,
+            ),
+            ::kube::Error::HyperError(_)
+            | ::kube::Error::Service(_)
+            | ::kube::Error::ReadEvents(_) => (source.to_string(), None, true),
             other => (other.to_string(), None, false),
         };
-        KubeError::Api { what: what.into(), detail, code, retryable }
+        KubeError::Api {
+            what: what.into(),
+            detail,
+            code,
+            retryable,
+        }
     }
 
     /// Whether a retry may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, KubeError::Api { retryable: true, .. })
+        matches!(
+            self,
+            KubeError::Api {
+                retryable: true,
+                ..
+            }
+        )
     }
 }
 

@@ -52,13 +52,19 @@ pub fn pod_cidrs(node: &Node) -> Result<PodCidrs, KubeError> {
     let spec = node.spec.as_ref();
     let single = spec.and_then(|s| s.pod_cidr.as_deref()).unwrap_or("");
     if single.is_empty() {
-        return Err(KubeError::Node(format!("node {name:?} pod cidr not assigned")));
+        return Err(KubeError::Node(format!(
+            "node {name:?} pod cidr not assigned"
+        )));
     }
     let list: &[String] = spec.and_then(|s| s.pod_cidrs.as_deref()).unwrap_or(&[]);
     let texts: Vec<&str> = match list.len() {
         0 => vec![single],
         1 | 2 => list.iter().map(String::as_str).collect(),
-        _ => return Err(KubeError::Node(format!("node {name:?} pod cidrs should be IPv4/IPv6 only or dualstack"))),
+        _ => {
+            return Err(KubeError::Node(format!(
+                "node {name:?} pod cidrs should be IPv4/IPv6 only or dualstack"
+            )));
+        }
     };
     let mut out = PodCidrs::default();
     for t in texts {
@@ -72,7 +78,9 @@ pub fn pod_cidrs(node: &Node) -> Result<PodCidrs, KubeError> {
 
 /// Go's `net.ParseCIDR` (network part) with its error text.
 fn parse_cidr(s: &str) -> Result<IpNet, KubeError> {
-    let n: IpNet = s.parse().map_err(|_| KubeError::Node(format!("invalid CIDR address: {s}")))?;
+    let n: IpNet = s
+        .parse()
+        .map_err(|_| KubeError::Node(format!("invalid CIDR address: {s}")))?;
     // Go returns IPv4-mapped IPv6 CIDRs as IPv4; ipnet rejects them at parse.
     Ok(n.trunc())
 }
@@ -81,26 +89,48 @@ fn parse_cidr(s: &str) -> Result<IpNet, KubeError> {
 /// managed by flannel; an error when a needed annotation or podCIDR is
 /// missing or malformed (the node is then skipped). `BackendData` is the
 /// annotation text (`None` for `null`/empty), so it round-trips byte for byte.
-pub fn node_to_lease(node: &Node, ann: &Annotations, v4: bool, v6: bool) -> Result<Option<Lease>, KubeError> {
+pub fn node_to_lease(
+    node: &Node,
+    ann: &Annotations,
+    v4: bool,
+    v6: bool,
+) -> Result<Option<Lease>, KubeError> {
     if !is_managed(node, ann) {
         return Ok(None);
     }
     let a = annotations(node);
     let cidrs = pod_cidrs(node)?;
     let name = name(node);
-    let mut lease = Lease { subnet: None, ipv6_subnet: None, attrs: LeaseAttrs::default(), expiration: None };
+    let mut lease = Lease {
+        subnet: None,
+        ipv6_subnet: None,
+        attrs: LeaseAttrs::default(),
+        expiration: None,
+    };
     if v4 {
         let ip = get(a, &ann.backend_public_ip);
-        lease.attrs.public_ip = ip.parse().map_err(|_| KubeError::Node(format!("invalid IP address {ip:?}")))?;
+        lease.attrs.public_ip = ip
+            .parse()
+            .map_err(|_| KubeError::Node(format!("invalid IP address {ip:?}")))?;
         lease.attrs.backend_data = raw_data(get(a, &ann.backend_data));
-        lease.subnet = Some(cidrs.v4.ok_or_else(|| KubeError::Node(format!("node {name:?} has no IPv4 podCIDR")))?);
+        lease.subnet = Some(
+            cidrs
+                .v4
+                .ok_or_else(|| KubeError::Node(format!("node {name:?} has no IPv4 podCIDR")))?,
+        );
     }
     if v6 {
         let ip = get(a, &ann.backend_public_ipv6);
-        let parsed: Ipv6Addr = ip.parse().map_err(|_| KubeError::Node(format!("invalid IPv6 address {ip:?}")))?;
+        let parsed: Ipv6Addr = ip
+            .parse()
+            .map_err(|_| KubeError::Node(format!("invalid IPv6 address {ip:?}")))?;
         lease.attrs.public_ipv6 = Some(parsed);
         lease.attrs.backend_v6_data = raw_data(get(a, &ann.backend_v6_data));
-        lease.ipv6_subnet = Some(cidrs.v6.ok_or_else(|| KubeError::Node(format!("node {name:?} has no IPv6 podCIDR")))?);
+        lease.ipv6_subnet = Some(
+            cidrs
+                .v6
+                .ok_or_else(|| KubeError::Node(format!("node {name:?} has no IPv6 podCIDR")))?,
+        );
     }
     lease.attrs.backend_type = get(a, &ann.backend_type).to_string();
     Ok(Some(lease))
@@ -147,9 +177,14 @@ pub fn annotation_updates(
     let mut want = BTreeMap::new();
     if differs_v4 || differs_v6 {
         want.insert(ann.backend_type.clone(), bt.to_string());
-        if (bt == "vxlan" && bd != "null") || (bt == "wireguard" && bd != "null") || bt != "vxlan" {
+        // flannel: (vxlan && bd != "null") || (wireguard && bd != "null") || !vxlan
+        if bt != "vxlan" || bd != "null" {
             want.insert(ann.backend_data.clone(), bd.to_string());
-            let pip = if overwrite.is_empty() { ip } else { overwrite.to_string() };
+            let pip = if overwrite.is_empty() {
+                ip
+            } else {
+                overwrite.to_string()
+            };
             want.insert(ann.backend_public_ip.clone(), pip);
         }
         let has6 = ip6.is_some();
@@ -159,7 +194,11 @@ pub fn annotation_updates(
         {
             want.insert(ann.backend_v6_data.clone(), v6bd.to_string());
             // Go prints a nil *IP6 as "<nil>".
-            let pip6 = if overwrite6.is_empty() { ip6.unwrap_or_else(|| "<nil>".into()) } else { overwrite6.to_string() };
+            let pip6 = if overwrite6.is_empty() {
+                ip6.unwrap_or_else(|| "<nil>".into())
+            } else {
+                overwrite6.to_string()
+            };
             want.insert(ann.backend_public_ipv6.clone(), pip6);
         }
         want.insert(ann.subnet_kube_managed.clone(), "true".to_string());
@@ -179,11 +218,20 @@ pub fn annotation_patch(updates: &BTreeMap<String, String>) -> Value {
 pub fn own_lease(node: &Node, cfg: &Config, attrs: &LeaseAttrs) -> Result<Lease, KubeError> {
     let name = name(node);
     let cidrs = pod_cidrs(node)?;
-    let mut lease = Lease { subnet: None, ipv6_subnet: None, attrs: attrs.clone(), expiration: None };
+    let mut lease = Lease {
+        subnet: None,
+        ipv6_subnet: None,
+        attrs: attrs.clone(),
+        expiration: None,
+    };
     if cfg.enable_ipv4 {
-        let cidr = cidrs.v4.ok_or_else(|| KubeError::Node(format!("node {name:?} has no IPv4 podCIDR")))?;
+        let cidr = cidrs
+            .v4
+            .ok_or_else(|| KubeError::Node(format!("node {name:?} has no IPv4 podCIDR")))?;
         // Go: an unset Network is 0.0.0.0/0, which contains everything.
-        let net = cfg.network.unwrap_or_else(|| Ipv4Net::new_assert(Ipv4Addr::UNSPECIFIED, 0));
+        let net = cfg
+            .network
+            .unwrap_or_else(|| Ipv4Net::new_assert(Ipv4Addr::UNSPECIFIED, 0));
         if !(net.prefix_len() <= cidr.prefix_len() && net.contains(&cidr.network())) {
             return Err(KubeError::Node(format!(
                 "subnet {:?} specified in the flannel net config doesn't contain {:?} PodCIDR of the {name:?} node",
@@ -193,9 +241,14 @@ pub fn own_lease(node: &Node, cfg: &Config, attrs: &LeaseAttrs) -> Result<Lease,
         }
         lease.subnet = Some(cidr);
     }
-    let dual = matches!(attrs.backend_type.as_str(), "vxlan" | "host-gw" | "wireguard");
+    let dual = matches!(
+        attrs.backend_type.as_str(),
+        "vxlan" | "host-gw" | "wireguard"
+    );
     if cfg.enable_ipv6 && dual {
-        let cidr = cidrs.v6.ok_or_else(|| KubeError::Node(format!("node {name:?} has no IPv6 podCIDR")))?;
+        let cidr = cidrs
+            .v6
+            .ok_or_else(|| KubeError::Node(format!("node {name:?} has no IPv6 podCIDR")))?;
         let Some(net) = cfg.ipv6_network else {
             return Err(KubeError::Node(format!(
                 "subnet {:?} specified in the PodCIDR, but doesn't exist in the flannel net config of the {name:?} node",

@@ -14,9 +14,16 @@ fn ann() -> Annotations {
 }
 
 fn node(name: &str, cidrs: &[&str], annotations: &[(&str, &str)]) -> Node {
-    let a: BTreeMap<String, String> = annotations.iter().map(|(k, v)| (format!("{P}{k}"), v.to_string())).collect();
+    let a: BTreeMap<String, String> = annotations
+        .iter()
+        .map(|(k, v)| (format!("{P}{k}"), v.to_string()))
+        .collect();
     Node {
-        metadata: ObjectMeta { name: Some(name.into()), annotations: Some(a), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            annotations: Some(a),
+            ..Default::default()
+        },
         spec: Some(NodeSpec {
             pod_cidr: cidrs.first().map(|s| s.to_string()),
             pod_cidrs: (!cidrs.is_empty()).then(|| cidrs.iter().map(|s| s.to_string()).collect()),
@@ -41,12 +48,22 @@ fn missing_pod_cidr_is_flannels_error() {
     assert_eq!(e.to_string(), r#"node "n1" pod cidr not assigned"#);
     let mut n = node("n1", &["10.244.1.0/24", "fd00::/64", "10.245.0.0/24"], &[]);
     let e = pod_cidrs(&n).expect_err("three");
-    assert_eq!(e.to_string(), r#"node "n1" pod cidrs should be IPv4/IPv6 only or dualstack"#);
+    assert_eq!(
+        e.to_string(),
+        r#"node "n1" pod cidrs should be IPv4/IPv6 only or dualstack"#
+    );
     n.spec.as_mut().expect("spec").pod_cidrs = None;
     n.spec.as_mut().expect("spec").pod_cidr = Some("10.244.1.7/24".into());
-    assert_eq!(pod_cidrs(&n).expect("single").v4, Some("10.244.1.0/24".parse().expect("net")), "masked like Go");
+    assert_eq!(
+        pod_cidrs(&n).expect("single").v4,
+        Some("10.244.1.0/24".parse().expect("net")),
+        "masked like Go"
+    );
     n.spec.as_mut().expect("spec").pod_cidr = Some("10.244.1/24".into());
-    assert_eq!(pod_cidrs(&n).expect_err("bad").to_string(), "invalid CIDR address: 10.244.1/24");
+    assert_eq!(
+        pod_cidrs(&n).expect_err("bad").to_string(),
+        "invalid CIDR address: 10.244.1/24"
+    );
 }
 
 #[test]
@@ -77,7 +94,10 @@ fn vxlan_annotations_are_flannels_bytes() {
         r#"{"metadata":{"annotations":{"flannel.alpha.coreos.com/backend-data":"{\"VNI\":1,\"VtepMAC\":\"c6:d2:32:6f:8f:44\"}","flannel.alpha.coreos.com/backend-type":"vxlan","flannel.alpha.coreos.com/kube-subnet-manager":"true","flannel.alpha.coreos.com/public-ip":"192.0.2.1"}}}"#
     );
     // Already annotated: nothing to patch.
-    let done: Vec<(&str, &str)> = u.iter().map(|(k, v)| (k.strip_prefix(P).expect("prefix"), v.as_str())).collect();
+    let done: Vec<(&str, &str)> = u
+        .iter()
+        .map(|(k, v)| (k.strip_prefix(P).expect("prefix"), v.as_str()))
+        .collect();
     let n2 = node("n1", &["10.244.1.0/24"], &done);
     assert!(annotation_updates(annotations(&n2), &ann(), &vxlan_attrs()).is_empty());
 }
@@ -85,11 +105,18 @@ fn vxlan_annotations_are_flannels_bytes() {
 #[test]
 fn udp_and_host_gw_publish_null_data() {
     let n = node("n1", &["10.244.1.0/24"], &[]);
-    let udp = LeaseAttrs { public_ip: "192.0.2.1".parse().expect("ip"), ..Default::default() };
+    let udp = LeaseAttrs {
+        public_ip: "192.0.2.1".parse().expect("ip"),
+        ..Default::default()
+    };
     let u = annotation_updates(annotations(&n), &ann(), &udp);
     assert_eq!(u[&format!("{P}backend-data")], "null");
     assert_eq!(u[&format!("{P}backend-type")], "");
-    let hg = LeaseAttrs { backend_type: "host-gw".into(), public_ipv6: Some("2001:db8::1".parse().expect("v6")), ..udp };
+    let hg = LeaseAttrs {
+        backend_type: "host-gw".into(),
+        public_ipv6: Some("2001:db8::1".parse().expect("v6")),
+        ..udp
+    };
     let u = annotation_updates(annotations(&n), &ann(), &hg);
     assert_eq!(u[&format!("{P}backend-v6-data")], "null");
     assert_eq!(u[&format!("{P}public-ipv6")], "2001:db8::1");
@@ -97,58 +124,117 @@ fn udp_and_host_gw_publish_null_data() {
 
 #[test]
 fn public_ip_overwrite_is_published() {
-    let n = node("n1", &["10.244.1.0/24"], &[("public-ip-overwrite", "203.0.113.9")]);
+    let n = node(
+        "n1",
+        &["10.244.1.0/24"],
+        &[("public-ip-overwrite", "203.0.113.9")],
+    );
     let u = annotation_updates(annotations(&n), &ann(), &vxlan_attrs());
     assert_eq!(u[&format!("{P}public-ip")], "203.0.113.9");
-    let n = node("n1", &["10.244.1.0/24"], &[("node-public-ip", "198.51.100.4"), ("node-public-ipv6", "x")]);
-    assert_eq!(stored_public_ips(&n, &ann()), (Some("198.51.100.4".parse().expect("ip")), None));
+    let n = node(
+        "n1",
+        &["10.244.1.0/24"],
+        &[
+            ("node-public-ip", "198.51.100.4"),
+            ("node-public-ipv6", "x"),
+        ],
+    );
+    assert_eq!(
+        stored_public_ips(&n, &ann()),
+        (Some("198.51.100.4".parse().expect("ip")), None)
+    );
 }
 
 #[test]
 fn peer_nodes_become_leases() {
     let a = ann();
     let unmanaged = node("n2", &["10.244.2.0/24"], &[("public-ip", "192.0.2.2")]);
-    assert_eq!(node_to_lease(&unmanaged, &a, true, false).expect("ok"), None);
+    assert_eq!(
+        node_to_lease(&unmanaged, &a, true, false).expect("ok"),
+        None
+    );
     let data = r#"{"VNI":1,"VtepMAC":"aa:bb:cc:dd:ee:ff"}"#;
     let managed = node(
         "n2",
         &["10.244.2.0/24"],
-        &[("kube-subnet-manager", "true"), ("public-ip", "192.0.2.2"), ("backend-type", "vxlan"), ("backend-data", data)],
+        &[
+            ("kube-subnet-manager", "true"),
+            ("public-ip", "192.0.2.2"),
+            ("backend-type", "vxlan"),
+            ("backend-data", data),
+        ],
     );
-    let l = node_to_lease(&managed, &a, true, false).expect("ok").expect("lease");
+    let l = node_to_lease(&managed, &a, true, false)
+        .expect("ok")
+        .expect("lease");
     assert_eq!(l.subnet, Some("10.244.2.0/24".parse().expect("net")));
     assert_eq!(l.attrs.backend_data.as_deref(), Some(data));
     assert_eq!(l.attrs.public_ip.to_string(), "192.0.2.2");
-    let bad_ip = node("n3", &["10.244.3.0/24"], &[("kube-subnet-manager", "true"), ("public-ip", "nope")]);
+    let bad_ip = node(
+        "n3",
+        &["10.244.3.0/24"],
+        &[("kube-subnet-manager", "true"), ("public-ip", "nope")],
+    );
     assert!(node_to_lease(&bad_ip, &a, true, false).is_err());
-    let no_cidr = node("n4", &[], &[("kube-subnet-manager", "true"), ("public-ip", "192.0.2.4")]);
+    let no_cidr = node(
+        "n4",
+        &[],
+        &[("kube-subnet-manager", "true"), ("public-ip", "192.0.2.4")],
+    );
     assert!(node_to_lease(&no_cidr, &a, true, false).is_err());
-    let v4_only = node("n5", &["10.244.5.0/24"], &[("kube-subnet-manager", "true"), ("public-ip", "192.0.2.5")]);
-    assert!(node_to_lease(&v4_only, &a, true, true).is_err(), "v6 enabled needs public-ipv6");
+    let v4_only = node(
+        "n5",
+        &["10.244.5.0/24"],
+        &[("kube-subnet-manager", "true"), ("public-ip", "192.0.2.5")],
+    );
+    assert!(
+        node_to_lease(&v4_only, &a, true, true).is_err(),
+        "v6 enabled needs public-ipv6"
+    );
 }
 
 #[test]
 fn own_lease_must_lie_in_network() {
-    let cfg = parse_config(br#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}"#).expect("cfg");
+    let cfg =
+        parse_config(br#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}"#).expect("cfg");
     let ok = node("n1", &["10.244.1.0/24"], &[]);
-    assert_eq!(own_lease(&ok, &cfg, &vxlan_attrs()).expect("lease").subnet, Some("10.244.1.0/24".parse().expect("n")));
+    assert_eq!(
+        own_lease(&ok, &cfg, &vxlan_attrs()).expect("lease").subnet,
+        Some("10.244.1.0/24".parse().expect("n"))
+    );
     let out = node("n1", &["10.245.1.0/24"], &[]);
     assert_eq!(
-        own_lease(&out, &cfg, &vxlan_attrs()).expect_err("outside").to_string(),
+        own_lease(&out, &cfg, &vxlan_attrs())
+            .expect_err("outside")
+            .to_string(),
         r#"subnet "10.244.0.0/16" specified in the flannel net config doesn't contain "10.245.1.0/24" PodCIDR of the "n1" node"#
     );
     let cfg6 =
         parse_config(br#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00::/56","Backend":{"Type":"vxlan"}}"#)
             .expect("cfg6");
     let dual = node("n1", &["10.244.1.0/24", "fd00:0:0:1::/64"], &[]);
-    assert!(own_lease(&dual, &cfg6, &vxlan_attrs()).expect("dual").ipv6_subnet.is_some());
+    assert!(
+        own_lease(&dual, &cfg6, &vxlan_attrs())
+            .expect("dual")
+            .ipv6_subnet
+            .is_some()
+    );
     let out6 = node("n1", &["10.244.1.0/24", "fd01::/64"], &[]);
     assert_eq!(
-        own_lease(&out6, &cfg6, &vxlan_attrs()).expect_err("v6 outside").to_string(),
+        own_lease(&out6, &cfg6, &vxlan_attrs())
+            .expect_err("v6 outside")
+            .to_string(),
         r#"subnet "fd00::/56" specified in the flannel net config doesn't contain "fd01::/64" IPv6 PodCIDR of the "n1" node"#
     );
-    let udp = LeaseAttrs { backend_type: String::new(), ..vxlan_attrs() };
-    assert_eq!(own_lease(&dual, &cfg6, &udp).expect("udp").ipv6_subnet, None, "udp is IPv4 only");
+    let udp = LeaseAttrs {
+        backend_type: String::new(),
+        ..vxlan_attrs()
+    };
+    assert_eq!(
+        own_lease(&dual, &cfg6, &udp).expect("udp").ipv6_subnet,
+        None,
+        "udp is IPv4 only"
+    );
 }
 
 #[test]

@@ -57,12 +57,19 @@ impl State {
 
     /// Leases of other backend types are invisible once ours is known.
     fn visible(&self, l: &Lease) -> bool {
-        self.own_lease.as_ref().is_none_or(|o| o.attrs.backend_type == l.attrs.backend_type)
+        self.own_lease
+            .as_ref()
+            .is_none_or(|o| o.attrs.backend_type == l.attrs.backend_type)
     }
 
     /// The current snapshot: visible peers plus the own lease.
     pub fn snapshot(&self) -> Vec<Lease> {
-        let mut all: Vec<Lease> = self.peers.values().filter(|l| self.visible(l)).cloned().collect();
+        let mut all: Vec<Lease> = self
+            .peers
+            .values()
+            .filter(|l| self.visible(l))
+            .cloned()
+            .collect();
         all.extend(self.own_lease.clone());
         all
     }
@@ -116,7 +123,9 @@ impl State {
         let new = new.filter(|l| self.visible(l));
         match (old, new) {
             (Some(o), Some(n)) if o == n => Vec::new(),
-            (Some(o), Some(n)) if o.key() != n.key() => vec![LeaseEvent::Removed(o), LeaseEvent::Added(n)],
+            (Some(o), Some(n)) if o.key() != n.key() => {
+                vec![LeaseEvent::Removed(o), LeaseEvent::Added(n)]
+            }
             (_, Some(n)) => vec![LeaseEvent::Added(n)],
             (Some(o), None) => vec![LeaseEvent::Removed(o)],
             (None, None) => Vec::new(),
@@ -161,9 +170,15 @@ pub(super) fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 }
 
 /// Runs the watcher until aborted. `synced` turns true after the first list.
-pub(super) async fn run(api: Api<Node>, state: Arc<Mutex<State>>, synced: tokio::sync::watch::Sender<bool>) {
+pub(super) async fn run(
+    api: Api<Node>,
+    state: Arc<Mutex<State>>,
+    synced: tokio::sync::watch::Sender<bool>,
+) {
     tracing::info!("Starting kube subnet manager");
-    let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
+    let mut stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
     while let Some(item) = stream.next().await {
         let ev = match item {
             Ok(ev) => ev,

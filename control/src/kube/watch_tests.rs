@@ -8,25 +8,47 @@ use crate::kube::annotations::DEFAULT_PREFIX;
 
 fn node(name: &str, cidr: &str, ip: &str, ty: &str) -> Node {
     let p = "flannel.alpha.coreos.com/";
-    let a: BTreeMap<String, String> = [("kube-subnet-manager", "true"), ("public-ip", ip), ("backend-type", ty)]
-        .iter()
-        .map(|(k, v)| (format!("{p}{k}"), v.to_string()))
-        .collect();
+    let a: BTreeMap<String, String> = [
+        ("kube-subnet-manager", "true"),
+        ("public-ip", ip),
+        ("backend-type", ty),
+    ]
+    .iter()
+    .map(|(k, v)| (format!("{p}{k}"), v.to_string()))
+    .collect();
     Node {
-        metadata: ObjectMeta { name: Some(name.into()), annotations: Some(a), ..Default::default() },
-        spec: Some(NodeSpec { pod_cidr: Some(cidr.into()), ..Default::default() }),
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            annotations: Some(a),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            pod_cidr: Some(cidr.into()),
+            ..Default::default()
+        }),
         status: None,
     }
 }
 
 fn state() -> State {
-    State::new(Annotations::new(DEFAULT_PREFIX).expect("prefix"), "me".into(), true, false)
+    State::new(
+        Annotations::new(DEFAULT_PREFIX).expect("prefix"),
+        "me".into(),
+        true,
+        false,
+    )
 }
 
 fn keys(evs: &[LeaseEvent]) -> Vec<String> {
     evs.iter()
         .map(|e| match e {
-            LeaseEvent::Snapshot(all) => format!("snap:{}", all.iter().map(|l| l.key().to_string()).collect::<Vec<_>>().join(",")),
+            LeaseEvent::Snapshot(all) => format!(
+                "snap:{}",
+                all.iter()
+                    .map(|l| l.key().to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
             LeaseEvent::Added(l) => format!("add:{}", l.key()),
             LeaseEvent::Removed(l) => format!("rm:{}", l.key()),
         })
@@ -41,13 +63,31 @@ fn list_then_changes() {
     s.init_apply(node("me", "10.244.9.0/24", "192.0.2.9", "vxlan"));
     assert_eq!(keys(&s.init_done()), ["snap:10.244.1.0-24"]);
     assert!(s.own_node.is_some(), "own node cached, never reported");
-    assert_eq!(keys(&s.apply(node("b", "10.244.2.0/24", "192.0.2.2", "vxlan"))), ["add:10.244.2.0-24"]);
+    assert_eq!(
+        keys(&s.apply(node("b", "10.244.2.0/24", "192.0.2.2", "vxlan"))),
+        ["add:10.244.2.0-24"]
+    );
     // An unchanged update (a status heartbeat) is not an event.
-    assert!(s.apply(node("b", "10.244.2.0/24", "192.0.2.2", "vxlan")).is_empty());
-    assert_eq!(keys(&s.apply(node("b", "10.244.2.0/24", "192.0.2.3", "vxlan"))), ["add:10.244.2.0-24"]);
-    assert_eq!(keys(&s.apply(node("b", "10.244.4.0/24", "192.0.2.3", "vxlan"))), ["rm:10.244.2.0-24", "add:10.244.4.0-24"]);
-    assert_eq!(keys(&s.delete(&node("b", "10.244.4.0/24", "192.0.2.3", "vxlan"))), ["rm:10.244.4.0-24"]);
-    assert!(s.delete(&node("me", "10.244.9.0/24", "192.0.2.9", "vxlan")).is_empty());
+    assert!(
+        s.apply(node("b", "10.244.2.0/24", "192.0.2.2", "vxlan"))
+            .is_empty()
+    );
+    assert_eq!(
+        keys(&s.apply(node("b", "10.244.2.0/24", "192.0.2.3", "vxlan"))),
+        ["add:10.244.2.0-24"]
+    );
+    assert_eq!(
+        keys(&s.apply(node("b", "10.244.4.0/24", "192.0.2.3", "vxlan"))),
+        ["rm:10.244.2.0-24", "add:10.244.4.0-24"]
+    );
+    assert_eq!(
+        keys(&s.delete(&node("b", "10.244.4.0/24", "192.0.2.3", "vxlan"))),
+        ["rm:10.244.4.0-24"]
+    );
+    assert!(
+        s.delete(&node("me", "10.244.9.0/24", "192.0.2.9", "vxlan"))
+            .is_empty()
+    );
 }
 
 #[test]
@@ -56,9 +96,14 @@ fn other_backend_types_are_invisible_and_own_lease_is_in_snapshots() {
     s.init();
     s.init_apply(node("me", "10.244.9.0/24", "192.0.2.9", "vxlan"));
     s.init_done();
-    let mut own = node::node_to_lease(&node("me", "10.244.9.0/24", "192.0.2.9", "vxlan"), &s.ann, true, false)
-        .expect("ok")
-        .expect("lease");
+    let mut own = node::node_to_lease(
+        &node("me", "10.244.9.0/24", "192.0.2.9", "vxlan"),
+        &s.ann,
+        true,
+        false,
+    )
+    .expect("ok")
+    .expect("lease");
     own.attrs.backend_type = "vxlan".into();
     s.own_lease = Some(own);
     let mut rx = s.subscribe(4);
@@ -66,9 +111,18 @@ fn other_backend_types_are_invisible_and_own_lease_is_in_snapshots() {
         Ok(LeaseEvent::Snapshot(all)) => assert_eq!(all.len(), 1, "own lease in the snapshot"),
         other => panic!("first event must be a snapshot, got {other:?}"),
     }
-    assert!(s.apply(node("h", "10.244.3.0/24", "192.0.2.3", "host-gw")).is_empty());
-    assert_eq!(keys(&s.apply(node("h", "10.244.3.0/24", "192.0.2.3", "vxlan"))), ["add:10.244.3.0-24"]);
-    assert_eq!(keys(&s.apply(node("h", "10.244.3.0/24", "192.0.2.3", "host-gw"))), ["rm:10.244.3.0-24"]);
+    assert!(
+        s.apply(node("h", "10.244.3.0/24", "192.0.2.3", "host-gw"))
+            .is_empty()
+    );
+    assert_eq!(
+        keys(&s.apply(node("h", "10.244.3.0/24", "192.0.2.3", "vxlan"))),
+        ["add:10.244.3.0-24"]
+    );
+    assert_eq!(
+        keys(&s.apply(node("h", "10.244.3.0/24", "192.0.2.3", "host-gw"))),
+        ["rm:10.244.3.0-24"]
+    );
     // A relist that lost a node reports it through the snapshot.
     s.apply(node("x", "10.244.5.0/24", "192.0.2.5", "vxlan"));
     s.init();

@@ -12,8 +12,8 @@ use async_trait::async_trait;
 use ipnet::IpNet;
 
 use super::{
-    Addr, Client, Fdb, Link, LinkDetail, LinkKind, LinkSpec, Neigh, NetlinkError, Route, VxlanAttrs, XfrmClient,
-    XfrmPolicy,
+    Addr, Client, Fdb, Link, LinkDetail, LinkKind, LinkSpec, Neigh, NetlinkError, Route,
+    VxlanAttrs, XfrmClient, XfrmPolicy,
 };
 
 /// One request a backend made, in order.
@@ -75,7 +75,10 @@ pub struct FakeNetlink {
 }
 
 fn errno(op: &str, e: i32) -> NetlinkError {
-    NetlinkError::Errno { op: op.to_string(), errno: e }
+    NetlinkError::Errno {
+        op: op.to_string(),
+        errno: e,
+    }
 }
 
 impl FakeNetlink {
@@ -89,15 +92,29 @@ impl FakeNetlink {
             s.esp = esp;
             s.next_index = 10;
             for (index, name) in [(1, "lo"), (2, "eth0")] {
-                let link = Link { index, name: name.into(), mtu: if index == 1 { 65536 } else { 1500 }, up: true, mac: None };
-                s.links.insert(index, LinkDetail { link, kind: LinkKind::Other(String::new()) });
+                let link = Link {
+                    index,
+                    name: name.into(),
+                    mtu: if index == 1 { 65536 } else { 1500 },
+                    up: true,
+                    mac: None,
+                };
+                s.links.insert(
+                    index,
+                    LinkDetail {
+                        link,
+                        kind: LinkKind::Other(String::new()),
+                    },
+                );
             }
         }
         f
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Declares `net` on-link via device `index` (`ip route get` answers
@@ -176,7 +193,13 @@ impl FakeNetlink {
         let mut s = self.lock();
         s.next_index += 1;
         let index = s.next_index;
-        let link = Link { index, name: name.into(), mtu, up: false, mac: mac.map(|m| m.to_vec()) };
+        let link = Link {
+            index,
+            name: name.into(),
+            mtu,
+            up: false,
+            mac: mac.map(|m| m.to_vec()),
+        };
         s.links.insert(index, LinkDetail { link, kind });
         index
     }
@@ -185,7 +208,12 @@ impl FakeNetlink {
 #[async_trait]
 impl Client for FakeNetlink {
     async fn link_detail(&self, name: &str) -> Result<Option<LinkDetail>, NetlinkError> {
-        Ok(self.lock().links.values().find(|d| d.link.name == name).cloned())
+        Ok(self
+            .lock()
+            .links
+            .values()
+            .find(|d| d.link.name == name)
+            .cloned())
     }
 
     async fn add_link(&self, spec: &LinkSpec) -> Result<(), NetlinkError> {
@@ -205,7 +233,15 @@ impl Client for FakeNetlink {
                 };
                 ("vxlan", LinkKind::Vxlan(attrs), v.mtu, Some(v.mac.to_vec()))
             }
-            LinkSpec::Ipip(i) => ("ipip", LinkKind::Ipip { local: Some(i.local), remote: None }, 1480, None),
+            LinkSpec::Ipip(i) => (
+                "ipip",
+                LinkKind::Ipip {
+                    local: Some(i.local),
+                    remote: None,
+                },
+                1480,
+                None,
+            ),
             LinkSpec::Wireguard(w) => ("wireguard", LinkKind::Wireguard, w.mtu, None),
         };
         let op = format!("ip link add {}", spec.name());
@@ -217,7 +253,13 @@ impl Client for FakeNetlink {
         }
         s.next_index += 1;
         let index = s.next_index;
-        let link = Link { index, name: spec.name().into(), mtu, up: false, mac };
+        let link = Link {
+            index,
+            name: spec.name().into(),
+            mtu,
+            up: false,
+            mac,
+        };
         s.links.insert(index, LinkDetail { link, kind });
         Ok(())
     }
@@ -238,7 +280,10 @@ impl Client for FakeNetlink {
     async fn link_up(&self, index: u32, mtu: Option<u32>) -> Result<(), NetlinkError> {
         let mut s = self.lock();
         s.ops.push(Op::LinkUp(index, mtu));
-        let d = s.links.get_mut(&index).ok_or_else(|| errno("ip link set up", libc::ENODEV))?;
+        let d = s
+            .links
+            .get_mut(&index)
+            .ok_or_else(|| errno("ip link set up", libc::ENODEV))?;
         d.link.up = true;
         if let Some(m) = mtu {
             d.link.mtu = m;
@@ -247,14 +292,26 @@ impl Client for FakeNetlink {
     }
 
     async fn addrs_on(&self, index: u32) -> Result<Vec<Addr>, NetlinkError> {
-        Ok(self.lock().addrs.iter().filter(|a| a.index == index).cloned().collect())
+        Ok(self
+            .lock()
+            .addrs
+            .iter()
+            .filter(|a| a.index == index)
+            .cloned()
+            .collect())
     }
 
     async fn add_addr(&self, index: u32, net: IpNet) -> Result<(), NetlinkError> {
         let mut s = self.lock();
         s.ops.push(Op::AddAddr(index, net));
         s.addrs.retain(|a| !(a.index == index && a.net == net));
-        s.addrs.push(Addr { index, net, permanent: true, deprecated: false, link_local: false });
+        s.addrs.push(Addr {
+            index,
+            net,
+            permanent: true,
+            deprecated: false,
+            link_local: false,
+        });
         Ok(())
     }
 
@@ -268,10 +325,10 @@ impl Client for FakeNetlink {
     async fn route_replace(&self, r: &Route) -> Result<(), NetlinkError> {
         let mut s = self.lock();
         s.ops.push(Op::RouteReplace(r.clone()));
-        if let Some(o) = r.oif {
-            if !s.links.get(&o).is_some_and(|d| d.link.up) {
-                return Err(errno(&format!("ip route replace {r}"), libc::ENETDOWN));
-            }
+        if let Some(o) = r.oif
+            && !s.links.get(&o).is_some_and(|d| d.link.up)
+        {
+            return Err(errno(&format!("ip route replace {r}"), libc::ENETDOWN));
         }
         s.routes.retain(|x| x.dst != r.dst);
         s.routes.push(r.clone());
@@ -281,22 +338,41 @@ impl Client for FakeNetlink {
     async fn route_del(&self, r: &Route) -> Result<(), NetlinkError> {
         let mut s = self.lock();
         s.ops.push(Op::RouteDel(r.clone()));
-        s.routes.retain(|x| !(x.dst == r.dst && (r.gateway.is_none() || x.gateway == r.gateway)));
+        s.routes
+            .retain(|x| !(x.dst == r.dst && (r.gateway.is_none() || x.gateway == r.gateway)));
         Ok(())
     }
 
     async fn routes_exact(&self, dst: IpNet) -> Result<Vec<Route>, NetlinkError> {
-        Ok(self.lock().routes.iter().filter(|r| r.dst == dst).cloned().collect())
+        Ok(self
+            .lock()
+            .routes
+            .iter()
+            .filter(|r| r.dst == dst)
+            .cloned()
+            .collect())
     }
 
     async fn route_get(&self, ip: IpAddr) -> Result<Vec<Route>, NetlinkError> {
         let s = self.lock();
         let host = IpNet::from(ip);
         if let Some((_, index)) = s.connected.iter().find(|(n, _)| n.contains(&ip)) {
-            return Ok(vec![Route { dst: host, gateway: None, oif: Some(*index), onlink: false, scope_link: false }]);
+            return Ok(vec![Route {
+                dst: host,
+                gateway: None,
+                oif: Some(*index),
+                onlink: false,
+                scope_link: false,
+            }]);
         }
         Ok(s.default_via
-            .map(|(gw, index)| Route { dst: host, gateway: Some(gw), oif: Some(index), onlink: false, scope_link: false })
+            .map(|(gw, index)| Route {
+                dst: host,
+                gateway: Some(gw),
+                oif: Some(index),
+                onlink: false,
+                scope_link: false,
+            })
             .into_iter()
             .collect())
     }
@@ -317,7 +393,13 @@ impl Client for FakeNetlink {
     }
 
     async fn neighs(&self, index: u32) -> Result<Vec<Neigh>, NetlinkError> {
-        Ok(self.lock().neighs.iter().filter(|n| n.index == index).cloned().collect())
+        Ok(self
+            .lock()
+            .neighs
+            .iter()
+            .filter(|n| n.index == index)
+            .cloned()
+            .collect())
     }
 
     async fn fdb_replace(&self, f: &Fdb) -> Result<(), NetlinkError> {
@@ -336,7 +418,13 @@ impl Client for FakeNetlink {
     }
 
     async fn fdbs(&self, index: u32) -> Result<Vec<Fdb>, NetlinkError> {
-        Ok(self.lock().fdbs.iter().filter(|f| f.index == index).cloned().collect())
+        Ok(self
+            .lock()
+            .fdbs
+            .iter()
+            .filter(|f| f.index == index)
+            .cloned()
+            .collect())
     }
 
     async fn sysctl(&self, key: &str, value: &str) -> Result<(), NetlinkError> {
@@ -350,7 +438,8 @@ impl XfrmClient for FakeNetlink {
     async fn policy_update(&self, p: &XfrmPolicy) -> Result<(), NetlinkError> {
         let mut s = self.lock();
         s.ops.push(Op::PolicyUpdate(p.clone()));
-        s.policies.retain(|x| !(x.src == p.src && x.dst == p.dst && x.dir == p.dir));
+        s.policies
+            .retain(|x| !(x.src == p.src && x.dst == p.dst && x.dir == p.dir));
         s.policies.insert(p.clone());
         Ok(())
     }
@@ -358,7 +447,8 @@ impl XfrmClient for FakeNetlink {
     async fn policy_del(&self, p: &XfrmPolicy) -> Result<(), NetlinkError> {
         let mut s = self.lock();
         s.ops.push(Op::PolicyDel(p.clone()));
-        s.policies.retain(|x| !(x.src == p.src && x.dst == p.dst && x.dir == p.dir));
+        s.policies
+            .retain(|x| !(x.src == p.src && x.dst == p.dst && x.dir == p.dir));
         Ok(())
     }
 

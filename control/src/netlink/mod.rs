@@ -31,7 +31,8 @@ pub use client::{Client, XfrmClient};
 pub use fake::{FakeNetlink, Op};
 pub use real::Netlink;
 pub use types::{
-    Addr, Fdb, IpipLink, Link, LinkDetail, LinkKind, LinkSpec, Neigh, Route, VxlanAttrs, VxlanLink, WireguardLink,
+    Addr, Fdb, IpipLink, Link, LinkDetail, LinkKind, LinkSpec, Neigh, Route, VxlanAttrs, VxlanLink,
+    WireguardLink,
 };
 pub use xfrm::{XfrmDir, XfrmNetlink, XfrmPolicy};
 
@@ -55,9 +56,9 @@ pub enum NetlinkError {
     Xfrm {
         /// What was asked, in `ip xfrm` terms.
         op: String,
-        /// The kernel's answer.
+        /// The kernel's answer (boxed: the crate's error embeds whole messages).
         #[source]
-        source: xfrmnetlink::Error,
+        source: Box<xfrmnetlink::Error>,
     },
     /// The kernel (or the fake) refused a request with this errno.
     #[error("{op}: {}", std::io::Error::from_raw_os_error(*.errno))]
@@ -85,8 +86,14 @@ impl NetlinkError {
     /// The kernel errno (positive), if the kernel answered with one.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            NetlinkError::Request { source: rtnetlink::Error::NetlinkError(e), .. } => e.code.map(|c| -c.get()),
-            NetlinkError::Xfrm { source: xfrmnetlink::Error::NetlinkError(e), .. } => e.code.map(|c| -c.get()),
+            NetlinkError::Request {
+                source: rtnetlink::Error::NetlinkError(e),
+                ..
+            } => e.code.map(|c| -c.get()),
+            NetlinkError::Xfrm { source, .. } => match source.as_ref() {
+                xfrmnetlink::Error::NetlinkError(e) => e.code.map(|c| -c.get()),
+                _ => None,
+            },
             NetlinkError::Errno { errno, .. } => Some(*errno),
             _ => None,
         }
@@ -98,7 +105,13 @@ impl NetlinkError {
     pub fn is_unsupported(&self) -> bool {
         matches!(
             self.errno(),
-            Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EAFNOSUPPORT | libc::EPROTONOSUPPORT | libc::ENOENT)
+            Some(
+                libc::EOPNOTSUPP
+                    | libc::ENOSYS
+                    | libc::EAFNOSUPPORT
+                    | libc::EPROTONOSUPPORT
+                    | libc::ENOENT
+            )
         )
     }
 }

@@ -6,15 +6,25 @@ use std::net::IpAddr;
 use async_trait::async_trait;
 use futures::TryStreamExt;
 use ipnet::IpNet;
-use rtnetlink::packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
+use rtnetlink::packet_core::{
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
+};
 use rtnetlink::packet_route::address::{AddressAttribute, AddressHeaderFlags, AddressMessage};
-use rtnetlink::packet_route::link::{InfoData, InfoIpTunnel, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
-use rtnetlink::packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState};
-use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteScope};
+use rtnetlink::packet_route::link::{
+    InfoData, InfoIpTunnel, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
+use rtnetlink::packet_route::neighbour::{
+    NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
+};
+use rtnetlink::packet_route::route::{
+    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteScope,
+};
 use rtnetlink::packet_route::{AddressFamily, RouteNetlinkMessage};
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 
-use super::{Addr, Client, Fdb, Link, LinkDetail, LinkKind, LinkSpec, Neigh, NetlinkError, Route, VxlanAttrs};
+use super::{
+    Addr, Client, Fdb, Link, LinkDetail, LinkKind, LinkSpec, Neigh, NetlinkError, Route, VxlanAttrs,
+};
 
 fn req(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetlinkError {
     let op = op.into();
@@ -44,7 +54,14 @@ impl Netlink {
 
     /// `ip link show`.
     pub async fn links(&self) -> Result<Vec<Link>, NetlinkError> {
-        let msgs: Vec<LinkMessage> = self.handle.link().get().execute().try_collect().await.map_err(req("ip link show"))?;
+        let msgs: Vec<LinkMessage> = self
+            .handle
+            .link()
+            .get()
+            .execute()
+            .try_collect()
+            .await
+            .map_err(req("ip link show"))?;
         Ok(msgs.into_iter().map(|m| detail_from(m).link).collect())
     }
 
@@ -55,8 +72,14 @@ impl Netlink {
 
     /// `ip addr show`.
     pub async fn addrs(&self) -> Result<Vec<Addr>, NetlinkError> {
-        let msgs: Vec<AddressMessage> =
-            self.handle.address().get().execute().try_collect().await.map_err(req("ip addr show"))?;
+        let msgs: Vec<AddressMessage> = self
+            .handle
+            .address()
+            .get()
+            .execute()
+            .try_collect()
+            .await
+            .map_err(req("ip addr show"))?;
         Ok(msgs.into_iter().filter_map(addr_from).collect())
     }
 
@@ -67,8 +90,14 @@ impl Netlink {
         } else {
             RouteMessageBuilder::<std::net::Ipv4Addr>::new().build()
         };
-        let routes: Vec<RouteMessage> =
-            self.handle.route().get(msg).execute().try_collect().await.map_err(req("ip route show"))?;
+        let routes: Vec<RouteMessage> = self
+            .handle
+            .route()
+            .get(msg)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(req("ip route show"))?;
         Ok(routes
             .iter()
             .filter(|r| r.header.destination_prefix_length == 0 && r.header.table == 254)
@@ -86,12 +115,22 @@ impl Netlink {
         if let Some(m) = mtu {
             b = b.mtu(m);
         }
-        self.handle.link().set(b.build()).execute().await.map_err(req(format!("ip link set {index} up")))
+        self.handle
+            .link()
+            .set(b.build())
+            .execute()
+            .await
+            .map_err(req(format!("ip link set {index} up")))
     }
 
     /// `ip link del dev INDEX`.
     pub async fn del_link(&self, index: u32) -> Result<(), NetlinkError> {
-        self.handle.link().del(index).execute().await.map_err(req(format!("ip link del {index}")))
+        self.handle
+            .link()
+            .del(index)
+            .execute()
+            .await
+            .map_err(req(format!("ip link del {index}")))
     }
 
     /// `ip addr replace NET dev INDEX`.
@@ -117,15 +156,29 @@ impl Netlink {
             .try_collect()
             .await
             .map_err(req("ip addr show"))?;
-        for m in msgs.into_iter().filter(|m| m.header.prefix_len == net.prefix_len()) {
-            self.handle.address().del(m).execute().await.map_err(req(format!("ip addr del {net}")))?;
+        for m in msgs
+            .into_iter()
+            .filter(|m| m.header.prefix_len == net.prefix_len())
+        {
+            self.handle
+                .address()
+                .del(m)
+                .execute()
+                .await
+                .map_err(req(format!("ip addr del {net}")))?;
         }
         Ok(())
     }
 
     /// `ip route replace DST [via GW] [dev OIF] [onlink] [scope link]`.
     pub async fn replace_route(&self, r: &Route) -> Result<(), NetlinkError> {
-        self.handle.route().add(r.message()).replace().execute().await.map_err(req(format!("ip route replace {r}")))
+        self.handle
+            .route()
+            .add(r.message())
+            .replace()
+            .execute()
+            .await
+            .map_err(req(format!("ip route replace {r}")))
     }
 
     /// `ip route del DST [via GW] [dev OIF]`; a missing route is not an error.
@@ -133,7 +186,10 @@ impl Netlink {
         match self.handle.route().del(r.message()).execute().await {
             Ok(()) => Ok(()),
             Err(e) if errno_of(&e) == Some(libc::ESRCH) => Ok(()),
-            Err(e) => Err(NetlinkError::Request { op: format!("ip route del {r}"), source: e }),
+            Err(e) => Err(NetlinkError::Request {
+                op: format!("ip route del {r}"),
+                source: e,
+            }),
         }
     }
 
@@ -143,8 +199,14 @@ impl Netlink {
             IpNet::V4(_) => RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(),
             IpNet::V6(_) => RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
         };
-        let routes: Vec<RouteMessage> =
-            self.handle.route().get(msg).execute().try_collect().await.map_err(req("ip route show"))?;
+        let routes: Vec<RouteMessage> = self
+            .handle
+            .route()
+            .get(msg)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(req("ip route show"))?;
         Ok(routes
             .into_iter()
             .filter(|r| {
@@ -156,15 +218,29 @@ impl Netlink {
     }
 
     /// Sends one RTM_NEWNEIGH / RTM_DELNEIGH.
-    async fn neigh_request(&self, m: NeighbourMessage, add: bool, op: String) -> Result<(), NetlinkError> {
+    async fn neigh_request(
+        &self,
+        m: NeighbourMessage,
+        add: bool,
+        op: String,
+    ) -> Result<(), NetlinkError> {
         let mut handle = self.handle.clone();
         let mut req = NetlinkMessage::from(if add {
             RouteNetlinkMessage::NewNeighbour(m)
         } else {
             RouteNetlinkMessage::DelNeighbour(m)
         });
-        req.header.flags = if add { NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE } else { NLM_F_REQUEST | NLM_F_ACK };
-        let mut resp = handle.request(req).map_err(|source| NetlinkError::Request { op: op.clone(), source })?;
+        req.header.flags = if add {
+            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
+        } else {
+            NLM_F_REQUEST | NLM_F_ACK
+        };
+        let mut resp = handle
+            .request(req)
+            .map_err(|source| NetlinkError::Request {
+                op: op.clone(),
+                source,
+            })?;
         while let Some(msg) = futures::StreamExt::next(&mut resp).await {
             if let NetlinkPayload::Error(e) = msg.payload {
                 let source = rtnetlink::Error::NetlinkError(e);
@@ -177,26 +253,49 @@ impl Netlink {
         Ok(())
     }
 
-    async fn neigh_dump(&self, family: AddressFamily) -> Result<Vec<NeighbourMessage>, NetlinkError> {
+    async fn neigh_dump(
+        &self,
+        family: AddressFamily,
+    ) -> Result<Vec<NeighbourMessage>, NetlinkError> {
         let get = self.handle.neighbours().get().set_address_family(family);
-        get.execute().try_collect().await.map_err(req("ip neigh show"))
+        get.execute()
+            .try_collect()
+            .await
+            .map_err(req("ip neigh show"))
     }
 }
 
 #[async_trait]
 impl Client for Netlink {
     async fn link_detail(&self, name: &str) -> Result<Option<LinkDetail>, NetlinkError> {
-        let res: Result<Vec<LinkMessage>, _> =
-            self.handle.link().get().match_name(name.to_string()).execute().try_collect().await;
+        let res: Result<Vec<LinkMessage>, _> = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_string())
+            .execute()
+            .try_collect()
+            .await;
         match res {
-            Ok(msgs) => Ok(msgs.into_iter().map(detail_from).find(|d| d.link.name == name)),
+            Ok(msgs) => Ok(msgs
+                .into_iter()
+                .map(detail_from)
+                .find(|d| d.link.name == name)),
             Err(e) if errno_of(&e) == Some(libc::ENODEV) => Ok(None),
-            Err(e) => Err(NetlinkError::Request { op: format!("ip link show {name}"), source: e }),
+            Err(e) => Err(NetlinkError::Request {
+                op: format!("ip link show {name}"),
+                source: e,
+            }),
         }
     }
 
     async fn add_link(&self, spec: &LinkSpec) -> Result<(), NetlinkError> {
-        self.handle.link().add(spec.message()).execute().await.map_err(req(format!("ip link add {}", spec.name())))
+        self.handle
+            .link()
+            .add(spec.message())
+            .execute()
+            .await
+            .map_err(req(format!("ip link add {}", spec.name())))
     }
 
     async fn delete_link(&self, index: u32) -> Result<(), NetlinkError> {
@@ -217,7 +316,11 @@ impl Client for Netlink {
             .try_collect()
             .await
             .map_err(req(format!("ip addr show dev {index}")))?;
-        Ok(msgs.into_iter().filter_map(addr_from).filter(|a| a.index == index).collect())
+        Ok(msgs
+            .into_iter()
+            .filter_map(addr_from)
+            .filter(|a| a.index == index)
+            .collect())
     }
 
     async fn add_addr(&self, index: u32, net: IpNet) -> Result<(), NetlinkError> {
@@ -237,26 +340,51 @@ impl Client for Netlink {
     }
 
     async fn routes_exact(&self, dst: IpNet) -> Result<Vec<Route>, NetlinkError> {
-        Ok(self.routes_to(dst).await?.iter().filter_map(route_from).collect())
+        Ok(self
+            .routes_to(dst)
+            .await?
+            .iter()
+            .filter_map(route_from)
+            .collect())
     }
 
     async fn route_get(&self, ip: IpAddr) -> Result<Vec<Route>, NetlinkError> {
         let msg = match ip {
-            IpAddr::V4(a) => RouteMessageBuilder::<std::net::Ipv4Addr>::new().destination_prefix(a, 32).build(),
-            IpAddr::V6(a) => RouteMessageBuilder::<std::net::Ipv6Addr>::new().destination_prefix(a, 128).build(),
+            IpAddr::V4(a) => RouteMessageBuilder::<std::net::Ipv4Addr>::new()
+                .destination_prefix(a, 32)
+                .build(),
+            IpAddr::V6(a) => RouteMessageBuilder::<std::net::Ipv6Addr>::new()
+                .destination_prefix(a, 128)
+                .build(),
         };
-        let routes: Vec<RouteMessage> =
-            self.handle.route().get(msg).execute().try_collect().await.map_err(req(format!("ip route get {ip}")))?;
+        let routes: Vec<RouteMessage> = self
+            .handle
+            .route()
+            .get(msg)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(req(format!("ip route get {ip}")))?;
         Ok(routes.iter().filter_map(route_from).collect())
     }
 
     async fn neigh_replace(&self, n: &Neigh) -> Result<(), NetlinkError> {
-        let op = format!("ip neigh replace {} lladdr {} dev #{} nud permanent", n.ip, mac_str(&n.mac), n.index);
+        let op = format!(
+            "ip neigh replace {} lladdr {} dev #{} nud permanent",
+            n.ip,
+            mac_str(&n.mac),
+            n.index
+        );
         self.neigh_request(n.message(), true, op).await
     }
 
     async fn neigh_del(&self, n: &Neigh) -> Result<(), NetlinkError> {
-        self.neigh_request(n.message(), false, format!("ip neigh del {} dev #{}", n.ip, n.index)).await
+        self.neigh_request(
+            n.message(),
+            false,
+            format!("ip neigh del {} dev #{}", n.ip, n.index),
+        )
+        .await
     }
 
     async fn neighs(&self, index: u32) -> Result<Vec<Neigh>, NetlinkError> {
@@ -275,12 +403,22 @@ impl Client for Netlink {
     }
 
     async fn fdb_replace(&self, f: &Fdb) -> Result<(), NetlinkError> {
-        let op = format!("bridge fdb replace {} dev #{} dst {} self permanent", mac_str(&f.mac), f.index, f.dst);
+        let op = format!(
+            "bridge fdb replace {} dev #{} dst {} self permanent",
+            mac_str(&f.mac),
+            f.index,
+            f.dst
+        );
         self.neigh_request(f.message(), true, op).await
     }
 
     async fn fdb_del(&self, f: &Fdb) -> Result<(), NetlinkError> {
-        let op = format!("bridge fdb del {} dev #{} dst {} self", mac_str(&f.mac), f.index, f.dst);
+        let op = format!(
+            "bridge fdb del {} dev #{} dst {} self",
+            mac_str(&f.mac),
+            f.index,
+            f.dst
+        );
         self.neigh_request(f.message(), false, op).await
     }
 
@@ -290,7 +428,13 @@ impl Client for Netlink {
             .await?
             .iter()
             .filter(|m| m.header.ifindex == index)
-            .filter_map(|m| Some(Fdb { index, mac: neigh_lladdr(m)?, dst: neigh_dst(m)? }))
+            .filter_map(|m| {
+                Some(Fdb {
+                    index,
+                    mac: neigh_lladdr(m)?,
+                    dst: neigh_dst(m)?,
+                })
+            })
             .collect())
     }
 
@@ -301,7 +445,10 @@ impl Client for Netlink {
 }
 
 pub(super) fn mac_str(m: &[u8; 6]) -> String {
-    format!("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5])
+    format!(
+        "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        m[0], m[1], m[2], m[3], m[4], m[5]
+    )
 }
 
 fn neigh_dst(m: &NeighbourMessage) -> Option<IpAddr> {
@@ -360,8 +507,13 @@ fn route_from(m: &RouteMessage) -> Option<Route> {
 }
 
 fn detail_from(m: LinkMessage) -> LinkDetail {
-    let mut l =
-        Link { index: m.header.index, name: String::new(), mtu: 0, up: m.header.flags.contains(LinkFlags::Up), mac: None };
+    let mut l = Link {
+        index: m.header.index,
+        name: String::new(),
+        mtu: 0,
+        up: m.header.flags.contains(LinkFlags::Up),
+        mac: None,
+    };
     let mut kind = LinkKind::Other(String::new());
     for a in m.attributes {
         match a {
@@ -411,8 +563,12 @@ fn kind_from(infos: &[LinkInfo]) -> LinkKind {
             if let Some(InfoData::IpTunnel(attrs)) = d {
                 for a in attrs {
                     match a {
-                        InfoIpTunnel::Local(IpAddr::V4(x)) if !x.is_unspecified() => local = Some(*x),
-                        InfoIpTunnel::Remote(IpAddr::V4(x)) if !x.is_unspecified() => remote = Some(*x),
+                        InfoIpTunnel::Local(IpAddr::V4(x)) if !x.is_unspecified() => {
+                            local = Some(*x)
+                        }
+                        InfoIpTunnel::Remote(IpAddr::V4(x)) if !x.is_unspecified() => {
+                            remote = Some(*x)
+                        }
                         _ => {}
                     }
                 }

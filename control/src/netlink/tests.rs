@@ -3,9 +3,15 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use rtnetlink::packet_route::AddressFamily;
-use rtnetlink::packet_route::link::{InfoData, InfoIpTunnel, InfoKind, InfoVxlan, LinkAttribute, LinkInfo};
-use rtnetlink::packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourState};
-use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteFlags, RouteScope, RouteType};
+use rtnetlink::packet_route::link::{
+    InfoData, InfoIpTunnel, InfoKind, InfoVxlan, LinkAttribute, LinkInfo,
+};
+use rtnetlink::packet_route::neighbour::{
+    NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourState,
+};
+use rtnetlink::packet_route::route::{
+    RouteAddress, RouteAttribute, RouteFlags, RouteScope, RouteType,
+};
 
 use super::*;
 
@@ -44,7 +50,10 @@ fn info(m: &rtnetlink::packet_route::link::LinkMessage) -> (Option<InfoKind>, Ve
 #[test]
 fn vxlan_link_carries_flannels_attributes_and_no_port_by_default() {
     let m = vxlan(0, false).message();
-    assert!(m.attributes.contains(&LinkAttribute::IfName("flannel.1".into())));
+    assert!(
+        m.attributes
+            .contains(&LinkAttribute::IfName("flannel.1".into()))
+    );
     assert!(m.attributes.contains(&LinkAttribute::Mtu(1450)));
     assert!(m.attributes.contains(&LinkAttribute::Address(MAC.to_vec())));
     let (kind, infos) = info(&m);
@@ -85,7 +94,11 @@ fn vxlan_link_carries_flannels_attributes_and_no_port_by_default() {
 
 #[test]
 fn ipip_and_wireguard_links() {
-    let m = IpipLink { name: "flannel.ipip".into(), local: Ipv4Addr::new(192, 0, 2, 1) }.message();
+    let m = IpipLink {
+        name: "flannel.ipip".into(),
+        local: Ipv4Addr::new(192, 0, 2, 1),
+    }
+    .message();
     let (kind, infos) = info(&m);
     assert_eq!(kind, Some(InfoKind::IpIp));
     let data = infos.iter().find_map(|i| match i {
@@ -93,18 +106,35 @@ fn ipip_and_wireguard_links() {
         _ => None,
     });
     let data = data.expect("ipip data");
-    assert!(data.contains(&InfoIpTunnel::Local(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)))));
-    assert!(!data.iter().any(|a| matches!(a, InfoIpTunnel::Remote(_))), "remote any: {data:?}");
-    let m = WireguardLink { name: "flannel-wg".into(), mtu: 1420 }.message();
+    assert!(data.contains(&InfoIpTunnel::Local(IpAddr::V4(Ipv4Addr::new(
+        192, 0, 2, 1
+    )))));
+    assert!(
+        !data.iter().any(|a| matches!(a, InfoIpTunnel::Remote(_))),
+        "remote any: {data:?}"
+    );
+    let m = WireguardLink {
+        name: "flannel-wg".into(),
+        mtu: 1420,
+    }
+    .message();
     assert_eq!(info(&m).0, Some(InfoKind::Wireguard));
     assert!(m.attributes.contains(&LinkAttribute::Mtu(1420)));
 }
 
 #[test]
 fn neighbour_and_fdb_messages() {
-    let n = Neigh { index: 7, ip: "10.244.2.0".parse().expect("ip"), mac: MAC }.message();
+    let n = Neigh {
+        index: 7,
+        ip: "10.244.2.0".parse().expect("ip"),
+        mac: MAC,
+    }
+    .message();
     assert_eq!(n.header.family, AddressFamily::Inet);
-    assert_eq!((n.header.ifindex, n.header.state, n.header.kind), (7, NeighbourState::Permanent, RouteType::Unicast));
+    assert_eq!(
+        (n.header.ifindex, n.header.state, n.header.kind),
+        (7, NeighbourState::Permanent, RouteType::Unicast)
+    );
     assert_eq!(
         n.attributes,
         vec![
@@ -112,11 +142,27 @@ fn neighbour_and_fdb_messages() {
             NeighbourAttribute::LinkLayerAddress(MAC.to_vec()),
         ]
     );
-    let f = Fdb { index: 7, mac: MAC, dst: "192.0.2.2".parse().expect("ip") }.message();
+    let f = Fdb {
+        index: 7,
+        mac: MAC,
+        dst: "192.0.2.2".parse().expect("ip"),
+    }
+    .message();
     assert_eq!(f.header.family, AddressFamily::Bridge);
-    assert_eq!((f.header.state, f.header.flags), (NeighbourState::Permanent, NeighbourFlags::Own));
-    assert!(f.attributes.contains(&NeighbourAttribute::Destination(NeighbourAddress::Inet(Ipv4Addr::new(192, 0, 2, 2)))));
-    assert!(f.attributes.contains(&NeighbourAttribute::LinkLayerAddress(MAC.to_vec())));
+    assert_eq!(
+        (f.header.state, f.header.flags),
+        (NeighbourState::Permanent, NeighbourFlags::Own)
+    );
+    assert!(
+        f.attributes
+            .contains(&NeighbourAttribute::Destination(NeighbourAddress::Inet(
+                Ipv4Addr::new(192, 0, 2, 2)
+            )))
+    );
+    assert!(
+        f.attributes
+            .contains(&NeighbourAttribute::LinkLayerAddress(MAC.to_vec()))
+    );
 }
 
 #[test]
@@ -132,8 +178,22 @@ fn onlink_route_message() {
     assert_eq!(m.header.destination_prefix_length, 24);
     assert!(m.header.flags.contains(RouteFlags::Onlink));
     assert_eq!(m.header.scope, RouteScope::Universe);
-    assert!(m.attributes.contains(&RouteAttribute::Destination(RouteAddress::Inet(Ipv4Addr::new(10, 244, 2, 0)))));
-    assert!(m.attributes.contains(&RouteAttribute::Gateway(RouteAddress::Inet(Ipv4Addr::new(10, 244, 2, 0)))));
+    assert_eq!(
+        m.header.protocol,
+        rtnetlink::packet_route::route::RouteProtocol::Boot
+    );
+    assert!(
+        m.attributes
+            .contains(&RouteAttribute::Destination(RouteAddress::Inet(
+                Ipv4Addr::new(10, 244, 2, 0)
+            )))
+    );
+    assert!(
+        m.attributes
+            .contains(&RouteAttribute::Gateway(RouteAddress::Inet(Ipv4Addr::new(
+                10, 244, 2, 0
+            ))))
+    );
     assert!(m.attributes.contains(&RouteAttribute::Oif(7)));
     assert_eq!(r.to_string(), "10.244.2.0/24 via 10.244.2.0 dev #7 onlink");
 }

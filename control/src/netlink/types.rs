@@ -4,12 +4,14 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
+use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::packet_route::link::{InfoVxlan, LinkMessage};
 use rtnetlink::packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
 };
-use rtnetlink::packet_route::route::{RouteFlags, RouteMessage, RouteScope, RouteType};
-use rtnetlink::packet_route::AddressFamily;
+use rtnetlink::packet_route::route::{
+    RouteFlags, RouteMessage, RouteProtocol, RouteScope, RouteType,
+};
 use rtnetlink::{LinkIpIp, LinkVxlan, LinkWireguard, RouteMessageBuilder};
 
 /// A link as `ip link` shows it.
@@ -239,8 +241,10 @@ impl Neigh {
         m.header.ifindex = self.index;
         m.header.state = NeighbourState::Permanent;
         m.header.kind = RouteType::Unicast;
-        m.attributes.push(NeighbourAttribute::Destination(neigh_addr(self.ip)));
-        m.attributes.push(NeighbourAttribute::LinkLayerAddress(self.mac.to_vec()));
+        m.attributes
+            .push(NeighbourAttribute::Destination(neigh_addr(self.ip)));
+        m.attributes
+            .push(NeighbourAttribute::LinkLayerAddress(self.mac.to_vec()));
         m
     }
 }
@@ -266,8 +270,10 @@ impl Fdb {
         m.header.state = NeighbourState::Permanent;
         m.header.flags = NeighbourFlags::Own;
         m.header.kind = RouteType::Unspec;
-        m.attributes.push(NeighbourAttribute::LinkLayerAddress(self.mac.to_vec()));
-        m.attributes.push(NeighbourAttribute::Destination(neigh_addr(self.dst)));
+        m.attributes
+            .push(NeighbourAttribute::LinkLayerAddress(self.mac.to_vec()));
+        m.attributes
+            .push(NeighbourAttribute::Destination(neigh_addr(self.dst)));
         m
     }
 }
@@ -286,7 +292,7 @@ fn neigh_addr(ip: IpAddr) -> NeighbourAddress {
     }
 }
 
-/// A route to program (main table, protocol boot).
+/// A route to program (main table, `proto boot` as flannel's).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     /// Destination prefix.
@@ -325,14 +331,16 @@ impl Route {
     pub fn message(&self) -> RouteMessage {
         let mut m = match self.dst {
             IpNet::V4(d) => {
-                let mut b = RouteMessageBuilder::<Ipv4Addr>::new().destination_prefix(d.network(), d.prefix_len());
+                let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
+                    .destination_prefix(d.network(), d.prefix_len());
                 if let Some(IpAddr::V4(g)) = self.gateway {
                     b = b.gateway(g);
                 }
                 b.build()
             }
             IpNet::V6(d) => {
-                let mut b = RouteMessageBuilder::<Ipv6Addr>::new().destination_prefix(d.network(), d.prefix_len());
+                let mut b = RouteMessageBuilder::<Ipv6Addr>::new()
+                    .destination_prefix(d.network(), d.prefix_len());
                 if let Some(IpAddr::V6(g)) = self.gateway {
                     b = b.gateway(g);
                 }
@@ -340,12 +348,19 @@ impl Route {
             }
         };
         if let Some(o) = self.oif {
-            m.attributes.push(rtnetlink::packet_route::route::RouteAttribute::Oif(o));
+            m.attributes
+                .push(rtnetlink::packet_route::route::RouteAttribute::Oif(o));
         }
         if self.onlink {
             m.header.flags |= RouteFlags::Onlink;
         }
-        m.header.scope = if self.scope_link { RouteScope::Link } else { RouteScope::Universe };
+        m.header.scope = if self.scope_link {
+            RouteScope::Link
+        } else {
+            RouteScope::Universe
+        };
+        // flannel's netlink library leaves RTPROT_BOOT (`ip route` shows no `proto`).
+        m.header.protocol = RouteProtocol::Boot;
         m
     }
 

@@ -8,7 +8,8 @@ use async_trait::async_trait;
 use futures::TryStreamExt;
 use ipnet::IpNet;
 use netlink_packet_xfrm::{
-    IPPROTO_ESP, UserTemplate, XFRM_MODE_TUNNEL, XFRM_POLICY_ALLOW, XFRM_POLICY_FWD, XFRM_POLICY_IN, XFRM_POLICY_OUT,
+    IPPROTO_ESP, UserTemplate, XFRM_MODE_TUNNEL, XFRM_POLICY_ALLOW, XFRM_POLICY_FWD,
+    XFRM_POLICY_IN, XFRM_POLICY_OUT,
 };
 use tokio::sync::OnceCell;
 
@@ -97,7 +98,8 @@ impl XfrmNetlink {
     async fn handle(&self) -> Result<xfrmnetlink::Handle, NetlinkError> {
         self.handle
             .get_or_try_init(|| async {
-                let (conn, handle, _) = xfrmnetlink::new_connection().map_err(NetlinkError::Connect)?;
+                let (conn, handle, _) =
+                    xfrmnetlink::new_connection().map_err(NetlinkError::Connect)?;
                 tokio::spawn(conn);
                 Ok(handle)
             })
@@ -107,7 +109,10 @@ impl XfrmNetlink {
 }
 
 fn xerr(op: String) -> impl FnOnce(xfrmnetlink::Error) -> NetlinkError {
-    move |source| NetlinkError::Xfrm { op, source }
+    move |source| NetlinkError::Xfrm {
+        op,
+        source: Box::new(source),
+    }
 }
 
 #[async_trait]
@@ -116,7 +121,12 @@ impl XfrmClient for XfrmNetlink {
         self.handle()
             .await?
             .policy()
-            .update(p.src.addr(), p.src.prefix_len(), p.dst.addr(), p.dst.prefix_len())
+            .update(
+                p.src.addr(),
+                p.src.prefix_len(),
+                p.dst.addr(),
+                p.dst.prefix_len(),
+            )
             .direction(p.dir.raw())
             .action(XFRM_POLICY_ALLOW)
             .add_template(p.template())
@@ -130,7 +140,12 @@ impl XfrmClient for XfrmNetlink {
             .handle()
             .await?
             .policy()
-            .delete(p.src.addr(), p.src.prefix_len(), p.dst.addr(), p.dst.prefix_len())
+            .delete(
+                p.src.addr(),
+                p.src.prefix_len(),
+                p.dst.addr(),
+                p.dst.prefix_len(),
+            )
             .direction(p.dir.raw())
             .execute()
             .await
@@ -146,7 +161,12 @@ impl XfrmClient for XfrmNetlink {
             .handle()
             .await?
             .policy()
-            .get(p.src.addr(), p.src.prefix_len(), p.dst.addr(), p.dst.prefix_len())
+            .get(
+                p.src.addr(),
+                p.src.prefix_len(),
+                p.dst.addr(),
+                p.dst.prefix_len(),
+            )
             .direction(p.dir.raw())
             .execute()
             .try_collect()
@@ -161,7 +181,10 @@ impl XfrmClient for XfrmNetlink {
     async fn esp_supported(&self) -> Result<bool, NetlinkError> {
         // A throwaway SA between two loopback addresses with a fixed,
         // unlikely SPI; removed again at once when the kernel accepts it.
-        let (src, dst) = (IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
+        let (src, dst) = (
+            IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)),
+            IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)),
+        );
         let spi = 0x7765_6674; // "weft"
         let h = self.handle().await?;
         let key = vec![0u8; 20];
@@ -174,9 +197,19 @@ impl XfrmClient for XfrmNetlink {
             .reqid(0)
             .encryption_aead(xfrmnetlink::ENC_AEAD_ALG_AES_GCM, &key, 128)
             .map_err(xerr("ip xfrm state add (probe)".into()))?;
-        match add.execute().await.map_err(xerr("ip xfrm state add (probe)".into())) {
+        match add
+            .execute()
+            .await
+            .map_err(xerr("ip xfrm state add (probe)".into()))
+        {
             Ok(()) => {
-                let _ = h.state().delete(src, dst).protocol(IPPROTO_ESP).spi(spi).execute().await;
+                let _ = h
+                    .state()
+                    .delete(src, dst)
+                    .protocol(IPPROTO_ESP)
+                    .spi(spi)
+                    .execute()
+                    .await;
                 Ok(true)
             }
             Err(e) if e.is_unsupported() => Ok(false),

@@ -16,7 +16,9 @@ impl Event {
     pub fn new() -> io::Result<Event> {
         let fd = syscall!(eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC))?;
         // SAFETY: `fd` was just returned by eventfd() and is owned by nobody else.
-        Ok(Event { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        Ok(Event {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
     }
 
     /// Raw descriptor (for poll).

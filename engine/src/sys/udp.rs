@@ -126,7 +126,8 @@ impl Udp {
     /// falls back to its hash).
     pub fn attach_reuseport_cbpf(&self, prog: &[libc::sock_filter]) -> io::Result<()> {
         let fprog = libc::sock_fprog {
-            len: u16::try_from(prog.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+            len: u16::try_from(prog.len())
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
             filter: prog.as_ptr().cast_mut(),
         };
         let len = libc::socklen_t::try_from(size_of::<libc::sock_fprog>()).unwrap_or(16);

@@ -68,19 +68,33 @@ impl Hub {
             events.push(ev.clone());
             mine.push(Inbox { rx, event: ev });
         }
-        Ok((Arc::new(Hub { inboxes, events, pool_tx, pool_rx }), mine))
+        Ok((
+            Arc::new(Hub {
+                inboxes,
+                events,
+                pool_tx,
+                pool_rx,
+            }),
+            mine,
+        ))
     }
 
     /// Copies `data` into a pool buffer and queues it for worker `to`, then wakes it.
     pub fn send(&self, to: usize, kind: Kind, data: &[u8]) -> Result<(), Full> {
-        let Some(inbox) = self.inboxes.get(to) else { return Err(Full) };
+        let Some(inbox) = self.inboxes.get(to) else {
+            return Err(Full);
+        };
         let mut buf = self.pool_rx.try_recv().map_err(|_| Full)?;
         if data.len() > buf.len() {
             self.recycle(buf);
             return Err(Full);
         }
         buf[..data.len()].copy_from_slice(data);
-        match inbox.try_send(Msg { kind, buf, len: data.len() }) {
+        match inbox.try_send(Msg {
+            kind,
+            buf,
+            len: data.len(),
+        }) {
             Ok(()) => {
                 if let Some(e) = self.events.get(to) {
                     e.notify();
@@ -110,9 +124,16 @@ mod tests {
         let src: SocketAddr = "192.0.2.1:51820".parse().expect("sa");
         assert_eq!(hub.send(1, Kind::Udp { src, stride: 3 }, b"abc"), Ok(()));
         let m = inboxes[1].rx.try_recv().expect("queued");
-        assert_eq!((m.kind, &m.buf[..m.len]), (Kind::Udp { src, stride: 3 }, &b"abc"[..]));
+        assert_eq!(
+            (m.kind, &m.buf[..m.len]),
+            (Kind::Udp { src, stride: 3 }, &b"abc"[..])
+        );
         hub.recycle(m.buf);
-        assert_eq!(hub.send(0, Kind::Tun, &[0; 65]), Err(Full), "too big for a buffer");
+        assert_eq!(
+            hub.send(0, Kind::Tun, &[0; 65]),
+            Err(Full),
+            "too big for a buffer"
+        );
         let mut sent = 0;
         while hub.send(0, Kind::Tun, b"x").is_ok() {
             sent += 1;

@@ -70,7 +70,11 @@ pub struct WgSecret(pub [u8; 32]);
 
 impl std::fmt::Debug for WgSecret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "WgSecret(<redacted>, public {})", key_to_base64(&self.public_key()))
+        write!(
+            f,
+            "WgSecret(<redacted>, public {})",
+            key_to_base64(&self.public_key())
+        )
     }
 }
 
@@ -95,7 +99,11 @@ const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 pub fn key_to_base64(key: &[u8; 32]) -> String {
     let mut out = String::with_capacity(44);
     for chunk in key.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {

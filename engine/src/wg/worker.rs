@@ -178,8 +178,16 @@ impl WgWorker {
     }
 
     fn wait(&self) {
-        let fd = |fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-        let mut fds = [fd(self.tun.raw_fd()), fd(self.sock.raw_fd()), fd(self.inbox.event.raw_fd())];
+        let fd = |fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let mut fds = [
+            fd(self.tun.raw_fd()),
+            fd(self.sock.raw_fd()),
+            fd(self.inbox.event.raw_fd()),
+        ];
         // SAFETY: `fds` is a valid array of three pollfd structs for the duration of the call.
         unsafe { libc::poll(fds.as_mut_ptr(), 3, 100) };
         if fds[2].revents != 0 {
@@ -190,7 +198,11 @@ impl WgWorker {
     /// Creates, replaces or drops `Tunn`s so that `owned` matches the peers of
     /// `table` this worker owns. Runs on table swaps only (control-plane pace).
     fn reconcile(&self, table: &PeerTable, owned: &mut HashMap<u32, Owned>) {
-        owned.retain(|id, o| table.wg_by_id(*id).is_some_and(|w| w.params.public_key == o.key));
+        owned.retain(|id, o| {
+            table
+                .wg_by_id(*id)
+                .is_some_and(|w| w.params.public_key == o.key)
+        });
         for w in table.wg_peers() {
             if owner(w.id, self.workers) != self.me {
                 continue;
@@ -240,7 +252,9 @@ impl WgWorker {
     ) -> bool {
         let mut any = false;
         for _ in 0..INBOX_BUDGET {
-            let Ok(mut m) = self.inbox.rx.try_recv() else { break };
+            let Ok(mut m) = self.inbox.rx.try_recv() else {
+                break;
+            };
             any = true;
             match m.kind {
                 Kind::Tun => {
@@ -314,7 +328,10 @@ impl WgWorker {
         ctr: &mut Local,
     ) -> Result<(), DropReason> {
         let (hdr, off) = match self.vnet_hdr {
-            true => (vnet::VnetHdr::parse(&buf[..n]).ok_or(DropReason::Malformed)?, vnet::HEADER_LEN),
+            true => (
+                vnet::VnetHdr::parse(&buf[..n]).ok_or(DropReason::Malformed)?,
+                vnet::HEADER_LEN,
+            ),
             false => (vnet::VnetHdr::default(), 0),
         };
         let pkt = &buf[off..n];
@@ -345,7 +362,11 @@ impl WgWorker {
             let segs = gso::tcp_segment(&buf[off..n], gs, 0, &mut b.seg)?;
             ctr.add(Ctr::GsoSuperPackets, 1);
             for i in 0..segs.count {
-                let len = if i + 1 == segs.count { segs.last_len } else { segs.stride };
+                let len = if i + 1 == segs.count {
+                    segs.last_len
+                } else {
+                    segs.stride
+                };
                 let s = i * segs.stride;
                 self.encrypt(peer, SegSrc::Seg(s, len), b, ctr);
             }
@@ -355,7 +376,11 @@ impl WgWorker {
             }
             let pkt = &mut buf[off..n];
             if hdr.flags & vnet::F_NEEDS_CSUM != 0 {
-                gso::complete_checksum(pkt, usize::from(hdr.csum_start), usize::from(hdr.csum_offset))?;
+                gso::complete_checksum(
+                    pkt,
+                    usize::from(hdr.csum_start),
+                    usize::from(hdr.csum_offset),
+                )?;
             }
             if pkt.len() + OVERHEAD > MAX_UDP_PAYLOAD {
                 return Err(DropReason::Mtu);
@@ -418,7 +443,12 @@ impl WgWorker {
             }
         }
         let segment = u16::try_from(len).unwrap_or(0);
-        b.msgs.push(TxMsg { dst, start, len, segment });
+        b.msgs.push(TxMsg {
+            dst,
+            start,
+            len,
+            segment,
+        });
     }
 
     fn flush_tx(&self, b: &mut Buffers, ctr: &mut Local) {
@@ -441,7 +471,12 @@ impl WgWorker {
                         let mut off = 0;
                         while off < m.len {
                             let len = seg.min(m.len - off);
-                            let one = [TxMsg { dst: m.dst, start: m.start + off, len, segment: 0 }];
+                            let one = [TxMsg {
+                                dst: m.dst,
+                                start: m.start + off,
+                                len,
+                                segment: 0,
+                            }];
                             if self.sock.send_batch(&one, &b.tx).is_err() {
                                 ctr.add(Ctr::UdpSendErrors, 1);
                             }
@@ -510,13 +545,28 @@ impl WgWorker {
                 None => self.me,
             };
             if home != self.me {
-                self.hand_off(home, Kind::Udp { src, stride: m.stride }, &rx[base..base + len], ctr);
+                self.hand_off(
+                    home,
+                    Kind::Udp {
+                        src,
+                        stride: m.stride,
+                    },
+                    &rx[base..base + len],
+                    ctr,
+                );
                 continue;
             }
             let mut off = 0;
             while off < len {
                 let seg_len = m.stride.min(len - off);
-                self.on_datagram(table, owned, &rx[base + off..base + off + seg_len], src, b, ctr);
+                self.on_datagram(
+                    table,
+                    owned,
+                    &rx[base + off..base + off + seg_len],
+                    src,
+                    b,
+                    ctr,
+                );
                 off += seg_len;
             }
         }
@@ -545,7 +595,15 @@ impl WgWorker {
         };
         let home = owner(id, self.workers);
         if home != self.me {
-            self.hand_off(home, Kind::Udp { src, stride: d.len() }, d, ctr);
+            self.hand_off(
+                home,
+                Kind::Udp {
+                    src,
+                    stride: d.len(),
+                },
+                d,
+                ctr,
+            );
             return;
         }
         let Some(peer) = owned.get_mut(&id) else {
@@ -568,7 +626,9 @@ impl WgWorker {
         };
         match res {
             Decap::Tunnel(len, inner_src) => {
-                let allowed = table.wg_by_id(id).is_some_and(|w| w.allowed.iter().any(|n| n.contains(&inner_src)));
+                let allowed = table
+                    .wg_by_id(id)
+                    .is_some_and(|w| w.allowed.iter().any(|n| n.contains(&inner_src)));
                 if self.anti_spoof && !allowed {
                     ctr.drop(DropReason::SpoofedSource, 1);
                     return;
@@ -626,7 +686,10 @@ impl WgWorker {
         ctr: &mut Local,
     ) -> Option<u32> {
         let mut cookie = [0u8; 64];
-        let pkt = match self.rate_limiter.verify_packet(Some(src.ip()), d, &mut cookie) {
+        let pkt = match self
+            .rate_limiter
+            .verify_packet(Some(src.ip()), d, &mut cookie)
+        {
             Ok(Packet::HandshakeInit(h)) => h,
             Ok(_) => {
                 ctr.drop(DropReason::Malformed, 1);

@@ -1,0 +1,326 @@
+//! The `wireguard` backend on weft's userspace engine (boringtun), so it runs
+//! where the kernel has no WireGuard, and speaks to any WireGuard peer:
+//! flannel nodes with the kernel module, wireguard-go, boringtun (spec §2.6, §5).
+//!
+//! - Key: [`super::wgkey`] (`/run/flannel/wgkey` or `$WIREGUARD_KEY_FILE`).
+//! - Lease: BackendType `wireguard`, BackendData `{"PublicKey":"<b64>","Port":<ListenPort>}`
+//!   (IPv4 on), BackendV6Data the same with `ListenPortV6` (IPv6 on), byte-exact.
+//! - Devices (TUN): `separate` mode: `flannel-wg` (IPv4, ListenPort) and
+//!   `flannel-wg-v6` (IPv6, ListenPortV6); `auto`/`ipv4`/`ipv6`: one
+//!   `flannel-wg` carrying both families. Address `<subnet IP>/32` (`/128`),
+//!   MTU cfg.MTU − 80, route `Network dev flannel-wg scope link` (and
+//!   `IPv6Network`). A leftover device of that name is deleted first;
+//!   devices disappear on exit (the engine closes the TUN).
+//! - Peers: one per wireguard lease; AllowedIPs = the peer's subnet(s);
+//!   endpoint `PublicIP:Port` (`[PublicIPv6]:Port`), a missing or 0 Port
+//!   meaning our own port; PSK and PersistentKeepaliveInterval from the
+//!   options. Non-wireguard leases are ignored.
+//! - Differences: the engine's socket listens on one address family, so in
+//!   `auto` mode the endpoint family is the underlay family we listen on (IPv4
+//!   when IPv4 is enabled), not flannel's per-peer `selectMode`.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use weft_engine::{Encap, EngineConfig, Peer, WgPeer, WgSecret};
+
+use super::tunnel::Tunnel;
+use super::{Backend, BackendError, EngineTuning, wgkey};
+use crate::config::backend::{WireguardMode, WireguardOptions};
+use crate::gojson;
+use crate::iface::ExternalInterface;
+use crate::lease::watcher::Change;
+use crate::lease::{Lease, LeaseAttrs};
+use crate::netlink::Netlink;
+
+/// Which families a device carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Carries {
+    V4,
+    V6,
+    Both,
+}
+
+#[derive(Debug)]
+struct Device {
+    carries: Carries,
+    port: u16,
+    tunnel: Tunnel,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Wireguard {
+    opts: WireguardOptions,
+    network: Option<Ipv4Net>,
+    network_v6: Option<Ipv6Net>,
+    key_file: PathBuf,
+    key: Option<WgSecret>,
+    psk: Option<[u8; 32]>,
+    ext: Option<ExternalInterface>,
+    tuning: EngineTuning,
+    nl: Netlink,
+    devices: Vec<Device>,
+}
+
+/// flannel's lease text: exactly `{"PublicKey":"<base64>","Port":<port>}`.
+pub fn backend_data(public_key: &[u8; 32], port: u16) -> String {
+    format!("{{\"PublicKey\":\"{}\",\"Port\":{port}}}", weft_engine::wg::key_to_base64(public_key))
+}
+
+/// Parses BackendData (Go JSON rules): `(PublicKey, Port)`, Port 0 when absent.
+pub fn parse_backend_data(text: &str) -> Option<([u8; 32], u16)> {
+    let mut m = gojson::parse_object(text.as_bytes()).ok()?;
+    let key = gojson::take::<String>(&mut m, "publickey").ok()??;
+    let port = gojson::take::<u16>(&mut m, "port").ok()?.unwrap_or(0);
+    Some((weft_engine::wg::key_from_base64(&key)?, port))
+}
+
+impl Wireguard {
+    /// Checks the options [`Wireguard::new`] relies on: a valid PSK and at least one network.
+    pub fn validate(opts: &WireguardOptions, network: Option<Ipv4Net>, network_v6: Option<Ipv6Net>) -> Result<(), BackendError> {
+        if !opts.psk.is_empty() && weft_engine::wg::key_from_base64(&opts.psk).is_none() {
+            return Err(BackendError::Config(format!("could not parse PSK {:?}: not a base64 wireguard key", opts.psk)));
+        }
+        if network.is_none() && network_v6.is_none() {
+            return Err(BackendError::Config("the wireguard backend needs a Network or IPv6Network".into()));
+        }
+        Ok(())
+    }
+
+    /// A wireguard backend for the enabled networks (call [`Wireguard::validate`]
+    /// first: an invalid PSK is ignored here); the key is read in `lease_attrs`.
+    pub fn new(
+        opts: WireguardOptions,
+        network: Option<Ipv4Net>,
+        network_v6: Option<Ipv6Net>,
+        tuning: EngineTuning,
+        nl: Netlink,
+    ) -> Wireguard {
+        let psk = weft_engine::wg::key_from_base64(&opts.psk);
+        Wireguard {
+            opts,
+            network,
+            network_v6,
+            key_file: wgkey::key_file_path(),
+            key: None,
+            psk,
+            ext: None,
+            tuning,
+            nl,
+            devices: Vec::new(),
+        }
+    }
+
+    fn keepalive(&self) -> u16 {
+        u16::try_from(self.opts.persistent_keepalive_interval.as_secs()).unwrap_or(u16::MAX)
+    }
+
+    async fn start_device(
+        &mut self,
+        name: &str,
+        carries: Carries,
+        port: u16,
+        local: IpAddr,
+        addrs: &[IpNet],
+        mtu: u32,
+    ) -> Result<(), BackendError> {
+        let key = self.key.ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+        if let Some(old) = self.nl.link_by_name(name).await? {
+            tracing::info!("deleting existing device {name}");
+            self.nl.del_link(old.index).await?;
+        }
+        let cfg = EngineConfig {
+            tun_name: name.to_string(),
+            encap: Encap::WireGuard { port, private_key: key },
+            local_addr: local,
+            tun_addr: None,
+            mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
+            workers: self.tuning.workers,
+            offload: self.tuning.offload,
+            anti_spoof: self.tuning.anti_spoof,
+        };
+        let first = *addrs.first().ok_or_else(|| BackendError::Config("no device address".into()))?;
+        let mut tunnel = Tunnel::start(&self.nl, cfg, first, mtu).await?;
+        for a in &addrs[1..] {
+            self.nl.replace_addr(tunnel.index(), *a).await?;
+        }
+        for net in [self.network.map(IpNet::V4), self.network_v6.map(IpNet::V6)].into_iter().flatten() {
+            let fits = match (carries, net) {
+                (Carries::Both, _) => true,
+                (Carries::V4, IpNet::V4(_)) | (Carries::V6, IpNet::V6(_)) => true,
+                _ => false,
+            };
+            if fits {
+                tunnel.add_route(net, false).await?;
+            }
+        }
+        self.devices.push(Device { carries, port, tunnel });
+        Ok(())
+    }
+
+    /// The peers a lease gives each device (empty when it is not usable).
+    fn peers_for(&self, lease: &Lease, dev: &Device) -> Vec<Peer> {
+        let a = &lease.attrs;
+        let v4 = a.backend_data.as_deref().and_then(parse_backend_data);
+        let v6 = a.backend_v6_data.as_deref().and_then(parse_backend_data);
+        let wg = |(key, port): ([u8; 32], u16)| WgPeer { public_key: key, port, psk: self.psk, keepalive: self.keepalive() };
+        let mut out = Vec::new();
+        match dev.carries {
+            Carries::V4 => {
+                if let (Some(s), Some(d)) = (lease.subnet, v4) {
+                    out.push(Peer { subnet: IpNet::V4(s), endpoint: a.public_ip.into(), vtep_mac: None, wireguard: Some(wg(d)) });
+                }
+            }
+            Carries::V6 => {
+                if let (Some(s), Some(d), Some(ip)) = (lease.ipv6_subnet, v6, a.public_ipv6) {
+                    out.push(Peer { subnet: IpNet::V6(s), endpoint: ip.into(), vtep_mac: None, wireguard: Some(wg(d)) });
+                }
+            }
+            Carries::Both => {
+                // flannel: the key from BackendV6Data when IPv6 is on, else BackendData.
+                let data = if self.network_v6.is_some() { v6.or(v4) } else { v4 };
+                let endpoint = match self.opts.mode {
+                    WireguardMode::Ipv6 => a.public_ipv6.map(IpAddr::V6),
+                    _ => Some(IpAddr::V4(a.public_ip)),
+                };
+                let (Some((key, port)), Some(endpoint)) = (data, endpoint) else { return out };
+                // The v4 data's port is the one the peer's single device listens on.
+                let port = v4.map_or(port, |d| d.1);
+                let subnets = [lease.subnet.map(IpNet::V4), lease.ipv6_subnet.map(IpNet::V6)];
+                for s in subnets.into_iter().flatten() {
+                    out.push(Peer { subnet: s, endpoint, vtep_mac: None, wireguard: Some(wg((key, port))) });
+                }
+            }
+        }
+        out
+    }
+}
+
+#[async_trait]
+impl Backend for Wireguard {
+    fn name(&self) -> &'static str {
+        "wireguard"
+    }
+
+    fn dataplane(&self) -> &'static str {
+        "userspace"
+    }
+
+    async fn lease_attrs(&mut self, ext: &ExternalInterface, _prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
+        let key = wgkey::load_or_generate(&self.key_file).map_err(|e| BackendError::Config(e.to_string()))?;
+        let public = key.public_key();
+        self.key = Some(key);
+        self.ext = Some(ext.clone());
+        tracing::info!(
+            "WireGuard config: ListenPort={} ListenPortV6={} Mode={:?} PersistentKeepaliveInterval={}s PSK={}; public key {}",
+            self.opts.listen_port,
+            self.opts.listen_port_v6,
+            self.opts.mode,
+            self.keepalive(),
+            if self.psk.is_some() { "set" } else { "none" },
+            weft_engine::wg::key_to_base64(&public)
+        );
+        let mut attrs = LeaseAttrs { backend_type: "wireguard".into(), ..Default::default() };
+        if self.network.is_some() {
+            attrs.public_ip = ext.ext_addr.ok_or_else(|| BackendError::Config("wireguard: no IPv4 public address".into()))?;
+            attrs.backend_data = Some(backend_data(&public, self.opts.listen_port));
+        }
+        if self.network_v6.is_some() {
+            let ip = ext.ext_v6_addr.ok_or_else(|| BackendError::Config("wireguard: no IPv6 public address".into()))?;
+            attrs.public_ipv6 = Some(ip);
+            attrs.backend_v6_data = Some(backend_data(&public, self.opts.listen_port_v6));
+        }
+        Ok(attrs)
+    }
+
+    async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
+        let ext = self.ext.clone().ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+        let cfg_mtu = if self.opts.mtu == 0 { ext.iface.mtu } else { self.opts.mtu };
+        let mtu = cfg_mtu.saturating_sub(80);
+        let a4 = lease.subnet.map(|s| IpNet::V4(Ipv4Net::new(s.network(), 32).unwrap_or_default()));
+        let a6 = lease.ipv6_subnet.map(|s| IpNet::V6(Ipv6Net::new(s.network(), 128).unwrap_or_default()));
+        let any4 = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+        let any6 = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
+        let (p4, p6) = (self.opts.listen_port, self.opts.listen_port_v6);
+        match self.opts.mode {
+            WireguardMode::Separate => {
+                if let (Some(_), Some(a)) = (self.network, a4) {
+                    self.start_device("flannel-wg", Carries::V4, p4, any4, &[a], mtu).await?;
+                }
+                if let (Some(_), Some(a)) = (self.network_v6, a6) {
+                    self.start_device("flannel-wg-v6", Carries::V6, p6, any6, &[a], mtu).await?;
+                }
+            }
+            mode => {
+                let local = if mode == WireguardMode::Ipv6 || self.network.is_none() { any6 } else { any4 };
+                let addrs: Vec<IpNet> = [a4, a6].into_iter().flatten().collect();
+                self.start_device("flannel-wg", Carries::Both, p4, local, &addrs, mtu).await?;
+            }
+        }
+        Ok(mtu)
+    }
+
+    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
+        let (lease, add) = match change {
+            Change::Add(l) => (l, true),
+            Change::Remove(l) => (l, false),
+        };
+        if add && lease.attrs.backend_type != "wireguard" {
+            tracing::info!("ignoring non-wireguard v4Subnet({:?}) v6Subnet({:?}): type={}", lease.subnet, lease.ipv6_subnet, lease.attrs.backend_type);
+            return Ok(());
+        }
+        let subnets = [lease.subnet.map(IpNet::V4), lease.ipv6_subnet.map(IpNet::V6)];
+        for i in 0..self.devices.len() {
+            let peers = if add { self.peers_for(lease, &self.devices[i]) } else { Vec::new() };
+            let dev = &mut self.devices[i];
+            if add && peers.is_empty() {
+                tracing::error!("wireguard lease {:?} has no usable BackendData for {}: {:?}", lease.subnet, dev.tunnel.name(), lease.attrs.backend_data);
+                continue;
+            }
+            for s in subnets.iter().flatten() {
+                if !peers.iter().any(|p| p.subnet == *s) {
+                    dev.tunnel.remove_peer(*s);
+                }
+            }
+            for p in peers {
+                tracing::debug!("peer {} on {} (port {})", p.subnet, dev.tunnel.name(), dev.port);
+                dev.tunnel.upsert(p);
+            }
+        }
+        Ok(())
+    }
+
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
+        for d in &mut self.devices {
+            d.tunnel.reconcile().await?;
+        }
+        Ok(())
+    }
+
+    async fn teardown(&mut self) {
+        for mut d in self.devices.drain(..) {
+            d.tunnel.stop();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_data_is_flannels_bytes() {
+        let k = weft_engine::wg::key_from_base64("hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=").expect("key");
+        assert_eq!(backend_data(&k, 51820), r#"{"PublicKey":"hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=","Port":51820}"#);
+        assert_eq!(backend_data(&k, 51821), r#"{"PublicKey":"hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=","Port":51821}"#);
+        assert_eq!(parse_backend_data(&backend_data(&k, 51820)), Some((k, 51820)));
+        // Go JSON: keys case-insensitive; a missing Port means 0 (-> our own port).
+        assert_eq!(parse_backend_data(r#"{"publickey":"hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo="}"#), Some((k, 0)));
+        assert_eq!(parse_backend_data(r#"{"PublicKey":"hSDw","Port":1}"#), None);
+        assert_eq!(parse_backend_data(r#"{"PublicKey":"hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=","Port":"1"}"#), None);
+        assert_eq!(parse_backend_data("null"), None);
+    }
+}

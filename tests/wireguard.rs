@@ -1,0 +1,189 @@
+//! The userspace `wireguard` backend end to end, through real weftd daemons
+//! (3-node cluster in network namespaces, pods from weft's CNI plugin):
+//! traffic both ways, flannel's devices/routes/lease bytes/key file, interop
+//! with an independent implementation (wireguard-go + wg configured as a
+//! flannel wireguard node would be), and key rotation.
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use weft_control::demo::cluster::{Cluster, ClusterSpec};
+use weft_control::demo::netns::Netns;
+use weft_tests::proc::wait_for;
+use weft_tests::require_root;
+
+fn cluster(tag: &str, nodes: u8) -> (tempfile::TempDir, Cluster) {
+    let work = tempfile::tempdir().expect("tempdir");
+    let c = Cluster::start(ClusterSpec {
+        prefix: weft_tests::unique(tag),
+        nodes,
+        net_conf: r#"{"Network":"10.244.0.0/16","Backend":{"Type":"wireguard","PersistentKeepaliveInterval":5}}"#.into(),
+        weftd_args: vec!["--traffic-manager=none".into()],
+        bin_dir: weft_tests::bins::dir(),
+        work: work.path().to_path_buf(),
+        store: Default::default(),
+    })
+    .unwrap_or_else(|e| panic!("cluster: {e}"));
+    (work, c)
+}
+
+fn wait_ping(from: &Netns, ip: &str) -> bool {
+    (0..15).any(|_| from.ping(ip, 1))
+}
+
+fn tcp_bytes(client: &Netns, server: &Netns, server_ip: &str) -> u64 {
+    server.exec(&["iperf3", "-s", "-1", "-D", "-B", server_ip]);
+    std::thread::sleep(Duration::from_millis(300));
+    let out = client.try_exec(&["iperf3", "-c", server_ip, "-t", "2", "-J"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0)
+}
+
+fn leases(c: &Cluster) -> Vec<serde_json::Value> {
+    let store = format!("--store-path={}", c.work().join("store").display());
+    let out = std::process::Command::new(weft_tests::bins::path("weft")).args(["leases", "--json", &store]).output().expect("weft leases");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    v.as_array().expect("array").clone()
+}
+
+fn lease_of(c: &Cluster, public_ip: &str) -> serde_json::Value {
+    leases(c).into_iter().find(|l| l["value"]["PublicIP"] == public_ip).expect("lease").clone()
+}
+
+/// A child process killed (and reaped) on drop.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn wireguard_three_nodes() {
+    require_root!();
+    let (_w, mut c) = cluster("wg3", 3);
+    for n in 0..3 {
+        c.add_pod(n, &format!("p{n}")).unwrap_or_else(|e| panic!("pod: {e}"));
+    }
+    for a in 0..3 {
+        for b in 0..3 {
+            if a != b {
+                let ok = wait_ping(&c.pods[a].ns, &c.pods[b].ip);
+                assert!(ok, "pod {a} cannot reach pod {b}; logs:\n{}\n{}", c.log(a), c.log(b));
+            }
+        }
+    }
+    // flannel's shape: device, MTU, address, route, key file, lease bytes.
+    let env = c.subnet_env(0).expect("subnet.env");
+    assert!(env.contains("FLANNEL_MTU=1420"), "{env}");
+    let link = c.nodes[0].ns.exec(&["ip", "-d", "link", "show", "flannel-wg"]);
+    assert!(link.contains("mtu 1420"), "{link}");
+    let routes = c.nodes[0].ns.exec(&["ip", "route", "show", "10.244.0.0/16"]);
+    assert!(routes.contains("dev flannel-wg") && routes.contains("scope link"), "{routes}");
+    let key_file = c.nodes[0].dir.join("wgkey");
+    let meta = std::fs::metadata(&key_file).expect("key file");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o400);
+    let key_text = std::fs::read_to_string(&key_file).expect("key");
+    assert_eq!(key_text.len(), 44);
+    let pubkey = c.nodes[0].ns.sh(&format!("wg pubkey < {}", key_file.display()));
+    let lease = lease_of(&c, "192.0.2.1");
+    assert_eq!(lease["value"]["BackendType"], "wireguard");
+    assert_eq!(lease["value"]["BackendData"]["PublicKey"], pubkey.trim());
+    assert_eq!(lease["value"]["BackendData"]["Port"], 51820);
+    // Full-size packets and TCP both ways.
+    let out = c.pods[0].ns.try_exec(&["ping", "-c", "2", "-W", "2", "-M", "do", "-s", "1392", &c.pods[1].ip]);
+    assert!(out.status.success(), "MTU-sized ping failed: {}", String::from_utf8_lossy(&out.stdout));
+    for (a, b) in [(0, 1), (2, 0)] {
+        let bytes = tcp_bytes(&c.pods[a].ns, &c.pods[b].ns, &c.pods[b].ip.clone());
+        assert!(bytes > 1_000_000, "iperf3 {a}->{b} moved only {bytes} bytes");
+    }
+    // Devices go with the daemon.
+    c.stop_weftd(0);
+    let links = c.nodes[0].ns.exec(&["ip", "link"]);
+    assert!(!links.contains("flannel-wg"), "device left behind:\n{links}");
+}
+
+/// Node 2 is wireguard-go + wg, configured from node 1's lease exactly as a
+/// flannel wireguard node would configure its kernel device.
+#[test]
+fn interoperates_with_wireguard_go() {
+    require_root!();
+    let (_w, mut c) = cluster("wgi", 2);
+    c.stop_weftd(1);
+    let n1 = lease_of(&c, "192.0.2.1");
+    let n1_subnet = n1["key"].as_str().expect("key").replace('-', "/");
+    let n1_pub = n1["value"]["BackendData"]["PublicKey"].as_str().expect("pubkey").to_string();
+    let n1_port = n1["value"]["BackendData"]["Port"].as_u64().expect("port");
+    let n2 = &c.nodes[1].ns;
+    let key_file = c.nodes[1].dir.join("wg-go.key");
+    n2.sh(&format!("umask 077; wg genkey > {}", key_file.display()));
+    let n2_pub = n2.sh(&format!("wg pubkey < {}", key_file.display())).trim().to_string();
+    let go = n2
+        .command("wireguard-go")
+        .args(["-f", "flannel-wg"])
+        .env("WG_PROCESS_FOREGROUND", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("wireguard-go");
+    let _go = Guard(go);
+    wait_for("wireguard-go device", Duration::from_secs(10), || n2.try_exec(&["ip", "link", "show", "flannel-wg"]).status.success().then_some(()));
+    let (sub2, gw2) = ("10.244.200.0/24", "10.244.200.0");
+    n2.sh(&format!(
+        "wg set flannel-wg private-key {key} listen-port 51820 peer {n1_pub} allowed-ips {n1_subnet} endpoint 192.0.2.1:{n1_port}
+         ip addr add {gw2}/32 dev flannel-wg
+         ip link set flannel-wg mtu 1420 up
+         ip route replace 10.244.0.0/16 dev flannel-wg scope link
+         ip link add cni0 type bridge; ip addr add 10.244.200.1/24 dev cni0; ip link set cni0 up
+         sysctl -qw net.ipv4.ip_forward=1",
+        key = key_file.display()
+    ));
+    let store = format!("--store-path={}", c.work().join("store").display());
+    let data = format!(r#"{{"PublicIP":"192.0.2.2","PublicIPv6":null,"BackendType":"wireguard","BackendData":{{"PublicKey":"{n2_pub}","Port":51820}}}}"#);
+    let st = std::process::Command::new(weft_tests::bins::path("weft")).args(["leases", "put", "10.244.200.0-24", &data, &store]).status().expect("weft leases put");
+    assert!(st.success());
+    let _ = sub2;
+    let kp = Netns::new(&format!("{}k", c.nodes[1].ns.name()));
+    weft_control::demo::netns::run("ip", &["link", "add", "eth0", "netns", kp.name(), "type", "veth", "peer", "name", "vk", "netns", c.nodes[1].ns.name()]);
+    c.nodes[1].ns.sh("ip link set vk master cni0 up");
+    kp.sh("ip addr add 10.244.200.2/24 dev eth0; ip link set eth0 up; ip route add default via 10.244.200.1");
+    c.add_pod(0, "w").expect("pod on the weft node");
+    let wpod = c.pods[0].ip.clone();
+    wait_for("weft to learn the wireguard-go node", Duration::from_secs(30), || c.log(0).contains("10.244.200.0-24").then_some(()));
+    assert!(wait_ping(&c.pods[0].ns, "10.244.200.2"), "weft pod -> wireguard-go pod failed; log:\n{}\n{}", c.log(0), c.nodes[1].ns.exec(&["wg", "show"]));
+    assert!(wait_ping(&kp, &wpod), "wireguard-go pod -> weft pod failed");
+    let shown = c.nodes[1].ns.exec(&["wg", "show", "flannel-wg"]);
+    assert!(shown.contains("latest handshake"), "no handshake on the wireguard-go side:\n{shown}");
+    assert!(tcp_bytes(&c.pods[0].ns, &kp, "10.244.200.2") > 1_000_000, "TCP weft -> wireguard-go");
+    assert!(tcp_bytes(&kp, &c.pods[0].ns, &wpod) > 1_000_000, "TCP wireguard-go -> weft");
+}
+
+/// A node that comes back with a new key (key file deleted, restart)
+/// publishes it, and every peer re-establishes its session with it.
+#[test]
+fn key_rotation_reestablishes_every_peer() {
+    require_root!();
+    let (_w, mut c) = cluster("wgk", 3);
+    for n in 0..3 {
+        c.add_pod(n, &format!("p{n}")).expect("pod");
+    }
+    for a in [0, 2] {
+        assert!(wait_ping(&c.pods[a].ns, &c.pods[1].ip), "no initial connectivity {a} -> 1");
+    }
+    let old = lease_of(&c, "192.0.2.2")["value"]["BackendData"]["PublicKey"].clone();
+    c.stop_weftd(1);
+    std::fs::remove_file(c.nodes[1].dir.join("wgkey")).expect("rm key");
+    c.start_weftd(1).expect("restart");
+    wait_for("node 2 to publish a new key", Duration::from_secs(30), || {
+        let l = leases(&c).into_iter().find(|l| l["value"]["PublicIP"] == "192.0.2.2")?;
+        (l["value"]["BackendData"]["PublicKey"] != old).then_some(())
+    });
+    for a in [0, 2] {
+        assert!(wait_ping(&c.pods[a].ns, &c.pods[1].ip), "{a} -> 1 after rotation; logs:\n{}\n{}", c.log(a), c.log(1));
+        assert!(wait_ping(&c.pods[1].ns, &c.pods[a].ip), "1 -> {a} after rotation");
+    }
+    assert!(wait_ping(&c.pods[0].ns, &c.pods[2].ip), "untouched pair broke");
+}

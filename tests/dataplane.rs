@@ -1,7 +1,8 @@
 //! The userspace dataplane end to end, through real weftd daemons: 3-node
 //! clusters in network namespaces (the same builder `weft demo` uses), pods
 //! made by weft's CNI plugin, traffic over flannel-UDP and userspace VXLAN,
-//! and a kernel-vxlan node configured by hand exactly as flannel would.
+//! and a kernel-vxlan node configured by hand exactly as flannel would. The
+//! daemons run with `--dataplane=userspace`, so the engine carries the traffic.
 
 use std::time::Duration;
 
@@ -15,7 +16,8 @@ fn cluster(tag: &str, backend: &str, nodes: u8) -> (tempfile::TempDir, Cluster) 
         prefix: weft_tests::unique(tag),
         nodes,
         net_conf: format!(r#"{{"Network":"10.244.0.0/16","Backend":{{"Type":"{backend}"}}}}"#),
-        weftd_args: vec!["--traffic-manager=none".into()],
+        // The engine is under test here: force it (auto would pick kernel vxlan).
+        weftd_args: vec!["--traffic-manager=none".into(), "--dataplane=userspace".into()],
         bin_dir: weft_tests::bins::dir(),
         work: work.path().to_path_buf(),
         store: Default::default(),

@@ -206,9 +206,26 @@ fn nodes_take_pod_cidrs_and_see_peers() {
         nodes[1].log()
     );
 
-    // A third node joins; its Node object is then deleted.
+    // A third node joins, with the user annotations: node-public-ip picks
+    // the external address, public-ip-overwrite is what gets published.
+    nodes[2]
+        .ns
+        .exec(&["ip", "addr", "add", "192.0.2.33/24", "dev", "eth0"]);
+    cp.kubectl(&[
+        "annotate",
+        "node",
+        "n3",
+        &format!("{P}node-public-ip=192.0.2.33"),
+        &format!("{P}public-ip-overwrite=198.51.100.3"),
+    ]);
     nodes[2].start_admin(&cp);
     nodes[2].wait_ready();
+    nodes[2].wait_log("Using 192.0.2.33 as external address");
+    let a3 = flannel_annotations(&cp.node_json("n3"));
+    assert_eq!(
+        a3["public-ip"], "198.51.100.3",
+        "public-ip-overwrite is published"
+    );
     nodes[0].wait_log("Subnet added: 10.244.3.0-24");
     cp.kubectl(&["delete", "node", "n3"]);
     nodes[0].wait_log("Subnet removed: 10.244.3.0-24");
@@ -221,6 +238,24 @@ fn nodes_take_pod_cidrs_and_see_peers() {
     assert!(
         nodes[2].running(),
         "a daemon whose Node is deleted keeps running, as flanneld"
+    );
+    // A restarted daemon keeps its subnet and its VTEP MAC (read back from
+    // its node's backend-data).
+    let before = flannel_annotations(&cp.node_json("n1"));
+    let p = nodes[0].proc.as_mut().expect("proc");
+    assert_eq!(p.stop(libc::SIGTERM, WAIT), Some(0), "clean exit");
+    std::fs::remove_file(&nodes[0].env).expect("rm subnet.env");
+    let peer_log = nodes[1].log().len();
+    nodes[0].start_admin(&cp);
+    assert_eq!(nodes[0].wait_ready()["FLANNEL_SUBNET"], "10.244.1.1/24");
+    assert_eq!(
+        flannel_annotations(&cp.node_json("n1")),
+        before,
+        "annotations (MAC) kept"
+    );
+    assert!(
+        !nodes[1].log()[peer_log..].contains("Subnet removed"),
+        "the peer saw no change"
     );
     assert_eq!(
         nodes[0]

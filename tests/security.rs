@@ -237,5 +237,10 @@ fn wireguard_key_file_is_private_and_never_logged() {
     assert_eq!(std::fs::read_to_string(&key_file).expect("read"), publics[1].0, "key changed on restart");
     assert_eq!(std::fs::metadata(&key_file).expect("stat").permissions().mode() & 0o7777, 0o400);
     assert!(!c.log(1).contains(publics[1].0.as_str()), "private key logged on restart");
-    assert!(wait_ping(&c, 0, 1), "no traffic after the restart");
+    // The peer still holds a session with the old process: traffic resumes
+    // once a new handshake happens (WireGuard's timers, or weft's own).
+    let t = std::time::Instant::now();
+    let back = (0..60).any(|_| c.pods[0].ns.ping(&c.pods[1].ip, 1));
+    eprintln!("MEASURED wireguard: traffic back {:?} after the restart (ok={back})", t.elapsed());
+    assert!(back, "no traffic within 60 s of the restart; logs:\n{}\n{}", c.log(0), c.log(1));
 }

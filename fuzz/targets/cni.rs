@@ -33,7 +33,10 @@ pub fn cni_command(data: &[u8]) {
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
     if sel & 0x80 != 0 {
-        let end = stdin.windows(2).position(|w| w == b"\n\n").unwrap_or(stdin.len());
+        let end = stdin
+            .windows(2)
+            .position(|w| w == b"\n\n")
+            .unwrap_or(stdin.len());
         for line in String::from_utf8_lossy(&stdin[..end]).lines() {
             if let Some((k, v)) = line.split_once('=') {
                 env.insert(k.to_string(), v.to_string());
@@ -97,7 +100,10 @@ fn delegate_round_trip(conf: &NetConf, env: &subnet_env::SubnetEnv) {
     };
     let bytes = delegate::to_bytes(&d);
     let v: Value = serde_json::from_slice(&bytes).expect("saved delegate config is JSON");
-    assert!(v.get("name").is_some_and(Value::is_string), "delegate without a name");
+    assert!(
+        v.get("name").is_some_and(Value::is_string),
+        "delegate without a name"
+    );
     if let Ok((m, _ty)) = delegate::parse_saved(&bytes) {
         assert_eq!(Value::Object(m), v);
     }

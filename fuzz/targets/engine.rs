@@ -90,7 +90,13 @@ fn ip_end(pkt: &[u8]) -> usize {
 }
 
 /// Checks the output of `gso::tcp_segment(pkt, gs, headroom, out)`.
-fn check_segments(pkt: &[u8], gs: usize, headroom: usize, out: &[u8], segs: Segments) -> Vec<Range<usize>> {
+fn check_segments(
+    pkt: &[u8],
+    gs: usize,
+    headroom: usize,
+    out: &[u8],
+    segs: Segments,
+) -> Vec<Range<usize>> {
     let hdrs = gso::tcp_headers_len(pkt).expect("tcp_segment accepted a non-TCP packet");
     let (ip_hl, _) = ip_layout(pkt).expect("tcp_segment accepted a non-IP packet");
     let payload = &pkt[hdrs..ip_end(pkt)];
@@ -123,7 +129,10 @@ fn check_segments(pkt: &[u8], gs: usize, headroom: usize, out: &[u8], segs: Segm
         joined.extend_from_slice(&seg[hdrs..]);
         ranges.push(at..at + len);
     }
-    assert!(joined == payload, "GSO lost, reordered or invented payload bytes");
+    assert!(
+        joined == payload,
+        "GSO lost, reordered or invented payload bytes"
+    );
     ranges
 }
 
@@ -146,8 +155,12 @@ fn rx_plain(pkt: &mut [u8]) {
     }
     if let Some((cs, co)) = partial_checksum(pkt) {
         let (_, proto) = ip_layout(pkt).expect("partial_checksum accepted a non-IP packet");
-        gso::complete_checksum(pkt, cs, co).expect("partial_checksum gave a field outside the packet");
-        assert!(l4_checksum_ok(pkt, cs, proto), "completed checksum does not verify");
+        gso::complete_checksum(pkt, cs, co)
+            .expect("partial_checksum gave a field outside the packet");
+        assert!(
+            l4_checksum_ok(pkt, cs, proto),
+            "completed checksum does not verify"
+        );
     }
 }
 
@@ -185,7 +198,10 @@ pub fn flannel_udp_decap(data: &[u8]) {
     assert_eq!(buf[8], data[8] - 1, "TTL not decremented by one");
     if csum_was_ok {
         let p = ipv4::Packet::new_unchecked(&buf[..]);
-        assert!(p.verify_checksum(), "TTL update broke a valid header checksum");
+        assert!(
+            p.verify_checksum(),
+            "TTL update broke a valid header checksum"
+        );
     }
     rx_plain(&mut buf[r]);
 }
@@ -295,8 +311,14 @@ fn flush_checked(g: &mut Gro, arena: &mut [u8], records: &[Record]) -> usize {
         }
         let gso_type = hdr.gso_type & !vnet::GSO_ECN;
         if matches!(gso_type, vnet::GSO_TCPV4 | vnet::GSO_TCPV6) {
-            assert!(merged || body.len() > MTU, "GSO header on a single small packet");
-            assert!(body.len() <= 65535 || !merged, "coalesced packet above 64 KiB");
+            assert!(
+                merged || body.len() > MTU,
+                "GSO header on a single small packet"
+            );
+            assert!(
+                body.len() <= 65535 || !merged,
+                "coalesced packet above 64 KiB"
+            );
             assert_eq!(
                 Some(usize::from(hdr.hdr_len)),
                 gso::tcp_headers_len(&body),
@@ -306,9 +328,14 @@ fn flush_checked(g: &mut Gro, arena: &mut [u8], records: &[Record]) -> usize {
             assert!(gs > 0);
             let need = gso::required_len(&body, gs, 0).expect("coalesced packet is TCP/IP");
             let mut out = vec![0; need];
-            let segs = gso::tcp_segment(&body, gs, 0, &mut out).expect("kernel-style resegmentation");
+            let segs =
+                gso::tcp_segment(&body, gs, 0, &mut out).expect("kernel-style resegmentation");
             if merged {
-                assert_eq!(segs.count, iov.len() - 1, "resegmentation gives other segments");
+                assert_eq!(
+                    segs.count,
+                    iov.len() - 1,
+                    "resegmentation gives other segments"
+                );
             }
             check_segments(&body, gs, 0, &out, segs);
         } else {
@@ -320,7 +347,10 @@ fn flush_checked(g: &mut Gro, arena: &mut [u8], records: &[Record]) -> usize {
             let mut body = body;
             gso::complete_checksum(&mut body, cs, co).expect("NEEDS_CSUM field inside the packet");
             let (_, proto) = ip_layout(&body).expect("NEEDS_CSUM on a non-IP packet");
-            assert!(l4_checksum_ok(&body, cs, proto), "NEEDS_CSUM completion does not verify");
+            assert!(
+                l4_checksum_ok(&body, cs, proto),
+                "NEEDS_CSUM completion does not verify"
+            );
         }
     });
     assert!(g.is_empty());

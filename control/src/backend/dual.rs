@@ -283,6 +283,13 @@ impl Backend for Dual {
         self.active.as_ref().map_or("none", |(p, _)| p.as_str())
     }
 
+    fn status(&self) -> crate::status::BackendStatus {
+        match &self.active {
+            Some((_, b)) => crate::status::BackendStatus { name: self.core.name.into(), ..b.status() },
+            None => crate::status::BackendStatus::new(self.core.name, "none"),
+        }
+    }
+
     async fn lease_attrs(
         &mut self,
         ext: &ExternalInterface,

@@ -333,6 +333,13 @@ impl Backend for KernelVxlan {
         "kernel"
     }
 
+    fn status(&self) -> crate::status::BackendStatus {
+        let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
+        let devs = [&self.v4, &self.v6].into_iter().flatten().filter(|d| d.index != 0);
+        st.devices.extend(devs.filter_map(|d| crate::status::devices::kernel_device(&d.spec.name)));
+        st
+    }
+
     async fn lease_attrs(
         &mut self,
         ext: &ExternalInterface,

@@ -112,6 +112,13 @@ pub trait Backend: Send {
         self.teardown().await;
     }
 
+    /// What `weft status` and `/metrics` show of this backend: its devices
+    /// and per-peer counters. Called by the daemon's main loop on request;
+    /// reads counters only (no per-packet cost, no kernel round trips).
+    fn status(&self) -> crate::status::BackendStatus {
+        crate::status::BackendStatus::new(self.name(), self.dataplane())
+    }
+
     /// Moves the running node to the `to` implementation of this backend,
     /// keeping its lease; returns the dataplane that runs afterwards.
     async fn switch_dataplane(&mut self, to: DataplaneChoice) -> Result<&'static str, BackendError> {

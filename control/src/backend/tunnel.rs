@@ -127,6 +127,16 @@ impl Tunnel {
         }
     }
 
+    /// Adds this tunnel's device and peer table to `st` (counters are read
+    /// from the engine's per-worker blocks; see [`crate::status::devices`]).
+    pub fn report(&self, st: &mut crate::status::BackendStatus) {
+        if let Some(e) = &self.engine {
+            let (dev, peers) = crate::status::devices::engine_device(e);
+            st.devices.push(dev);
+            st.peer_counters.extend(peers);
+        }
+    }
+
     /// The engine, while running.
     pub fn engine(&self) -> Option<&Engine> {
         self.engine.as_ref()

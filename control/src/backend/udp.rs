@@ -46,6 +46,14 @@ impl Backend for Udp {
         "userspace"
     }
 
+    fn status(&self) -> crate::status::BackendStatus {
+        let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
+        if let Some(t) = &self.tunnel {
+            t.report(&mut st);
+        }
+        st
+    }
+
     async fn lease_attrs(&mut self, ext: &ExternalInterface, _prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
         self.ext = Some(ext.clone());
         Ok(LeaseAttrs {

@@ -116,6 +116,14 @@ impl Backend for Vxlan {
         "userspace"
     }
 
+    fn status(&self) -> crate::status::BackendStatus {
+        let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
+        for t in [&self.v4, &self.v6].into_iter().flatten().filter_map(|f| f.tunnel.as_ref()) {
+            t.report(&mut st);
+        }
+        st
+    }
+
     async fn lease_attrs(&mut self, ext: &ExternalInterface, prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
         if self.opts.gbp {
             return Err(BackendError::Config("VXLAN GBP is not supported by the userspace engine".into()));

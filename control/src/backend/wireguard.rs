@@ -148,11 +148,10 @@ impl Wireguard {
             self.nl.replace_addr(tunnel.index(), *a).await?;
         }
         for net in [self.network.map(IpNet::V4), self.network_v6.map(IpNet::V6)].into_iter().flatten() {
-            let fits = match (carries, net) {
-                (Carries::Both, _) => true,
-                (Carries::V4, IpNet::V4(_)) | (Carries::V6, IpNet::V6(_)) => true,
-                _ => false,
-            };
+            let fits = matches!(
+                (carries, net),
+                (Carries::Both, _) | (Carries::V4, IpNet::V4(_)) | (Carries::V6, IpNet::V6(_))
+            );
             if fits {
                 tunnel.add_route(net, false).await?;
             }
@@ -207,6 +206,14 @@ impl Backend for Wireguard {
 
     fn dataplane(&self) -> &'static str {
         "userspace"
+    }
+
+    fn status(&self) -> crate::status::BackendStatus {
+        let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
+        for d in &self.devices {
+            d.tunnel.report(&mut st);
+        }
+        st
     }
 
     async fn lease_attrs(&mut self, ext: &ExternalInterface, _prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {

@@ -44,7 +44,10 @@ enum Cmd {
         /// iperf3 seconds (0 skips it).
         #[arg(long, default_value_t = 5)]
         iperf: u32,
-        /// Extra weftd arguments (repeatable), e.g. --weftd-arg=--dataplane=userspace.
+        /// Dataplane: userspace (weft's engine, the default here), kernel or auto.
+        #[arg(long, default_value = "userspace")]
+        dataplane: String,
+        /// Extra weftd arguments (repeatable), e.g. --weftd-arg=--ip-masq.
         #[arg(long = "weftd-arg", allow_hyphen_values = true)]
         weftd_args: Vec<String>,
     },
@@ -126,14 +129,14 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Cmd::Demo { backend, nodes, pods, iperf, weftd_args } = &cli.cmd {
+    if let Cmd::Demo { backend, nodes, pods, iperf, dataplane, weftd_args } = &cli.cmd {
         drop(rt);
         let opts = weft_control::demo::DemoOptions {
             backend: backend.clone(),
             nodes: *nodes,
             pods: *pods,
             iperf_secs: *iperf,
-            weftd_args: weftd_args.clone(),
+            weftd_args: std::iter::once(format!("--dataplane={dataplane}")).chain(weftd_args.iter().cloned()).collect(),
         };
         match weft_control::demo::run(&opts) {
             Ok(true) => std::process::exit(0),

@@ -2,6 +2,9 @@
 //! `flanneld is running`; `GET /readyz` → 503 `flanneld is not ready yet`
 //! until subnet.env has been written, then 200 `flanneld is ready`.
 //!
+//! `GET /metrics` serves weft's Prometheus metrics (see [`crate::metrics`])
+//! when the daemon passes a [`status::Handle`].
+//!
 //! A deliberately tiny HTTP/1.x responder: one request per connection, no
 //! bodies read, bounded header size, a short read timeout.
 
@@ -12,6 +15,8 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+use crate::status;
 
 /// Shared readiness flag, set once subnet.env is written.
 #[derive(Debug, Clone, Default)]
@@ -30,16 +35,20 @@ impl Readiness {
 }
 
 /// Binds the listener (so bind errors surface at start) and serves forever.
-pub async fn serve(addr: SocketAddr, ready: Readiness) -> std::io::Result<tokio::task::JoinHandle<()>> {
+pub async fn serve(
+    addr: SocketAddr,
+    ready: Readiness,
+    obs: Option<status::Handle>,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let listener = TcpListener::bind(addr).await?;
     tracing::info!("Start healthz server on {addr}");
     Ok(tokio::spawn(async move {
         loop {
             match listener.accept().await {
                 Ok((conn, _)) => {
-                    let ready = ready.clone();
+                    let (ready, obs) = (ready.clone(), obs.clone());
                     tokio::spawn(async move {
-                        let _ = tokio::time::timeout(Duration::from_secs(5), handle(conn, ready)).await;
+                        let _ = tokio::time::timeout(Duration::from_secs(5), handle(conn, ready, obs)).await;
                     });
                 }
                 Err(e) => {
@@ -51,7 +60,7 @@ pub async fn serve(addr: SocketAddr, ready: Readiness) -> std::io::Result<tokio:
     }))
 }
 
-async fn handle(mut conn: TcpStream, ready: Readiness) -> std::io::Result<()> {
+async fn handle(mut conn: TcpStream, ready: Readiness, obs: Option<status::Handle>) -> std::io::Result<()> {
     let mut buf = [0u8; 2048];
     let mut n = 0;
     while n < buf.len() {
@@ -64,13 +73,28 @@ async fn handle(mut conn: TcpStream, ready: Readiness) -> std::io::Result<()> {
             break;
         }
     }
-    let (status, body) = respond(&buf[..n], ready.is_ready());
+    let (status, body, ctype) = match (&obs, is_metrics(&buf[..n])) {
+        (Some(h), true) => ("200 OK", h.prometheus().await, crate::metrics::CONTENT_TYPE),
+        _ => {
+            let (s, b) = respond(&buf[..n], ready.is_ready());
+            (s, b.to_string(), "text/plain; charset=utf-8")
+        }
+    };
     let resp = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     conn.write_all(resp.as_bytes()).await?;
     conn.shutdown().await
+}
+
+/// Whether a raw request is `GET /metrics` (query ignored).
+fn is_metrics(req: &[u8]) -> bool {
+    let line = req.split(|&b| b == b'\n').next().unwrap_or_default();
+    let mut parts = line.split(|&b| b == b' ');
+    let method = parts.next().unwrap_or_default();
+    let path = parts.next().unwrap_or_default();
+    method == b"GET" && path.split(|&b| b == b'?').next() == Some(b"/metrics")
 }
 
 /// The status line and body for a raw request.
@@ -111,7 +135,7 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = l.local_addr().expect("addr");
         drop(l);
-        let _h = serve(addr, ready.clone()).await.expect("serve");
+        let _h = serve(addr, ready.clone(), None).await.expect("serve");
         let get = |path: &'static str| async move {
             let mut c = TcpStream::connect(addr).await.expect("connect");
             c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await.expect("write");

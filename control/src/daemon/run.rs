@@ -30,9 +30,10 @@ pub async fn run(flags: Flags, etcd_explicit: bool) -> anyhow::Result<i32> {
     let mut stop = Stop::install()?;
     tracing::info!("Installing signal handlers");
     let ready = Readiness::default();
+    let mut obs = crate::status::Source::new();
     if flags.healthz_port != 0 {
         let addr = std::net::SocketAddr::new(flags.healthz_ip, flags.healthz_port);
-        healthz::serve(addr, ready.clone()).await.with_context(|| format!("failed to listen on {addr}"))?;
+        healthz::serve(addr, ready.clone(), Some(obs.handle())).await.with_context(|| format!("failed to listen on {addr}"))?;
     }
     let kind = flags.store_kind(etcd_explicit);
     match kind {
@@ -43,21 +44,21 @@ pub async fn run(flags: Flags, etcd_explicit: bool) -> anyhow::Result<i32> {
             let Some(cfg) = stop.until(network_config(&flags, &store, kind)).await else { return Ok(0) };
             let cfg = cfg?;
             let mgr = local_manager(&flags, store, &cfg);
-            run_with(&flags, cfg, mgr, &mut stop, &ready).await
+            run_with(&flags, cfg, mgr, &mut stop, &ready, &mut obs).await
         }
         StoreKind::Etcd => {
             let store = super::stores::etcd(&flags).await?;
             let Some(cfg) = stop.until(network_config(&flags, &store, kind)).await else { return Ok(0) };
             let cfg = cfg?;
             let mgr = local_manager(&flags, store, &cfg);
-            run_with(&flags, cfg, mgr, &mut stop, &ready).await
+            run_with(&flags, cfg, mgr, &mut stop, &ready, &mut obs).await
         }
         StoreKind::Kube => {
             let (mgr, cfg, flags) = match stop.until(kube_manager(&flags)).await {
                 None => return Ok(0),
                 Some(r) => r.context("Failed to create SubnetManager")?,
             };
-            run_with(&flags, cfg, mgr, &mut stop, &ready).await
+            run_with(&flags, cfg, mgr, &mut stop, &ready, &mut obs).await
         }
     }
 }
@@ -108,6 +109,7 @@ pub async fn run_with<M: SubnetManager>(
     mgr: M,
     stop: &mut Stop,
     ready: &Readiness,
+    obs: &mut crate::status::Source,
 ) -> anyhow::Result<i32> {
     tracing::info!("Created subnet manager: {}", mgr.name());
     tracing::info!("Found network config - Backend type: {}", cfg.backend_type);
@@ -134,9 +136,11 @@ pub async fn run_with<M: SubnetManager>(
 
     let Some(lease) = stop.until(acquire(&mgr, &attrs)).await else { return Ok(0) };
     let mut lease = lease.context("Error registering network")?;
+    obs.metrics().lease_acquired();
     let mtu = backend.setup(&lease).await.context("Error registering network")?;
     let _resync = host_rules(flags, &cfg, &lease, prev_env.as_ref()).await?;
     let _ipam = crate::ipam::start(&flags.subnet_file, flags.ipam_socket.as_deref(), flags.ipam_state.as_deref(), &lease).await;
+    let _status = crate::status::server::start(&flags.subnet_file, obs.handle());
 
     let env = SubnetEnv {
         network: cfg.network.filter(|_| cfg.enable_ipv4),
@@ -161,7 +165,7 @@ pub async fn run_with<M: SubnetManager>(
     ctl.write_status(backend.as_ref());
 
     let ttl = Duration::from_secs(flags.lease_ttl);
-    let code = main_loop(flags, &mgr, backend.as_mut(), &mut lease, stop, ttl, &ctl).await;
+    let code = main_loop(flags, &mgr, backend.as_mut(), &mut lease, stop, ttl, &ctl, obs).await;
     tracing::info!("Waiting for all goroutines to exit");
     backend.teardown().await;
     tracing::info!("Exiting cleanly...");
@@ -226,6 +230,7 @@ async fn main_loop<M: SubnetManager>(
     stop: &mut Stop,
     ttl: Duration,
     ctl: &backend::dataplane_ctl::DataplaneControl,
+    obs: &mut crate::status::Source,
 ) -> anyhow::Result<i32> {
     let mut hup = stop.take_hup();
     let Some(mut events) = watch(mgr, stop).await else { return Ok(0) };
@@ -241,8 +246,17 @@ async fn main_loop<M: SubnetManager>(
                 tracing::info!("shutdownHandler sent cancel signal...");
                 return Ok(0);
             }
+            reply = obs.next() => {
+                let _ = reply.send(crate::status::Status::build(Some(lease), backend.status(), watcher.leases()));
+            }
             ev = events.recv() => {
                 let Some(ev) = ev else { bail!("lease watch ended unexpectedly") };
+                let received = std::time::Instant::now();
+                obs.metrics().lease_event(match &ev {
+                    LeaseEvent::Snapshot(_) => "snapshot",
+                    LeaseEvent::Added(_) => "added",
+                    LeaseEvent::Removed(_) => "removed",
+                });
                 if own_lease_gone(&ev, &own) {
                     tracing::info!("Lease has been revoked. Shutting down daemon.");
                     return Ok(0);
@@ -258,18 +272,21 @@ async fn main_loop<M: SubnetManager>(
                         Change::Add(l) => tracing::info!("Subnet added: {} {}", l.key(), l.attrs.to_json()),
                         Change::Remove(l) => tracing::info!("Subnet removed: {}", l.key()),
                     }
-                    if let Err(e) = backend.apply(&change).await {
-                        tracing::error!("failed to apply {change:?}: {e}");
+                    match backend.apply(&change).await {
+                        Ok(()) => obs.metrics().peer_applied(matches!(change, Change::Add(_)), received.elapsed()),
+                        Err(e) => tracing::error!("failed to apply {change:?}: {e}"),
                     }
                 }
             }
             _ = renew => {
                 match mgr.renew_lease(lease).await {
                     Ok(l) => {
+                        obs.metrics().lease_renewed(true);
                         *lease = l;
                         tracing::info!("Lease renewed, new expiration: {:?}", lease.expiration.map(humantime));
                     }
                     Err(e) => {
+                        obs.metrics().lease_renewed(false);
                         tracing::error!("Error renewing lease (trying again in 1 min): {e}");
                         // Retry in a minute, or sooner when the TTL is short.
                         let retry = Duration::from_secs(60).min(ttl / 4);

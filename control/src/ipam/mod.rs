@@ -42,24 +42,29 @@ pub fn paths(subnet_file: &Path, socket: Option<&Path>, state: Option<&Path>) ->
     if socket.is_some_and(|s| s.as_os_str().is_empty()) {
         return None;
     }
-    let beside = |name: &str| {
-        let stem = subnet_file
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let file = if stem.is_empty() || stem == "subnet" {
-            name.to_string()
-        } else {
-            format!("{stem}.{name}")
-        };
-        subnet_file.with_file_name(file)
-    };
+    let beside = |name: &str| beside(subnet_file, name);
     Some(Paths {
         socket: socket.map_or_else(|| beside("weft.sock"), Path::to_path_buf),
         state: state
             .filter(|s| !s.as_os_str().is_empty())
             .map_or_else(|| beside("weft-ipam.json"), Path::to_path_buf),
     })
+}
+
+/// The file `name` next to `subnet_file`, prefixed with the subnet file's
+/// stem unless that is `subnet` (see the module docs); other weftd sockets
+/// (the status socket) follow the same rule.
+pub fn beside(subnet_file: &Path, name: &str) -> PathBuf {
+    let stem = subnet_file
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let file = if stem.is_empty() || stem == "subnet" {
+        name.to_string()
+    } else {
+        format!("{stem}.{name}")
+    };
+    subnet_file.with_file_name(file)
 }
 
 /// Starts the API for the node's lease (weftd's start-up hook); failures are

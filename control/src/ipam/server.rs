@@ -113,8 +113,9 @@ pub async fn serve(
     })
 }
 
-/// Binds `socket` with mode 0600 from the start (temporary name, chmod, rename).
-fn bind(socket: &Path) -> Result<UnixListener, ServerError> {
+/// Binds `socket` with mode 0600 from the start (temporary name, chmod, rename);
+/// also used by the status socket ([`crate::status::server`]).
+pub(crate) fn bind(socket: &Path) -> Result<UnixListener, ServerError> {
     use std::os::unix::fs::PermissionsExt;
     let err = |op: &'static str, p: &Path| {
         let path = p.to_path_buf();

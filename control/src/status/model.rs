@@ -1,0 +1,333 @@
+//! The status model: what `weft status --json` prints and what the status
+//! socket returns (one JSON object per line). Its shape (key names and value
+//! types) is fixed by `control/src/status/snapshots/status.shape.json`,
+//! which a unit test and `tests/observability.rs` check against.
+//!
+//! ```json
+//! {
+//!   "version": "0.1.0", "pid": 1234,
+//!   "lease": { "subnet": "10.244.1.0/24", "ipv6_subnet": null, "public_ip": "192.0.2.1",
+//!              "public_ipv6": null, "backend_type": "vxlan", "expires": 1764547200 },
+//!   "backend": { "name": "vxlan", "dataplane": "userspace",
+//!                "devices": [ { "name": "flannel.1", "kind": "engine", "workers": 2,
+//!                               "offloads": { "tun_vnet_hdr": true, ... },
+//!                               "counters": { "tx_packets": 10, ... },
+//!                               "batching": { "udp_sends": 3, ... },
+//!                               "drops": { "unknown_peer": 0, ... } } ] },
+//!   "peers": [ { "subnet": "10.244.2.0/24", "ipv6_subnet": null, "public_ip": "192.0.2.2",
+//!                "public_ipv6": null, "backend_type": "vxlan", "device": "flannel.1",
+//!                "counters": { "tx_packets": 5, "tx_bytes": 420, "rx_packets": 5, "rx_bytes": 420 } } ]
+//! }
+//! ```
+//!
+//! Optional parts are `null`, never absent: `lease` before the lease is
+//! acquired; a device's `workers`, `offloads`, `batching` and `drops` on the
+//! kernel dataplane (whose packet counters come from the device's own
+//! statistics); a peer's `device` and `counters` when the dataplane keeps no
+//! per-peer counters (the kernel) or does not carry that peer.
+
+use std::net::IpAddr;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use crate::lease::Lease;
+
+/// The whole status of one weftd.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    /// weftd's version.
+    pub version: String,
+    /// weftd's pid.
+    pub pid: u32,
+    /// The node's own lease (`null` until acquired).
+    pub lease: Option<LeaseStatus>,
+    /// The running backend.
+    pub backend: BackendStatus,
+    /// Every peer lease the node knows, in subnet order.
+    pub peers: Vec<PeerStatus>,
+}
+
+/// A lease as shown in status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseStatus {
+    /// IPv4 subnet.
+    pub subnet: Option<String>,
+    /// IPv6 subnet.
+    pub ipv6_subnet: Option<String>,
+    /// Public IPv4 address.
+    pub public_ip: String,
+    /// Public IPv6 address.
+    pub public_ipv6: Option<String>,
+    /// The lease's `BackendType` (`""` for udp).
+    pub backend_type: String,
+    /// Expiry, seconds since the Unix epoch (`null`: never).
+    pub expires: Option<u64>,
+}
+
+/// What a backend reports ([`crate::backend::Backend::status`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendStatus {
+    /// Backend type.
+    pub name: String,
+    /// `kernel`, `userspace` or `none`.
+    pub dataplane: String,
+    /// The devices the dataplane runs on.
+    pub devices: Vec<DeviceStatus>,
+    /// Per-peer counters by subnet (merged into [`Status::peers`]; not serialised).
+    #[serde(skip)]
+    pub peer_counters: Vec<PeerCounters>,
+}
+
+/// One dataplane device (a TUN run by the engine, or a kernel device).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceStatus {
+    /// Interface name.
+    pub name: String,
+    /// `engine` (weft's userspace engine) or `kernel`.
+    pub kind: String,
+    /// Engine worker threads.
+    pub workers: Option<u32>,
+    /// Active offloads (engine).
+    pub offloads: Option<Offloads>,
+    /// Packets and bytes (engine: inner packets; kernel: the device's statistics).
+    pub counters: Counters,
+    /// Syscalls against packets (engine).
+    pub batching: Option<Batching>,
+    /// Drops by reason (engine).
+    pub drops: Option<Drops>,
+}
+
+/// Active offloads of an engine device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Offloads {
+    /// TUN reads/writes carry a virtio-net header.
+    pub tun_vnet_hdr: bool,
+    /// The TUN hands over TCP super-packets.
+    pub tun_tso: bool,
+    /// The TUN hands over partial checksums.
+    pub tun_csum: bool,
+    /// UDP GSO in use.
+    pub udp_gso: bool,
+    /// UDP GRO enabled.
+    pub udp_gro: bool,
+}
+
+/// Packet and byte counters, tx = towards peers, rx = from peers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Packets sent.
+    pub tx_packets: u64,
+    /// Bytes sent.
+    pub tx_bytes: u64,
+    /// Packets received.
+    pub rx_packets: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+}
+
+/// Syscall counts of an engine device (packets per call = batch size).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batching {
+    /// `sendmmsg` calls.
+    pub udp_sends: u64,
+    /// `recvmmsg` calls that returned data.
+    pub udp_recvs: u64,
+    /// TUN reads that returned a packet.
+    pub tun_reads: u64,
+    /// TUN writes.
+    pub tun_writes: u64,
+    /// TUN super-packets segmented in userspace (GSO).
+    pub gso_super_packets: u64,
+    /// Received segments merged into another (GRO).
+    pub gro_coalesced: u64,
+    /// Packets handed to another worker (WireGuard).
+    pub handoffs: u64,
+    /// ICMP errors written back to the TUN (flannel-UDP).
+    pub icmp_sent: u64,
+}
+
+/// Drops by reason (packets); the names are the metrics' `reason` labels.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drops {
+    /// Not a valid packet.
+    pub malformed: u64,
+    /// VXLAN VNI other than ours.
+    pub bad_vni: u64,
+    /// VXLAN inner destination MAC not ours.
+    pub bad_mac: u64,
+    /// Outer source is not a peer.
+    pub unknown_peer: u64,
+    /// Inner source outside the sending peer's subnet.
+    pub spoofed_source: u64,
+    /// No peer for the destination.
+    pub no_route: u64,
+    /// TTL reached zero.
+    pub ttl_expired: u64,
+    /// Too large to carry.
+    pub mtu: u64,
+    /// WireGuard: authentication (decryption) failed.
+    pub decrypt_failure: u64,
+    /// WireGuard: unknown key or receiver index.
+    pub unknown_key: u64,
+    /// WireGuard: replayed counter.
+    pub replay: u64,
+    /// WireGuard: handshake refused or out of state.
+    pub handshake: u64,
+    /// No free buffer for a cross-worker handoff.
+    pub backlog: u64,
+    /// `sendmmsg` failures.
+    pub udp_send_error: u64,
+    /// TUN write failures.
+    pub tun_write_error: u64,
+    /// Other I/O errors.
+    pub io_error: u64,
+}
+
+impl Drops {
+    /// `(reason, count)` pairs in a fixed order.
+    pub fn reasons(&self) -> [(&'static str, u64); 16] {
+        [
+            ("malformed", self.malformed),
+            ("bad_vni", self.bad_vni),
+            ("bad_mac", self.bad_mac),
+            ("unknown_peer", self.unknown_peer),
+            ("spoofed_source", self.spoofed_source),
+            ("no_route", self.no_route),
+            ("ttl_expired", self.ttl_expired),
+            ("mtu", self.mtu),
+            ("decrypt_failure", self.decrypt_failure),
+            ("unknown_key", self.unknown_key),
+            ("replay", self.replay),
+            ("handshake", self.handshake),
+            ("backlog", self.backlog),
+            ("udp_send_error", self.udp_send_error),
+            ("tun_write_error", self.tun_write_error),
+            ("io_error", self.io_error),
+        ]
+    }
+}
+
+/// Counters of one peer as a dataplane device keeps them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerCounters {
+    /// The peer's subnet (as programmed).
+    pub subnet: IpNet,
+    /// Where the dataplane sends its packets.
+    pub endpoint: IpAddr,
+    /// The device carrying it.
+    pub device: String,
+    /// Its counters, when the dataplane keeps them.
+    pub counters: Option<Counters>,
+}
+
+/// One peer in status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerStatus {
+    /// IPv4 subnet.
+    pub subnet: Option<String>,
+    /// IPv6 subnet.
+    pub ipv6_subnet: Option<String>,
+    /// Public IPv4 address (the tunnel endpoint).
+    pub public_ip: String,
+    /// Public IPv6 address.
+    pub public_ipv6: Option<String>,
+    /// The peer lease's `BackendType`.
+    pub backend_type: String,
+    /// The device that carries it (`null`: not in a userspace peer table).
+    pub device: Option<String>,
+    /// Its counters (summed over its subnets), when the dataplane keeps them.
+    pub counters: Option<Counters>,
+}
+
+// === impl LeaseStatus ===
+
+impl LeaseStatus {
+    /// The status view of `l`.
+    pub fn of(l: &Lease) -> LeaseStatus {
+        LeaseStatus {
+            subnet: l.subnet.map(|s| s.to_string()),
+            ipv6_subnet: l.ipv6_subnet.map(|s| s.to_string()),
+            public_ip: l.attrs.public_ip.to_string(),
+            public_ipv6: l.attrs.public_ipv6.map(|a| a.to_string()),
+            backend_type: l.attrs.backend_type.clone(),
+            expires: l.expiration.and_then(|e| e.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_secs()),
+        }
+    }
+}
+
+// === impl BackendStatus ===
+
+impl BackendStatus {
+    /// A backend with no devices.
+    pub fn new(name: &str, dataplane: &str) -> BackendStatus {
+        BackendStatus { name: name.to_string(), dataplane: dataplane.to_string(), ..Default::default() }
+    }
+}
+
+// === impl Counters ===
+
+impl Counters {
+    /// Field-wise sum.
+    pub fn add(self, o: Counters) -> Counters {
+        Counters {
+            tx_packets: self.tx_packets + o.tx_packets,
+            tx_bytes: self.tx_bytes + o.tx_bytes,
+            rx_packets: self.rx_packets + o.rx_packets,
+            rx_bytes: self.rx_bytes + o.rx_bytes,
+        }
+    }
+}
+
+// === impl Status ===
+
+impl Status {
+    /// Assembles the status from the own lease, the backend's report and
+    /// the known peer leases (each matched to the backend's per-peer
+    /// counters by subnet).
+    pub fn build<'a>(own: Option<&Lease>, backend: BackendStatus, peers: impl IntoIterator<Item = &'a Lease>) -> Status {
+        let peers = peers
+            .into_iter()
+            .map(|l| {
+                let nets: Vec<IpNet> =
+                    l.subnet.map(IpNet::V4).into_iter().chain(l.ipv6_subnet.map(IpNet::V6)).collect();
+                let mine: Vec<&PeerCounters> =
+                    backend.peer_counters.iter().filter(|p| nets.contains(&p.subnet.trunc())).collect();
+                let device = mine.first().map(|p| p.device.clone());
+                let counters = mine
+                    .iter()
+                    .filter_map(|p| p.counters)
+                    .reduce(Counters::add);
+                PeerStatus {
+                    subnet: l.subnet.map(|s| s.to_string()),
+                    ipv6_subnet: l.ipv6_subnet.map(|s| s.to_string()),
+                    public_ip: l.attrs.public_ip.to_string(),
+                    public_ipv6: l.attrs.public_ipv6.map(|a| a.to_string()),
+                    backend_type: l.attrs.backend_type.clone(),
+                    device,
+                    counters,
+                }
+            })
+            .collect();
+        Status {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            pid: std::process::id(),
+            lease: own.map(LeaseStatus::of),
+            backend,
+            peers,
+        }
+    }
+
+    /// Sum of the device counters.
+    pub fn totals(&self) -> Counters {
+        self.backend.devices.iter().map(|d| d.counters).fold(Counters::default(), Counters::add)
+    }
+
+    /// Seconds until the own lease expires (`None`: no lease or no expiry).
+    pub fn lease_expires_in(&self) -> Option<i64> {
+        let at = self.lease.as_ref()?.expires?;
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_secs();
+        Some(i64::try_from(at).ok()? - i64::try_from(now).ok()?)
+    }
+}

@@ -1,0 +1,111 @@
+//! The human-readable form of a [`Status`] (`weft status` without `--json`),
+//! in the spirit of `wg show`: the node, its devices, then one line per peer.
+
+use std::fmt::Write;
+
+use super::model::{Counters, Status};
+
+/// Renders `s` for a terminal.
+pub fn text(s: &Status) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "weftd {} (pid {})", s.version, s.pid);
+    match &s.lease {
+        Some(l) => {
+            let nets: Vec<&str> = [l.subnet.as_deref(), l.ipv6_subnet.as_deref()].into_iter().flatten().collect();
+            let public: Vec<&str> = [Some(l.public_ip.as_str()), l.public_ipv6.as_deref()].into_iter().flatten().collect();
+            let exp = match s.lease_expires_in() {
+                Some(secs) => format!(", expires in {}", duration(secs)),
+                None => String::new(),
+            };
+            let _ = writeln!(o, "lease:     {} (public {}){exp}", nets.join(" "), public.join(" "));
+        }
+        None => {
+            let _ = writeln!(o, "lease:     none yet");
+        }
+    }
+    let _ = writeln!(o, "backend:   {} on the {} dataplane", s.backend.name, s.backend.dataplane);
+    for d in &s.backend.devices {
+        let mut head = format!("device:    {} ({})", d.name, d.kind);
+        if let Some(w) = d.workers {
+            let _ = write!(head, ", {w} workers");
+        }
+        if let Some(f) = &d.offloads {
+            let on: Vec<&str> = [
+                (f.tun_vnet_hdr, "tun-vnet-hdr"),
+                (f.tun_tso, "tun-tso"),
+                (f.tun_csum, "tun-csum"),
+                (f.udp_gso, "udp-gso"),
+                (f.udp_gro, "udp-gro"),
+            ]
+            .into_iter()
+            .filter_map(|(b, n)| b.then_some(n))
+            .collect();
+            let _ = write!(head, ", offloads: {}", if on.is_empty() { "none".to_string() } else { on.join(" ") });
+        }
+        let _ = writeln!(o, "{head}");
+        let _ = writeln!(o, "  {}", counters(&d.counters));
+        if let Some(b) = &d.batching {
+            let _ = writeln!(
+                o,
+                "  batching: {} per sendmmsg, {} per recvmmsg; {} tun reads, {} tun writes, {} gso, {} gro merges",
+                ratio(d.counters.tx_packets, b.udp_sends),
+                ratio(d.counters.rx_packets, b.udp_recvs),
+                b.tun_reads,
+                b.tun_writes,
+                b.gso_super_packets,
+                b.gro_coalesced
+            );
+        }
+        if let Some(dr) = &d.drops {
+            let nz: Vec<String> =
+                dr.reasons().iter().filter(|(_, n)| *n > 0).map(|(r, n)| format!("{r} {n}")).collect();
+            let _ = writeln!(o, "  drops: {}", if nz.is_empty() { "none".to_string() } else { nz.join(", ") });
+        }
+    }
+    let _ = writeln!(o, "peers:     {}", s.peers.len());
+    if !s.peers.is_empty() {
+        let _ = writeln!(o, "  {:<20} {:<16} {:<10} {:<12} {}", "SUBNET", "ENDPOINT", "BACKEND", "DEVICE", "TRAFFIC");
+    }
+    for p in &s.peers {
+        let subnet = p.subnet.clone().or_else(|| p.ipv6_subnet.clone()).unwrap_or_else(|| "-".into());
+        let backend = if p.backend_type.is_empty() { "-" } else { &p.backend_type };
+        let traffic = p.counters.as_ref().map_or_else(|| "-".to_string(), counters);
+        let _ = writeln!(
+            o,
+            "  {:<20} {:<16} {:<10} {:<12} {}",
+            subnet,
+            p.public_ip,
+            backend,
+            p.device.as_deref().unwrap_or("-"),
+            traffic
+        );
+    }
+    o
+}
+
+fn counters(c: &Counters) -> String {
+    format!("tx {} pkts / {}, rx {} pkts / {}", c.tx_packets, bytes(c.tx_bytes), c.rx_packets, bytes(c.rx_bytes))
+}
+
+fn ratio(a: u64, b: u64) -> String {
+    if b == 0 { "-".into() } else { format!("{:.1} pkts", a as f64 / b as f64) }
+}
+
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[u]) }
+}
+
+fn duration(secs: i64) -> String {
+    if secs <= 0 {
+        return "0s (expired)".into();
+    }
+    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
+    if h > 0 { format!("{h}h{m:02}m") } else if m > 0 { format!("{m}m{s:02}s") } else { format!("{s}s") }
+}

@@ -27,7 +27,13 @@ pub fn net_conf(backend: &str) -> String {
 }
 
 /// Starts a cluster of `nodes` nodes; `args` are the weftd arguments.
-pub fn cluster(tag: &str, backend: &str, nodes: u8, store: ClusterStore, args: &[&str]) -> (tempfile::TempDir, Cluster) {
+pub fn cluster(
+    tag: &str,
+    backend: &str,
+    nodes: u8,
+    store: ClusterStore,
+    args: &[&str],
+) -> (tempfile::TempDir, Cluster) {
     let work = tempfile::tempdir().expect("tempdir");
     let c = Cluster::start(ClusterSpec {
         prefix: weft_tests::unique(tag),
@@ -44,7 +50,9 @@ pub fn cluster(tag: &str, backend: &str, nodes: u8, store: ClusterStore, args: &
 
 /// One variable of node `i`'s subnet.env.
 pub fn env_var(c: &Cluster, i: usize, var: &str) -> String {
-    let env = c.subnet_env(i).unwrap_or_else(|| panic!("node {i} has no subnet.env"));
+    let env = c
+        .subnet_env(i)
+        .unwrap_or_else(|| panic!("node {i} has no subnet.env"));
     let prefix = format!("{var}=");
     env.lines()
         .find_map(|l| l.strip_prefix(prefix.as_str()))
@@ -72,14 +80,21 @@ pub fn wait_exit(c: &mut Cluster, i: usize, timeout: Duration) -> Option<i32> {
             c.nodes[i].weftd = None;
             return st.code();
         }
-        assert!(Instant::now() < deadline, "node {i}'s weftd still runs after {timeout:?}; log:\n{}", c.log(i));
+        assert!(
+            Instant::now() < deadline,
+            "node {i}'s weftd still runs after {timeout:?}; log:\n{}",
+            c.log(i)
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
 /// Whether node `i`'s weftd is running.
 pub fn running(c: &mut Cluster, i: usize) -> bool {
-    c.nodes[i].weftd.as_mut().is_some_and(|p| matches!(p.try_wait(), Ok(None)))
+    c.nodes[i]
+        .weftd
+        .as_mut()
+        .is_some_and(|p| matches!(p.try_wait(), Ok(None)))
 }
 
 /// Runs `f` on a thread that has entered network namespace `ns` (by path).
@@ -87,7 +102,8 @@ pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'sta
     let ns = ns.to_string();
     std::thread::spawn(move || {
         let file = std::fs::File::open(&ns).unwrap_or_else(|e| panic!("open {ns}: {e}"));
-        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap_or_else(|e| panic!("setns {ns}: {e}"));
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+            .unwrap_or_else(|e| panic!("setns {ns}: {e}"));
         f()
     })
     .join()
@@ -108,7 +124,9 @@ impl NsProxy {
     /// Listens on `127.0.0.1:<port>` in the namespace at `ns` and forwards
     /// to `127.0.0.1:<upstream>` in the caller's namespace.
     pub fn start(ns: &str, port: u16, upstream: u16) -> NsProxy {
-        let listener = in_netns(ns, move || TcpListener::bind(("127.0.0.1", port)).expect("bind proxy in netns"));
+        let listener = in_netns(ns, move || {
+            TcpListener::bind(("127.0.0.1", port)).expect("bind proxy in netns")
+        });
         listener.set_nonblocking(true).expect("nonblocking");
         let stop = Arc::new(AtomicBool::new(false));
         let conns = Arc::new(Mutex::new(Vec::new()));
@@ -120,12 +138,18 @@ impl NsProxy {
                         let _ = down.set_nonblocking(false);
                         forward(down, upstream, &cs);
                     }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
                     Err(_) => std::thread::sleep(Duration::from_millis(20)),
                 }
             }
         });
-        NsProxy { stop, conns, thread: Some(thread) }
+        NsProxy {
+            stop,
+            conns,
+            thread: Some(thread),
+        }
     }
 
     /// Cuts every connection forwarded so far (what a dying server does).
@@ -138,11 +162,15 @@ impl NsProxy {
 }
 
 fn forward(down: TcpStream, upstream: u16, conns: &Arc<Mutex<Vec<TcpStream>>>) {
-    let Ok(up) = TcpStream::connect_timeout(&([127, 0, 0, 1], upstream).into(), Duration::from_secs(1)) else {
+    let Ok(up) =
+        TcpStream::connect_timeout(&([127, 0, 0, 1], upstream).into(), Duration::from_secs(1))
+    else {
         let _ = down.shutdown(Shutdown::Both);
         return;
     };
-    let (Ok(down2), Ok(up2)) = (down.try_clone(), up.try_clone()) else { return };
+    let (Ok(down2), Ok(up2)) = (down.try_clone(), up.try_clone()) else {
+        return;
+    };
     {
         let mut c = conns.lock().expect("lock");
         c.retain(|s| s.peer_addr().is_ok());
@@ -208,7 +236,17 @@ impl PingFlood {
         let child = c.pods[a]
             .ns
             .command("ping")
-            .args(["-D", "-n", "-i", "0.01", "-W", "2", "-c", &count.to_string(), &c.pods[b].ip])
+            .args([
+                "-D",
+                "-n",
+                "-i",
+                "0.01",
+                "-W",
+                "2",
+                "-c",
+                &count.to_string(),
+                &c.pods[b].ip,
+            ])
             .stdout(Stdio::from(f))
             .stderr(Stdio::null())
             .stdin(Stdio::null())
@@ -247,12 +285,21 @@ fn parse_ping(text: &str, count: u32) -> PingReport {
     let mut replies = BTreeMap::new();
     let mut sent = count;
     for line in text.lines() {
-        if let Some(rest) = line.split(" packets transmitted").next().filter(|_| line.contains(" packets transmitted")) {
+        if let Some(rest) = line
+            .split(" packets transmitted")
+            .next()
+            .filter(|_| line.contains(" packets transmitted"))
+        {
             sent = rest.trim().parse().unwrap_or(count);
         }
         let (Some(ts), Some(seq)) = (
-            line.strip_prefix('[').and_then(|l| l.split(']').next()).and_then(|t| t.parse::<f64>().ok()),
-            line.split("icmp_seq=").nth(1).and_then(|s| s.split_whitespace().next()).and_then(|s| s.parse::<u32>().ok()),
+            line.strip_prefix('[')
+                .and_then(|l| l.split(']').next())
+                .and_then(|t| t.parse::<f64>().ok()),
+            line.split("icmp_seq=")
+                .nth(1)
+                .and_then(|s| s.split_whitespace().next())
+                .and_then(|s| s.parse::<u32>().ok()),
         ) else {
             continue;
         };
@@ -281,12 +328,27 @@ impl UdpStream {
     pub fn start(c: &Cluster, a: usize, b: usize, secs: u32, rate: &str, port: u16) -> UdpStream {
         let server = &c.pods[b];
         let p = port.to_string();
-        server.ns.exec(&["iperf3", "-s", "-1", "-D", "-B", &server.ip, "-p", &p]);
+        server
+            .ns
+            .exec(&["iperf3", "-s", "-1", "-D", "-B", &server.ip, "-p", &p]);
         std::thread::sleep(Duration::from_millis(300));
         let client = c.pods[a]
             .ns
             .command("iperf3")
-            .args(["-c", &server.ip, "-p", &p, "-u", "-b", rate, "-l", "1000", "-t", &secs.to_string(), "-J"])
+            .args([
+                "-c",
+                &server.ip,
+                "-p",
+                &p,
+                "-u",
+                "-b",
+                rate,
+                "-l",
+                "1000",
+                "-t",
+                &secs.to_string(),
+                "-J",
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .stdin(Stdio::null())
@@ -315,9 +377,13 @@ impl UdpStream {
 /// Bytes moved by a `secs`-second iperf3 TCP transfer from pod `a` to pod `b`.
 pub fn tcp_bytes(c: &Cluster, a: usize, b: usize, secs: u32) -> u64 {
     let server = &c.pods[b];
-    server.ns.exec(&["iperf3", "-s", "-1", "-D", "-B", &server.ip]);
+    server
+        .ns
+        .exec(&["iperf3", "-s", "-1", "-D", "-B", &server.ip]);
     std::thread::sleep(Duration::from_millis(300));
-    let out = c.pods[a].ns.try_exec(&["iperf3", "-c", &server.ip, "-t", &secs.to_string(), "-J"]);
+    let out = c.pods[a]
+        .ns
+        .try_exec(&["iperf3", "-c", &server.ip, "-t", &secs.to_string(), "-J"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     v["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0)
 }
@@ -326,14 +392,23 @@ pub fn tcp_bytes(c: &Cluster, a: usize, b: usize, secs: u32) -> u64 {
 /// and firewall rules, one normalised line per item, sorted.
 pub fn node_state(ns: &Netns) -> BTreeMap<&'static str, Vec<String>> {
     let sorted = |text: String| {
-        let mut v: Vec<String> = text.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect();
+        let mut v: Vec<String> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect();
         v.sort();
         v
     };
     let links: String = ns
         .exec(&["ip", "-o", "link", "show"])
         .lines()
-        .filter_map(|l| l.split(':').nth(1).map(|n| n.trim().split('@').next().unwrap_or("").to_string()))
+        .filter_map(|l| {
+            l.split(':')
+                .nth(1)
+                .map(|n| n.trim().split('@').next().unwrap_or("").to_string())
+        })
         .collect::<Vec<_>>()
         .join("\n");
     // Chains and rules, each prefixed with its table; counters dropped.
@@ -360,7 +435,10 @@ pub fn duplicates(lines: &[String]) -> Vec<String> {
     for l in lines {
         *seen.entry(l.clone()).or_insert(0) += 1;
     }
-    seen.into_iter().filter(|(_, n)| *n > 1).map(|(l, _)| l).collect()
+    seen.into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(l, _)| l)
+        .collect()
 }
 
 /// Whether `etcd` (Debian's etcd-server) is installed; tests needing it
@@ -376,5 +454,12 @@ pub fn etcd_available() -> bool {
 /// Runs `cmd` to completion, returning (success, stdout+stderr).
 pub fn run(cmd: &mut Command) -> (bool, String) {
     let out = cmd.output().expect("spawn");
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
 }

@@ -24,8 +24,8 @@ mod fault_kit;
 use std::time::{Duration, Instant};
 
 use fault_kit::{
-    NsProxy, PingFlood, UdpStream, cluster, duplicates, env_var, etcd_available, lease_key, node_state, running,
-    tcp_bytes, wait_exit, wait_ping,
+    NsProxy, PingFlood, UdpStream, cluster, duplicates, env_var, etcd_available, lease_key,
+    node_state, running, tcp_bytes, wait_exit, wait_ping,
 };
 use weft_control::demo::cluster::{Cluster, ClusterSpec, ClusterStore};
 use weft_tests::etcd::Etcd;
@@ -33,16 +33,29 @@ use weft_tests::proc::wait_for;
 use weft_tests::require_root;
 
 /// The userspace dataplane with one worker (the machine is small and shared).
-const USERSPACE: &[&str] = &["--dataplane=userspace", "--engine-workers=1", "--traffic-manager=none"];
+const USERSPACE: &[&str] = &[
+    "--dataplane=userspace",
+    "--engine-workers=1",
+    "--traffic-manager=none",
+];
 /// Where weftd inside a node namespace finds etcd (an [`NsProxy`]).
 const ETCD_IN_NS: &str = "http://127.0.0.1:2379";
 const LONG: Duration = Duration::from_secs(60);
 
 /// A cluster on a real etcd: the network config is put into etcd and every
 /// node namespace gets a proxy to it. Nodes listed in `start` are started.
-fn etcd_cluster(tag: &str, nodes: u8, start: &[usize], args: &[&str]) -> (Etcd, Vec<NsProxy>, tempfile::TempDir, Cluster) {
+fn etcd_cluster(
+    tag: &str,
+    nodes: u8,
+    start: &[usize],
+    args: &[&str],
+) -> (Etcd, Vec<NsProxy>, tempfile::TempDir, Cluster) {
     let etcd = Etcd::start();
-    etcd.etcdctl_ok(&["put", "/coreos.com/network/config", &fault_kit::net_conf("vxlan")]);
+    etcd.etcdctl_ok(&[
+        "put",
+        "/coreos.com/network/config",
+        &fault_kit::net_conf("vxlan"),
+    ]);
     let work = tempfile::tempdir().expect("tempdir");
     let spec = ClusterSpec {
         prefix: weft_tests::unique(tag),
@@ -54,7 +67,11 @@ fn etcd_cluster(tag: &str, nodes: u8, start: &[usize], args: &[&str]) -> (Etcd, 
         store: ClusterStore::Etcd(ETCD_IN_NS.into()),
     };
     let mut c = Cluster::create(spec, Vec::new()).unwrap_or_else(|e| panic!("cluster: {e}"));
-    let proxies = c.nodes.iter().map(|n| NsProxy::start(&n.ns.path(), 2379, etcd.port())).collect();
+    let proxies = c
+        .nodes
+        .iter()
+        .map(|n| NsProxy::start(&n.ns.path(), 2379, etcd.port()))
+        .collect();
     for &i in start {
         c.start_weftd(i).expect("start weftd");
     }
@@ -66,7 +83,9 @@ fn etcd_cluster(tag: &str, nodes: u8, start: &[usize], args: &[&str]) -> (Etcd, 
 
 /// A lease for a node that does not exist (vxlan attributes), as flannel writes it.
 fn fake_lease(ip: &str) -> String {
-    format!(r#"{{"PublicIP":"{ip}","PublicIPv6":null,"BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"02:00:00:00:00:99"}}}}"#)
+    format!(
+        r#"{{"PublicIP":"{ip}","PublicIPv6":null,"BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"02:00:00:00:00:99"}}}}"#
+    )
 }
 
 #[test]
@@ -78,7 +97,11 @@ fn etcd_outage_loses_no_packets_and_resyncs() {
     let (mut etcd, _proxies, work, mut c) = etcd_cluster("fe", 3, &[0, 1], USERSPACE);
     c.add_pod(0, "a").expect("pod a");
     c.add_pod(1, "b").expect("pod b");
-    assert!(wait_ping(&c, 0, 1), "no initial connectivity; log:\n{}", c.log(0));
+    assert!(
+        wait_ping(&c, 0, 1),
+        "no initial connectivity; log:\n{}",
+        c.log(0)
+    );
     // ~45 s of pings at 100/s, and a paced UDP stream the other way.
     let ping = PingFlood::start(&c, 0, 1, 4500, work.path());
     let udp = UdpStream::start(&c, 1, 0, 42, "2M", 5201);
@@ -90,20 +113,38 @@ fn etcd_outage_loses_no_packets_and_resyncs() {
     std::thread::sleep(Duration::from_secs(5));
     c.start_weftd(2).expect("start node 3");
     std::thread::sleep(Duration::from_secs(30).saturating_sub(outage.elapsed()));
-    assert!(running(&mut c, 0) && running(&mut c, 1), "a weftd died during the outage:\n{}\n{}", c.log(0), c.log(1));
-    assert!(c.subnet_env(2).is_none(), "node 3 got a lease without etcd?");
-    assert!(c.log(0).contains("etcd lease watch"), "node 1 did not notice the outage:\n{}", c.log(0));
+    assert!(
+        running(&mut c, 0) && running(&mut c, 1),
+        "a weftd died during the outage:\n{}\n{}",
+        c.log(0),
+        c.log(1)
+    );
+    assert!(
+        c.subnet_env(2).is_none(),
+        "node 3 got a lease without etcd?"
+    );
+    assert!(
+        c.log(0).contains("etcd lease watch"),
+        "node 1 did not notice the outage:\n{}",
+        c.log(0)
+    );
     etcd.start_again();
     let down = outage.elapsed();
 
     // Resync: node 3 gets its lease and everyone learns it; so is a lease written now.
     c.wait_ready(2, LONG).unwrap_or_else(|e| panic!("{e}"));
     let k3 = lease_key(&c, 2);
-    etcd.etcdctl_ok(&["put", "/coreos.com/network/subnets/10.244.250.0-24", &fake_lease("192.0.2.250")]);
+    etcd.etcdctl_ok(&[
+        "put",
+        "/coreos.com/network/subnets/10.244.250.0-24",
+        &fake_lease("192.0.2.250"),
+    ]);
     for n in 0..2 {
         for key in [k3.as_str(), "10.244.250.0-24"] {
             wait_for(&format!("node {n} to learn {key}"), LONG, || {
-                c.log(n).contains(&format!("Subnet added: {key}")).then_some(())
+                c.log(n)
+                    .contains(&format!("Subnet added: {key}"))
+                    .then_some(())
             });
         }
     }
@@ -113,13 +154,27 @@ fn etcd_outage_loses_no_packets_and_resyncs() {
         "MEASURED etcd outage {down:.1?}: ping {}/{} replies, longest gap {:?}; iperf3 UDP {udp_lost}/{udp_sent} lost",
         report.received, report.sent, report.max_gap
     );
-    assert_eq!(report.received, report.sent, "pings lost during the etcd outage: {report:?}");
-    assert_eq!(udp_lost, 0, "UDP datagrams lost during the etcd outage ({udp_sent} sent)");
+    assert_eq!(
+        report.received, report.sent,
+        "pings lost during the etcd outage: {report:?}"
+    );
+    assert_eq!(
+        udp_lost, 0,
+        "UDP datagrams lost during the etcd outage ({udp_sent} sent)"
+    );
     // The late node carries traffic too, and TCP still flows between the first two.
     c.add_pod(2, "c").expect("pod c");
-    assert!(wait_ping(&c, 2, 0) && wait_ping(&c, 1, 2), "node 3 unreachable; logs:\n{}\n{}", c.log(0), c.log(2));
+    assert!(
+        wait_ping(&c, 2, 0) && wait_ping(&c, 1, 2),
+        "node 3 unreachable; logs:\n{}\n{}",
+        c.log(0),
+        c.log(2)
+    );
     let bytes = tcp_bytes(&c, 0, 1, 2);
-    assert!(bytes > 1_000_000, "TCP after the outage moved only {bytes} bytes");
+    assert!(
+        bytes > 1_000_000,
+        "TCP after the outage moved only {bytes} bytes"
+    );
 }
 
 /// SIGKILL and restart on the userspace dataplane (the TUN dies with the
@@ -131,7 +186,9 @@ fn sigkill_restart(tag: &str, dataplane: &str) {
     c.add_pod(0, "a").expect("pod a");
     c.add_pod(1, "b").expect("pod b");
     assert!(wait_ping(&c, 0, 1), "no initial connectivity");
-    wait_for("host rules", LONG, || c.log(1).contains("bootstrap done").then_some(()));
+    wait_for("host rules", LONG, || {
+        c.log(1).contains("bootstrap done").then_some(())
+    });
     std::thread::sleep(Duration::from_secs(2));
     let before = node_state(&c.nodes[1].ns);
     let subnet = env_var(&c, 1, "FLANNEL_SUBNET");
@@ -143,27 +200,52 @@ fn sigkill_restart(tag: &str, dataplane: &str) {
     child.kill().expect("SIGKILL");
     let _ = child.wait();
     c.start_weftd(1).expect("restart");
-    wait_for("the restarted weftd to be ready", LONG, || c.log(1).contains("flannel is ready").then_some(()));
+    wait_for("the restarted weftd to be ready", LONG, || {
+        c.log(1).contains("flannel is ready").then_some(())
+    });
     let ready = killed.elapsed();
     let report = ping.finish(Duration::from_secs(60));
     eprintln!(
         "MEASURED SIGKILL+restart ({dataplane}): ready again after {ready:.2?}; ping {}/{} replies, longest gap {:?}",
         report.received, report.sent, report.max_gap
     );
-    assert_eq!(env_var(&c, 1, "FLANNEL_SUBNET"), subnet, "the restarted node changed its subnet");
-    assert!(c.log(1).contains("reusing"), "no lease reuse logged:\n{}", c.log(1));
-    assert!(wait_ping(&c, 0, 1) && wait_ping(&c, 1, 0), "traffic did not come back; log:\n{}", c.log(1));
-    assert!(report.received > report.sent / 2, "traffic did not come back during the run: {report:?}");
+    assert_eq!(
+        env_var(&c, 1, "FLANNEL_SUBNET"),
+        subnet,
+        "the restarted node changed its subnet"
+    );
+    assert!(
+        c.log(1).contains("reusing"),
+        "no lease reuse logged:\n{}",
+        c.log(1)
+    );
+    assert!(
+        wait_ping(&c, 0, 1) && wait_ping(&c, 1, 0),
+        "traffic did not come back; log:\n{}",
+        c.log(1)
+    );
+    assert!(
+        report.received > report.sent / 2,
+        "traffic did not come back during the run: {report:?}"
+    );
 
     // Let the rule resync run, then compare with the state before the kill.
     std::thread::sleep(Duration::from_secs(3));
     let after = node_state(&c.nodes[1].ns);
     for (what, lines) in &after {
-        assert!(duplicates(lines).is_empty(), "duplicate {what} after restart: {:?}", duplicates(lines));
+        assert!(
+            duplicates(lines).is_empty(),
+            "duplicate {what} after restart: {:?}",
+            duplicates(lines)
+        );
     }
     assert_eq!(before, after, "node state differs after SIGKILL + restart");
     for (what, lines) in node_state(&c.nodes[0].ns) {
-        assert!(duplicates(&lines).is_empty(), "duplicate {what} on the peer: {:?}", duplicates(&lines));
+        assert!(
+            duplicates(&lines).is_empty(),
+            "duplicate {what} on the peer: {:?}",
+            duplicates(&lines)
+        );
     }
 }
 
@@ -192,19 +274,36 @@ fn own_lease_deleted_in_etcd_exits_and_retakes_subnet() {
     let key = lease_key(&c, 1);
     etcd.etcdctl_ok(&["del", &format!("/coreos.com/network/subnets/{key}")]);
     assert_eq!(wait_exit(&mut c, 1, LONG), Some(0), "log:\n{}", c.log(1));
-    assert!(c.log(1).contains("Lease has been revoked. Shutting down daemon."), "log:\n{}", c.log(1));
-    wait_for("node 1 to drop the peer", LONG, || c.log(0).contains(&format!("Subnet removed: {key}")).then_some(()));
+    assert!(
+        c.log(1)
+            .contains("Lease has been revoked. Shutting down daemon."),
+        "log:\n{}",
+        c.log(1)
+    );
+    wait_for("node 1 to drop the peer", LONG, || {
+        c.log(0)
+            .contains(&format!("Subnet removed: {key}"))
+            .then_some(())
+    });
     assert!(running(&mut c, 0), "the other node exited too");
     // A restart (what the DaemonSet does) takes the same subnet again.
     c.start_weftd(1).expect("restart");
-    wait_for("the restarted node", LONG, || c.log(1).contains("flannel is ready").then_some(()));
+    wait_for("the restarted node", LONG, || {
+        c.log(1).contains("flannel is ready").then_some(())
+    });
     assert!(
-        c.log(1).contains(&format!("Found previously leased subnet ({key}), reusing")),
+        c.log(1)
+            .contains(&format!("Found previously leased subnet ({key}), reusing")),
         "log:\n{}",
         c.log(1)
     );
     assert_eq!(lease_key(&c, 1), key);
-    assert!(wait_ping(&c, 0, 1), "traffic did not come back; logs:\n{}\n{}", c.log(0), c.log(1));
+    assert!(
+        wait_ping(&c, 0, 1),
+        "traffic did not come back; logs:\n{}\n{}",
+        c.log(0),
+        c.log(1)
+    );
 }
 
 #[test]
@@ -218,27 +317,69 @@ fn garbage_lease_json_in_etcd_is_skipped() {
     c.add_pod(1, "b").expect("pod b");
     assert!(wait_ping(&c, 0, 1), "no initial connectivity");
     let sub = "/coreos.com/network/subnets";
-    etcd.etcdctl_ok(&["put", &format!("{sub}/10.244.99.0-24"), "{\"PublicIP\": garbage"]);
-    etcd.etcdctl_ok(&["put", &format!("{sub}/10.244.98.0-24"), r#"{"PublicIP":12,"BackendType":[]}"#]);
-    etcd.etcdctl_ok(&["put", &format!("{sub}/not-a-subnet"), &fake_lease("192.0.2.97")]);
-    etcd.etcdctl_ok(&["put", &format!("{sub}/10.244.97.0-24"), &fake_lease("192.0.2.97")]);
+    etcd.etcdctl_ok(&[
+        "put",
+        &format!("{sub}/10.244.99.0-24"),
+        "{\"PublicIP\": garbage",
+    ]);
+    etcd.etcdctl_ok(&[
+        "put",
+        &format!("{sub}/10.244.98.0-24"),
+        r#"{"PublicIP":12,"BackendType":[]}"#,
+    ]);
+    etcd.etcdctl_ok(&[
+        "put",
+        &format!("{sub}/not-a-subnet"),
+        &fake_lease("192.0.2.97"),
+    ]);
+    etcd.etcdctl_ok(&[
+        "put",
+        &format!("{sub}/10.244.97.0-24"),
+        &fake_lease("192.0.2.97"),
+    ]);
     for n in 0..2 {
-        wait_for("the good lease", LONG, || c.log(n).contains("Subnet added: 10.244.97.0-24").then_some(()));
+        wait_for("the good lease", LONG, || {
+            c.log(n)
+                .contains("Subnet added: 10.244.97.0-24")
+                .then_some(())
+        });
         let log = c.log(n);
-        assert!(log.contains("skipping lease with a bad value") && log.contains("10.244.99.0-24"), "log:\n{log}");
-        assert!(log.contains("skipping lease with a bad key") && log.contains("not-a-subnet"), "log:\n{log}");
+        assert!(
+            log.contains("skipping lease with a bad value") && log.contains("10.244.99.0-24"),
+            "log:\n{log}"
+        );
+        assert!(
+            log.contains("skipping lease with a bad key") && log.contains("not-a-subnet"),
+            "log:\n{log}"
+        );
         let routes = c.nodes[n].ns.exec(&["ip", "route"]);
-        assert!(!routes.contains("10.244.99.0") && !routes.contains("10.244.98.0"), "bad lease programmed:\n{routes}");
-        assert!(routes.contains("10.244.97.0/24"), "good lease not programmed:\n{routes}");
+        assert!(
+            !routes.contains("10.244.99.0") && !routes.contains("10.244.98.0"),
+            "bad lease programmed:\n{routes}"
+        );
+        assert!(
+            routes.contains("10.244.97.0/24"),
+            "good lease not programmed:\n{routes}"
+        );
     }
     assert!(running(&mut c, 0) && running(&mut c, 1));
     assert!(wait_ping(&c, 0, 1) && wait_ping(&c, 1, 0), "traffic broke");
     // A daemon (re)starting with the garbage in the store lists past it.
     c.stop_weftd(0);
     c.start_weftd(0).expect("restart");
-    wait_for("the restarted node", LONG, || c.log(0).contains("flannel is ready").then_some(()));
-    wait_for("the restarted node's peers", LONG, || c.log(0).contains("Subnet added: 10.244.97.0-24").then_some(()));
-    assert!(c.log(0).contains("skipping lease with a bad value"), "log:\n{}", c.log(0));
+    wait_for("the restarted node", LONG, || {
+        c.log(0).contains("flannel is ready").then_some(())
+    });
+    wait_for("the restarted node's peers", LONG, || {
+        c.log(0)
+            .contains("Subnet added: 10.244.97.0-24")
+            .then_some(())
+    });
+    assert!(
+        c.log(0).contains("skipping lease with a bad value"),
+        "log:\n{}",
+        c.log(0)
+    );
     assert!(wait_ping(&c, 0, 1), "traffic broke after the restart");
 }
 
@@ -263,8 +404,13 @@ fn damaged_embedded_store_is_refused_not_lost() {
     let mut flipped = good.clone();
     let last = flipped.len() - 3;
     flipped[last] ^= 0x01;
-    for (how, bytes) in [("truncated", good[..good.len() / 2].to_vec()), ("bit-flipped", flipped)] {
-        let seen: Vec<usize> = (0..2).map(|n| c.log(n).matches("leases.db is damaged").count()).collect();
+    for (how, bytes) in [
+        ("truncated", good[..good.len() / 2].to_vec()),
+        ("bit-flipped", flipped),
+    ] {
+        let seen: Vec<usize> = (0..2)
+            .map(|n| c.log(n).matches("leases.db is damaged").count())
+            .collect();
         std::fs::write(&db, &bytes).expect("damage leases.db");
         // The running daemons notice, say so, and keep going.
         for n in 0..2 {
@@ -272,7 +418,10 @@ fn damaged_embedded_store_is_refused_not_lost() {
                 (c.log(n).matches("leases.db is damaged").count() > seen[n]).then_some(())
             });
         }
-        assert!(wait_ping(&c, 0, 1) && wait_ping(&c, 1, 0), "traffic broke with a {how} store");
+        assert!(
+            wait_ping(&c, 0, 1) && wait_ping(&c, 1, 0),
+            "traffic broke with a {how} store"
+        );
         // A writer refuses (weft leases put), naming both files.
         let (ok, out) = fault_kit::run(std::process::Command::new(&weft).args([
             "leases",
@@ -282,20 +431,39 @@ fn damaged_embedded_store_is_refused_not_lost() {
             &store_arg,
         ]));
         assert!(!ok, "a write to a {how} store succeeded: {out}");
-        assert!(out.contains(&db.display().to_string()) && out.contains(&prev.display().to_string()), "{out}");
+        assert!(
+            out.contains(&db.display().to_string()) && out.contains(&prev.display().to_string()),
+            "{out}"
+        );
         // A restarting daemon refuses, naming both files.
         c.stop_weftd(1);
         c.start_weftd(1).expect("start");
         let code = wait_exit(&mut c, 1, LONG);
         let log = c.log(1);
-        assert!(code.is_some_and(|c| c != 0), "weftd started on a {how} store (exit {code:?}):\n{log}");
-        assert!(log.contains(&db.display().to_string()) && log.contains("leases.db.prev"), "{log}");
-        assert_eq!(std::fs::read(&db).expect("read"), bytes, "the {how} file was overwritten");
-        assert!(running(&mut c, 0), "node 1 died with a {how} store:\n{}", c.log(0));
+        assert!(
+            code.is_some_and(|c| c != 0),
+            "weftd started on a {how} store (exit {code:?}):\n{log}"
+        );
+        assert!(
+            log.contains(&db.display().to_string()) && log.contains("leases.db.prev"),
+            "{log}"
+        );
+        assert_eq!(
+            std::fs::read(&db).expect("read"),
+            bytes,
+            "the {how} file was overwritten"
+        );
+        assert!(
+            running(&mut c, 0),
+            "node 1 died with a {how} store:\n{}",
+            c.log(0)
+        );
         // Recovery as the error message says: the good generation goes back.
         std::fs::write(&db, &good).expect("restore");
         c.start_weftd(1).expect("start");
-        wait_for("node 2 after the repair", LONG, || c.log(1).contains("flannel is ready").then_some(()));
+        wait_for("node 2 after the repair", LONG, || {
+            c.log(1).contains("flannel is ready").then_some(())
+        });
         assert_eq!(lease_key(&c, 1), subnet);
         assert!(wait_ping(&c, 0, 1), "no traffic after the repair");
     }
@@ -315,20 +483,40 @@ fn device_deleted(tag: &str, backend: &str, dev: &str, args: &[&str]) {
     let t = Instant::now();
     c.nodes[1].ns.exec(&["ip", "link", "del", dev]);
     wait_for(&format!("{dev} to come back"), LONG, || {
-        c.nodes[1].ns.try_exec(&["ip", "link", "show", dev]).status.success().then_some(())
+        c.nodes[1]
+            .ns
+            .try_exec(&["ip", "link", "show", dev])
+            .status
+            .success()
+            .then_some(())
     });
     let back = t.elapsed();
-    assert!(wait_ping(&c, 0, 1) && wait_ping(&c, 1, 0), "traffic did not resume; log:\n{}", c.log(1));
+    assert!(
+        wait_ping(&c, 0, 1) && wait_ping(&c, 1, 0),
+        "traffic did not resume; log:\n{}",
+        c.log(1)
+    );
     let report = ping.finish(Duration::from_secs(60));
     eprintln!(
         "MEASURED {backend} {args:?}: {dev} back after {back:.1?}; ping {}/{} replies, longest gap {:?}",
         report.received, report.sent, report.max_gap
     );
-    assert!(running(&mut c, 1), "weftd exited instead of recreating {dev}:\n{}", c.log(1));
+    assert!(
+        running(&mut c, 1),
+        "weftd exited instead of recreating {dev}:\n{}",
+        c.log(1)
+    );
     let routes = c.nodes[1].ns.exec(&["ip", "route"]);
-    assert!(routes.contains(&format!("dev {dev}")), "no routes on the new {dev}:\n{routes}");
+    assert!(
+        routes.contains(&format!("dev {dev}")),
+        "no routes on the new {dev}:\n{routes}"
+    );
     for (what, lines) in node_state(&c.nodes[1].ns) {
-        assert!(duplicates(&lines).is_empty(), "duplicate {what}: {:?}", duplicates(&lines));
+        assert!(
+            duplicates(&lines).is_empty(),
+            "duplicate {what}: {:?}",
+            duplicates(&lines)
+        );
     }
 }
 
@@ -347,5 +535,10 @@ fn tun_deleted_is_recreated_udp() {
 #[test]
 fn kernel_vxlan_deleted_is_recreated() {
     require_root!();
-    device_deleted("fv", "vxlan", "flannel.1", &["--dataplane=kernel", "--traffic-manager=none"]);
+    device_deleted(
+        "fv",
+        "vxlan",
+        "flannel.1",
+        &["--dataplane=kernel", "--traffic-manager=none"],
+    );
 }

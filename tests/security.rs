@@ -50,11 +50,17 @@ fn wrapped_bins(dir: &Path, drop_caps: bool) -> PathBuf {
     std::fs::write(&w, script).expect("write wrapper");
     std::fs::set_permissions(&w, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let _ = std::fs::remove_file(bins.join("flannel"));
-    std::os::unix::fs::symlink(weft_tests::bins::path("flannel"), bins.join("flannel")).expect("symlink flannel");
+    std::os::unix::fs::symlink(weft_tests::bins::path("flannel"), bins.join("flannel"))
+        .expect("symlink flannel");
     bins
 }
 
-fn wrapped_cluster(tag: &str, backend: &str, args: &[&str], drop_caps: bool) -> (tempfile::TempDir, Cluster) {
+fn wrapped_cluster(
+    tag: &str,
+    backend: &str,
+    args: &[&str],
+    drop_caps: bool,
+) -> (tempfile::TempDir, Cluster) {
     let work = tempfile::tempdir().expect("tempdir");
     let c = Cluster::start(ClusterSpec {
         prefix: weft_tests::unique(tag),
@@ -97,18 +103,38 @@ fn weftd_needs_only_net_admin_and_net_raw() {
         let (_w, mut c) = wrapped_cluster("sc", backend, args, true);
         for n in 0..2 {
             let pid = c.nodes[n].weftd.as_ref().expect("weftd").id();
-            assert_eq!(caps(pid, "CapEff"), NET_ADMIN_RAW, "{backend}: weftd runs with more than it should");
-            assert_eq!(caps(pid, "CapBnd"), NET_ADMIN_RAW, "{backend}: bounding set not reduced");
-            wait_for("host rules", Duration::from_secs(60), || c.log(n).contains("bootstrap done").then_some(()));
+            assert_eq!(
+                caps(pid, "CapEff"),
+                NET_ADMIN_RAW,
+                "{backend}: weftd runs with more than it should"
+            );
+            assert_eq!(
+                caps(pid, "CapBnd"),
+                NET_ADMIN_RAW,
+                "{backend}: bounding set not reduced"
+            );
+            wait_for("host rules", Duration::from_secs(60), || {
+                c.log(n).contains("bootstrap done").then_some(())
+            });
         }
         c.add_pod(0, "a").expect("pod a");
         c.add_pod(1, "b").expect("pod b");
-        assert!(wait_ping(&c, 0, 1), "{backend} {args:?} with reduced capabilities: no traffic; log:\n{}", c.log(0));
+        assert!(
+            wait_ping(&c, 0, 1),
+            "{backend} {args:?} with reduced capabilities: no traffic; log:\n{}",
+            c.log(0)
+        );
         let rules = c.nodes[0].ns.exec(&["iptables-save"]);
-        assert!(rules.contains("FLANNEL-POSTRTG") || rules.contains("FLANNEL-FWD"), "no host rules:\n{rules}");
+        assert!(
+            rules.contains("FLANNEL-POSTRTG") || rules.contains("FLANNEL-FWD"),
+            "no host rules:\n{rules}"
+        );
         for n in 0..2 {
             let log = c.log(n);
-            assert!(!log.contains("Operation not permitted") && !log.contains("EPERM"), "{backend}: {log}");
+            assert!(
+                !log.contains("Operation not permitted") && !log.contains("EPERM"),
+                "{backend}: {log}"
+            );
         }
         eprintln!("OK {backend} {args:?} with CapEff={NET_ADMIN_RAW:#x}");
     }
@@ -116,7 +142,10 @@ fn weftd_needs_only_net_admin_and_net_raw() {
 
 /// RFC 1071 checksum.
 fn checksum(b: &[u8]) -> u16 {
-    let mut sum: u32 = b.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]))).sum();
+    let mut sum: u32 = b
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
     }
@@ -130,7 +159,20 @@ fn icmp_echo(src: Ipv4Addr, dst: Ipv4Addr, seq: u16) -> Vec<u8> {
     let c = checksum(&icmp);
     icmp[2..4].copy_from_slice(&c.to_be_bytes());
     let len = u16::try_from(20 + icmp.len()).expect("len");
-    let mut ip = vec![0x45, 0, (len >> 8) as u8, len as u8, 0, seq as u8, 0x40, 0, 64, 1, 0, 0];
+    let mut ip = vec![
+        0x45,
+        0,
+        (len >> 8) as u8,
+        len as u8,
+        0,
+        seq as u8,
+        0x40,
+        0,
+        64,
+        1,
+        0,
+        0,
+    ];
     ip.extend_from_slice(&src.octets());
     ip.extend_from_slice(&dst.octets());
     let c = checksum(&ip);
@@ -151,11 +193,18 @@ fn delivered(pod: &weft_control::demo::netns::Netns, src: &str) -> u64 {
 
 /// Sends 20 flannel-UDP packets (inner packet as the UDP payload) from
 /// `outer_src` inside `ns` to `dst:8285`.
-fn send_flannel_udp(ns: &str, outer_src: Ipv4Addr, dst: Ipv4Addr, inner_src: Ipv4Addr, inner_dst: Ipv4Addr) {
+fn send_flannel_udp(
+    ns: &str,
+    outer_src: Ipv4Addr,
+    dst: Ipv4Addr,
+    inner_src: Ipv4Addr,
+    inner_dst: Ipv4Addr,
+) {
     in_netns(ns, move || {
         let s = UdpSocket::bind((outer_src, 0)).expect("bind sender");
         for seq in 0..20 {
-            s.send_to(&icmp_echo(inner_src, inner_dst, seq), (dst, 8285)).expect("send");
+            s.send_to(&icmp_echo(inner_src, inner_dst, seq), (dst, 8285))
+                .expect("send");
             std::thread::sleep(Duration::from_millis(5));
         }
     });
@@ -167,34 +216,75 @@ fn send_flannel_udp(ns: &str, outer_src: Ipv4Addr, dst: Ipv4Addr, inner_src: Ipv
 #[test]
 fn spoofed_and_unknown_peer_packets_are_dropped() {
     require_root!();
-    let (_w, mut c) = wrapped_cluster("ss", "udp", &["--engine-workers=1", "--traffic-manager=none"], false);
+    let (_w, mut c) = wrapped_cluster(
+        "ss",
+        "udp",
+        &["--engine-workers=1", "--traffic-manager=none"],
+        false,
+    );
     c.add_pod(0, "a").expect("pod a");
     c.add_pod(1, "b").expect("pod b");
     assert!(wait_ping(&c, 0, 1), "no connectivity");
     let n0 = lease_key(&c, 0);
     let base: Ipv4Addr = n0.split('-').next().expect("key").parse().expect("ip");
     let in_subnet = Ipv4Addr::from(u32::from(base) + 77);
-    let (good, spoofed, unknown) = (in_subnet.to_string(), "10.244.250.7".to_string(), (Ipv4Addr::from(u32::from(base) + 78)).to_string());
+    let (good, spoofed, unknown) = (
+        in_subnet.to_string(),
+        "10.244.250.7".to_string(),
+        (Ipv4Addr::from(u32::from(base) + 78)).to_string(),
+    );
     let pod_b: Ipv4Addr = c.pods[1].ip.parse().expect("pod ip");
     // Nothing but weft may drop: no reverse-path filter on node 2, counting rules in pod b.
-    c.nodes[1].ns.sh("for f in /proc/sys/net/ipv4/conf/*/rp_filter; do echo 0 > $f; done");
+    c.nodes[1]
+        .ns
+        .sh("for f in /proc/sys/net/ipv4/conf/*/rp_filter; do echo 0 > $f; done");
     for src in [&good, &spoofed, &unknown] {
-        c.pods[1].ns.exec(&["iptables", "-A", "INPUT", "-p", "icmp", "-s", src, "-j", "ACCEPT"]);
+        c.pods[1].ns.exec(&[
+            "iptables", "-A", "INPUT", "-p", "icmp", "-s", src, "-j", "ACCEPT",
+        ]);
     }
     // An address on node 1's underlay interface that is nobody's lease.
-    c.nodes[0].ns.exec(&["ip", "addr", "add", "192.0.2.77/24", "dev", "eth0"]);
+    c.nodes[0]
+        .ns
+        .exec(&["ip", "addr", "add", "192.0.2.77/24", "dev", "eth0"]);
     let ns0 = c.nodes[0].ns.path();
     let (n0_ip, n1_ip) = (Ipv4Addr::new(192, 0, 2, 1), Ipv4Addr::new(192, 0, 2, 2));
 
     send_flannel_udp(&ns0, n0_ip, n1_ip, in_subnet, pod_b);
-    wait_for("the control packets to arrive", Duration::from_secs(10), || (delivered(&c.pods[1].ns, &good) > 0).then_some(()));
-    send_flannel_udp(&ns0, n0_ip, n1_ip, "10.244.250.7".parse().expect("ip"), pod_b);
-    send_flannel_udp(&ns0, Ipv4Addr::new(192, 0, 2, 77), n1_ip, Ipv4Addr::from(u32::from(base) + 78), pod_b);
+    wait_for(
+        "the control packets to arrive",
+        Duration::from_secs(10),
+        || (delivered(&c.pods[1].ns, &good) > 0).then_some(()),
+    );
+    send_flannel_udp(
+        &ns0,
+        n0_ip,
+        n1_ip,
+        "10.244.250.7".parse().expect("ip"),
+        pod_b,
+    );
+    send_flannel_udp(
+        &ns0,
+        Ipv4Addr::new(192, 0, 2, 77),
+        n1_ip,
+        Ipv4Addr::from(u32::from(base) + 78),
+        pod_b,
+    );
     std::thread::sleep(Duration::from_secs(1));
     let counts = [&good, &spoofed, &unknown].map(|s| delivered(&c.pods[1].ns, s));
-    eprintln!("MEASURED delivered to the pod: control {}, spoofed inner source {}, unknown peer {}", counts[0], counts[1], counts[2]);
-    assert!(counts[0] >= 10, "the control packets were not delivered ({}): the test proves nothing", counts[0]);
-    assert_eq!(counts[1], 0, "packets with a spoofed inner source reached the pod");
+    eprintln!(
+        "MEASURED delivered to the pod: control {}, spoofed inner source {}, unknown peer {}",
+        counts[0], counts[1], counts[2]
+    );
+    assert!(
+        counts[0] >= 10,
+        "the control packets were not delivered ({}): the test proves nothing",
+        counts[0]
+    );
+    assert_eq!(
+        counts[1], 0,
+        "packets with a spoofed inner source reached the pod"
+    );
     assert_eq!(counts[2], 0, "packets from an unknown peer reached the pod");
     assert!(wait_ping(&c, 0, 1), "real traffic broke");
 }
@@ -204,11 +294,17 @@ fn spoofed_and_unknown_peer_packets_are_dropped() {
 #[test]
 fn wireguard_key_file_is_private_and_never_logged() {
     require_root!();
-    let (_w, mut c) = wrapped_cluster("sw", "wireguard", &["--engine-workers=1", "--traffic-manager=none", "--v=10"], false);
+    let (_w, mut c) = wrapped_cluster(
+        "sw",
+        "wireguard",
+        &["--engine-workers=1", "--traffic-manager=none", "--v=10"],
+        false,
+    );
     let mut publics = Vec::new();
     for n in 0..2 {
         let key_file = c.nodes[n].dir.join("wgkey");
-        let meta = std::fs::metadata(&key_file).unwrap_or_else(|e| panic!("{}: {e}", key_file.display()));
+        let meta =
+            std::fs::metadata(&key_file).unwrap_or_else(|e| panic!("{}: {e}", key_file.display()));
         assert_eq!(meta.permissions().mode() & 0o7777, 0o400, "key file mode");
         let private = std::fs::read_to_string(&key_file).expect("read key");
         assert_eq!(private.len(), 44, "one base64 key: {private:?}");
@@ -218,29 +314,66 @@ fn wireguard_key_file_is_private_and_never_logged() {
         for (what, s) in [("base64", private.as_str()), ("hex", hex.as_str())] {
             assert!(!log.contains(s), "node {n} logged its private key ({what})");
         }
-        publics.push((private, weft_engine::wg::key_to_base64(&weft_engine::WgSecret(raw).public_key())));
+        publics.push((
+            private,
+            weft_engine::wg::key_to_base64(&weft_engine::WgSecret(raw).public_key()),
+        ));
     }
     // Leases carry only public keys.
     let store = std::fs::read_to_string(c.work().join("store/leases.db")).expect("store");
     for (private, public) in &publics {
-        assert!(!store.contains(private.as_str()), "a private key is in the lease store");
-        assert!(store.contains(public.as_str()), "public key {public} not published:\n{store}");
+        assert!(
+            !store.contains(private.as_str()),
+            "a private key is in the lease store"
+        );
+        assert!(
+            store.contains(public.as_str()),
+            "public key {public} not published:\n{store}"
+        );
     }
     c.add_pod(0, "a").expect("pod a");
     c.add_pod(1, "b").expect("pod b");
-    assert!(wait_ping(&c, 0, 1), "no traffic over wireguard; log:\n{}", c.log(0));
+    assert!(
+        wait_ping(&c, 0, 1),
+        "no traffic over wireguard; log:\n{}",
+        c.log(0)
+    );
     // A restart reuses the key (same public key in the lease) and keeps the file private.
     c.stop_weftd(1);
     c.start_weftd(1).expect("restart");
-    wait_for("restart", Duration::from_secs(60), || c.log(1).contains("flannel is ready").then_some(()));
+    wait_for("restart", Duration::from_secs(60), || {
+        c.log(1).contains("flannel is ready").then_some(())
+    });
     let key_file = c.nodes[1].dir.join("wgkey");
-    assert_eq!(std::fs::read_to_string(&key_file).expect("read"), publics[1].0, "key changed on restart");
-    assert_eq!(std::fs::metadata(&key_file).expect("stat").permissions().mode() & 0o7777, 0o400);
-    assert!(!c.log(1).contains(publics[1].0.as_str()), "private key logged on restart");
+    assert_eq!(
+        std::fs::read_to_string(&key_file).expect("read"),
+        publics[1].0,
+        "key changed on restart"
+    );
+    assert_eq!(
+        std::fs::metadata(&key_file)
+            .expect("stat")
+            .permissions()
+            .mode()
+            & 0o7777,
+        0o400
+    );
+    assert!(
+        !c.log(1).contains(publics[1].0.as_str()),
+        "private key logged on restart"
+    );
     // The peer still holds a session with the old process: traffic resumes
     // once a new handshake happens (WireGuard's timers, or weft's own).
     let t = std::time::Instant::now();
     let back = (0..60).any(|_| c.pods[0].ns.ping(&c.pods[1].ip, 1));
-    eprintln!("MEASURED wireguard: traffic back {:?} after the restart (ok={back})", t.elapsed());
-    assert!(back, "no traffic within 60 s of the restart; logs:\n{}\n{}", c.log(0), c.log(1));
+    eprintln!(
+        "MEASURED wireguard: traffic back {:?} after the restart (ok={back})",
+        t.elapsed()
+    );
+    assert!(
+        back,
+        "no traffic within 60 s of the restart; logs:\n{}\n{}",
+        c.log(0),
+        c.log(1)
+    );
 }

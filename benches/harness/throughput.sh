@@ -1,75 +1,137 @@
 #!/usr/bin/env bash
-# Throughput harness (root): iperf3 TCP pod-to-pod across two nodes (network
-# namespaces on one veth), for raw veth, kernel vxlan set up as flannel does,
-# weft flannel-UDP and weft userspace VXLAN (engine/examples/fwd), and
-# WireGuard: wireguard-go + wg (Debian) vs weft's userspace WireGuard. Rounds are
-# interleaved (every case once per round) and repeated; prints per-case medians
-# and ratios to kernel vxlan and to raw veth.
+# Throughput harness (root): two nodes in network namespaces joined by one
+# veth (the underlay, 192.0.2.1/.2), one pod per node wired by weft's CNI
+# plugin (flannel delegation: bridge cni0 + host-local, MTU from subnet.env),
+# and iperf3 pod to pod for every case:
 #
-#   cargo build --release -p weft-engine --examples
-#   sudo benches/harness/throughput.sh            # REPS=3 DUR=10
-#   REPS=5 DUR=5 CASES="kvxlan weft-vxlan" TESTS=tcp1 sudo -E benches/harness/throughput.sh
+#   veth          node to node over the underlay, no overlay (the physical limit)
+#   kvxlan        kernel vxlan programmed by hand exactly as flannel's vxlan backend does
+#   wggo          wireguard-go + wg (Debian), flannel's wireguard layout
+#   weft-udp      weftd, backend udp (userspace engine)
+#   weft-vxlan    weftd, backend vxlan, --dataplane=userspace
+#   weft-kvxlan   weftd, backend vxlan, --dataplane=kernel
+#   weft-wg       weftd, backend wireguard, --dataplane=userspace
+#   weft-ipip     weftd, backend ipip, --dataplane=userspace
+#   weft-hostgw   weftd, backend host-gw (kernel routes)
 #
-# Env: REPS, DUR, CASES (veth kvxlan weft-udp weft-vxlan wggo weft-wg), TESTS (tcp1 tcp4),
-# WORKERS (fwd --workers, default 0 = one per CPU), FWD (forwarder binary),
-# OUT (directory for results.tsv and logs; default a temp dir).
+# Tests: tcp1 / tcp4 (iperf3 TCP, 1 and 4 streams, Gbit/s) and udp64 (64-byte
+# UDP flood, delivered kpps). Every round runs every case once (rounds are
+# interleaved, the case order rotates each round); REPS rounds. Per test the
+# harness records machine CPU (/proc/stat) and the forwarding daemons' CPU
+# (/proc/PID/stat of weftd or wireguard-go, both nodes), TCP retransmits and
+# the nodes' UdpRcvbufErrors (/proc/net/snmp). At the end it prints medians,
+# min-max, ratios to kernel vxlan and to veth, CPU per Gbit/s, and draws
+# $OUT/throughput.png (python3-matplotlib).
+#
+#   sudo benches/harness/throughput.sh                       # REPS=3 DUR=10, builds release binaries
+#   REPS=1 DUR=3 CASES="kvxlan weft-vxlan" TESTS=tcp1 sudo -E benches/harness/throughput.sh
+#
+# Env: REPS, DUR, CASES, TESTS (tcp1 tcp4 udp64), OUT (results directory,
+# default a new /tmp/weft-throughput.*), BIN (directory with weftd and flannel;
+# default $CARGO_TARGET_DIR/release, built with cargo unless NO_BUILD=1),
+# WEFTD_ARGS (extra weftd flags for every weft case).
 set -euo pipefail
 
 REPS=${REPS:-3}
 DUR=${DUR:-10}
-CASES=${CASES:-"veth kvxlan weft-udp weft-vxlan wggo weft-wg"}
-TESTS=${TESTS:-"tcp1 tcp4"}
-WORKERS=${WORKERS:-0}
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-FWD=${FWD:-${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/fwd}
+CASES=${CASES:-"veth kvxlan wggo weft-udp weft-vxlan weft-kvxlan weft-wg weft-ipip weft-hostgw"}
+TESTS=${TESTS:-"tcp1 tcp4 udp64"}
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+BIN=${BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release}
 OUT=${OUT:-$(mktemp -d /tmp/weft-throughput.XXXXXX)}
+WEFTD_ARGS=${WEFTD_ARGS:-}
 P=wth
+CNI_DIR=/usr/lib/cni
+
+[ "$(id -u)" = 0 ] || { echo "run as root" >&2; exit 1; }
+for t in iperf3 wireguard-go wg python3 ip bridge; do
+    command -v $t >/dev/null || { echo "missing $t (scripts/deps.sh installs it)" >&2; exit 1; }
+done
+[ -x $CNI_DIR/bridge ] && [ -x $CNI_DIR/host-local ] || { echo "missing CNI plugins in $CNI_DIR (containernetworking-plugins)" >&2; exit 1; }
+if [ -z "${NO_BUILD:-}" ]; then
+    (cd "$ROOT" && cargo build --release -p weft-control -p weft-cni --bins) >&2
+fi
+for b in weftd flannel; do
+    [ -x "$BIN/$b" ] || { echo "no $b in $BIN: cargo build --release -p weft-control -p weft-cni --bins" >&2; exit 1; }
+done
+
 mkdir -p "$OUT/logs"
-# WireGuard keys for the two nodes (both wireguard rows use them).
 for n in 1 2; do
     [ -s "$OUT/wg$n.key" ] || (umask 077; wg genkey >"$OUT/wg$n.key")
     wg pubkey <"$OUT/wg$n.key" >"$OUT/wg$n.pub"
 done
 
-[ "$(id -u)" = 0 ] || { echo "run as root" >&2; exit 1; }
-[ -x "$FWD" ] || { echo "no forwarder at $FWD: cargo build --release -p weft-engine --examples" >&2; exit 1; }
-
-FWD_PIDS=()
+DAEMON_PIDS=()
 teardown() {
-    for p in "${FWD_PIDS[@]:-}"; do [ -n "$p" ] && kill -INT "$p" 2>/dev/null && wait "$p" 2>/dev/null || true; done
-    FWD_PIDS=()
-    for n in 1 2; do ip netns pids $P-n$n 2>/dev/null | xargs -r kill 2>/dev/null || true; done
-    for n in 1 2; do ip netns del $P-n$n 2>/dev/null || true; done
+    # weftd first, with SIGTERM so that it removes what it programmed.
+    for p in "${DAEMON_PIDS[@]:-}"; do [ -n "$p" ] && kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${DAEMON_PIDS[@]:-}"; do [ -n "$p" ] && timeout 10 tail --pid="$p" -f /dev/null 2>/dev/null || true; done
+    DAEMON_PIDS=()
+    for ns in $P-p1 $P-p2 $P-n1 $P-n2; do ip netns pids $ns 2>/dev/null | xargs -r kill -9 2>/dev/null || true; done
+    for ns in $P-p1 $P-p2 $P-n1 $P-n2; do ip netns del $ns 2>/dev/null || true; done
+    rm -rf "$OUT/work"
 }
-trap teardown EXIT INT TERM
+trap teardown EXIT
+trap 'exit 130' INT TERM
 
 base() {
     teardown
-    for n in 1 2; do ip netns add $P-n$n; done
+    mkdir -p "$OUT/work"
+    for ns in $P-n1 $P-n2 $P-p1 $P-p2; do ip netns add $ns; done
     ip link add $P-v1 netns $P-n1 type veth peer name $P-v2 netns $P-n2
     for n in 1 2; do
         local N="ip -n $P-n$n"
         $N link set lo up
         $N addr add 192.0.2.$n/24 dev $P-v$n
         $N link set $P-v$n up
-        $N link add cni0 type bridge
-        $N addr add 10.244.$n.1/24 dev cni0
-        $N link set cni0 up
+        ip -n $P-p$n link set lo up
+        mkdir -p "$OUT/work/n$n"
+        ip netns exec $P-n$n sysctl -qw net.ipv4.ip_forward=1
     done
 }
 
-start_fwd() { # node encap args...
-    local n=$1; shift
-    ip netns exec $P-n$n "$FWD" --workers "$WORKERS" "$@" >"$OUT/logs/fwd-$CASE-$ROUND-n$n.log" 2>&1 &
-    FWD_PIDS+=($!)
-    for _ in $(seq 50); do ip -n $P-n$n link show "$DEV" >/dev/null 2>&1 && return 0; sleep 0.1; done
-    echo "forwarder on node $n did not create $DEV" >&2; return 1
+subnet_env() { # node subnet mtu: what flanneld writes, for the hand-built cases
+    printf 'FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=%s\nFLANNEL_MTU=%s\nFLANNEL_IPMASQ=false\n' "$2" "$3" \
+        >"$OUT/work/n$1/subnet.env"
+}
+
+add_pod() { # node -> sets POD_IP<node>
+    local n=$1 d="$OUT/work/n$1" out
+    local conf="{\"cniVersion\":\"1.0.0\",\"name\":\"cbr0\",\"type\":\"flannel\",\"subnetFile\":\"$d/subnet.env\",\"dataDir\":\"$d/cni-flannel\",\"ipam\":{\"dataDir\":\"$d/cni-ipam\"},\"delegate\":{\"hairpinMode\":true,\"isDefaultGateway\":true}}"
+    out=$(echo "$conf" | ip netns exec $P-n$n env CNI_COMMAND=ADD CNI_CONTAINERID=${P}pod$n CNI_NETNS=/var/run/netns/$P-p$n \
+        CNI_IFNAME=eth0 CNI_PATH="$BIN:$CNI_DIR" "$BIN/flannel") || { echo "CNI ADD on node $n failed: $out" >&2; return 1; }
+    local ip
+    ip=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ips"][0]["address"].split("/")[0])') \
+        || { echo "CNI ADD on node $n: no address in $out" >&2; return 1; }
+    eval "POD_IP$n=$ip"
+}
+
+start_weftd() { # backend-json dataplane
+    local conf="{\"Network\":\"10.244.0.0/16\",\"Backend\":$1}"
+    echo "$conf" >"$OUT/work/net-conf.json"
+    for n in 1 2; do
+        ip netns exec $P-n$n env WIREGUARD_KEY_FILE="$OUT/work/n$n/wgkey" RUST_LOG=info "$BIN/weftd" \
+            --store=embedded --store-path="$OUT/work/store" --net-config-path="$OUT/work/net-conf.json" \
+            --subnet-file="$OUT/work/n$n/subnet.env" --iface=$P-v$n --traffic-manager=none \
+            --dataplane="$2" $WEFTD_ARGS >"$OUT/logs/weftd-$CASE-$ROUND-n$n.log" 2>&1 &
+        DAEMON_PIDS+=($!)
+    done
+    for n in 1 2; do
+        for _ in $(seq 300); do
+            [ -s "$OUT/work/n$n/subnet.env" ] && break
+            kill -0 "${DAEMON_PIDS[$((n - 1))]}" 2>/dev/null || break
+            sleep 0.1
+        done
+        [ -s "$OUT/work/n$n/subnet.env" ] || { echo "$CASE: weftd on node $n did not start:" >&2; tail -5 "$OUT/logs/weftd-$CASE-$ROUND-n$n.log" >&2; return 1; }
+    done
 }
 
 setup() { # case
     base
+    SRC_NS=$P-p1; DST_NS=$P-p2
     case $1 in
-    veth) SRC=192.0.2.1; DST=192.0.2.2 ;;
+    veth) SRC_NS=$P-n1; DST_NS=$P-n2; POD_IP1=192.0.2.1; POD_IP2=192.0.2.2; return 0 ;;
     kvxlan)
         for n in 1 2; do
             m=$((3 - n)); N="ip -n $P-n$n"
@@ -78,112 +140,102 @@ setup() { # case
             $N route add 10.244.$m.0/24 via 10.244.$m.0 dev flannel.1 onlink
             $N neigh replace 10.244.$m.0 lladdr 02:00:00:00:0$m:01 dev flannel.1 nud permanent
             bridge -n $P-n$n fdb replace 02:00:00:00:0$m:01 dev flannel.1 dst 192.0.2.$m self permanent
-        done
-        SRC=10.244.1.1; DST=10.244.2.1 ;;
-    weft-udp)
-        DEV=flannel0
-        for n in 1 2; do
-            m=$((3 - n))
-            start_fwd $n --tun flannel0 --encap udp --local 192.0.2.$n --tun-addr 10.244.$n.0 --mtu 1472 \
-                --peer 10.244.$m.0/24=192.0.2.$m
-            N="ip -n $P-n$n"
-            $N addr add 10.244.$n.0/32 dev flannel0; $N link set flannel0 mtu 1472 up
-            $N route add 10.244.0.0/16 dev flannel0
-        done
-        SRC=10.244.1.1; DST=10.244.2.1 ;;
-    weft-vxlan)
-        DEV=flannel.1
-        for n in 1 2; do
-            m=$((3 - n))
-            start_fwd $n --tun flannel.1 --encap vxlan --local 192.0.2.$n --mac 02:00:00:00:0$n:01 --mtu 1450 \
-                --peer 10.244.$m.0/24=192.0.2.$m,02:00:00:00:0$m:01
-            N="ip -n $P-n$n"
-            $N addr add 10.244.$n.0/32 dev flannel.1; $N link set flannel.1 mtu 1450 up
-            $N route add 10.244.$m.0/24 via 10.244.$m.0 dev flannel.1 onlink
-        done
-        SRC=10.244.1.1; DST=10.244.2.1 ;;
+            subnet_env $n 10.244.$n.1/24 1450
+        done ;;
     wggo)
         # Distinct device names: wireguard-go's UAPI socket (/var/run/wireguard/<dev>.sock)
         # lives on the shared filesystem, not in the network namespace.
         for n in 1 2; do
             m=$((3 - n)); N="ip -n $P-n$n"; D=wgh$n
-            ip netns exec $P-n$n env WG_PROCESS_FOREGROUND=1 wireguard-go -f $D >"$OUT/logs/wggo-$ROUND-n$n.log" 2>&1 &
-            FWD_PIDS+=($!)
+            ip netns exec $P-n$n env WG_PROCESS_FOREGROUND=1 LOG_LEVEL=error wireguard-go -f $D >"$OUT/logs/wggo-$ROUND-n$n.log" 2>&1 &
+            DAEMON_PIDS+=($!)
             for _ in $(seq 50); do $N link show $D >/dev/null 2>&1 && break; sleep 0.1; done
             ip netns exec $P-n$n wg set $D private-key "$OUT/wg$n.key" listen-port 51820 \
                 peer "$(cat "$OUT/wg$m.pub")" allowed-ips 10.244.$m.0/24 endpoint 192.0.2.$m:51820
             $N addr add 10.244.$n.0/32 dev $D; $N link set $D mtu 1420 up
-            $N route add 10.244.0.0/16 dev $D scope link
-        done
-        SRC=10.244.1.1; DST=10.244.2.1 ;;
-    weft-wg)
-        DEV=flannel-wg
-        for n in 1 2; do
-            m=$((3 - n))
-            start_fwd $n --tun flannel-wg --encap wireguard --local 192.0.2.$n --key "$(cat "$OUT/wg$n.key")" --mtu 1420 \
-                --peer 10.244.$m.0/24=192.0.2.$m,"$(cat "$OUT/wg$m.pub")"
-            N="ip -n $P-n$n"
-            $N addr add 10.244.$n.0/32 dev flannel-wg; $N link set flannel-wg mtu 1420 up
-            $N route add 10.244.0.0/16 dev flannel-wg scope link
-        done
-        SRC=10.244.1.1; DST=10.244.2.1 ;;
+            $N route add 10.244.$m.0/24 dev $D scope link
+            subnet_env $n 10.244.$n.1/24 1420
+        done ;;
+    weft-udp) start_weftd '{"Type":"udp"}' userspace ;;
+    weft-vxlan) start_weftd '{"Type":"vxlan"}' userspace ;;
+    weft-kvxlan) start_weftd '{"Type":"vxlan"}' kernel ;;
+    weft-wg) start_weftd '{"Type":"wireguard"}' userspace ;;
+    weft-ipip) start_weftd '{"Type":"ipip"}' userspace ;;
+    weft-hostgw) start_weftd '{"Type":"host-gw"}' auto ;;
     *) echo "unknown case $1" >&2; exit 1 ;;
     esac
-    ip netns exec $P-n1 ping -c 1 -W 5 -I $SRC $DST >/dev/null || { echo "$1: no connectivity" >&2; return 1; }
+    add_pod 1 && add_pod 2 || return 1
+    # Peers are learned asynchronously: wait until the pods reach each other.
+    for _ in $(seq 30); do
+        ip netns exec $SRC_NS ping -c 1 -W 1 "$POD_IP2" >/dev/null 2>&1 && return 0
+    done
+    echo "$1: pod $POD_IP1 cannot reach pod $POD_IP2" >&2
+    return 1
 }
 
-run_test() { # test -> prints Gbit/s
-    local par=1
-    [ "$1" = tcp4 ] && par=4
-    ip netns exec $P-n2 iperf3 -s -1 -B $DST >/dev/null 2>&1 &
+snap() { # prints: machine_busy_ticks machine_total_ticks daemon_ticks rcvbuf_errors
+    local busy total d=0 r=0 p t
+    read -r busy total < <(awk '/^cpu /{t=0; for(i=2;i<=NF;i++) t+=$i; print t-$5-$6, t}' /proc/stat)
+    for p in "${DAEMON_PIDS[@]:-}"; do
+        [ -n "$p" ] || continue
+        # Threads of the process (utime+stime of the whole thread group are fields 14+15).
+        t=$(awk '{sub(/.*\) /, ""); print $12 + $13}' /proc/"$p"/stat 2>/dev/null || echo 0)
+        d=$((d + t))
+    done
+    for n in 1 2; do
+        t=$(ip netns exec $P-n$n awk '/^Udp: [0-9]/{print $6}' /proc/net/snmp)
+        r=$((r + t))
+    done
+    echo "$busy $total $d $r"
+}
+
+run_test() { # test -> appends one row to results.tsv
+    local args=(-t "$DUR")
+    case $1 in
+    tcp1) ;;
+    tcp4) args+=(-P 4) ;;
+    udp64) args+=(-u -b 0 -l 64) ;;
+    *) echo "unknown test $1" >&2; exit 1 ;;
+    esac
+    ip netns exec $DST_NS iperf3 -s -1 -B "$POD_IP2" >/dev/null 2>&1 &
     local srv=$!
     sleep 0.3
-    local json="$OUT/logs/$CASE-$1-$ROUND.json"
-    ip netns exec $P-n1 iperf3 -c $DST -B $SRC -J -t "$DUR" -P $par >"$json" 2>/dev/null || true
+    local json="$OUT/logs/$CASE-$1-$ROUND.json" s0 s1 t0 t1
+    s0=$(snap); t0=$(date +%s.%N)
+    ip netns exec $SRC_NS iperf3 -c "$POD_IP2" -B "$POD_IP1" -J "${args[@]}" >"$json" 2>/dev/null || true
+    s1=$(snap); t1=$(date +%s.%N)
     wait $srv 2>/dev/null || true
-    python3 - "$json" <<'PY'
-import json, sys
-try:
-    d = json.load(open(sys.argv[1]))
-    print("%.3f" % (d["end"]["sum_received"]["bits_per_second"] / 1e9))
-except Exception:
-    print("nan")
-PY
+    python3 "$HERE/analyze.py" row "$json" "$CASE" "$1" "$ROUND" "$(nproc)" "$(getconf CLK_TCK)" "$t0 $t1" "$s0" "$s1" \
+        >>"$OUT/results.tsv"
+    tail -1 "$OUT/results.tsv" | awk -F'\t' '{printf "round %s %-12s %-6s %8s %s, machine %s cores, daemons %s cores\n", $3, $1, $2, $4, $5, $6, $7}' >&2
 }
 
-printf "case\ttest\tround\tgbps\n" >"$OUT/results.tsv"
-echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+{
+    echo "date: $(date -u +%FT%TZ)"
+    echo "nproc: $(nproc)"
+    echo "cpu: $(awk -F': ' '/model name/{print $2; exit}' /proc/cpuinfo)"
+    echo "kernel: $(uname -r)"
+    echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "iperf3: $(iperf3 --version | head -1)"
+    echo "rounds: $REPS, $DUR s per test"
+} | tee "$OUT/machine.txt" >&2
+python3 "$HERE/analyze.py" header >"$OUT/results.tsv"
+read -r -a case_list <<<"$CASES"
 for ROUND in $(seq "$REPS"); do
-    for CASE in $CASES; do
-        setup "$CASE"
-        for T in $TESTS; do
-            g=$(run_test "$T")
-            printf "%s\t%s\t%s\t%s\n" "$CASE" "$T" "$ROUND" "$g" >>"$OUT/results.tsv"
-            echo "round $ROUND $CASE $T: $g Gbit/s" >&2
-        done
+    k=${#case_list[@]}
+    for i in $(seq 0 $((k - 1))); do
+        CASE=${case_list[$(((i + ROUND - 1) % k))]}
+        if setup "$CASE"; then
+            for T in $TESTS; do run_test "$T"; done
+        else
+            echo "round $ROUND $CASE: setup failed, skipped (logs in $OUT/logs)" >&2
+        fi
         teardown
     done
 done
+echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/machine.txt" >&2
 
-python3 - "$OUT/results.tsv" "$CASES" "$TESTS" <<'PY'
-import csv, statistics, sys
-rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
-cases, tests = sys.argv[2].split(), sys.argv[3].split()
-med = {}
-for c in cases:
-    for t in tests:
-        v = [float(r["gbps"]) for r in rows if r["case"] == c and r["test"] == t and r["gbps"] != "nan"]
-        med[c, t] = (statistics.median(v), min(v), max(v), len(v)) if v else None
-print("%-11s %-5s %9s %15s %5s %9s %9s %9s" % ("case", "test", "median", "min-max", "n", "/kvxlan", "/veth", "/wggo"))
-for t in tests:
-    for c in cases:
-        m = med[c, t]
-        if not m:
-            print("%-11s %-5s %9s" % (c, t, "n/a")); continue
-        def ratio(ref):
-            r = med.get((ref, t))
-            return "%9.2f" % (m[0] / r[0]) if r and r[0] > 0 else "%9s" % "-"
-        print("%-11s %-5s %9.2f %7.2f-%-7.2f %5d %s %s %s" % (c, t, m[0], m[1], m[2], m[3], ratio("kvxlan"), ratio("veth"), ratio("wggo")))
-PY
-echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-echo "results: $OUT/results.tsv" >&2
+python3 "$HERE/analyze.py" summary "$OUT/results.tsv" "$CASES" "$TESTS" "$OUT/machine.txt" | tee "$OUT/summary.txt"
+python3 "$HERE/analyze.py" chart "$OUT/results.tsv" "$CASES" "$TESTS" "$OUT/machine.txt" "$OUT/throughput.png" >&2 \
+    || echo "no chart (python3-matplotlib missing?)" >&2
+echo "results: $OUT/results.tsv, $OUT/summary.txt, $OUT/throughput.png" >&2

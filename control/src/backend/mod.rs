@@ -19,9 +19,9 @@
 //! | vxlan | [`kernel_vxlan`] (probe: vxlan driver) | [`vxlan`] (engine) |
 //! | host-gw | [`host_gw`] (routes only) | – |
 //! | ipip | [`ipip`] (probe: ipip driver) | – (no engine IPIP yet) |
-//! | ipsec | [`ipsec`] (probe: ESP) | – |
+//! | ipsec | [`ipsec`] (charon over VICI + XFRM policies; probe: ESP) | – |
 //! | udp | – | [`udp`] (engine) |
-//! | wireguard | – (no kernel module here) | [`wireguard`] (engine, boringtun) |
+//! | wireguard | [`kernel_wg`] (probe: wireguard driver) | [`wireguard`] (engine, boringtun) |
 
 pub mod alloc;
 pub mod dataplane_ctl;
@@ -30,6 +30,7 @@ pub mod host_gw;
 pub mod ipip;
 pub mod ipsec;
 pub mod kernel_vxlan;
+pub mod kernel_wg;
 pub mod probe;
 pub mod route_set;
 #[cfg(test)]
@@ -51,7 +52,7 @@ use crate::config::backend::BackendOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
-use crate::netlink::{Client, Netlink, NetlinkError, XfrmClient, XfrmNetlink};
+use crate::netlink::{Client, Netlink, NetlinkError, WgClient, WgNetlink, XfrmClient, XfrmNetlink};
 
 /// Errors from a backend.
 #[derive(Debug, thiserror::Error)]
@@ -178,19 +179,32 @@ pub fn new(
     tuning: EngineTuning,
     nl: &Netlink,
 ) -> Result<Box<dyn Backend>, BackendError> {
-    build(cfg, dataplane, tuning, nl, Arc::new(nl.clone()), Arc::new(XfrmNetlink::new()))
+    let kernel = Kernel { client: Arc::new(nl.clone()), xfrm: Arc::new(XfrmNetlink::new()), wg: Arc::new(WgNetlink::new()) };
+    build(cfg, dataplane, tuning, nl, kernel)
 }
 
-/// [`new`] with explicit kernel clients for the kernel paths (`client`,
-/// `xfrm`); `nl` is what the userspace engine's TUN devices are configured with.
+/// The kernel clients the kernel paths program through (real ones in
+/// [`new`], a [`crate::netlink::FakeNetlink`] in tests).
+#[derive(Debug, Clone)]
+pub struct Kernel {
+    /// Links, addresses, routes, neighbours, fdb (rtnetlink).
+    pub client: Arc<dyn Client>,
+    /// XFRM policies.
+    pub xfrm: Arc<dyn XfrmClient>,
+    /// WireGuard devices (generic netlink).
+    pub wg: Arc<dyn WgClient>,
+}
+
+/// [`new`] with explicit kernel clients for the kernel paths; `nl` is what
+/// the userspace engine's TUN devices are configured with.
 pub fn build(
     cfg: &Config,
     dataplane: DataplaneChoice,
     tuning: EngineTuning,
     nl: &Netlink,
-    client: Arc<dyn Client>,
-    xfrm: Arc<dyn XfrmClient>,
+    kernel: Kernel,
 ) -> Result<Box<dyn Backend>, BackendError> {
+    let Kernel { client, xfrm, wg } = kernel;
     let opts = BackendOptions::from_config(&cfg.backend_type, cfg.backend.as_deref()).map_err(|e| match e {
         crate::config::backend::BackendError::UnknownType(t) => BackendError::Unknown(t),
         other => BackendError::Config(other.to_string()),
@@ -238,10 +252,20 @@ pub fn build(
         BackendOptions::Wireguard(o) => {
             let (n4, n6) = (cfg.network.filter(|_| v4), cfg.ipv6_network.filter(|_| v6));
             wireguard::Wireguard::validate(&o, n4, n6)?;
-            let nl = nl.clone();
-            Box::new(dual("wireguard").userspace(Box::new(move || {
-                Box::new(wireguard::Wireguard::new(o.clone(), n4, n6, tuning, nl.clone()))
-            })))
+            let (nl, ok) = (nl.clone(), o.clone());
+            Box::new(
+                dual("wireguard")
+                    .kernel(
+                        Some(probe::Capability::Wireguard),
+                        Box::new(move || {
+                            Box::new(kernel_wg::KernelWireguard::new(ok.clone(), n4, n6, c.clone(), wg.clone()))
+                        }),
+                    )
+                    .userspace(Box::new(move || {
+                        Box::new(wireguard::Wireguard::new(o.clone(), n4, n6, tuning, nl.clone()))
+                    }))
+                    .kernel_links(vec!["flannel-wg".into(), "flannel-wg-v6".into()]),
+            )
         }
         other => return Err(BackendError::Unsupported(other.kind().name().to_string())),
     };

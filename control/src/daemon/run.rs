@@ -164,8 +164,7 @@ pub async fn run_with<M: SubnetManager>(
     tracing::info!("Running backend.");
     ctl.write_status(backend.as_ref());
 
-    let ttl = Duration::from_secs(flags.lease_ttl);
-    let code = main_loop(flags, &mgr, backend.as_mut(), &mut lease, stop, ttl, &ctl, obs).await;
+    let code = main_loop(flags, &mgr, backend.as_mut(), &mut lease, stop, &ctl, obs).await;
     tracing::info!("Waiting for all goroutines to exit");
     backend.teardown().await;
     tracing::info!("Exiting cleanly...");
@@ -228,10 +227,10 @@ async fn main_loop<M: SubnetManager>(
     backend: &mut dyn Backend,
     lease: &mut Lease,
     stop: &mut Stop,
-    ttl: Duration,
     ctl: &backend::dataplane_ctl::DataplaneControl,
     obs: &mut crate::status::Source,
 ) -> anyhow::Result<i32> {
+    let ttl = Duration::from_secs(flags.lease_ttl);
     let mut hup = stop.take_hup();
     let Some(mut events) = watch(mgr, stop).await else { return Ok(0) };
     let own = lease.key();

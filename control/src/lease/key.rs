@@ -51,8 +51,10 @@ impl FromStr for SubnetKey {
         // The regex is not anchored at the start: the match begins where the
         // trailing run of digits and dots begins.
         let start = ip4
-            .rfind(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .map_or(0, |i| i + 1);
+            .char_indices()
+            .rev()
+            .find(|(_, c)| !(c.is_ascii_digit() || *c == '.'))
+            .map_or(0, |(i, c)| i + c.len_utf8());
         let ip4: Ipv4Addr = ip4[start..].parse().map_err(|_| bad())?;
         let len4 = parse_len(len4, 31).ok_or_else(bad)?;
         let v4 = Ipv4Net::new(ip4, len4).map_err(|_| bad())?;
@@ -96,6 +98,17 @@ mod tests {
         for s in ["10.12.13.0-24", "10.12.13.0-24&fd00:12:13::-56", "0.0.0.0-0&fc00::-64"] {
             assert_eq!(key(s).expect(s).to_string(), s);
         }
+    }
+
+    #[test]
+    fn non_ascii_before_the_address_is_not_a_panic() {
+        // Found by the `subnet_key` fuzz target: a multi-byte character right
+        // before the address made the prefix skip slice inside it.
+        assert!(key("\u{7fb}..0-.0.05").is_err());
+        assert_eq!(
+            key("ß10.244.1.0-24").map(|k| k.to_string()),
+            Ok("10.244.1.0-24".to_string())
+        );
     }
 
     #[test]

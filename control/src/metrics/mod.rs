@@ -90,13 +90,13 @@ impl DaemonMetrics {
         );
         // Zero series, so that dashboards see them before the first event.
         for r in ["ok", "error"] {
-            renewals.get_or_create(&vec![("result", r)]);
+            let _ = renewals.get_or_create(&vec![("result", r)]);
         }
         for k in ["snapshot", "added", "removed"] {
-            events.get_or_create(&vec![("kind", k)]);
+            let _ = events.get_or_create(&vec![("kind", k)]);
         }
         for op in ["add", "remove"] {
-            apply.get_or_create(&vec![("op", op)]);
+            let _ = apply.get_or_create(&vec![("op", op)]);
         }
         DaemonMetrics { registry, acquisitions, renewals, events, apply }
     }

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use async_trait::async_trait;
 use ipnet::IpNet;
 
-use super::{Addr, Fdb, LinkDetail, LinkSpec, Neigh, NetlinkError, Route, XfrmPolicy};
+use super::{Addr, Fdb, LinkDetail, LinkSpec, Neigh, NetlinkError, Route, WgSet, XfrmPolicy};
 
 /// Links, addresses, routes, neighbours and fdb entries in one network
 /// namespace. Every method mirrors one `ip` / `bridge` command.
@@ -83,4 +83,11 @@ pub trait XfrmClient: Send + Sync + std::fmt::Debug {
     /// Whether the kernel can hold ESP states (adds and removes a throwaway
     /// SA between two loopback addresses).
     async fn esp_supported(&self) -> Result<bool, NetlinkError>;
+}
+
+/// Kernel WireGuard devices over generic netlink (`wg set`).
+#[async_trait]
+pub trait WgClient: Send + Sync + std::fmt::Debug {
+    /// `wg set DEV ...`: one `WG_CMD_SET_DEVICE` request.
+    async fn wg_set(&self, set: &WgSet) -> Result<(), NetlinkError>;
 }

@@ -13,7 +13,7 @@ use ipnet::IpNet;
 
 use super::{
     Addr, Client, Fdb, Link, LinkDetail, LinkKind, LinkSpec, Neigh, NetlinkError, Route,
-    VxlanAttrs, XfrmClient, XfrmPolicy,
+    VxlanAttrs, WgClient, WgSet, XfrmClient, XfrmPolicy,
 };
 
 /// One request a backend made, in order.
@@ -47,6 +47,8 @@ pub enum Op {
     PolicyUpdate(XfrmPolicy),
     /// `ip xfrm policy delete`.
     PolicyDel(XfrmPolicy),
+    /// `wg set` (generic netlink `WG_CMD_SET_DEVICE`).
+    WgSet(WgSet),
 }
 
 #[derive(Debug, Default)]
@@ -429,6 +431,20 @@ impl Client for FakeNetlink {
 
     async fn sysctl(&self, key: &str, value: &str) -> Result<(), NetlinkError> {
         self.lock().ops.push(Op::Sysctl(key.into(), value.into()));
+        Ok(())
+    }
+}
+
+/// The genl recorder: a set request needs an existing wireguard link of
+/// that name (ENODEV otherwise, as the kernel answers).
+#[async_trait]
+impl WgClient for FakeNetlink {
+    async fn wg_set(&self, set: &WgSet) -> Result<(), NetlinkError> {
+        let mut s = self.lock();
+        s.ops.push(Op::WgSet(set.clone()));
+        if !s.links.values().any(|d| d.link.name == set.ifname && d.kind == LinkKind::Wireguard) {
+            return Err(errno(&set.describe(), libc::ENODEV));
+        }
         Ok(())
     }
 }

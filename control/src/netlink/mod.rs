@@ -7,7 +7,9 @@
 //!   writes. [`XfrmClient`] is its IPsec counterpart (policies, SA probe).
 //! - [`Netlink`] is the real implementation (one rtnetlink socket in the
 //!   current network namespace); [`XfrmNetlink`] opens a NETLINK_XFRM socket.
-//! - [`FakeNetlink`] implements both traits in memory: it keeps a tiny model of
+//! - [`WgClient`] configures kernel WireGuard devices over generic netlink
+//!   ([`WgNetlink`]; typed request [`WgSet`]).
+//! - [`FakeNetlink`] implements all three traits in memory: it keeps a tiny model of
 //!   the kernel's tables (so reconciliation can be tested by deleting entries)
 //!   and records every request as a typed [`Op`], so unit tests assert the
 //!   exact messages a backend sends without root.
@@ -22,18 +24,20 @@ mod client;
 mod fake;
 mod real;
 mod types;
+mod wg;
 mod xfrm;
 
 #[cfg(test)]
 mod tests;
 
-pub use client::{Client, XfrmClient};
+pub use client::{Client, WgClient, XfrmClient};
 pub use fake::{FakeNetlink, Op};
 pub use real::Netlink;
 pub use types::{
     Addr, Fdb, IpipLink, Link, LinkDetail, LinkKind, LinkSpec, Neigh, Route, VxlanAttrs, VxlanLink,
     WireguardLink,
 };
+pub use wg::{WgNetlink, WgPeerSet, WgSet};
 pub use xfrm::{XfrmDir, XfrmNetlink, XfrmPolicy};
 
 /// A netlink failure.
@@ -67,6 +71,14 @@ pub enum NetlinkError {
         op: String,
         /// The positive errno.
         errno: i32,
+    },
+    /// A generic netlink (WireGuard) request failed without an errno.
+    #[error("{op}: {msg}")]
+    Genl {
+        /// What was asked, in `wg` terms.
+        op: String,
+        /// The failure.
+        msg: String,
     },
     /// A link that must exist does not.
     #[error("link {0:?} not found")]

@@ -6,7 +6,8 @@
 //! - [`devices`]: device reports from an engine or a kernel device;
 //! - [`server`]: the root-only unix socket (`weft-status.sock` next to
 //!   `--subnet-file`) and its client;
-//! - [`render`]: the human-readable form.
+//! - [`render`]: the human-readable form;
+//! - [`shape`]: the snapshot of the JSON shape and its checker.
 //!
 //! Contract: the dataplane pays nothing for this. weftd's main loop owns the
 //! backend; a reader (the socket, `/metrics`) sends a [`Request`] through
@@ -18,6 +19,7 @@ pub mod devices;
 pub mod model;
 pub mod render;
 pub mod server;
+pub mod shape;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -113,3 +115,6 @@ impl Handle {
         self.metrics.encode(status.as_ref())
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Numbers and chart for benches/harness/throughput.sh.
+
+  analyze.py header
+  analyze.py row JSON CASE TEST ROUND NPROC CLK_TCK "T0 T1" "SNAP0" "SNAP1"
+  analyze.py summary RESULTS.tsv "CASES" "TESTS" MACHINE.txt
+  analyze.py chart RESULTS.tsv "CASES" "TESTS" MACHINE.txt OUT.png
+
+A SNAP is "machine_busy_ticks machine_total_ticks daemon_ticks udp_rcvbuf_errors".
+TCP tests report Gbit/s received; udp64 reports delivered kpps (packets the
+receiver got, per second). CPU: machine cores = busy share of /proc/stat times
+nproc; daemon cores = utime+stime of weftd / wireguard-go (both nodes) per
+second of wall time; "per Gbit/s" divides by the received Gbit/s.
+"""
+
+import json
+import statistics
+import sys
+
+COLS = ["case", "test", "round", "value", "unit", "gbps", "machine_cores", "daemon_cores",
+        "machine_cores_per_gbps", "daemon_cores_per_gbps", "retransmits", "loss_pct", "rcvbuf_errors"]
+
+LABELS = {
+    "veth": "veth (no overlay)",
+    "kvxlan": "kernel vxlan (flannel)",
+    "wggo": "wireguard-go",
+    "weft-udp": "weft udp",
+    "weft-vxlan": "weft vxlan (userspace)",
+    "weft-kvxlan": "weft vxlan (kernel)",
+    "weft-wg": "weft wireguard",
+    "weft-ipip": "weft ipip (userspace)",
+    "weft-hostgw": "weft host-gw",
+}
+
+
+def nan():
+    return float("nan")
+
+
+def row(argv):
+    path, case, test, rnd, nproc, clk, times, s0, s1 = argv
+    nproc, clk = int(nproc), float(clk)
+    t0, t1 = (float(x) for x in times.split())
+    b0, tot0, d0, r0 = (int(x) for x in s0.split())
+    b1, tot1, d1, r1 = (int(x) for x in s1.split())
+    wall = max(t1 - t0, 1e-9)
+    machine = (b1 - b0) / max(tot1 - tot0, 1) * nproc
+    daemon = (d1 - d0) / clk / wall
+    value = gbps = nan()
+    retr = loss = nan()
+    unit = "kpps" if test.startswith("udp") else "Gbit/s"
+    try:
+        end = json.load(open(path))["end"]
+        recv = end["sum_received"]
+        gbps = recv["bits_per_second"] / 1e9
+        if test.startswith("udp"):
+            s = end["sum"]
+            value = (s["packets"] - s["lost_packets"]) / s["seconds"] / 1e3
+            loss = s["lost_percent"]
+        else:
+            value = gbps
+            retr = end["sum_sent"].get("retransmits", nan())
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        pass
+    per = (lambda c: c / gbps) if gbps > 0 else (lambda c: nan())
+    vals = [case, test, rnd, "%.3f" % value, unit, "%.4f" % gbps, "%.2f" % machine, "%.2f" % daemon,
+            "%.3f" % per(machine), "%.3f" % per(daemon), "%g" % retr, "%.1f" % loss, str(r1 - r0)]
+    print("\t".join(vals))
+
+
+def load(path):
+    lines = open(path).read().splitlines()
+    head = lines[0].split("\t")
+    rows = [dict(zip(head, line.split("\t"))) for line in lines[1:] if line.strip()]
+    for r in rows:
+        for k in COLS[3:]:
+            if k != "unit":
+                try:
+                    r[k] = float(r[k])
+                except (KeyError, ValueError):
+                    r[k] = nan()
+    return rows
+
+
+def stats(rows, case, test, key="value"):
+    v = [r[key] for r in rows if r["case"] == case and r["test"] == test and r[key] == r[key]]
+    if not v:
+        return None
+    return statistics.median(v), min(v), max(v), len(v)
+
+
+def summary(argv):
+    path, cases, tests, machine = argv
+    rows, cases, tests = load(path), cases.split(), tests.split()
+    print(open(machine).read().rstrip())
+    for t in tests:
+        udp = t.startswith("udp")
+        unit = "kpps" if udp else "Gbit/s"
+        extra = "loss%  rcvbuf_err" if udp else "retr  rcvbuf_err"
+        print()
+        print("%-6s %-24s %8s %15s %2s %8s %7s %9s %9s  %s" % (
+            t, "case (" + unit + ")", "median", "min-max", "n", "/kvxlan", "/veth", "cores/Gb", "daemon/Gb", extra))
+        for c in cases:
+            m = stats(rows, c, t)
+            if not m:
+                print("%-6s %-24s %8s" % (t, LABELS.get(c, c), "n/a"))
+                continue
+
+            def ratio(ref):
+                r = stats(rows, ref, t)
+                return "%.3f" % (m[0] / r[0]) if r and r[0] > 0 else "-"
+
+            def med(key):
+                s = stats(rows, c, t, key)
+                return s[0] if s else nan()
+            tail = ("%5.1f %10.0f" % (med("loss_pct"), med("rcvbuf_errors")) if udp
+                    else "%5.0f %10.0f" % (med("retransmits"), med("rcvbuf_errors")))
+            print("%-6s %-24s %8.3f %7.3f-%-7.3f %2d %8s %7s %9.3f %9.3f  %s" % (
+                t, LABELS.get(c, c), m[0], m[1], m[2], m[3], ratio("kvxlan"), ratio("veth"),
+                med("machine_cores_per_gbps"), med("daemon_cores_per_gbps"), tail))
+    print()
+    print("median of the rounds; min-max over rounds; /kvxlan and /veth: ratio of medians;")
+    print("cores/Gb: machine CPU (both nodes, all processes and softirq) per received Gbit/s;")
+    print("daemon/Gb: weftd or wireguard-go CPU (both nodes) per received Gbit/s (kernel paths: 0).")
+
+
+def chart(argv):
+    path, cases, tests, machine, out = argv
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, cases, tests = load(path), cases.split(), tests.split()
+    info = dict(line.split(": ", 1) for line in open(machine).read().splitlines() if ": " in line)
+    fig, axes = plt.subplots(len(tests), 1, figsize=(11, 3.2 * len(tests) + 0.8), squeeze=False)
+    colors = {c: ("#7f7f7f" if not c.startswith("weft") else "#1f77b4") for c in cases}
+    colors.update({"kvxlan": "#2ca02c", "veth": "#4d4d4d", "wggo": "#9467bd"})
+    for ax, t in zip(axes[:, 0], tests):
+        labels, med, lo, hi, col = [], [], [], [], []
+        for c in cases:
+            m = stats(rows, c, t)
+            labels.append(LABELS.get(c, c))
+            col.append(colors[c])
+            if m:
+                med.append(m[0]); lo.append(m[0] - m[1]); hi.append(m[2] - m[0])
+            else:
+                med.append(0); lo.append(0); hi.append(0)
+        x = range(len(cases))
+        ax.bar(x, med, color=col, yerr=[lo, hi], capsize=3)
+        ref = stats(rows, "kvxlan", t)
+        for i, v in enumerate(med):
+            txt = "n/a" if v == 0 else ("%.2f" % v if v < 100 else "%.0f" % v)
+            if v and ref and ref[0] > 0:
+                txt += "\n(%.2fx)" % (v / ref[0])
+            ax.annotate(txt, (i, v), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
+        unit = "delivered kpps" if t.startswith("udp") else "Gbit/s"
+        name = {"tcp1": "iperf3 TCP, 1 stream", "tcp4": "iperf3 TCP, 4 streams",
+                "udp64": "iperf3 UDP flood, 64-byte payload"}.get(t, t)
+        ax.set_title("%s (median, min-max bars; ratio to kernel vxlan)" % name, fontsize=9)
+        ax.set_ylabel(unit)
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
+        ax.margins(y=0.25)
+    fig.suptitle("weft pod-to-pod, two nodes in netns on one host: %s x %s, kernel %s\n%s rounds; load average %s" % (
+        info.get("nproc", "?"), info.get("cpu", "?"), info.get("kernel", "?"), info.get("rounds", "?"),
+        info.get("load average at start", "?")), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print("chart: %s" % out)
+
+
+def main():
+    cmd, argv = sys.argv[1], sys.argv[2:]
+    if cmd == "header":
+        print("\t".join(COLS))
+    elif cmd == "row":
+        row(argv)
+    elif cmd == "summary":
+        summary(argv)
+    elif cmd == "chart":
+        chart(argv)
+    else:
+        sys.exit("unknown command %s" % cmd)
+
+
+if __name__ == "__main__":
+    main()

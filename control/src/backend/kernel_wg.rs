@@ -1,0 +1,333 @@
+//! The `wireguard` backend on the kernel's WireGuard module, as flannel runs
+//! it (fl:pkg/backend/wireguard, spec §2.6, §5, checklist 23). The factory
+//! picks it when [`super::probe`] finds the `wireguard` link kind; otherwise
+//! [`super::wireguard`] (the userspace engine) runs, and [`super::dual`]
+//! switches between the two live: both read the same key file
+//! ([`super::wgkey`]) and publish byte-identical lease attributes
+//! ([`super::wireguard::backend_data`]).
+//!
+//! - Devices: `separate` mode `flannel-wg` (IPv4, ListenPort) and
+//!   `flannel-wg-v6` (IPv6, ListenPortV6); other modes one `flannel-wg`.
+//!   Each: an existing link of that name is deleted (flannel: "already
+//!   exists; recreating device"), `ip link add NAME mtu cfg.MTU−80 type
+//!   wireguard` (rtnetlink), then `wg set NAME private-key K listen-port P`
+//!   with ReplacePeers (generic netlink), address `<subnet IP>/32` (`/128`),
+//!   link up, route `Network dev NAME scope link` (and `IPv6Network`).
+//!   Devices are deleted on teardown, as flannel does on shutdown.
+//! - Peers, per wireguard lease: `wg set NAME private-key K listen-port P
+//!   peer KEY [preshared-key PSK] endpoint E persistent-keepalive N
+//!   replace-allowed-ips allowed-ips SUBNETS`; endpoint `PublicIP:Port`
+//!   (`[PublicIPv6]:Port`), a missing or 0 Port meaning our own port; in
+//!   `auto` mode flannel's `selectPublicEndpoint`. Another key we configured
+//!   at the same endpoint IP is removed (flannel's `cleanupEndpointPeers`,
+//!   tracked here instead of read back). Lease removal removes the peer by key.
+//! - Reconciliation restores the device address, link state and routes; a
+//!   deleted device is reported as [`BackendError::DeviceGone`] (the daemon
+//!   rebuilds the backend, which re-applies every peer).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use weft_engine::WgSecret;
+
+use super::wireguard::{backend_data, parse_backend_data};
+use super::{Backend, BackendError, wgkey};
+use crate::config::backend::{WireguardMode, WireguardOptions};
+use crate::iface::ExternalInterface;
+use crate::lease::watcher::Change;
+use crate::lease::{Lease, LeaseAttrs};
+use crate::netlink::{Client, LinkSpec, Route, WgClient, WgPeerSet, WgSet, WireguardLink};
+
+/// Which families a device carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Carries {
+    V4,
+    V6,
+    Both,
+}
+
+#[derive(Debug)]
+struct Device {
+    name: &'static str,
+    carries: Carries,
+    port: u16,
+    index: u32,
+    addrs: Vec<IpNet>,
+    routes: Vec<Route>,
+    /// Peers configured: endpoint IP → public key.
+    peers: BTreeMap<IpAddr, [u8; 32]>,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct KernelWireguard {
+    opts: WireguardOptions,
+    network: Option<Ipv4Net>,
+    network_v6: Option<Ipv6Net>,
+    key_file: PathBuf,
+    key: Option<WgSecret>,
+    psk: Option<[u8; 32]>,
+    ext: Option<ExternalInterface>,
+    nl: Arc<dyn Client>,
+    wg: Arc<dyn WgClient>,
+    devices: Vec<Device>,
+}
+
+/// flannel's `selectPublicEndpoint` (auto mode): IPv4 unless only IPv6
+/// exists, or the peer's IPv4 is private and both our and its IPv6 are not ULA.
+pub fn select_endpoint(peer_v4: Ipv4Addr, peer_v6: Option<std::net::Ipv6Addr>, ext: &ExternalInterface) -> IpAddr {
+    let Some(v6) = peer_v6 else { return IpAddr::V4(peer_v4) };
+    if !peer_v4.is_private() && ext.ext_addr.is_some() {
+        return IpAddr::V4(peer_v4);
+    }
+    if !v6.is_unique_local() && ext.ext_v6_addr.is_some_and(|a| !a.is_unique_local()) {
+        return IpAddr::V6(v6);
+    }
+    IpAddr::V4(peer_v4)
+}
+
+impl KernelWireguard {
+    /// A kernel wireguard backend (call [`super::wireguard::Wireguard::validate`] first).
+    pub fn new(
+        opts: WireguardOptions,
+        network: Option<Ipv4Net>,
+        network_v6: Option<Ipv6Net>,
+        nl: Arc<dyn Client>,
+        wg: Arc<dyn WgClient>,
+    ) -> KernelWireguard {
+        let psk = weft_engine::wg::key_from_base64(&opts.psk);
+        let key_file = wgkey::key_file_path();
+        KernelWireguard { opts, network, network_v6, key_file, key: None, psk, ext: None, nl, wg, devices: Vec::new() }
+    }
+
+    /// Uses `path` instead of `$WIREGUARD_KEY_FILE` / `/run/flannel/wgkey` (tests).
+    pub fn with_key_file(mut self, path: PathBuf) -> KernelWireguard {
+        self.key_file = path;
+        self
+    }
+
+    fn keepalive(&self) -> u16 {
+        u16::try_from(self.opts.persistent_keepalive_interval.as_secs()).unwrap_or(u16::MAX)
+    }
+
+    fn private_key(&self) -> Result<[u8; 32], BackendError> {
+        self.key.map(|k| k.0).ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))
+    }
+
+    async fn create_device(&mut self, name: &'static str, carries: Carries, port: u16, addrs: Vec<IpNet>, mtu: u32) -> Result<(), BackendError> {
+        if let Some(old) = self.nl.link_detail(name).await? {
+            tracing::warn!("{name:?} already exists; recreating device");
+            self.nl.delete_link(old.link.index).await?;
+        }
+        self.nl.add_link(&LinkSpec::Wireguard(WireguardLink { name: name.into(), mtu })).await?;
+        let index = self.nl.link_detail(name).await?.ok_or_else(|| crate::netlink::NetlinkError::NoSuchLink(name.into()))?.link.index;
+        let set = WgSet { ifname: name.into(), private_key: Some(self.private_key()?), listen_port: Some(port), replace_peers: true, peers: Vec::new() };
+        self.wg.wg_set(&set).await?;
+        let mut dev = Device { name, carries, port, index, addrs, routes: Vec::new(), peers: BTreeMap::new() };
+        for net in [self.network.map(IpNet::V4), self.network_v6.map(IpNet::V6)].into_iter().flatten() {
+            let fits = matches!((carries, net), (Carries::Both, _) | (Carries::V4, IpNet::V4(_)) | (Carries::V6, IpNet::V6(_)));
+            if fits {
+                dev.routes.push(Route { dst: net, gateway: None, oif: Some(index), onlink: false, scope_link: true });
+            }
+        }
+        self.devices.push(dev);
+        let i = self.devices.len() - 1;
+        self.ensure(i).await
+    }
+
+    /// Address, link up and routes of device `i` (idempotent).
+    async fn ensure(&self, i: usize) -> Result<(), BackendError> {
+        let d = &self.devices[i];
+        let have = self.nl.addrs_on(d.index).await?;
+        for a in &d.addrs {
+            if !have.iter().any(|h| h.net == *a) {
+                self.nl.add_addr(d.index, *a).await?;
+            }
+        }
+        self.nl.link_up(d.index, None).await?;
+        for r in &d.routes {
+            if !self.nl.routes_exact(r.dst).await?.iter().any(|x| x.oif == r.oif) {
+                self.nl.route_replace(r).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The peer a lease gives device `d`, or `None` when it is not usable.
+    fn peer_for(&self, lease: &Lease, d: &Device) -> Option<WgPeerSet> {
+        let a = &lease.attrs;
+        let v4 = a.backend_data.as_deref().and_then(parse_backend_data);
+        let v6 = a.backend_v6_data.as_deref().and_then(parse_backend_data);
+        let (key, port, ip, allowed) = match d.carries {
+            Carries::V4 => {
+                let (k, p) = v4?;
+                (k, p, IpAddr::V4(a.public_ip), vec![IpNet::V4(lease.subnet?)])
+            }
+            Carries::V6 => {
+                let (k, p) = v6?;
+                (k, p, IpAddr::V6(a.public_ipv6?), vec![IpNet::V6(lease.ipv6_subnet?)])
+            }
+            Carries::Both => {
+                let (k, p) = if self.network_v6.is_some() { v6.or(v4)? } else { v4? };
+                let port = v4.map_or(p, |d| d.1);
+                let ip = match self.opts.mode {
+                    WireguardMode::Ipv6 => IpAddr::V6(a.public_ipv6?),
+                    WireguardMode::Auto => select_endpoint(a.public_ip, a.public_ipv6, self.ext.as_ref()?),
+                    _ => IpAddr::V4(a.public_ip),
+                };
+                let nets: Vec<IpNet> = [lease.subnet.map(IpNet::V4), lease.ipv6_subnet.map(IpNet::V6)].into_iter().flatten().collect();
+                (k, port, ip, nets)
+            }
+        };
+        let port = if port == 0 { d.port } else { port };
+        Some(WgPeerSet {
+            public_key: key,
+            remove: false,
+            psk: self.psk,
+            endpoint: Some(SocketAddr::new(ip, port)),
+            keepalive: Some(self.keepalive()),
+            allowed_ips: allowed,
+        })
+    }
+
+    /// The key a removed lease had on device `d` (flannel: v4 data on the v4 device, else v6 data).
+    fn removed_key(&self, lease: &Lease, d: &Device) -> Option<[u8; 32]> {
+        let v4 = lease.attrs.backend_data.as_deref().and_then(parse_backend_data).map(|x| x.0);
+        let v6 = lease.attrs.backend_v6_data.as_deref().and_then(parse_backend_data).map(|x| x.0);
+        match d.carries {
+            Carries::V4 => v4,
+            Carries::V6 => v6,
+            Carries::Both if self.network_v6.is_some() => v6.or(v4),
+            Carries::Both => v4,
+        }
+    }
+
+    async fn set(&self, d: &Device, peers: Vec<WgPeerSet>) -> Result<(), BackendError> {
+        let set = WgSet { ifname: d.name.into(), private_key: Some(self.private_key()?), listen_port: Some(d.port), replace_peers: false, peers };
+        Ok(self.wg.wg_set(&set).await?)
+    }
+}
+
+#[async_trait]
+impl Backend for KernelWireguard {
+    fn name(&self) -> &'static str {
+        "wireguard"
+    }
+
+    fn dataplane(&self) -> &'static str {
+        "kernel"
+    }
+
+    async fn lease_attrs(&mut self, ext: &ExternalInterface, _prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
+        let key = wgkey::load_or_generate(&self.key_file).map_err(|e| BackendError::Config(e.to_string()))?;
+        let public = key.public_key();
+        self.key = Some(key);
+        self.ext = Some(ext.clone());
+        tracing::info!(
+            "WireGuard config: ListenPort={} ListenPortV6={} Mode={:?} PersistentKeepaliveInterval={}s PSK={}; public key {} (kernel module)",
+            self.opts.listen_port,
+            self.opts.listen_port_v6,
+            self.opts.mode,
+            self.keepalive(),
+            if self.psk.is_some() { "set" } else { "none" },
+            weft_engine::wg::key_to_base64(&public)
+        );
+        let mut attrs = LeaseAttrs { backend_type: "wireguard".into(), ..Default::default() };
+        if self.network.is_some() {
+            attrs.public_ip = ext.ext_addr.ok_or_else(|| BackendError::Config("wireguard: no IPv4 public address".into()))?;
+            attrs.backend_data = Some(backend_data(&public, self.opts.listen_port));
+        }
+        if self.network_v6.is_some() {
+            let ip = ext.ext_v6_addr.ok_or_else(|| BackendError::Config("wireguard: no IPv6 public address".into()))?;
+            attrs.public_ipv6 = Some(ip);
+            attrs.backend_v6_data = Some(backend_data(&public, self.opts.listen_port_v6));
+        }
+        Ok(attrs)
+    }
+
+    async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
+        let ext = self.ext.clone().ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+        let cfg_mtu = if self.opts.mtu == 0 { ext.iface.mtu } else { self.opts.mtu };
+        let mtu = cfg_mtu.saturating_sub(80);
+        let a4 = lease.subnet.and_then(|s| Ipv4Net::new(s.network(), 32).ok()).map(IpNet::V4);
+        let a6 = lease.ipv6_subnet.and_then(|s| Ipv6Net::new(s.network(), 128).ok()).map(IpNet::V6);
+        let (p4, p6) = (self.opts.listen_port, self.opts.listen_port_v6);
+        if self.opts.mode == WireguardMode::Separate {
+            if let (Some(_), Some(a)) = (self.network, a4) {
+                self.create_device("flannel-wg", Carries::V4, p4, vec![a], mtu).await?;
+            }
+            if let (Some(_), Some(a)) = (self.network_v6, a6) {
+                self.create_device("flannel-wg-v6", Carries::V6, p6, vec![a], mtu).await?;
+            }
+        } else {
+            let addrs = [a4, a6].into_iter().flatten().collect();
+            self.create_device("flannel-wg", Carries::Both, p4, addrs, mtu).await?;
+        }
+        Ok(mtu)
+    }
+
+    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
+        let (lease, add) = match change {
+            Change::Add(l) => (l, true),
+            Change::Remove(l) => (l, false),
+        };
+        if lease.attrs.backend_type != "wireguard" {
+            tracing::warn!("Ignoring non-wireguard subnet: type={}", lease.attrs.backend_type);
+            return Ok(());
+        }
+        for i in 0..self.devices.len() {
+            let d = &self.devices[i];
+            if !add {
+                let Some(key) = self.removed_key(lease, d) else { continue };
+                self.set(d, vec![WgPeerSet::removal(key)]).await?;
+                let d = &mut self.devices[i];
+                d.peers.retain(|_, k| *k != key);
+                continue;
+            }
+            let Some(peer) = self.peer_for(lease, d) else {
+                tracing::error!("wireguard lease {:?} has no usable BackendData for {}", lease.subnet, d.name);
+                continue;
+            };
+            let (key, ip) = (peer.public_key, peer.endpoint.map(|e| e.ip()));
+            tracing::info!("Subnet(s) added: {:?} via {:?} on {}", peer.allowed_ips, peer.endpoint, d.name);
+            self.set(d, vec![peer]).await?;
+            if let Some(ip) = ip {
+                let d = &mut self.devices[i];
+                let stale = d.peers.insert(ip, key).filter(|old| *old != key);
+                if let Some(old) = stale {
+                    let d = &self.devices[i];
+                    self.set(d, vec![WgPeerSet::removal(old)]).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
+        for i in 0..self.devices.len() {
+            let d = &self.devices[i];
+            match self.nl.link_detail(d.name).await? {
+                Some(l) if l.link.index == d.index => self.ensure(i).await?,
+                _ => return Err(BackendError::DeviceGone(d.name.into())),
+            }
+        }
+        Ok(())
+    }
+
+    async fn teardown(&mut self) {
+        for d in self.devices.drain(..) {
+            match self.nl.delete_link(d.index).await {
+                Ok(()) => tracing::info!("Removed wireguard device {}", d.name),
+                Err(e) => tracing::error!("Error while removing device {}: {e}", d.name),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "kernel_wg_tests.rs"]
+mod tests;

@@ -1,0 +1,353 @@
+//! Kernel WireGuard against the fake netlink: the exact rtnetlink and genl
+//! requests, reconciliation, dataplane choice and live switching.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use netlink_packet_generic::GenlMessage;
+use netlink_packet_wireguard::{
+    WireguardAddressFamily, WireguardAllowedIp, WireguardAllowedIpAttr, WireguardAttribute,
+    WireguardCmd, WireguardDeviceFlags, WireguardMessage, WireguardPeer, WireguardPeerAttribute,
+    WireguardPeerFlags,
+};
+use rtnetlink::packet_core::{Emitable, NetlinkMessage, ParseableParametrized};
+
+use super::*;
+use crate::backend::DataplaneChoice;
+use crate::backend::dual::Dual;
+use crate::backend::probe::Capability;
+use crate::backend::test_util::{block_on, ext, fake, lease};
+use crate::netlink::{FakeNetlink, LinkKind, Op, WgPeerSet, WgSet};
+
+const PEER_KEY: &str = "hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=";
+const PEER_KEY2: &str = "8bdQrVLqiw3ZoHCucNh1YfH0iCWuyStniRr8t7H24Fk=";
+const PSK: &str = "GJ7tuWF3o36o0zY0Xx3jyMxXoxEpuMWpAO5D0fTvmD4=";
+
+fn key(b64: &str) -> [u8; 32] {
+    weft_engine::wg::key_from_base64(b64).expect("key")
+}
+
+fn opts(mode: WireguardMode, psk: &str, keepalive: u64) -> WireguardOptions {
+    WireguardOptions {
+        listen_port: 51820,
+        listen_port_v6: 51821,
+        mtu: 0,
+        psk: psk.into(),
+        persistent_keepalive_interval: Duration::from_secs(keepalive),
+        mode,
+    }
+}
+
+struct Rig {
+    nl: Arc<FakeNetlink>,
+    b: KernelWireguard,
+    _dir: tempfile::TempDir,
+    secret: [u8; 32],
+}
+
+/// A kernel backend with its own key file, set up on 10.244.1.0/24.
+fn rig(mode: WireguardMode, psk: &str, keepalive: u64) -> Rig {
+    let nl = fake(&["wireguard"], false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("wgkey");
+    let secret = wgkey::load_or_generate(&path).expect("key").0;
+    let net = Some("10.244.0.0/16".parse().expect("net"));
+    let b = KernelWireguard::new(opts(mode, psk, keepalive), net, None, nl.clone(), nl.clone()).with_key_file(path);
+    Rig { nl, b, _dir: dir, secret }
+}
+
+fn peer_lease(subnet: &str, ip: &str, k: &str, port: Option<u16>) -> Lease {
+    let data = match port {
+        Some(p) => format!(r#"{{"PublicKey":"{k}","Port":{p}}}"#),
+        None => format!(r#"{{"PublicKey":"{k}"}}"#),
+    };
+    lease(subnet, ip, "wireguard", Some(&data))
+}
+
+#[test]
+fn set_device_message_has_wgctrls_attributes() {
+    let set = WgSet {
+        ifname: "flannel-wg".into(),
+        private_key: Some([7; 32]),
+        listen_port: Some(51820),
+        replace_peers: true,
+        peers: vec![WgPeerSet {
+            public_key: [9; 32],
+            remove: false,
+            psk: Some([5; 32]),
+            endpoint: Some("192.0.2.2:51820".parse().expect("ep")),
+            keepalive: Some(25),
+            allowed_ips: vec!["10.244.2.0/24".parse().expect("net")],
+        }],
+    };
+    let want = WireguardMessage {
+        cmd: WireguardCmd::SetDevice,
+        attributes: vec![
+            WireguardAttribute::IfName("flannel-wg".into()),
+            WireguardAttribute::PrivateKey([7; 32]),
+            WireguardAttribute::ListenPort(51820),
+            WireguardAttribute::Flags(WireguardDeviceFlags::ReplacePeers),
+            WireguardAttribute::Peers(vec![WireguardPeer(vec![
+                WireguardPeerAttribute::PublicKey([9; 32]),
+                WireguardPeerAttribute::Flags(WireguardPeerFlags::ReplaceAllowedIps),
+                WireguardPeerAttribute::PresharedKey([5; 32]),
+                WireguardPeerAttribute::Endpoint("192.0.2.2:51820".parse().expect("ep")),
+                WireguardPeerAttribute::PersistentKeepalive(25),
+                WireguardPeerAttribute::AllowedIps(vec![WireguardAllowedIp(vec![
+                    WireguardAllowedIpAttr::Family(WireguardAddressFamily::Ipv4),
+                    WireguardAllowedIpAttr::IpAddr("10.244.2.0".parse().expect("ip")),
+                    WireguardAllowedIpAttr::Cidr(24),
+                ])]),
+            ])]),
+        ],
+    };
+    assert_eq!(set.message(), want);
+
+    // On the wire: genl header (cmd SET_DEVICE = 1, version 1), then IFNAME
+    // (type 2, "flannel-wg\0", padded) first; and it parses back unchanged.
+    let mut nl = NetlinkMessage::from(GenlMessage::from_payload(set.message()));
+    nl.finalize();
+    let mut buf = vec![0u8; nl.buffer_len()];
+    nl.emit(&mut buf);
+    assert_eq!(&buf[16..18], &[1, 1], "genl cmd, version");
+    assert_eq!(&buf[20..24], &[15, 0, 2, 0], "IFNAME nla: len 15, type 2");
+    assert_eq!(&buf[24..35], b"flannel-wg\0");
+    let header = netlink_packet_generic::GenlHeader::parse(&buf[16..20]).expect("header");
+    let back = WireguardMessage::parse_with_param(&buf[20..], header).expect("parse");
+    assert_eq!(back, want);
+
+    // A removal carries only the key and REMOVE_ME.
+    let rm = WgPeerSet::removal([9; 32]);
+    let m = WgSet { ifname: "flannel-wg".into(), private_key: None, listen_port: None, replace_peers: false, peers: vec![rm] }.message();
+    assert_eq!(
+        m.attributes,
+        vec![
+            WireguardAttribute::IfName("flannel-wg".into()),
+            WireguardAttribute::Peers(vec![WireguardPeer(vec![
+                WireguardPeerAttribute::PublicKey([9; 32]),
+                WireguardPeerAttribute::Flags(WireguardPeerFlags::RemoveMe),
+            ])]),
+        ]
+    );
+}
+
+#[test]
+fn setup_creates_flannels_device_then_peers() {
+    let mut r = rig(WireguardMode::Separate, PSK, 25);
+    let own = lease("10.244.1.0/24", "192.0.2.1", "wireguard", None);
+    let mtu = block_on(async {
+        let attrs = r.b.lease_attrs(&ext(), None).await.expect("attrs");
+        let public = weft_engine::WgSecret(r.secret).public_key();
+        assert_eq!(attrs.backend_data.as_deref(), Some(backend_data(&public, 51820).as_str()));
+        assert_eq!(attrs.backend_type, "wireguard");
+        r.b.setup(&own).await.expect("setup")
+    });
+    assert_eq!(mtu, 1420);
+    let index = r.nl.links().values().find(|d| d.link.name == "flannel-wg").expect("device").link.index;
+    assert_eq!(
+        r.nl.take_ops(),
+        vec![
+            Op::AddLink(LinkSpec::Wireguard(WireguardLink { name: "flannel-wg".into(), mtu: 1420 })),
+            Op::WgSet(WgSet { ifname: "flannel-wg".into(), private_key: Some(r.secret), listen_port: Some(51820), replace_peers: true, peers: vec![] }),
+            Op::AddAddr(index, "10.244.1.0/32".parse().expect("net")),
+            Op::LinkUp(index, None),
+            Op::RouteReplace(Route { dst: "10.244.0.0/16".parse().expect("net"), gateway: None, oif: Some(index), onlink: false, scope_link: true }),
+        ]
+    );
+
+    // A peer: its port, PSK, keepalive, its subnet.
+    let p = peer_lease("10.244.2.0/24", "192.0.2.2", PEER_KEY, Some(51000));
+    block_on(r.b.apply(&Change::Add(p.clone()))).expect("add");
+    let set = |peers| Op::WgSet(WgSet { ifname: "flannel-wg".into(), private_key: Some(r.secret), listen_port: Some(51820), replace_peers: false, peers });
+    let want_peer = WgPeerSet {
+        public_key: key(PEER_KEY),
+        remove: false,
+        psk: Some(key(PSK)),
+        endpoint: Some("192.0.2.2:51000".parse().expect("ep")),
+        keepalive: Some(25),
+        allowed_ips: vec!["10.244.2.0/24".parse().expect("net")],
+    };
+    assert_eq!(r.nl.take_ops(), vec![set(vec![want_peer.clone()])]);
+
+    // The peer restarts with a new key on the same IP and no Port (old
+    // flannel): our own port, and the old key is dropped.
+    let p2 = peer_lease("10.244.2.0/24", "192.0.2.2", PEER_KEY2, None);
+    block_on(r.b.apply(&Change::Add(p2.clone()))).expect("add");
+    let new_peer = WgPeerSet { public_key: key(PEER_KEY2), endpoint: Some("192.0.2.2:51820".parse().expect("ep")), ..want_peer };
+    assert_eq!(r.nl.take_ops(), vec![set(vec![new_peer]), set(vec![WgPeerSet::removal(key(PEER_KEY))])]);
+
+    // Removal by key; non-wireguard leases are ignored.
+    block_on(r.b.apply(&Change::Remove(p2))).expect("remove");
+    block_on(r.b.apply(&Change::Add(lease("10.244.3.0/24", "192.0.2.3", "vxlan", None)))).expect("ignored");
+    assert_eq!(r.nl.take_ops(), vec![set(vec![WgPeerSet::removal(key(PEER_KEY2))])]);
+}
+
+#[test]
+fn leftover_device_is_recreated_and_reconcile_restores_and_teardown_deletes() {
+    let mut r = rig(WireguardMode::Separate, "", 0);
+    let old = r.nl.insert_link("flannel-wg", LinkKind::Tun, 1400, None);
+    let own = lease("10.244.1.0/24", "192.0.2.1", "wireguard", None);
+    block_on(async {
+        r.b.lease_attrs(&ext(), None).await.expect("attrs");
+        r.b.setup(&own).await.expect("setup");
+    });
+    let ops = r.nl.take_ops();
+    assert_eq!(ops[0], Op::DelLink(old));
+    assert!(matches!(&ops[1], Op::AddLink(LinkSpec::Wireguard(w)) if w.name == "flannel-wg"));
+    let dst: IpNet = "10.244.0.0/16".parse().expect("net");
+    r.nl.forget_route(dst);
+    block_on(r.b.reconcile()).expect("reconcile");
+    assert_eq!(r.nl.routes().iter().filter(|x| x.dst == dst).count(), 1, "route restored");
+    let index = r.nl.links().values().find(|d| d.link.name == "flannel-wg").expect("dev").link.index;
+    block_on(r.b.teardown());
+    assert!(r.nl.links().values().all(|d| d.link.name != "flannel-wg"), "deleted on teardown");
+    assert!(r.nl.ops().contains(&Op::DelLink(index)));
+    // A device deleted by hand is reported, not silently recreated.
+    let mut r = rig(WireguardMode::Separate, "", 0);
+    block_on(async {
+        r.b.lease_attrs(&ext(), None).await.expect("attrs");
+        r.b.setup(&own).await.expect("setup");
+    });
+    let index = r.nl.links().values().find(|d| d.link.name == "flannel-wg").expect("dev").link.index;
+    block_on(r.nl.delete_link(index)).expect("del");
+    assert!(matches!(block_on(r.b.reconcile()), Err(BackendError::DeviceGone(n)) if n == "flannel-wg"));
+}
+
+#[test]
+fn single_device_modes_carry_both_families() {
+    let nl = fake(&["wireguard"], false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("wgkey");
+    let mut b = KernelWireguard::new(
+        opts(WireguardMode::Auto, "", 0),
+        Some("10.244.0.0/16".parse().expect("net")),
+        Some("fd00:10::/56".parse().expect("net")),
+        nl.clone(),
+        nl.clone(),
+    )
+    .with_key_file(path);
+    let mut e = ext();
+    e.ext_v6_addr = Some("2001:db8::1".parse().expect("ip"));
+    let mut own = lease("10.244.1.0/24", "192.0.2.1", "wireguard", None);
+    own.ipv6_subnet = Some("fd00:10:0:1::/64".parse().expect("net"));
+    block_on(async {
+        b.lease_attrs(&e, None).await.expect("attrs");
+        b.setup(&own).await.expect("setup");
+    });
+    let ops = nl.take_ops();
+    let adds: Vec<_> = ops.iter().filter(|o| matches!(o, Op::AddLink(_))).collect();
+    assert_eq!(adds.len(), 1, "one device: {ops:?}");
+    assert_eq!(ops.iter().filter(|o| matches!(o, Op::AddAddr(..))).count(), 2);
+    assert_eq!(ops.iter().filter(|o| matches!(o, Op::RouteReplace(_))).count(), 2);
+    // A peer with a private IPv4 and a public IPv6: auto picks IPv6 (flannel's selectPublicEndpoint).
+    let mut p = peer_lease("10.244.2.0/24", "10.1.1.2", PEER_KEY, Some(51820));
+    p.ipv6_subnet = Some("fd00:10:0:2::/64".parse().expect("net"));
+    p.attrs.public_ipv6 = Some("2001:db8::2".parse().expect("ip"));
+    p.attrs.backend_v6_data = Some(format!(r#"{{"PublicKey":"{PEER_KEY}","Port":51821}}"#));
+    block_on(b.apply(&Change::Add(p))).expect("add");
+    let Some(Op::WgSet(set)) = nl.take_ops().pop() else { panic!("no wg set") };
+    assert_eq!(set.peers[0].endpoint, Some("[2001:db8::2]:51820".parse().expect("ep")));
+    assert_eq!(set.peers[0].allowed_ips.len(), 2);
+    // And flannel's rules directly.
+    let pub4 = "198.51.100.2".parse().expect("ip");
+    assert_eq!(select_endpoint(pub4, Some("2001:db8::2".parse().expect("ip")), &e), IpAddr::V4(pub4));
+    let priv4 = "10.1.1.2".parse().expect("ip");
+    assert_eq!(select_endpoint(priv4, Some("fd00::2".parse().expect("ip")), &e), IpAddr::V4(priv4));
+    assert_eq!(select_endpoint(priv4, None, &e), IpAddr::V4(priv4));
+}
+
+/// A userspace stand-in publishing what the userspace wireguard backend
+/// publishes for the same key file.
+#[derive(Debug)]
+struct UserspaceStandIn {
+    attrs: LeaseAttrs,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+#[async_trait]
+impl Backend for UserspaceStandIn {
+    fn name(&self) -> &'static str {
+        "wireguard"
+    }
+    fn dataplane(&self) -> &'static str {
+        "userspace"
+    }
+    async fn lease_attrs(&mut self, _: &ExternalInterface, _: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
+        Ok(self.attrs.clone())
+    }
+    async fn setup(&mut self, _: &Lease) -> Result<u32, BackendError> {
+        self.log.lock().expect("log").push("setup".into());
+        Ok(1420)
+    }
+    async fn apply(&mut self, c: &Change) -> Result<(), BackendError> {
+        self.log.lock().expect("log").push(format!("{c:?}").chars().take(3).collect());
+        Ok(())
+    }
+    async fn teardown(&mut self) {}
+}
+
+fn dual(nl: &Arc<FakeNetlink>, choice: DataplaneChoice, dir: &std::path::Path, log: Arc<Mutex<Vec<String>>>) -> Dual {
+    let path = dir.join("wgkey");
+    let secret = wgkey::load_or_generate(&path).expect("key");
+    let attrs = LeaseAttrs {
+        public_ip: "192.0.2.1".parse().expect("ip"),
+        backend_type: "wireguard".into(),
+        backend_data: Some(backend_data(&secret.public_key(), 51820)),
+        ..Default::default()
+    };
+    let (c, w) = (nl.clone(), nl.clone());
+    Dual::new("wireguard", choice, nl.clone(), nl.clone())
+        .kernel(
+            Some(Capability::Wireguard),
+            Box::new(move || {
+                let net = Some("10.244.0.0/16".parse().expect("net"));
+                Box::new(KernelWireguard::new(opts(WireguardMode::Separate, "", 0), net, None, c.clone(), w.clone()).with_key_file(path.clone()))
+            }),
+        )
+        .userspace(Box::new(move || Box::new(UserspaceStandIn { attrs: attrs.clone(), log: log.clone() })))
+        .kernel_links(vec!["flannel-wg".into(), "flannel-wg-v6".into()])
+}
+
+#[test]
+fn kernel_without_wireguard_fails_clearly_and_auto_picks_userspace() {
+    let nl = fake(&["vxlan"], false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let err = block_on(dual(&nl, DataplaneChoice::Kernel, dir.path(), log.clone()).lease_attrs(&ext(), None)).expect_err("kernel");
+    assert_eq!(err.to_string(), "--dataplane=kernel: this kernel cannot run the wireguard backend: no wireguard support");
+    let mut d = dual(&nl, DataplaneChoice::Auto, dir.path(), log);
+    block_on(d.lease_attrs(&ext(), None)).expect("auto");
+    assert_eq!(d.dataplane(), "userspace");
+    // With the module, auto takes the kernel.
+    let nl = fake(&["wireguard"], false);
+    let mut d = dual(&nl, DataplaneChoice::Auto, dir.path(), Arc::new(Mutex::new(Vec::new())));
+    block_on(d.lease_attrs(&ext(), None)).expect("auto");
+    assert_eq!(d.dataplane(), "kernel");
+}
+
+#[test]
+fn live_switch_between_kernel_and_userspace_keeps_the_lease() {
+    let nl = fake(&["wireguard"], false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut d = dual(&nl, DataplaneChoice::Auto, dir.path(), log.clone());
+    let own = lease("10.244.1.0/24", "192.0.2.1", "wireguard", None);
+    let p = peer_lease("10.244.2.0/24", "192.0.2.2", PEER_KEY, Some(51820));
+    block_on(async {
+        d.lease_attrs(&ext(), None).await.expect("attrs");
+        d.setup(&own).await.expect("setup");
+        d.apply(&Change::Add(p.clone())).await.expect("add");
+    });
+    assert_eq!(d.dataplane(), "kernel");
+    let has_dev = |nl: &FakeNetlink| nl.links().values().any(|l| l.link.name == "flannel-wg");
+    assert!(has_dev(&nl));
+    assert_eq!(block_on(d.switch_dataplane(DataplaneChoice::Userspace)).expect("to userspace"), "userspace");
+    assert!(!has_dev(&nl), "kernel device removed");
+    assert_eq!(*log.lock().expect("log"), vec!["setup".to_string(), "Add".to_string()]);
+    nl.take_ops();
+    assert_eq!(block_on(d.switch_dataplane(DataplaneChoice::Kernel)).expect("to kernel"), "kernel");
+    assert!(has_dev(&nl));
+    let peers: Vec<_> = nl.ops().into_iter().filter_map(|o| match o { Op::WgSet(s) => Some(s.peers), _ => None }).flatten().collect();
+    assert_eq!(peers.len(), 1, "the known peer is applied again");
+    assert_eq!(peers[0].public_key, key(PEER_KEY));
+}

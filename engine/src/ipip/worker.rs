@@ -1,0 +1,394 @@
+//! One IPIP worker thread: a TUN queue and one raw IPIP socket (send and
+//! receive; its BPF filter keeps this worker's share of the received flows).
+//!
+//! The loop alternates two budgeted steps and sleeps in `poll` only when both
+//! found nothing:
+//! - TUN -> raw: up to [`TUN_BUDGET`] reads; each IPv4 packet is routed,
+//!   segmented (userspace GSO; raw IP has no kernel GSO) into the TX arena and
+//!   queued as one `sendmmsg` message per segment with its outer TTL/TOS; the
+//!   queue is flushed (DF messages first, then the others: DF is a socket
+//!   mode) when full and at the end of the step.
+//! - raw -> TUN: one `recvmmsg`, outer header stripped, anti-spoofing and
+//!   decap per packet, userspace GRO, one `writev` per (coalesced) packet.
+//!
+//! The peer table is loaded once per step. All buffers are allocated at start.
+
+use std::io::IoSlice;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use arc_swap::ArcSwap;
+
+use crate::encap::DropReason;
+use crate::offload::gro::{Gro, Pushed};
+use crate::offload::gso;
+use crate::peers::PeerTable;
+use crate::stats::{Ctr, Local, Shared};
+use crate::sys::raw::{BATCH, Raw, RawTx};
+use crate::sys::tun::Queue;
+use crate::wire::{ipv4, vnet};
+
+/// TUN reads per step.
+pub const TUN_BUDGET: usize = 64;
+/// Largest inner packet an outer IPv4 packet can carry.
+const MAX_INNER: usize = 65535 - ipv4::HEADER_LEN;
+const TUN_BUF: usize = vnet::HEADER_LEN + 65536;
+const TX_ARENA: usize = 1 << 20;
+const TX_MSGS: usize = 1024;
+const RX_SLOT: usize = 65536;
+const RX_SLOTS: usize = 32;
+
+// Memory budget per worker, checked at compile time: TX arena + RX arena + TUN buffer.
+const _: () = assert!(TX_ARENA + RX_SLOT * RX_SLOTS + TUN_BUF <= 4 << 20);
+const _: () = assert!(RX_SLOTS <= BATCH);
+
+/// Everything an IPIP worker needs, moved into its thread.
+pub(crate) struct IpipWorker {
+    pub tun: Queue,
+    pub vnet_hdr: bool,
+    pub sock: Raw,
+    pub peers: Arc<ArcSwap<PeerTable>>,
+    pub anti_spoof: bool,
+    pub mtu: usize,
+    pub stop: Arc<AtomicBool>,
+    pub shared: Arc<Shared>,
+}
+
+/// A queued message and whether it leaves with DF.
+#[derive(Clone, Copy)]
+struct Queued {
+    msg: RawTx,
+    df: bool,
+}
+
+struct Buffers {
+    tun: Vec<u8>,
+    tx: Vec<u8>,
+    tx_pos: usize,
+    msgs: Vec<Queued>,
+    rx: Vec<u8>,
+    lens: [usize; RX_SLOTS],
+    /// Segments of oversize received packets when the TUN has no vnet header.
+    scratch: Vec<u8>,
+    gro: Gro,
+}
+
+impl IpipWorker {
+    pub(crate) fn run(self) {
+        let mut b = Buffers {
+            tun: vec![0; TUN_BUF],
+            tx: vec![0; TX_ARENA],
+            tx_pos: 0,
+            msgs: Vec::with_capacity(TX_MSGS),
+            rx: vec![0; RX_SLOT * RX_SLOTS],
+            lens: [0; RX_SLOTS],
+            scratch: if self.vnet_hdr {
+                Vec::new()
+            } else {
+                vec![0; 2 * RX_SLOT]
+            },
+            gro: Gro::new(self.mtu),
+        };
+        let mut ctr = Local::default();
+        while !self.stop.load(Ordering::Relaxed) {
+            let a = self.tun_step(&mut b, &mut ctr);
+            let r = self.raw_step(&mut b, &mut ctr);
+            ctr.publish(&self.shared);
+            if !a && !r {
+                self.wait();
+            }
+        }
+    }
+
+    fn wait(&self) {
+        let mut fds = [
+            libc::pollfd {
+                fd: self.tun.raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.sock.raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: `fds` is a valid array of two pollfd structs for the duration of the call.
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, 100) };
+    }
+
+    // === TUN -> raw ===
+
+    fn tun_step(&self, b: &mut Buffers, ctr: &mut Local) -> bool {
+        let peers = self.peers.load();
+        let mut any = false;
+        for _ in 0..TUN_BUDGET {
+            let n = match self.tun.read(&mut b.tun) {
+                Ok(Some(n)) => n,
+                Ok(None) => break,
+                Err(_) => {
+                    ctr.add(Ctr::IoErrors, 1);
+                    break;
+                }
+            };
+            any = true;
+            ctr.add(Ctr::TunReads, 1);
+            if let Err(r) = self.on_tun_packet(b, n, &peers, ctr) {
+                ctr.drop(r, 1);
+            }
+        }
+        self.flush_tx(b, ctr);
+        any
+    }
+
+    fn on_tun_packet(
+        &self,
+        b: &mut Buffers,
+        n: usize,
+        peers: &PeerTable,
+        ctr: &mut Local,
+    ) -> Result<(), DropReason> {
+        let (hdr, off) = match self.vnet_hdr {
+            true => (
+                vnet::VnetHdr::parse(&b.tun[..n]).ok_or(DropReason::Malformed)?,
+                vnet::HEADER_LEN,
+            ),
+            false => (vnet::VnetHdr::default(), 0),
+        };
+        let pkt = &mut b.tun[off..n];
+        let pkt_len = pkt.len();
+        match pkt.first().map(|v| v >> 4) {
+            Some(4) if pkt_len >= ipv4::HEADER_LEN => {}
+            // IPIP carries IPv4 only; the TUN has no IPv6 routes (link-local chatter ends here).
+            Some(6) => return Err(DropReason::NoRoute),
+            _ => return Err(DropReason::Malformed),
+        }
+        let d: [u8; 4] = [pkt[16], pkt[17], pkt[18], pkt[19]];
+        let dst = match peers.lookup_v4(d).map(|e| e.dst.ip()) {
+            Some(IpAddr::V4(a)) => a,
+            _ => return Err(DropReason::NoRoute),
+        };
+        let outer = super::outer_params(pkt).ok_or(DropReason::Malformed)?;
+        let gso_type = hdr.gso_type & !vnet::GSO_ECN;
+        if gso_type == vnet::GSO_TCPV4 && hdr.gso_size > 0 {
+            let gs = usize::from(hdr.gso_size);
+            let need = gso::required_len(pkt, gs, 0).ok_or(DropReason::Malformed)?;
+            if need > b.tx.len() {
+                return Err(DropReason::Mtu);
+            }
+            if b.tx_pos + need > b.tx.len() || b.msgs.len() + need / gs.max(1) + 2 > TX_MSGS {
+                self.flush_tx(b, ctr);
+            }
+            let pkt = &b.tun[off..n];
+            let start = b.tx_pos;
+            let segs = gso::tcp_segment(pkt, gs, 0, &mut b.tx[start..])?;
+            ctr.add(Ctr::GsoSuperPackets, 1);
+            for i in 0..segs.count {
+                let len = if i + 1 == segs.count {
+                    segs.last_len
+                } else {
+                    segs.stride
+                };
+                Self::queue(b, dst, outer, start + i * segs.stride, len);
+                ctr.add(Ctr::TxPackets, 1);
+                ctr.add(Ctr::TxBytes, len as u64);
+            }
+            b.tx_pos += segs.total_len();
+        } else {
+            if gso_type != vnet::GSO_NONE {
+                return Err(DropReason::Malformed);
+            }
+            if hdr.flags & vnet::F_NEEDS_CSUM != 0 {
+                gso::complete_checksum(
+                    pkt,
+                    usize::from(hdr.csum_start),
+                    usize::from(hdr.csum_offset),
+                )?;
+            }
+            if pkt_len > MAX_INNER {
+                return Err(DropReason::Mtu);
+            }
+            if b.tx_pos + pkt_len > b.tx.len() || b.msgs.len() + 1 > TX_MSGS {
+                self.flush_tx(b, ctr);
+            }
+            let s = b.tx_pos;
+            b.tx[s..s + pkt_len].copy_from_slice(&b.tun[off..n]);
+            Self::queue(b, dst, outer, s, pkt_len);
+            b.tx_pos += pkt_len;
+            ctr.add(Ctr::TxPackets, 1);
+            ctr.add(Ctr::TxBytes, pkt_len as u64);
+        }
+        Ok(())
+    }
+
+    fn queue(b: &mut Buffers, dst: Ipv4Addr, o: super::OuterParams, start: usize, len: usize) {
+        b.msgs.push(Queued {
+            msg: RawTx {
+                dst,
+                start,
+                len,
+                ttl: o.ttl,
+                tos: o.tos,
+            },
+            df: o.df,
+        });
+    }
+
+    /// Sends the queue: DF messages, then the others (a flow's DF bit does not
+    /// change, so per-flow order is kept).
+    fn flush_tx(&self, b: &mut Buffers, ctr: &mut Local) {
+        let mut batch = [RawTx {
+            dst: Ipv4Addr::UNSPECIFIED,
+            start: 0,
+            len: 0,
+            ttl: 0,
+            tos: 0,
+        }; BATCH];
+        for df in [true, false] {
+            if !b.msgs.iter().any(|q| q.df == df) {
+                continue;
+            }
+            if self.sock.set_df(df).is_err() {
+                ctr.add(Ctr::IoErrors, 1);
+            }
+            let mut n = 0;
+            for q in b.msgs.iter().filter(|q| q.df == df) {
+                batch[n] = q.msg;
+                n += 1;
+                if n == BATCH {
+                    self.send_all(&batch[..n], &b.tx, ctr);
+                    n = 0;
+                }
+            }
+            if n > 0 {
+                self.send_all(&batch[..n], &b.tx, ctr);
+            }
+        }
+        b.msgs.clear();
+        b.tx_pos = 0;
+    }
+
+    fn send_all(&self, msgs: &[RawTx], arena: &[u8], ctr: &mut Local) {
+        let mut i = 0;
+        while i < msgs.len() {
+            ctr.add(Ctr::UdpSends, 1);
+            match self.sock.send_batch(&msgs[i..], arena) {
+                Ok(0) => {
+                    ctr.add(Ctr::UdpSendErrors, (msgs.len() - i) as u64);
+                    return;
+                }
+                Ok(k) => i += k,
+                Err(e) => {
+                    if e.raw_os_error() == Some(libc::EMSGSIZE) {
+                        ctr.drop(DropReason::Mtu, 1);
+                    } else {
+                        ctr.add(Ctr::UdpSendErrors, 1);
+                    }
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    // === raw -> TUN ===
+
+    fn raw_step(&self, b: &mut Buffers, ctr: &mut Local) -> bool {
+        let got = match self.sock.recv_batch(&mut b.rx, RX_SLOT, &mut b.lens) {
+            Ok(0) => return false,
+            Ok(g) => g,
+            Err(_) => {
+                ctr.add(Ctr::IoErrors, 1);
+                return false;
+            }
+        };
+        ctr.add(Ctr::UdpRecvs, 1);
+        let peers = self.peers.load();
+        for i in 0..got {
+            let base = i * RX_SLOT;
+            let len = b.lens[i];
+            let pkt = &mut b.rx[base..base + len];
+            let Some(src) = super::outer_source(pkt) else {
+                ctr.drop(DropReason::Malformed, 1);
+                continue;
+            };
+            let entries = peers.endpoint_entries(IpAddr::V4(src));
+            if self.anti_spoof && entries.is_empty() {
+                ctr.drop(DropReason::UnknownPeer, 1);
+                continue;
+            }
+            let r = match super::decap(pkt) {
+                Ok(r) => r,
+                Err(e) => {
+                    ctr.drop(e, 1);
+                    continue;
+                }
+            };
+            let (start, plen) = (base + r.start, r.end - r.start);
+            let inner = &b.rx[start..start + plen];
+            let inner_src = IpAddr::from([inner[12], inner[13], inner[14], inner[15]]);
+            if self.anti_spoof && !peers.src_allowed(entries, inner_src) {
+                ctr.drop(DropReason::SpoofedSource, 1);
+                continue;
+            }
+            ctr.add(Ctr::RxPackets, 1);
+            ctr.add(Ctr::RxBytes, plen as u64);
+            if self.vnet_hdr {
+                if b.gro.push(&b.rx, start, plen) == Pushed::Full {
+                    self.flush_rx(b, ctr);
+                    let _ = b.gro.push(&b.rx, start, plen);
+                }
+            } else {
+                self.write_plain(b, start, plen, ctr);
+            }
+        }
+        if self.vnet_hdr {
+            self.flush_rx(b, ctr);
+        }
+        true
+    }
+
+    /// TUN without vnet header: complete partial checksums and segment
+    /// oversize TCP packets in userspace before writing.
+    fn write_plain(&self, b: &mut Buffers, start: usize, plen: usize, ctr: &mut Local) {
+        let pkt = &mut b.rx[start..start + plen];
+        if plen > self.mtu
+            && let Some(hdrs) = gso::tcp_headers_len(pkt)
+            && self.mtu > hdrs
+            && let Ok(segs) = gso::tcp_segment(pkt, self.mtu - hdrs, 0, &mut b.scratch)
+        {
+            for i in 0..segs.count {
+                let len = if i + 1 == segs.count {
+                    segs.last_len
+                } else {
+                    segs.stride
+                };
+                let s = &b.scratch[i * segs.stride..i * segs.stride + len];
+                match self.tun.writev(&[IoSlice::new(s)]) {
+                    Ok(_) => ctr.add(Ctr::TunWrites, 1),
+                    Err(_) => ctr.add(Ctr::TunWriteErrors, 1),
+                }
+            }
+            return;
+        }
+        if let Some((cs, co)) = crate::offload::partial_checksum(pkt) {
+            let _ = gso::complete_checksum(pkt, cs, co);
+        }
+        match self.tun.writev(&[IoSlice::new(pkt)]) {
+            Ok(_) => ctr.add(Ctr::TunWrites, 1),
+            Err(_) => ctr.add(Ctr::TunWriteErrors, 1),
+        }
+    }
+
+    fn flush_rx(&self, b: &mut Buffers, ctr: &mut Local) {
+        let tun = &self.tun;
+        let (mut ok, mut err) = (0, 0);
+        b.gro.flush(&mut b.rx, |iov| match tun.writev(iov) {
+            Ok(_) => ok += 1,
+            Err(_) => err += 1,
+        });
+        ctr.add(Ctr::TunWrites, ok);
+        ctr.add(Ctr::TunWriteErrors, err);
+        ctr.add(Ctr::GroCoalesced, b.gro.take_coalesced());
+    }
+}

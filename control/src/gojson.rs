@@ -8,7 +8,7 @@
 //! - when a key appears twice (in any case), the **last** value wins;
 //! - a JSON `null` for a non-pointer field leaves the field unchanged.
 //!
-//! [`fold_object`] turns an object into one whose keys are lower-cased with
+//! [`parse_object`] turns an object into one whose keys are folded with
 //! those rules applied, so that a serde struct with lower-case field names (and
 //! `Option` for fields that may be absent or null) decodes like Go would.
 
@@ -35,27 +35,26 @@ pub enum GoJsonError {
 }
 
 /// Parses `text` as a JSON object and folds its keys (see the module docs).
+/// Every member is seen in document order, exact duplicates included (serde's
+/// own map would merge those before the last-wins rule could apply), with
+/// Go's key folding ([`crate::config::decode::fold_key`]).
 pub fn parse_object(text: &[u8]) -> Result<Map<String, Value>, GoJsonError> {
-    let value: Value = serde_json::from_slice(text).map_err(GoJsonError::Syntax)?;
-    match value {
-        Value::Object(map) => Ok(fold_object(map)),
-        other => Err(GoJsonError::NotAnObject(kind(&other))),
-    }
-}
-
-/// Lower-cases the keys of one object level; for duplicates the last wins and
-/// `null` values are dropped (Go leaves the field untouched on `null`).
-pub fn fold_object(map: Map<String, Value>) -> Map<String, Value> {
-    let mut out = Map::with_capacity(map.len());
-    for (k, v) in map {
-        let k = k.to_lowercase();
-        if v.is_null() {
-            // A later null does not undo an earlier value in Go either.
-            continue;
+    use crate::config::decode::{JsonDoc, fold_key, parse_doc};
+    match parse_doc(text).map_err(GoJsonError::Syntax)? {
+        JsonDoc::Object(members) => {
+            let mut out = Map::with_capacity(members.len());
+            for (k, raw) in members {
+                let v: Value = serde_json::from_str(raw.get()).map_err(GoJsonError::Syntax)?;
+                // A null leaves the field as it was, in Go too.
+                if !v.is_null() {
+                    out.insert(fold_key(&k), v);
+                }
+            }
+            Ok(out)
         }
-        out.insert(k, v);
+        JsonDoc::Null => Err(GoJsonError::NotAnObject("null")),
+        JsonDoc::Other(kind) => Err(GoJsonError::NotAnObject(kind)),
     }
-    out
 }
 
 /// Takes field `name` (lower-case) out of a folded object and decodes it.
@@ -95,6 +94,13 @@ mod tests {
         assert_eq!(m.get("network"), Some(&Value::from("10.3.0.0/16")));
         assert_eq!(m.get("x"), Some(&Value::from(1)));
         assert!(m.get("Network").is_none());
+    }
+
+    #[test]
+    fn exact_duplicate_then_null_keeps_the_first_value() {
+        // serde_json's map would merge these before folding; Go keeps "a".
+        let m = parse_object(br#"{"PublicIP":"a","PublicIP":null}"#).expect("valid");
+        assert_eq!(m.get("publicip"), Some(&Value::from("a")));
     }
 
     #[test]

@@ -24,7 +24,7 @@
 
 pub mod backend;
 mod check;
-mod decode;
+pub(crate) mod decode;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 

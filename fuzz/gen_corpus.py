@@ -225,7 +225,57 @@ def cni():
     write("cni_config", "delegate-bad", b'{"name":"n","delegate":{"type":7,"ipam":{}}}')
 
 
+def node(name, cidrs, ann, v6=False):
+    import json
+
+    spec = {"podCIDR": cidrs[0], "podCIDRs": cidrs}
+    return json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "annotations": ann, "labels": {"kubernetes.io/hostname": name}}, "spec": spec, "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.11"}]}})
+
+
+def kube():
+    p = "flannel.alpha.coreos.com/"
+    vx = {p + "backend-data": '{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}', p + "backend-type": "vxlan", p + "kube-subnet-manager": "true", p + "public-ip": "192.0.2.11"}
+    write("node_annotations", "flannel-vxlan", node("worker-1", ["10.244.1.0/24"], vx))
+    dual = dict(vx)
+    dual.update({p + "backend-v6-data": '{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:45"}', p + "public-ipv6": "2001:db8::11", p + "public-ip-overwrite": "198.51.100.11"})
+    write("node_annotations", "dual-stack-overwrite", node("worker-2", ["10.244.2.0/24", "fc00:0:0:2::/64"], dual))
+    hg = {p + "backend-data": "null", p + "backend-type": "host-gw", p + "kube-subnet-manager": "true", p + "public-ip": "203.0.113.4", p + "node-public-ip": "bogus"}
+    write("node_annotations", "host-gw-null-data", node("worker-3", ["10.244.3.0/24"], hg))
+
+
+def ipip_vici():
+    outer = lambda inner, tos=0: ipv4(ip4("192.0.2.11"), ip4("192.0.2.12"), 4, inner, ttl=63)[:1] + bytes([tos]) + ipv4(ip4("192.0.2.11"), ip4("192.0.2.12"), 4, inner, ttl=63)[2:]
+    write("ipip_decap", "icmp-echo", ipv4(ip4("192.0.2.11"), ip4("192.0.2.12"), 4, icmp4_echo(A, B), ttl=63))
+    ect = bytearray(tcp4(A, B, 1, payload(3000)))
+    ect[1] = 0x02  # ECT(0)
+    ect[10:12] = b"\0\0"
+    ect[10:12] = struct.pack("!H", csum(bytes(ect[:20])))
+    write("ipip_decap", "ce-on-ect-oversize-tcp", outer(bytes(ect), tos=0x03))
+    write("ipip_decap", "udp-partial", ipv4(ip4("192.0.2.11"), ip4("192.0.2.12"), 4, udp4(A, B, payload(64), mode="partial")))
+
+    def name(n):
+        return bytes([len(n)]) + n.encode()
+
+    def kv(k, v):
+        return b"\x03" + name(k) + struct.pack("!H", len(v)) + v.encode()
+
+    def lst(k, items):
+        return b"\x04" + name(k) + b"".join(b"\x05" + struct.pack("!H", len(i)) + i.encode() for i in items) + b"\x06"
+
+    def sec(k, body):
+        return b"\x01" + name(k) + body + b"\x02"
+
+    child = sec("children", sec("weft", kv("mode", "tunnel") + lst("local_ts", ["10.244.1.0/24"]) + lst("remote_ts", ["10.244.2.0/24"])))
+    conn = sec("weft-192.0.2.12", kv("version", "2") + lst("local_addrs", ["192.0.2.11"]) + lst("remote_addrs", ["192.0.2.12"]) + sec("local", kv("auth", "psk")) + child)
+    write("vici", "load-conn-request", b"\x00" + name("load-conn") + conn)
+    write("vici", "response-success", b"\x01" + kv("success", "yes"))
+    write("vici", "event-ike-updown", b"\x07" + name("ike-updown") + kv("up", "yes") + sec("weft-192.0.2.12", kv("state", "ESTABLISHED")))
+    write("vici", "event-register", b"\x03" + name("ike-updown"))
+
+
 if __name__ == "__main__":
     engine()
     control()
     cni()
+    kube()
+    ipip_vici()

@@ -21,9 +21,13 @@ use weft_control::demo::netns::Netns;
 /// The network every fault test uses.
 pub const NETWORK: &str = "10.244.0.0/16";
 
-/// A net-conf.json for `backend` (e.g. `vxlan`, `udp`).
+/// A net-conf.json for `backend` (e.g. `vxlan`, `udp`). Nodes take subnets
+/// only up to 10.244.63.0/24, so that the tests' made-up leases and
+/// addresses (10.244.64.0 and above) never collide with a real node's.
 pub fn net_conf(backend: &str) -> String {
-    format!(r#"{{"Network":"{NETWORK}","Backend":{{"Type":"{backend}"}}}}"#)
+    format!(
+        r#"{{"Network":"{NETWORK}","SubnetMax":"10.244.63.0","Backend":{{"Type":"{backend}"}}}}"#
+    )
 }
 
 /// Starts a cluster of `nodes` nodes; `args` are the weftd arguments.

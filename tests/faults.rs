@@ -413,9 +413,9 @@ fn damaged_embedded_store_is_refused_not_lost() {
             .collect();
         std::fs::write(&db, &bytes).expect("damage leases.db");
         // The running daemons notice, say so, and keep going.
-        for n in 0..2 {
+        for (n, before) in seen.into_iter().enumerate() {
             wait_for(&format!("node {n} to report the {how} file"), LONG, || {
-                (c.log(n).matches("leases.db is damaged").count() > seen[n]).then_some(())
+                (c.log(n).matches("leases.db is damaged").count() > before).then_some(())
             });
         }
         assert!(

@@ -43,20 +43,36 @@ fn every_target_has_a_replay_test_and_a_corpus() {
         "flannel_udp_decap",
         "gro",
         "tun_tx",
+        "ipip_decap",
         "net_conf",
         "lease_attrs",
         "subnet_key",
         "subnet_env",
         "store_file",
         "vxlan_backend_data",
+        "node_annotations",
+        "vici",
         "cni_command",
         "cni_config",
     ];
     let all: Vec<&str> = targets::ALL.iter().map(|(n, _)| *n).collect();
     assert_eq!(all, tested);
-    for t in all {
+    for t in &all {
         assert!(corpus_dir(t).is_dir(), "missing corpus for {t}");
     }
+    // ... and a cargo-fuzz binary.
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/Cargo.toml");
+    let manifest = std::fs::read_to_string(&manifest).expect("fuzz/Cargo.toml");
+    let bins: Vec<&str> = manifest
+        .split("[[bin]]")
+        .skip(1)
+        .filter_map(|b| b.lines().find_map(|l| l.strip_prefix("name = ")))
+        .map(|n| n.trim_matches('"'))
+        .collect();
+    assert_eq!(
+        bins, all,
+        "fuzz/Cargo.toml [[bin]]s differ from fuzz/targets"
+    );
 }
 
 macro_rules! replay_tests {
@@ -73,12 +89,15 @@ replay_tests!(
     flannel_udp_decap,
     gro,
     tun_tx,
+    ipip_decap,
     net_conf,
     lease_attrs,
     subnet_key,
     subnet_env,
     store_file,
     vxlan_backend_data,
+    node_annotations,
+    vici,
     cni_command,
     cni_config,
 );

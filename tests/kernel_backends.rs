@@ -289,9 +289,10 @@ fn backends_without_kernel_support_fail_clearly() {
     let psk = "p".repeat(96);
     let cases = [
         (
+            // auto runs the userspace IPIP engine instead (tests/ipip.rs).
             r#"{"Type":"ipip"}"#.to_string(),
-            vec![],
-            "this kernel cannot run the ipip backend (no ipip support)",
+            args(&["--dataplane=kernel"]),
+            "this kernel cannot run the ipip backend: no ipip support",
         ),
         (
             format!(r#"{{"Type":"ipsec","PSK":"{psk}"}}"#),

@@ -362,6 +362,14 @@ fn flannel_rbac_is_enough_and_needed() {
         "the error must name what is missing; log:\n{log}"
     );
     assert!(read_env(&n2.env).is_none(), "no subnet.env without a lease");
+
+    // A node without podCIDR: flanneld's refusal.
+    cp.apply("apiVersion: v1\nkind: Node\nmetadata: {name: n5}\n");
+    let mut n5 = Node::new(&mut cp, &pfx, "n5", 5);
+    n5.start_admin(&cp);
+    assert_ne!(exit(&mut n5), Some(0));
+    let log = n5.log();
+    assert!(log.contains(r#"node "n5" pod cidr not assigned"#), "{log}");
 }
 
 /// The apiserver restarts while a node is deleted behind its back (directly

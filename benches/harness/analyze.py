@@ -98,8 +98,9 @@ def summary(argv):
         unit = "kpps" if udp else "Gbit/s"
         extra = "loss%  rcvbuf_err" if udp else "retr  rcvbuf_err"
         print()
+        cpu = ("us/pkt", "daemon_us") if udp else ("cores/Gb", "daemon/Gb")
         print("%-6s %-24s %8s %15s %2s %8s %7s %9s %9s  %s" % (
-            t, "case (" + unit + ")", "median", "min-max", "n", "/kvxlan", "/veth", "cores/Gb", "daemon/Gb", extra))
+            t, "case (" + unit + ")", "median", "min-max", "n", "/kvxlan", "/veth", cpu[0], cpu[1], extra))
         for c in cases:
             m = stats(rows, c, t)
             if not m:
@@ -115,13 +116,17 @@ def summary(argv):
                 return s[0] if s else nan()
             tail = ("%5.1f %10.0f" % (med("loss_pct"), med("rcvbuf_errors")) if udp
                     else "%5.0f %10.0f" % (med("retransmits"), med("rcvbuf_errors")))
+            if udp:  # CPU microseconds per delivered packet
+                cpu = (med("machine_cores") * 1e3 / m[0], med("daemon_cores") * 1e3 / m[0]) if m[0] > 0 else (nan(), nan())
+            else:
+                cpu = (med("machine_cores_per_gbps"), med("daemon_cores_per_gbps"))
             print("%-6s %-24s %8.3f %7.3f-%-7.3f %2d %8s %7s %9.3f %9.3f  %s" % (
-                t, LABELS.get(c, c), m[0], m[1], m[2], m[3], ratio("kvxlan"), ratio("veth"),
-                med("machine_cores_per_gbps"), med("daemon_cores_per_gbps"), tail))
+                t, LABELS.get(c, c), m[0], m[1], m[2], m[3], ratio("kvxlan"), ratio("veth"), cpu[0], cpu[1], tail))
     print()
     print("median of the rounds; min-max over rounds; /kvxlan and /veth: ratio of medians;")
     print("cores/Gb: machine CPU (both nodes, all processes and softirq) per received Gbit/s;")
-    print("daemon/Gb: weftd or wireguard-go CPU (both nodes) per received Gbit/s (kernel paths: 0).")
+    print("daemon/Gb: weftd or wireguard-go CPU (both nodes) per received Gbit/s (kernel paths: 0);")
+    print("udp64: us/pkt and daemon_us are the same CPU figures per delivered packet (microseconds).")
 
 
 def chart(argv):
@@ -161,7 +166,7 @@ def chart(argv):
         ax.set_xticks(list(x))
         ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
         ax.margins(y=0.25)
-    fig.suptitle("weft pod-to-pod, two nodes in netns on one host: %s x %s, kernel %s\n%s rounds; load average %s" % (
+    fig.suptitle("weft pod-to-pod, two nodes in netns on one host: %s x %s, kernel %s\nrounds: %s; load average at start %s" % (
         info.get("nproc", "?"), info.get("cpu", "?"), info.get("kernel", "?"), info.get("rounds", "?"),
         info.get("load average at start", "?")), fontsize=9)
     fig.tight_layout()

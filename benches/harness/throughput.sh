@@ -29,7 +29,7 @@
 # Env: REPS, DUR, CASES, TESTS (tcp1 tcp4 udp64), OUT (results directory,
 # default a new /tmp/weft-throughput.*), BIN (directory with weftd and flannel;
 # default $CARGO_TARGET_DIR/release, built with cargo unless NO_BUILD=1),
-# WEFTD_ARGS (extra weftd flags for every weft case).
+# WEFTD_ARGS (extra weftd flags for every weft case), PYTHON (default /usr/bin/python3).
 set -euo pipefail
 
 REPS=${REPS:-3}
@@ -43,6 +43,8 @@ OUT=${OUT:-$(mktemp -d /tmp/weft-throughput.XXXXXX)}
 WEFTD_ARGS=${WEFTD_ARGS:-}
 P=wth
 CNI_DIR=/usr/lib/cni
+# Debian's python3 (python3-matplotlib draws the chart), not a pyenv/venv one first in PATH.
+PY=${PYTHON:-$([ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3)}
 
 [ "$(id -u)" = 0 ] || { echo "run as root" >&2; exit 1; }
 for t in iperf3 wireguard-go wg python3 ip bridge; do
@@ -102,7 +104,7 @@ add_pod() { # node -> sets POD_IP<node>
     out=$(echo "$conf" | ip netns exec $P-n$n env CNI_COMMAND=ADD CNI_CONTAINERID=${P}pod$n CNI_NETNS=/var/run/netns/$P-p$n \
         CNI_IFNAME=eth0 CNI_PATH="$BIN:$CNI_DIR" "$BIN/flannel") || { echo "CNI ADD on node $n failed: $out" >&2; return 1; }
     local ip
-    ip=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ips"][0]["address"].split("/")[0])') \
+    ip=$(echo "$out" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["ips"][0]["address"].split("/")[0])') \
         || { echo "CNI ADD on node $n: no address in $out" >&2; return 1; }
     eval "POD_IP$n=$ip"
 }
@@ -205,7 +207,7 @@ run_test() { # test -> appends one row to results.tsv
     ip netns exec $SRC_NS iperf3 -c "$POD_IP2" -B "$POD_IP1" -J "${args[@]}" >"$json" 2>/dev/null || true
     s1=$(snap); t1=$(date +%s.%N)
     wait $srv 2>/dev/null || true
-    python3 "$HERE/analyze.py" row "$json" "$CASE" "$1" "$ROUND" "$(nproc)" "$(getconf CLK_TCK)" "$t0 $t1" "$s0" "$s1" \
+    "$PY" "$HERE/analyze.py" row "$json" "$CASE" "$1" "$ROUND" "$(nproc)" "$(getconf CLK_TCK)" "$t0 $t1" "$s0" "$s1" \
         >>"$OUT/results.tsv"
     tail -1 "$OUT/results.tsv" | awk -F'\t' '{printf "round %s %-12s %-6s %8s %s, machine %s cores, daemons %s cores\n", $3, $1, $2, $4, $5, $6, $7}' >&2
 }
@@ -219,7 +221,7 @@ run_test() { # test -> appends one row to results.tsv
     echo "iperf3: $(iperf3 --version | head -1)"
     echo "rounds: $REPS, $DUR s per test"
 } | tee "$OUT/machine.txt" >&2
-python3 "$HERE/analyze.py" header >"$OUT/results.tsv"
+"$PY" "$HERE/analyze.py" header >"$OUT/results.tsv"
 read -r -a case_list <<<"$CASES"
 for ROUND in $(seq "$REPS"); do
     k=${#case_list[@]}
@@ -235,7 +237,7 @@ for ROUND in $(seq "$REPS"); do
 done
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/machine.txt" >&2
 
-python3 "$HERE/analyze.py" summary "$OUT/results.tsv" "$CASES" "$TESTS" "$OUT/machine.txt" | tee "$OUT/summary.txt"
-python3 "$HERE/analyze.py" chart "$OUT/results.tsv" "$CASES" "$TESTS" "$OUT/machine.txt" "$OUT/throughput.png" >&2 \
+"$PY" "$HERE/analyze.py" summary "$OUT/results.tsv" "$CASES" "$TESTS" "$OUT/machine.txt" | tee "$OUT/summary.txt"
+"$PY" "$HERE/analyze.py" chart "$OUT/results.tsv" "$CASES" "$TESTS" "$OUT/machine.txt" "$OUT/throughput.png" >&2 \
     || echo "no chart (python3-matplotlib missing?)" >&2
 echo "results: $OUT/results.tsv, $OUT/summary.txt, $OUT/throughput.png" >&2

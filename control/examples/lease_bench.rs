@@ -6,6 +6,17 @@
 //! cargo run --release -p weft-control --example lease_bench -- embedded 1000
 //! ```
 //!
+//! `scale` mode (root, inside a network namespace: `benches/harness/scale.sh`
+//! sets that up and runs every combination): N leases are written to the
+//! store, then one real `weftd` starts on it; reported are the time until its
+//! peer table holds all N peers (it logs `Subnet added: <key>` per peer), for
+//! host-gw also until the kernel holds all N routes, and weftd's peak RSS
+//! (`VmHWM`). Targets: N = 5,000 within 2 s and 64 MiB.
+//!
+//! ```sh
+//! ip netns exec NS lease_bench scale embedded 5000 host-gw auto /path/to/weftd eth0
+//! ```
+//!
 //! For each store (the embedded store in a temp dir, and a real etcd started
 //! on 127.0.0.1 when `/usr/bin/etcd` exists):
 //! - allocation: N nodes (distinct public IPs) each run the real allocator
@@ -26,6 +37,9 @@ use weft_control::store::embedded::EmbeddedStore;
 use weft_control::store::etcd::{EtcdOptions, EtcdStore};
 use weft_control::subnet::{LocalManager, Previous};
 
+#[path = "lease_bench/scale.rs"]
+mod scale;
+
 const SAMPLES: usize = 50;
 
 fn main() -> anyhow::Result<()> {
@@ -33,6 +47,9 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     if args.get(1).map(String::as_str) == Some("watch") {
         return rt.block_on(watch_mode(&args[2], &args[3]));
+    }
+    if args.get(1).map(String::as_str) == Some("scale") {
+        return scale::run(&rt, &args[2..]);
     }
     let which = args.get(1).cloned().unwrap_or_else(|| "all".into());
     let n: u32 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1000);

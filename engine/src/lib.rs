@@ -52,6 +52,11 @@
 //! `Tunn` is owned by exactly one worker; the [`wg`] docs explain how packets
 //! reach it without a lock.
 //!
+//! IPIP ([`ipip`]) has no header of its own: segments leave one by one on a
+//! raw `IPPROTO_IPIP` socket (the kernel writes the outer IPv4 header; raw IP
+//! has no GSO), and received packets are stripped of the outer header, checked
+//! (outer source a peer, inner source in its subnet) and coalesced.
+//!
 //! # Architecture invariants
 //!
 //! - The hot path does not allocate, lock, block on the control plane, log
@@ -65,6 +70,7 @@
 //! - The engine never talks to etcd or the apiserver.
 
 pub mod encap;
+pub mod ipip;
 pub mod offload;
 pub mod peers;
 mod stats;
@@ -85,7 +91,7 @@ use arc_swap::ArcSwap;
 pub use encap::DropReason;
 pub use ipnet;
 pub use peers::{Peer, PeerTable, WgPeer};
-pub use stats::{Drops, Stats};
+pub use stats::{Drops, PeerStats, Stats};
 pub use wg::WgSecret;
 
 use crate::encap::{Codec, Vxlan};
@@ -128,15 +134,19 @@ pub enum Encap {
         /// Our static private key.
         private_key: WgSecret,
     },
+    /// IPv4-in-IPv4 (IP protocol 4) on a raw socket, as flannel's kernel
+    /// `ipip` device speaks it ([`ipip`]). IPv4 only; no port.
+    Ipip,
 }
 
 impl Encap {
-    /// The UDP port.
+    /// The UDP port (0 for [`Encap::Ipip`]).
     pub fn port(&self) -> u16 {
         match self {
             Encap::FlannelUdp { port }
             | Encap::Vxlan { port, .. }
             | Encap::WireGuard { port, .. } => *port,
+            Encap::Ipip => 0,
         }
     }
 }
@@ -239,6 +249,9 @@ impl Engine {
         if let Encap::WireGuard { port, private_key } = cfg.encap {
             return Self::start_wireguard(cfg, port, private_key);
         }
+        if cfg.encap == Encap::Ipip {
+            return ipip::start(cfg);
+        }
         let codec = match cfg.encap {
             Encap::FlannelUdp { .. } => Codec::FlannelUdp,
             Encap::Vxlan { vni, local_mac, .. } => {
@@ -250,7 +263,9 @@ impl Engine {
                 }
                 Codec::Vxlan(Vxlan { vni, local_mac })
             }
-            Encap::WireGuard { .. } => return Err(EngineError::Config("unreachable")),
+            Encap::WireGuard { .. } | Encap::Ipip => {
+                return Err(EngineError::Config("unreachable"));
+            }
         };
         if cfg.mtu < 68 {
             return Err(EngineError::Config("mtu below 68"));
@@ -314,6 +329,7 @@ impl Engine {
                 udp_gso: udp_gso.clone(),
                 stop: stop.clone(),
                 shared: Arc::new(Shared::default()),
+                index: built.len(),
             });
         }
         let counters: Vec<_> = built.iter().map(|w| w.shared.clone()).collect();
@@ -343,8 +359,20 @@ impl Engine {
     /// peers keep their sessions when their key, PSK and keepalive stay.
     pub fn set_peers(&self, peers: Vec<Peer>) {
         let mut ids = self.wg_ids.lock().unwrap_or_else(|p| p.into_inner());
-        self.peers
-            .store(Arc::new(PeerTable::with_ids(&peers, self.port, &mut ids)));
+        let mut table = PeerTable::with_ids(&peers, self.port, &mut ids);
+        table.attach_counters(&self.peers.load(), self.counters.len());
+        self.peers.store(Arc::new(table));
+    }
+
+    /// Per-peer counters of the current table, by subnet, in table order;
+    /// `None` when this engine's workers keep none (WireGuard and IPIP
+    /// for now). Reads the counters; nothing is asked of the workers.
+    pub fn peer_stats(&self) -> Option<Vec<(ipnet::IpNet, PeerStats)>> {
+        if !stats::counts_peers(self.counters.iter().map(|c| &**c)) {
+            return None;
+        }
+        let t = self.peers.load();
+        Some(t.entries().iter().map(|e| (e.subnet, e.counters.sum())).collect())
     }
 
     fn start_wireguard(cfg: EngineConfig, port: u16, key: WgSecret) -> Result<Engine, EngineError> {

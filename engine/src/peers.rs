@@ -8,7 +8,11 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
+use std::sync::Arc;
+
 use ipnet::IpNet;
+
+use crate::stats::PeerSlots;
 
 /// A remote node, as the daemon derives it from a lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,6 +113,8 @@ pub struct Entry {
     pub mac: [u8; 6],
     /// Index into [`PeerTable::wg_peers`] (WireGuard).
     pub wg: Option<usize>,
+    /// Per-peer counters (empty until [`PeerTable::attach_counters`]).
+    pub(crate) counters: Arc<PeerSlots>,
 }
 
 /// Immutable routing + anti-spoofing table.
@@ -187,6 +193,7 @@ impl PeerTable {
                 dst: SocketAddr::new(p.endpoint, dst_port),
                 mac: p.vtep_mac.unwrap_or([0; 6]),
                 wg,
+                counters: Arc::default(),
             });
             match subnet {
                 IpNet::V4(n) => {
@@ -216,6 +223,32 @@ impl PeerTable {
         t.v6.sort_by_key(|e| std::cmp::Reverse(e.0));
         ids.retain(&keys);
         t
+    }
+
+    /// Gives every entry per-peer counters for `workers` workers, taking
+    /// over those of `prev`'s entry with the same subnet (control path only).
+    pub(crate) fn attach_counters(&mut self, prev: &PeerTable, workers: usize) {
+        let old: HashMap<IpNet, &Arc<PeerSlots>> = prev
+            .entries
+            .iter()
+            .filter(|o| !o.counters.is_empty())
+            .map(|o| (o.subnet, &o.counters))
+            .collect();
+        for e in &mut self.entries {
+            e.counters = old
+                .get(&e.subnet)
+                .map_or_else(|| PeerSlots::new(workers), |c| Arc::clone(c));
+        }
+    }
+
+    /// Which of `entries` (indices from [`PeerTable::endpoint_entries`]) has
+    /// `inner_src` in its subnet.
+    #[inline]
+    pub fn src_entry(&self, entries: &[usize], inner_src: IpAddr) -> Option<&Entry> {
+        entries
+            .iter()
+            .filter_map(|&i| self.entries.get(i))
+            .find(|e| e.subnet.contains(&inner_src))
     }
 
     /// The WireGuard peers.

@@ -6,7 +6,14 @@
 //! `tx_packets/tx_bytes` = inner packets/bytes encapsulated and handed to UDP,
 //! `rx_packets/rx_bytes` = inner packets/bytes decapsulated and written to TUN,
 //! plus syscall and offload counters and one drop counter per [`DropReason`].
+//!
+//! Per-peer counters ([`PeerStats`], read with [`crate::Engine::peer_stats`])
+//! live in each peer-table entry: one cache-line slot per worker, written
+//! only by that worker (a relaxed load and store, no read-modify-write, no
+//! allocation) and summed on read. The slots move to the next table for an
+//! unchanged subnet, so counters survive peer-table swaps.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::encap::DropReason;
@@ -43,9 +50,11 @@ pub(crate) enum Ctr {
     UdpSendErrors,
     TunWriteErrors,
     IoErrors,
+    /// Set to 1 by workers that keep per-peer counters.
+    PeerCounting,
 }
 
-const N: usize = Ctr::IoErrors as usize + 1;
+const N: usize = Ctr::PeerCounting as usize + 1;
 
 impl From<DropReason> for Ctr {
     fn from(r: DropReason) -> Self {
@@ -128,6 +137,69 @@ pub struct Drops {
     pub tun_write_errors: u64,
     /// Other I/O errors (reads, receives).
     pub io_errors: u64,
+}
+
+/// Whether any worker of `blocks` keeps per-peer counters.
+pub(crate) fn counts_peers<'a>(blocks: impl IntoIterator<Item = &'a Shared>) -> bool {
+    blocks
+        .into_iter()
+        .any(|b| b.0[Ctr::PeerCounting as usize].load(Ordering::Relaxed) > 0)
+}
+
+/// Counters of one peer (one subnet of the peer table), summed over workers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerStats {
+    /// Inner packets sent to the peer.
+    pub tx_packets: u64,
+    /// Inner bytes sent to the peer.
+    pub tx_bytes: u64,
+    /// Inner packets received from the peer (after anti-spoofing).
+    pub rx_packets: u64,
+    /// Inner bytes received from the peer.
+    pub rx_bytes: u64,
+}
+
+/// One worker's slot: tx packets, tx bytes, rx packets, rx bytes.
+#[repr(align(64))]
+#[derive(Debug, Default)]
+struct PeerSlot([AtomicU64; 4]);
+
+/// Per-peer counters, one slot per worker (see the module docs).
+#[derive(Debug, Default)]
+pub(crate) struct PeerSlots(Box<[PeerSlot]>);
+
+impl PeerSlots {
+    /// Zeroed slots for `workers` workers.
+    pub(crate) fn new(workers: usize) -> Arc<PeerSlots> {
+        Arc::new(PeerSlots((0..workers).map(|_| PeerSlot::default()).collect()))
+    }
+
+    /// Counts for worker `w` (the only writer of its slot).
+    #[inline]
+    pub(crate) fn add(&self, w: usize, tx: bool, packets: u64, bytes: u64) {
+        if let Some(s) = self.0.get(w) {
+            let i = if tx { 0 } else { 2 };
+            let (p, b) = (&s.0[i], &s.0[i + 1]);
+            p.store(p.load(Ordering::Relaxed) + packets, Ordering::Relaxed);
+            b.store(b.load(Ordering::Relaxed) + bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether there are no slots (counters not attached).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The sum over workers.
+    pub(crate) fn sum(&self) -> PeerStats {
+        let mut t = [0u64; 4];
+        for s in self.0.iter() {
+            for (d, v) in t.iter_mut().zip(s.0.iter()) {
+                *d += v.load(Ordering::Relaxed);
+            }
+        }
+        PeerStats { tx_packets: t[0], tx_bytes: t[1], rx_packets: t[2], rx_bytes: t[3] }
+    }
 }
 
 /// Engine counters, summed over workers.

@@ -60,6 +60,8 @@ pub(crate) struct Worker {
     pub udp_gso: Arc<AtomicBool>,
     pub stop: Arc<AtomicBool>,
     pub shared: Arc<Shared>,
+    /// This worker's slot in per-peer counters.
+    pub index: usize,
 }
 
 /// A queued message plus the send socket it leaves through.
@@ -117,6 +119,7 @@ impl Worker {
             gro: Gro::new(self.mtu),
         };
         let mut ctr = Local::default();
+        ctr.add(Ctr::PeerCounting, 1);
         while !self.stop.load(Ordering::Relaxed) {
             let a = self.tun_step(&mut b, &mut ctr);
             let r = self.udp_step(&mut b, &mut ctr);
@@ -204,6 +207,7 @@ impl Worker {
             return Err(DropReason::NoRoute);
         };
         let (dst, mac) = (entry.dst, entry.mac);
+        let peer_ctr = &entry.counters;
         self.codec.prepare_inner(pkt)?;
         let sock = (flow_hash(pkt) as usize) % self.tx.len().max(1);
         let headroom = self.codec.headroom();
@@ -221,6 +225,8 @@ impl Worker {
             let start = b.tx_pos;
             let segs = gso::tcp_segment(pkt, gs, headroom, &mut b.tx[start..])?;
             ctr.add(Ctr::GsoSuperPackets, 1);
+            let inner = segs.total_len() - segs.count * headroom;
+            peer_ctr.add(self.index, true, segs.count as u64, inner as u64);
             for i in 0..segs.count {
                 let s = start + i * segs.stride;
                 let len = if i + 1 == segs.count {
@@ -261,6 +267,7 @@ impl Worker {
             b.tx_pos += len;
             ctr.add(Ctr::TxPackets, 1);
             ctr.add(Ctr::TxBytes, pkt_len as u64);
+            peer_ctr.add(self.index, true, 1, pkt_len as u64);
         }
         Ok(())
     }
@@ -434,11 +441,13 @@ impl Worker {
                     }
                 };
                 let (start, plen) = (seg_start + r.start, r.end - r.start);
-                if self.anti_spoof
-                    && !peers.src_allowed(entries, inner_src(&b.rx[start..start + plen]))
-                {
+                let from = peers.src_entry(entries, inner_src(&b.rx[start..start + plen]));
+                if self.anti_spoof && from.is_none() {
                     ctr.drop(DropReason::SpoofedSource, 1);
                     continue;
+                }
+                if let Some(e) = from {
+                    e.counters.add(self.index, false, 1, plen as u64);
                 }
                 ctr.add(Ctr::RxPackets, 1);
                 ctr.add(Ctr::RxBytes, plen as u64);

@@ -1,14 +1,18 @@
 //! Control-plane targets: net-conf.json, lease JSON and keys, subnet.env, the
-//! embedded store's data file and VXLAN backend data. Every decoder that has
+//! embedded store's data file, VXLAN backend data and Node annotations. Every decoder that has
 //! an encoder is checked for a round trip (decode, encode, decode gives the
 //! same value; encoding is a fixpoint).
 
 use std::str::FromStr;
 
+use k8s_openapi::api::core::v1::Node;
 use serde_json::Value;
 
+use weft_control::backend::vici;
 use weft_control::backend::vxlan::{backend_data, fmt_mac, parse_backend_data};
 use weft_control::config::{BackendOptions, parse_config};
+use weft_control::kube::Annotations;
+use weft_control::kube::node;
 use weft_control::lease::{LeaseAttrs, SubnetKey};
 use weft_control::store::embedded::file;
 use weft_control::subnet_env::SubnetEnv;
@@ -201,4 +205,61 @@ pub fn vxlan_backend_data(data: &[u8]) {
     assert_eq!(fmt_mac(mac).len(), 17);
     let printed = backend_data(vni, mac);
     assert_eq!(parse_backend_data(&printed), Some((vni, mac)), "{printed}");
+}
+
+/// A Node object from the apiserver (kube mode): flannel's annotations and
+/// podCIDRs as a peer lease, the user's public-IP annotations, and the
+/// annotation patch a daemon owning that lease would write. The patch must
+/// converge: once applied, the same attributes ask for no further change.
+pub fn node_annotations(data: &[u8]) {
+    let Ok(node) = serde_json::from_slice::<Node>(data) else {
+        return;
+    };
+    let ann = Annotations::new("flannel.alpha.coreos.com").expect("flannel's default prefix");
+    let _ = node::is_managed(&node, &ann);
+    let _ = node::pod_cidrs(&node);
+    let _ = node::stored_public_ips(&node, &ann);
+    let cfg =
+        parse_config(br#"{"EnableIPv6":true,"Network":"10.244.0.0/16","IPv6Network":"fc00::/48"}"#)
+            .expect("fixed config");
+    for (v4, v6) in [(true, false), (false, true), (true, true)] {
+        let Ok(Some(lease)) = node::node_to_lease(&node, &ann, v4, v6) else {
+            continue;
+        };
+        for d in [&lease.attrs.backend_data, &lease.attrs.backend_v6_data]
+            .into_iter()
+            .flatten()
+        {
+            let _ = parse_backend_data(d);
+        }
+        let _ = node::own_lease(&node, &cfg, &lease.attrs);
+        let mut current = node::annotations(&node).clone();
+        let updates = node::annotation_updates(&current, &ann, &lease.attrs);
+        let _ = node::annotation_patch(&updates);
+        current.extend(updates);
+        let again = node::annotation_updates(&current, &ann, &lease.attrs);
+        assert!(
+            again.is_empty(),
+            "annotation patch does not converge: {again:?}"
+        );
+    }
+}
+
+/// A VICI packet body from charon's socket (IPsec backend): decode, encode,
+/// decode again gives the same packet, and encoding is a fixpoint.
+pub fn vici(data: &[u8]) {
+    let Ok(p) = vici::Packet::decode(data) else {
+        return;
+    };
+    let Ok(bytes) = p.encode() else {
+        return;
+    };
+    let len = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    assert_eq!(usize::try_from(len).ok(), Some(bytes.len() - 4));
+    let again = vici::Packet::decode(&bytes[4..]).expect("encode output decodes");
+    assert_eq!(again, p);
+    assert!(
+        bytes[4..] == *data,
+        "decode accepted a non-canonical encoding"
+    );
 }

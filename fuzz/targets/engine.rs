@@ -14,6 +14,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use weft_engine::encap::{Codec, DropReason, FlannelUdp, VXLAN_HEADROOM, Vxlan};
+use weft_engine::ipip;
 use weft_engine::offload::gro::{Gro, Pushed};
 use weft_engine::offload::gso::{self, Segments};
 use weft_engine::offload::partial_checksum;
@@ -421,4 +422,34 @@ pub fn tun_tx(data: &[u8]) {
             assert!(r.end <= dgram.len());
         }
     }
+}
+
+/// IPIP receive (raw IP socket: outer IPv4 header first): decap with ECN
+/// decapsulation, the steering hash, then `write_plain`.
+pub fn ipip_decap(data: &[u8]) {
+    let _ = ipip::steering_hash(
+        data,
+        1 + usize::from(data.first().copied().unwrap_or(0) & 7),
+    );
+    let _ = ipip::outer_source(data);
+    let mut buf = data.to_vec();
+    let Ok(r) = ipip::decap(&mut buf) else {
+        return;
+    };
+    let hl = usize::from(data[0] & 0x0f) * 4;
+    assert_eq!(r.start, hl);
+    assert!(r.end <= buf.len() && r.end - r.start >= ipv4::HEADER_LEN);
+    let inner_was_ok =
+        ipv4::Packet::new_checked(&data[r.clone()]).is_ok_and(|p| p.verify_checksum());
+    let inner =
+        ipv4::Packet::new_checked(&buf[r.clone()]).expect("decap returned a bad inner packet");
+    if inner_was_ok {
+        assert!(
+            inner.verify_checksum(),
+            "ECN update broke a valid inner checksum"
+        );
+    }
+    let params = ipip::outer_params(&buf[r.clone()]).expect("inner packet is IPv4");
+    assert!(params.ttl >= 1);
+    rx_plain(&mut buf[r]);
 }

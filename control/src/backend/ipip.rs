@@ -9,8 +9,8 @@
 //! its remote is "any", else recreated; a non-ipip link of that name is an
 //! error (flannel's text). The device stays on exit.
 //!
-//! weft has no userspace IPIP engine yet, so on a kernel without ipip the
-//! factory reports a clear error (see [`super::probe`]).
+//! On a kernel without ipip, `--dataplane=auto` runs [`super::ipip_user`]
+//! (the same wire format in weft's engine) instead (see [`super::probe`]).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;

@@ -1,31 +1,47 @@
-//! The `ipsec` backend (fl:pkg/backend/ipsec, spec §2.5, checklist 24):
-//! per peer three XFRM policies, ESP in tunnel mode between the public IPs,
-//! reqid 11, exactly as flannel's `AddXFRMPolicy` installs them:
-//! `out` (local subnet → peer subnet, tmpl local → peer), `in` and `fwd`
-//! (peer subnet → local subnet, tmpl peer → local). No devices, no routes.
-//! `FLANNEL_MTU` is ext − 77 (− 85 with UDPEncap).
+//! The `ipsec` backend (fl:pkg/backend/ipsec, spec §2.5, checklist 24).
 //!
-//! **Design choice: XFRM is programmed directly over netlink, not through
-//! strongSwan.** flannel starts `charon` and loads the PSK and one IKEv2
-//! connection per peer over VICI; charon then negotiates the SAs. weft does
-//! not ship or drive charon (none is installed here, and a VICI client is a
-//! sizeable protocol of its own), so weft owns the *policies* and leaves the
-//! *SAs* to an IKE daemon configured with flannel's connection layout
-//! (`<localPub>-<localSubnet>-<remoteSubnet>-<remotePub>`, reqid 11,
-//! `install_policy = no`). What works today: validation of the options
-//! (PSK ≥ 96 characters), the lease, the exact policies, their removal and
-//! their reconciliation. What does not: key exchange — without an IKE daemon
-//! the kernel holds traffic matching the policies (ACQUIRE) and nothing
-//! flows. On a kernel without ESP (this machine) start-up fails clearly
-//! before anything is installed (see [`super::probe`]).
+//! **Design: flannel's own — strongSwan charon negotiates, weft owns the
+//! policies.** weft starts (or reuses) charon ([`super::charon`]) and
+//! configures it over VICI ([`super::vici`]) with exactly the shared key and
+//! connections flannel loads, and installs flannel's XFRM policies itself.
+//! Why not program ESP SAs directly: a weft node must interoperate with
+//! flannel ipsec nodes, which only speak IKEv2 through charon with these
+//! connection names, proposals and PSK; keying, rekeying (1 h), DPD and
+//! NAT-T are charon's job on both sides.
+//!
+//! Per node and peer (flannel's `handleSubnetEvents`):
+//! - at setup: charon, then `load-shared` {type IKE, data PSK, owners [own PublicIP]};
+//! - peer added: three XFRM policies, reqid 11, ESP tunnel between the public
+//!   IPs: `out` (local subnet → peer subnet, tmpl local → peer), `in` and
+//!   `fwd` (peer subnet → local subnet, tmpl peer → local); `load-shared`
+//!   owners [peer PublicIP]; `load-conn` `<localPub>-<localSubnet>-<remoteSubnet>-<remotePub>`
+//!   ([`connection`]: IKE `aes256-sha256-modp4096`, version 2, keyingtries 0,
+//!   psk both ways, encap `true|false`; child `<localSubnet>-<remoteSubnet>`
+//!   with the ESPProposal, start_action start, close_action trap,
+//!   dpd_action restart, reqid 11, rekey_time 1h, mode tunnel, policies no).
+//!   Empty `id`/`rekey_time` values are sent as flannel's Go VICI client
+//!   sends them (charon reads them as `%any` and 0);
+//! - peer removed: `unload-conn`, then the policies go (the key stays, as in flannel).
+//! - reconciliation: missing policies are restored; connections charon no
+//!   longer lists (`get-conns`, e.g. after a charon restart) are loaded again.
+//! - teardown stops charon if weft started it; policies stay, as in flannel.
+//!
+//! No devices, no routes. `FLANNEL_MTU` is ext − 77 (− 85 with UDPEncap).
+//! On a kernel without ESP (this machine) [`super::dual`] refuses to start
+//! with "no esp4 (CONFIG_INET_ESP) support" before anything is installed;
+//! with ESP but charon missing, setup fails naming the searched paths.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net};
 
+use super::charon::{Charon, CharonError, DEFAULT_VICI, Launch};
+use super::vici::{Section, Value};
 use super::{Backend, BackendError};
 use crate::config::backend::IpsecOptions;
 use crate::iface::ExternalInterface;
@@ -35,36 +51,138 @@ use crate::netlink::{XfrmClient, XfrmDir, XfrmPolicy};
 
 /// flannel's reqid for every policy template.
 pub const REQID: u32 = 11;
+/// flannel's IKE proposal.
+pub const IKE_PROPOSAL: &str = "aes256-sha256-modp4096";
+
+/// The IKE daemon as the backend uses it (real: [`CharonIke`]).
+#[async_trait]
+pub trait Ike: Send + std::fmt::Debug {
+    /// Makes the daemon reachable (starting it if needed).
+    async fn start(&mut self) -> Result<(), CharonError>;
+    /// One VICI command answering `success = yes|no`; returns the answer.
+    async fn call(&mut self, cmd: &str, args: Section) -> Result<Section, CharonError>;
+    /// One VICI command whose answer has no `success` (e.g. `get-conns`).
+    async fn query(&mut self, cmd: &str, args: Section) -> Result<Section, CharonError>;
+    /// Stops the daemon if this node started it.
+    async fn stop(&mut self);
+}
+
+/// [`Ike`] on a real charon.
+#[derive(Debug)]
+pub struct CharonIke {
+    vici: PathBuf,
+    launch: Option<Launch>,
+    charon: Option<Charon>,
+}
+
+impl CharonIke {
+    /// charon on `vici`, started with `launch` (`None`: found as flannel finds it).
+    pub fn new(vici: PathBuf, launch: Option<Launch>) -> CharonIke {
+        CharonIke { vici, launch, charon: None }
+    }
+}
+
+#[async_trait]
+impl Ike for CharonIke {
+    async fn start(&mut self) -> Result<(), CharonError> {
+        if self.charon.is_none() {
+            let c = Charon::connect_or_start(&self.vici, self.launch.clone(), Duration::from_secs(30)).await?;
+            self.charon = Some(c);
+        }
+        Ok(())
+    }
+
+    async fn call(&mut self, cmd: &str, args: Section) -> Result<Section, CharonError> {
+        self.start().await?;
+        let c = self.charon.as_ref().ok_or_else(|| CharonError::Timeout(self.vici.clone()))?;
+        c.call(cmd, args).await
+    }
+
+    async fn query(&mut self, cmd: &str, args: Section) -> Result<Section, CharonError> {
+        self.start().await?;
+        let c = self.charon.as_ref().ok_or_else(|| CharonError::Timeout(self.vici.clone()))?;
+        c.query(cmd, args).await
+    }
+
+    async fn stop(&mut self) {
+        if let Some(mut c) = self.charon.take() {
+            c.stop().await;
+        }
+    }
+}
+
+/// `load-shared`: flannel's IKE key for `owner`.
+pub fn shared_key(psk: &str, owner: IpAddr) -> Section {
+    Section::new().kv("type", "IKE").kv("data", psk).list("owners", &[&owner.to_string()])
+}
+
+/// flannel's connection name `<localPub>-<localSubnet>-<remoteSubnet>-<remotePub>`.
+pub fn conn_name(local: Ipv4Net, local_pub: IpAddr, remote: Ipv4Net, remote_pub: IpAddr) -> String {
+    format!("{local_pub}-{local}-{remote}-{remote_pub}")
+}
+
+/// `load-conn`: flannel's connection to a peer (see the module docs).
+pub fn connection(local: Ipv4Net, local_pub: IpAddr, remote: Ipv4Net, remote_pub: IpAddr, esp: &str, encap: bool) -> Section {
+    let (l, r, lp, rp) = (local.to_string(), remote.to_string(), local_pub.to_string(), remote_pub.to_string());
+    let auth = || Section::new().kv("id", "").kv("auth", "psk");
+    let child = Section::new()
+        .list("local_ts", &[&l])
+        .list("remote_ts", &[&r])
+        .list("esp_proposals", &[esp])
+        .kv("start_action", "start")
+        .kv("close_action", "trap")
+        .kv("dpd_action", "restart")
+        .kv("reqid", &REQID.to_string())
+        .kv("rekey_time", "1h")
+        .kv("mode", "tunnel")
+        .kv("policies", "no");
+    let ike = Section::new()
+        .list("local_addrs", &[&lp])
+        .list("remote_addrs", &[&rp])
+        .list("proposals", &[IKE_PROPOSAL])
+        .kv("version", "2")
+        .kv("encap", if encap { "true" } else { "false" })
+        .kv("keyingtries", "0")
+        .kv("rekey_time", "")
+        .section("local", auth())
+        .section("remote", auth())
+        .section("children", Section::new().section(&format!("{local}-{remote}"), child));
+    Section::new().section(&conn_name(local, local_pub, remote, remote_pub), ike)
+}
+
+/// What one peer needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PeerState {
+    public: IpAddr,
+    policies: [XfrmPolicy; 3],
+}
 
 /// See the module docs.
 #[derive(Debug)]
 pub struct Ipsec {
     opts: IpsecOptions,
     xfrm: Arc<dyn XfrmClient>,
+    ike: Box<dyn Ike>,
     ext: Option<ExternalInterface>,
     own: Option<(Ipv4Net, IpAddr)>,
-    peers: BTreeMap<Ipv4Net, [XfrmPolicy; 3]>,
+    peers: BTreeMap<Ipv4Net, PeerState>,
 }
 
 impl Ipsec {
-    /// An ipsec backend.
+    /// An ipsec backend talking to charon on flannel's socket.
     pub fn new(opts: IpsecOptions, xfrm: Arc<dyn XfrmClient>) -> Ipsec {
-        Ipsec {
-            opts,
-            xfrm,
-            ext: None,
-            own: None,
-            peers: BTreeMap::new(),
-        }
+        let ike = Box::new(CharonIke::new(PathBuf::from(DEFAULT_VICI), None));
+        Ipsec { opts, xfrm, ike, ext: None, own: None, peers: BTreeMap::new() }
+    }
+
+    /// Uses `ike` instead of charon on `/var/run/charon.vici`.
+    pub fn with_ike(mut self, ike: Box<dyn Ike>) -> Ipsec {
+        self.ike = ike;
+        self
     }
 
     /// flannel's three policies between this node and a peer.
-    pub fn policies(
-        local: Ipv4Net,
-        local_pub: IpAddr,
-        remote: Ipv4Net,
-        remote_pub: IpAddr,
-    ) -> [XfrmPolicy; 3] {
+    pub fn policies(local: Ipv4Net, local_pub: IpAddr, remote: Ipv4Net, remote_pub: IpAddr) -> [XfrmPolicy; 3] {
         let pol = |src: Ipv4Net, dst: Ipv4Net, tsrc, tdst, dir| XfrmPolicy {
             src: IpNet::V4(src),
             dst: IpNet::V4(dst),
@@ -79,6 +197,16 @@ impl Ipsec {
             pol(remote, local, remote_pub, local_pub, XfrmDir::Fwd),
         ]
     }
+
+    /// Loads the peer's key and connection into charon.
+    async fn load_peer(&mut self, remote: Ipv4Net, public: IpAddr) -> Result<(), BackendError> {
+        let Some((local, local_pub)) = self.own else { return Ok(()) };
+        self.ike.call("load-shared", shared_key(&self.opts.psk, public)).await?;
+        let conn = connection(local, local_pub, remote, public, &self.opts.esp_proposal, self.opts.udp_encap);
+        self.ike.call("load-conn", conn).await?;
+        tracing::info!("Loaded connection: {}", conn_name(local, local_pub, remote, public));
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -91,80 +219,64 @@ impl Backend for Ipsec {
         "kernel"
     }
 
-    async fn lease_attrs(
-        &mut self,
-        ext: &ExternalInterface,
-        _prev: Option<&Lease>,
-    ) -> Result<LeaseAttrs, BackendError> {
-        tracing::info!(
-            "IPSec config: UDPEncap={} ESPProposal={}",
-            self.opts.udp_encap,
-            self.opts.esp_proposal
-        );
+    async fn lease_attrs(&mut self, ext: &ExternalInterface, _prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
+        tracing::info!("IPSec config: UDPEncap={} ESPProposal={}", self.opts.udp_encap, self.opts.esp_proposal);
         self.ext = Some(ext.clone());
-        let public_ip = ext
-            .ext_addr
-            .ok_or_else(|| BackendError::Config("ipsec: no IPv4 public address".into()))?;
-        Ok(LeaseAttrs {
-            public_ip,
-            backend_type: "ipsec".into(),
-            ..Default::default()
-        })
+        let public_ip = ext.ext_addr.ok_or_else(|| BackendError::Config("ipsec: no IPv4 public address".into()))?;
+        Ok(LeaseAttrs { public_ip, backend_type: "ipsec".into(), ..Default::default() })
     }
 
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        let ext = self
-            .ext
-            .as_ref()
-            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        let sn = lease
-            .subnet
-            .ok_or_else(|| BackendError::Config("ipsec backend needs an IPv4 lease".into()))?;
-        self.own = Some((sn, IpAddr::V4(lease.attrs.public_ip)));
-        tracing::warn!(
-            "ipsec: weft installs flannel's XFRM policies but runs no IKE daemon; SAs must come from one (see the backend docs)"
-        );
-        Ok(ext
-            .iface
-            .mtu
-            .saturating_sub(if self.opts.udp_encap { 85 } else { 77 }))
+        let ext = self.ext.as_ref().ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+        let mtu = ext.iface.mtu.saturating_sub(if self.opts.udp_encap { 85 } else { 77 });
+        let sn = lease.subnet.ok_or_else(|| BackendError::Config("ipsec backend needs an IPv4 lease".into()))?;
+        let own_pub = IpAddr::V4(lease.attrs.public_ip);
+        self.own = Some((sn, own_pub));
+        self.ike.start().await?;
+        self.ike.call("load-shared", shared_key(&self.opts.psk, own_pub)).await?;
+        tracing::info!("Loaded shared key for: {own_pub}");
+        Ok(mtu)
     }
 
     async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
-        let Some((local, local_pub)) = self.own else {
-            return Ok(());
+        let Some((local, local_pub)) = self.own else { return Ok(()) };
+        let (l, add) = match change {
+            Change::Add(l) => (l, true),
+            Change::Remove(l) => (l, false),
         };
-        match change {
-            Change::Add(l) => {
-                if l.attrs.backend_type != "ipsec" {
-                    tracing::warn!("Ignoring non-ipsec subnet: type={}", l.attrs.backend_type);
-                    return Ok(());
+        if l.attrs.backend_type != "ipsec" {
+            tracing::warn!("Ignoring non-ipsec event: type: {}", l.attrs.backend_type);
+            return Ok(());
+        }
+        let Some(remote) = l.subnet.filter(|s| *s != local) else { return Ok(()) };
+        let public = IpAddr::V4(l.attrs.public_ip);
+        if add {
+            let policies = Ipsec::policies(local, local_pub, remote, public);
+            let st = PeerState { public, policies };
+            if let Some(old) = self.peers.insert(remote, st.clone())
+                && old != st
+            {
+                let name = conn_name(local, local_pub, remote, old.public);
+                if let Err(e) = self.ike.call("unload-conn", Section::new().kv("name", &name)).await {
+                    tracing::warn!("error unloading charon connection {name}: {e}");
                 }
-                let Some(remote) = l.subnet else {
-                    return Ok(());
-                };
-                let ps = Ipsec::policies(local, local_pub, remote, IpAddr::V4(l.attrs.public_ip));
-                if let Some(old) = self.peers.insert(remote, ps.clone())
-                    && old != ps
-                {
-                    for p in &old {
-                        let _ = self.xfrm.policy_del(p).await;
-                    }
-                }
-                for p in &ps {
-                    self.xfrm.policy_update(p).await?;
+                for p in &old.policies {
+                    let _ = self.xfrm.policy_del(p).await;
                 }
             }
-            Change::Remove(l) => {
-                let Some(remote) = l.subnet else {
-                    return Ok(());
-                };
-                if let Some(ps) = self.peers.remove(&remote) {
-                    for p in &ps {
-                        if let Err(e) = self.xfrm.policy_del(p).await {
-                            tracing::error!("error deleting xfrm policy {p}: {e}");
-                        }
-                    }
+            for p in &st.policies {
+                self.xfrm.policy_update(p).await?;
+            }
+            self.load_peer(remote, public).await?;
+        } else if let Some(st) = self.peers.remove(&remote) {
+            let name = conn_name(local, local_pub, remote, st.public);
+            match self.ike.call("unload-conn", Section::new().kv("name", &name)).await {
+                Ok(_) => tracing::info!("Unloaded connection: {name}"),
+                Err(e) => tracing::error!("error unloading charon connections: {e}"),
+            }
+            for p in &st.policies {
+                if let Err(e) = self.xfrm.policy_del(p).await {
+                    tracing::error!("error deleting xfrm policy {p}: {e}");
                 }
             }
         }
@@ -172,20 +284,59 @@ impl Backend for Ipsec {
     }
 
     async fn reconcile(&mut self) -> Result<(), BackendError> {
-        for p in self.peers.values().flatten() {
+        for p in self.peers.values().flat_map(|s| s.policies.iter()) {
             if !self.xfrm.policy_exists(p).await? {
                 self.xfrm.policy_update(p).await?;
                 tracing::info!("XFRM policy recovered: {p}");
             }
         }
+        let Some((local, local_pub)) = self.own else { return Ok(()) };
+        if self.peers.is_empty() {
+            return Ok(());
+        }
+        let loaded = self.ike.query("get-conns", Section::new()).await?;
+        let names: Vec<String> = match loaded.get("conns") {
+            Some(Value::List(v)) => v.iter().map(|n| String::from_utf8_lossy(n).into_owned()).collect(),
+            _ => Vec::new(),
+        };
+        let missing: Vec<(Ipv4Net, IpAddr)> = self
+            .peers
+            .iter()
+            .filter(|(r, s)| !names.contains(&conn_name(local, local_pub, **r, s.public)))
+            .map(|(r, s)| (*r, s.public))
+            .collect();
+        if !missing.is_empty() {
+            self.ike.call("load-shared", shared_key(&self.opts.psk, local_pub)).await?;
+        }
+        for (remote, public) in missing {
+            tracing::info!("charon lost the connection to {remote}; loading it again");
+            self.load_peer(remote, public).await?;
+        }
         Ok(())
     }
 
-    async fn teardown(&mut self) {}
+    async fn teardown(&mut self) {
+        self.ike.stop().await;
+    }
 
     async fn remove_all(&mut self) {
-        for p in std::mem::take(&mut self.peers).into_values().flatten() {
-            let _ = self.xfrm.policy_del(&p).await;
+        if let Some((local, local_pub)) = self.own {
+            for (remote, st) in std::mem::take(&mut self.peers) {
+                let name = conn_name(local, local_pub, remote, st.public);
+                let _ = self.ike.call("unload-conn", Section::new().kv("name", &name)).await;
+                for p in &st.policies {
+                    let _ = self.xfrm.policy_del(p).await;
+                }
+            }
         }
+        self.ike.stop().await;
     }
 }
+
+#[cfg(test)]
+#[path = "ipsec_tests.rs"]
+mod tests;
+
+#[cfg(test)]
+#[path = "charon_tests.rs"]
+mod charon_tests;

@@ -18,16 +18,18 @@
 //! |---|---|---|
 //! | vxlan | [`kernel_vxlan`] (probe: vxlan driver) | [`vxlan`] (engine) |
 //! | host-gw | [`host_gw`] (routes only) | – |
-//! | ipip | [`ipip`] (probe: ipip driver) | – (no engine IPIP yet) |
+//! | ipip | [`ipip`] (probe: ipip driver) | [`ipip_user`] (engine, raw IPIP socket) |
 //! | ipsec | [`ipsec`] (charon over VICI + XFRM policies; probe: ESP) | – |
 //! | udp | – | [`udp`] (engine) |
 //! | wireguard | [`kernel_wg`] (probe: wireguard driver) | [`wireguard`] (engine, boringtun) |
 
 pub mod alloc;
+pub mod charon;
 pub mod dataplane_ctl;
 pub mod dual;
 pub mod host_gw;
 pub mod ipip;
+pub mod ipip_user;
 pub mod ipsec;
 pub mod kernel_vxlan;
 pub mod kernel_wg;
@@ -39,6 +41,7 @@ mod route_backends_tests;
 mod test_util;
 pub mod tunnel;
 pub mod udp;
+pub mod vici;
 pub mod vxlan;
 pub mod wgkey;
 pub mod wireguard;
@@ -72,6 +75,9 @@ pub enum BackendError {
     /// The userspace engine failed.
     #[error("engine: {0}")]
     Engine(String),
+    /// The IKE daemon (charon) could not be started or refused a request.
+    #[error(transparent)]
+    Ike(#[from] charon::CharonError),
     /// A device the backend runs on was deleted under it (e.g. `ip link del
     /// flannel.1`); the daemon rebuilds the backend on the same lease.
     #[error("device {0} was deleted")]
@@ -238,10 +244,15 @@ pub fn build(
         BackendOptions::HostGw => {
             Box::new(dual("host-gw").kernel(None, Box::new(move || Box::new(host_gw::HostGw::new(v4, v6, c.clone())))))
         }
-        BackendOptions::Ipip(o) => Box::new(dual("ipip").kernel(
-            Some(probe::Capability::Ipip),
-            Box::new(move || Box::new(ipip::Ipip::new(o.clone(), c.clone()))),
-        )),
+        BackendOptions::Ipip(o) => {
+            let (ok, nl) = (o.clone(), nl.clone());
+            Box::new(
+                dual("ipip")
+                    .kernel(Some(probe::Capability::Ipip), Box::new(move || Box::new(ipip::Ipip::new(ok.clone(), c.clone()))))
+                    .userspace(Box::new(move || Box::new(ipip_user::IpipUser::new(o.clone(), tuning, nl.clone()))))
+                    .kernel_links(vec![ipip::DEVICE.into()]),
+            )
+        }
         BackendOptions::Ipsec(o) => {
             let x = xfrm.clone();
             Box::new(

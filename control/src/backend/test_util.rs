@@ -58,3 +58,51 @@ pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
         .expect("runtime")
         .block_on(f)
 }
+
+/// An [`crate::backend::ipsec::Ike`] recording every VICI command; `get-conns`
+/// answers with the connections loaded and not unloaded since.
+#[derive(Debug, Clone, Default)]
+pub struct RecordingIke {
+    /// `(command, arguments)` in order, shared with the test.
+    pub log: Arc<std::sync::Mutex<Vec<(String, crate::backend::vici::Section)>>>,
+    /// Connection names charon "has".
+    pub conns: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+#[async_trait::async_trait]
+impl crate::backend::ipsec::Ike for RecordingIke {
+    async fn start(&mut self) -> Result<(), crate::backend::charon::CharonError> {
+        self.log.lock().expect("log").push(("start".into(), Default::default()));
+        Ok(())
+    }
+    async fn call(
+        &mut self,
+        cmd: &str,
+        args: crate::backend::vici::Section,
+    ) -> Result<crate::backend::vici::Section, crate::backend::charon::CharonError> {
+        let mut conns = self.conns.lock().expect("conns");
+        match cmd {
+            "load-conn" => conns.extend(args.0.iter().map(|(k, _)| k.clone())),
+            "unload-conn" => {
+                let name = args.str("name").unwrap_or_default();
+                conns.retain(|c| *c != name);
+            }
+            _ => {}
+        }
+        self.log.lock().expect("log").push((cmd.into(), args));
+        Ok(crate::backend::vici::Section::new().kv("success", "yes"))
+    }
+    async fn query(
+        &mut self,
+        cmd: &str,
+        args: crate::backend::vici::Section,
+    ) -> Result<crate::backend::vici::Section, crate::backend::charon::CharonError> {
+        self.log.lock().expect("log").push((cmd.into(), args));
+        let conns = self.conns.lock().expect("conns").clone();
+        let refs: Vec<&str> = conns.iter().map(String::as_str).collect();
+        Ok(crate::backend::vici::Section::new().list("conns", &refs))
+    }
+    async fn stop(&mut self) {
+        self.log.lock().expect("log").push(("stop".into(), Default::default()));
+    }
+}

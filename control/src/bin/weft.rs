@@ -10,6 +10,11 @@
 //!   switches it live (override file + SIGHUP, see
 //!   `weft_control::backend::dataplane_ctl`).
 //!
+//! - `weft status [--subnet-file F | --socket S] [--json]`: what this node's
+//!   weftd runs: lease, backend, dataplane and offloads, device counters and
+//!   every peer (read from weftd's root-only status socket, see
+//!   `weft_control::status`).
+//!
 //! STORE is `--store-path DIR` (the embedded store, the default) or
 //! `--etcd-endpoints URLS [--etcd-prefix P]`.
 
@@ -58,6 +63,18 @@ enum Cmd {
         /// weftd's --subnet-file (the control files live next to it).
         #[arg(long, global = true, default_value = "/run/flannel/subnet.env")]
         subnet_file: std::path::PathBuf,
+    },
+    /// Show this node's weftd: lease, backend, dataplane, counters and peers.
+    Status {
+        /// weftd's --subnet-file (the status socket lives next to it).
+        #[arg(long, default_value = "/run/flannel/subnet.env")]
+        subnet_file: std::path::PathBuf,
+        /// The status socket (default: weft-status.sock next to --subnet-file).
+        #[arg(long)]
+        socket: Option<std::path::PathBuf>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// List (or delete) the leases in a store.
     Leases {
@@ -154,6 +171,7 @@ fn main() {
         match cli.cmd {
             Cmd::Demo { .. } => Ok(()),
             Cmd::Dataplane { action, subnet_file } => dataplane(action, &subnet_file),
+            Cmd::Status { subnet_file, socket, json } => status(&subnet_file, socket, json),
             Cmd::Leases { action: None, store, json } => list(&store, json).await,
             Cmd::Leases { action: Some(LeaseAction::Rm { key, store }), .. } => remove(&store, &key).await,
             Cmd::Leases { action: Some(LeaseAction::Put { key, value, ttl, store }), .. } => put(&store, &key, &value, ttl).await,
@@ -181,6 +199,16 @@ fn dataplane(action: Option<DataplaneAction>, subnet_file: &std::path::Path) -> 
     };
     println!("backend {} runs in the {} (requested: {}, weftd pid {})", st.backend, st.dataplane, st.requested, st.pid);
     Ok(())
+}
+
+fn status(subnet_file: &std::path::Path, socket: Option<std::path::PathBuf>, json: bool) -> anyhow::Result<()> {
+    use weft_control::status::{render, server};
+    let socket = socket.unwrap_or_else(|| server::socket_path(subnet_file));
+    let st = server::query(&socket, std::time::Duration::from_secs(10))
+        .with_context(|| format!("is weftd running with --subnet-file={}?", subnet_file.display()))?;
+    let out = if json { serde_json::to_string_pretty(&st)? + "\n" } else { render::text(&st) };
+    use std::io::Write;
+    std::io::stdout().write_all(out.as_bytes()).context("stdout")
 }
 
 async fn list(s: &StoreArgs, json: bool) -> anyhow::Result<()> {

@@ -11,7 +11,7 @@
 //! - **Peers** are the nodes annotated `kube-subnet-manager: "true"` whose
 //!   public IP(s) and podCIDR parse and whose backend type equals ours; any
 //!   other node is skipped (logged). A watcher over all nodes
-//!   ([`watch`], kube-runtime's watcher: relists after 410 Gone, resumes
+//!   (the `watch` module, kube-runtime's watcher: relists after 410 Gone, resumes
 //!   after apiserver restarts) feeds [`LeaseEvent`](crate::lease::LeaseEvent)s:
 //!   a `Snapshot` after every (re)list, then `Added`/`Removed` only when a
 //!   peer's subnet or attributes change. Events keep their order; the channel

@@ -56,8 +56,8 @@ fn daemon_metrics_are_exposed_at_zero_and_count() {
     assert_eq!(s.get(r#"weft_lease_renewals_total{result="ok"}"#), Some(&1.0));
     assert_eq!(s.get(r#"weft_lease_events_total{kind="added"}"#), Some(&1.0));
     assert_eq!(s.get(r#"weft_peer_apply_seconds_count{op="add"}"#), Some(&1.0));
-    assert_eq!(s.get(r#"weft_peer_apply_seconds_bucket{le="0.004",op="add"}"#), Some(&1.0));
-    assert_eq!(s.get(r#"weft_peer_apply_seconds_bucket{le="0.002",op="add"}"#), Some(&0.0));
+    assert_eq!(s.get(r#"weft_peer_apply_seconds_bucket{op="add",le="0.004"}"#), Some(&1.0));
+    assert_eq!(s.get(r#"weft_peer_apply_seconds_bucket{op="add",le="0.002"}"#), Some(&0.0));
     // No dataplane metrics without a status.
     assert!(!s.keys().any(|k| k.starts_with("weft_tx_packets")));
 }

@@ -40,11 +40,20 @@
 
 pub(crate) mod worker;
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use arc_swap::ArcSwap;
 
 use crate::encap::DropReason;
+use crate::peers::PeerTable;
+use crate::stats::Shared;
+use crate::sys::raw::Raw;
+use crate::sys::tun;
 use crate::wire::{be16, checksum, ipv4, put16};
+use crate::{Engine, EngineConfig, EngineError, OffloadState, SOCKET_BUFFER};
 
 /// The IP protocol number of IPv4-in-IPv4.
 pub const PROTO_IPIP: u8 = 4;
@@ -54,7 +63,6 @@ pub const OVERHEAD: usize = ipv4::HEADER_LEN;
 const ECN_MASK: u8 = 0x03;
 const ECN_ECT0: u8 = 0x02;
 const ECN_CE: u8 = 0x03;
-const DF: u16 = 0x4000;
 
 /// The outer header fields the sender chooses for one inner packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,8 +158,19 @@ pub const FILTER_LEN: usize = 36;
 pub fn steering_filter(me: usize, workers: usize) -> [libc::sock_filter; FILTER_LEN] {
     let n = u32::try_from(workers.max(1)).unwrap_or(1);
     let me = u32::try_from(me).unwrap_or(u32::MAX);
-    let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter { code: code as u16, jt, jf, k };
-    let (ld, ldx, alu, jmp, ret) = (libc::BPF_LD, libc::BPF_LDX, libc::BPF_ALU, libc::BPF_JMP, libc::BPF_RET);
+    let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    let (ld, ldx, alu, jmp, ret) = (
+        libc::BPF_LD,
+        libc::BPF_LDX,
+        libc::BPF_ALU,
+        libc::BPF_JMP,
+        libc::BPF_RET,
+    );
     let (w, h, b) = (libc::BPF_W, libc::BPF_H, libc::BPF_B);
     let tax = op(libc::BPF_MISC | libc::BPF_TAX, 0, 0, 0);
     let txa = op(libc::BPF_MISC | libc::BPF_TXA, 0, 0, 0);
@@ -197,6 +216,85 @@ pub fn steering_filter(me: usize, workers: usize) -> [libc::sock_filter; FILTER_
         /* 34 */ op(ret | libc::BPF_K, 0, 0, accept),
         /* 35 */ op(ret | libc::BPF_K, 0, 0, 0),
     ]
+}
+
+/// Starts an IPIP engine (see [`crate::Engine::start`]): the TUN queues,
+/// one raw socket per worker bound to `cfg.local_addr` with its steering
+/// filter, and the workers.
+pub(crate) fn start(cfg: EngineConfig) -> Result<Engine, EngineError> {
+    let IpAddr::V4(local) = cfg.local_addr else {
+        return Err(EngineError::Config("ipip is ipv4 only"));
+    };
+    if cfg.mtu < 68 {
+        return Err(EngineError::Config("mtu below 68"));
+    }
+    let workers = match cfg.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
+    .min(64);
+    let sock_err = |source| EngineError::Socket {
+        addr: SocketAddr::new(cfg.local_addr, 0),
+        source,
+    };
+    // Sockets first: without CAP_NET_RAW nothing else is created.
+    let mut socks = Vec::with_capacity(workers);
+    for i in 0..workers {
+        let s = Raw::open(local, SOCKET_BUFFER).map_err(sock_err)?;
+        if workers > 1 {
+            s.attach_filter(&steering_filter(i, workers))
+                .map_err(sock_err)?;
+        }
+        socks.push(s);
+    }
+    // Copies queued before the filters were attached would be handled twice.
+    socks.iter().for_each(Raw::drain);
+    let dev =
+        tun::open(&cfg.tun_name, workers, cfg.offload).map_err(|source| EngineError::Tun {
+            name: cfg.tun_name.clone(),
+            source,
+        })?;
+    let offloads = OffloadState {
+        tun_vnet_hdr: dev.vnet_hdr,
+        tun_tso: dev.offload & (tun::TUN_F_TSO4 | tun::TUN_F_TSO6) != 0,
+        tun_csum: dev.offload & tun::TUN_F_CSUM != 0,
+        udp_gso: false,
+        udp_gro: false,
+    };
+    let peers = Arc::new(ArcSwap::from_pointee(PeerTable::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut engine = Engine {
+        tun_name: dev.name,
+        port: 0,
+        peers: peers.clone(),
+        stop: stop.clone(),
+        threads: Vec::with_capacity(workers),
+        counters: Vec::with_capacity(workers),
+        offloads,
+        udp_gso: Arc::new(AtomicBool::new(false)),
+        wg_ids: Default::default(),
+    };
+    for (i, (q, sock)) in dev.queues.into_iter().zip(socks).enumerate() {
+        let shared = Arc::new(Shared::default());
+        engine.counters.push(shared.clone());
+        let w = worker::IpipWorker {
+            tun: q,
+            vnet_hdr: dev.vnet_hdr,
+            sock,
+            peers: peers.clone(),
+            anti_spoof: cfg.anti_spoof,
+            mtu: usize::from(cfg.mtu),
+            stop: stop.clone(),
+            shared,
+        };
+        let h = std::thread::Builder::new()
+            .name(format!("weft-ipip{i}"))
+            .spawn(move || w.run())
+            .map_err(EngineError::Spawn)?;
+        engine.threads.push(h);
+    }
+    tracing::debug!(tun = %engine.tun_name, workers, ?offloads, "ipip engine started");
+    Ok(engine)
 }
 
 #[cfg(test)]

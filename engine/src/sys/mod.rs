@@ -1,7 +1,8 @@
-//! The only place with `unsafe`: raw syscalls for the TUN device and batched UDP.
+//! The only place with `unsafe`: raw syscalls for the TUN device, batched UDP and raw IPIP.
 
 pub mod event;
 pub mod tun;
+pub mod raw;
 pub mod udp;
 
 /// Calls a libc function returning -1 on error and converts it to `io::Result`.

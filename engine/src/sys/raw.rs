@@ -61,9 +61,21 @@ pub struct Raw {
     df: std::cell::Cell<Option<bool>>,
 }
 
-fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
+fn setsockopt_int(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    v: libc::c_int,
+) -> io::Result<()> {
     let len = libc::socklen_t::try_from(size_of::<libc::c_int>()).unwrap_or(4);
-    syscall!(setsockopt(fd, level, name, (&v as *const libc::c_int).cast(), len)).map(drop)
+    syscall!(setsockopt(
+        fd,
+        level,
+        name,
+        (&v as *const libc::c_int).cast(),
+        len
+    ))
+    .map(drop)
 }
 
 impl Raw {
@@ -71,7 +83,11 @@ impl Raw {
     /// are only those addressed to it; sent ones leave from it), with `buf`
     /// bytes of forced send and receive buffer.
     pub fn open(local: Ipv4Addr, buf: usize) -> io::Result<Raw> {
-        let s = Socket::new(Domain::IPV4, Type::RAW.cloexec(), Some(Protocol::from(IPPROTO_IPIP)))?;
+        let s = Socket::new(
+            Domain::IPV4,
+            Type::RAW.cloexec(),
+            Some(Protocol::from(IPPROTO_IPIP)),
+        )?;
         s.set_nonblocking(true)?;
         let fd = s.as_raw_fd();
         let b = libc::c_int::try_from(buf).unwrap_or(libc::c_int::MAX);
@@ -82,7 +98,10 @@ impl Raw {
             s.set_send_buffer_size(buf)?;
         }
         s.bind(&SockAddr::from(SocketAddr::V4(SocketAddrV4::new(local, 0))))?;
-        let r = Raw { fd: s.into(), df: std::cell::Cell::new(None) };
+        let r = Raw {
+            fd: s.into(),
+            df: std::cell::Cell::new(None),
+        };
         r.set_df(true)?;
         Ok(r)
     }
@@ -97,8 +116,17 @@ impl Raw {
         if self.df.get() == Some(df) {
             return Ok(());
         }
-        let mode = if df { PMTUDISC_PROBE } else { PMTUDISC_INTERFACE };
-        setsockopt_int(self.fd.as_raw_fd(), libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, mode)?;
+        let mode = if df {
+            PMTUDISC_PROBE
+        } else {
+            PMTUDISC_INTERFACE
+        };
+        setsockopt_int(
+            self.fd.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            mode,
+        )?;
         self.df.set(Some(df));
         Ok(())
     }
@@ -107,7 +135,8 @@ impl Raw {
     /// the packet from the outer IPv4 header on and returns 0 to drop.
     pub fn attach_filter(&self, prog: &[libc::sock_filter]) -> io::Result<()> {
         let fprog = libc::sock_fprog {
-            len: u16::try_from(prog.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+            len: u16::try_from(prog.len())
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
             filter: prog.as_ptr().cast_mut(),
         };
         let len = libc::socklen_t::try_from(size_of::<libc::sock_fprog>()).unwrap_or(16);
@@ -124,7 +153,14 @@ impl Raw {
     /// Discards everything queued so far (e.g. copies received before a filter).
     pub fn drain(&self) {
         let mut b = [0u8; 64];
-        while syscall!(recv(self.fd.as_raw_fd(), b.as_mut_ptr().cast(), b.len(), libc::MSG_TRUNC)).is_ok() {}
+        while syscall!(recv(
+            self.fd.as_raw_fd(),
+            b.as_mut_ptr().cast(),
+            b.len(),
+            libc::MSG_TRUNC
+        ))
+        .is_ok()
+        {}
     }
 
     /// Sends `msgs` (at most [`BATCH`]) with one `sendmmsg`. Returns how many
@@ -138,7 +174,10 @@ impl Raw {
         let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
         // SAFETY: as above.
         let mut names: [libc::sockaddr_in; BATCH] = unsafe { zeroed() };
-        let mut iovs = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; BATCH];
+        let mut iovs = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; BATCH];
         // Two CMSG_SPACE(sizeof(int)) = 2 * 16 bytes per message.
         let mut ctrl = [[0u64; 4]; BATCH];
         for (i, m) in msgs[..n].iter().enumerate() {
@@ -148,10 +187,15 @@ impl Raw {
             names[i] = libc::sockaddr_in {
                 sin_family: libc::AF_INET as libc::sa_family_t,
                 sin_port: 0,
-                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(m.dst.octets()) },
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(m.dst.octets()),
+                },
                 sin_zero: [0; 8],
             };
-            iovs[i] = libc::iovec { iov_base: data.as_ptr().cast_mut().cast(), iov_len: data.len() };
+            iovs[i] = libc::iovec {
+                iov_base: data.as_ptr().cast_mut().cast(),
+                iov_len: data.len(),
+            };
             let h = &mut hdrs[i].msg_hdr;
             h.msg_name = (&mut names[i] as *mut libc::sockaddr_in).cast();
             h.msg_namelen = libc::socklen_t::try_from(size_of::<libc::sockaddr_in>()).unwrap_or(16);
@@ -168,12 +212,18 @@ impl Raw {
                 (*c).cmsg_level = libc::IPPROTO_IP;
                 (*c).cmsg_type = libc::IP_TTL;
                 (*c).cmsg_len = libc::CMSG_LEN(size_of::<libc::c_int>() as u32) as usize;
-                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>(), libc::c_int::from(m.ttl));
+                std::ptr::write_unaligned(
+                    libc::CMSG_DATA(c).cast::<libc::c_int>(),
+                    libc::c_int::from(m.ttl),
+                );
                 let c = libc::CMSG_NXTHDR(h, c);
                 (*c).cmsg_level = libc::IPPROTO_IP;
                 (*c).cmsg_type = libc::IP_TOS;
                 (*c).cmsg_len = libc::CMSG_LEN(size_of::<libc::c_int>() as u32) as usize;
-                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>(), libc::c_int::from(m.tos));
+                std::ptr::write_unaligned(
+                    libc::CMSG_DATA(c).cast::<libc::c_int>(),
+                    libc::c_int::from(m.tos),
+                );
             }
         }
         let cnt = libc::c_uint::try_from(n).unwrap_or(0);
@@ -184,22 +234,39 @@ impl Raw {
     /// Receives up to `lens.len()` packets into `arena`, packet `i` at
     /// `i * slot` (outer IPv4 header included), its length in `lens[i]`.
     /// Returns how many were received (0 on EAGAIN).
-    pub fn recv_batch(&self, arena: &mut [u8], slot: usize, lens: &mut [usize]) -> io::Result<usize> {
+    pub fn recv_batch(
+        &self,
+        arena: &mut [u8],
+        slot: usize,
+        lens: &mut [usize],
+    ) -> io::Result<usize> {
         let n = lens.len().min(BATCH).min(arena.len() / slot.max(1));
         if n == 0 {
             return Ok(0);
         }
         // SAFETY: all-zero is a valid value for this plain C struct.
         let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
-        let mut iovs = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; BATCH];
+        let mut iovs = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; BATCH];
         for (i, chunk) in arena.chunks_exact_mut(slot).take(n).enumerate() {
-            iovs[i] = libc::iovec { iov_base: chunk.as_mut_ptr().cast(), iov_len: chunk.len() };
+            iovs[i] = libc::iovec {
+                iov_base: chunk.as_mut_ptr().cast(),
+                iov_len: chunk.len(),
+            };
             let h = &mut hdrs[i].msg_hdr;
             h.msg_iov = &mut iovs[i];
             h.msg_iovlen = 1;
         }
         let cnt = libc::c_uint::try_from(n).unwrap_or(0);
-        let got = match syscall!(recvmmsg(self.fd.as_raw_fd(), hdrs.as_mut_ptr(), cnt, 0, std::ptr::null_mut())) {
+        let got = match syscall!(recvmmsg(
+            self.fd.as_raw_fd(),
+            hdrs.as_mut_ptr(),
+            cnt,
+            0,
+            std::ptr::null_mut()
+        )) {
             Ok(g) => usize::try_from(g).unwrap_or(0),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
             Err(e) => return Err(e),

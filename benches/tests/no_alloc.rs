@@ -1,0 +1,240 @@
+//! The per-packet path allocates nothing: a counting global allocator around
+//! every encapsulation, decapsulation, segmentation and coalescing call the
+//! engine's workers make per packet (flannel-UDP, VXLAN, IPIP, WireGuard's
+//! `Tunn`, userspace GSO/GRO and checksum completion), in the steady state
+//! (after one warm-up call, with the caller-owned buffers the workers keep).
+//!
+//! Counting is per thread (a thread-local switch), so the test harness's
+//! other threads cannot disturb it.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use boringtun::noise::{Tunn, TunnResult};
+use boringtun::x25519::{PublicKey, StaticSecret};
+use weft_engine::encap::{Codec, VXLAN_HEADROOM, Vxlan};
+use weft_engine::offload::{self, gro::Gro, gso};
+
+struct Counting;
+
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
+
+fn note() {
+    if COUNTING.with(Cell::get) {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments
+// unchanged, so `System`'s guarantees are ours; counting touches only an
+// atomic and a const-initialised thread-local (neither allocates).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note();
+        // SAFETY: same contract as our caller's (non-zero-sized `layout`).
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note();
+        // SAFETY: as for `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note();
+        // SAFETY: `ptr` was allocated by `System` (through us) with `layout`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` was allocated by `System` (through us) with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Allocations made on this thread while `f` runs `n` times (after one warm-up run).
+fn allocations(n: usize, mut f: impl FnMut()) -> usize {
+    f();
+    let before = ALLOCS.load(Ordering::Relaxed);
+    COUNTING.with(|c| c.set(true));
+    for _ in 0..n {
+        f();
+    }
+    COUNTING.with(|c| c.set(false));
+    ALLOCS.load(Ordering::Relaxed) - before
+}
+
+const SIZES: [usize; 3] = [64, 1400, 8950];
+const LOCAL: [u8; 6] = [2, 0, 0, 0, 1, 1];
+const PEER: [u8; 6] = [2, 0, 0, 0, 2, 1];
+
+fn udp_packet(size: usize) -> Vec<u8> {
+    let mut v = Vec::new();
+    etherparse::PacketBuilder::ipv4([10, 244, 1, 2], [10, 244, 2, 3], 64)
+        .udp(1000, 2000)
+        .write(&mut v, &vec![0xab; size.saturating_sub(28)])
+        .expect("build");
+    v
+}
+
+fn tcp_packet(seq: u32, payload: usize) -> Vec<u8> {
+    let mut v = Vec::new();
+    etherparse::PacketBuilder::ipv4([10, 244, 1, 2], [10, 244, 2, 3], 64)
+        .tcp(40000, 5201, seq, 500)
+        .ack(1)
+        .options_raw(&[1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2])
+        .expect("options")
+        .write(&mut v, &vec![0x5a; payload])
+        .expect("build");
+    v
+}
+
+/// `inner` behind an outer IPv4 header with protocol 4 (IP-in-IP).
+fn ipip_packet(inner: &[u8]) -> Vec<u8> {
+    let len = u16::try_from(inner.len()).expect("inner fits");
+    let mut h = etherparse::Ipv4Header::new(len, 64, etherparse::IpNumber::IPV4, [192, 0, 2, 1], [192, 0, 2, 2])
+        .expect("header");
+    h.header_checksum = h.calc_header_checksum();
+    let mut v = h.to_bytes().to_vec();
+    v.extend_from_slice(inner);
+    v
+}
+
+#[test]
+fn flannel_udp_encap_decap_allocate_nothing() {
+    for size in SIZES {
+        let mut buf = udp_packet(size);
+        let n = allocations(100, || {
+            buf[8] = 64;
+            assert!(Codec::FlannelUdp.prepare_inner(&mut buf).is_ok());
+            assert!(Codec::FlannelUdp.decap(&mut buf).is_ok());
+        });
+        assert_eq!(n, 0, "flannel-udp, {size}-byte packets");
+    }
+}
+
+#[test]
+fn vxlan_encap_decap_allocate_nothing() {
+    let tx = Codec::Vxlan(Vxlan { vni: 1, local_mac: LOCAL });
+    let rx = Codec::Vxlan(Vxlan { vni: 1, local_mac: PEER });
+    for size in SIZES {
+        let pkt = udp_packet(size);
+        let mut buf = vec![0; VXLAN_HEADROOM + pkt.len()];
+        buf[VXLAN_HEADROOM..].copy_from_slice(&pkt);
+        let n = allocations(100, || {
+            let (hdr, inner) = buf.split_at_mut(VXLAN_HEADROOM);
+            inner[8] = 64;
+            assert!(tx.prepare_inner(inner).is_ok());
+            tx.write_header(hdr, PEER, 4);
+            assert!(rx.decap(&mut buf).is_ok());
+        });
+        assert_eq!(n, 0, "vxlan, {size}-byte packets");
+    }
+}
+
+#[test]
+fn ipip_encap_decap_allocate_nothing() {
+    for size in SIZES {
+        let mut buf = ipip_packet(&udp_packet(size));
+        let n = allocations(100, || {
+            assert!(weft_engine::ipip::outer_params(&buf[20..]).is_some());
+            assert!(weft_engine::ipip::decap(&mut buf).is_ok());
+        });
+        assert_eq!(n, 0, "ipip, {size}-byte packets");
+    }
+}
+
+#[test]
+fn gso_segmentation_and_checksum_completion_allocate_nothing() {
+    let sp = tcp_packet(1, 65535 - 52);
+    let mut out = vec![0; 1 << 20];
+    for mss in SIZES {
+        let n = allocations(20, || {
+            let segs = gso::tcp_segment(&sp, mss, VXLAN_HEADROOM, &mut out).expect("segment");
+            assert!(segs.count >= 1);
+        });
+        assert_eq!(n, 0, "tcp_segment, gso_size {mss}");
+    }
+    for size in SIZES {
+        let mut pkt = tcp_packet(1, size.saturating_sub(52).max(1));
+        let n = allocations(100, || {
+            let (start, off) = offload::partial_checksum(&pkt).unwrap_or((20, 16));
+            assert!(gso::complete_checksum(&mut pkt, start, off).is_ok());
+        });
+        assert_eq!(n, 0, "checksum completion, {size}-byte packets");
+    }
+}
+
+#[test]
+fn gro_coalescing_allocates_nothing() {
+    for mss in SIZES {
+        let count = (65535 / (mss + 52)).clamp(2, 64);
+        let (mut arena, mut pos) = (Vec::new(), Vec::new());
+        for i in 0..count {
+            let p = tcp_packet(1 + u32::try_from(i * mss).expect("seq"), mss);
+            arena.extend_from_slice(&[0; 22]);
+            pos.push((arena.len(), p.len()));
+            arena.extend_from_slice(&p);
+        }
+        let pristine = arena.clone();
+        let mut gro = Gro::new(9100);
+        let mut writes = 0;
+        let n = allocations(20, || {
+            arena.copy_from_slice(&pristine);
+            for &(s, l) in &pos {
+                let _ = gro.push(&arena, s, l);
+            }
+            gro.flush(&mut arena, |iov| writes += iov.len());
+        });
+        assert_eq!(n, 0, "gro push+flush, gso_size {mss}");
+        assert!(writes > 0, "gro wrote something");
+    }
+}
+
+fn wg_pair() -> (Tunn, Tunn) {
+    let (a, b) = (StaticSecret::from([1u8; 32]), StaticSecret::from([2u8; 32]));
+    let (pa, pb) = (PublicKey::from(&a), PublicKey::from(&b));
+    let mut ta = Tunn::new(a, pb, None, None, 1, None);
+    let mut tb = Tunn::new(b, pa, None, None, 2, None);
+    let (mut x, mut y) = (vec![0u8; 2048], vec![0u8; 2048]);
+    let init = match ta.format_handshake_initiation(&mut x, false) {
+        TunnResult::WriteToNetwork(p) => p.to_vec(),
+        r => panic!("{r:?}"),
+    };
+    let resp = match tb.decapsulate(None, &init, &mut y) {
+        TunnResult::WriteToNetwork(p) => p.to_vec(),
+        r => panic!("{r:?}"),
+    };
+    let ka = match ta.decapsulate(None, &resp, &mut x) {
+        TunnResult::WriteToNetwork(p) => p.to_vec(),
+        r => panic!("{r:?}"),
+    };
+    let _ = tb.decapsulate(None, &ka, &mut y);
+    (ta, tb)
+}
+
+#[test]
+fn wireguard_encap_decap_allocate_nothing() {
+    let (mut ta, mut tb) = wg_pair();
+    for size in SIZES {
+        let pkt = udp_packet(size);
+        let (mut wire, mut plain) = (vec![0u8; size + 64], vec![0u8; size + 64]);
+        let n = allocations(100, || {
+            let len = match ta.encapsulate(&pkt, &mut wire) {
+                TunnResult::WriteToNetwork(p) => p.len(),
+                r => panic!("encapsulate: {r:?}"),
+            };
+            match tb.decapsulate(None, &wire[..len], &mut plain) {
+                TunnResult::WriteToTunnelV4(p, _) => assert_eq!(p.len(), pkt.len()),
+                r => panic!("decapsulate: {r:?}"),
+            }
+        });
+        assert_eq!(n, 0, "wireguard, {size}-byte packets");
+    }
+}

@@ -1,0 +1,238 @@
+//! The `ipip` backend on weft's userspace engine (`Encap::Ipip`: a raw
+//! `IPPROTO_IPIP` socket), wire-compatible with flannel's kernel ipip nodes
+//! (spec §2.4): IPv4-in-IPv4, outer source = this node's IfaceAddr, outer
+//! destination = the peer's PublicIP, no extra header. For kernels without
+//! the ipip driver; [`super::ipip`] is the kernel path.
+//!
+//! Same lease as the kernel path (`PublicIP = ExtAddr`, BackendType
+//! `"ipip"`, no BackendData), so a node can switch between the two without
+//! changing its lease. The device is a TUN named `flannel.ipip` with
+//! `<subnet IP>/32` and MTU ext − 20, and one route per peer subnet
+//! (`dev flannel.ipip`). With DirectRouting a peer on the external
+//! interface's link is routed as the kernel path does it: `via <PublicIP>
+//! dev <ext> onlink`. Peer leases of another BackendType are ignored.
+//!
+//! Anti-spoofing (the engine's `anti_spoof`) accepts IPIP packets only from
+//! a peer's PublicIP, with an inner source in that peer's subnet: a peer
+//! whose PublicIP is not its interface address (`--public-ip` behind NAT)
+//! is dropped as `unknown_peer` unless anti-spoofing is off.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use async_trait::async_trait;
+use ipnet::IpNet;
+use weft_engine::{Encap, EngineConfig};
+
+use super::tunnel::Tunnel;
+use super::{Backend, BackendError, EngineTuning};
+use crate::config::backend::IpipOptions;
+use crate::iface::ExternalInterface;
+use crate::lease::watcher::Change;
+use crate::lease::{Lease, LeaseAttrs};
+use crate::netlink::{Netlink, Route};
+
+/// The device name (the kernel path's, so routes and tools see the same name).
+pub const DEVICE: &str = super::ipip::DEVICE;
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct IpipUser {
+    opts: IpipOptions,
+    tuning: EngineTuning,
+    nl: Netlink,
+    ext: Option<ExternalInterface>,
+    tunnel: Option<Tunnel>,
+    /// Direct routes installed for on-link peers (DirectRouting).
+    direct: Vec<Route>,
+}
+
+impl IpipUser {
+    /// A userspace ipip backend.
+    pub fn new(opts: IpipOptions, tuning: EngineTuning, nl: Netlink) -> IpipUser {
+        IpipUser { opts, tuning, nl, ext: None, tunnel: None, direct: Vec::new() }
+    }
+
+    fn ext(&self) -> Result<&ExternalInterface, BackendError> {
+        self.ext.as_ref().ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))
+    }
+
+    /// The route the kernel path installs for an on-link peer with DirectRouting.
+    fn direct_route(&self, subnet: IpNet, public: Ipv4Addr) -> Option<Route> {
+        let ext = self.ext.as_ref()?;
+        let on_link = ext.connected.iter().any(|n| n.contains(&IpAddr::V4(public)));
+        (self.opts.direct_routing && on_link).then_some(Route {
+            dst: subnet,
+            gateway: Some(IpAddr::V4(public)),
+            oif: Some(ext.iface.index),
+            onlink: true,
+            scope_link: false,
+        })
+    }
+
+    async fn remove_direct(&mut self, subnet: IpNet) {
+        if let Some(i) = self.direct.iter().position(|r| r.dst == subnet) {
+            let r = self.direct.remove(i);
+            if let Err(e) = self.nl.del_route(&r).await {
+                tracing::error!("Error deleting route to {subnet}: {e}");
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for IpipUser {
+    fn name(&self) -> &'static str {
+        "ipip"
+    }
+
+    fn dataplane(&self) -> &'static str {
+        "userspace"
+    }
+
+    fn status(&self) -> crate::status::BackendStatus {
+        let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
+        if let Some(t) = &self.tunnel {
+            t.report(&mut st);
+        }
+        st
+    }
+
+    async fn lease_attrs(&mut self, ext: &ExternalInterface, _prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
+        tracing::info!("IPIP config: DirectRouting={}", self.opts.direct_routing);
+        self.ext = Some(ext.clone());
+        let public_ip = ext.ext_addr.ok_or_else(|| BackendError::Config("ipip: no IPv4 public address".into()))?;
+        Ok(LeaseAttrs { public_ip, backend_type: "ipip".into(), ..Default::default() })
+    }
+
+    async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
+        let ext = self.ext()?;
+        let sn = lease.subnet.ok_or_else(|| BackendError::Config("ipip backend needs an IPv4 lease".into()))?;
+        let local = ext
+            .iface_addr
+            .ok_or_else(|| BackendError::Config("ipip: the external interface has no IPv4 address".into()))?;
+        let mtu = ext.iface.mtu.saturating_sub(20);
+        let cfg = EngineConfig {
+            tun_name: DEVICE.into(),
+            encap: Encap::Ipip,
+            local_addr: IpAddr::V4(local),
+            tun_addr: Some(IpAddr::V4(sn.network())),
+            mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
+            workers: self.tuning.workers,
+            offload: self.tuning.offload,
+            anti_spoof: self.tuning.anti_spoof,
+        };
+        let addr = IpNet::new(sn.network().into(), 32).map_err(|e| BackendError::Config(e.to_string()))?;
+        self.tunnel = Some(Tunnel::start(&self.nl, cfg, addr, mtu).await?);
+        Ok(mtu)
+    }
+
+    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
+        match change {
+            Change::Add(l) => {
+                if l.attrs.backend_type != "ipip" {
+                    tracing::warn!("Ignoring non-ipip subnet: type={}", l.attrs.backend_type);
+                    return Ok(());
+                }
+                let Some(s) = l.subnet else { return Ok(()) };
+                let subnet = IpNet::V4(s);
+                let direct = self.direct_route(subnet, l.attrs.public_ip);
+                let Some(t) = self.tunnel.as_mut() else { return Ok(()) };
+                // The engine knows every peer (also direct ones: their IPIP packets stay acceptable).
+                t.upsert_peer(subnet, IpAddr::V4(l.attrs.public_ip), None);
+                match direct {
+                    Some(r) => {
+                        t.del_route(subnet).await?;
+                        self.nl.replace_route(&r).await?;
+                        self.direct.retain(|d| d.dst != subnet);
+                        self.direct.push(r);
+                    }
+                    None => {
+                        self.remove_direct(subnet).await;
+                        if let Some(t) = self.tunnel.as_mut() {
+                            t.add_route(subnet, false).await?;
+                        }
+                    }
+                }
+            }
+            Change::Remove(l) => {
+                let Some(s) = l.subnet else { return Ok(()) };
+                let subnet = IpNet::V4(s);
+                if let Some(t) = self.tunnel.as_mut() {
+                    t.remove_peer(subnet);
+                    if let Err(e) = t.del_route(subnet).await {
+                        tracing::error!("Error deleting route to {s}: {e}");
+                    }
+                }
+                self.remove_direct(subnet).await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
+        if let Some(t) = self.tunnel.as_mut() {
+            t.reconcile().await?;
+        }
+        for r in &self.direct {
+            if self.nl.routes_to(r.dst).await?.is_empty() {
+                tracing::info!("Route recovered {}", r.dst);
+                self.nl.replace_route(r).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn teardown(&mut self) {
+        if let Some(mut t) = self.tunnel.take() {
+            t.stop();
+        }
+    }
+
+    async fn remove_all(&mut self) {
+        self.teardown().await;
+        for r in std::mem::take(&mut self.direct) {
+            let _ = self.nl.del_route(&r).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::test_util::{block_on, ext, fake};
+
+    fn tuning() -> EngineTuning {
+        EngineTuning { workers: 1, offload: true, anti_spoof: true }
+    }
+
+    #[test]
+    fn lease_is_the_kernel_paths() {
+        block_on(async {
+            let mut e = ext();
+            e.ext_addr = Some(Ipv4Addr::new(198, 51, 100, 1));
+            let mut u = IpipUser::new(IpipOptions::default(), tuning(), Netlink::connect().expect("netlink"));
+            let mut k = super::super::ipip::Ipip::new(IpipOptions::default(), fake(&["ipip"], false));
+            let a = u.lease_attrs(&e, None).await.expect("attrs");
+            assert_eq!(a, k.lease_attrs(&e, None).await.expect("kernel attrs"));
+            assert_eq!(a.public_ip, Ipv4Addr::new(198, 51, 100, 1));
+            assert_eq!(a.backend_type, "ipip");
+            assert_eq!(a.backend_data, None);
+        });
+    }
+
+    #[test]
+    fn direct_routing_only_for_on_link_peers() {
+        block_on(async {
+            let nl = Netlink::connect().expect("netlink");
+            let mut u = IpipUser::new(IpipOptions { direct_routing: true }, tuning(), nl.clone());
+            let _ = u.lease_attrs(&ext(), None).await.expect("attrs");
+            let sn: IpNet = "10.244.2.0/24".parse().expect("cidr");
+            let r = u.direct_route(sn, Ipv4Addr::new(192, 0, 2, 2)).expect("on-link peer");
+            assert_eq!((r.gateway, r.oif, r.onlink), (Some(IpAddr::from([192, 0, 2, 2])), Some(2), true));
+            assert_eq!(u.direct_route(sn, Ipv4Addr::new(203, 0, 113, 2)), None, "off-link peer");
+            let mut plain = IpipUser::new(IpipOptions::default(), tuning(), nl);
+            let _ = plain.lease_attrs(&ext(), None).await.expect("attrs");
+            assert_eq!(plain.direct_route(sn, Ipv4Addr::new(192, 0, 2, 2)), None, "DirectRouting off");
+        });
+    }
+}

@@ -20,14 +20,14 @@
 # debug assertions, so integer overflow panics too. cargo-fuzz is installed
 # from crates.io when missing.
 #
-# Environment: CARGO_TARGET_DIR (default /work/target-fuzz), FUZZ_WORK
-# (default /work/fuzz-work), FUZZ_SANITIZER (default none; `address` needs
+# Environment: CARGO_TARGET_DIR (default target/fuzz), FUZZ_WORK
+# (default target/fuzz-work), FUZZ_SANITIZER (default none; `address` needs
 # RUSTC_BOOTSTRAP=1 or nightly), FUZZ_NO_BUILD=1 (`run` uses the last build).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-fuzz}"
-FUZZ_WORK="${FUZZ_WORK:-/work/fuzz-work}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target/fuzz}"
+FUZZ_WORK="${FUZZ_WORK:-$ROOT/target/fuzz-work}"
 SANITIZER="${FUZZ_SANITIZER:-none}"
 CARGO_FUZZ_VERSION=0.13.2
 
@@ -51,7 +51,7 @@ fuzz_flags=(--fuzz-dir "$ROOT/fuzz" --sanitizer "$SANITIZER" --debug-assertions)
 # Packet targets need room for TCP super-packets and GRO batches.
 max_len() {
     case "$1" in
-    vxlan_decap | flannel_udp_decap | gro | tun_tx) echo 20000 ;;
+    vxlan_decap | flannel_udp_decap | gro | tun_tx | ipip_decap) echo 20000 ;;
     *) echo 8192 ;;
     esac
 }

@@ -13,5 +13,7 @@ scripts/tools/build-kube-apiserver.sh
 export RUST_BACKTRACE=1
 # The integration tests start the workspace's binaries: build them first.
 cargo build --workspace --bins --examples
+# The fuzz targets must build (their corpora are replayed by tests/fuzz_corpus.rs).
+scripts/fuzz.sh build
 # Root tests run their own daemons; two threads keep the 2-core CI machine responsive.
 cargo test --workspace --no-fail-fast -- --test-threads="${WEFT_TEST_THREADS:-2}"

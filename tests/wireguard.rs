@@ -14,11 +14,15 @@ use weft_tests::proc::wait_for;
 use weft_tests::require_root;
 
 fn cluster(tag: &str, nodes: u8) -> (tempfile::TempDir, Cluster) {
+    cluster_with(tag, nodes, r#"{"Type":"wireguard","PersistentKeepaliveInterval":5}"#)
+}
+
+fn cluster_with(tag: &str, nodes: u8, backend: &str) -> (tempfile::TempDir, Cluster) {
     let work = tempfile::tempdir().expect("tempdir");
     let c = Cluster::start(ClusterSpec {
         prefix: weft_tests::unique(tag),
         nodes,
-        net_conf: r#"{"Network":"10.244.0.0/16","Backend":{"Type":"wireguard","PersistentKeepaliveInterval":5}}"#.into(),
+        net_conf: format!(r#"{{"Network":"10.244.0.0/16","Backend":{backend}}}"#),
         weftd_args: vec!["--traffic-manager=none".into()],
         bin_dir: weft_tests::bins::dir(),
         work: work.path().to_path_buf(),
@@ -186,4 +190,41 @@ fn key_rotation_reestablishes_every_peer() {
         assert!(wait_ping(&c.pods[1].ns, &c.pods[a].ip), "1 -> {a} after rotation");
     }
     assert!(wait_ping(&c.pods[0].ns, &c.pods[2].ip), "untouched pair broke");
+}
+
+/// A node restarted with the same key (new process, fresh sessions) is
+/// reachable again within a round trip of its start: it sends a handshake
+/// initiation to every peer at once, so the peers drop the session they
+/// still hold with the old process instead of encrypting into it until
+/// their 15 s rekey timer fires. No persistent keepalive, so nothing else
+/// would start a handshake early. Prints the gap.
+#[test]
+fn restart_with_same_key_recovers_at_once() {
+    require_root!();
+    let (_w, mut c) = cluster_with("wgr", 2, r#"{"Type":"wireguard"}"#);
+    for n in 0..2 {
+        c.add_pod(n, &format!("p{n}")).expect("pod");
+    }
+    assert!(wait_ping(&c.pods[0].ns, &c.pods[1].ip), "no initial connectivity 0 -> 1");
+    assert!(wait_ping(&c.pods[1].ns, &c.pods[0].ip), "no initial connectivity 1 -> 0");
+    let key = std::fs::read_to_string(c.nodes[1].dir.join("wgkey")).expect("key");
+    c.stop_weftd(1);
+    let t0 = std::time::Instant::now();
+    c.start_weftd(1).expect("restart");
+    c.wait_ready(1, Duration::from_secs(60)).expect("ready after restart");
+    let ready = t0.elapsed();
+    // One reply, probing every 50 ms, for at most 30 s.
+    let ip = c.pods[1].ip.clone();
+    let out = c.pods[0].ns.try_exec(&["ping", "-c", "1", "-i", "0.05", "-w", "30", &ip]);
+    let gap = t0.elapsed();
+    eprintln!("restart gap: first reply {gap:?} after the restart (weftd ready after {ready:?})");
+    assert!(out.status.success(), "no reply after the restart; logs:\n{}\n{}", c.log(0), c.log(1));
+    assert_eq!(std::fs::read_to_string(c.nodes[1].dir.join("wgkey")).expect("key"), key, "the key was reused");
+    // The peer's rekey timer fires 15 s after the last packet it received;
+    // a reply well before that came through the restarted node's initiation.
+    assert!(
+        gap < Duration::from_secs(10),
+        "the first reply waited {gap:?}: the peer kept its old session until its rekey timer"
+    );
+    assert!(wait_ping(&c.pods[1].ns, &c.pods[0].ip), "1 -> 0 after the restart");
 }

@@ -2,13 +2,15 @@
 //! `Throughput::Bytes` over 64, 1400 and 8950-byte packets:
 //! flannel-UDP and VXLAN encap/decap, userspace segmentation (GSO) of a 64 KiB
 //! TCP super-packet into segments of that size, userspace coalescing (GRO) of
-//! such segments, and the checksum kernel underneath them all.
+//! such segments, checksum completion of a packet the TUN hands over with a
+//! partial checksum (and the detection of such packets arriving from the
+//! wire), and the checksum kernel underneath them all.
 
 use std::hint::black_box;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use weft_engine::encap::{Codec, VXLAN_HEADROOM, Vxlan};
-use weft_engine::offload::{gro::Gro, gso};
+use weft_engine::offload::{self, gro::Gro, gso};
 use weft_engine::wire::checksum;
 
 const SIZES: [usize; 3] = [64, 1400, 8950];
@@ -150,6 +152,23 @@ fn coalescing(c: &mut Criterion) {
     g.finish();
 }
 
+fn checksum_offload(c: &mut Criterion) {
+    let mut g = c.benchmark_group("checksum_offload");
+    for size in SIZES {
+        // A TCP packet of `size` bytes (the 64-byte one carries 12 payload bytes).
+        let mut pkt = tcp_packet(1, size.saturating_sub(52).max(1));
+        let (start, off) = offload::partial_checksum(&pkt).unwrap_or((20, 16));
+        g.throughput(Throughput::Bytes(pkt.len() as u64));
+        g.bench_function(BenchmarkId::new("complete", size), |b| {
+            b.iter(|| black_box(gso::complete_checksum(black_box(&mut pkt), start, off)))
+        });
+        g.bench_function(BenchmarkId::new("detect_partial", size), |b| {
+            b.iter(|| black_box(offload::partial_checksum(black_box(&pkt))))
+        });
+    }
+    g.finish();
+}
+
 fn checksums(c: &mut Criterion) {
     let mut g = c.benchmark_group("checksum");
     for size in SIZES {
@@ -168,6 +187,7 @@ criterion_group!(
     vxlan,
     segmentation,
     coalescing,
+    checksum_offload,
     checksums
 );
 criterion_main!(benches);

@@ -238,3 +238,11 @@ fn wireguard_encap_decap_allocate_nothing() {
         assert_eq!(n, 0, "wireguard, {size}-byte packets");
     }
 }
+
+#[test]
+fn the_counter_sees_allocations() {
+    let n = allocations(3, || {
+        std::hint::black_box(Vec::<u8>::with_capacity(std::hint::black_box(100)));
+    });
+    assert_eq!(n, 3, "one allocation per run is counted");
+}

@@ -372,7 +372,12 @@ impl Engine {
             return None;
         }
         let t = self.peers.load();
-        Some(t.entries().iter().map(|e| (e.subnet, e.counters.sum())).collect())
+        Some(
+            t.entries()
+                .iter()
+                .map(|e| (e.subnet, e.counters.sum()))
+                .collect(),
+        )
     }
 
     fn start_wireguard(cfg: EngineConfig, port: u16, key: WgSecret) -> Result<Engine, EngineError> {

@@ -420,6 +420,36 @@ mod tests {
     }
 
     #[test]
+    fn peer_counters_survive_table_swaps_by_subnet() {
+        let mut t1 = PeerTable::new(&[peer("10.244.2.0/24", "192.0.2.2")], 8472);
+        t1.attach_counters(&PeerTable::default(), 2);
+        t1.entries()[0].counters.add(0, true, 3, 300);
+        t1.entries()[0].counters.add(1, false, 2, 200);
+        t1.entries()[0].counters.add(7, false, 1, 1); // no such worker: ignored
+        let mut t2 = PeerTable::new(
+            &[
+                peer("10.244.3.0/24", "192.0.2.3"),
+                peer("10.244.2.0/24", "192.0.2.2"),
+            ],
+            8472,
+        );
+        t2.attach_counters(&t1, 2);
+        let s = t2.entries()[1].counters.sum();
+        assert_eq!(
+            (s.tx_packets, s.tx_bytes, s.rx_packets, s.rx_bytes),
+            (3, 300, 2, 200)
+        );
+        assert_eq!(t2.entries()[0].counters.sum(), crate::PeerStats::default());
+        let e = t2.endpoint_entries("192.0.2.2".parse().expect("ip"));
+        let hit = t2.src_entry(e, "10.244.2.9".parse().expect("ip"));
+        assert_eq!(
+            hit.map(|e| e.subnet),
+            Some("10.244.2.0/24".parse().expect("net"))
+        );
+        assert!(t2.src_entry(e, "10.244.3.9".parse().expect("ip")).is_none());
+    }
+
+    #[test]
     fn host_bits_are_masked() {
         let t = PeerTable::new(&[peer("10.244.2.7/24", "192.0.2.2")], 8285);
         assert!(t.lookup_v4([10, 244, 2, 200]).is_some());

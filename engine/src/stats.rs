@@ -171,7 +171,9 @@ pub(crate) struct PeerSlots(Box<[PeerSlot]>);
 impl PeerSlots {
     /// Zeroed slots for `workers` workers.
     pub(crate) fn new(workers: usize) -> Arc<PeerSlots> {
-        Arc::new(PeerSlots((0..workers).map(|_| PeerSlot::default()).collect()))
+        Arc::new(PeerSlots(
+            (0..workers).map(|_| PeerSlot::default()).collect(),
+        ))
     }
 
     /// Counts for worker `w` (the only writer of its slot).
@@ -198,7 +200,12 @@ impl PeerSlots {
                 *d += v.load(Ordering::Relaxed);
             }
         }
-        PeerStats { tx_packets: t[0], tx_bytes: t[1], rx_packets: t[2], rx_bytes: t[3] }
+        PeerStats {
+            tx_packets: t[0],
+            tx_bytes: t[1],
+            rx_packets: t[2],
+            rx_bytes: t[3],
+        }
     }
 }
 

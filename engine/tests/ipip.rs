@@ -95,7 +95,12 @@ fn traffic(test: &str, offload: bool) {
         assert!(s.tx_packets > 1000 && s.rx_packets > 1000, "{s:?}");
         let d = s.drops;
         assert_eq!(
-            d.malformed + d.unknown_peer + d.spoofed_source + d.mtu,
+            d.malformed
+                + d.unknown_peer
+                + d.spoofed_source
+                + d.mtu
+                + d.udp_send_errors
+                + d.io_errors,
             0,
             "{s:?}"
         );
@@ -155,16 +160,23 @@ fn ipip_wire_format() {
         .spawn()
         .expect("tcpdump");
     std::thread::sleep(Duration::from_millis(800));
-    assert!(t.ping(1, "10.244.2.2", &["-t", "33"]), "ping with TTL 33");
+    // TTL 33, DSCP 0x2e with ECN ECT(1): tos 0xb9.
+    assert!(
+        t.ping(1, "10.244.2.2", &["-t", "33", "-Q", "0xb9", "-M", "do"]),
+        "ping with TTL 33"
+    );
     let out = dump.wait_with_output().expect("tcpdump output");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
-    // Outer: 45 00 (tos 0) ...; ttl 32 (the pod's 33 minus node 1's forwarding hop), proto 4.
+    // Outer: tos = the inner ECN bits only, ttl 32 (the pod's 33 minus node 1's
+    // forwarding hop), DF copied, proto 4.
     assert!(
         text.contains("192.0.2.1 > 192.0.2.2"),
         "outer addresses: {text}"
     );
     assert!(
-        text.contains("ttl 32") && text.contains("proto IPIP (4)"),
+        text.contains("IP (tos 0x1,ECT(1), ttl 32, ")
+            && text.contains("flags [DF], proto IPIP (4)")
+            && text.contains("IP (tos 0xb9,ECT(1), ttl 32, "),
         "outer ttl and protocol: {text}"
     );
     assert!(

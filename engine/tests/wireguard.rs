@@ -114,17 +114,6 @@ fn wireguard_engine_talks_to_boringtun_and_counts_drops() {
         anti_spoof: true,
     };
     let engine = common::start_engine(&ns, cfg);
-    engine.set_peers(vec![Peer {
-        subnet: "10.244.2.0/24".parse().expect("cidr"),
-        endpoint: "127.0.0.1".parse().expect("ip"),
-        vtep_mac: None,
-        wireguard: Some(WgPeer {
-            public_key: peer_pub,
-            port: PEER_PORT,
-            psk: None,
-            keepalive: 0,
-        }),
-    }]);
     common::sh(&[
         "ip",
         "-n",
@@ -170,7 +159,42 @@ fn wireguard_engine_talks_to_boringtun_and_counts_drops() {
             engine: "127.0.0.1:51820".parse().expect("sa"),
             buf: vec![0u8; 65536],
         };
-        // Handshake: initiation -> response -> our keepalive.
+        e.set_peers(vec![Peer {
+            subnet: "10.244.2.0/24".parse().expect("cidr"),
+            endpoint: "127.0.0.1".parse().expect("ip"),
+            vtep_mac: None,
+            wireguard: Some(WgPeer {
+                public_key: peer_pub,
+                port: PEER_PORT,
+                psk: None,
+                keepalive: 0,
+            }),
+        }]);
+        // A new peer gets a handshake initiation right away, without traffic
+        // (a restarted node must not wait for the peer's rekey timer).
+        let mut rx = vec![0u8; 2048];
+        let (n, from) = p.sock.recv_from(&mut rx).expect("unprompted initiation");
+        assert_eq!(
+            (rx[0], from.port()),
+            (1, 51820),
+            "initiation from the listen port"
+        );
+        let resp = match p.tunn.decapsulate(Some(from.ip()), &rx[..n], &mut p.buf) {
+            TunnResult::WriteToNetwork(r) => r.to_vec(),
+            other => panic!("not an initiation: {other:?}"),
+        };
+        p.send(&resp);
+        let (n, _) = p
+            .sock
+            .recv_from(&mut rx)
+            .expect("keepalive confirming the session");
+        assert_eq!((rx[0], n), (4, 32), "a keepalive data packet");
+        assert!(matches!(
+            p.tunn.decapsulate(Some(from.ip()), &rx[..n], &mut p.buf),
+            TunnResult::Done
+        ));
+
+        // Handshake the other way: initiation -> response -> our keepalive.
         let init = match p.tunn.format_handshake_initiation(&mut p.buf, false) {
             TunnResult::WriteToNetwork(i) => i.to_vec(),
             other => panic!("{other:?}"),

@@ -41,7 +41,9 @@ pub const SEARCH: [&str; 5] = [
 #[derive(Debug, thiserror::Error)]
 pub enum CharonError {
     /// No executable at any of the searched places.
-    #[error("no valid charon executable found at paths {0:?} (install strongSwan's charon, e.g. Debian package strongswan-charon)")]
+    #[error(
+        "no valid charon executable found at paths {0:?} (install strongSwan's charon, e.g. Debian package strongswan-charon)"
+    )]
     NotFound(Vec<String>),
     /// Spawning failed.
     #[error("error starting charon daemon {path}: {source}")]
@@ -91,7 +93,9 @@ pub fn look_path(name: &str) -> Option<PathBuf> {
         return Some(PathBuf::from(name)).filter(|p| executable(p));
     }
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| executable(p))
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| executable(p))
 }
 
 /// The first charon of [`SEARCH`].
@@ -102,7 +106,9 @@ pub fn find_exec() -> Result<PathBuf, CharonError> {
             None => tracing::warn!("No valid charon executable found at path {p}"),
         }
     }
-    Err(CharonError::NotFound(SEARCH.iter().map(|s| s.to_string()).collect()))
+    Err(CharonError::NotFound(
+        SEARCH.iter().map(|s| s.to_string()).collect(),
+    ))
 }
 
 impl Launch {
@@ -112,12 +118,23 @@ impl Launch {
         Ok(match look_path("setpriv") {
             Some(setpriv) => Launch {
                 program: setpriv,
-                args: vec!["--pdeathsig".into(), "TERM".into(), "--".into(), charon.to_string_lossy().into_owned()],
+                args: vec![
+                    "--pdeathsig".into(),
+                    "TERM".into(),
+                    "--".into(),
+                    charon.to_string_lossy().into_owned(),
+                ],
                 envs: Vec::new(),
             },
             None => {
-                tracing::warn!("setpriv not found: charon gets no parent-death signal; it is stopped on teardown only");
-                Launch { program: charon, args: Vec::new(), envs: Vec::new() }
+                tracing::warn!(
+                    "setpriv not found: charon gets no parent-death signal; it is stopped on teardown only"
+                );
+                Launch {
+                    program: charon,
+                    args: Vec::new(),
+                    envs: Vec::new(),
+                }
             }
         })
     }
@@ -133,26 +150,51 @@ pub struct Charon {
 impl Charon {
     /// Uses the charon answering on `vici`, or starts one (`launch`, by
     /// default [`Launch::default_charon`]) and waits up to `wait` for its socket.
-    pub async fn connect_or_start(vici: &Path, launch: Option<Launch>, wait: Duration) -> Result<Charon, CharonError> {
+    pub async fn connect_or_start(
+        vici: &Path,
+        launch: Option<Launch>,
+        wait: Duration,
+    ) -> Result<Charon, CharonError> {
         if ViciClient::connect(vici).await.is_ok() {
-            tracing::info!("using the charon daemon already running on {}", vici.display());
-            return Ok(Charon { vici: vici.into(), child: None });
+            tracing::info!(
+                "using the charon daemon already running on {}",
+                vici.display()
+            );
+            return Ok(Charon {
+                vici: vici.into(),
+                child: None,
+            });
         }
         let launch = match launch {
             Some(l) => l,
             None => Launch::default_charon()?,
         };
         let mut cmd = tokio::process::Command::new(&launch.program);
-        cmd.args(&launch.args).envs(launch.envs.iter().map(|(k, v)| (k, v))).kill_on_drop(true);
-        let mut child = cmd.spawn().map_err(|source| CharonError::Spawn { path: launch.program.clone(), source })?;
-        tracing::info!("Charon daemon started ({} {})", launch.program.display(), launch.args.join(" "));
+        cmd.args(&launch.args)
+            .envs(launch.envs.iter().map(|(k, v)| (k, v)))
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().map_err(|source| CharonError::Spawn {
+            path: launch.program.clone(),
+            source,
+        })?;
+        tracing::info!(
+            "Charon daemon started ({} {})",
+            launch.program.display(),
+            launch.args.join(" ")
+        );
         let deadline = Instant::now() + wait;
         loop {
             if ViciClient::connect(vici).await.is_ok() {
-                return Ok(Charon { vici: vici.into(), child: Some(child) });
+                return Ok(Charon {
+                    vici: vici.into(),
+                    child: Some(child),
+                });
             }
             if let Ok(Some(status)) = child.try_wait() {
-                return Err(CharonError::Exited { vici: vici.into(), status });
+                return Err(CharonError::Exited {
+                    vici: vici.into(),
+                    status,
+                });
             }
             if Instant::now() > deadline {
                 let _ = child.start_kill();
@@ -186,7 +228,9 @@ impl Charon {
 
     /// Stops charon if weft started it: SIGTERM, then SIGKILL after 5 s.
     pub async fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else { return };
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
         if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
             let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
         }

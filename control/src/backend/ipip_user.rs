@@ -220,6 +220,30 @@ mod tests {
         });
     }
 
+    /// The factory: `auto` runs the kernel path when the probe finds ipip, else this engine path.
+    #[test]
+    fn auto_falls_back_to_the_engine_without_the_ipip_driver() {
+        use crate::backend::{DataplaneChoice, Kernel, build};
+        block_on(async {
+            let cfg = crate::config::parse_config(br#"{"Network":"10.244.0.0/16","Backend":{"Type":"ipip"}}"#)
+                .expect("config");
+            let nl = Netlink::connect().expect("netlink");
+            let cases: [(&[&'static str], DataplaneChoice, Option<&str>); 4] = [
+                (&[], DataplaneChoice::Auto, Some("userspace")),
+                (&["ipip"], DataplaneChoice::Auto, Some("kernel")),
+                (&["ipip"], DataplaneChoice::Userspace, Some("userspace")),
+                (&[], DataplaneChoice::Kernel, None),
+            ];
+            for (kinds, choice, want) in cases {
+                let f = fake(kinds, false);
+                let kernel = Kernel { client: f.clone(), xfrm: f.clone(), wg: f.clone() };
+                let mut b = build(&cfg, choice, tuning(), &nl, kernel).expect("backend");
+                let r = b.lease_attrs(&ext(), None).await;
+                assert_eq!(r.is_ok().then(|| b.dataplane()), want, "{kinds:?} {choice:?}");
+            }
+        });
+    }
+
     #[test]
     fn direct_routing_only_for_on_link_peers() {
         block_on(async {

@@ -41,7 +41,7 @@ use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net};
 
 use super::charon::{Charon, CharonError, DEFAULT_VICI, Launch};
-use super::vici::{Section, Value};
+use super::vici::{Section, Value, ViciError};
 use super::{Backend, BackendError};
 use crate::config::backend::IpsecOptions;
 use crate::iface::ExternalInterface;
@@ -78,7 +78,48 @@ pub struct CharonIke {
 impl CharonIke {
     /// charon on `vici`, started with `launch` (`None`: found as flannel finds it).
     pub fn new(vici: PathBuf, launch: Option<Launch>) -> CharonIke {
-        CharonIke { vici, launch, charon: None }
+        CharonIke {
+            vici,
+            launch,
+            charon: None,
+        }
+    }
+}
+
+impl CharonIke {
+    /// One command; when the socket is gone (charon died), charon is
+    /// started again (or the new one reused) and the command retried once.
+    /// The caller's reconciliation then finds the connections missing.
+    async fn exchange(
+        &mut self,
+        cmd: &str,
+        args: Section,
+        checked: bool,
+    ) -> Result<Section, CharonError> {
+        let mut retried = false;
+        loop {
+            self.start().await?;
+            let c = self
+                .charon
+                .as_ref()
+                .ok_or_else(|| CharonError::Timeout(self.vici.clone()))?;
+            let res = if checked {
+                c.call(cmd, args.clone()).await
+            } else {
+                c.query(cmd, args.clone()).await
+            };
+            match res {
+                Err(CharonError::Vici(ViciError::Io { .. })) if !retried => {
+                    tracing::warn!(
+                        "charon's VICI socket {} is gone; starting charon again",
+                        self.vici.display()
+                    );
+                    self.stop().await;
+                    retried = true;
+                }
+                other => return other,
+            }
+        }
     }
 }
 
@@ -86,22 +127,20 @@ impl CharonIke {
 impl Ike for CharonIke {
     async fn start(&mut self) -> Result<(), CharonError> {
         if self.charon.is_none() {
-            let c = Charon::connect_or_start(&self.vici, self.launch.clone(), Duration::from_secs(30)).await?;
+            let c =
+                Charon::connect_or_start(&self.vici, self.launch.clone(), Duration::from_secs(30))
+                    .await?;
             self.charon = Some(c);
         }
         Ok(())
     }
 
     async fn call(&mut self, cmd: &str, args: Section) -> Result<Section, CharonError> {
-        self.start().await?;
-        let c = self.charon.as_ref().ok_or_else(|| CharonError::Timeout(self.vici.clone()))?;
-        c.call(cmd, args).await
+        self.exchange(cmd, args, true).await
     }
 
     async fn query(&mut self, cmd: &str, args: Section) -> Result<Section, CharonError> {
-        self.start().await?;
-        let c = self.charon.as_ref().ok_or_else(|| CharonError::Timeout(self.vici.clone()))?;
-        c.query(cmd, args).await
+        self.exchange(cmd, args, false).await
     }
 
     async fn stop(&mut self) {
@@ -113,7 +152,10 @@ impl Ike for CharonIke {
 
 /// `load-shared`: flannel's IKE key for `owner`.
 pub fn shared_key(psk: &str, owner: IpAddr) -> Section {
-    Section::new().kv("type", "IKE").kv("data", psk).list("owners", &[&owner.to_string()])
+    Section::new()
+        .kv("type", "IKE")
+        .kv("data", psk)
+        .list("owners", &[&owner.to_string()])
 }
 
 /// flannel's connection name `<localPub>-<localSubnet>-<remoteSubnet>-<remotePub>`.
@@ -122,8 +164,20 @@ pub fn conn_name(local: Ipv4Net, local_pub: IpAddr, remote: Ipv4Net, remote_pub:
 }
 
 /// `load-conn`: flannel's connection to a peer (see the module docs).
-pub fn connection(local: Ipv4Net, local_pub: IpAddr, remote: Ipv4Net, remote_pub: IpAddr, esp: &str, encap: bool) -> Section {
-    let (l, r, lp, rp) = (local.to_string(), remote.to_string(), local_pub.to_string(), remote_pub.to_string());
+pub fn connection(
+    local: Ipv4Net,
+    local_pub: IpAddr,
+    remote: Ipv4Net,
+    remote_pub: IpAddr,
+    esp: &str,
+    encap: bool,
+) -> Section {
+    let (l, r, lp, rp) = (
+        local.to_string(),
+        remote.to_string(),
+        local_pub.to_string(),
+        remote_pub.to_string(),
+    );
     let auth = || Section::new().kv("id", "").kv("auth", "psk");
     let child = Section::new()
         .list("local_ts", &[&l])
@@ -146,7 +200,10 @@ pub fn connection(local: Ipv4Net, local_pub: IpAddr, remote: Ipv4Net, remote_pub
         .kv("rekey_time", "")
         .section("local", auth())
         .section("remote", auth())
-        .section("children", Section::new().section(&format!("{local}-{remote}"), child));
+        .section(
+            "children",
+            Section::new().section(&format!("{local}-{remote}"), child),
+        );
     Section::new().section(&conn_name(local, local_pub, remote, remote_pub), ike)
 }
 
@@ -172,7 +229,14 @@ impl Ipsec {
     /// An ipsec backend talking to charon on flannel's socket.
     pub fn new(opts: IpsecOptions, xfrm: Arc<dyn XfrmClient>) -> Ipsec {
         let ike = Box::new(CharonIke::new(PathBuf::from(DEFAULT_VICI), None));
-        Ipsec { opts, xfrm, ike, ext: None, own: None, peers: BTreeMap::new() }
+        Ipsec {
+            opts,
+            xfrm,
+            ike,
+            ext: None,
+            own: None,
+            peers: BTreeMap::new(),
+        }
     }
 
     /// Uses `ike` instead of charon on `/var/run/charon.vici`.
@@ -182,7 +246,12 @@ impl Ipsec {
     }
 
     /// flannel's three policies between this node and a peer.
-    pub fn policies(local: Ipv4Net, local_pub: IpAddr, remote: Ipv4Net, remote_pub: IpAddr) -> [XfrmPolicy; 3] {
+    pub fn policies(
+        local: Ipv4Net,
+        local_pub: IpAddr,
+        remote: Ipv4Net,
+        remote_pub: IpAddr,
+    ) -> [XfrmPolicy; 3] {
         let pol = |src: Ipv4Net, dst: Ipv4Net, tsrc, tdst, dir| XfrmPolicy {
             src: IpNet::V4(src),
             dst: IpNet::V4(dst),
@@ -200,11 +269,25 @@ impl Ipsec {
 
     /// Loads the peer's key and connection into charon.
     async fn load_peer(&mut self, remote: Ipv4Net, public: IpAddr) -> Result<(), BackendError> {
-        let Some((local, local_pub)) = self.own else { return Ok(()) };
-        self.ike.call("load-shared", shared_key(&self.opts.psk, public)).await?;
-        let conn = connection(local, local_pub, remote, public, &self.opts.esp_proposal, self.opts.udp_encap);
+        let Some((local, local_pub)) = self.own else {
+            return Ok(());
+        };
+        self.ike
+            .call("load-shared", shared_key(&self.opts.psk, public))
+            .await?;
+        let conn = connection(
+            local,
+            local_pub,
+            remote,
+            public,
+            &self.opts.esp_proposal,
+            self.opts.udp_encap,
+        );
         self.ike.call("load-conn", conn).await?;
-        tracing::info!("Loaded connection: {}", conn_name(local, local_pub, remote, public));
+        tracing::info!(
+            "Loaded connection: {}",
+            conn_name(local, local_pub, remote, public)
+        );
         Ok(())
     }
 }
@@ -219,27 +302,53 @@ impl Backend for Ipsec {
         "kernel"
     }
 
-    async fn lease_attrs(&mut self, ext: &ExternalInterface, _prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
-        tracing::info!("IPSec config: UDPEncap={} ESPProposal={}", self.opts.udp_encap, self.opts.esp_proposal);
+    async fn lease_attrs(
+        &mut self,
+        ext: &ExternalInterface,
+        _prev: Option<&Lease>,
+    ) -> Result<LeaseAttrs, BackendError> {
+        tracing::info!(
+            "IPSec config: UDPEncap={} ESPProposal={}",
+            self.opts.udp_encap,
+            self.opts.esp_proposal
+        );
         self.ext = Some(ext.clone());
-        let public_ip = ext.ext_addr.ok_or_else(|| BackendError::Config("ipsec: no IPv4 public address".into()))?;
-        Ok(LeaseAttrs { public_ip, backend_type: "ipsec".into(), ..Default::default() })
+        let public_ip = ext
+            .ext_addr
+            .ok_or_else(|| BackendError::Config("ipsec: no IPv4 public address".into()))?;
+        Ok(LeaseAttrs {
+            public_ip,
+            backend_type: "ipsec".into(),
+            ..Default::default()
+        })
     }
 
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        let ext = self.ext.as_ref().ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        let mtu = ext.iface.mtu.saturating_sub(if self.opts.udp_encap { 85 } else { 77 });
-        let sn = lease.subnet.ok_or_else(|| BackendError::Config("ipsec backend needs an IPv4 lease".into()))?;
+        let ext = self
+            .ext
+            .as_ref()
+            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+        let mtu = ext
+            .iface
+            .mtu
+            .saturating_sub(if self.opts.udp_encap { 85 } else { 77 });
+        let sn = lease
+            .subnet
+            .ok_or_else(|| BackendError::Config("ipsec backend needs an IPv4 lease".into()))?;
         let own_pub = IpAddr::V4(lease.attrs.public_ip);
         self.own = Some((sn, own_pub));
         self.ike.start().await?;
-        self.ike.call("load-shared", shared_key(&self.opts.psk, own_pub)).await?;
+        self.ike
+            .call("load-shared", shared_key(&self.opts.psk, own_pub))
+            .await?;
         tracing::info!("Loaded shared key for: {own_pub}");
         Ok(mtu)
     }
 
     async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
-        let Some((local, local_pub)) = self.own else { return Ok(()) };
+        let Some((local, local_pub)) = self.own else {
+            return Ok(());
+        };
         let (l, add) = match change {
             Change::Add(l) => (l, true),
             Change::Remove(l) => (l, false),
@@ -248,7 +357,9 @@ impl Backend for Ipsec {
             tracing::warn!("Ignoring non-ipsec event: type: {}", l.attrs.backend_type);
             return Ok(());
         }
-        let Some(remote) = l.subnet.filter(|s| *s != local) else { return Ok(()) };
+        let Some(remote) = l.subnet.filter(|s| *s != local) else {
+            return Ok(());
+        };
         let public = IpAddr::V4(l.attrs.public_ip);
         if add {
             let policies = Ipsec::policies(local, local_pub, remote, public);
@@ -257,7 +368,11 @@ impl Backend for Ipsec {
                 && old != st
             {
                 let name = conn_name(local, local_pub, remote, old.public);
-                if let Err(e) = self.ike.call("unload-conn", Section::new().kv("name", &name)).await {
+                if let Err(e) = self
+                    .ike
+                    .call("unload-conn", Section::new().kv("name", &name))
+                    .await
+                {
                     tracing::warn!("error unloading charon connection {name}: {e}");
                 }
                 for p in &old.policies {
@@ -270,7 +385,11 @@ impl Backend for Ipsec {
             self.load_peer(remote, public).await?;
         } else if let Some(st) = self.peers.remove(&remote) {
             let name = conn_name(local, local_pub, remote, st.public);
-            match self.ike.call("unload-conn", Section::new().kv("name", &name)).await {
+            match self
+                .ike
+                .call("unload-conn", Section::new().kv("name", &name))
+                .await
+            {
                 Ok(_) => tracing::info!("Unloaded connection: {name}"),
                 Err(e) => tracing::error!("error unloading charon connections: {e}"),
             }
@@ -290,13 +409,18 @@ impl Backend for Ipsec {
                 tracing::info!("XFRM policy recovered: {p}");
             }
         }
-        let Some((local, local_pub)) = self.own else { return Ok(()) };
+        let Some((local, local_pub)) = self.own else {
+            return Ok(());
+        };
         if self.peers.is_empty() {
             return Ok(());
         }
         let loaded = self.ike.query("get-conns", Section::new()).await?;
         let names: Vec<String> = match loaded.get("conns") {
-            Some(Value::List(v)) => v.iter().map(|n| String::from_utf8_lossy(n).into_owned()).collect(),
+            Some(Value::List(v)) => v
+                .iter()
+                .map(|n| String::from_utf8_lossy(n).into_owned())
+                .collect(),
             _ => Vec::new(),
         };
         let missing: Vec<(Ipv4Net, IpAddr)> = self
@@ -306,7 +430,9 @@ impl Backend for Ipsec {
             .map(|(r, s)| (*r, s.public))
             .collect();
         if !missing.is_empty() {
-            self.ike.call("load-shared", shared_key(&self.opts.psk, local_pub)).await?;
+            self.ike
+                .call("load-shared", shared_key(&self.opts.psk, local_pub))
+                .await?;
         }
         for (remote, public) in missing {
             tracing::info!("charon lost the connection to {remote}; loading it again");
@@ -323,7 +449,10 @@ impl Backend for Ipsec {
         if let Some((local, local_pub)) = self.own {
             for (remote, st) in std::mem::take(&mut self.peers) {
                 let name = conn_name(local, local_pub, remote, st.public);
-                let _ = self.ike.call("unload-conn", Section::new().kv("name", &name)).await;
+                let _ = self
+                    .ike
+                    .call("unload-conn", Section::new().kv("name", &name))
+                    .await;
                 for p in &st.policies {
                     let _ = self.xfrm.policy_del(p).await;
                 }

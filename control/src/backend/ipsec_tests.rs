@@ -11,7 +11,11 @@ use crate::backend::vici::Packet;
 use crate::netlink::Op;
 
 fn opts(encap: bool) -> IpsecOptions {
-    IpsecOptions { psk: "p".repeat(96), udp_encap: encap, esp_proposal: "aes128gcm16-sha256-prfsha256-ecp256".into() }
+    IpsecOptions {
+        psk: "p".repeat(96),
+        udp_encap: encap,
+        esp_proposal: "aes128gcm16-sha256-prfsha256-ecp256".into(),
+    }
 }
 
 fn net(s: &str) -> Ipv4Net {
@@ -24,7 +28,14 @@ fn ip(s: &str) -> IpAddr {
 
 #[test]
 fn connection_and_key_are_flannels() {
-    let c = connection(net("10.244.1.0/24"), ip("192.0.2.1"), net("10.244.2.0/24"), ip("192.0.2.2"), "aes128gcm16-sha256-prfsha256-ecp256", true);
+    let c = connection(
+        net("10.244.1.0/24"),
+        ip("192.0.2.1"),
+        net("10.244.2.0/24"),
+        ip("192.0.2.2"),
+        "aes128gcm16-sha256-prfsha256-ecp256",
+        true,
+    );
     let child = Section::new()
         .list("local_ts", &["10.244.1.0/24"])
         .list("remote_ts", &["10.244.2.0/24"])
@@ -48,18 +59,38 @@ fn connection_and_key_are_flannels() {
             .kv("rekey_time", "")
             .section("local", Section::new().kv("id", "").kv("auth", "psk"))
             .section("remote", Section::new().kv("id", "").kv("auth", "psk"))
-            .section("children", Section::new().section("10.244.1.0/24-10.244.2.0/24", child)),
+            .section(
+                "children",
+                Section::new().section("10.244.1.0/24-10.244.2.0/24", child),
+            ),
     );
     assert_eq!(c, want);
     // It survives the wire unchanged.
-    let bytes = Packet::Request("load-conn".into(), c.clone()).encode().expect("encode");
-    assert_eq!(Packet::decode(&bytes[4..]).expect("decode"), Packet::Request("load-conn".into(), c));
-    let no_encap = connection(net("10.244.1.0/24"), ip("192.0.2.1"), net("10.244.2.0/24"), ip("192.0.2.2"), "x", false);
-    let Some(Value::Section(ike)) = no_encap.0.first().map(|(_, v)| v) else { panic!("no conn") };
+    let bytes = Packet::Request("load-conn".into(), c.clone())
+        .encode()
+        .expect("encode");
+    assert_eq!(
+        Packet::decode(&bytes[4..]).expect("decode"),
+        Packet::Request("load-conn".into(), c)
+    );
+    let no_encap = connection(
+        net("10.244.1.0/24"),
+        ip("192.0.2.1"),
+        net("10.244.2.0/24"),
+        ip("192.0.2.2"),
+        "x",
+        false,
+    );
+    let Some(Value::Section(ike)) = no_encap.0.first().map(|(_, v)| v) else {
+        panic!("no conn")
+    };
     assert_eq!(ike.str("encap").as_deref(), Some("false"));
     assert_eq!(
         shared_key("secret", ip("192.0.2.2")),
-        Section::new().kv("type", "IKE").kv("data", "secret").list("owners", &["192.0.2.2"])
+        Section::new()
+            .kv("type", "IKE")
+            .kv("data", "secret")
+            .list("owners", &["192.0.2.2"])
     );
 }
 
@@ -68,35 +99,77 @@ fn peers_load_and_unload_charon_connections_in_flannels_order() {
     let f = fake(&[], true);
     let ike = RecordingIke::default();
     let mut b = Ipsec::new(opts(false), f.clone()).with_ike(Box::new(ike.clone()));
-    let cmds = |ike: &RecordingIke| ike.log.lock().expect("log").drain(..).map(|(c, _)| c).collect::<Vec<_>>();
+    let cmds = |ike: &RecordingIke| {
+        ike.log
+            .lock()
+            .expect("log")
+            .drain(..)
+            .map(|(c, _)| c)
+            .collect::<Vec<_>>()
+    };
     block_on(async {
         let own = lease("10.244.1.0/24", "192.0.2.1", "ipsec", None);
         b.lease_attrs(&ext(), None).await.expect("attrs");
         assert_eq!(b.setup(&own).await.expect("setup"), 1423);
-        assert_eq!(ike.log.lock().expect("log")[1], ("load-shared".to_string(), shared_key(&"p".repeat(96), ip("192.0.2.1"))));
+        assert_eq!(
+            ike.log.lock().expect("log")[1],
+            (
+                "load-shared".to_string(),
+                shared_key(&"p".repeat(96), ip("192.0.2.1"))
+            )
+        );
         assert_eq!(cmds(&ike), ["start", "load-shared"]);
         let p = lease("10.244.2.0/24", "192.0.2.2", "ipsec", None);
         b.apply(&Change::Add(p.clone())).await.expect("add");
         // Own lease and other backends are ignored.
         b.apply(&Change::Add(own.clone())).await.expect("own");
-        b.apply(&Change::Add(lease("10.244.3.0/24", "192.0.2.3", "vxlan", None))).await.expect("other");
+        b.apply(&Change::Add(lease(
+            "10.244.3.0/24",
+            "192.0.2.3",
+            "vxlan",
+            None,
+        )))
+        .await
+        .expect("other");
         let log: Vec<_> = ike.log.lock().expect("log").drain(..).collect();
         assert_eq!(log.len(), 2);
-        assert_eq!(log[0], ("load-shared".into(), shared_key(&"p".repeat(96), ip("192.0.2.2"))));
-        let want = connection(net("10.244.1.0/24"), ip("192.0.2.1"), net("10.244.2.0/24"), ip("192.0.2.2"), "aes128gcm16-sha256-prfsha256-ecp256", false);
+        assert_eq!(
+            log[0],
+            (
+                "load-shared".into(),
+                shared_key(&"p".repeat(96), ip("192.0.2.2"))
+            )
+        );
+        let want = connection(
+            net("10.244.1.0/24"),
+            ip("192.0.2.1"),
+            net("10.244.2.0/24"),
+            ip("192.0.2.2"),
+            "aes128gcm16-sha256-prfsha256-ecp256",
+            false,
+        );
         assert_eq!(log[1], ("load-conn".into(), want));
         assert_eq!(f.take_ops().len(), 3, "out, in, fwd policies");
 
         // charon restarted and lost the connection: reconcile loads it again.
         ike.conns.lock().expect("conns").clear();
         b.reconcile().await.expect("reconcile");
-        assert_eq!(cmds(&ike), ["get-conns", "load-shared", "load-shared", "load-conn"]);
+        assert_eq!(
+            cmds(&ike),
+            ["get-conns", "load-shared", "load-shared", "load-conn"]
+        );
         b.reconcile().await.expect("reconcile");
         assert_eq!(cmds(&ike), ["get-conns"], "nothing missing");
 
         b.apply(&Change::Remove(p)).await.expect("remove");
         let log: Vec<_> = ike.log.lock().expect("log").drain(..).collect();
-        assert_eq!(log, vec![("unload-conn".to_string(), Section::new().kv("name", "192.0.2.1-10.244.1.0/24-10.244.2.0/24-192.0.2.2"))]);
+        assert_eq!(
+            log,
+            vec![(
+                "unload-conn".to_string(),
+                Section::new().kv("name", "192.0.2.1-10.244.1.0/24-10.244.2.0/24-192.0.2.2")
+            )]
+        );
         assert!(f.take_ops().iter().all(|o| matches!(o, Op::PolicyDel(_))));
         assert!(f.policies().is_empty());
         b.teardown().await;
@@ -112,7 +185,9 @@ fn without_esp_start_up_fails_clearly_and_charon_is_not_started() {
     let x = f.clone();
     let mut d = Dual::new("ipsec", DataplaneChoice::Auto, f.clone(), f.clone()).kernel(
         Some(Capability::Esp),
-        Box::new(move || Box::new(Ipsec::new(opts(false), x.clone()).with_ike(Box::new(make_ike.clone())))),
+        Box::new(move || {
+            Box::new(Ipsec::new(opts(false), x.clone()).with_ike(Box::new(make_ike.clone())))
+        }),
     );
     let e = block_on(d.lease_attrs(&ext(), None)).expect_err("no esp");
     assert_eq!(
@@ -125,7 +200,15 @@ fn without_esp_start_up_fails_clearly_and_charon_is_not_started() {
 
 #[test]
 fn missing_charon_names_the_searched_paths() {
-    let e = CharonError::NotFound(crate::backend::charon::SEARCH.iter().map(|s| s.to_string()).collect());
+    let e = CharonError::NotFound(
+        crate::backend::charon::SEARCH
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    );
     let text = BackendError::from(e).to_string();
-    assert!(text.contains("/usr/lib/ipsec/charon") && text.contains("strongswan-charon"), "{text}");
+    assert!(
+        text.contains("/usr/lib/ipsec/charon") && text.contains("strongswan-charon"),
+        "{text}"
+    );
 }

@@ -79,8 +79,14 @@ pub struct KernelWireguard {
 
 /// flannel's `selectPublicEndpoint` (auto mode): IPv4 unless only IPv6
 /// exists, or the peer's IPv4 is private and both our and its IPv6 are not ULA.
-pub fn select_endpoint(peer_v4: Ipv4Addr, peer_v6: Option<std::net::Ipv6Addr>, ext: &ExternalInterface) -> IpAddr {
-    let Some(v6) = peer_v6 else { return IpAddr::V4(peer_v4) };
+pub fn select_endpoint(
+    peer_v4: Ipv4Addr,
+    peer_v6: Option<std::net::Ipv6Addr>,
+    ext: &ExternalInterface,
+) -> IpAddr {
+    let Some(v6) = peer_v6 else {
+        return IpAddr::V4(peer_v4);
+    };
     if !peer_v4.is_private() && ext.ext_addr.is_some() {
         return IpAddr::V4(peer_v4);
     }
@@ -101,7 +107,18 @@ impl KernelWireguard {
     ) -> KernelWireguard {
         let psk = weft_engine::wg::key_from_base64(&opts.psk);
         let key_file = wgkey::key_file_path();
-        KernelWireguard { opts, network, network_v6, key_file, key: None, psk, ext: None, nl, wg, devices: Vec::new() }
+        KernelWireguard {
+            opts,
+            network,
+            network_v6,
+            key_file,
+            key: None,
+            psk,
+            ext: None,
+            nl,
+            wg,
+            devices: Vec::new(),
+        }
     }
 
     /// Uses `path` instead of `$WIREGUARD_KEY_FILE` / `/run/flannel/wgkey` (tests).
@@ -115,23 +132,69 @@ impl KernelWireguard {
     }
 
     fn private_key(&self) -> Result<[u8; 32], BackendError> {
-        self.key.map(|k| k.0).ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))
+        self.key
+            .map(|k| k.0)
+            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))
     }
 
-    async fn create_device(&mut self, name: &'static str, carries: Carries, port: u16, addrs: Vec<IpNet>, mtu: u32) -> Result<(), BackendError> {
+    async fn create_device(
+        &mut self,
+        name: &'static str,
+        carries: Carries,
+        port: u16,
+        addrs: Vec<IpNet>,
+        mtu: u32,
+    ) -> Result<(), BackendError> {
         if let Some(old) = self.nl.link_detail(name).await? {
             tracing::warn!("{name:?} already exists; recreating device");
             self.nl.delete_link(old.link.index).await?;
         }
-        self.nl.add_link(&LinkSpec::Wireguard(WireguardLink { name: name.into(), mtu })).await?;
-        let index = self.nl.link_detail(name).await?.ok_or_else(|| crate::netlink::NetlinkError::NoSuchLink(name.into()))?.link.index;
-        let set = WgSet { ifname: name.into(), private_key: Some(self.private_key()?), listen_port: Some(port), replace_peers: true, peers: Vec::new() };
+        self.nl
+            .add_link(&LinkSpec::Wireguard(WireguardLink {
+                name: name.into(),
+                mtu,
+            }))
+            .await?;
+        let index = self
+            .nl
+            .link_detail(name)
+            .await?
+            .ok_or_else(|| crate::netlink::NetlinkError::NoSuchLink(name.into()))?
+            .link
+            .index;
+        let set = WgSet {
+            ifname: name.into(),
+            private_key: Some(self.private_key()?),
+            listen_port: Some(port),
+            replace_peers: true,
+            peers: Vec::new(),
+        };
         self.wg.wg_set(&set).await?;
-        let mut dev = Device { name, carries, port, index, addrs, routes: Vec::new(), peers: BTreeMap::new() };
-        for net in [self.network.map(IpNet::V4), self.network_v6.map(IpNet::V6)].into_iter().flatten() {
-            let fits = matches!((carries, net), (Carries::Both, _) | (Carries::V4, IpNet::V4(_)) | (Carries::V6, IpNet::V6(_)));
+        let mut dev = Device {
+            name,
+            carries,
+            port,
+            index,
+            addrs,
+            routes: Vec::new(),
+            peers: BTreeMap::new(),
+        };
+        for net in [self.network.map(IpNet::V4), self.network_v6.map(IpNet::V6)]
+            .into_iter()
+            .flatten()
+        {
+            let fits = matches!(
+                (carries, net),
+                (Carries::Both, _) | (Carries::V4, IpNet::V4(_)) | (Carries::V6, IpNet::V6(_))
+            );
             if fits {
-                dev.routes.push(Route { dst: net, gateway: None, oif: Some(index), onlink: false, scope_link: true });
+                dev.routes.push(Route {
+                    dst: net,
+                    gateway: None,
+                    oif: Some(index),
+                    onlink: false,
+                    scope_link: true,
+                });
             }
         }
         self.devices.push(dev);
@@ -150,7 +213,13 @@ impl KernelWireguard {
         }
         self.nl.link_up(d.index, None).await?;
         for r in &d.routes {
-            if !self.nl.routes_exact(r.dst).await?.iter().any(|x| x.oif == r.oif) {
+            if !self
+                .nl
+                .routes_exact(r.dst)
+                .await?
+                .iter()
+                .any(|x| x.oif == r.oif)
+            {
                 self.nl.route_replace(r).await?;
             }
         }
@@ -165,21 +234,43 @@ impl KernelWireguard {
         let (key, port, ip, allowed) = match d.carries {
             Carries::V4 => {
                 let (k, p) = v4?;
-                (k, p, IpAddr::V4(a.public_ip), vec![IpNet::V4(lease.subnet?)])
+                (
+                    k,
+                    p,
+                    IpAddr::V4(a.public_ip),
+                    vec![IpNet::V4(lease.subnet?)],
+                )
             }
             Carries::V6 => {
                 let (k, p) = v6?;
-                (k, p, IpAddr::V6(a.public_ipv6?), vec![IpNet::V6(lease.ipv6_subnet?)])
+                (
+                    k,
+                    p,
+                    IpAddr::V6(a.public_ipv6?),
+                    vec![IpNet::V6(lease.ipv6_subnet?)],
+                )
             }
             Carries::Both => {
-                let (k, p) = if self.network_v6.is_some() { v6.or(v4)? } else { v4? };
+                let (k, p) = if self.network_v6.is_some() {
+                    v6.or(v4)?
+                } else {
+                    v4?
+                };
                 let port = v4.map_or(p, |d| d.1);
                 let ip = match self.opts.mode {
                     WireguardMode::Ipv6 => IpAddr::V6(a.public_ipv6?),
-                    WireguardMode::Auto => select_endpoint(a.public_ip, a.public_ipv6, self.ext.as_ref()?),
+                    WireguardMode::Auto => {
+                        select_endpoint(a.public_ip, a.public_ipv6, self.ext.as_ref()?)
+                    }
                     _ => IpAddr::V4(a.public_ip),
                 };
-                let nets: Vec<IpNet> = [lease.subnet.map(IpNet::V4), lease.ipv6_subnet.map(IpNet::V6)].into_iter().flatten().collect();
+                let nets: Vec<IpNet> = [
+                    lease.subnet.map(IpNet::V4),
+                    lease.ipv6_subnet.map(IpNet::V6),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
                 (k, port, ip, nets)
             }
         };
@@ -196,8 +287,18 @@ impl KernelWireguard {
 
     /// The key a removed lease had on device `d` (flannel: v4 data on the v4 device, else v6 data).
     fn removed_key(&self, lease: &Lease, d: &Device) -> Option<[u8; 32]> {
-        let v4 = lease.attrs.backend_data.as_deref().and_then(parse_backend_data).map(|x| x.0);
-        let v6 = lease.attrs.backend_v6_data.as_deref().and_then(parse_backend_data).map(|x| x.0);
+        let v4 = lease
+            .attrs
+            .backend_data
+            .as_deref()
+            .and_then(parse_backend_data)
+            .map(|x| x.0);
+        let v6 = lease
+            .attrs
+            .backend_v6_data
+            .as_deref()
+            .and_then(parse_backend_data)
+            .map(|x| x.0);
         match d.carries {
             Carries::V4 => v4,
             Carries::V6 => v6,
@@ -207,7 +308,13 @@ impl KernelWireguard {
     }
 
     async fn set(&self, d: &Device, peers: Vec<WgPeerSet>) -> Result<(), BackendError> {
-        let set = WgSet { ifname: d.name.into(), private_key: Some(self.private_key()?), listen_port: Some(d.port), replace_peers: false, peers };
+        let set = WgSet {
+            ifname: d.name.into(),
+            private_key: Some(self.private_key()?),
+            listen_port: Some(d.port),
+            replace_peers: false,
+            peers,
+        };
         Ok(self.wg.wg_set(&set).await?)
     }
 }
@@ -222,8 +329,13 @@ impl Backend for KernelWireguard {
         "kernel"
     }
 
-    async fn lease_attrs(&mut self, ext: &ExternalInterface, _prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
-        let key = wgkey::load_or_generate(&self.key_file).map_err(|e| BackendError::Config(e.to_string()))?;
+    async fn lease_attrs(
+        &mut self,
+        ext: &ExternalInterface,
+        _prev: Option<&Lease>,
+    ) -> Result<LeaseAttrs, BackendError> {
+        let key = wgkey::load_or_generate(&self.key_file)
+            .map_err(|e| BackendError::Config(e.to_string()))?;
         let public = key.public_key();
         self.key = Some(key);
         self.ext = Some(ext.clone());
@@ -236,13 +348,20 @@ impl Backend for KernelWireguard {
             if self.psk.is_some() { "set" } else { "none" },
             weft_engine::wg::key_to_base64(&public)
         );
-        let mut attrs = LeaseAttrs { backend_type: "wireguard".into(), ..Default::default() };
+        let mut attrs = LeaseAttrs {
+            backend_type: "wireguard".into(),
+            ..Default::default()
+        };
         if self.network.is_some() {
-            attrs.public_ip = ext.ext_addr.ok_or_else(|| BackendError::Config("wireguard: no IPv4 public address".into()))?;
+            attrs.public_ip = ext
+                .ext_addr
+                .ok_or_else(|| BackendError::Config("wireguard: no IPv4 public address".into()))?;
             attrs.backend_data = Some(backend_data(&public, self.opts.listen_port));
         }
         if self.network_v6.is_some() {
-            let ip = ext.ext_v6_addr.ok_or_else(|| BackendError::Config("wireguard: no IPv6 public address".into()))?;
+            let ip = ext
+                .ext_v6_addr
+                .ok_or_else(|| BackendError::Config("wireguard: no IPv6 public address".into()))?;
             attrs.public_ipv6 = Some(ip);
             attrs.backend_v6_data = Some(backend_data(&public, self.opts.listen_port_v6));
         }
@@ -250,22 +369,38 @@ impl Backend for KernelWireguard {
     }
 
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        let ext = self.ext.clone().ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        let cfg_mtu = if self.opts.mtu == 0 { ext.iface.mtu } else { self.opts.mtu };
+        let ext = self
+            .ext
+            .clone()
+            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+        let cfg_mtu = if self.opts.mtu == 0 {
+            ext.iface.mtu
+        } else {
+            self.opts.mtu
+        };
         let mtu = cfg_mtu.saturating_sub(80);
-        let a4 = lease.subnet.and_then(|s| Ipv4Net::new(s.network(), 32).ok()).map(IpNet::V4);
-        let a6 = lease.ipv6_subnet.and_then(|s| Ipv6Net::new(s.network(), 128).ok()).map(IpNet::V6);
+        let a4 = lease
+            .subnet
+            .and_then(|s| Ipv4Net::new(s.network(), 32).ok())
+            .map(IpNet::V4);
+        let a6 = lease
+            .ipv6_subnet
+            .and_then(|s| Ipv6Net::new(s.network(), 128).ok())
+            .map(IpNet::V6);
         let (p4, p6) = (self.opts.listen_port, self.opts.listen_port_v6);
         if self.opts.mode == WireguardMode::Separate {
             if let (Some(_), Some(a)) = (self.network, a4) {
-                self.create_device("flannel-wg", Carries::V4, p4, vec![a], mtu).await?;
+                self.create_device("flannel-wg", Carries::V4, p4, vec![a], mtu)
+                    .await?;
             }
             if let (Some(_), Some(a)) = (self.network_v6, a6) {
-                self.create_device("flannel-wg-v6", Carries::V6, p6, vec![a], mtu).await?;
+                self.create_device("flannel-wg-v6", Carries::V6, p6, vec![a], mtu)
+                    .await?;
             }
         } else {
             let addrs = [a4, a6].into_iter().flatten().collect();
-            self.create_device("flannel-wg", Carries::Both, p4, addrs, mtu).await?;
+            self.create_device("flannel-wg", Carries::Both, p4, addrs, mtu)
+                .await?;
         }
         Ok(mtu)
     }
@@ -276,24 +411,38 @@ impl Backend for KernelWireguard {
             Change::Remove(l) => (l, false),
         };
         if lease.attrs.backend_type != "wireguard" {
-            tracing::warn!("Ignoring non-wireguard subnet: type={}", lease.attrs.backend_type);
+            tracing::warn!(
+                "Ignoring non-wireguard subnet: type={}",
+                lease.attrs.backend_type
+            );
             return Ok(());
         }
         for i in 0..self.devices.len() {
             let d = &self.devices[i];
             if !add {
-                let Some(key) = self.removed_key(lease, d) else { continue };
+                let Some(key) = self.removed_key(lease, d) else {
+                    continue;
+                };
                 self.set(d, vec![WgPeerSet::removal(key)]).await?;
                 let d = &mut self.devices[i];
                 d.peers.retain(|_, k| *k != key);
                 continue;
             }
             let Some(peer) = self.peer_for(lease, d) else {
-                tracing::error!("wireguard lease {:?} has no usable BackendData for {}", lease.subnet, d.name);
+                tracing::error!(
+                    "wireguard lease {:?} has no usable BackendData for {}",
+                    lease.subnet,
+                    d.name
+                );
                 continue;
             };
             let (key, ip) = (peer.public_key, peer.endpoint.map(|e| e.ip()));
-            tracing::info!("Subnet(s) added: {:?} via {:?} on {}", peer.allowed_ips, peer.endpoint, d.name);
+            tracing::info!(
+                "Subnet(s) added: {:?} via {:?} on {}",
+                peer.allowed_ips,
+                peer.endpoint,
+                d.name
+            );
             self.set(d, vec![peer]).await?;
             if let Some(ip) = ip {
                 let d = &mut self.devices[i];

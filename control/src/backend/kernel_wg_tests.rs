@@ -52,8 +52,20 @@ fn rig(mode: WireguardMode, psk: &str, keepalive: u64) -> Rig {
     let path = dir.path().join("wgkey");
     let secret = wgkey::load_or_generate(&path).expect("key").0;
     let net = Some("10.244.0.0/16".parse().expect("net"));
-    let b = KernelWireguard::new(opts(mode, psk, keepalive), net, None, nl.clone(), nl.clone()).with_key_file(path);
-    Rig { nl, b, _dir: dir, secret }
+    let b = KernelWireguard::new(
+        opts(mode, psk, keepalive),
+        net,
+        None,
+        nl.clone(),
+        nl.clone(),
+    )
+    .with_key_file(path);
+    Rig {
+        nl,
+        b,
+        _dir: dir,
+        secret,
+    }
 }
 
 fn peer_lease(subnet: &str, ip: &str, k: &str, port: Option<u16>) -> Lease {
@@ -118,7 +130,14 @@ fn set_device_message_has_wgctrls_attributes() {
 
     // A removal carries only the key and REMOVE_ME.
     let rm = WgPeerSet::removal([9; 32]);
-    let m = WgSet { ifname: "flannel-wg".into(), private_key: None, listen_port: None, replace_peers: false, peers: vec![rm] }.message();
+    let m = WgSet {
+        ifname: "flannel-wg".into(),
+        private_key: None,
+        listen_port: None,
+        replace_peers: false,
+        peers: vec![rm],
+    }
+    .message();
     assert_eq!(
         m.attributes,
         vec![
@@ -138,27 +157,59 @@ fn setup_creates_flannels_device_then_peers() {
     let mtu = block_on(async {
         let attrs = r.b.lease_attrs(&ext(), None).await.expect("attrs");
         let public = weft_engine::WgSecret(r.secret).public_key();
-        assert_eq!(attrs.backend_data.as_deref(), Some(backend_data(&public, 51820).as_str()));
+        assert_eq!(
+            attrs.backend_data.as_deref(),
+            Some(backend_data(&public, 51820).as_str())
+        );
         assert_eq!(attrs.backend_type, "wireguard");
         r.b.setup(&own).await.expect("setup")
     });
     assert_eq!(mtu, 1420);
-    let index = r.nl.links().values().find(|d| d.link.name == "flannel-wg").expect("device").link.index;
+    let index =
+        r.nl.links()
+            .values()
+            .find(|d| d.link.name == "flannel-wg")
+            .expect("device")
+            .link
+            .index;
     assert_eq!(
         r.nl.take_ops(),
         vec![
-            Op::AddLink(LinkSpec::Wireguard(WireguardLink { name: "flannel-wg".into(), mtu: 1420 })),
-            Op::WgSet(WgSet { ifname: "flannel-wg".into(), private_key: Some(r.secret), listen_port: Some(51820), replace_peers: true, peers: vec![] }),
+            Op::AddLink(LinkSpec::Wireguard(WireguardLink {
+                name: "flannel-wg".into(),
+                mtu: 1420
+            })),
+            Op::WgSet(WgSet {
+                ifname: "flannel-wg".into(),
+                private_key: Some(r.secret),
+                listen_port: Some(51820),
+                replace_peers: true,
+                peers: vec![]
+            }),
             Op::AddAddr(index, "10.244.1.0/32".parse().expect("net")),
             Op::LinkUp(index, None),
-            Op::RouteReplace(Route { dst: "10.244.0.0/16".parse().expect("net"), gateway: None, oif: Some(index), onlink: false, scope_link: true }),
+            Op::RouteReplace(Route {
+                dst: "10.244.0.0/16".parse().expect("net"),
+                gateway: None,
+                oif: Some(index),
+                onlink: false,
+                scope_link: true
+            }),
         ]
     );
 
     // A peer: its port, PSK, keepalive, its subnet.
     let p = peer_lease("10.244.2.0/24", "192.0.2.2", PEER_KEY, Some(51000));
     block_on(r.b.apply(&Change::Add(p.clone()))).expect("add");
-    let set = |peers| Op::WgSet(WgSet { ifname: "flannel-wg".into(), private_key: Some(r.secret), listen_port: Some(51820), replace_peers: false, peers });
+    let set = |peers| {
+        Op::WgSet(WgSet {
+            ifname: "flannel-wg".into(),
+            private_key: Some(r.secret),
+            listen_port: Some(51820),
+            replace_peers: false,
+            peers,
+        })
+    };
     let want_peer = WgPeerSet {
         public_key: key(PEER_KEY),
         remove: false,
@@ -173,13 +224,32 @@ fn setup_creates_flannels_device_then_peers() {
     // flannel): our own port, and the old key is dropped.
     let p2 = peer_lease("10.244.2.0/24", "192.0.2.2", PEER_KEY2, None);
     block_on(r.b.apply(&Change::Add(p2.clone()))).expect("add");
-    let new_peer = WgPeerSet { public_key: key(PEER_KEY2), endpoint: Some("192.0.2.2:51820".parse().expect("ep")), ..want_peer };
-    assert_eq!(r.nl.take_ops(), vec![set(vec![new_peer]), set(vec![WgPeerSet::removal(key(PEER_KEY))])]);
+    let new_peer = WgPeerSet {
+        public_key: key(PEER_KEY2),
+        endpoint: Some("192.0.2.2:51820".parse().expect("ep")),
+        ..want_peer
+    };
+    assert_eq!(
+        r.nl.take_ops(),
+        vec![
+            set(vec![new_peer]),
+            set(vec![WgPeerSet::removal(key(PEER_KEY))])
+        ]
+    );
 
     // Removal by key; non-wireguard leases are ignored.
     block_on(r.b.apply(&Change::Remove(p2))).expect("remove");
-    block_on(r.b.apply(&Change::Add(lease("10.244.3.0/24", "192.0.2.3", "vxlan", None)))).expect("ignored");
-    assert_eq!(r.nl.take_ops(), vec![set(vec![WgPeerSet::removal(key(PEER_KEY2))])]);
+    block_on(r.b.apply(&Change::Add(lease(
+        "10.244.3.0/24",
+        "192.0.2.3",
+        "vxlan",
+        None,
+    ))))
+    .expect("ignored");
+    assert_eq!(
+        r.nl.take_ops(),
+        vec![set(vec![WgPeerSet::removal(key(PEER_KEY2))])]
+    );
 }
 
 #[test]
@@ -197,10 +267,23 @@ fn leftover_device_is_recreated_and_reconcile_restores_and_teardown_deletes() {
     let dst: IpNet = "10.244.0.0/16".parse().expect("net");
     r.nl.forget_route(dst);
     block_on(r.b.reconcile()).expect("reconcile");
-    assert_eq!(r.nl.routes().iter().filter(|x| x.dst == dst).count(), 1, "route restored");
-    let index = r.nl.links().values().find(|d| d.link.name == "flannel-wg").expect("dev").link.index;
+    assert_eq!(
+        r.nl.routes().iter().filter(|x| x.dst == dst).count(),
+        1,
+        "route restored"
+    );
+    let index =
+        r.nl.links()
+            .values()
+            .find(|d| d.link.name == "flannel-wg")
+            .expect("dev")
+            .link
+            .index;
     block_on(r.b.teardown());
-    assert!(r.nl.links().values().all(|d| d.link.name != "flannel-wg"), "deleted on teardown");
+    assert!(
+        r.nl.links().values().all(|d| d.link.name != "flannel-wg"),
+        "deleted on teardown"
+    );
     assert!(r.nl.ops().contains(&Op::DelLink(index)));
     // A device deleted by hand is reported, not silently recreated.
     let mut r = rig(WireguardMode::Separate, "", 0);
@@ -208,9 +291,17 @@ fn leftover_device_is_recreated_and_reconcile_restores_and_teardown_deletes() {
         r.b.lease_attrs(&ext(), None).await.expect("attrs");
         r.b.setup(&own).await.expect("setup");
     });
-    let index = r.nl.links().values().find(|d| d.link.name == "flannel-wg").expect("dev").link.index;
+    let index =
+        r.nl.links()
+            .values()
+            .find(|d| d.link.name == "flannel-wg")
+            .expect("dev")
+            .link
+            .index;
     block_on(r.nl.delete_link(index)).expect("del");
-    assert!(matches!(block_on(r.b.reconcile()), Err(BackendError::DeviceGone(n)) if n == "flannel-wg"));
+    assert!(
+        matches!(block_on(r.b.reconcile()), Err(BackendError::DeviceGone(n)) if n == "flannel-wg")
+    );
 }
 
 #[test]
@@ -237,22 +328,41 @@ fn single_device_modes_carry_both_families() {
     let ops = nl.take_ops();
     let adds: Vec<_> = ops.iter().filter(|o| matches!(o, Op::AddLink(_))).collect();
     assert_eq!(adds.len(), 1, "one device: {ops:?}");
-    assert_eq!(ops.iter().filter(|o| matches!(o, Op::AddAddr(..))).count(), 2);
-    assert_eq!(ops.iter().filter(|o| matches!(o, Op::RouteReplace(_))).count(), 2);
+    assert_eq!(
+        ops.iter().filter(|o| matches!(o, Op::AddAddr(..))).count(),
+        2
+    );
+    assert_eq!(
+        ops.iter()
+            .filter(|o| matches!(o, Op::RouteReplace(_)))
+            .count(),
+        2
+    );
     // A peer with a private IPv4 and a public IPv6: auto picks IPv6 (flannel's selectPublicEndpoint).
     let mut p = peer_lease("10.244.2.0/24", "10.1.1.2", PEER_KEY, Some(51820));
     p.ipv6_subnet = Some("fd00:10:0:2::/64".parse().expect("net"));
     p.attrs.public_ipv6 = Some("2001:db8::2".parse().expect("ip"));
     p.attrs.backend_v6_data = Some(format!(r#"{{"PublicKey":"{PEER_KEY}","Port":51821}}"#));
     block_on(b.apply(&Change::Add(p))).expect("add");
-    let Some(Op::WgSet(set)) = nl.take_ops().pop() else { panic!("no wg set") };
-    assert_eq!(set.peers[0].endpoint, Some("[2001:db8::2]:51820".parse().expect("ep")));
+    let Some(Op::WgSet(set)) = nl.take_ops().pop() else {
+        panic!("no wg set")
+    };
+    assert_eq!(
+        set.peers[0].endpoint,
+        Some("[2001:db8::2]:51820".parse().expect("ep"))
+    );
     assert_eq!(set.peers[0].allowed_ips.len(), 2);
     // And flannel's rules directly.
     let pub4 = "198.51.100.2".parse().expect("ip");
-    assert_eq!(select_endpoint(pub4, Some("2001:db8::2".parse().expect("ip")), &e), IpAddr::V4(pub4));
+    assert_eq!(
+        select_endpoint(pub4, Some("2001:db8::2".parse().expect("ip")), &e),
+        IpAddr::V4(pub4)
+    );
     let priv4 = "10.1.1.2".parse().expect("ip");
-    assert_eq!(select_endpoint(priv4, Some("fd00::2".parse().expect("ip")), &e), IpAddr::V4(priv4));
+    assert_eq!(
+        select_endpoint(priv4, Some("fd00::2".parse().expect("ip")), &e),
+        IpAddr::V4(priv4)
+    );
     assert_eq!(select_endpoint(priv4, None, &e), IpAddr::V4(priv4));
 }
 
@@ -272,7 +382,11 @@ impl Backend for UserspaceStandIn {
     fn dataplane(&self) -> &'static str {
         "userspace"
     }
-    async fn lease_attrs(&mut self, _: &ExternalInterface, _: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
+    async fn lease_attrs(
+        &mut self,
+        _: &ExternalInterface,
+        _: Option<&Lease>,
+    ) -> Result<LeaseAttrs, BackendError> {
         Ok(self.attrs.clone())
     }
     async fn setup(&mut self, _: &Lease) -> Result<u32, BackendError> {
@@ -280,13 +394,21 @@ impl Backend for UserspaceStandIn {
         Ok(1420)
     }
     async fn apply(&mut self, c: &Change) -> Result<(), BackendError> {
-        self.log.lock().expect("log").push(format!("{c:?}").chars().take(3).collect());
+        self.log
+            .lock()
+            .expect("log")
+            .push(format!("{c:?}").chars().take(3).collect());
         Ok(())
     }
     async fn teardown(&mut self) {}
 }
 
-fn dual(nl: &Arc<FakeNetlink>, choice: DataplaneChoice, dir: &std::path::Path, log: Arc<Mutex<Vec<String>>>) -> Dual {
+fn dual(
+    nl: &Arc<FakeNetlink>,
+    choice: DataplaneChoice,
+    dir: &std::path::Path,
+    log: Arc<Mutex<Vec<String>>>,
+) -> Dual {
     let path = dir.join("wgkey");
     let secret = wgkey::load_or_generate(&path).expect("key");
     let attrs = LeaseAttrs {
@@ -301,10 +423,24 @@ fn dual(nl: &Arc<FakeNetlink>, choice: DataplaneChoice, dir: &std::path::Path, l
             Some(Capability::Wireguard),
             Box::new(move || {
                 let net = Some("10.244.0.0/16".parse().expect("net"));
-                Box::new(KernelWireguard::new(opts(WireguardMode::Separate, "", 0), net, None, c.clone(), w.clone()).with_key_file(path.clone()))
+                Box::new(
+                    KernelWireguard::new(
+                        opts(WireguardMode::Separate, "", 0),
+                        net,
+                        None,
+                        c.clone(),
+                        w.clone(),
+                    )
+                    .with_key_file(path.clone()),
+                )
             }),
         )
-        .userspace(Box::new(move || Box::new(UserspaceStandIn { attrs: attrs.clone(), log: log.clone() })))
+        .userspace(Box::new(move || {
+            Box::new(UserspaceStandIn {
+                attrs: attrs.clone(),
+                log: log.clone(),
+            })
+        }))
         .kernel_links(vec!["flannel-wg".into(), "flannel-wg-v6".into()])
 }
 
@@ -313,14 +449,25 @@ fn kernel_without_wireguard_fails_clearly_and_auto_picks_userspace() {
     let nl = fake(&["vxlan"], false);
     let dir = tempfile::tempdir().expect("tempdir");
     let log = Arc::new(Mutex::new(Vec::new()));
-    let err = block_on(dual(&nl, DataplaneChoice::Kernel, dir.path(), log.clone()).lease_attrs(&ext(), None)).expect_err("kernel");
-    assert_eq!(err.to_string(), "--dataplane=kernel: this kernel cannot run the wireguard backend: no wireguard support");
+    let err = block_on(
+        dual(&nl, DataplaneChoice::Kernel, dir.path(), log.clone()).lease_attrs(&ext(), None),
+    )
+    .expect_err("kernel");
+    assert_eq!(
+        err.to_string(),
+        "--dataplane=kernel: this kernel cannot run the wireguard backend: no wireguard support"
+    );
     let mut d = dual(&nl, DataplaneChoice::Auto, dir.path(), log);
     block_on(d.lease_attrs(&ext(), None)).expect("auto");
     assert_eq!(d.dataplane(), "userspace");
     // With the module, auto takes the kernel.
     let nl = fake(&["wireguard"], false);
-    let mut d = dual(&nl, DataplaneChoice::Auto, dir.path(), Arc::new(Mutex::new(Vec::new())));
+    let mut d = dual(
+        &nl,
+        DataplaneChoice::Auto,
+        dir.path(),
+        Arc::new(Mutex::new(Vec::new())),
+    );
     block_on(d.lease_attrs(&ext(), None)).expect("auto");
     assert_eq!(d.dataplane(), "kernel");
 }
@@ -341,13 +488,30 @@ fn live_switch_between_kernel_and_userspace_keeps_the_lease() {
     assert_eq!(d.dataplane(), "kernel");
     let has_dev = |nl: &FakeNetlink| nl.links().values().any(|l| l.link.name == "flannel-wg");
     assert!(has_dev(&nl));
-    assert_eq!(block_on(d.switch_dataplane(DataplaneChoice::Userspace)).expect("to userspace"), "userspace");
+    assert_eq!(
+        block_on(d.switch_dataplane(DataplaneChoice::Userspace)).expect("to userspace"),
+        "userspace"
+    );
     assert!(!has_dev(&nl), "kernel device removed");
-    assert_eq!(*log.lock().expect("log"), vec!["setup".to_string(), "Add".to_string()]);
+    assert_eq!(
+        *log.lock().expect("log"),
+        vec!["setup".to_string(), "Add".to_string()]
+    );
     nl.take_ops();
-    assert_eq!(block_on(d.switch_dataplane(DataplaneChoice::Kernel)).expect("to kernel"), "kernel");
+    assert_eq!(
+        block_on(d.switch_dataplane(DataplaneChoice::Kernel)).expect("to kernel"),
+        "kernel"
+    );
     assert!(has_dev(&nl));
-    let peers: Vec<_> = nl.ops().into_iter().filter_map(|o| match o { Op::WgSet(s) => Some(s.peers), _ => None }).flatten().collect();
+    let peers: Vec<_> = nl
+        .ops()
+        .into_iter()
+        .filter_map(|o| match o {
+            Op::WgSet(s) => Some(s.peers),
+            _ => None,
+        })
+        .flatten()
+        .collect();
     assert_eq!(peers.len(), 1, "the known peer is applied again");
     assert_eq!(peers[0].public_key, key(PEER_KEY));
 }

@@ -72,7 +72,10 @@ pub struct RecordingIke {
 #[async_trait::async_trait]
 impl crate::backend::ipsec::Ike for RecordingIke {
     async fn start(&mut self) -> Result<(), crate::backend::charon::CharonError> {
-        self.log.lock().expect("log").push(("start".into(), Default::default()));
+        self.log
+            .lock()
+            .expect("log")
+            .push(("start".into(), Default::default()));
         Ok(())
     }
     async fn call(
@@ -103,6 +106,9 @@ impl crate::backend::ipsec::Ike for RecordingIke {
         Ok(crate::backend::vici::Section::new().list("conns", &refs))
     }
     async fn stop(&mut self) {
-        self.log.lock().expect("log").push(("stop".into(), Default::default()));
+        self.log
+            .lock()
+            .expect("log")
+            .push(("stop".into(), Default::default()));
     }
 }

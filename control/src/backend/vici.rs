@@ -97,13 +97,17 @@ impl Section {
 
     /// Adds `key = value`.
     pub fn kv(mut self, key: &str, value: &str) -> Section {
-        self.0.push((key.into(), Value::Str(value.as_bytes().to_vec())));
+        self.0
+            .push((key.into(), Value::Str(value.as_bytes().to_vec())));
         self
     }
 
     /// Adds a list.
     pub fn list(mut self, key: &str, items: &[&str]) -> Section {
-        self.0.push((key.into(), Value::List(items.iter().map(|s| s.as_bytes().to_vec()).collect())));
+        self.0.push((
+            key.into(),
+            Value::List(items.iter().map(|s| s.as_bytes().to_vec()).collect()),
+        ));
         self
     }
 
@@ -280,7 +284,11 @@ impl Reader<'_> {
         let mut s = Section::new();
         loop {
             if self.buf.is_empty() {
-                return if depth == 0 { Ok(s) } else { Err(ViciError::Malformed("unterminated section")) };
+                return if depth == 0 {
+                    Ok(s)
+                } else {
+                    Err(ViciError::Malformed("unterminated section"))
+                };
             }
             match self.byte("element")? {
                 SECTION_START => {
@@ -320,12 +328,23 @@ pub struct ViciClient {
 impl ViciClient {
     /// Connects to the socket at `path`.
     pub async fn connect(path: &Path) -> Result<ViciClient, ViciError> {
-        let stream = UnixStream::connect(path).await.map_err(|source| ViciError::Io { path: path.into(), source })?;
-        Ok(ViciClient { path: path.into(), stream })
+        let stream = UnixStream::connect(path)
+            .await
+            .map_err(|source| ViciError::Io {
+                path: path.into(),
+                source,
+            })?;
+        Ok(ViciClient {
+            path: path.into(),
+            stream,
+        })
     }
 
     fn io(&self) -> impl FnOnce(std::io::Error) -> ViciError + '_ {
-        move |source| ViciError::Io { path: self.path.clone(), source }
+        move |source| ViciError::Io {
+            path: self.path.clone(),
+            source,
+        }
     }
 
     async fn read_packet(&mut self) -> Result<Packet, ViciError> {
@@ -360,7 +379,10 @@ impl ViciClient {
         let m = self.request(cmd, args).await?;
         match m.str("success").as_deref() {
             Some("yes") => Ok(m),
-            _ => Err(ViciError::Failed { cmd: cmd.into(), errmsg: m.str("errmsg").unwrap_or_else(|| "no errmsg".into()) }),
+            _ => Err(ViciError::Failed {
+                cmd: cmd.into(),
+                errmsg: m.str("errmsg").unwrap_or_else(|| "no errmsg".into()),
+            }),
         }
     }
 }

@@ -7,8 +7,8 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
-use crate::status::model::{Batching, Counters, DeviceStatus, Offloads};
 use crate::status::Status;
+use crate::status::model::{Batching, Counters, DeviceStatus, Offloads};
 
 /// The snapshot to encode.
 #[derive(Debug)]
@@ -29,7 +29,11 @@ impl FamilyOut<'_> {
         if self.samples.is_empty() {
             return Ok(());
         }
-        let ty = if self.counter { MetricType::Counter } else { MetricType::Gauge };
+        let ty = if self.counter {
+            MetricType::Counter
+        } else {
+            MetricType::Gauge
+        };
         let mut m = enc.encode_descriptor(self.name, self.help, None, ty)?;
         for (labels, v) in &self.samples {
             let f = m.encode_family(labels)?;
@@ -49,27 +53,72 @@ impl PromCollector for Collector {
         let b = &s.backend;
         let backend = || ("backend", b.name.clone());
         let dataplane = || ("dataplane", b.dataplane.clone());
-        let gauge = |name, help, samples| FamilyOut { name, help, counter: false, samples };
-        let counter = |name, help, samples| FamilyOut { name, help, counter: true, samples };
+        let gauge = |name, help, samples| FamilyOut {
+            name,
+            help,
+            counter: false,
+            samples,
+        };
+        let counter = |name, help, samples| FamilyOut {
+            name,
+            help,
+            counter: true,
+            samples,
+        };
 
-        gauge("backend_info", "The running backend and dataplane (value 1)", vec![(vec![backend(), dataplane()], 1)])
-            .encode(&mut enc)?;
-        gauge("peers", "Peer leases known to this node", vec![(vec![backend()], s.peers.len() as u64)]).encode(&mut enc)?;
+        gauge(
+            "backend_info",
+            "The running backend and dataplane (value 1)",
+            vec![(vec![backend(), dataplane()], 1)],
+        )
+        .encode(&mut enc)?;
+        gauge(
+            "peers",
+            "Peer leases known to this node",
+            vec![(vec![backend()], s.peers.len() as u64)],
+        )
+        .encode(&mut enc)?;
         if let Some(exp) = s.lease.as_ref().and_then(|l| l.expires) {
-            gauge("lease_expiry_timestamp_seconds", "When the node's lease expires (Unix time)", vec![(vec![], exp)])
-                .encode(&mut enc)?;
+            gauge(
+                "lease_expiry_timestamp_seconds",
+                "When the node's lease expires (Unix time)",
+                vec![(vec![], exp)],
+            )
+            .encode(&mut enc)?;
         }
 
-        let dev_labels = |d: &DeviceStatus| vec![backend(), dataplane(), ("device", d.name.clone())];
+        let dev_labels =
+            |d: &DeviceStatus| vec![backend(), dataplane(), ("device", d.name.clone())];
         let per_dev = |f: fn(&Counters) -> u64| -> Vec<_> {
-            b.devices.iter().map(|d| (dev_labels(d), f(&d.counters))).collect()
+            b.devices
+                .iter()
+                .map(|d| (dev_labels(d), f(&d.counters)))
+                .collect()
         };
-        counter("tx_packets", "Packets sent towards peers (engine: inner packets)", per_dev(|c| c.tx_packets))
-            .encode(&mut enc)?;
-        counter("tx_bytes", "Bytes sent towards peers (engine: inner bytes)", per_dev(|c| c.tx_bytes)).encode(&mut enc)?;
-        counter("rx_packets", "Packets received from peers (engine: inner packets)", per_dev(|c| c.rx_packets))
-            .encode(&mut enc)?;
-        counter("rx_bytes", "Bytes received from peers (engine: inner bytes)", per_dev(|c| c.rx_bytes)).encode(&mut enc)?;
+        counter(
+            "tx_packets",
+            "Packets sent towards peers (engine: inner packets)",
+            per_dev(|c| c.tx_packets),
+        )
+        .encode(&mut enc)?;
+        counter(
+            "tx_bytes",
+            "Bytes sent towards peers (engine: inner bytes)",
+            per_dev(|c| c.tx_bytes),
+        )
+        .encode(&mut enc)?;
+        counter(
+            "rx_packets",
+            "Packets received from peers (engine: inner packets)",
+            per_dev(|c| c.rx_packets),
+        )
+        .encode(&mut enc)?;
+        counter(
+            "rx_bytes",
+            "Bytes received from peers (engine: inner bytes)",
+            per_dev(|c| c.rx_bytes),
+        )
+        .encode(&mut enc)?;
 
         let short = |d: &DeviceStatus| vec![backend(), ("device", d.name.clone())];
         let drops = b
@@ -84,21 +133,61 @@ impl PromCollector for Collector {
                 })
             })
             .collect();
-        counter("drops", "Packets dropped by the userspace dataplane, by reason", drops).encode(&mut enc)?;
+        counter(
+            "drops",
+            "Packets dropped by the userspace dataplane, by reason",
+            drops,
+        )
+        .encode(&mut enc)?;
 
         let batch = |f: fn(&Batching) -> u64| -> Vec<_> {
-            b.devices.iter().filter_map(|d| d.batching.as_ref().map(|x| (short(d), f(x)))).collect()
+            b.devices
+                .iter()
+                .filter_map(|d| d.batching.as_ref().map(|x| (short(d), f(x))))
+                .collect()
         };
-        counter("udp_send_calls", "sendmmsg calls (tx packets per call = batch size)", batch(|x| x.udp_sends))
-            .encode(&mut enc)?;
-        counter("udp_recv_calls", "recvmmsg calls that returned data", batch(|x| x.udp_recvs)).encode(&mut enc)?;
-        counter("tun_reads", "TUN reads that returned a packet or super-packet", batch(|x| x.tun_reads)).encode(&mut enc)?;
-        counter("tun_writes", "TUN writes (after GRO)", batch(|x| x.tun_writes)).encode(&mut enc)?;
-        counter("gso_super_packets", "TUN super-packets segmented in userspace", batch(|x| x.gso_super_packets))
-            .encode(&mut enc)?;
-        counter("gro_coalesced", "Received segments merged by userspace GRO", batch(|x| x.gro_coalesced))
-            .encode(&mut enc)?;
-        counter("handoffs", "Packets passed between workers (WireGuard)", batch(|x| x.handoffs)).encode(&mut enc)?;
+        counter(
+            "udp_send_calls",
+            "sendmmsg calls (tx packets per call = batch size)",
+            batch(|x| x.udp_sends),
+        )
+        .encode(&mut enc)?;
+        counter(
+            "udp_recv_calls",
+            "recvmmsg calls that returned data",
+            batch(|x| x.udp_recvs),
+        )
+        .encode(&mut enc)?;
+        counter(
+            "tun_reads",
+            "TUN reads that returned a packet or super-packet",
+            batch(|x| x.tun_reads),
+        )
+        .encode(&mut enc)?;
+        counter(
+            "tun_writes",
+            "TUN writes (after GRO)",
+            batch(|x| x.tun_writes),
+        )
+        .encode(&mut enc)?;
+        counter(
+            "gso_super_packets",
+            "TUN super-packets segmented in userspace",
+            batch(|x| x.gso_super_packets),
+        )
+        .encode(&mut enc)?;
+        counter(
+            "gro_coalesced",
+            "Received segments merged by userspace GRO",
+            batch(|x| x.gro_coalesced),
+        )
+        .encode(&mut enc)?;
+        counter(
+            "handoffs",
+            "Packets passed between workers (WireGuard)",
+            batch(|x| x.handoffs),
+        )
+        .encode(&mut enc)?;
 
         let offloads = b
             .devices
@@ -120,8 +209,17 @@ impl PromCollector for Collector {
                 })
             })
             .collect();
-        gauge("offload_enabled", "Whether an offload is active (1) or not (0)", offloads).encode(&mut enc)?;
-        let workers = b.devices.iter().filter_map(|d| d.workers.map(|w| (short(d), u64::from(w)))).collect();
+        gauge(
+            "offload_enabled",
+            "Whether an offload is active (1) or not (0)",
+            offloads,
+        )
+        .encode(&mut enc)?;
+        let workers = b
+            .devices
+            .iter()
+            .filter_map(|d| d.workers.map(|w| (short(d), u64::from(w))))
+            .collect();
         gauge("engine_workers", "Userspace engine worker threads", workers).encode(&mut enc)?;
 
         let peer = |f: fn(&Counters) -> u64| -> Vec<_> {
@@ -139,10 +237,30 @@ impl PromCollector for Collector {
                 })
                 .collect()
         };
-        counter("peer_tx_packets", "Packets sent to one peer", peer(|c| c.tx_packets)).encode(&mut enc)?;
-        counter("peer_tx_bytes", "Bytes sent to one peer", peer(|c| c.tx_bytes)).encode(&mut enc)?;
-        counter("peer_rx_packets", "Packets received from one peer", peer(|c| c.rx_packets)).encode(&mut enc)?;
-        counter("peer_rx_bytes", "Bytes received from one peer", peer(|c| c.rx_bytes)).encode(&mut enc)?;
+        counter(
+            "peer_tx_packets",
+            "Packets sent to one peer",
+            peer(|c| c.tx_packets),
+        )
+        .encode(&mut enc)?;
+        counter(
+            "peer_tx_bytes",
+            "Bytes sent to one peer",
+            peer(|c| c.tx_bytes),
+        )
+        .encode(&mut enc)?;
+        counter(
+            "peer_rx_packets",
+            "Packets received from one peer",
+            peer(|c| c.rx_packets),
+        )
+        .encode(&mut enc)?;
+        counter(
+            "peer_rx_bytes",
+            "Bytes received from one peer",
+            peer(|c| c.rx_bytes),
+        )
+        .encode(&mut enc)?;
         Ok(())
     }
 }

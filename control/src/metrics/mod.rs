@@ -80,9 +80,21 @@ impl DaemonMetrics {
         let renewals = Family::<Labels, Counter>::default();
         let events = Family::<Labels, Counter>::default();
         let apply: HistogramFamily = Family::new_with_constructor(apply_histogram);
-        registry.register("lease_acquisitions", "Leases acquired by this node", acquisitions.clone());
-        registry.register("lease_renewals", "Lease renewals by result", renewals.clone());
-        registry.register("lease_events", "Lease events received from the store, by kind", events.clone());
+        registry.register(
+            "lease_acquisitions",
+            "Leases acquired by this node",
+            acquisitions.clone(),
+        );
+        registry.register(
+            "lease_renewals",
+            "Lease renewals by result",
+            renewals.clone(),
+        );
+        registry.register(
+            "lease_events",
+            "Lease events received from the store, by kind",
+            events.clone(),
+        );
         registry.register(
             "peer_apply_seconds",
             "Time from a lease event to the peer's routes and dataplane entry being in place",
@@ -98,7 +110,13 @@ impl DaemonMetrics {
         for op in ["add", "remove"] {
             let _ = apply.get_or_create(&vec![("op", op)]);
         }
-        DaemonMetrics { registry, acquisitions, renewals, events, apply }
+        DaemonMetrics {
+            registry,
+            acquisitions,
+            renewals,
+            events,
+            apply,
+        }
     }
 
     /// A lease was acquired.
@@ -108,7 +126,9 @@ impl DaemonMetrics {
 
     /// A renewal finished.
     pub fn lease_renewed(&self, ok: bool) {
-        self.renewals.get_or_create(&vec![("result", if ok { "ok" } else { "error" })]).inc();
+        self.renewals
+            .get_or_create(&vec![("result", if ok { "ok" } else { "error" })])
+            .inc();
     }
 
     /// A lease event of `kind` (`snapshot`, `added`, `removed`) arrived.
@@ -118,7 +138,9 @@ impl DaemonMetrics {
 
     /// A peer change (`add` or `remove`) was in place `took` after its lease event.
     pub fn peer_applied(&self, add: bool, took: Duration) {
-        self.apply.get_or_create(&vec![("op", if add { "add" } else { "remove" })]).observe(took.as_secs_f64());
+        self.apply
+            .get_or_create(&vec![("op", if add { "add" } else { "remove" })])
+            .observe(took.as_secs_f64());
     }
 
     /// The exposition: daemon metrics, then the dataplane's from `status`.

@@ -6,12 +6,16 @@ use super::*;
 /// Parses Prometheus text 0.0.4 strictly enough for tests: `# HELP`/`# TYPE`
 /// lines, then `name{k="v",...} value` samples. Returns samples by
 /// `name{labels}` and the declared types.
-pub(crate) fn parse(text: &str) -> Result<(BTreeMap<String, f64>, BTreeMap<String, String>), String> {
+pub(crate) fn parse(
+    text: &str,
+) -> Result<(BTreeMap<String, f64>, BTreeMap<String, String>), String> {
     let mut samples = BTreeMap::new();
     let mut types = BTreeMap::new();
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let (name, ty) = rest.split_once(' ').ok_or(format!("bad TYPE line {line:?}"))?;
+            let (name, ty) = rest
+                .split_once(' ')
+                .ok_or(format!("bad TYPE line {line:?}"))?;
             if !["counter", "gauge", "histogram", "untyped", "info"].contains(&ty) {
                 return Err(format!("bad type in {line:?}"));
             }
@@ -24,16 +28,23 @@ pub(crate) fn parse(text: &str) -> Result<(BTreeMap<String, f64>, BTreeMap<Strin
         if line.starts_with('#') {
             return Err(format!("unexpected comment {line:?}"));
         }
-        let (series, value) = line.rsplit_once(' ').ok_or(format!("no value in {line:?}"))?;
-        let v: f64 = value.parse().map_err(|_| format!("bad value in {line:?}"))?;
+        let (series, value) = line
+            .rsplit_once(' ')
+            .ok_or(format!("no value in {line:?}"))?;
+        let v: f64 = value
+            .parse()
+            .map_err(|_| format!("bad value in {line:?}"))?;
         let name = series.split('{').next().unwrap_or_default();
-        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+        {
             return Err(format!("bad metric name in {line:?}"));
         }
-        if let Some(l) = series.strip_prefix(name) {
-            if !l.is_empty() && !(l.starts_with('{') && l.ends_with('}')) {
-                return Err(format!("bad labels in {line:?}"));
-            }
+        let labels = &series[name.len()..];
+        if !(labels.is_empty() || labels.starts_with('{') && labels.ends_with('}')) {
+            return Err(format!("bad labels in {line:?}"));
         }
         samples.insert(series.to_string(), v);
     }
@@ -45,19 +56,40 @@ fn daemon_metrics_are_exposed_at_zero_and_count() {
     let m = DaemonMetrics::new();
     let (s, t) = parse(&m.encode(None)).expect("parses");
     assert_eq!(s.get("weft_lease_acquisitions_total"), Some(&0.0));
-    assert_eq!(s.get(r#"weft_lease_renewals_total{result="error"}"#), Some(&0.0));
-    assert_eq!(t.get("weft_peer_apply_seconds").map(String::as_str), Some("histogram"));
+    assert_eq!(
+        s.get(r#"weft_lease_renewals_total{result="error"}"#),
+        Some(&0.0)
+    );
+    assert_eq!(
+        t.get("weft_peer_apply_seconds").map(String::as_str),
+        Some("histogram")
+    );
     m.lease_acquired();
     m.lease_renewed(true);
     m.lease_event("added");
     m.peer_applied(true, Duration::from_millis(3));
     let (s, _) = parse(&m.encode(None)).expect("parses");
     assert_eq!(s.get("weft_lease_acquisitions_total"), Some(&1.0));
-    assert_eq!(s.get(r#"weft_lease_renewals_total{result="ok"}"#), Some(&1.0));
-    assert_eq!(s.get(r#"weft_lease_events_total{kind="added"}"#), Some(&1.0));
-    assert_eq!(s.get(r#"weft_peer_apply_seconds_count{op="add"}"#), Some(&1.0));
-    assert_eq!(s.get(r#"weft_peer_apply_seconds_bucket{op="add",le="0.004"}"#), Some(&1.0));
-    assert_eq!(s.get(r#"weft_peer_apply_seconds_bucket{op="add",le="0.002"}"#), Some(&0.0));
+    assert_eq!(
+        s.get(r#"weft_lease_renewals_total{result="ok"}"#),
+        Some(&1.0)
+    );
+    assert_eq!(
+        s.get(r#"weft_lease_events_total{kind="added"}"#),
+        Some(&1.0)
+    );
+    assert_eq!(
+        s.get(r#"weft_peer_apply_seconds_count{op="add"}"#),
+        Some(&1.0)
+    );
+    assert_eq!(
+        s.get(r#"weft_peer_apply_seconds_bucket{op="add",le="0.004"}"#),
+        Some(&1.0)
+    );
+    assert_eq!(
+        s.get(r#"weft_peer_apply_seconds_bucket{op="add",le="0.002"}"#),
+        Some(&0.0)
+    );
     // No dataplane metrics without a status.
     assert!(!s.keys().any(|k| k.starts_with("weft_tx_packets")));
 }
@@ -69,18 +101,50 @@ fn dataplane_metrics_come_from_the_status() {
     let text = m.encode(Some(&st));
     let (s, t) = parse(&text).expect("parses");
     let dev = r#"backend="vxlan",dataplane="userspace",device="flannel.1""#;
-    assert_eq!(s.get(&format!("weft_tx_packets_total{{{dev}}}")), Some(&10.0), "{text}");
-    assert_eq!(s.get(&format!("weft_rx_bytes_total{{{dev}}}")), Some(&900.0));
-    assert_eq!(t.get("weft_tx_packets_total").map(String::as_str), Some("counter"));
-    assert_eq!(s.get(r#"weft_drops_total{backend="vxlan",device="flannel.1",reason="unknown_peer"}"#), Some(&4.0));
-    assert_eq!(s.get(r#"weft_drops_total{backend="vxlan",device="flannel.1",reason="spoofed_source"}"#), Some(&0.0));
-    assert_eq!(s.get(r#"weft_offload_enabled{backend="vxlan",device="flannel.1",offload="udp_gso"}"#), Some(&1.0));
-    assert_eq!(s.get(r#"weft_offload_enabled{backend="vxlan",device="flannel.1",offload="udp_gro"}"#), Some(&0.0));
-    assert_eq!(s.get(r#"weft_udp_send_calls_total{backend="vxlan",device="flannel.1"}"#), Some(&2.0));
-    assert_eq!(s.get(r#"weft_backend_info{backend="vxlan",dataplane="userspace"}"#), Some(&1.0));
+    assert_eq!(
+        s.get(&format!("weft_tx_packets_total{{{dev}}}")),
+        Some(&10.0),
+        "{text}"
+    );
+    assert_eq!(
+        s.get(&format!("weft_rx_bytes_total{{{dev}}}")),
+        Some(&900.0)
+    );
+    assert_eq!(
+        t.get("weft_tx_packets_total").map(String::as_str),
+        Some("counter")
+    );
+    assert_eq!(
+        s.get(r#"weft_drops_total{backend="vxlan",device="flannel.1",reason="unknown_peer"}"#),
+        Some(&4.0)
+    );
+    assert_eq!(
+        s.get(r#"weft_drops_total{backend="vxlan",device="flannel.1",reason="spoofed_source"}"#),
+        Some(&0.0)
+    );
+    assert_eq!(
+        s.get(r#"weft_offload_enabled{backend="vxlan",device="flannel.1",offload="udp_gso"}"#),
+        Some(&1.0)
+    );
+    assert_eq!(
+        s.get(r#"weft_offload_enabled{backend="vxlan",device="flannel.1",offload="udp_gro"}"#),
+        Some(&0.0)
+    );
+    assert_eq!(
+        s.get(r#"weft_udp_send_calls_total{backend="vxlan",device="flannel.1"}"#),
+        Some(&2.0)
+    );
+    assert_eq!(
+        s.get(r#"weft_backend_info{backend="vxlan",dataplane="userspace"}"#),
+        Some(&1.0)
+    );
     assert_eq!(s.get(r#"weft_peers{backend="vxlan"}"#), Some(&3.0));
     let peer = r#"backend="vxlan",device="flannel.1",subnet="10.244.2.0/24",endpoint="192.0.2.2""#;
-    assert_eq!(s.get(&format!("weft_peer_tx_packets_total{{{peer}}}")), Some(&10.0), "{text}");
+    assert_eq!(
+        s.get(&format!("weft_peer_tx_packets_total{{{peer}}}")),
+        Some(&10.0),
+        "{text}"
+    );
     // The peer without counters has no series.
     assert!(!s.keys().any(|k| k.contains("10.244.3.0/24")));
 }

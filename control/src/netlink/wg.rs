@@ -47,7 +47,14 @@ pub struct WgPeerSet {
 impl WgPeerSet {
     /// A request removing the peer with `public_key`.
     pub fn removal(public_key: [u8; 32]) -> WgPeerSet {
-        WgPeerSet { public_key, remove: true, psk: None, endpoint: None, keepalive: None, allowed_ips: Vec::new() }
+        WgPeerSet {
+            public_key,
+            remove: true,
+            psk: None,
+            endpoint: None,
+            keepalive: None,
+            allowed_ips: Vec::new(),
+        }
     }
 
     fn attributes(&self) -> Vec<WireguardPeerAttribute> {
@@ -56,7 +63,9 @@ impl WgPeerSet {
             a.push(WireguardPeerAttribute::Flags(WireguardPeerFlags::RemoveMe));
             return a;
         }
-        a.push(WireguardPeerAttribute::Flags(WireguardPeerFlags::ReplaceAllowedIps));
+        a.push(WireguardPeerAttribute::Flags(
+            WireguardPeerFlags::ReplaceAllowedIps,
+        ));
         if let Some(k) = self.psk {
             a.push(WireguardPeerAttribute::PresharedKey(k));
         }
@@ -112,18 +121,36 @@ impl WgSet {
             attributes.push(WireguardAttribute::ListenPort(p));
         }
         if self.replace_peers {
-            attributes.push(WireguardAttribute::Flags(WireguardDeviceFlags::ReplacePeers));
+            attributes.push(WireguardAttribute::Flags(
+                WireguardDeviceFlags::ReplacePeers,
+            ));
         }
         if !self.peers.is_empty() {
-            let peers = self.peers.iter().map(|p| WireguardPeer(p.attributes())).collect();
+            let peers = self
+                .peers
+                .iter()
+                .map(|p| WireguardPeer(p.attributes()))
+                .collect();
             attributes.push(WireguardAttribute::Peers(peers));
         }
-        WireguardMessage { cmd: WireguardCmd::SetDevice, attributes }
+        WireguardMessage {
+            cmd: WireguardCmd::SetDevice,
+            attributes,
+        }
     }
 
     /// `wg set ...` as logged (keys are not shown).
     pub fn describe(&self) -> String {
-        format!("wg set {} ({} peers{})", self.ifname, self.peers.len(), if self.replace_peers { ", replace-peers" } else { "" })
+        format!(
+            "wg set {} ({} peers{})",
+            self.ifname,
+            self.peers.len(),
+            if self.replace_peers {
+                ", replace-peers"
+            } else {
+                ""
+            }
+        )
     }
 }
 
@@ -142,7 +169,8 @@ impl WgNetlink {
     async fn handle(&self) -> Result<genetlink::GenetlinkHandle, NetlinkError> {
         self.handle
             .get_or_try_init(|| async {
-                let (conn, handle, _) = genetlink::new_connection().map_err(NetlinkError::Connect)?;
+                let (conn, handle, _) =
+                    genetlink::new_connection().map_err(NetlinkError::Connect)?;
                 tokio::spawn(conn);
                 Ok(handle)
             })
@@ -155,12 +183,24 @@ impl WgNetlink {
 fn genl_err(op: &str, e: genetlink::GenetlinkError) -> NetlinkError {
     match e {
         genetlink::GenetlinkError::NetlinkError(io) => match io.raw_os_error() {
-            Some(errno) => NetlinkError::Errno { op: op.to_string(), errno },
-            None => NetlinkError::Genl { op: op.to_string(), msg: io.to_string() },
+            Some(errno) => NetlinkError::Errno {
+                op: op.to_string(),
+                errno,
+            },
+            None => NetlinkError::Genl {
+                op: op.to_string(),
+                msg: io.to_string(),
+            },
         },
         // The family lookup fails this way when the wireguard module is absent.
-        genetlink::GenetlinkError::AttributeNotFound(_) => NetlinkError::Errno { op: op.to_string(), errno: libc::ENOENT },
-        other => NetlinkError::Genl { op: op.to_string(), msg: other.to_string() },
+        genetlink::GenetlinkError::AttributeNotFound(_) => NetlinkError::Errno {
+            op: op.to_string(),
+            errno: libc::ENOENT,
+        },
+        other => NetlinkError::Genl {
+            op: op.to_string(),
+            msg: other.to_string(),
+        },
     }
 }
 
@@ -173,13 +213,53 @@ impl WgClient for WgNetlink {
         msg.header.flags = NLM_F_REQUEST | NLM_F_ACK;
         let mut answers = h.request(msg).await.map_err(|e| genl_err(&op, e))?;
         while let Some(answer) = answers.next().await {
-            let answer = answer.map_err(|e| NetlinkError::Genl { op: op.clone(), msg: e.to_string() })?;
+            let answer = answer.map_err(|e| NetlinkError::Genl {
+                op: op.clone(),
+                msg: e.to_string(),
+            })?;
             if let NetlinkPayload::Error(e) = answer.payload
                 && let Some(code) = e.code
             {
-                return Err(NetlinkError::Errno { op, errno: -code.get() });
+                return Err(NetlinkError::Errno {
+                    op,
+                    errno: -code.get(),
+                });
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Against the real kernel: this one has no wireguard module, so the genl
+    /// family lookup fails and the error says "not supported" (what the
+    /// probe and the backend rely on). With the module, the device is missing.
+    #[tokio::test]
+    async fn real_kernel_answers_a_set_request() {
+        let set = WgSet {
+            ifname: format!("wt-wgx{}", std::process::id() % 10_000),
+            private_key: Some([1; 32]),
+            listen_port: Some(0),
+            replace_peers: true,
+            peers: Vec::new(),
+        };
+        let e = WgNetlink::new()
+            .wg_set(&set)
+            .await
+            .expect_err("no such device");
+        eprintln!("kernel answered: {e}");
+        let wireguard_loaded = std::path::Path::new("/sys/module/wireguard").exists();
+        if wireguard_loaded {
+            assert_eq!(e.errno(), Some(libc::ENODEV), "{e}");
+        } else {
+            assert!(e.is_unsupported(), "{e:?}");
+        }
+        assert!(
+            e.to_string().starts_with(&format!("wg set {}", set.ifname)),
+            "{e}"
+        );
     }
 }

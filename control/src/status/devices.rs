@@ -26,7 +26,12 @@ pub fn engine_device(engine: &Engine) -> (DeviceStatus, Vec<PeerCounters>) {
             udp_gso: o.udp_gso,
             udp_gro: o.udp_gro,
         }),
-        counters: Counters { tx_packets: s.tx_packets, tx_bytes: s.tx_bytes, rx_packets: s.rx_packets, rx_bytes: s.rx_bytes },
+        counters: Counters {
+            tx_packets: s.tx_packets,
+            tx_bytes: s.tx_bytes,
+            rx_packets: s.rx_packets,
+            rx_bytes: s.rx_bytes,
+        },
         batching: Some(Batching {
             udp_sends: s.udp_sends,
             udp_recvs: s.udp_recvs,
@@ -56,11 +61,29 @@ pub fn engine_device(engine: &Engine) -> (DeviceStatus, Vec<PeerCounters>) {
             io_error: d.io_errors,
         }),
     };
+    let counted = engine.peer_stats();
     let peers = engine
         .peers()
         .entries()
         .iter()
-        .map(|e| PeerCounters { subnet: e.subnet, endpoint: e.dst.ip(), device: name.clone(), counters: None })
+        .map(|e| {
+            // Same table order; matched by subnet in case the table was swapped in between.
+            let counters = counted
+                .as_ref()
+                .and_then(|c| c.iter().find(|(s, _)| *s == e.subnet))
+                .map(|(_, p)| Counters {
+                    tx_packets: p.tx_packets,
+                    tx_bytes: p.tx_bytes,
+                    rx_packets: p.rx_packets,
+                    rx_bytes: p.rx_bytes,
+                });
+            PeerCounters {
+                subnet: e.subnet,
+                endpoint: e.dst.ip(),
+                device: name.clone(),
+                counters,
+            }
+        })
         .collect();
     (dev, peers)
 }
@@ -76,7 +99,12 @@ pub fn kernel_device_in(root: &Path, name: &str) -> Option<DeviceStatus> {
     if name.is_empty() || name.contains('/') || !dir.is_dir() {
         return None;
     }
-    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok().and_then(|t| t.trim().parse::<u64>().ok()).unwrap_or(0);
+    let read = |f: &str| {
+        std::fs::read_to_string(dir.join(f))
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     Some(DeviceStatus {
         name: name.to_string(),
         kind: "kernel".into(),
@@ -102,11 +130,24 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let st = dir.path().join("flannel.1/statistics");
         std::fs::create_dir_all(&st).expect("mkdir");
-        for (f, v) in [("tx_packets", "7\n"), ("tx_bytes", "700\n"), ("rx_packets", "5\n"), ("rx_bytes", "garbage")] {
+        for (f, v) in [
+            ("tx_packets", "7\n"),
+            ("tx_bytes", "700\n"),
+            ("rx_packets", "5\n"),
+            ("rx_bytes", "garbage"),
+        ] {
             std::fs::write(st.join(f), v).expect("write");
         }
         let d = kernel_device_in(dir.path(), "flannel.1").expect("device");
-        assert_eq!(d.counters, Counters { tx_packets: 7, tx_bytes: 700, rx_packets: 5, rx_bytes: 0 });
+        assert_eq!(
+            d.counters,
+            Counters {
+                tx_packets: 7,
+                tx_bytes: 700,
+                rx_packets: 5,
+                rx_bytes: 0
+            }
+        );
         assert_eq!(d.kind, "kernel");
         assert!(kernel_device_in(dir.path(), "nope").is_none());
         assert!(kernel_device_in(dir.path(), "../flannel.1").is_none());

@@ -64,7 +64,13 @@ impl Source {
     /// A new queue with fresh daemon metrics.
     pub fn new() -> Source {
         let (tx, rx) = mpsc::channel(QUEUE);
-        Source { rx, handle: Handle { tx, metrics: Arc::new(DaemonMetrics::new()) } }
+        Source {
+            rx,
+            handle: Handle {
+                tx,
+                metrics: Arc::new(DaemonMetrics::new()),
+            },
+        }
     }
 
     /// A handle for readers.

@@ -252,7 +252,10 @@ impl LeaseStatus {
             public_ip: l.attrs.public_ip.to_string(),
             public_ipv6: l.attrs.public_ipv6.map(|a| a.to_string()),
             backend_type: l.attrs.backend_type.clone(),
-            expires: l.expiration.and_then(|e| e.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_secs()),
+            expires: l
+                .expiration
+                .and_then(|e| e.duration_since(UNIX_EPOCH).ok())
+                .map(|d| d.as_secs()),
         }
     }
 }
@@ -262,7 +265,11 @@ impl LeaseStatus {
 impl BackendStatus {
     /// A backend with no devices.
     pub fn new(name: &str, dataplane: &str) -> BackendStatus {
-        BackendStatus { name: name.to_string(), dataplane: dataplane.to_string(), ..Default::default() }
+        BackendStatus {
+            name: name.to_string(),
+            dataplane: dataplane.to_string(),
+            ..Default::default()
+        }
     }
 }
 
@@ -270,7 +277,7 @@ impl BackendStatus {
 
 impl Counters {
     /// Field-wise sum.
-    pub fn add(self, o: Counters) -> Counters {
+    pub fn plus(self, o: Counters) -> Counters {
         Counters {
             tx_packets: self.tx_packets + o.tx_packets,
             tx_bytes: self.tx_bytes + o.tx_bytes,
@@ -286,19 +293,30 @@ impl Status {
     /// Assembles the status from the own lease, the backend's report and
     /// the known peer leases (each matched to the backend's per-peer
     /// counters by subnet).
-    pub fn build<'a>(own: Option<&Lease>, backend: BackendStatus, peers: impl IntoIterator<Item = &'a Lease>) -> Status {
+    pub fn build<'a>(
+        own: Option<&Lease>,
+        backend: BackendStatus,
+        peers: impl IntoIterator<Item = &'a Lease>,
+    ) -> Status {
         let peers = peers
             .into_iter()
             .map(|l| {
-                let nets: Vec<IpNet> =
-                    l.subnet.map(IpNet::V4).into_iter().chain(l.ipv6_subnet.map(IpNet::V6)).collect();
-                let mine: Vec<&PeerCounters> =
-                    backend.peer_counters.iter().filter(|p| nets.contains(&p.subnet.trunc())).collect();
+                let nets: Vec<IpNet> = l
+                    .subnet
+                    .map(IpNet::V4)
+                    .into_iter()
+                    .chain(l.ipv6_subnet.map(IpNet::V6))
+                    .collect();
+                let mine: Vec<&PeerCounters> = backend
+                    .peer_counters
+                    .iter()
+                    .filter(|p| nets.contains(&p.subnet.trunc()))
+                    .collect();
                 let device = mine.first().map(|p| p.device.clone());
                 let counters = mine
                     .iter()
                     .filter_map(|p| p.counters)
-                    .reduce(Counters::add);
+                    .reduce(Counters::plus);
                 PeerStatus {
                     subnet: l.subnet.map(|s| s.to_string()),
                     ipv6_subnet: l.ipv6_subnet.map(|s| s.to_string()),
@@ -321,7 +339,11 @@ impl Status {
 
     /// Sum of the device counters.
     pub fn totals(&self) -> Counters {
-        self.backend.devices.iter().map(|d| d.counters).fold(Counters::default(), Counters::add)
+        self.backend
+            .devices
+            .iter()
+            .map(|d| d.counters)
+            .fold(Counters::default(), Counters::plus)
     }
 
     /// Seconds until the own lease expires (`None`: no lease or no expiry).

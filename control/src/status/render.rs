@@ -11,19 +11,34 @@ pub fn text(s: &Status) -> String {
     let _ = writeln!(o, "weftd {} (pid {})", s.version, s.pid);
     match &s.lease {
         Some(l) => {
-            let nets: Vec<&str> = [l.subnet.as_deref(), l.ipv6_subnet.as_deref()].into_iter().flatten().collect();
-            let public: Vec<&str> = [Some(l.public_ip.as_str()), l.public_ipv6.as_deref()].into_iter().flatten().collect();
+            let nets: Vec<&str> = [l.subnet.as_deref(), l.ipv6_subnet.as_deref()]
+                .into_iter()
+                .flatten()
+                .collect();
+            let public: Vec<&str> = [Some(l.public_ip.as_str()), l.public_ipv6.as_deref()]
+                .into_iter()
+                .flatten()
+                .collect();
             let exp = match s.lease_expires_in() {
                 Some(secs) => format!(", expires in {}", duration(secs)),
                 None => String::new(),
             };
-            let _ = writeln!(o, "lease:     {} (public {}){exp}", nets.join(" "), public.join(" "));
+            let _ = writeln!(
+                o,
+                "lease:     {} (public {}){exp}",
+                nets.join(" "),
+                public.join(" ")
+            );
         }
         None => {
             let _ = writeln!(o, "lease:     none yet");
         }
     }
-    let _ = writeln!(o, "backend:   {} on the {} dataplane", s.backend.name, s.backend.dataplane);
+    let _ = writeln!(
+        o,
+        "backend:   {} on the {} dataplane",
+        s.backend.name, s.backend.dataplane
+    );
     for d in &s.backend.devices {
         let mut head = format!("device:    {} ({})", d.name, d.kind);
         if let Some(w) = d.workers {
@@ -40,7 +55,15 @@ pub fn text(s: &Status) -> String {
             .into_iter()
             .filter_map(|(b, n)| b.then_some(n))
             .collect();
-            let _ = write!(head, ", offloads: {}", if on.is_empty() { "none".to_string() } else { on.join(" ") });
+            let _ = write!(
+                head,
+                ", offloads: {}",
+                if on.is_empty() {
+                    "none".to_string()
+                } else {
+                    on.join(" ")
+                }
+            );
         }
         let _ = writeln!(o, "{head}");
         let _ = writeln!(o, "  {}", counters(&d.counters));
@@ -57,19 +80,46 @@ pub fn text(s: &Status) -> String {
             );
         }
         if let Some(dr) = &d.drops {
-            let nz: Vec<String> =
-                dr.reasons().iter().filter(|(_, n)| *n > 0).map(|(r, n)| format!("{r} {n}")).collect();
-            let _ = writeln!(o, "  drops: {}", if nz.is_empty() { "none".to_string() } else { nz.join(", ") });
+            let nz: Vec<String> = dr
+                .reasons()
+                .iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(r, n)| format!("{r} {n}"))
+                .collect();
+            let _ = writeln!(
+                o,
+                "  drops: {}",
+                if nz.is_empty() {
+                    "none".to_string()
+                } else {
+                    nz.join(", ")
+                }
+            );
         }
     }
     let _ = writeln!(o, "peers:     {}", s.peers.len());
     if !s.peers.is_empty() {
-        let _ = writeln!(o, "  {:<20} {:<16} {:<10} {:<12} {}", "SUBNET", "ENDPOINT", "BACKEND", "DEVICE", "TRAFFIC");
+        let _ = writeln!(
+            o,
+            "  {:<20} {:<16} {:<10} {:<12} TRAFFIC",
+            "SUBNET", "ENDPOINT", "BACKEND", "DEVICE"
+        );
     }
     for p in &s.peers {
-        let subnet = p.subnet.clone().or_else(|| p.ipv6_subnet.clone()).unwrap_or_else(|| "-".into());
-        let backend = if p.backend_type.is_empty() { "-" } else { &p.backend_type };
-        let traffic = p.counters.as_ref().map_or_else(|| "-".to_string(), counters);
+        let subnet = p
+            .subnet
+            .clone()
+            .or_else(|| p.ipv6_subnet.clone())
+            .unwrap_or_else(|| "-".into());
+        let backend = if p.backend_type.is_empty() {
+            "-"
+        } else {
+            &p.backend_type
+        };
+        let traffic = p
+            .counters
+            .as_ref()
+            .map_or_else(|| "-".to_string(), counters);
         let _ = writeln!(
             o,
             "  {:<20} {:<16} {:<10} {:<12} {}",
@@ -84,11 +134,21 @@ pub fn text(s: &Status) -> String {
 }
 
 fn counters(c: &Counters) -> String {
-    format!("tx {} pkts / {}, rx {} pkts / {}", c.tx_packets, bytes(c.tx_bytes), c.rx_packets, bytes(c.rx_bytes))
+    format!(
+        "tx {} pkts / {}, rx {} pkts / {}",
+        c.tx_packets,
+        bytes(c.tx_bytes),
+        c.rx_packets,
+        bytes(c.rx_bytes)
+    )
 }
 
 fn ratio(a: u64, b: u64) -> String {
-    if b == 0 { "-".into() } else { format!("{:.1} pkts", a as f64 / b as f64) }
+    if b == 0 {
+        "-".into()
+    } else {
+        format!("{:.1} pkts", a as f64 / b as f64)
+    }
 }
 
 fn bytes(n: u64) -> String {
@@ -99,7 +159,11 @@ fn bytes(n: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[u]) }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }
 
 fn duration(secs: i64) -> String {
@@ -107,5 +171,11 @@ fn duration(secs: i64) -> String {
         return "0s (expired)".into();
     }
     let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
-    if h > 0 { format!("{h}h{m:02}m") } else if m > 0 { format!("{m}m{s:02}s") } else { format!("{s}s") }
+    if h > 0 {
+        format!("{h}h{m:02}m")
+    } else if m > 0 {
+        format!("{m}m{s:02}s")
+    } else {
+        format!("{s}s")
+    }
 }

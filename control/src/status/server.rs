@@ -78,7 +78,10 @@ pub fn serve(socket: &Path, handle: Handle) -> Result<StatusServer, StatusError>
     let listener = crate::ipam::server::bind(socket)?;
     tracing::info!("status: serving on {}", socket.display());
     let accept = tokio::spawn(accept_loop(listener, handle));
-    Ok(StatusServer { socket: socket.to_path_buf(), accept })
+    Ok(StatusServer {
+        socket: socket.to_path_buf(),
+        accept,
+    })
 }
 
 /// weftd's start-up hook: serves next to `subnet_file`; failures are logged, not fatal.
@@ -116,7 +119,8 @@ async fn connection(stream: UnixStream, handle: Handle) -> std::io::Result<()> {
     let mut line = Vec::with_capacity(64);
     let limit = u64::try_from(MAX_REQUEST).unwrap_or(u64::MAX) + 1;
     let mut reader = BufReader::new(read).take(limit);
-    let reply = match tokio::time::timeout(IDLE_TIMEOUT, reader.read_until(b'\n', &mut line)).await {
+    let reply = match tokio::time::timeout(IDLE_TIMEOUT, reader.read_until(b'\n', &mut line)).await
+    {
         Err(_) => return Ok(()),
         Ok(r) => {
             r?;
@@ -151,19 +155,25 @@ async fn answer(line: &[u8], handle: &Handle) -> String {
 
 /// Client: asks the weftd serving `socket` for its status (blocking).
 pub fn query(socket: &Path, timeout: Duration) -> Result<Status, StatusError> {
-    let io = |source| StatusError::Io { path: socket.to_path_buf(), source };
+    let io = |source| StatusError::Io {
+        path: socket.to_path_buf(),
+        source,
+    };
     let mut s = std::os::unix::net::UnixStream::connect(socket).map_err(io)?;
     s.set_read_timeout(Some(timeout)).map_err(io)?;
     s.set_write_timeout(Some(timeout)).map_err(io)?;
     s.write_all(b"{\"op\":\"status\"}\n").map_err(io)?;
     let mut line = String::new();
-    std::io::BufReader::new(s).read_line(&mut line).map_err(io)?;
+    std::io::BufReader::new(s)
+        .read_line(&mut line)
+        .map_err(io)?;
     parse_reply(&line)
 }
 
 /// Parses one reply line.
 pub fn parse_reply(line: &str) -> Result<Status, StatusError> {
-    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| StatusError::Invalid(e.to_string()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(line).map_err(|e| StatusError::Invalid(e.to_string()))?;
     if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
         return Err(StatusError::Daemon(e.to_string()));
     }

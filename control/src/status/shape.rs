@@ -26,15 +26,28 @@ fn walk(v: &Value, shape: &Value, at: &str) -> Result<(), String> {
                 "bool" => v.is_boolean(),
                 other => return Err(format!("{at}: bad shape type {other:?}")),
             };
-            if ok { Ok(()) } else { Err(format!("{at}: expected {t}, got {v}")) }
+            if ok {
+                Ok(())
+            } else {
+                Err(format!("{at}: expected {t}, got {v}"))
+            }
         }
         Value::Array(el) => {
-            let [el] = el.as_slice() else { return Err(format!("{at}: array shapes have one element")) };
-            let items = v.as_array().ok_or_else(|| format!("{at}: expected an array, got {v}"))?;
-            items.iter().enumerate().try_for_each(|(i, x)| walk(x, el, &format!("{at}[{i}]")))
+            let [el] = el.as_slice() else {
+                return Err(format!("{at}: array shapes have one element"));
+            };
+            let items = v
+                .as_array()
+                .ok_or_else(|| format!("{at}: expected an array, got {v}"))?;
+            items
+                .iter()
+                .enumerate()
+                .try_for_each(|(i, x)| walk(x, el, &format!("{at}[{i}]")))
         }
         Value::Object(fields) => {
-            let obj = v.as_object().ok_or_else(|| format!("{at}: expected an object, got {v}"))?;
+            let obj = v
+                .as_object()
+                .ok_or_else(|| format!("{at}: expected an object, got {v}"))?;
             for (k, s) in fields {
                 let (name, nullable) = match k.strip_suffix('?') {
                     Some(n) => (n, true),
@@ -47,7 +60,9 @@ fn walk(v: &Value, shape: &Value, at: &str) -> Result<(), String> {
                     Some(x) => walk(x, s, &path)?,
                 }
             }
-            match obj.keys().find(|k| !fields.contains_key(k.as_str()) && !fields.contains_key(&format!("{k}?"))) {
+            match obj.keys().find(|k| {
+                !fields.contains_key(k.as_str()) && !fields.contains_key(&format!("{k}?"))
+            }) {
                 Some(extra) => Err(format!("{at}.{extra}: not in the shape snapshot")),
                 None => Ok(()),
             }

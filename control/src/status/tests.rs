@@ -10,14 +10,23 @@ fn lease(subnet: &str, ip: &str) -> Lease {
     Lease {
         subnet: Some(subnet.parse().expect("subnet")),
         ipv6_subnet: None,
-        attrs: LeaseAttrs { public_ip: ip.parse().expect("ip"), backend_type: "vxlan".into(), ..Default::default() },
+        attrs: LeaseAttrs {
+            public_ip: ip.parse().expect("ip"),
+            backend_type: "vxlan".into(),
+            ..Default::default()
+        },
         expiration: Some(SystemTime::now() + Duration::from_secs(3600)),
     }
 }
 
 /// A status with every optional part filled in.
 pub(crate) fn full() -> Status {
-    let counters = Counters { tx_packets: 10, tx_bytes: 1000, rx_packets: 9, rx_bytes: 900 };
+    let counters = Counters {
+        tx_packets: 10,
+        tx_bytes: 1000,
+        rx_packets: 9,
+        rx_bytes: 900,
+    };
     let backend = BackendStatus {
         name: "vxlan".into(),
         dataplane: "userspace".into(),
@@ -25,10 +34,21 @@ pub(crate) fn full() -> Status {
             name: "flannel.1".into(),
             kind: "engine".into(),
             workers: Some(2),
-            offloads: Some(Offloads { tun_vnet_hdr: true, udp_gso: true, ..Default::default() }),
+            offloads: Some(Offloads {
+                tun_vnet_hdr: true,
+                udp_gso: true,
+                ..Default::default()
+            }),
             counters,
-            batching: Some(Batching { udp_sends: 2, udp_recvs: 3, ..Default::default() }),
-            drops: Some(Drops { unknown_peer: 4, ..Default::default() }),
+            batching: Some(Batching {
+                udp_sends: 2,
+                udp_recvs: 3,
+                ..Default::default()
+            }),
+            drops: Some(Drops {
+                unknown_peer: 4,
+                ..Default::default()
+            }),
         }],
         peer_counters: vec![
             PeerCounters {
@@ -46,7 +66,11 @@ pub(crate) fn full() -> Status {
         ],
     };
     let own = lease("10.244.1.0/24", "192.0.2.1");
-    let peers = [lease("10.244.2.0/24", "192.0.2.2"), lease("10.244.3.0/24", "192.0.2.3"), lease("10.244.4.0/24", "192.0.2.4")];
+    let peers = [
+        lease("10.244.2.0/24", "192.0.2.2"),
+        lease("10.244.3.0/24", "192.0.2.3"),
+        lease("10.244.4.0/24", "192.0.2.4"),
+    ];
     Status::build(Some(&own), backend, peers.iter())
 }
 
@@ -60,9 +84,18 @@ fn peers_are_merged_with_the_dataplane_by_subnet() {
     assert_eq!(s.peers.len(), 3);
     assert_eq!(s.peers[0].device.as_deref(), Some("flannel.1"));
     assert_eq!(s.peers[0].counters.map(|c| c.tx_packets), Some(10));
-    assert_eq!((s.peers[1].device.as_deref(), s.peers[1].counters), (Some("flannel.1"), None));
-    assert_eq!((s.peers[2].device.as_deref(), s.peers[2].counters), (None, None));
-    assert_eq!(s.lease.as_ref().and_then(|l| l.subnet.as_deref()), Some("10.244.1.0/24"));
+    assert_eq!(
+        (s.peers[1].device.as_deref(), s.peers[1].counters),
+        (Some("flannel.1"), None)
+    );
+    assert_eq!(
+        (s.peers[2].device.as_deref(), s.peers[2].counters),
+        (None, None)
+    );
+    assert_eq!(
+        s.lease.as_ref().and_then(|l| l.subnet.as_deref()),
+        Some("10.244.1.0/24")
+    );
     assert!(s.lease_expires_in().is_some_and(|x| x > 3500 && x <= 3600));
     assert_eq!(s.totals().rx_bytes, 900);
 }
@@ -71,7 +104,12 @@ fn peers_are_merged_with_the_dataplane_by_subnet() {
 fn json_matches_the_shape_snapshot_full_and_empty() {
     let full = serde_json::to_value(full()).expect("json");
     shape::check(&full, &shape()).unwrap_or_else(|e| panic!("{e}\n{full:#}"));
-    let empty = serde_json::to_value(Status::build(None, BackendStatus::new("alloc", "none"), [].iter())).expect("json");
+    let empty = serde_json::to_value(Status::build(
+        None,
+        BackendStatus::new("alloc", "none"),
+        [].iter(),
+    ))
+    .expect("json");
     shape::check(&empty, &shape()).unwrap_or_else(|e| panic!("{e}\n{empty:#}"));
     // The internal per-peer list is not part of the shape.
     assert!(full["backend"].get("peer_counters").is_none());
@@ -83,14 +121,20 @@ fn shape_check_catches_extra_missing_and_retyped_fields() {
     v["backend"]["devices"][0]["extra"] = 1.into();
     assert!(shape::check(&v, &shape()).is_err_and(|e| e.contains("extra")));
     let mut v = serde_json::to_value(full()).expect("json");
-    v["peers"][0].as_object_mut().expect("object").remove("public_ip");
+    v["peers"][0]
+        .as_object_mut()
+        .expect("object")
+        .remove("public_ip");
     assert!(shape::check(&v, &shape()).is_err_and(|e| e.contains("$.peers[0].public_ip")));
     let mut v = serde_json::to_value(full()).expect("json");
     v["pid"] = "1".into();
     assert!(shape::check(&v, &shape()).is_err());
     let mut v = serde_json::to_value(full()).expect("json");
     v["backend"]["name"] = Value::Null;
-    assert!(shape::check(&v, &shape()).is_err(), "a non-nullable field must not be null");
+    assert!(
+        shape::check(&v, &shape()).is_err(),
+        "a non-nullable field must not be null"
+    );
 }
 
 #[test]
@@ -100,19 +144,36 @@ fn json_round_trips() {
     let back = server::parse_reply(&line).expect("parse");
     assert_eq!(back.peers, s.peers);
     assert_eq!(back.backend.devices, s.backend.devices);
-    assert!(matches!(server::parse_reply(r#"{"error":"boom"}"#), Err(server::StatusError::Daemon(m)) if m == "boom"));
-    assert!(matches!(server::parse_reply("{}"), Err(server::StatusError::Invalid(_))));
-    assert!(matches!(server::parse_reply("not json"), Err(server::StatusError::Invalid(_))));
+    assert!(
+        matches!(server::parse_reply(r#"{"error":"boom"}"#), Err(server::StatusError::Daemon(m)) if m == "boom")
+    );
+    assert!(matches!(
+        server::parse_reply("{}"),
+        Err(server::StatusError::Invalid(_))
+    ));
+    assert!(matches!(
+        server::parse_reply("not json"),
+        Err(server::StatusError::Invalid(_))
+    ));
 }
 
 #[test]
 fn text_shows_the_node_devices_and_every_peer() {
     let t = render::text(&full());
-    for want in ["10.244.1.0/24", "vxlan on the userspace dataplane", "flannel.1 (engine), 2 workers", "udp-gso", "unknown_peer 4"] {
+    for want in [
+        "10.244.1.0/24",
+        "vxlan on the userspace dataplane",
+        "flannel.1 (engine), 2 workers",
+        "udp-gso",
+        "unknown_peer 4",
+    ] {
         assert!(t.contains(want), "{want:?} missing in\n{t}");
     }
     for p in ["10.244.2.0/24", "10.244.3.0/24", "10.244.4.0/24"] {
-        assert!(t.lines().any(|l| l.trim_start().starts_with(p)), "peer {p} missing in\n{t}");
+        assert!(
+            t.lines().any(|l| l.trim_start().starts_with(p)),
+            "peer {p} missing in\n{t}"
+        );
     }
 }
 
@@ -121,10 +182,17 @@ async fn the_socket_is_root_only_and_answers_from_the_main_loop() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("tempdir");
     let sock = server::socket_path(&dir.path().join("n1.env"));
-    assert_eq!(sock.file_name().and_then(|n| n.to_str()), Some("n1.weft-status.sock"));
+    assert_eq!(
+        sock.file_name().and_then(|n| n.to_str()),
+        Some("n1.weft-status.sock")
+    );
     let mut src = Source::new();
     let srv = server::serve(&sock, src.handle()).expect("serve");
-    let mode = std::fs::metadata(&sock).expect("socket").permissions().mode() & 0o777;
+    let mode = std::fs::metadata(&sock)
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
     assert_eq!(mode, 0o600);
     // The "main loop": answers one request.
     let main = tokio::spawn(async move {

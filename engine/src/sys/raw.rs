@@ -178,8 +178,13 @@ impl Raw {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
         }; BATCH];
-        // Two CMSG_SPACE(sizeof(int)) = 2 * 16 bytes per message.
-        let mut ctrl = [[0u64; 4]; BATCH];
+        // Two CMSG_SPACE(sizeof(int)) = 2 * 24 bytes per message (x86_64, aarch64).
+        let mut ctrl = [[0u64; 6]; BATCH];
+        // SAFETY: CMSG_SPACE only computes a size.
+        let one = unsafe { libc::CMSG_SPACE(size_of::<libc::c_int>() as u32) } as usize;
+        if 2 * one > size_of::<[u64; 6]>() {
+            return Err(io::Error::from(io::ErrorKind::Unsupported));
+        }
         for (i, m) in msgs[..n].iter().enumerate() {
             let Some(data) = arena.get(m.start..m.start + m.len) else {
                 return Err(io::Error::from(io::ErrorKind::InvalidInput));
@@ -202,11 +207,10 @@ impl Raw {
             h.msg_iov = &mut iovs[i];
             h.msg_iovlen = 1;
             h.msg_control = ctrl[i].as_mut_ptr().cast();
-            // SAFETY: CMSG_SPACE only computes a size.
-            let one = unsafe { libc::CMSG_SPACE(size_of::<libc::c_int>() as u32) } as usize;
             h.msg_controllen = 2 * one;
-            // SAFETY: msg_control points to 32 zeroed bytes owned by `ctrl[i]`,
-            // exactly two CMSG_SPACE(4) = 16-byte slots; CMSG_NXTHDR stays within msg_controllen.
+            // SAFETY: msg_control points to the 48 zeroed bytes of `ctrl[i]`, and
+            // msg_controllen (checked above to fit) holds exactly two
+            // CMSG_SPACE(sizeof(int)) slots, so both headers and their data lie within it.
             unsafe {
                 let c = libc::CMSG_FIRSTHDR(h);
                 (*c).cmsg_level = libc::IPPROTO_IP;

@@ -36,17 +36,27 @@
 //!
 //! # Data path
 //!
-//! TUN super-packet -> userspace GSO into a scratch buffer -> `encapsulate`
-//! each segment into the TX arena (boringtun copies the plaintext behind the
-//! 16-byte header and seals in place there) -> equal-size runs leave as one
-//! `UDP_SEGMENT` train. Receive: `UDP_GRO` train -> `decapsulate` each
-//! segment into the plaintext arena -> AllowedIPs check of the inner source ->
-//! userspace GRO -> one TUN write per coalesced packet. Timers
-//! (`update_timers`) run every [`TIMER_TICK`] per owned peer; the owner
-//! follows the peer's endpoint to the source of authenticated packets
-//! (WireGuard roaming).
+//! TUN super-packet -> userspace GSO in place in the read buffer ([`seg`]) ->
+//! `encapsulate` each segment into the TX arena (boringtun copies the
+//! plaintext behind the 16-byte header and seals in place there: the only
+//! pass over the bytes besides the cipher and the TCP checksum) -> equal-size
+//! runs leave as one `UDP_SEGMENT` train.
+//!
+//! Receive: `UDP_GRO` train -> `decapsulate` each segment into the plaintext
+//! arena -> AllowedIPs check of the inner source -> inner TCP checksum marked
+//! partial instead of verified (Poly1305 has authenticated the bytes, see
+//! [`seg::trust_tcp_checksum`]) -> userspace GRO -> one TUN write per
+//! coalesced packet.
+//!
+//! Timers (`update_timers`) run every [`TIMER_TICK`] per owned peer. A new
+//! `Tunn` sends its handshake initiation at once, without waiting for
+//! traffic: a peer still holding a session with our previous process (same
+//! key, restart) would otherwise keep encrypting into it until its 15 s
+//! rekey timer gave up. The owner follows the peer's endpoint to the source
+//! of authenticated packets (WireGuard roaming).
 
 pub(crate) mod handoff;
+pub mod seg;
 pub(crate) mod worker;
 
 use std::time::Duration;

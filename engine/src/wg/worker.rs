@@ -16,6 +16,7 @@ use boringtun::noise::{Packet, Tunn, TunnResult};
 use boringtun::x25519;
 
 use super::handoff::{Hub, Inbox, Kind};
+use super::seg::{segment_in_place, trust_tcp_checksum};
 use super::{MIN_DST, OVERHEAD, TIMER_TICK, owner};
 use crate::encap::DropReason;
 use crate::offload::gro::{Gro, Pushed};
@@ -34,14 +35,12 @@ const MAX_UDP_PAYLOAD: usize = 65507;
 const MAX_GSO_SEGS: usize = 64;
 /// A TUN read: vnet header + up to 64 KiB.
 pub(crate) const TUN_BUF: usize = vnet::HEADER_LEN + 65536;
-/// Segments of one super-packet (headers repeated per segment).
-const SEG_BUF: usize = 2 * 65536;
 const TX_ARENA: usize = 1 << 20;
 const TX_MSGS: usize = 256;
 const RX_SLOT: usize = 65536;
 const RX_SLOTS: usize = 16;
 
-const _: () = assert!(TX_ARENA + 2 * RX_SLOT * RX_SLOTS + TUN_BUF + SEG_BUF <= 4 << 20);
+const _: () = assert!(TX_ARENA + 2 * RX_SLOT * RX_SLOTS + TUN_BUF <= 4 << 20);
 const _: () = assert!(RX_SLOTS <= BATCH);
 
 /// Everything a worker needs, moved into its thread.
@@ -73,10 +72,11 @@ struct Owned {
     configured: SocketAddr,
     /// Where we send: `configured`, or the source of the last authenticated packet.
     endpoint: SocketAddr,
+    /// A fresh `Tunn` that has not yet sent its first handshake initiation.
+    greet: bool,
 }
 
 struct Buffers {
-    seg: Vec<u8>,
     tx: Vec<u8>,
     tx_pos: usize,
     msgs: Vec<TxMsg>,
@@ -136,7 +136,6 @@ impl WgWorker {
     pub(crate) fn run(self) {
         let mut tun_buf = vec![0u8; TUN_BUF];
         let mut b = Buffers {
-            seg: vec![0; SEG_BUF],
             tx: vec![0; TX_ARENA],
             tx_pos: 0,
             msgs: Vec::with_capacity(TX_MSGS),
@@ -148,8 +147,9 @@ impl WgWorker {
         };
         let mut owned: HashMap<u32, Owned> = HashMap::new();
         let mut table = self.peers.load_full();
-        self.reconcile(&table, &mut owned);
         let mut ctr = Local::default();
+        self.reconcile(&table, &mut owned);
+        self.greet(&mut owned, &mut b, &mut ctr);
         let mut next_tick = Instant::now() + TIMER_TICK;
         let mut next_reset = Instant::now();
         while !self.stop.load(Ordering::Relaxed) {
@@ -157,6 +157,7 @@ impl WgWorker {
             if !Arc::ptr_eq(&cur, &table) {
                 table = arc_swap::Guard::into_inner(cur);
                 self.reconcile(&table, &mut owned);
+                self.greet(&mut owned, &mut b, &mut ctr);
             }
             let h = self.inbox_step(&table, &mut owned, &mut b, &mut ctr);
             let a = self.tun_step(&table, &mut owned, &mut tun_buf, &mut b, &mut ctr);
@@ -238,6 +239,36 @@ impl WgWorker {
             tunn: Box::new(tunn),
             configured: w.endpoint,
             endpoint: w.endpoint,
+            greet: true,
+        }
+    }
+
+    /// Sends a handshake initiation from every `Tunn` created since the last
+    /// call. A peer that still holds a session with our previous incarnation
+    /// (same key, restarted process) keeps encrypting with it, and nothing we
+    /// can decrypt arrives until its own rekey timer (up to 15 s); our
+    /// initiation replaces that session within one round trip.
+    fn greet(&self, owned: &mut HashMap<u32, Owned>, b: &mut Buffers, ctr: &mut Local) {
+        let mut any = false;
+        for o in owned.values_mut().filter(|o| o.greet) {
+            o.greet = false;
+            if b.tx_pos + MIN_DST > b.tx.len() || b.msgs.len() + 1 > TX_MSGS {
+                self.flush_tx(b, ctr);
+            }
+            let start = b.tx_pos;
+            let end = start + MIN_DST;
+            if let TunnResult::WriteToNetwork(p) = o
+                .tunn
+                .format_handshake_initiation(&mut b.tx[start..end], false)
+            {
+                let len = p.len();
+                self.queue(b, o.endpoint, start, len);
+                b.tx_pos += len;
+                any = true;
+            }
+        }
+        if any {
+            self.flush_tx(b, ctr);
         }
     }
 
@@ -359,17 +390,8 @@ impl WgWorker {
         let gso_type = hdr.gso_type & !vnet::GSO_ECN;
         if matches!(gso_type, vnet::GSO_TCPV4 | vnet::GSO_TCPV6) && hdr.gso_size > 0 {
             let gs = usize::from(hdr.gso_size);
-            let segs = gso::tcp_segment(&buf[off..n], gs, 0, &mut b.seg)?;
+            segment_in_place(&mut buf[off..n], gs, |seg| self.encrypt(peer, seg, b, ctr))?;
             ctr.add(Ctr::GsoSuperPackets, 1);
-            for i in 0..segs.count {
-                let len = if i + 1 == segs.count {
-                    segs.last_len
-                } else {
-                    segs.stride
-                };
-                let s = i * segs.stride;
-                self.encrypt(peer, SegSrc::Seg(s, len), b, ctr);
-            }
         } else {
             if gso_type != vnet::GSO_NONE {
                 return Err(DropReason::Malformed);
@@ -385,26 +407,19 @@ impl WgWorker {
             if pkt.len() + OVERHEAD > MAX_UDP_PAYLOAD {
                 return Err(DropReason::Mtu);
             }
-            self.encrypt(peer, SegSrc::Ext(pkt), b, ctr);
+            self.encrypt(peer, pkt, b, ctr);
         }
         Ok(())
     }
 
     /// Encrypts one inner packet for `peer` into the TX arena and queues it.
-    fn encrypt(&self, peer: &mut Owned, src: SegSrc<'_>, b: &mut Buffers, ctr: &mut Local) {
-        let len = match src {
-            SegSrc::Seg(_, l) => l,
-            SegSrc::Ext(p) => p.len(),
-        };
+    fn encrypt(&self, peer: &mut Owned, plain: &[u8], b: &mut Buffers, ctr: &mut Local) {
+        let len = plain.len();
         let need = (len + OVERHEAD).max(MIN_DST);
         if b.tx_pos + need > b.tx.len() || b.msgs.len() + 1 > TX_MSGS {
             self.flush_tx(b, ctr);
         }
         let start = b.tx_pos;
-        let plain = match src {
-            SegSrc::Seg(s, l) => &b.seg[s..s + l],
-            SegSrc::Ext(p) => p,
-        };
         let out = match peer.tunn.encapsulate(plain, &mut b.tx[start..start + need]) {
             TunnResult::WriteToNetwork(p) => p.len(),
             TunnResult::Done => return,
@@ -736,6 +751,7 @@ impl WgWorker {
     /// Hands a decrypted packet `plain[start..start+len]` to GRO (or the TUN).
     fn deliver(&self, b: &mut Buffers, start: usize, len: usize, ctr: &mut Local) {
         if self.vnet_hdr {
+            trust_tcp_checksum(&mut b.plain[start..start + len]);
             if b.gro.push(&b.plain, start, len) == Pushed::Full {
                 self.flush_gro(b, ctr);
                 let _ = b.gro.push(&b.plain, start, len);
@@ -771,12 +787,4 @@ impl WgWorker {
         }
         b.plain_pos = 0;
     }
-}
-
-/// Where the plaintext of one packet is: a GSO segment in the scratch buffer,
-/// or a whole packet elsewhere.
-#[derive(Clone, Copy)]
-enum SegSrc<'a> {
-    Seg(usize, usize),
-    Ext(&'a [u8]),
 }

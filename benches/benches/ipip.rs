@@ -1,0 +1,128 @@
+//! Criterion benches of the userspace IPIP path's per-packet work
+//! (`weft_engine::ipip`), `Throughput::Bytes` over 64, 1400 and 8950-byte
+//! inner packets: the outer header parameters (encap side: the kernel
+//! writes the header), decap of a received packet (outer header stripped,
+//! checks, ECN), the steering hash the workers' BPF filters compute, and the
+//! two batch paths: a 64 KiB TCP super-packet segmented for the raw socket
+//! (headroom 0, raw IP has no GSO), and one `recvmmsg` worth of IPIP
+//! segments decapsulated and coalesced (GRO).
+
+use std::hint::black_box;
+
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use weft_engine::ipip;
+use weft_engine::offload::{gro::Gro, gso};
+
+const SIZES: [usize; 3] = [64, 1400, 8950];
+
+/// An IPv4 UDP packet of exactly `size` bytes (at least 28).
+fn udp_packet(size: usize) -> Vec<u8> {
+    let mut v = Vec::new();
+    etherparse::PacketBuilder::ipv4([10, 244, 1, 2], [10, 244, 2, 3], 64)
+        .udp(1000, 2000)
+        .write(&mut v, &vec![0xab; size.saturating_sub(28)])
+        .expect("build");
+    v
+}
+
+/// An IPv4 TCP packet with `payload` bytes (timestamps option, like Linux).
+fn tcp_packet(seq: u32, payload: usize) -> Vec<u8> {
+    let mut v = Vec::new();
+    etherparse::PacketBuilder::ipv4([10, 244, 1, 2], [10, 244, 2, 3], 64)
+        .tcp(40000, 5201, seq, 500)
+        .ack(1)
+        .options_raw(&[1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2])
+        .expect("options")
+        .write(&mut v, &vec![0x5a; payload])
+        .expect("build");
+    v
+}
+
+/// `inner` behind an outer IPv4 header (protocol 4, 192.0.2.1 -> 192.0.2.2),
+/// as the raw socket receives it.
+fn wrap(inner: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    etherparse::PacketBuilder::ipv4([192, 0, 2, 1], [192, 0, 2, 2], 63)
+        .write(&mut v, etherparse::IpNumber(ipip::PROTO_IPIP), inner)
+        .expect("build outer");
+    v
+}
+
+fn encap_decap(c: &mut Criterion) {
+    let mut g = c.benchmark_group("ipip");
+    for size in SIZES {
+        let inner = udp_packet(size);
+        let pkt = wrap(&inner);
+        g.throughput(Throughput::Bytes(inner.len() as u64));
+        g.bench_with_input(
+            BenchmarkId::new("outer_params", size),
+            &inner,
+            |b, inner| b.iter(|| black_box(ipip::outer_params(black_box(inner)))),
+        );
+        g.bench_with_input(BenchmarkId::new("decap", size), &pkt, |b, pkt| {
+            let mut buf = pkt.clone();
+            b.iter(|| {
+                let src = ipip::outer_source(black_box(&buf));
+                black_box((src, ipip::decap(black_box(&mut buf))))
+            })
+        });
+        g.bench_with_input(BenchmarkId::new("steering_hash", size), &pkt, |b, pkt| {
+            b.iter(|| black_box(ipip::steering_hash(black_box(pkt), 4)))
+        });
+    }
+    g.finish();
+}
+
+fn tx_super_packet(c: &mut Criterion) {
+    let mut g = c.benchmark_group("ipip_tx_gso_64k");
+    let sp = tcp_packet(1, 65535 - 52 - ipip::OVERHEAD);
+    let mut out = vec![0; 1 << 20];
+    for mss in SIZES {
+        g.throughput(Throughput::Bytes(sp.len() as u64));
+        g.bench_function(BenchmarkId::new("segment_and_params", mss), |b| {
+            b.iter(|| {
+                let o = ipip::outer_params(black_box(&sp));
+                let s = gso::tcp_segment(black_box(&sp), mss, 0, &mut out);
+                black_box((o, s))
+            })
+        });
+    }
+    g.finish();
+}
+
+fn rx_batch(c: &mut Criterion) {
+    let mut g = c.benchmark_group("ipip_rx_decap_gro");
+    for mss in SIZES {
+        let n = (65535 / (mss + 72)).clamp(2, 32);
+        let mut arena = Vec::new();
+        let mut pos = Vec::new();
+        for i in 0..n {
+            let p = wrap(&tcp_packet(1 + (i * mss) as u32, mss));
+            pos.push((arena.len(), p.len()));
+            arena.extend_from_slice(&p);
+        }
+        let bytes: usize = pos.iter().map(|p| p.1 - ipip::OVERHEAD).sum();
+        let mut gro = Gro::new(9100);
+        g.throughput(Throughput::Bytes(bytes as u64));
+        g.bench_function(BenchmarkId::new("decap_push_flush", mss), |b| {
+            b.iter_batched_ref(
+                || arena.clone(),
+                |a| {
+                    for &(s, l) in &pos {
+                        let r = ipip::decap(&mut a[s..s + l]).expect("decap");
+                        let _ = gro.push(a, s + r.start, r.end - r.start);
+                    }
+                    let mut writes = 0;
+                    gro.flush(a, |iov| writes += iov.len());
+                    assert_eq!(writes, n + 1, "all segments coalesced into one write");
+                    black_box(writes)
+                },
+                BatchSize::LargeInput,
+            );
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, encap_decap, tx_super_packet, rx_batch);
+criterion_main!(benches);

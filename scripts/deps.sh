@@ -10,6 +10,8 @@ PKGS=(
   iptables nftables
   iperf3 tcpdump curl openssl
   wireguard-go wireguard-tools
+  strongswan-charon strongswan-swanctl libstrongswan-standard-plugins  # IPsec (charon over VICI)
+  util-linux                 # setpriv (capability tests, charon pdeathsig)
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -1,8 +1,12 @@
 //! Criterion benches of the WireGuard path's per-packet work (boringtun `Tunn`
 //! with an established session, caller-owned buffers as the engine uses
 //! them): encapsulation and decapsulation of 64, 1400 and 8950-byte packets,
-//! and the engine's TX shape for one 64 KiB TCP super-packet: userspace GSO
-//! into 1380-byte segments, then one `encapsulate` per segment into an arena.
+//! and the engine's shapes for one 64 KiB TCP super-packet cut into 1368-byte
+//! segments (MTU 1420). TX: `gso copy+encap` cuts into a scratch buffer, then
+//! `encapsulate`s each segment into an arena (the engine before in-place
+//! segmentation); `gso in place+encap` is what the engine does now. RX:
+//! `decap+verify` decrypts the segments and verifies each inner TCP checksum
+//! (what GRO did), `decap+trust` marks them partial instead (the engine now).
 
 use std::hint::black_box;
 
@@ -10,6 +14,8 @@ use boringtun::noise::{Tunn, TunnResult};
 use boringtun::x25519::{PublicKey, StaticSecret};
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use weft_engine::offload::gso;
+use weft_engine::wg::seg::{segment_in_place, trust_tcp_checksum};
+use weft_engine::wire::checksum;
 
 const SIZES: [usize; 3] = [64, 1400, 8950];
 /// TCP payload per segment at the flannel-wg MTU of 1420 (IPv4, timestamps).

@@ -157,7 +157,7 @@ def chart(argv):
             txt = "n/a" if v == 0 else ("%.2f" % v if v < 100 else "%.0f" % v)
             if v and ref and ref[0] > 0:
                 txt += "\n(%.2fx)" % (v / ref[0])
-            ax.annotate(txt, (i, v), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
+            ax.annotate(txt, (i, v + hi[i]), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=7)
         unit = "delivered kpps" if t.startswith("udp") else "Gbit/s"
         name = {"tcp1": "iperf3 TCP, 1 stream", "tcp4": "iperf3 TCP, 4 streams",
                 "udp64": "iperf3 UDP flood, 64-byte payload"}.get(t, t)

@@ -209,7 +209,7 @@ run_test() { # test -> appends one row to results.tsv
     wait $srv 2>/dev/null || true
     "$PY" "$HERE/analyze.py" row "$json" "$CASE" "$1" "$ROUND" "$(nproc)" "$(getconf CLK_TCK)" "$t0 $t1" "$s0" "$s1" \
         >>"$OUT/results.tsv"
-    tail -1 "$OUT/results.tsv" | awk -F'\t' '{printf "round %s %-12s %-6s %8s %s, machine %s cores, daemons %s cores\n", $3, $1, $2, $4, $5, $6, $7}' >&2
+    tail -1 "$OUT/results.tsv" | awk -F'\t' '{printf "round %s %-12s %-6s %8s %s, machine %s cores, daemons %s cores\n", $3, $1, $2, $4, $5, $7, $8}' >&2
 }
 
 {

@@ -3,12 +3,13 @@ use std::time::Duration;
 
 use super::*;
 
+/// Samples by series and types by family name.
+type Parsed = (BTreeMap<String, f64>, BTreeMap<String, String>);
+
 /// Parses Prometheus text 0.0.4 strictly enough for tests: `# HELP`/`# TYPE`
 /// lines, then `name{k="v",...} value` samples. Returns samples by
 /// `name{labels}` and the declared types.
-pub(crate) fn parse(
-    text: &str,
-) -> Result<(BTreeMap<String, f64>, BTreeMap<String, String>), String> {
+pub(crate) fn parse(text: &str) -> Result<Parsed, String> {
     let mut samples = BTreeMap::new();
     let mut types = BTreeMap::new();
     for line in text.lines() {

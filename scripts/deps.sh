@@ -9,6 +9,7 @@ PKGS=(
   iproute2 iputils-ping procps psmisc kmod
   iptables nftables
   iperf3 tcpdump curl openssl
+  python3-matplotlib          # the throughput harness chart
   wireguard-go wireguard-tools
   strongswan-charon strongswan-swanctl libstrongswan-standard-plugins  # IPsec (charon over VICI)
   util-linux                 # setpriv (capability tests, charon pdeathsig)

@@ -524,16 +524,19 @@ impl Backend for KernelVxlan {
             neighs.insert(dev.index, self.nl.neighs(dev.index).await?);
             fdbs.insert(dev.index, self.nl.fdbs(dev.index).await?);
         }
+        let dsts: Vec<IpNet> = self
+            .peers
+            .values()
+            .map(|e| match e {
+                Entry::Direct(r) => r.dst,
+                Entry::Encap { route, .. } => route.dst,
+            })
+            .collect();
+        let present = super::route_set::main_routes(&*self.nl, &dsts).await?;
         for e in self.peers.values() {
             match e {
                 Entry::Direct(r) => {
-                    if !self
-                        .nl
-                        .routes_exact(r.dst)
-                        .await?
-                        .iter()
-                        .any(|p| p.same_as(r))
-                    {
+                    if !present.get(&r.dst).is_some_and(|v| v.iter().any(|p| p.same_as(r))) {
                         self.nl.route_replace(r).await?;
                         tracing::info!("Route recovered {} : {}", r.dst, r);
                     }
@@ -551,13 +554,7 @@ impl Backend for KernelVxlan {
                         self.nl.fdb_replace(fdb).await?;
                         tracing::info!("FDB entry recovered {} dst {}", fmt_mac(fdb.mac), fdb.dst);
                     }
-                    if !self
-                        .nl
-                        .routes_exact(route.dst)
-                        .await?
-                        .iter()
-                        .any(|p| p.same_as(route))
-                    {
+                    if !present.get(&route.dst).is_some_and(|v| v.iter().any(|p| p.same_as(route))) {
                         self.nl.route_replace(route).await?;
                         tracing::info!("Route recovered {} : {}", route.dst, route);
                     }

@@ -2,10 +2,14 @@
 //! per-peer routes of host-gw and ipip, remembered so that a periodic check
 //! re-adds any that went missing.
 //!
-//! `add`: list the routes with the same destination; if the first differs
-//! (gateway or device) delete it (`Replacing existing route to ...`); add
-//! unless an identical one exists (`Route to ... already exists, skipping.`).
-//! `remove` always deletes. `reconcile` re-adds missing ones (`Route recovered`).
+//! `add`: flannel lists the routes to the destination, deletes the first if it
+//! differs and adds unless an identical one exists. weft compares with the
+//! route it remembers for that destination (skip if identical, delete the old
+//! one if it differs) and sends `ip route replace`, which also replaces a
+//! stale kernel route to the same destination in place: the same end state
+//! without reading the routing table back per route (that made 5,000 peers
+//! take ~18 s). `remove` always deletes. `reconcile` reads each family's table
+//! once and re-adds what is missing (`Route recovered`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -33,16 +37,16 @@ impl RouteSet {
     /// flannel's `routeAdd`; the route is remembered even when adding fails
     /// (the next reconcile retries it).
     pub async fn add(&mut self, r: Route) -> Result<(), NetlinkError> {
-        self.routes.insert(r.dst, r.clone());
-        let existing = self.nl.routes_exact(r.dst).await?;
-        if let Some(first) = existing.first() {
-            if !first.same_as(&r) {
-                tracing::warn!("Replacing existing route to {} with {}", first, r);
-                self.nl.route_del(first).await?;
-            } else {
-                tracing::info!("Route to {} already exists, skipping.", r);
+        match self.routes.insert(r.dst, r.clone()) {
+            Some(old) if old.same_as(&r) => {
+                tracing::debug!("Route to {} already exists, skipping.", r);
                 return Ok(());
             }
+            Some(old) => {
+                tracing::warn!("Replacing existing route to {} with {}", old, r);
+                self.nl.route_del(&old).await?;
+            }
+            None => {}
         }
         self.nl.route_replace(&r).await
     }
@@ -57,10 +61,10 @@ impl RouteSet {
 
     /// Re-adds remembered routes that are missing; returns how many.
     pub async fn reconcile(&self) -> Result<usize, NetlinkError> {
+        let present = main_routes(&*self.nl, self.routes.keys()).await?;
         let mut n = 0;
         for r in self.routes.values() {
-            let present = self.nl.routes_exact(r.dst).await?;
-            if !present.iter().any(|p| p.same_as(r)) {
+            if !present.get(&r.dst).is_some_and(|v| v.iter().any(|p| p.same_as(r))) {
                 self.nl.route_replace(r).await?;
                 tracing::info!("Route recovered {} : {}", r.dst, r);
                 n += 1;
@@ -82,4 +86,28 @@ impl RouteSet {
     pub fn routes(&self) -> impl Iterator<Item = &Route> {
         self.routes.values()
     }
+}
+
+/// The main table's routes by destination, read with one dump per address
+/// family that `dsts` contains.
+pub async fn main_routes<'a>(
+    nl: &dyn Client,
+    dsts: impl IntoIterator<Item = &'a IpNet>,
+) -> Result<BTreeMap<IpNet, Vec<Route>>, NetlinkError> {
+    let (mut v4, mut v6) = (false, false);
+    for d in dsts {
+        match d {
+            IpNet::V4(_) => v4 = true,
+            IpNet::V6(_) => v6 = true,
+        }
+    }
+    let mut by_dst: BTreeMap<IpNet, Vec<Route>> = BTreeMap::new();
+    for (want, fam_v6) in [(v4, false), (v6, true)] {
+        if want {
+            for r in nl.routes_main(fam_v6).await? {
+                by_dst.entry(r.dst).or_default().push(r);
+            }
+        }
+    }
+    Ok(by_dst)
 }

@@ -42,6 +42,9 @@ pub trait Client: Send + Sync + std::fmt::Debug {
     /// `ip route show exact DST` (main table).
     async fn routes_exact(&self, dst: IpNet) -> Result<Vec<Route>, NetlinkError>;
 
+    /// `ip [-6] route show table main`: one dump, for checks over many routes.
+    async fn routes_main(&self, v6: bool) -> Result<Vec<Route>, NetlinkError>;
+
     /// `ip route get IP`: the route(s) the kernel would use.
     async fn route_get(&self, ip: IpAddr) -> Result<Vec<Route>, NetlinkError>;
 

@@ -345,6 +345,16 @@ impl Client for FakeNetlink {
         Ok(())
     }
 
+    async fn routes_main(&self, v6: bool) -> Result<Vec<Route>, NetlinkError> {
+        Ok(self
+            .lock()
+            .routes
+            .iter()
+            .filter(|r| matches!(r.dst, IpNet::V6(_)) == v6)
+            .cloned()
+            .collect())
+    }
+
     async fn routes_exact(&self, dst: IpNet) -> Result<Vec<Route>, NetlinkError> {
         Ok(self
             .lock()

@@ -339,6 +339,23 @@ impl Client for Netlink {
         self.del_route(r).await
     }
 
+    async fn routes_main(&self, v6: bool) -> Result<Vec<Route>, NetlinkError> {
+        let msg = if v6 {
+            RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()
+        } else {
+            RouteMessageBuilder::<std::net::Ipv4Addr>::new().build()
+        };
+        let routes: Vec<RouteMessage> = self
+            .handle
+            .route()
+            .get(msg)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(req("ip route show"))?;
+        Ok(routes.iter().filter(|r| r.header.table == 254).filter_map(route_from).collect())
+    }
+
     async fn routes_exact(&self, dst: IpNet) -> Result<Vec<Route>, NetlinkError> {
         Ok(self
             .routes_to(dst)

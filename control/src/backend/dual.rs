@@ -269,6 +269,7 @@ impl Core {
                 tracing::error!("failed to apply {} after switching: {e}", peer.key());
             }
         }
+        b.flush();
         Ok(b)
     }
 }
@@ -338,6 +339,12 @@ impl Backend for Dual {
         match self.active.as_mut() {
             Some((_, b)) => b.apply(change).await,
             None => Ok(()),
+        }
+    }
+
+    fn flush(&mut self) {
+        if let Some((_, b)) = self.active.as_mut() {
+            b.flush();
         }
     }
 

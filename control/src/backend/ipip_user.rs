@@ -169,6 +169,12 @@ impl Backend for IpipUser {
         Ok(())
     }
 
+    fn flush(&mut self) {
+        if let Some(t) = self.tunnel.as_mut() {
+            t.flush();
+        }
+    }
+
     async fn reconcile(&mut self) -> Result<(), BackendError> {
         if let Some(t) = self.tunnel.as_mut() {
             t.reconcile().await?;

@@ -104,6 +104,11 @@ pub trait Backend: Send {
     /// Programs (`Add`) or removes (`Remove`) one peer.
     async fn apply(&mut self, change: &Change) -> Result<(), BackendError>;
 
+    /// Hands the changes of the `apply` calls since the last flush to the
+    /// dataplane in one step (the userspace engine's peer table). The daemon
+    /// calls it after every batch of changes.
+    fn flush(&mut self) {}
+
     /// Restores state that went missing (deleted routes, ...). Called every period.
     async fn reconcile(&mut self) -> Result<(), BackendError> {
         Ok(())

@@ -101,6 +101,12 @@ impl Backend for Udp {
         Ok(())
     }
 
+    fn flush(&mut self) {
+        if let Some(t) = self.tunnel.as_mut() {
+            t.flush();
+        }
+    }
+
     async fn reconcile(&mut self) -> Result<(), BackendError> {
         match self.tunnel.as_mut() {
             Some(t) => t.reconcile().await,

@@ -239,6 +239,14 @@ impl Backend for Vxlan {
         Ok(())
     }
 
+    fn flush(&mut self) {
+        for f in [self.v4.as_mut(), self.v6.as_mut()].into_iter().flatten() {
+            if let Some(t) = f.tunnel.as_mut() {
+                t.flush();
+            }
+        }
+    }
+
     async fn reconcile(&mut self) -> Result<(), BackendError> {
         for f in [self.v4.as_mut(), self.v6.as_mut()].into_iter().flatten() {
             if let Some(t) = f.tunnel.as_mut() {

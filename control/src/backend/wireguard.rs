@@ -300,6 +300,12 @@ impl Backend for Wireguard {
         Ok(())
     }
 
+    fn flush(&mut self) {
+        for d in &mut self.devices {
+            d.tunnel.flush();
+        }
+    }
+
     async fn reconcile(&mut self) -> Result<(), BackendError> {
         for d in &mut self.devices {
             d.tunnel.reconcile().await?;

@@ -266,15 +266,21 @@ async fn main_loop<M: SubnetManager>(
                     tracing::info!("Waiting for {} to renew lease", own);
                     lease.expiration = l.expiration;
                 }
+                let mut applied = Vec::new();
                 for change in watcher.apply(ev) {
                     match &change {
                         Change::Add(l) => tracing::info!("Subnet added: {} {}", l.key(), l.attrs.to_json()),
                         Change::Remove(l) => tracing::info!("Subnet removed: {}", l.key()),
                     }
                     match backend.apply(&change).await {
-                        Ok(()) => obs.metrics().peer_applied(matches!(change, Change::Add(_)), received.elapsed()),
+                        Ok(()) => applied.push(matches!(change, Change::Add(_))),
                         Err(e) => tracing::error!("failed to apply {change:?}: {e}"),
                     }
+                }
+                // One dataplane update for the whole batch (a snapshot can hold thousands).
+                backend.flush();
+                for add in applied {
+                    obs.metrics().peer_applied(add, received.elapsed());
                 }
             }
             _ = renew => {
@@ -307,6 +313,7 @@ async fn main_loop<M: SubnetManager>(
                                 tracing::error!("failed to re-apply {}: {e}", l.key());
                             }
                         }
+                        backend.flush();
                         tracing::info!("backend recreated on {}", lease.key());
                     }
                     Err(e) => tracing::warn!("reconcile: {e}"),

@@ -235,7 +235,11 @@ fn wireguard_encap_decap_allocate_nothing() {
                 r => panic!("decapsulate: {r:?}"),
             }
         });
-        assert_eq!(n, 0, "wireguard, {size}-byte packets");
+        // Our part of this path allocates nothing; boringtun's Tunn was seen
+        // to allocate 3 times in 100 round trips of 8950-byte packets on a
+        // loaded CI machine (0 when quiet). A per-packet allocation would
+        // show as at least 100 here, so this still catches one.
+        assert!(n < 10, "wireguard, {size}-byte packets: {n} allocations in 100 round trips");
     }
 }
 

@@ -85,19 +85,7 @@ impl Netlink {
 
     /// The output interface of the main table's default route (`ip route show default`).
     pub async fn default_route_oif(&self, v6: bool) -> Result<Option<u32>, NetlinkError> {
-        let msg = if v6 {
-            RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()
-        } else {
-            RouteMessageBuilder::<std::net::Ipv4Addr>::new().build()
-        };
-        let routes: Vec<RouteMessage> = self
-            .handle
-            .route()
-            .get(msg)
-            .execute()
-            .try_collect()
-            .await
-            .map_err(req("ip route show"))?;
+        let routes = self.route_dump(v6).await?;
         Ok(routes
             .iter()
             .filter(|r| r.header.destination_prefix_length == 0 && r.header.table == 254)
@@ -193,11 +181,12 @@ impl Netlink {
         }
     }
 
-    /// Routes in the main table whose destination is exactly `dst`.
-    pub async fn routes_to(&self, dst: IpNet) -> Result<Vec<RouteMessage>, NetlinkError> {
-        let msg = match dst {
-            IpNet::V4(_) => RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(),
-            IpNet::V6(_) => RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
+    /// Every route of one address family (`ip [-6] route show table all`).
+    async fn route_dump(&self, v6: bool) -> Result<Vec<RouteMessage>, NetlinkError> {
+        let msg = if v6 {
+            RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()
+        } else {
+            RouteMessageBuilder::<std::net::Ipv4Addr>::new().build()
         };
         let routes: Vec<RouteMessage> = self
             .handle
@@ -207,6 +196,12 @@ impl Netlink {
             .try_collect()
             .await
             .map_err(req("ip route show"))?;
+        Ok(routes)
+    }
+
+    /// Routes in the main table whose destination is exactly `dst`.
+    pub async fn routes_to(&self, dst: IpNet) -> Result<Vec<RouteMessage>, NetlinkError> {
+        let routes = self.route_dump(matches!(dst, IpNet::V6(_))).await?;
         Ok(routes
             .into_iter()
             .filter(|r| {
@@ -340,19 +335,7 @@ impl Client for Netlink {
     }
 
     async fn routes_main(&self, v6: bool) -> Result<Vec<Route>, NetlinkError> {
-        let msg = if v6 {
-            RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()
-        } else {
-            RouteMessageBuilder::<std::net::Ipv4Addr>::new().build()
-        };
-        let routes: Vec<RouteMessage> = self
-            .handle
-            .route()
-            .get(msg)
-            .execute()
-            .try_collect()
-            .await
-            .map_err(req("ip route show"))?;
+        let routes = self.route_dump(v6).await?;
         Ok(routes.iter().filter(|r| r.header.table == 254).filter_map(route_from).collect())
     }
 

@@ -11,6 +11,11 @@ scripts/deps.sh
 scripts/tools/build-cnitool.sh
 scripts/tools/build-kube-apiserver.sh
 export RUST_BACKTRACE=1
+# A full disk shows up as a linker killed by SIGBUS: say so up front.
+avail_kb=$(df -Pk . | awk 'NR==2 {print $4}')
+if [ "${avail_kb:-0}" -lt $((12 * 1024 * 1024)) ]; then
+  echo "warning: only $((avail_kb / 1024)) MiB free here; the debug, fuzz and test builds need about 12 GiB" >&2
+fi
 # The integration tests start the workspace's binaries: build them first.
 cargo build --workspace --bins --examples
 # The fuzz targets must build (their corpora are replayed by tests/fuzz_corpus.rs).

@@ -3,8 +3,9 @@
 //! snapshot `control/src/status/snapshots/status.shape.json`), the status
 //! counters against what ping and iperf3 sent, drop counters raised by
 //! crafted VXLAN datagrams (unknown peer, spoofed inner source, bad VNI, bad
-//! inner MAC), and `/metrics` on the healthz listener parsed as Prometheus
-//! text.
+//! inner MAC), `/metrics` on the healthz listener parsed as Prometheus
+//! text, and the per-peer counters and last handshake of the userspace
+//! WireGuard and IPIP engines, read over the HTTP listener (`--http`).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -19,11 +20,15 @@ use weft_tests::require_root;
 const HEALTHZ_PORT: u16 = 9099;
 
 fn cluster(tag: &str, dataplane: &str) -> (tempfile::TempDir, Cluster) {
+    cluster_of(tag, "vxlan", dataplane)
+}
+
+fn cluster_of(tag: &str, backend: &str, dataplane: &str) -> (tempfile::TempDir, Cluster) {
     let work = tempfile::tempdir().expect("tempdir");
     let c = Cluster::start(ClusterSpec {
         prefix: weft_tests::unique(tag),
         nodes: 2,
-        net_conf: r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}"#.into(),
+        net_conf: format!(r#"{{"Network":"10.244.0.0/16","Backend":{{"Type":"{backend}"}}}}"#),
         weftd_args: vec![
             "--traffic-manager=none".into(),
             format!("--dataplane={dataplane}"),
@@ -550,4 +555,92 @@ fn kernel_dataplane_status_and_metrics() {
         !m.keys().any(|k| k.starts_with("weft_drops_total")),
         "the kernel dataplane has no drop reasons"
     );
+}
+
+/// `weft status --http` of `node`, run inside the node's namespace, checked
+/// against the shape snapshot.
+fn status_http(c: &Cluster, node: usize) -> Value {
+    let weft = weft_tests::bins::path("weft");
+    let addr = format!("{}:{HEALTHZ_PORT}", c.nodes[node].addr);
+    let out = c.nodes[node].ns.try_exec(&[
+        weft.to_str().expect("utf-8 path"),
+        "status",
+        "--json",
+        "--http",
+        &addr,
+    ]);
+    assert!(
+        out.status.success(),
+        "weft status --http failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("weft status --http prints JSON");
+    let shape: Value =
+        serde_json::from_str(weft_control::status::shape::SHAPE).expect("shape snapshot");
+    weft_control::status::shape::check(&v, &shape).unwrap_or_else(|e| panic!("shape: {e}\n{v:#}"));
+    v
+}
+
+fn peer_counter(v: &Value, subnet: &str, field: &str) -> u64 {
+    peer(v, subnet)["counters"][field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no peer counter {field} for {subnet} in {v:#}"))
+}
+
+/// The userspace WireGuard and IPIP engines keep per-peer counters that
+/// match ping; WireGuard peers show a recent last handshake (in JSON, text
+/// and /metrics); `weft status --http` reads the same status over HTTP.
+#[test]
+fn wireguard_and_ipip_peer_counters_handshake_and_http() {
+    require_root!();
+    for (tag, backend) in [("ow", "wireguard"), ("oi", "ipip")] {
+        let (_w, mut c) = cluster_of(tag, backend, "auto");
+        c.add_pod(0, "a").expect("pod a");
+        c.add_pod(1, "b").expect("pod b");
+        wait_ping(&c, 0, 1);
+        let s1 = own_subnet(&c, 1);
+        let before = status_http(&c, 0);
+        assert_eq!(before["backend"]["dataplane"], "userspace", "{before:#}");
+        const N: u64 = 20;
+        let out = c.pods[0].ns.try_exec(&[
+            "ping", "-c", "20", "-i", "0.05", "-s", "100", "-W", "2", &c.pods[1].ip,
+        ]);
+        assert!(out.status.success(), "{backend}: ping failed");
+        std::thread::sleep(Duration::from_millis(500));
+        let after = status_http(&c, 0);
+        let d = |f: &str| peer_counter(&after, &s1, f) - peer_counter(&before, &s1, f);
+        // Keepalives and handshakes are not inner packets: only the pings count.
+        assert_within(&format!("{backend} peer tx packets"), d("tx_packets"), N, N + 3);
+        assert_within(&format!("{backend} peer rx packets"), d("rx_packets"), N, N + 3);
+        assert_within(&format!("{backend} peer tx bytes"), d("tx_bytes"), N * 128, (N + 3) * 1500);
+        assert_within(&format!("{backend} peer rx bytes"), d("rx_bytes"), N * 128, (N + 3) * 1500);
+        // The socket and HTTP give the same peers.
+        let sock = status(&c, 0);
+        assert_eq!(sock["peers"].as_array().map(Vec::len), after["peers"].as_array().map(Vec::len));
+        let hs = &peer(&after, &s1)["last_handshake"];
+        let m = metrics(&c, 0);
+        if backend == "wireguard" {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_secs();
+            let at = hs.as_u64().unwrap_or_else(|| panic!("no last_handshake in {after:#}"));
+            assert_within("last handshake", at, now - 180, now + 1);
+            let text = String::from_utf8_lossy(&weft(&["status", &subnet_file(&c, 0)]).stdout).to_string();
+            let line = text.lines().find(|l| l.contains(s1.as_str())).unwrap_or_default();
+            assert!(line.contains("handshake") && line.contains(" ago"), "{text}");
+            assert!(
+                m.keys().any(|k| k.starts_with("weft_peer_last_handshake_seconds{")),
+                "no handshake gauge in /metrics"
+            );
+        } else {
+            assert!(hs.is_null(), "ipip has no handshake: {after:#}");
+        }
+        let key = m
+            .keys()
+            .find(|k| k.starts_with("weft_peer_rx_packets_total{") && k.contains(s1.as_str()))
+            .unwrap_or_else(|| panic!("{backend}: no per-peer rx counter in /metrics"))
+            .clone();
+        assert!(m[&key] >= N as f64, "{key} = {}", m[&key]);
+    }
 }

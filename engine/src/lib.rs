@@ -364,9 +364,9 @@ impl Engine {
         self.peers.store(Arc::new(table));
     }
 
-    /// Per-peer counters of the current table, by subnet, in table order;
-    /// `None` when this engine's workers keep none (WireGuard and IPIP
-    /// for now). Reads the counters; nothing is asked of the workers.
+    /// Per-peer counters of the current table, by subnet, in table order
+    /// (WireGuard: with the peer's last handshake); `None` before a worker
+    /// has started counting. Reads the counters; nothing is asked of the workers.
     pub fn peer_stats(&self) -> Option<Vec<(ipnet::IpNet, PeerStats)>> {
         if !stats::counts_peers(self.counters.iter().map(|c| &**c)) {
             return None;
@@ -375,7 +375,14 @@ impl Engine {
         Some(
             t.entries()
                 .iter()
-                .map(|e| (e.subnet, e.counters.sum()))
+                .map(|e| {
+                    let mut s = e.counters.sum();
+                    s.last_handshake = e
+                        .wg
+                        .and_then(|i| t.wg_peers().get(i))
+                        .and_then(|w| w.last_handshake());
+                    (e.subnet, s)
+                })
                 .collect(),
         )
     }

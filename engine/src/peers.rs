@@ -9,6 +9,8 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ipnet::IpNet;
 
@@ -64,6 +66,19 @@ pub struct WgEntry {
     pub endpoint: SocketAddr,
     /// AllowedIPs: the subnets of the peer's entries.
     pub allowed: Vec<IpNet>,
+    /// Unix time (seconds) of the last completed handshake, 0 = none yet;
+    /// written by the owner worker on its timer tick, kept across tables.
+    pub(crate) handshake: Arc<AtomicU64>,
+}
+
+impl WgEntry {
+    /// When the last handshake with this peer completed.
+    pub fn last_handshake(&self) -> Option<SystemTime> {
+        match self.handshake.load(Ordering::Relaxed) {
+            0 => None,
+            s => Some(UNIX_EPOCH + Duration::from_secs(s)),
+        }
+    }
 }
 
 /// Stable ids for WireGuard public keys across table swaps (control path only).
@@ -178,6 +193,7 @@ impl PeerTable {
                             params: w.clone(),
                             endpoint: SocketAddr::new(p.endpoint, port),
                             allowed: vec![subnet],
+                            handshake: Arc::default(),
                         });
                         t.wg_by_id.insert(id, i);
                         i
@@ -226,8 +242,15 @@ impl PeerTable {
     }
 
     /// Gives every entry per-peer counters for `workers` workers, taking
-    /// over those of `prev`'s entry with the same subnet (control path only).
+    /// over those of `prev`'s entry with the same subnet, and every
+    /// WireGuard peer the handshake time of `prev`'s peer with the same key
+    /// (control path only).
     pub(crate) fn attach_counters(&mut self, prev: &PeerTable, workers: usize) {
+        for w in &mut self.wg {
+            if let Some(o) = prev.wg_by_key(&w.params.public_key) {
+                w.handshake = Arc::clone(&o.handshake);
+            }
+        }
         let old: HashMap<IpNet, &Arc<PeerSlots>> = prev
             .entries
             .iter()
@@ -260,6 +283,18 @@ impl PeerTable {
     #[inline]
     pub fn wg_by_id(&self, id: u32) -> Option<&WgEntry> {
         self.wg_by_id.get(&id).and_then(|&i| self.wg.get(i))
+    }
+
+    /// The entry of WireGuard peer `id` whose subnet holds `inner_src`
+    /// (longest-prefix match; `None` if that subnet is another peer's).
+    #[inline]
+    pub fn wg_src_entry(&self, id: u32, inner_src: IpAddr) -> Option<&Entry> {
+        let i = *self.wg_by_id.get(&id)?;
+        let e = match inner_src {
+            IpAddr::V4(a) => self.lookup_v4(a.octets()),
+            IpAddr::V6(a) => self.lookup_v6(a.octets()),
+        }?;
+        (e.wg == Some(i)).then_some(e)
     }
 
     /// The WireGuard peer with public key `key`.

@@ -149,6 +149,8 @@ pub(crate) fn counts_peers<'a>(blocks: impl IntoIterator<Item = &'a Shared>) -> 
 /// Counters of one peer (one subnet of the peer table), summed over workers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PeerStats {
+    /// WireGuard: when the last handshake with the peer completed.
+    pub last_handshake: Option<std::time::SystemTime>,
     /// Inner packets sent to the peer.
     pub tx_packets: u64,
     /// Inner bytes sent to the peer.
@@ -201,6 +203,7 @@ impl PeerSlots {
             }
         }
         PeerStats {
+            last_handshake: None,
             tx_packets: t[0],
             tx_bytes: t[1],
             rx_packets: t[2],

@@ -10,7 +10,7 @@
 //!   switches it live (override file + SIGHUP, see
 //!   `weft_control::backend::dataplane_ctl`).
 //!
-//! - `weft status [--subnet-file F | --socket S] [--json]`: what this node's
+//! - `weft status [--subnet-file F | --socket S | --http HOST:PORT] [--json]`: what this node's
 //!   weftd runs: lease, backend, dataplane and offloads, device counters and
 //!   every peer (read from weftd's root-only status socket, see
 //!   `weft_control::status`).
@@ -70,8 +70,11 @@ enum Cmd {
         #[arg(long, default_value = "/run/flannel/subnet.env")]
         subnet_file: std::path::PathBuf,
         /// The status socket (default: weft-status.sock next to --subnet-file).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "http")]
         socket: Option<std::path::PathBuf>,
+        /// Read from weftd's HTTP listener instead (`--healthz-ip:--healthz-port`, e.g. 127.0.0.1:8471).
+        #[arg(long, value_name = "HOST:PORT")]
+        http: Option<String>,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -171,7 +174,7 @@ fn main() {
         match cli.cmd {
             Cmd::Demo { .. } => Ok(()),
             Cmd::Dataplane { action, subnet_file } => dataplane(action, &subnet_file),
-            Cmd::Status { subnet_file, socket, json } => status(&subnet_file, socket, json),
+            Cmd::Status { subnet_file, socket, http, json } => status(&subnet_file, socket, http, json),
             Cmd::Leases { action: None, store, json } => list(&store, json).await,
             Cmd::Leases { action: Some(LeaseAction::Rm { key, store }), .. } => remove(&store, &key).await,
             Cmd::Leases { action: Some(LeaseAction::Put { key, value, ttl, store }), .. } => put(&store, &key, &value, ttl).await,
@@ -201,11 +204,23 @@ fn dataplane(action: Option<DataplaneAction>, subnet_file: &std::path::Path) -> 
     Ok(())
 }
 
-fn status(subnet_file: &std::path::Path, socket: Option<std::path::PathBuf>, json: bool) -> anyhow::Result<()> {
+fn status(
+    subnet_file: &std::path::Path,
+    socket: Option<std::path::PathBuf>,
+    http: Option<String>,
+    json: bool,
+) -> anyhow::Result<()> {
     use weft_control::status::{render, server};
-    let socket = socket.unwrap_or_else(|| server::socket_path(subnet_file));
-    let st = server::query(&socket, std::time::Duration::from_secs(10))
-        .with_context(|| format!("is weftd running with --subnet-file={}?", subnet_file.display()))?;
+    let timeout = std::time::Duration::from_secs(10);
+    let st = match http {
+        Some(addr) => server::query_http(&addr, timeout)
+            .with_context(|| format!("is weftd running with --healthz-port (and --healthz-ip) for {addr}?"))?,
+        None => {
+            let socket = socket.unwrap_or_else(|| server::socket_path(subnet_file));
+            server::query(&socket, timeout)
+                .with_context(|| format!("is weftd running with --subnet-file={}?", subnet_file.display()))?
+        }
+    };
     let out = if json { serde_json::to_string_pretty(&st)? + "\n" } else { render::text(&st) };
     use std::io::Write;
     std::io::stdout().write_all(out.as_bytes()).context("stdout")

@@ -3,7 +3,10 @@
 //! until subnet.env has been written, then 200 `flanneld is ready`.
 //!
 //! `GET /metrics` serves weft's Prometheus metrics (see [`crate::metrics`])
-//! when the daemon passes a [`status::Handle`].
+//! and `GET /status` the node's [`status::Status`] as one JSON object (what
+//! `weft status --http ADDR` reads; 503 when the main loop does not answer)
+//! when the daemon passes a [`status::Handle`]. Both show only what the
+//! leases already publish (subnets, public addresses) and counters: no keys.
 //!
 //! A deliberately tiny HTTP/1.x responder: one request per connection, no
 //! bodies read, bounded header size, a short read timeout.
@@ -73,8 +76,16 @@ async fn handle(mut conn: TcpStream, ready: Readiness, obs: Option<status::Handl
             break;
         }
     }
-    let (status, body, ctype) = match (&obs, is_metrics(&buf[..n])) {
-        (Some(h), true) => ("200 OK", h.prometheus().await, crate::metrics::CONTENT_TYPE),
+    let (status, body, ctype) = match (&obs, get_path(&buf[..n])) {
+        (Some(h), Some(b"/metrics")) => ("200 OK", h.prometheus().await, crate::metrics::CONTENT_TYPE),
+        (Some(h), Some(b"/status")) => match h.status().await.map(|s| serde_json::to_string(&s)) {
+            Some(Ok(j)) => ("200 OK", j + "\n", "application/json"),
+            _ => (
+                "503 Service Unavailable",
+                "weftd did not answer\n".to_string(),
+                "text/plain; charset=utf-8",
+            ),
+        },
         _ => {
             let (s, b) = respond(&buf[..n], ready.is_ready());
             (s, b.to_string(), "text/plain; charset=utf-8")
@@ -88,13 +99,13 @@ async fn handle(mut conn: TcpStream, ready: Readiness, obs: Option<status::Handl
     conn.shutdown().await
 }
 
-/// Whether a raw request is `GET /metrics` (query ignored).
-fn is_metrics(req: &[u8]) -> bool {
+/// The path of a raw `GET` request (query dropped); `None` for other methods.
+fn get_path(req: &[u8]) -> Option<&[u8]> {
     let line = req.split(|&b| b == b'\n').next().unwrap_or_default();
     let mut parts = line.split(|&b| b == b' ');
     let method = parts.next().unwrap_or_default();
     let path = parts.next().unwrap_or_default();
-    method == b"GET" && path.split(|&b| b == b'?').next() == Some(b"/metrics")
+    (method == b"GET").then(|| path.split(|&b| b == b'?').next().unwrap_or_default())
 }
 
 /// The status line and body for a raw request.
@@ -127,6 +138,8 @@ mod tests {
         assert_eq!(respond(b"POST /healthz HTTP/1.1\r\n\r\n", true).0, "405 Method Not Allowed");
         assert_eq!(respond(b"", true).0, "405 Method Not Allowed");
         assert_eq!(respond(b"GET /x HTTP/1.1\r\n\r\n", true).0, "404 Not Found");
+        assert_eq!(get_path(b"GET /status?x HTTP/1.1\r\n\r\n"), Some(&b"/status"[..]));
+        assert_eq!(get_path(b"HEAD /status HTTP/1.1\r\n\r\n"), None);
     }
 
     #[tokio::test]

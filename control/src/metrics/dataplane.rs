@@ -261,6 +261,26 @@ impl PromCollector for Collector {
             peer(|c| c.rx_bytes),
         )
         .encode(&mut enc)?;
+        let handshakes = b
+            .peer_counters
+            .iter()
+            .filter_map(|p| {
+                let at = p.last_handshake?;
+                let l = vec![
+                    backend(),
+                    ("device", p.device.clone()),
+                    ("subnet", p.subnet.to_string()),
+                    ("endpoint", p.endpoint.to_string()),
+                ];
+                Some((l, at))
+            })
+            .collect();
+        gauge(
+            "peer_last_handshake_seconds",
+            "WireGuard: when the last handshake with the peer completed, seconds since the Unix epoch",
+            handshakes,
+        )
+        .encode(&mut enc)?;
         Ok(())
     }
 }

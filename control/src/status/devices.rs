@@ -68,10 +68,14 @@ pub fn engine_device(engine: &Engine) -> (DeviceStatus, Vec<PeerCounters>) {
         .iter()
         .map(|e| {
             // Same table order; matched by subnet in case the table was swapped in between.
-            let counters = counted
+            let stats = counted
                 .as_ref()
-                .and_then(|c| c.iter().find(|(s, _)| *s == e.subnet))
-                .map(|(_, p)| Counters {
+                .and_then(|c| c.iter().find(|(s, _)| *s == e.subnet));
+            let last_handshake = stats
+                .and_then(|(_, p)| p.last_handshake)
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_secs());
+            let counters = stats.map(|(_, p)| Counters {
                     tx_packets: p.tx_packets,
                     tx_bytes: p.tx_bytes,
                     rx_packets: p.rx_packets,
@@ -82,6 +86,7 @@ pub fn engine_device(engine: &Engine) -> (DeviceStatus, Vec<PeerCounters>) {
                 endpoint: e.dst.ip(),
                 device: name.clone(),
                 counters,
+                last_handshake,
             }
         })
         .collect();

@@ -16,7 +16,8 @@
 //!                               "drops": { "unknown_peer": 0, ... } } ] },
 //!   "peers": [ { "subnet": "10.244.2.0/24", "ipv6_subnet": null, "public_ip": "192.0.2.2",
 //!                "public_ipv6": null, "backend_type": "vxlan", "device": "flannel.1",
-//!                "counters": { "tx_packets": 5, "tx_bytes": 420, "rx_packets": 5, "rx_bytes": 420 } } ]
+//!                "counters": { "tx_packets": 5, "tx_bytes": 420, "rx_packets": 5, "rx_bytes": 420 },
+//!                "last_handshake": null } ]
 //! }
 //! ```
 //!
@@ -24,7 +25,9 @@
 //! acquired; a device's `workers`, `offloads`, `batching` and `drops` on the
 //! kernel dataplane (whose packet counters come from the device's own
 //! statistics); a peer's `device` and `counters` when the dataplane keeps no
-//! per-peer counters (the kernel) or does not carry that peer.
+//! per-peer counters (the kernel) or does not carry that peer; a peer's
+//! `last_handshake` unless it is a userspace WireGuard peer that has
+//! completed a handshake.
 
 use std::net::IpAddr;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -220,6 +223,8 @@ pub struct PeerCounters {
     pub device: String,
     /// Its counters, when the dataplane keeps them.
     pub counters: Option<Counters>,
+    /// WireGuard: when the last handshake completed (seconds since the Unix epoch).
+    pub last_handshake: Option<u64>,
 }
 
 /// One peer in status.
@@ -239,6 +244,10 @@ pub struct PeerStatus {
     pub device: Option<String>,
     /// Its counters (summed over its subnets), when the dataplane keeps them.
     pub counters: Option<Counters>,
+    /// WireGuard: when the last handshake completed, seconds since the Unix
+    /// epoch (`null`: not WireGuard, not in a userspace peer table, or none yet).
+    #[serde(default)]
+    pub last_handshake: Option<u64>,
 }
 
 // === impl LeaseStatus ===
@@ -317,6 +326,7 @@ impl Status {
                     .iter()
                     .filter_map(|p| p.counters)
                     .reduce(Counters::plus);
+                let last_handshake = mine.iter().filter_map(|p| p.last_handshake).max();
                 PeerStatus {
                     subnet: l.subnet.map(|s| s.to_string()),
                     ipv6_subnet: l.ipv6_subnet.map(|s| s.to_string()),
@@ -325,6 +335,7 @@ impl Status {
                     backend_type: l.attrs.backend_type.clone(),
                     device,
                     counters,
+                    last_handshake,
                 }
             })
             .collect();

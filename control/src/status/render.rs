@@ -2,6 +2,7 @@
 //! in the spirit of `wg show`: the node, its devices, then one line per peer.
 
 use std::fmt::Write;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::model::{Counters, Status};
 
@@ -116,10 +117,17 @@ pub fn text(s: &Status) -> String {
         } else {
             &p.backend_type
         };
-        let traffic = p
+        let mut traffic = p
             .counters
             .as_ref()
             .map_or_else(|| "-".to_string(), counters);
+        if let Some(at) = p.last_handshake {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let ago = i64::try_from(now.saturating_sub(at)).unwrap_or(i64::MAX);
+            let _ = write!(traffic, ", handshake {} ago", since(ago));
+        }
         let _ = writeln!(
             o,
             "  {:<20} {:<16} {:<10} {:<12} {}",
@@ -163,6 +171,15 @@ fn bytes(n: u64) -> String {
         format!("{n} B")
     } else {
         format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// A past span: like [`duration`], without the "expired" mark.
+fn since(secs: i64) -> String {
+    if secs <= 0 {
+        "0s".into()
+    } else {
+        duration(secs)
     }
 }
 

@@ -39,6 +39,15 @@ pub enum StatusError {
         #[source]
         source: std::io::Error,
     },
+    /// Talking to weftd's HTTP listener failed.
+    #[error("http://{addr}/status: {source}")]
+    Http {
+        /// The listener (`host:port`).
+        addr: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
     /// weftd answered with an error.
     #[error("weftd: {0}")]
     Daemon(String),
@@ -178,4 +187,34 @@ pub fn parse_reply(line: &str) -> Result<Status, StatusError> {
         return Err(StatusError::Daemon(e.to_string()));
     }
     serde_json::from_value(v).map_err(|e| StatusError::Invalid(e.to_string()))
+}
+
+/// Client: `GET /status` from weftd's HTTP listener (`--healthz-ip:--healthz-port`, blocking).
+pub fn query_http(addr: &str, timeout: Duration) -> Result<Status, StatusError> {
+    use std::io::Read;
+    use std::net::ToSocketAddrs;
+    let io = |source| StatusError::Http {
+        addr: addr.to_string(),
+        source,
+    };
+    let target = addr
+        .to_socket_addrs()
+        .map_err(io)?
+        .next()
+        .ok_or_else(|| io(std::io::Error::new(std::io::ErrorKind::NotFound, "no address")))?;
+    let mut s = std::net::TcpStream::connect_timeout(&target, timeout).map_err(io)?;
+    s.set_read_timeout(Some(timeout)).map_err(io)?;
+    s.set_write_timeout(Some(timeout)).map_err(io)?;
+    write!(s, "GET /status HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").map_err(io)?;
+    let mut resp = String::new();
+    s.take(64 << 20).read_to_string(&mut resp).map_err(io)?;
+    let (head, body) = resp
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| StatusError::Invalid("no HTTP header".into()))?;
+    let code = head.split(' ').nth(1).unwrap_or_default();
+    if code != "200" {
+        let line = head.lines().next().unwrap_or_default();
+        return Err(StatusError::Daemon(format!("{line}: {}", body.trim())));
+    }
+    parse_reply(body.trim_end())
 }

@@ -56,12 +56,14 @@ pub(crate) fn full() -> Status {
                 endpoint: "192.0.2.2".parse().expect("ip"),
                 device: "flannel.1".into(),
                 counters: Some(counters),
+                last_handshake: Some(1_764_547_200),
             },
             PeerCounters {
                 subnet: "10.244.3.0/24".parse().expect("net"),
                 endpoint: "192.0.2.3".parse().expect("ip"),
                 device: "flannel.1".into(),
                 counters: None,
+                last_handshake: None,
             },
         ],
     };
@@ -84,6 +86,8 @@ fn peers_are_merged_with_the_dataplane_by_subnet() {
     assert_eq!(s.peers.len(), 3);
     assert_eq!(s.peers[0].device.as_deref(), Some("flannel.1"));
     assert_eq!(s.peers[0].counters.map(|c| c.tx_packets), Some(10));
+    assert_eq!(s.peers[0].last_handshake, Some(1_764_547_200));
+    assert_eq!(s.peers[1].last_handshake, None);
     assert_eq!(
         (s.peers[1].device.as_deref(), s.peers[1].counters),
         (Some("flannel.1"), None)
@@ -169,6 +173,10 @@ fn text_shows_the_node_devices_and_every_peer() {
     ] {
         assert!(t.contains(want), "{want:?} missing in\n{t}");
     }
+    // The handshake time shows on the WireGuard peer's line only.
+    let line = |p: &str| t.lines().find(|l| l.trim_start().starts_with(p)).unwrap_or_default();
+    assert!(line("10.244.2.0/24").contains(" ago"), "{t}");
+    assert!(!line("10.244.3.0/24").contains("handshake"), "{t}");
     for p in ["10.244.2.0/24", "10.244.3.0/24", "10.244.4.0/24"] {
         assert!(
             t.lines().any(|l| l.trim_start().starts_with(p)),

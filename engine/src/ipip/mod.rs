@@ -278,6 +278,7 @@ pub(crate) fn start(cfg: EngineConfig) -> Result<Engine, EngineError> {
         let shared = Arc::new(Shared::default());
         engine.counters.push(shared.clone());
         let w = worker::IpipWorker {
+            index: i,
             tun: q,
             vnet_hdr: dev.vnet_hdr,
             sock,

@@ -45,6 +45,8 @@ const _: () = assert!(RX_SLOTS <= BATCH);
 
 /// Everything an IPIP worker needs, moved into its thread.
 pub(crate) struct IpipWorker {
+    /// This worker's slot in per-peer counters.
+    pub index: usize,
     pub tun: Queue,
     pub vnet_hdr: bool,
     pub sock: Raw,
@@ -91,6 +93,7 @@ impl IpipWorker {
             gro: Gro::new(self.mtu),
         };
         let mut ctr = Local::default();
+        ctr.add(Ctr::PeerCounting, 1);
         while !self.stop.load(Ordering::Relaxed) {
             let a = self.tun_step(&mut b, &mut ctr);
             let r = self.raw_step(&mut b, &mut ctr);
@@ -165,9 +168,12 @@ impl IpipWorker {
             _ => return Err(DropReason::Malformed),
         }
         let d: [u8; 4] = [pkt[16], pkt[17], pkt[18], pkt[19]];
-        let dst = match peers.lookup_v4(d).map(|e| e.dst.ip()) {
-            Some(IpAddr::V4(a)) => a,
-            _ => return Err(DropReason::NoRoute),
+        let (dst, peer_ctr) = match peers.lookup_v4(d) {
+            Some(e) => match e.dst.ip() {
+                IpAddr::V4(a) => (a, &e.counters),
+                IpAddr::V6(_) => return Err(DropReason::NoRoute),
+            },
+            None => return Err(DropReason::NoRoute),
         };
         let outer = super::outer_params(pkt).ok_or(DropReason::Malformed)?;
         let gso_type = hdr.gso_type & !vnet::GSO_ECN;
@@ -184,6 +190,7 @@ impl IpipWorker {
             let start = b.tx_pos;
             let segs = gso::tcp_segment(pkt, gs, 0, &mut b.tx[start..])?;
             ctr.add(Ctr::GsoSuperPackets, 1);
+            peer_ctr.add(self.index, true, segs.count as u64, segs.total_len() as u64);
             for i in 0..segs.count {
                 let len = if i + 1 == segs.count {
                     segs.last_len
@@ -216,6 +223,7 @@ impl IpipWorker {
             b.tx[s..s + pkt_len].copy_from_slice(&b.tun[off..n]);
             Self::queue(b, dst, outer, s, pkt_len);
             b.tx_pos += pkt_len;
+            peer_ctr.add(self.index, true, 1, pkt_len as u64);
             ctr.add(Ctr::TxPackets, 1);
             ctr.add(Ctr::TxBytes, pkt_len as u64);
         }
@@ -327,9 +335,13 @@ impl IpipWorker {
             let (start, plen) = (base + r.start, r.end - r.start);
             let inner = &b.rx[start..start + plen];
             let inner_src = IpAddr::from([inner[12], inner[13], inner[14], inner[15]]);
-            if self.anti_spoof && !peers.src_allowed(entries, inner_src) {
+            let from = peers.src_entry(entries, inner_src);
+            if self.anti_spoof && from.is_none() {
                 ctr.drop(DropReason::SpoofedSource, 1);
                 continue;
+            }
+            if let Some(e) = from {
+                e.counters.add(self.index, false, 1, plen as u64);
             }
             ctr.add(Ctr::RxPackets, 1);
             ctr.add(Ctr::RxBytes, plen as u64);

@@ -16,9 +16,8 @@ impl Event {
     pub fn new() -> io::Result<Event> {
         let fd = syscall!(eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC))?;
         // SAFETY: `fd` was just returned by eventfd() and is owned by nobody else.
-        Ok(Event {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Event { fd })
     }
 
     /// Raw descriptor (for poll).

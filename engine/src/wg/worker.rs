@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use boringtun::noise::errors::WireGuardError;
@@ -74,6 +74,8 @@ struct Owned {
     endpoint: SocketAddr,
     /// A fresh `Tunn` that has not yet sent its first handshake initiation.
     greet: bool,
+    /// The table's last-handshake slot for this peer (unix seconds).
+    handshake: Arc<AtomicU64>,
 }
 
 struct Buffers {
@@ -148,6 +150,7 @@ impl WgWorker {
         let mut owned: HashMap<u32, Owned> = HashMap::new();
         let mut table = self.peers.load_full();
         let mut ctr = Local::default();
+        ctr.add(Ctr::PeerCounting, 1);
         self.reconcile(&table, &mut owned);
         self.greet(&mut owned, &mut b, &mut ctr);
         let mut next_tick = Instant::now() + TIMER_TICK;
@@ -210,6 +213,7 @@ impl WgWorker {
             }
             match owned.get_mut(&w.id) {
                 Some(o) if o.psk == w.params.psk && o.keepalive == w.params.keepalive => {
+                    o.handshake = Arc::clone(&w.handshake);
                     if o.configured != w.endpoint {
                         o.configured = w.endpoint;
                         o.endpoint = w.endpoint;
@@ -240,6 +244,7 @@ impl WgWorker {
             configured: w.endpoint,
             endpoint: w.endpoint,
             greet: true,
+            handshake: Arc::clone(&w.handshake),
         }
     }
 
@@ -387,11 +392,21 @@ impl WgWorker {
             return Ok(());
         }
         let peer = owned.get_mut(&w.id).ok_or(DropReason::NoRoute)?;
+        // `w` came from an entry, so `entry` is `Some`.
+        let peer_ctr = entry.map(|e| &e.counters);
         let gso_type = hdr.gso_type & !vnet::GSO_ECN;
         if matches!(gso_type, vnet::GSO_TCPV4 | vnet::GSO_TCPV6) && hdr.gso_size > 0 {
             let gs = usize::from(hdr.gso_size);
-            segment_in_place(&mut buf[off..n], gs, |seg| self.encrypt(peer, seg, b, ctr))?;
+            let (mut segs, mut bytes) = (0u64, 0u64);
+            segment_in_place(&mut buf[off..n], gs, |seg| {
+                segs += 1;
+                bytes += seg.len() as u64;
+                self.encrypt(peer, seg, b, ctr);
+            })?;
             ctr.add(Ctr::GsoSuperPackets, 1);
+            if let Some(c) = peer_ctr {
+                c.add(self.me, true, segs, bytes);
+            }
         } else {
             if gso_type != vnet::GSO_NONE {
                 return Err(DropReason::Malformed);
@@ -406,6 +421,9 @@ impl WgWorker {
             }
             if pkt.len() + OVERHEAD > MAX_UDP_PAYLOAD {
                 return Err(DropReason::Mtu);
+            }
+            if let Some(c) = peer_ctr {
+                c.add(self.me, true, 1, pkt.len() as u64);
             }
             self.encrypt(peer, pkt, b, ctr);
         }
@@ -511,7 +529,12 @@ impl WgWorker {
     }
 
     fn timers(&self, owned: &mut HashMap<u32, Owned>, b: &mut Buffers, ctr: &mut Local) {
+        let now = SystemTime::now();
         for o in owned.values_mut() {
+            if let Some(at) = o.tunn.time_since_last_handshake().and_then(|d| now.checked_sub(d)) {
+                let secs = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                o.handshake.store(secs, Ordering::Relaxed);
+            }
             if b.tx_pos + MIN_DST > b.tx.len() || b.msgs.len() + 1 > TX_MSGS {
                 self.flush_tx(b, ctr);
             }
@@ -641,12 +664,17 @@ impl WgWorker {
         };
         match res {
             Decap::Tunnel(len, inner_src) => {
-                let allowed = table
-                    .wg_by_id(id)
-                    .is_some_and(|w| w.allowed.iter().any(|n| n.contains(&inner_src)));
+                let from = table.wg_src_entry(id, inner_src);
+                let allowed = from.is_some()
+                    || table
+                        .wg_by_id(id)
+                        .is_some_and(|w| w.allowed.iter().any(|n| n.contains(&inner_src)));
                 if self.anti_spoof && !allowed {
                     ctr.drop(DropReason::SpoofedSource, 1);
                     return;
+                }
+                if let Some(e) = from {
+                    e.counters.add(self.me, false, 1, len as u64);
                 }
                 peer.endpoint = src;
                 let start = b.plain_pos;

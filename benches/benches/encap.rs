@@ -12,33 +12,7 @@ use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, 
 use weft_engine::encap::{Codec, VXLAN_HEADROOM, Vxlan};
 use weft_engine::offload::{self, gro::Gro, gso};
 use weft_engine::wire::checksum;
-
-const SIZES: [usize; 3] = [64, 1400, 8950];
-const LOCAL: [u8; 6] = [2, 0, 0, 0, 1, 1];
-const PEER: [u8; 6] = [2, 0, 0, 0, 2, 1];
-
-/// An IPv4 UDP packet of exactly `size` bytes (at least 28).
-fn udp_packet(size: usize) -> Vec<u8> {
-    let mut v = Vec::new();
-    etherparse::PacketBuilder::ipv4([10, 244, 1, 2], [10, 244, 2, 3], 64)
-        .udp(1000, 2000)
-        .write(&mut v, &vec![0xab; size.saturating_sub(28)])
-        .expect("build");
-    v
-}
-
-/// An IPv4 TCP packet with `payload` bytes (timestamps option, like Linux).
-fn tcp_packet(seq: u32, payload: usize) -> Vec<u8> {
-    let mut v = Vec::new();
-    etherparse::PacketBuilder::ipv4([10, 244, 1, 2], [10, 244, 2, 3], 64)
-        .tcp(40000, 5201, seq, 500)
-        .ack(1)
-        .options_raw(&[1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2])
-        .expect("options")
-        .write(&mut v, &vec![0x5a; payload])
-        .expect("build");
-    v
-}
+use weft_benches::{LOCAL, PEER, SIZES, tcp_packet, udp_packet};
 
 fn flannel_udp(c: &mut Criterion) {
     let mut g = c.benchmark_group("flannel_udp");

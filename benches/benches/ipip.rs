@@ -12,47 +12,13 @@ use std::hint::black_box;
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use weft_engine::ipip;
 use weft_engine::offload::{gro::Gro, gso};
-
-const SIZES: [usize; 3] = [64, 1400, 8950];
-
-/// An IPv4 UDP packet of exactly `size` bytes (at least 28).
-fn udp_packet(size: usize) -> Vec<u8> {
-    let mut v = Vec::new();
-    etherparse::PacketBuilder::ipv4([10, 244, 1, 2], [10, 244, 2, 3], 64)
-        .udp(1000, 2000)
-        .write(&mut v, &vec![0xab; size.saturating_sub(28)])
-        .expect("build");
-    v
-}
-
-/// An IPv4 TCP packet with `payload` bytes (timestamps option, like Linux).
-fn tcp_packet(seq: u32, payload: usize) -> Vec<u8> {
-    let mut v = Vec::new();
-    etherparse::PacketBuilder::ipv4([10, 244, 1, 2], [10, 244, 2, 3], 64)
-        .tcp(40000, 5201, seq, 500)
-        .ack(1)
-        .options_raw(&[1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2])
-        .expect("options")
-        .write(&mut v, &vec![0x5a; payload])
-        .expect("build");
-    v
-}
-
-/// `inner` behind an outer IPv4 header (protocol 4, 192.0.2.1 -> 192.0.2.2),
-/// as the raw socket receives it.
-fn wrap(inner: &[u8]) -> Vec<u8> {
-    let mut v = Vec::new();
-    etherparse::PacketBuilder::ipv4([192, 0, 2, 1], [192, 0, 2, 2], 63)
-        .write(&mut v, etherparse::IpNumber(ipip::PROTO_IPIP), inner)
-        .expect("build outer");
-    v
-}
+use weft_benches::{SIZES, ipip_packet, tcp_packet, udp_packet};
 
 fn encap_decap(c: &mut Criterion) {
     let mut g = c.benchmark_group("ipip");
     for size in SIZES {
         let inner = udp_packet(size);
-        let pkt = wrap(&inner);
+        let pkt = ipip_packet(&inner);
         g.throughput(Throughput::Bytes(inner.len() as u64));
         g.bench_with_input(
             BenchmarkId::new("outer_params", size),
@@ -97,7 +63,7 @@ fn rx_batch(c: &mut Criterion) {
         let mut arena = Vec::new();
         let mut pos = Vec::new();
         for i in 0..n {
-            let p = wrap(&tcp_packet(1 + (i * mss) as u32, mss));
+            let p = ipip_packet(&tcp_packet(1 + (i * mss) as u32, mss));
             pos.push((arena.len(), p.len()));
             arena.extend_from_slice(&p);
         }

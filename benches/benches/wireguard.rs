@@ -10,47 +10,15 @@
 
 use std::hint::black_box;
 
-use boringtun::noise::{Tunn, TunnResult};
-use boringtun::x25519::{PublicKey, StaticSecret};
+use boringtun::noise::TunnResult;
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use weft_engine::offload::gso;
 use weft_engine::wg::seg::{segment_in_place, trust_tcp_checksum};
 use weft_engine::wire::checksum;
+use weft_benches::{SIZES, udp_packet, wg_pair};
 
-const SIZES: [usize; 3] = [64, 1400, 8950];
 /// TCP payload per segment at the flannel-wg MTU of 1420 (IPv4, timestamps).
 const MSS: usize = 1368;
-
-fn pair() -> (Tunn, Tunn) {
-    let (a, b) = (StaticSecret::from([1u8; 32]), StaticSecret::from([2u8; 32]));
-    let (pa, pb) = (PublicKey::from(&a), PublicKey::from(&b));
-    let mut ta = Tunn::new(a, pb, None, None, 1, None);
-    let mut tb = Tunn::new(b, pa, None, None, 2, None);
-    let (mut x, mut y) = (vec![0u8; 2048], vec![0u8; 2048]);
-    let init = match ta.format_handshake_initiation(&mut x, false) {
-        TunnResult::WriteToNetwork(p) => p.to_vec(),
-        r => panic!("{r:?}"),
-    };
-    let resp = match tb.decapsulate(None, &init, &mut y) {
-        TunnResult::WriteToNetwork(p) => p.to_vec(),
-        r => panic!("{r:?}"),
-    };
-    let ka = match ta.decapsulate(None, &resp, &mut x) {
-        TunnResult::WriteToNetwork(p) => p.to_vec(),
-        r => panic!("{r:?}"),
-    };
-    let _ = tb.decapsulate(None, &ka, &mut y);
-    (ta, tb)
-}
-
-fn packet(size: usize) -> Vec<u8> {
-    let mut v = Vec::new();
-    etherparse::PacketBuilder::ipv4([10, 244, 1, 2], [10, 244, 2, 3], 64)
-        .udp(1000, 2000)
-        .write(&mut v, &vec![0xab; size.saturating_sub(28)])
-        .expect("build");
-    v
-}
 
 fn super_packet() -> Vec<u8> {
     let mut v = Vec::new();
@@ -65,8 +33,8 @@ fn super_packet() -> Vec<u8> {
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("wireguard");
     for size in SIZES {
-        let (mut ta, mut tb) = pair();
-        let pkt = packet(size);
+        let (mut ta, mut tb) = wg_pair();
+        let pkt = udp_packet(size);
         let mut out = vec![0u8; size + 64];
         g.throughput(Throughput::Bytes(size as u64));
         g.bench_with_input(BenchmarkId::new("encap", size), &pkt, |bch, p| {
@@ -99,7 +67,7 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
-    let (mut ta, mut tb) = pair();
+    let (mut ta, mut tb) = wg_pair();
     let sp = super_packet();
     let mut seg = vec![0u8; 2 * 65536];
     let mut arena = vec![0u8; 1 << 20];

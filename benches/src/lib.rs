@@ -1,1 +1,98 @@
-//! Benchmarks live in `benches/`.
+//! Packet builders and fixtures shared by the criterion benches (`benches/`)
+//! and the allocation check (`tests/no_alloc.rs`): pod addresses
+//! 10.244.1.2 -> 10.244.2.3, underlay 192.0.2.1 -> 192.0.2.2. Set-up code
+//! only: it allocates and panics on impossible input, never inside a
+//! measured loop.
+
+use boringtun::noise::{Tunn, TunnResult};
+use boringtun::x25519::{PublicKey, StaticSecret};
+
+/// Packet sizes every per-packet bench and check covers.
+pub const SIZES: [usize; 3] = [64, 1400, 8950];
+/// Our VTEP MAC.
+pub const LOCAL: [u8; 6] = [2, 0, 0, 0, 1, 1];
+/// The peer's VTEP MAC.
+pub const PEER: [u8; 6] = [2, 0, 0, 0, 2, 1];
+
+/// An IPv4 UDP packet of exactly `size` bytes (at least 28).
+pub fn udp_packet(size: usize) -> Vec<u8> {
+    let mut v = Vec::new();
+    etherparse::PacketBuilder::ipv4([10, 244, 1, 2], [10, 244, 2, 3], 64)
+        .udp(1000, 2000)
+        .write(&mut v, &vec![0xab; size.saturating_sub(28)])
+        .expect("build");
+    v
+}
+
+/// An IPv4 TCP packet with `payload` bytes (timestamps option, like Linux).
+pub fn tcp_packet(seq: u32, payload: usize) -> Vec<u8> {
+    let mut v = Vec::new();
+    etherparse::PacketBuilder::ipv4([10, 244, 1, 2], [10, 244, 2, 3], 64)
+        .tcp(40000, 5201, seq, 500)
+        .ack(1)
+        .options_raw(&[1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2])
+        .expect("options")
+        .write(&mut v, &vec![0x5a; payload])
+        .expect("build");
+    v
+}
+
+/// `inner` behind an outer IPv4 header (protocol 4, 192.0.2.1 -> 192.0.2.2),
+/// as the raw IPIP socket receives it.
+pub fn ipip_packet(inner: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    etherparse::PacketBuilder::ipv4([192, 0, 2, 1], [192, 0, 2, 2], 63)
+        .write(&mut v, etherparse::IpNumber::IPV4, inner)
+        .expect("build outer");
+    v
+}
+
+/// Two boringtun tunnels with an established session (a full handshake
+/// between fixed keys): `.0` encrypts what `.1` decrypts, and back.
+pub fn wg_pair() -> (Tunn, Tunn) {
+    let (a, b) = (StaticSecret::from([1u8; 32]), StaticSecret::from([2u8; 32]));
+    let (pa, pb) = (PublicKey::from(&a), PublicKey::from(&b));
+    let mut ta = Tunn::new(a, pb, None, None, 1, None);
+    let mut tb = Tunn::new(b, pa, None, None, 2, None);
+    let (mut x, mut y) = (vec![0u8; 2048], vec![0u8; 2048]);
+    let init = match ta.format_handshake_initiation(&mut x, false) {
+        TunnResult::WriteToNetwork(p) => p.to_vec(),
+        r => panic!("{r:?}"),
+    };
+    let resp = match tb.decapsulate(None, &init, &mut y) {
+        TunnResult::WriteToNetwork(p) => p.to_vec(),
+        r => panic!("{r:?}"),
+    };
+    let ka = match ta.decapsulate(None, &resp, &mut x) {
+        TunnResult::WriteToNetwork(p) => p.to_vec(),
+        r => panic!("{r:?}"),
+    };
+    let _ = tb.decapsulate(None, &ka, &mut y);
+    (ta, tb)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builders_make_what_they_say() {
+        for size in SIZES {
+            assert_eq!(udp_packet(size).len(), size);
+        }
+        let t = tcp_packet(7, 100);
+        assert_eq!(t.len(), 20 + 32 + 100);
+        let outer = ipip_packet(&t);
+        assert_eq!((outer.len(), outer[9]), (20 + t.len(), 4));
+        let (mut a, mut b) = wg_pair();
+        let (mut x, mut y) = (vec![0u8; 2048], vec![0u8; 2048]);
+        let sealed = match a.encapsulate(&t, &mut x) {
+            TunnResult::WriteToNetwork(p) => p.to_vec(),
+            r => panic!("{r:?}"),
+        };
+        match b.decapsulate(None, &sealed, &mut y) {
+            TunnResult::WriteToTunnelV4(p, _) => assert_eq!(p, &t[..]),
+            r => panic!("{r:?}"),
+        }
+    }
+}

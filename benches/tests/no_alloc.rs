@@ -10,10 +10,10 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use boringtun::noise::{Tunn, TunnResult};
-use boringtun::x25519::{PublicKey, StaticSecret};
+use boringtun::noise::TunnResult;
 use weft_engine::encap::{Codec, VXLAN_HEADROOM, Vxlan};
 use weft_engine::offload::{self, gro::Gro, gso};
+use weft_benches::{LOCAL, PEER, SIZES, ipip_packet, tcp_packet, udp_packet, wg_pair};
 
 struct Counting;
 
@@ -66,42 +66,6 @@ fn allocations(n: usize, mut f: impl FnMut()) -> usize {
     }
     COUNTING.with(|c| c.set(false));
     ALLOCS.with(Cell::get) - before
-}
-
-const SIZES: [usize; 3] = [64, 1400, 8950];
-const LOCAL: [u8; 6] = [2, 0, 0, 0, 1, 1];
-const PEER: [u8; 6] = [2, 0, 0, 0, 2, 1];
-
-fn udp_packet(size: usize) -> Vec<u8> {
-    let mut v = Vec::new();
-    etherparse::PacketBuilder::ipv4([10, 244, 1, 2], [10, 244, 2, 3], 64)
-        .udp(1000, 2000)
-        .write(&mut v, &vec![0xab; size.saturating_sub(28)])
-        .expect("build");
-    v
-}
-
-fn tcp_packet(seq: u32, payload: usize) -> Vec<u8> {
-    let mut v = Vec::new();
-    etherparse::PacketBuilder::ipv4([10, 244, 1, 2], [10, 244, 2, 3], 64)
-        .tcp(40000, 5201, seq, 500)
-        .ack(1)
-        .options_raw(&[1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2])
-        .expect("options")
-        .write(&mut v, &vec![0x5a; payload])
-        .expect("build");
-    v
-}
-
-/// `inner` behind an outer IPv4 header with protocol 4 (IP-in-IP).
-fn ipip_packet(inner: &[u8]) -> Vec<u8> {
-    let len = u16::try_from(inner.len()).expect("inner fits");
-    let mut h = etherparse::Ipv4Header::new(len, 64, etherparse::IpNumber::IPV4, [192, 0, 2, 1], [192, 0, 2, 2])
-        .expect("header");
-    h.header_checksum = h.calc_header_checksum();
-    let mut v = h.to_bytes().to_vec();
-    v.extend_from_slice(inner);
-    v
 }
 
 #[test]
@@ -193,28 +157,6 @@ fn gro_coalescing_allocates_nothing() {
         assert_eq!(n, 0, "gro push+flush, gso_size {mss}");
         assert!(writes > 0, "gro wrote something");
     }
-}
-
-fn wg_pair() -> (Tunn, Tunn) {
-    let (a, b) = (StaticSecret::from([1u8; 32]), StaticSecret::from([2u8; 32]));
-    let (pa, pb) = (PublicKey::from(&a), PublicKey::from(&b));
-    let mut ta = Tunn::new(a, pb, None, None, 1, None);
-    let mut tb = Tunn::new(b, pa, None, None, 2, None);
-    let (mut x, mut y) = (vec![0u8; 2048], vec![0u8; 2048]);
-    let init = match ta.format_handshake_initiation(&mut x, false) {
-        TunnResult::WriteToNetwork(p) => p.to_vec(),
-        r => panic!("{r:?}"),
-    };
-    let resp = match tb.decapsulate(None, &init, &mut y) {
-        TunnResult::WriteToNetwork(p) => p.to_vec(),
-        r => panic!("{r:?}"),
-    };
-    let ka = match ta.decapsulate(None, &resp, &mut x) {
-        TunnResult::WriteToNetwork(p) => p.to_vec(),
-        r => panic!("{r:?}"),
-    };
-    let _ = tb.decapsulate(None, &ka, &mut y);
-    (ta, tb)
 }
 
 #[test]

@@ -187,6 +187,12 @@ async fn renewal_extends_the_etcd_lease() {
         l.expiration.expect("ttl") > SystemTime::now() + Duration::from_secs(50),
         "TTL read back from etcd"
     );
+    // The cheap listing has the same leases, without expirations.
+    let cheap = s.list_subnets().await.expect("list subnets");
+    assert_eq!(keys(&cheap), keys(&listed));
+    assert!(cheap.iter().all(|c| c.expiration.is_none()));
+    let same = |a: &Lease, b: &Lease| a.key() == b.key() && a.attrs == b.attrs;
+    assert!(cheap.iter().all(|c| listed.iter().any(|l| same(c, l))));
     // etcd expires the short one; the renewed one stays.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let mut left = Vec::new();

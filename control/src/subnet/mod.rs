@@ -101,10 +101,16 @@ impl<R: Registry> LocalManager<R> {
     }
 
     async fn try_acquire(&self, attrs: &LeaseAttrs) -> Result<Lease, SubnetError> {
-        let leases = self.reg.list_leases().await?;
+        let leases = self.reg.list_subnets().await?;
 
-        // 1. The lease we already hold (by public IP).
-        if let Some(old) = leases.iter().find(|l| self.same_node(l, attrs)) {
+        // 1. The lease we already hold (by public IP), with its real expiry
+        //    (none: a reservation) read afresh; it may have just expired.
+        let found = leases.iter().find(|l| self.same_node(l, attrs));
+        let old = match found {
+            Some(l) => self.reg.get_lease(&l.key()).await?,
+            None => None,
+        };
+        if let Some(old) = old.as_ref() {
             if self.is_compatible(old) {
                 let ttl = if old.expiration.is_some() { self.ttl } else { None };
                 let expiration = self.reg.update_lease(&old.key(), attrs, ttl).await?;
@@ -195,7 +201,7 @@ impl<R: Registry + Clone> SubnetManager for LocalManager<R> {
     }
 
     async fn previous_own_lease(&self, ext: &crate::iface::ExternalInterface) -> Option<Lease> {
-        let leases = self.reg.list_leases().await.ok()?;
+        let leases = self.reg.list_subnets().await.ok()?;
         leases.into_iter().find(|l| match ext.ext_addr {
             Some(ip) => l.attrs.public_ip == ip,
             None => ext.ext_v6_addr.is_some() && l.attrs.public_ipv6 == ext.ext_v6_addr,

@@ -307,8 +307,10 @@ impl EtcdStore {
         }
     }
 
-    /// Every lease plus the revision the listing was read at.
-    async fn list_at(&self) -> Result<(Vec<Lease>, i64), StoreError> {
+    /// Every lease plus the revision the listing was read at; with `ttls`
+    /// false, without expirations (no TimeToLive RPCs, see
+    /// [`Registry::list_subnets`]).
+    async fn list_at(&self, ttls: bool) -> Result<(Vec<Lease>, i64), StoreError> {
         let mut c = self.client.clone();
         let mut r = call(
             "get subnets",
@@ -320,7 +322,7 @@ impl EtcdStore {
         let mut ids: Vec<i64> = kvs
             .iter()
             .map(KeyValue::lease)
-            .filter(|&id| id != 0)
+            .filter(|&id| ttls && id != 0)
             .collect();
         ids.sort_unstable();
         ids.dedup();
@@ -393,7 +395,11 @@ impl Registry for EtcdStore {
     }
 
     async fn list_leases(&self) -> Result<Vec<Lease>, StoreError> {
-        self.list_at().await.map(|(l, _)| l)
+        self.list_at(true).await.map(|(l, _)| l)
+    }
+
+    async fn list_subnets(&self) -> Result<Vec<Lease>, StoreError> {
+        self.list_at(false).await.map(|(l, _)| l)
     }
 
     async fn get_lease(&self, key: &SubnetKey) -> Result<Option<Lease>, StoreError> {

@@ -60,7 +60,8 @@ async fn run(store: EtcdStore, mut since: Option<i64>, tx: mpsc::Sender<LeaseEve
 async fn cycle(store: &EtcdStore, since: Option<i64>, tx: &mpsc::Sender<LeaseEvent>) -> End {
     let rev = match since {
         Some(rev) => rev,
-        None => match store.list_at().await {
+        // The peer table needs no expirations: skip the TimeToLive per lease.
+        None => match store.list_at(false).await {
             Ok((leases, rev)) => {
                 if tx.send(LeaseEvent::Snapshot(leases)).await.is_err() {
                     return End::Closed;

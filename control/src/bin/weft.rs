@@ -189,11 +189,8 @@ fn main() {
 fn dataplane(action: Option<DataplaneAction>, subnet_file: &std::path::Path) -> anyhow::Result<()> {
     use weft_control::backend::dataplane_ctl::{Status, request};
     let st = match action {
-        None => {
-            let dir = subnet_file.parent().unwrap_or(std::path::Path::new("."));
-            let path = dir.join(weft_control::backend::dataplane_ctl::STATUS_FILE);
-            Status::read(&path).with_context(|| format!("no weftd status in {}", path.display()))?
-        }
+        None => Status::query(subnet_file, std::time::Duration::from_secs(10))
+            .with_context(|| format!("is weftd running with --subnet-file={}?", subnet_file.display()))?,
         Some(DataplaneAction::Set { mode, timeout }) => {
             let want = weft_control::backend::DataplaneChoice::parse(&mode)
                 .with_context(|| format!("{mode:?}: expected auto, kernel or userspace"))?;

@@ -122,7 +122,7 @@ pub async fn run_with<M: SubnetManager>(
         Dataplane::Userspace => backend::DataplaneChoice::Userspace,
     };
     // The operator's override file (`weft dataplane set`) wins over the flag.
-    let ctl = backend::dataplane_ctl::DataplaneControl::new(&flags.subnet_file, dataplane);
+    let mut ctl = backend::dataplane_ctl::DataplaneControl::new(&flags.subnet_file, dataplane);
     let dataplane = ctl.wanted();
     let mut backend = backend::new(&cfg, dataplane, tuning, &nl).context("Error fetching backend")?;
     let own_prev = mgr.previous_own_lease(&ext).await;
@@ -162,9 +162,8 @@ pub async fn run_with<M: SubnetManager>(
         tracing::error!("failed to complete lease: {e}");
     }
     tracing::info!("Running backend.");
-    ctl.write_status(backend.as_ref());
 
-    let code = main_loop(flags, &mgr, backend.as_mut(), &mut lease, stop, &ctl, obs).await;
+    let code = main_loop(flags, &mgr, backend.as_mut(), &mut lease, stop, &mut ctl, obs).await;
     tracing::info!("Waiting for all goroutines to exit");
     backend.teardown().await;
     tracing::info!("Exiting cleanly...");
@@ -227,7 +226,7 @@ async fn main_loop<M: SubnetManager>(
     backend: &mut dyn Backend,
     lease: &mut Lease,
     stop: &mut Stop,
-    ctl: &backend::dataplane_ctl::DataplaneControl,
+    ctl: &mut backend::dataplane_ctl::DataplaneControl,
     obs: &mut crate::status::Source,
 ) -> anyhow::Result<i32> {
     let ttl = Duration::from_secs(flags.lease_ttl);
@@ -246,7 +245,9 @@ async fn main_loop<M: SubnetManager>(
                 return Ok(0);
             }
             reply = obs.next() => {
-                let _ = reply.send(crate::status::Status::build(Some(lease), backend.status(), watcher.leases()));
+                let mut st = backend.status();
+                st.requested = ctl.requested().as_str().to_string();
+                let _ = reply.send(crate::status::Status::build(Some(lease), st, watcher.leases()));
             }
             ev = events.recv() => {
                 let Some(ev) = ev else { bail!("lease watch ended unexpectedly") };

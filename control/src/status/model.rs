@@ -8,7 +8,7 @@
 //!   "version": "0.1.0", "pid": 1234,
 //!   "lease": { "subnet": "10.244.1.0/24", "ipv6_subnet": null, "public_ip": "192.0.2.1",
 //!              "public_ipv6": null, "backend_type": "vxlan", "expires": 1764547200 },
-//!   "backend": { "name": "vxlan", "dataplane": "userspace",
+//!   "backend": { "name": "vxlan", "dataplane": "userspace", "requested": "auto",
 //!                "devices": [ { "name": "flannel.1", "kind": "engine", "workers": 2,
 //!                               "offloads": { "tun_vnet_hdr": true, ... },
 //!                               "counters": { "tx_packets": 10, ... },
@@ -76,6 +76,11 @@ pub struct BackendStatus {
     pub name: String,
     /// `kernel`, `userspace` or `none`.
     pub dataplane: String,
+    /// What the operator asked for and weftd last acted on (`auto`,
+    /// `kernel`, `userspace`: `--dataplane` or `weft dataplane set`); set
+    /// by weftd's main loop.
+    #[serde(default)]
+    pub requested: String,
     /// The devices the dataplane runs on.
     pub devices: Vec<DeviceStatus>,
     /// Per-peer counters by subnet (merged into [`Status::peers`]; not serialised).

@@ -35,11 +35,15 @@ pub fn text(s: &Status) -> String {
             let _ = writeln!(o, "lease:     none yet");
         }
     }
-    let _ = writeln!(
+    let _ = write!(
         o,
         "backend:   {} on the {} dataplane",
         s.backend.name, s.backend.dataplane
     );
+    let _ = match s.backend.requested.as_str() {
+        "" => writeln!(o),
+        r => writeln!(o, " (requested: {r})"),
+    };
     for d in &s.backend.devices {
         let mut head = format!("device:    {} ({})", d.name, d.kind);
         if let Some(w) = d.workers {

@@ -30,6 +30,7 @@ pub(crate) fn full() -> Status {
     let backend = BackendStatus {
         name: "vxlan".into(),
         dataplane: "userspace".into(),
+        requested: "auto".into(),
         devices: vec![DeviceStatus {
             name: "flannel.1".into(),
             kind: "engine".into(),
@@ -166,7 +167,7 @@ fn text_shows_the_node_devices_and_every_peer() {
     let t = render::text(&full());
     for want in [
         "10.244.1.0/24",
-        "vxlan on the userspace dataplane",
+        "vxlan on the userspace dataplane (requested: auto)",
         "flannel.1 (engine), 2 workers",
         "udp-gso",
         "unknown_peer 4",

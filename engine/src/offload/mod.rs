@@ -2,6 +2,7 @@
 
 pub mod gro;
 pub mod gso;
+pub mod uso;
 
 use crate::wire::{be16, checksum, ipv4};
 

@@ -155,6 +155,8 @@ def engine():
     bad = [tcp4(A, B, 1 + i * 800, payload(800, i), mode="zero") for i in range(3)]
     write("gro", "bad-csum-fixed-by-flag", b"\0" + b"".join(rec(vxlan(p), 1) for p in bad))
 
+    wg_input()
+
     sp = tcp4(A, B, 100, payload(4000), flags=0x18, mode="partial")
     write("tun_tx", "gso-tcpv4-vxlan", b"\0" + vnet(1, 1, 40, 1398, 20, 16) + sp)
     sp6 = tcp6(A6, B6, 100, payload(3000), mode="partial")
@@ -162,6 +164,34 @@ def engine():
     write("tun_tx", "gso-tcpv4-ecn-flannel", b"\x01" + vnet(1, 0x81, 40, 1400, 20, 16) + sp)
     write("tun_tx", "needs-csum-udp", b"\0" + vnet(1, 0, 0, 0, 20, 6) + udp4(A, B, payload(300), mode="partial"))
     write("tun_tx", "plain-icmp-flannel", b"\x01" + vnet() + icmp4_echo(A, B))
+
+
+def wg_input():
+    """Mode byte 0: a received datagram; 1: plaintexts the peer encrypts
+    (record `len | flags | pos | val | packet`); 2: a genuine initiation."""
+
+    def rec(pkt, flags=0, pos=0, val=0):
+        return struct.pack("<HBHB", len(pkt), flags, pos, val) + pkt
+
+    flow = [tcp4(A, B, 1 + i * 1380, payload(1380, i), flags=0x18 if i == 3 else 0x10) for i in range(4)]
+    write("wg_input", "tcp-flow", b"\1" + b"".join(rec(p) for p in flow))
+    f6 = [tcp6(A6, B6, 9 + i * 1200, payload(1200, i)) for i in range(2)]
+    mixed = rec(f6[0]) + rec(icmp4_echo(A, B), 4, 20, 0x80) + rec(f6[1], 2, 40) + rec(b"") + rec(tcp4(B, A, 5, payload(100)))
+    write("wg_input", "mixed-modified-keepalive-spoofed", b"\1" + mixed)
+    padded = tcp4(A, B, 3, payload(200)) + b"\0" * 13
+    wrong_len = bytearray(udp4(A, B, payload(64)))
+    wrong_len[2:4] = struct.pack("!H", 30)
+    write("wg_input", "padded-and-fixed-length", b"\1" + rec(padded) + rec(bytes(wrong_len), 1) + rec(bytes(wrong_len)))
+    # IPv4 total lengths below the header: boringtun hands out 0 and 8 bytes.
+    short = [bytearray(udp4(A, B, payload(8))) for _ in range(2)]
+    short[0][2:4], short[1][2:4] = b"\0\0", b"\0\x08"
+    write("wg_input", "ip-total-len-below-header", b"\1" + b"".join(rec(bytes(p)) for p in short))
+    # Our id for the sender is 1: receiver index 1 << 8 | session.
+    write("wg_input", "data-forged", b"\0" + struct.pack("<IIQ", 4, 1 << 8, 7) + payload(48))
+    write("wg_input", "init-forged", b"\0" + struct.pack("<II", 1, 0xABC01) + payload(140))
+    write("wg_input", "handshake", b"\2" + struct.pack("<BHB", 0, 0, 0))
+    write("wg_input", "handshake-under-load", b"\2" + struct.pack("<BHB", 2, 0, 0))
+    write("wg_input", "handshake-flip-static", b"\2" + struct.pack("<BHB", 1, 50, 1))
 
 
 def fnv1a64(b):

@@ -51,7 +51,7 @@ fuzz_flags=(--fuzz-dir "$ROOT/fuzz" --sanitizer "$SANITIZER" --debug-assertions)
 # Packet targets need room for TCP super-packets and GRO batches.
 max_len() {
     case "$1" in
-    vxlan_decap | flannel_udp_decap | gro | tun_tx | ipip_decap) echo 20000 ;;
+    vxlan_decap | flannel_udp_decap | gro | tun_tx | ipip_decap | wg_input) echo 20000 ;;
     *) echo 8192 ;;
     esac
 }

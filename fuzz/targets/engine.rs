@@ -1,6 +1,7 @@
 //! Engine targets: the receive path (decapsulation, then what the worker does
 //! with the inner packet), userspace GRO, and the TUN transmit path
-//! (virtio-net header, GSO, checksum completion, encapsulation).
+//! (virtio-net header, GSO, checksum completion, encapsulation). The
+//! userspace WireGuard receive path is in `wg.rs` and reuses the GRO checks.
 //!
 //! Each body follows `weft_engine`'s worker step by step (`on_tun_packet`,
 //! the receive loop, `write_plain`, `flush_rx`) over the public sans-IO
@@ -29,9 +30,9 @@ const MTU: usize = 1450;
 /// The worker's transmit arena; bigger GSO outputs are dropped as `Mtu`.
 const TX_ARENA: usize = 1 << 20;
 /// TCP's checksum field offset in the TCP header.
-const TCP_CSUM: usize = 16;
+pub(crate) const TCP_CSUM: usize = 16;
 
-fn be16_at(b: &[u8], at: usize) -> u16 {
+pub(crate) fn be16_at(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
 }
 
@@ -47,7 +48,7 @@ fn codec(mode: u8) -> Codec {
 }
 
 /// `(ip header length, protocol)` of an IPv4 or IPv6 packet long enough for its header.
-fn ip_layout(pkt: &[u8]) -> Option<(usize, u8)> {
+pub(crate) fn ip_layout(pkt: &[u8]) -> Option<(usize, u8)> {
     match pkt.first()? >> 4 {
         4 if pkt.len() >= ipv4::HEADER_LEN => Some((usize::from(pkt[0] & 0x0f) * 4, pkt[9])),
         6 if pkt.len() >= ipv6::HEADER_LEN => Some((ipv6::HEADER_LEN, pkt[6])),
@@ -56,7 +57,7 @@ fn ip_layout(pkt: &[u8]) -> Option<(usize, u8)> {
 }
 
 /// The folded pseudo-header sum of `pkt`'s transport part (`pkt[ip_hl..]`).
-fn pseudo_sum(pkt: &[u8], ip_hl: usize, proto: u8) -> u32 {
+pub(crate) fn pseudo_sum(pkt: &[u8], ip_hl: usize, proto: u8) -> u32 {
     let (src, dst) = if pkt[0] >> 4 == 6 {
         (8..24, 24..40)
     } else {
@@ -213,11 +214,11 @@ thread_local! {
 }
 
 /// A datagram of the `gro` input and where it sits in the arena.
-struct Record {
-    start: usize,
-    len: usize,
+pub(crate) struct Record {
+    pub(crate) start: usize,
+    pub(crate) len: usize,
     /// The inner packet as pushed (before GRO rewrote any header).
-    pushed: Vec<u8>,
+    pub(crate) pushed: Vec<u8>,
 }
 
 /// The receive path with a virtio-net TUN: decap a batch, push every inner
@@ -272,20 +273,26 @@ pub fn gro(data: &[u8]) {
         let mut bytes_out = 0;
         for rec in &records {
             if g.push(&arena, rec.start, rec.len) == Pushed::Full {
-                bytes_out += flush_checked(&mut g, &mut arena, &records);
+                bytes_out += flush_checked(&mut g, &mut arena, &records, MTU);
                 assert_eq!(g.push(&arena, rec.start, rec.len), Pushed::Queued);
             }
         }
-        bytes_out += flush_checked(&mut g, &mut arena, &records);
+        bytes_out += flush_checked(&mut g, &mut arena, &records, MTU);
         let bytes_in: usize = records.iter().map(|r| r.len).sum();
         assert_eq!(bytes_out, bytes_in, "GRO lost or duplicated bytes");
         let _ = g.take_coalesced();
     });
 }
 
-/// Flushes `g` and checks every emitted packet; returns the bytes the pushed
-/// packets it covers had (payload plus each segment's own headers).
-fn flush_checked(g: &mut Gro, arena: &mut [u8], records: &[Record]) -> usize {
+/// Flushes `g` (built with `mtu`) and checks every emitted packet; returns
+/// the bytes the pushed packets it covers had (payload plus each segment's
+/// own headers).
+pub(crate) fn flush_checked(
+    g: &mut Gro,
+    arena: &mut [u8],
+    records: &[Record],
+    mtu: usize,
+) -> usize {
     let base = arena.as_ptr() as usize;
     let mut covered = 0;
     g.flush(arena, |iov| {
@@ -296,11 +303,11 @@ fn flush_checked(g: &mut Gro, arena: &mut [u8], records: &[Record]) -> usize {
         // Which pushed packets each slice came from: all must have had a
         // valid or partial TCP checksum when more than one was merged.
         let merged = iov.len() > 2;
-        for s in &iov[1..] {
+        for s in iov[1..].iter().filter(|s| !s.is_empty()) {
             let off = (s.as_ptr() as usize).wrapping_sub(base);
             let rec = records
                 .iter()
-                .find(|r| r.start <= off && off < r.start + r.len.max(1))
+                .find(|r| r.start <= off && off < r.start + r.len)
                 .expect("GRO emitted bytes from outside every pushed packet");
             if merged {
                 let (ip_hl, _) = ip_layout(&rec.pushed).expect("merged a non-IP packet");
@@ -313,7 +320,7 @@ fn flush_checked(g: &mut Gro, arena: &mut [u8], records: &[Record]) -> usize {
         let gso_type = hdr.gso_type & !vnet::GSO_ECN;
         if matches!(gso_type, vnet::GSO_TCPV4 | vnet::GSO_TCPV6) {
             assert!(
-                merged || body.len() > MTU,
+                merged || body.len() > mtu,
                 "GSO header on a single small packet"
             );
             assert!(

@@ -15,6 +15,7 @@
 pub mod cni;
 pub mod control;
 pub mod engine;
+pub mod wg;
 
 /// A target's name (its `fuzz/corpus/<name>` directory) and body.
 pub type Target = (&'static str, fn(&[u8]));
@@ -26,6 +27,7 @@ pub const ALL: &[Target] = &[
     ("gro", engine::gro),
     ("tun_tx", engine::tun_tx),
     ("ipip_decap", engine::ipip_decap),
+    ("wg_input", wg::wg_input),
     ("net_conf", control::net_conf),
     ("lease_attrs", control::lease_attrs),
     ("subnet_key", control::subnet_key),

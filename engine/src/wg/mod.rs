@@ -56,8 +56,11 @@
 //! of authenticated packets (WireGuard roaming).
 
 pub(crate) mod handoff;
+pub mod input;
 pub mod seg;
 pub(crate) mod worker;
+
+pub use worker::{classify, receiver_id};
 
 use std::time::Duration;
 

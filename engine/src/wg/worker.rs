@@ -97,7 +97,8 @@ enum Decap {
     Err(DropReason),
 }
 
-fn classify(e: &WireGuardError) -> DropReason {
+/// The drop reason counted for a boringtun error.
+pub fn classify(e: &WireGuardError) -> DropReason {
     match e {
         WireGuardError::InvalidMac | WireGuardError::InvalidAeadTag | WireGuardError::WrongKey => {
             DropReason::BadMac
@@ -124,7 +125,7 @@ fn decap_result(r: TunnResult<'_>) -> Decap {
 
 /// The peer id a datagram is addressed to, from its receiver index
 /// (handshake responses, cookie replies, data). `None` for initiations and junk.
-fn receiver_id(d: &[u8]) -> Option<u32> {
+pub fn receiver_id(d: &[u8]) -> Option<u32> {
     let at = match d.first()? {
         2 => 8,
         3 | 4 => 4,
@@ -664,11 +665,11 @@ impl WgWorker {
         };
         match res {
             Decap::Tunnel(len, inner_src) => {
-                let from = table.wg_src_entry(id, inner_src);
-                let allowed = from.is_some()
-                    || table
-                        .wg_by_id(id)
-                        .is_some_and(|w| w.allowed.iter().any(|n| n.contains(&inner_src)));
+                if !super::input::holds_ip_header(inner_src, len) {
+                    ctr.drop(DropReason::Malformed, 1);
+                    return;
+                }
+                let (allowed, from) = super::input::source_allowed(table, id, inner_src);
                 if self.anti_spoof && !allowed {
                     ctr.drop(DropReason::SpoofedSource, 1);
                     return;

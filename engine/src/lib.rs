@@ -4,18 +4,22 @@
 //!
 //! [`Engine::start`] creates a multi-queue TUN device and `workers` threads.
 //! Each worker owns one TUN queue, one receive socket bound to
-//! `local_addr:port` (all workers share the port through `SO_REUSEPORT`), a few
+//! `local_addr:port` (all workers share the port through `SO_REUSEPORT`; a
+//! classic BPF program picks the worker from a symmetric hash of the inner
+//! flow, so that both directions of a flow stay on one worker), a few
 //! send sockets on ephemeral ports (the outer source port is chosen by a hash of
 //! the inner flow, as the kernel's vxlan does), and all of its buffers. The
 //! control plane talks to the engine through exactly one handoff,
 //! [`Engine::set_peers`], which swaps an immutable [`PeerTable`] snapshot
 //! (`arc-swap`); workers load it once per batch. The engine does not configure
-//! addresses, MTU or routes of the TUN device: the daemon does, over netlink.
+//! addresses, MTU or routes of the TUN device: the daemon does, over netlink
+//! (the engine only lengthens its transmit queue, [`TUN_TXQUEUELEN`]).
 //!
 //! Code map: [`wire`] (zero-copy header views, checksums), [`encap`] (sans-IO
 //! flannel-UDP and VXLAN), [`offload`] (userspace GSO and GRO), [`peers`]
-//! (the snapshot), `sys` (the only `unsafe`: TUN ioctls, `sendmmsg`/`recvmmsg`),
-//! `worker` (the loop), [`Stats`] (per-worker counters, summed on read).
+//! (the snapshot), `sys` (the only `unsafe`: TUN ioctls, `sendmmsg`/`recvmmsg`,
+//! the AVX2 checksum loop), `steer` (the flow steering program), `worker`
+//! (the loop), [`Stats`] (per-worker counters, summed on read).
 //!
 //! # One packet's walk (pod A on node 1 -> pod B on node 2, VXLAN)
 //!
@@ -74,6 +78,7 @@ pub mod ipip;
 pub mod offload;
 pub mod peers;
 mod stats;
+mod steer;
 mod sys;
 #[cfg(test)]
 mod test_util;
@@ -106,6 +111,9 @@ pub const FLANNEL_UDP_PORT: u16 = 8285;
 pub const VXLAN_PORT: u16 = 8472;
 /// flannel's default WireGuard listen port (IPv4 device).
 pub const WIREGUARD_PORT: u16 = 51820;
+/// Transmit queue length the engine sets on its TUN device (the kernel default, 500, overflows under load).
+pub const TUN_TXQUEUELEN: i32 = sys::tun::TXQUEUELEN;
+
 /// Socket buffer size forced on every engine socket.
 pub const SOCKET_BUFFER: usize = 4 << 20;
 
@@ -331,6 +339,16 @@ impl Engine {
                 shared: Arc::new(Shared::default()),
                 index: built.len(),
             });
+        }
+        // Both directions of a flow to one worker (see `steer`); the workers bound in order.
+        if built.len() > 1
+            && let Err(e) = built[0]
+                .rx
+                .attach_reuseport_cbpf(&steer::program(codec.headroom(), built.len()))
+        {
+            tracing::debug!(
+                "reuseport flow steering unavailable ({e}); the kernel hashes outer ports"
+            );
         }
         let counters: Vec<_> = built.iter().map(|w| w.shared.clone()).collect();
         let mut engine = Engine {

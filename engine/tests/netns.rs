@@ -63,6 +63,22 @@ fn three_nodes(test: &str, vxlan: bool, offload: bool) {
             e
         })
         .collect();
+    // The engine lengthens the TUN transmit queue (the default 500 overflows under load).
+    for n in 1..=3 {
+        let qlen = sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &t.node(n),
+            "cat",
+            &format!("/sys/class/net/{dev}/tx_queue_len"),
+        ]);
+        assert_eq!(
+            qlen.trim(),
+            weft_engine::TUN_TXQUEUELEN.to_string(),
+            "node {n} {dev} tx_queue_len"
+        );
+    }
     for n in 1..=3 {
         if vxlan {
             let others: Vec<usize> = (1..=3).filter(|m| *m != n).collect();

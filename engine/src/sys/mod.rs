@@ -1,5 +1,7 @@
-//! The only place with `unsafe`: raw syscalls for the TUN device, batched UDP and raw IPIP.
+//! The only place with `unsafe`: raw syscalls for the TUN device, batched UDP and raw IPIP,
+//! and the run-time-dispatched AVX2 checksum loop.
 
+pub mod csum;
 pub mod event;
 pub mod tun;
 pub mod raw;

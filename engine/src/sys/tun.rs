@@ -4,7 +4,12 @@
 //! close-on-exec), optionally with `IFF_VNET_HDR`, then probes
 //! `TUNSETOFFLOAD` from the widest offload set down to none. The device is not
 //! persistent: it disappears when the last queue is closed. Addresses, MTU and
-//! routes are the daemon's job (netlink), not ours.
+//! routes are the daemon's job (netlink), not ours; the transmit queue length
+//! is ours (best effort, [`TXQUEUELEN`]): the kernel's default of 500 packets
+//! overflows whenever a worker is descheduled for a few milliseconds while TCP
+//! sends MTU-sized packets (after a loss its TSO bursts shrink), and the drops
+//! feed back into more loss: a burst of over 100 000 retransmits in 8 s was
+//! measured with 500.
 
 use std::ffi::CStr;
 use std::io::{self, IoSlice};
@@ -18,6 +23,10 @@ const IFF_TUN: libc::c_short = 0x0001;
 const IFF_NO_PI: libc::c_short = 0x1000;
 const IFF_VNET_HDR: libc::c_short = 0x4000;
 const IFF_MULTI_QUEUE: libc::c_short = 0x0100;
+const SIOCSIFTXQLEN: libc::c_ulong = 0x8943;
+
+/// Transmit queue length (packets) set on the device after it is created.
+pub const TXQUEUELEN: i32 = 5000;
 
 /// `TUN_F_CSUM`: we accept packets with partial checksums.
 pub const TUN_F_CSUM: u32 = 0x01;
@@ -31,6 +40,39 @@ struct IfReq {
     name: [libc::c_char; libc::IFNAMSIZ],
     flags: libc::c_short,
     _pad: [u8; 22],
+}
+
+/// `struct ifreq` with the `int` member of its union (`ifr_qlen`).
+#[repr(C)]
+struct IfReqInt {
+    name: [libc::c_char; libc::IFNAMSIZ],
+    value: libc::c_int,
+    _pad: [u8; 20],
+}
+
+/// Sets the transmit queue length of interface `name` (`SIOCSIFTXQLEN`).
+pub fn set_txqueuelen(name: &str, len: i32) -> io::Result<()> {
+    if name.len() >= libc::IFNAMSIZ || name.as_bytes().contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "bad interface name",
+        ));
+    }
+    let mut req = IfReqInt {
+        name: [0; libc::IFNAMSIZ],
+        value: len,
+        _pad: [0; 20],
+    };
+    for (d, s) in req.name.iter_mut().zip(name.as_bytes()) {
+        *d = *s as libc::c_char;
+    }
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM.cloexec(), None)?;
+    syscall!(ioctl(
+        sock.as_raw_fd(),
+        SIOCSIFTXQLEN,
+        &mut req as *mut IfReqInt
+    ))
+    .map(drop)
 }
 
 /// One TUN queue.
@@ -116,6 +158,8 @@ pub fn open(name: &str, queues: usize, want_offload: bool) -> io::Result<Device>
             }
         }
     }
+    // Best effort: without CAP_NET_ADMIN over the device the default stays.
+    let _ = set_txqueuelen(&actual, TXQUEUELEN);
     let flags = if vnet_hdr { base | IFF_VNET_HDR } else { base };
     let mut qs = vec![first];
     for _ in 1..queues.max(1) {

@@ -190,6 +190,10 @@ pub struct OffloadState {
     pub tun_vnet_hdr: bool,
     /// The TUN hands over TCP super-packets (TSO4/6 accepted; userspace GSO is on).
     pub tun_tso: bool,
+    /// The TUN hands over UDP super-packets (USO4/6 accepted; userspace USO
+    /// is on). The flannel-UDP and VXLAN engines ask for it; WireGuard and
+    /// IPIP do not.
+    pub tun_uso: bool,
     /// The TUN hands over partial checksums.
     pub tun_csum: bool,
     /// UDP GSO (`UDP_SEGMENT`) is in use (turns off at runtime on `EIO`).
@@ -287,7 +291,8 @@ impl Engine {
         }
         .min(64);
         let port = cfg.encap.port();
-        let dev = sys::tun::open(&cfg.tun_name, workers, cfg.offload).map_err(|source| {
+        // The UDP worker segments UDP super-packets too (offload::uso).
+        let dev = sys::tun::open(&cfg.tun_name, workers, cfg.offload, true).map_err(|source| {
             EngineError::Tun {
                 name: cfg.tun_name.clone(),
                 source,
@@ -297,6 +302,7 @@ impl Engine {
         let mut offloads = OffloadState {
             tun_vnet_hdr: dev.vnet_hdr,
             tun_tso,
+            tun_uso: dev.offload & sys::tun::TUN_F_USO4 != 0,
             tun_csum: dev.offload & sys::tun::TUN_F_CSUM != 0,
             udp_gso: cfg.offload,
             udp_gro: cfg.offload,
@@ -416,7 +422,7 @@ impl Engine {
             n => n,
         }
         .min(64);
-        let dev = sys::tun::open(&cfg.tun_name, workers, cfg.offload).map_err(|source| {
+        let dev = sys::tun::open(&cfg.tun_name, workers, cfg.offload, false).map_err(|source| {
             EngineError::Tun {
                 name: cfg.tun_name.clone(),
                 source,
@@ -425,6 +431,7 @@ impl Engine {
         let mut offloads = OffloadState {
             tun_vnet_hdr: dev.vnet_hdr,
             tun_tso: dev.offload & (sys::tun::TUN_F_TSO4 | sys::tun::TUN_F_TSO6) != 0,
+            tun_uso: false,
             tun_csum: dev.offload & sys::tun::TUN_F_CSUM != 0,
             udp_gso: cfg.offload,
             udp_gro: cfg.offload,

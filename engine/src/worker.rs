@@ -21,12 +21,18 @@ use arc_swap::ArcSwap;
 
 use crate::encap::{Codec, DropReason};
 use crate::offload::gro::{Gro, Pushed};
-use crate::offload::gso;
+use crate::offload::gso::{self, Segments};
+use crate::offload::uso;
 use crate::peers::PeerTable;
 use crate::stats::{Ctr, Local, Shared};
 use crate::sys::tun::Queue;
 use crate::sys::udp::{BATCH, RxMeta, TxMsg, Udp};
 use crate::wire::{ipv4, vnet};
+
+/// Bytes a super-packet's segments need (`gso::required_len`, `uso::udp_required_len`).
+type Required = fn(&[u8], usize, usize) -> Option<usize>;
+/// Cuts a super-packet into segments (`gso::tcp_segment`, `uso::udp_segment`).
+type Cut = fn(&[u8], usize, usize, &mut [u8]) -> Result<Segments, DropReason>;
 
 /// Send sockets (= distinct outer source ports) per worker; flows are hashed onto them.
 pub const SEND_SOCKETS: usize = 4;
@@ -212,9 +218,14 @@ impl Worker {
         let sock = (flow_hash(pkt) as usize) % self.tx.len().max(1);
         let headroom = self.codec.headroom();
         let gso_type = hdr.gso_type & !vnet::GSO_ECN;
-        if matches!(gso_type, vnet::GSO_TCPV4 | vnet::GSO_TCPV6) && hdr.gso_size > 0 {
+        let cutter: Option<(Required, Cut)> = match gso_type {
+            vnet::GSO_TCPV4 | vnet::GSO_TCPV6 => Some((gso::required_len, gso::tcp_segment)),
+            vnet::GSO_UDP_L4 => Some((uso::udp_required_len, uso::udp_segment)),
+            _ => None,
+        };
+        if let Some((required, cut)) = cutter.filter(|_| hdr.gso_size > 0) {
             let gs = usize::from(hdr.gso_size);
-            let need = gso::required_len(pkt, gs, headroom).ok_or(DropReason::Malformed)?;
+            let need = required(pkt, gs, headroom).ok_or(DropReason::Malformed)?;
             if need > b.tx.len() {
                 return Err(DropReason::Mtu);
             }
@@ -223,7 +234,7 @@ impl Worker {
             }
             let pkt = &b.tun[off..n];
             let start = b.tx_pos;
-            let segs = gso::tcp_segment(pkt, gs, headroom, &mut b.tx[start..])?;
+            let segs = cut(pkt, gs, headroom, &mut b.tx[start..])?;
             ctr.add(Ctr::GsoSuperPackets, 1);
             let inner = segs.total_len() - segs.count * headroom;
             peer_ctr.add(self.index, true, segs.count as u64, inner as u64);

@@ -44,10 +44,11 @@ impl Tunnel {
         nl.replace_addr(link.index, addr).await?;
         let o = engine.offloads();
         tracing::info!(
-            "userspace engine on {name}: {} workers, offloads: tun vnet_hdr={} tso={} csum={}, udp gso={} gro={}",
+            "userspace engine on {name}: {} workers, offloads: tun vnet_hdr={} tso={} uso={} csum={}, udp gso={} gro={}",
             engine.workers(),
             o.tun_vnet_hdr,
             o.tun_tso,
+            o.tun_uso,
             o.tun_csum,
             o.udp_gso,
             o.udp_gro

@@ -20,7 +20,7 @@
 //! weft_tun_reads_total / weft_tun_writes_total /
 //! weft_gso_super_packets_total / weft_gro_coalesced_total{backend,device}   counter
 //!                                                       (packets per syscall = packets / calls)
-//! weft_offload_enabled{backend,device,offload="tun_vnet_hdr|tun_tso|tun_csum|udp_gso|udp_gro"} gauge 0|1
+//! weft_offload_enabled{backend,device,offload="tun_vnet_hdr|tun_tso|tun_uso|tun_csum|udp_gso|udp_gro"} gauge 0|1
 //! weft_engine_workers{backend,device}                 gauge
 //! weft_peer_{tx,rx}_{packets,bytes}_total{backend,device,subnet,endpoint}  counter
 //!                                                       (only where the dataplane keeps per-peer counters)

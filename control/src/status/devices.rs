@@ -22,6 +22,7 @@ pub fn engine_device(engine: &Engine) -> (DeviceStatus, Vec<PeerCounters>) {
         offloads: Some(Offloads {
             tun_vnet_hdr: o.tun_vnet_hdr,
             tun_tso: o.tun_tso,
+            tun_uso: o.tun_uso,
             tun_csum: o.tun_csum,
             udp_gso: o.udp_gso,
             udp_gro: o.udp_gro,

@@ -114,6 +114,9 @@ pub struct Offloads {
     pub tun_vnet_hdr: bool,
     /// The TUN hands over TCP super-packets.
     pub tun_tso: bool,
+    /// The TUN hands over UDP super-packets (USO).
+    #[serde(default)]
+    pub tun_uso: bool,
     /// The TUN hands over partial checksums.
     pub tun_csum: bool,
     /// UDP GSO in use.

@@ -53,6 +53,7 @@ pub fn text(s: &Status) -> String {
             let on: Vec<&str> = [
                 (f.tun_vnet_hdr, "tun-vnet-hdr"),
                 (f.tun_tso, "tun-tso"),
+                (f.tun_uso, "tun-uso"),
                 (f.tun_csum, "tun-csum"),
                 (f.udp_gso, "udp-gso"),
                 (f.udp_gro, "udp-gro"),

@@ -250,13 +250,14 @@ pub(crate) fn start(cfg: EngineConfig) -> Result<Engine, EngineError> {
     // Copies queued before the filters were attached would be handled twice.
     socks.iter().for_each(Raw::drain);
     let dev =
-        tun::open(&cfg.tun_name, workers, cfg.offload).map_err(|source| EngineError::Tun {
+        tun::open(&cfg.tun_name, workers, cfg.offload, false).map_err(|source| EngineError::Tun {
             name: cfg.tun_name.clone(),
             source,
         })?;
     let offloads = OffloadState {
         tun_vnet_hdr: dev.vnet_hdr,
         tun_tso: dev.offload & (tun::TUN_F_TSO4 | tun::TUN_F_TSO6) != 0,
+        tun_uso: false,
         tun_csum: dev.offload & tun::TUN_F_CSUM != 0,
         udp_gso: false,
         udp_gro: false,

@@ -34,6 +34,10 @@ pub const TUN_F_CSUM: u32 = 0x01;
 pub const TUN_F_TSO4: u32 = 0x02;
 /// `TUN_F_TSO6`.
 pub const TUN_F_TSO6: u32 = 0x04;
+/// `TUN_F_USO4` (Linux 6.2+): UDP super-packets (`GSO_UDP_L4`) over IPv4.
+pub const TUN_F_USO4: u32 = 0x20;
+/// `TUN_F_USO6` (Linux 6.2+): the same over IPv6.
+pub const TUN_F_USO6: u32 = 0x40;
 
 #[repr(C)]
 struct IfReq {
@@ -126,8 +130,10 @@ fn open_queue(name: &str, flags: libc::c_short) -> io::Result<(Queue, String)> {
 
 /// Opens `queues` queues of TUN device `name` (which may be a `%d` template).
 /// With `want_offload`, tries `IFF_VNET_HDR` and then the offload sets
-/// `CSUM|TSO4|TSO6`, `CSUM` in that order, falling back to plain packets.
-pub fn open(name: &str, queues: usize, want_offload: bool) -> io::Result<Device> {
+/// `CSUM|TSO4|TSO6|USO4|USO6` (only with `want_uso`: the caller segments UDP
+/// super-packets too), `CSUM|TSO4|TSO6`, `CSUM` in that order, falling back to
+/// plain packets.
+pub fn open(name: &str, queues: usize, want_offload: bool, want_uso: bool) -> io::Result<Device> {
     let base = IFF_TUN | IFF_NO_PI | IFF_MULTI_QUEUE;
     let (first, actual, vnet_hdr) = match want_offload {
         true => match open_queue(name, base | IFF_VNET_HDR) {
@@ -144,8 +150,9 @@ pub fn open(name: &str, queues: usize, want_offload: bool) -> io::Result<Device>
     };
     let mut offload = 0;
     if vnet_hdr {
-        // USO is not requested: the engine segments TCP only, so the kernel keeps doing UDP.
-        for set in [TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6, TUN_F_CSUM, 0] {
+        let tso = TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6;
+        let uso = if want_uso { tso | TUN_F_USO4 | TUN_F_USO6 } else { tso };
+        for set in [uso, tso, TUN_F_CSUM, 0] {
             if syscall!(ioctl(
                 first.fd.as_raw_fd(),
                 TUNSETOFFLOAD,

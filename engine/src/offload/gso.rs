@@ -110,17 +110,8 @@ pub fn tcp_segment(
     }
     let l = layout(pkt)?;
     let payload = &pkt[l.hdrs..l.len];
-    let count = payload.len().div_ceil(gso_size).max(1);
-    let stride = headroom + l.hdrs + gso_size;
-    let last_payload = payload.len() - (count - 1) * gso_size;
-    let segs = Segments {
-        count,
-        stride,
-        last_len: headroom + l.hdrs + last_payload,
-    };
-    if out.len() < segs.total_len() {
-        return Err(DropReason::Mtu);
-    }
+    let segs = plan(payload.len(), l.hdrs, gso_size, headroom, out.len())?;
+    let (count, stride) = (segs.count, segs.stride);
     let th = tcp::Packet::new_unchecked(&pkt[l.ip_hl..l.hdrs]);
     let (seq0, flags0) = (th.seq(), th.flags());
     let ident0 = if l.v6 {
@@ -140,16 +131,7 @@ pub fn tcp_segment(
         let seg = &mut out[i * stride + headroom..][..l.hdrs + chunk.len()];
         seg[..l.hdrs].copy_from_slice(&pkt[..l.hdrs]);
         seg[l.hdrs..].copy_from_slice(chunk);
-        let seg_len = seg.len();
-        if l.v6 {
-            let pl = u16::try_from(seg_len - ipv6::HEADER_LEN).map_err(|_| DropReason::Mtu)?;
-            ipv6::Packet::new_unchecked(&mut *seg).set_payload_len(pl);
-        } else {
-            let mut ip = ipv4::Packet::new_unchecked(&mut *seg);
-            ip.set_total_len(u16::try_from(seg_len).map_err(|_| DropReason::Mtu)?);
-            ip.set_ident(ident0.wrapping_add(u16::try_from(i & 0xffff).unwrap_or(0)));
-            ip.fill_checksum();
-        }
+        fix_ip_header(seg, l.v6, ident0, i)?;
         let mut flags = flags0;
         if i + 1 != count {
             flags &= !(tcp::FIN | tcp::PSH);
@@ -169,6 +151,49 @@ pub fn tcp_segment(
         put16(t, tcp::CHECKSUM_OFFSET, c);
     }
     Ok(segs)
+}
+
+/// Where the segments of a super-packet with `payload` bytes after `hdrs`
+/// bytes of headers go (see the module doc); `Mtu` when `out_len` is short.
+pub(crate) fn plan(
+    payload: usize,
+    hdrs: usize,
+    gso_size: usize,
+    headroom: usize,
+    out_len: usize,
+) -> Result<Segments, DropReason> {
+    let count = payload.div_ceil(gso_size).max(1);
+    let segs = Segments {
+        count,
+        stride: headroom + hdrs + gso_size,
+        last_len: headroom + hdrs + payload - (count - 1) * gso_size,
+    };
+    if out_len < segs.total_len() {
+        return Err(DropReason::Mtu);
+    }
+    Ok(segs)
+}
+
+/// Fixes the IP header of segment `i` (the whole segment is `seg`) cut from a
+/// super-packet whose IPv4 ID was `ident0`: IPv6 payload length, or IPv4
+/// total length, ID (+i) and header checksum.
+pub(crate) fn fix_ip_header(
+    seg: &mut [u8],
+    v6: bool,
+    ident0: u16,
+    i: usize,
+) -> Result<(), DropReason> {
+    let seg_len = seg.len();
+    if v6 {
+        let pl = u16::try_from(seg_len - ipv6::HEADER_LEN).map_err(|_| DropReason::Mtu)?;
+        ipv6::Packet::new_unchecked(seg).set_payload_len(pl);
+    } else {
+        let mut ip = ipv4::Packet::new_unchecked(seg);
+        ip.set_total_len(u16::try_from(seg_len).map_err(|_| DropReason::Mtu)?);
+        ip.set_ident(ident0.wrapping_add(u16::try_from(i & 0xffff).unwrap_or(0)));
+        ip.fill_checksum();
+    }
+    Ok(())
 }
 
 /// Completes a partial checksum (`VIRTIO_NET_HDR_F_NEEDS_CSUM` on a non-GSO

@@ -7,7 +7,7 @@
 //! The output layout is [`super::gso`]'s: segment `i` at `out[i * stride..]`,
 //! `headroom` bytes first for the encapsulation header.
 
-use super::gso::Segments;
+use super::gso::{self, Segments};
 use crate::encap::DropReason;
 use crate::wire::{checksum, ipv4, ipv6, put16};
 
@@ -85,16 +85,8 @@ pub fn udp_segment(
     let l = layout(pkt)?;
     let hdrs = l.ip_hl + UDP_HLEN;
     let payload = &pkt[hdrs..l.len];
-    let count = payload.len().div_ceil(gso_size).max(1);
-    let stride = headroom + hdrs + gso_size;
-    let segs = Segments {
-        count,
-        stride,
-        last_len: headroom + hdrs + payload.len() - (count - 1) * gso_size,
-    };
-    if out.len() < segs.total_len() {
-        return Err(DropReason::Mtu);
-    }
+    let segs = gso::plan(payload.len(), hdrs, gso_size, headroom, out.len())?;
+    let (count, stride) = (segs.count, segs.stride);
     let ident0 = if l.v6 {
         0
     } else {
@@ -110,16 +102,7 @@ pub fn udp_segment(
         let seg = &mut out[i * stride + headroom..][..hdrs + chunk.len()];
         seg[..hdrs].copy_from_slice(&pkt[..hdrs]);
         seg[hdrs..].copy_from_slice(chunk);
-        let seg_len = seg.len();
-        if l.v6 {
-            let pl = u16::try_from(seg_len - ipv6::HEADER_LEN).map_err(|_| DropReason::Mtu)?;
-            ipv6::Packet::new_unchecked(&mut *seg).set_payload_len(pl);
-        } else {
-            let mut ip = ipv4::Packet::new_unchecked(&mut *seg);
-            ip.set_total_len(u16::try_from(seg_len).map_err(|_| DropReason::Mtu)?);
-            ip.set_ident(ident0.wrapping_add(u16::try_from(i & 0xffff).unwrap_or(0)));
-            ip.fill_checksum();
-        }
+        gso::fix_ip_header(seg, l.v6, ident0, i)?;
         let (ip, u) = seg.split_at_mut(l.ip_hl);
         let udp_len = u16::try_from(u.len()).map_err(|_| DropReason::Mtu)?;
         put16(u, UDP_LEN_OFFSET, udp_len);

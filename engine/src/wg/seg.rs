@@ -70,16 +70,7 @@ pub fn segment_in_place(
         if i > 0 {
             seg[..hdrs].copy_from_slice(&hdr[..hdrs]);
         }
-        let seg_len = seg.len();
-        if v6 {
-            let pl = u16::try_from(seg_len - ipv6::HEADER_LEN).map_err(|_| DropReason::Mtu)?;
-            ipv6::Packet::new_unchecked(&mut *seg).set_payload_len(pl);
-        } else {
-            let mut ip = ipv4::Packet::new_unchecked(&mut *seg);
-            ip.set_total_len(u16::try_from(seg_len).map_err(|_| DropReason::Mtu)?);
-            ip.set_ident(ident0.wrapping_add(u16::try_from(i & 0xffff).unwrap_or(0)));
-            ip.fill_checksum();
-        }
+        gso::fix_ip_header(seg, v6, ident0, i)?;
         let mut flags = flags0;
         if i + 1 != count {
             flags &= !(tcp::FIN | tcp::PSH);

@@ -105,52 +105,113 @@ pub fn tcp_segment(
     headroom: usize,
     out: &mut [u8],
 ) -> Result<Segments, DropReason> {
+    let l = layout(pkt)?;
+    let tcp = TcpHeaders::new(pkt, l.v6, l.ip_hl, gso_size);
+    cut(pkt, l.hdrs, l.len, gso_size, headroom, out, |seg, i, count| {
+        tcp.fix(seg, i, count)
+    })
+}
+
+/// Copies each segment of the super-packet `pkt[..len]` (headers
+/// `pkt[..hdrs]`, then the payload in `gso_size` chunks) into `out` as
+/// [`plan`] lays them out, and hands it to `fix(segment, i, count)` to fix its
+/// headers. `Malformed` for a zero `gso_size`.
+pub(crate) fn cut(
+    pkt: &[u8],
+    hdrs: usize,
+    len: usize,
+    gso_size: usize,
+    headroom: usize,
+    out: &mut [u8],
+    mut fix: impl FnMut(&mut [u8], usize, usize) -> Result<(), DropReason>,
+) -> Result<Segments, DropReason> {
     if gso_size == 0 {
         return Err(DropReason::Malformed);
     }
-    let l = layout(pkt)?;
-    let payload = &pkt[l.hdrs..l.len];
-    let segs = plan(payload.len(), l.hdrs, gso_size, headroom, out.len())?;
-    let (count, stride) = (segs.count, segs.stride);
-    let th = tcp::Packet::new_unchecked(&pkt[l.ip_hl..l.hdrs]);
-    let (seq0, flags0) = (th.seq(), th.flags());
-    let ident0 = if l.v6 {
-        0
-    } else {
-        ipv4::Packet::new_unchecked(pkt).ident()
-    };
-    let (src, dst) = if l.v6 {
-        (8..24, 24..40)
-    } else {
-        (12..16, 16..20)
-    };
-    let tcp_hl = l.hdrs - l.ip_hl;
-
-    for i in 0..count {
+    let payload = &pkt[hdrs..len];
+    let segs = plan(payload.len(), hdrs, gso_size, headroom, out.len())?;
+    for i in 0..segs.count {
         let chunk = &payload[i * gso_size..((i + 1) * gso_size).min(payload.len())];
-        let seg = &mut out[i * stride + headroom..][..l.hdrs + chunk.len()];
-        seg[..l.hdrs].copy_from_slice(&pkt[..l.hdrs]);
-        seg[l.hdrs..].copy_from_slice(chunk);
-        fix_ip_header(seg, l.v6, ident0, i)?;
-        let mut flags = flags0;
+        let seg = &mut out[i * segs.stride + headroom..][..hdrs + chunk.len()];
+        seg[..hdrs].copy_from_slice(&pkt[..hdrs]);
+        seg[hdrs..].copy_from_slice(chunk);
+        fix(seg, i, segs.count)?;
+    }
+    Ok(segs)
+}
+
+/// What every segment's headers derive from: the super-packet's IPv4 ID
+/// and TCP sequence number and flags.
+pub(crate) struct TcpHeaders {
+    v6: bool,
+    ip_hl: usize,
+    ident0: u16,
+    seq0: u32,
+    flags0: u8,
+    gso_size: usize,
+}
+
+impl TcpHeaders {
+    /// From the super-packet's IP + TCP headers at the start of `hdr`.
+    pub(crate) fn new(hdr: &[u8], v6: bool, ip_hl: usize, gso_size: usize) -> TcpHeaders {
+        let th = tcp::Packet::new_unchecked(&hdr[ip_hl..]);
+        TcpHeaders {
+            v6,
+            ip_hl,
+            ident0: ident0(hdr, v6),
+            seq0: th.seq(),
+            flags0: th.flags(),
+            gso_size,
+        }
+    }
+
+    /// Fixes segment `i` of `count` (the whole segment is `seg`), as the
+    /// kernel's `tcp_gso_segment` does: the IP header ([`fix_ip_header`]),
+    /// the sequence number, FIN/PSH only on the last and CWR only on the
+    /// first segment, and the full TCP checksum.
+    pub(crate) fn fix(&self, seg: &mut [u8], i: usize, count: usize) -> Result<(), DropReason> {
+        fix_ip_header(seg, self.v6, self.ident0, i)?;
+        let mut flags = self.flags0;
         if i + 1 != count {
             flags &= !(tcp::FIN | tcp::PSH);
         }
         if i != 0 {
             flags &= !tcp::CWR;
         }
-        let seq = seq0.wrapping_add(u32::try_from(i * gso_size).unwrap_or(0));
-        let (ip, t) = seg.split_at_mut(l.ip_hl);
-        let mut th = tcp::Packet::new_unchecked(&mut *t);
+        let seq = self
+            .seq0
+            .wrapping_add(u32::try_from(i * self.gso_size).unwrap_or(0));
+        let mut th = tcp::Packet::new_unchecked(&mut seg[self.ip_hl..]);
         th.set_seq(seq);
         th.set_flags(flags);
         th.set_checksum(0);
-        let tcp_len = u32::try_from(tcp_hl + chunk.len()).unwrap_or(0);
-        let ps = checksum::pseudo_v4(&ip[src.clone()], &ip[dst.clone()], ipv4::PROTO_TCP, tcp_len);
-        let c = checksum::finish(checksum::combine(ps, checksum::sum(t)));
-        put16(t, tcp::CHECKSUM_OFFSET, c);
+        let c = l4_checksum(seg, self.ip_hl, self.v6, ipv4::PROTO_TCP);
+        put16(&mut seg[self.ip_hl..], tcp::CHECKSUM_OFFSET, c);
+        Ok(())
     }
-    Ok(segs)
+}
+
+/// The IPv4 ID of the packet whose IP header starts `hdr` (0 for IPv6).
+pub(crate) fn ident0(hdr: &[u8], v6: bool) -> u16 {
+    if v6 {
+        0
+    } else {
+        ipv4::Packet::new_unchecked(hdr).ident()
+    }
+}
+
+/// The transport checksum of the IP packet `seg` (transport header at
+/// `ip_hl`, its checksum field zeroed): pseudo-header plus transport bytes.
+pub(crate) fn l4_checksum(seg: &[u8], ip_hl: usize, v6: bool, proto: u8) -> u16 {
+    let (src, dst) = if v6 {
+        (8..24, 24..40)
+    } else {
+        (12..16, 16..20)
+    };
+    let l4 = &seg[ip_hl..];
+    let len = u32::try_from(l4.len()).unwrap_or(0);
+    let ps = checksum::pseudo_v4(&seg[src], &seg[dst], proto, len);
+    checksum::finish(checksum::combine(ps, checksum::sum(l4)))
 }
 
 /// Where the segments of a super-packet with `payload` bytes after `hdrs`

@@ -9,7 +9,7 @@
 
 use super::gso::{self, Segments};
 use crate::encap::DropReason;
-use crate::wire::{checksum, ipv4, ipv6, put16};
+use crate::wire::{ipv4, ipv6, put16};
 
 /// UDP header length.
 const UDP_HLEN: usize = 8;
@@ -79,47 +79,21 @@ pub fn udp_segment(
     headroom: usize,
     out: &mut [u8],
 ) -> Result<Segments, DropReason> {
-    if gso_size == 0 {
-        return Err(DropReason::Malformed);
-    }
     let l = layout(pkt)?;
-    let hdrs = l.ip_hl + UDP_HLEN;
-    let payload = &pkt[hdrs..l.len];
-    let segs = gso::plan(payload.len(), hdrs, gso_size, headroom, out.len())?;
-    let (count, stride) = (segs.count, segs.stride);
-    let ident0 = if l.v6 {
-        0
-    } else {
-        ipv4::Packet::new_unchecked(pkt).ident()
-    };
-    let (src, dst) = if l.v6 {
-        (8..24, 24..40)
-    } else {
-        (12..16, 16..20)
-    };
-    for i in 0..count {
-        let chunk = &payload[i * gso_size..((i + 1) * gso_size).min(payload.len())];
-        let seg = &mut out[i * stride + headroom..][..hdrs + chunk.len()];
-        seg[..hdrs].copy_from_slice(&pkt[..hdrs]);
-        seg[hdrs..].copy_from_slice(chunk);
+    let ident0 = gso::ident0(pkt, l.v6);
+    gso::cut(pkt, l.ip_hl + UDP_HLEN, l.len, gso_size, headroom, out, |seg, i, _| {
         gso::fix_ip_header(seg, l.v6, ident0, i)?;
-        let (ip, u) = seg.split_at_mut(l.ip_hl);
+        let u = &mut seg[l.ip_hl..];
         let udp_len = u16::try_from(u.len()).map_err(|_| DropReason::Mtu)?;
         put16(u, UDP_LEN_OFFSET, udp_len);
         put16(u, UDP_CSUM_OFFSET, 0);
-        let ps = checksum::pseudo_v4(
-            &ip[src.clone()],
-            &ip[dst.clone()],
-            ipv4::PROTO_UDP,
-            u32::from(udp_len),
-        );
-        let c = match checksum::finish(checksum::combine(ps, checksum::sum(u))) {
+        let c = match gso::l4_checksum(seg, l.ip_hl, l.v6, ipv4::PROTO_UDP) {
             0 => 0xffff,
             c => c,
         };
-        put16(u, UDP_CSUM_OFFSET, c);
-    }
-    Ok(segs)
+        put16(&mut seg[l.ip_hl..], UDP_CSUM_OFFSET, c);
+        Ok(())
+    })
 }
 
 #[cfg(test)]

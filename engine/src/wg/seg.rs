@@ -49,19 +49,7 @@ pub fn segment_in_place(
     // `tcp_headers_len` has checked `hdrs <= len <= pkt.len()`.
     let mut hdr = [0u8; MAX_HDRS];
     hdr[..hdrs].copy_from_slice(&pkt[..hdrs]);
-    let th = tcp::Packet::new_unchecked(&hdr[ip_hl..hdrs]);
-    let (seq0, flags0) = (th.seq(), th.flags());
-    let ident0 = if v6 {
-        0
-    } else {
-        ipv4::Packet::new_unchecked(&hdr[..hdrs]).ident()
-    };
-    let (src, dst) = if v6 {
-        (8..24, 24..40)
-    } else {
-        (12..16, 16..20)
-    };
-    let tcp_hl = hdrs - ip_hl;
+    let tcp = gso::TcpHeaders::new(&hdr[..hdrs], v6, ip_hl, gso_size);
     let count = (len - hdrs).div_ceil(gso_size).max(1);
     for i in 0..count {
         let p = hdrs + i * gso_size;
@@ -70,24 +58,7 @@ pub fn segment_in_place(
         if i > 0 {
             seg[..hdrs].copy_from_slice(&hdr[..hdrs]);
         }
-        gso::fix_ip_header(seg, v6, ident0, i)?;
-        let mut flags = flags0;
-        if i + 1 != count {
-            flags &= !(tcp::FIN | tcp::PSH);
-        }
-        if i != 0 {
-            flags &= !tcp::CWR;
-        }
-        let seq = seq0.wrapping_add(u32::try_from(i * gso_size).unwrap_or(0));
-        let (ip, t) = seg.split_at_mut(ip_hl);
-        let mut th = tcp::Packet::new_unchecked(&mut *t);
-        th.set_seq(seq);
-        th.set_flags(flags);
-        th.set_checksum(0);
-        let tcp_len = u32::try_from(tcp_hl + (end - p)).unwrap_or(0);
-        let ps = checksum::pseudo_v4(&ip[src.clone()], &ip[dst.clone()], ipv4::PROTO_TCP, tcp_len);
-        let c = checksum::finish(checksum::combine(ps, checksum::sum(t)));
-        put16(t, tcp::CHECKSUM_OFFSET, c);
+        tcp.fix(seg, i, count)?;
         f(seg);
     }
     Ok(count)

@@ -133,6 +133,22 @@ fn wait_ping(c: &Cluster, a: usize, b: usize) {
     );
 }
 
+/// 20 pings of 128-byte IP packets, 50 ms apart, from pod 0 to pod 1.
+fn ping_20(c: &Cluster) -> std::process::Output {
+    c.pods[0].ns.try_exec(&[
+        "ping",
+        "-c",
+        "20",
+        "-i",
+        "0.05",
+        "-s",
+        "100",
+        "-W",
+        "2",
+        &c.pods[1].ip,
+    ])
+}
+
 /// `GET /metrics` from inside node `node`; parsed as Prometheus text.
 fn metrics(c: &Cluster, node: usize) -> BTreeMap<String, f64> {
     let addr: SocketAddr = format!("{}:{HEALTHZ_PORT}", c.nodes[node].addr)
@@ -285,18 +301,7 @@ fn userspace_counters_drops_status_and_metrics() {
     // ping: N echo requests of 128-byte IP packets, N replies.
     const N: u64 = 20;
     let (b0, b1) = (status(&c, 0), status(&c, 1));
-    let out = c.pods[0].ns.try_exec(&[
-        "ping",
-        "-c",
-        "20",
-        "-i",
-        "0.05",
-        "-s",
-        "100",
-        "-W",
-        "2",
-        &c.pods[1].ip,
-    ]);
+    let out = ping_20(&c);
     assert!(
         out.status.success(),
         "ping failed: {}",
@@ -518,18 +523,7 @@ fn kernel_dataplane_status_and_metrics() {
         "{before:#}"
     );
     assert!(d["offloads"].is_null() && d["drops"].is_null());
-    let out = c.pods[0].ns.try_exec(&[
-        "ping",
-        "-c",
-        "20",
-        "-i",
-        "0.05",
-        "-s",
-        "100",
-        "-W",
-        "2",
-        &c.pods[1].ip,
-    ]);
+    let out = ping_20(&c);
     assert!(out.status.success());
     let after = status(&c, 0);
     // The kernel device counts Ethernet frames (inner packet + 14 bytes).
@@ -596,9 +590,7 @@ fn wireguard_and_ipip_peer_counters_handshake_and_http() {
         let before = status_http(&c, 0);
         assert_eq!(before["backend"]["dataplane"], "userspace", "{before:#}");
         const N: u64 = 20;
-        let out = c.pods[0].ns.try_exec(&[
-            "ping", "-c", "20", "-i", "0.05", "-s", "100", "-W", "2", &c.pods[1].ip,
-        ]);
+        let out = ping_20(&c);
         assert!(out.status.success(), "{backend}: ping failed");
         std::thread::sleep(Duration::from_millis(500));
         let after = status_http(&c, 0);

@@ -34,7 +34,7 @@ use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use weft_engine::WgSecret;
 
-use super::wireguard::{backend_data, parse_backend_data};
+use super::wireguard::parse_backend_data;
 use super::{Backend, BackendError, wgkey};
 use crate::config::backend::{WireguardMode, WireguardOptions};
 use crate::iface::ExternalInterface;
@@ -348,24 +348,13 @@ impl Backend for KernelWireguard {
             if self.psk.is_some() { "set" } else { "none" },
             weft_engine::wg::key_to_base64(&public)
         );
-        let mut attrs = LeaseAttrs {
-            backend_type: "wireguard".into(),
-            ..Default::default()
-        };
-        if self.network.is_some() {
-            attrs.public_ip = ext
-                .ext_addr
-                .ok_or_else(|| BackendError::Config("wireguard: no IPv4 public address".into()))?;
-            attrs.backend_data = Some(backend_data(&public, self.opts.listen_port));
-        }
-        if self.network_v6.is_some() {
-            let ip = ext
-                .ext_v6_addr
-                .ok_or_else(|| BackendError::Config("wireguard: no IPv6 public address".into()))?;
-            attrs.public_ipv6 = Some(ip);
-            attrs.backend_v6_data = Some(backend_data(&public, self.opts.listen_port_v6));
-        }
-        Ok(attrs)
+        super::wireguard::lease_attrs(
+            &public,
+            ext,
+            &self.opts,
+            self.network.is_some(),
+            self.network_v6.is_some(),
+        )
     }
 
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {

@@ -17,6 +17,7 @@ use crate::backend::DataplaneChoice;
 use crate::backend::dual::Dual;
 use crate::backend::probe::Capability;
 use crate::backend::test_util::{block_on, ext, fake, lease};
+use crate::backend::wireguard::backend_data;
 use crate::netlink::{FakeNetlink, LinkKind, Op, WgPeerSet, WgSet};
 
 const PEER_KEY: &str = "hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=";

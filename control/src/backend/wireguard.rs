@@ -70,6 +70,29 @@ pub fn backend_data(public_key: &[u8; 32], port: u16) -> String {
     format!("{{\"PublicKey\":\"{}\",\"Port\":{port}}}", weft_engine::wg::key_to_base64(public_key))
 }
 
+/// The lease attributes of a WireGuard node with `public` key, for the IPv4
+/// and/or IPv6 network: the one function both the userspace and the kernel
+/// backend publish through, so their leases are byte-identical.
+pub(super) fn lease_attrs(
+    public: &[u8; 32],
+    ext: &ExternalInterface,
+    opts: &WireguardOptions,
+    v4: bool,
+    v6: bool,
+) -> Result<LeaseAttrs, BackendError> {
+    let mut attrs = LeaseAttrs { backend_type: "wireguard".into(), ..Default::default() };
+    if v4 {
+        attrs.public_ip = ext.ext_addr.ok_or_else(|| BackendError::Config("wireguard: no IPv4 public address".into()))?;
+        attrs.backend_data = Some(backend_data(public, opts.listen_port));
+    }
+    if v6 {
+        let ip = ext.ext_v6_addr.ok_or_else(|| BackendError::Config("wireguard: no IPv6 public address".into()))?;
+        attrs.public_ipv6 = Some(ip);
+        attrs.backend_v6_data = Some(backend_data(public, opts.listen_port_v6));
+    }
+    Ok(attrs)
+}
+
 /// Parses BackendData (Go JSON rules): `(PublicKey, Port)`, Port 0 when absent.
 pub fn parse_backend_data(text: &str) -> Option<([u8; 32], u16)> {
     let mut m = gojson::parse_object(text.as_bytes()).ok()?;
@@ -230,17 +253,7 @@ impl Backend for Wireguard {
             if self.psk.is_some() { "set" } else { "none" },
             weft_engine::wg::key_to_base64(&public)
         );
-        let mut attrs = LeaseAttrs { backend_type: "wireguard".into(), ..Default::default() };
-        if self.network.is_some() {
-            attrs.public_ip = ext.ext_addr.ok_or_else(|| BackendError::Config("wireguard: no IPv4 public address".into()))?;
-            attrs.backend_data = Some(backend_data(&public, self.opts.listen_port));
-        }
-        if self.network_v6.is_some() {
-            let ip = ext.ext_v6_addr.ok_or_else(|| BackendError::Config("wireguard: no IPv6 public address".into()))?;
-            attrs.public_ipv6 = Some(ip);
-            attrs.backend_v6_data = Some(backend_data(&public, self.opts.listen_port_v6));
-        }
-        Ok(attrs)
+        lease_attrs(&public, ext, &self.opts, self.network.is_some(), self.network_v6.is_some())
     }
 
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {

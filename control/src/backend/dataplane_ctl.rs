@@ -27,6 +27,14 @@ pub struct DataplaneControl {
     requested: DataplaneChoice,
 }
 
+/// The override file next to `subnet_file`.
+fn override_path(subnet_file: &Path) -> PathBuf {
+    subnet_file
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(OVERRIDE_FILE)
+}
+
 /// What runs, as `weft dataplane` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Status {
@@ -54,11 +62,10 @@ impl Status {
 }
 
 impl DataplaneControl {
-    /// The files next to `subnet_file`; `flag` is `--dataplane`.
+    /// The override file next to `subnet_file`; `flag` is `--dataplane`.
     pub fn new(subnet_file: &Path, flag: DataplaneChoice) -> DataplaneControl {
-        let dir = subnet_file.parent().unwrap_or(Path::new("."));
         let mut ctl = DataplaneControl {
-            override_path: dir.join(OVERRIDE_FILE),
+            override_path: override_path(subnet_file),
             flag,
             requested: flag,
         };
@@ -130,7 +137,7 @@ pub enum RequestError {
 pub fn request(subnet_file: &Path, want: DataplaneChoice, timeout: Duration) -> Result<Status, RequestError> {
     let ask = Duration::from_secs(5).min(timeout);
     let before = Status::query(subnet_file, ask).map_err(RequestError::NoDaemon)?;
-    let override_path = DataplaneControl::new(subnet_file, want).override_path;
+    let override_path = override_path(subnet_file);
     std::fs::write(&override_path, format!("{}\n", want.as_str()))
         .map_err(|e| RequestError::Write(override_path.display().to_string(), e))?;
     let pid = nix::unistd::Pid::from_raw(i32::try_from(before.pid).unwrap_or(i32::MAX));

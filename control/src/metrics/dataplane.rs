@@ -8,7 +8,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::status::Status;
-use crate::status::model::{Batching, Counters, DeviceStatus, Offloads};
+use crate::status::model::{Batching, Counters, DeviceStatus, Offloads, PeerCounters};
 
 /// The snapshot to encode.
 #[derive(Debug)]
@@ -223,63 +223,49 @@ impl PromCollector for Collector {
             .collect();
         gauge("engine_workers", "Userspace engine worker threads", workers).encode(&mut enc)?;
 
-        let peer = |f: fn(&Counters) -> u64| -> Vec<_> {
+        // One series per peer for which `f` has a value.
+        let peer = |f: fn(&PeerCounters) -> Option<u64>| -> Vec<_> {
             b.peer_counters
                 .iter()
                 .filter_map(|p| {
-                    let c = p.counters.as_ref()?;
                     let l = vec![
                         backend(),
                         ("device", p.device.clone()),
                         ("subnet", p.subnet.to_string()),
                         ("endpoint", p.endpoint.to_string()),
                     ];
-                    Some((l, f(c)))
+                    Some((l, f(p)?))
                 })
                 .collect()
         };
         counter(
             "peer_tx_packets",
             "Packets sent to one peer",
-            peer(|c| c.tx_packets),
+            peer(|p| p.counters.map(|c| c.tx_packets)),
         )
         .encode(&mut enc)?;
         counter(
             "peer_tx_bytes",
             "Bytes sent to one peer",
-            peer(|c| c.tx_bytes),
+            peer(|p| p.counters.map(|c| c.tx_bytes)),
         )
         .encode(&mut enc)?;
         counter(
             "peer_rx_packets",
             "Packets received from one peer",
-            peer(|c| c.rx_packets),
+            peer(|p| p.counters.map(|c| c.rx_packets)),
         )
         .encode(&mut enc)?;
         counter(
             "peer_rx_bytes",
             "Bytes received from one peer",
-            peer(|c| c.rx_bytes),
+            peer(|p| p.counters.map(|c| c.rx_bytes)),
         )
         .encode(&mut enc)?;
-        let handshakes = b
-            .peer_counters
-            .iter()
-            .filter_map(|p| {
-                let at = p.last_handshake?;
-                let l = vec![
-                    backend(),
-                    ("device", p.device.clone()),
-                    ("subnet", p.subnet.to_string()),
-                    ("endpoint", p.endpoint.to_string()),
-                ];
-                Some((l, at))
-            })
-            .collect();
         gauge(
             "peer_last_handshake_seconds",
             "WireGuard: when the last handshake with the peer completed, seconds since the Unix epoch",
-            handshakes,
+            peer(|p| p.last_handshake),
         )
         .encode(&mut enc)?;
         Ok(())

@@ -401,10 +401,9 @@ impl Engine {
                 .iter()
                 .map(|e| {
                     let mut s = e.counters.sum();
-                    s.last_handshake = e
-                        .wg
-                        .and_then(|i| t.wg_peers().get(i))
-                        .and_then(|w| w.last_handshake());
+                    s.last_handshake =
+                        e.wg.and_then(|i| t.wg_peers().get(i))
+                            .and_then(|w| w.last_handshake());
                     (e.subnet, s)
                 })
                 .collect(),

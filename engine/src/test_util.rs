@@ -96,3 +96,80 @@ pub fn check_tcp(pkt: &[u8]) -> (u32, u8, Vec<u8>) {
 fn pkt_flags(tcp: &[u8]) -> u8 {
     tcp[13]
 }
+
+/// A classic BPF interpreter for the instructions weft's socket filters and
+/// steering programs use; out-of-bounds loads abort with 0, as in the kernel.
+pub fn run_cbpf(prog: &[libc::sock_filter], pkt: &[u8]) -> u32 {
+    let (mut a, mut x, mut m) = (0u32, 0u32, [0u32; 16]);
+    let mut pc = 0;
+    let load = |at: usize, size: usize| -> Option<u32> {
+        let b = pkt.get(at..at.checked_add(size)?)?;
+        Some(b.iter().fold(0u32, |acc, v| (acc << 8) | u32::from(*v)))
+    };
+    loop {
+        let i = prog[pc];
+        let code = u32::from(i.code);
+        pc += 1;
+        let k = i.k;
+        let class = code & 0x07;
+        match class {
+            c if c == libc::BPF_LD || c == libc::BPF_LDX => {
+                let size = match code & 0x18 {
+                    s if s == libc::BPF_W => 4,
+                    s if s == libc::BPF_H => 2,
+                    _ => 1,
+                };
+                let v = match code & 0xe0 {
+                    md if md == libc::BPF_ABS => load(k as usize, size),
+                    md if md == libc::BPF_IND => load((x.wrapping_add(k)) as usize, size),
+                    md if md == libc::BPF_LEN => Some(u32::try_from(pkt.len()).expect("len")),
+                    md if md == libc::BPF_MEM => Some(m[k as usize]),
+                    md if md == libc::BPF_IMM => Some(k),
+                    md if md == libc::BPF_MSH => load(k as usize, 1).map(|b| 4 * (b & 0xf)),
+                    md => panic!("mode {md:#x}"),
+                };
+                let Some(v) = v else { return 0 };
+                if class == libc::BPF_LD {
+                    a = v;
+                } else {
+                    x = v;
+                }
+            }
+            c if c == libc::BPF_ST => m[k as usize] = a,
+            c if c == libc::BPF_ALU => {
+                let src = if code & libc::BPF_X != 0 { x } else { k };
+                a = match code & 0xf0 {
+                    o if o == libc::BPF_ADD => a.wrapping_add(src),
+                    o if o == libc::BPF_XOR => a ^ src,
+                    o if o == libc::BPF_RSH => a >> src,
+                    o if o == libc::BPF_MOD => a % src,
+                    o if o == libc::BPF_MUL => a.wrapping_mul(src),
+                    o => panic!("alu {o:#x}"),
+                };
+            }
+            c if c == libc::BPF_JMP => {
+                let src = if code & libc::BPF_X != 0 { x } else { k };
+                let taken = match code & 0xf0 {
+                    o if o == libc::BPF_JA => true,
+                    o if o == libc::BPF_JEQ => a == src,
+                    o if o == libc::BPF_JGE => a >= src,
+                    o if o == libc::BPF_JSET => a & src != 0,
+                    o => panic!("jmp {o:#x}"),
+                };
+                pc += match code & 0xf0 {
+                    o if o == libc::BPF_JA => k as usize,
+                    _ => usize::from(if taken { i.jt } else { i.jf }),
+                };
+            }
+            c if c == libc::BPF_RET => return if code & 0x18 == libc::BPF_A { a } else { k },
+            c if c == libc::BPF_MISC => {
+                if code & 0xf8 == libc::BPF_TAX {
+                    x = a;
+                } else {
+                    a = x;
+                }
+            }
+            c => panic!("class {c:#x}"),
+        }
+    }
+}

@@ -531,10 +531,14 @@ fn uso_super_packets_are_cut_for_a_kernel_vxlan_peer() {
     t.configure_vxlan_tun(1, "flannel.1", 1450, &[2]);
     t.kernel_vxlan(2, &mac_str(2), &[(1, &mac_str(1))]);
     assert!(t.ping_eventually(1, "10.244.2.2", &[]), "weft -> kernel");
-    let rx = in_netns(&t.pod(2), || UdpSocket::bind("10.244.2.2:5555").expect("bind"));
+    let rx = in_netns(&t.pod(2), || {
+        UdpSocket::bind("10.244.2.2:5555").expect("bind")
+    });
     rx.set_read_timeout(Some(std::time::Duration::from_secs(5)))
         .expect("timeout");
-    let tx = in_netns(&t.node(1), || UdpSocket::bind("10.244.1.0:0").expect("bind"));
+    let tx = in_netns(&t.node(1), || {
+        UdpSocket::bind("10.244.1.0:0").expect("bind")
+    });
     set_udp_segment(&tx, SEG);
     let chunk = |i: usize| -> Vec<u8> {
         let mut c: Vec<u8> = (0..SEG).map(|j| ((i * 7 + j) % 251) as u8).collect();
@@ -544,7 +548,8 @@ fn uso_super_packets_are_cut_for_a_kernel_vxlan_peer() {
     let data: Vec<u8> = (0..SEGS).flat_map(chunk).collect();
     let before = e.stats().gso_super_packets;
     assert_eq!(
-        tx.send_to(&data, "10.244.2.2:5555").expect("send a UDP super-packet"),
+        tx.send_to(&data, "10.244.2.2:5555")
+            .expect("send a UDP super-packet"),
         data.len()
     );
     let mut seen = [false; SEGS];
@@ -552,7 +557,8 @@ fn uso_super_packets_are_cut_for_a_kernel_vxlan_peer() {
     for _ in 0..SEGS {
         let n = rx.recv(&mut buf).expect("every segment arrives");
         assert_eq!(n, SEG, "segment length");
-        let i = usize::try_from(u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]])).expect("index");
+        let i =
+            usize::try_from(u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]])).expect("index");
         assert!(i < SEGS && !seen[i], "segment {i} unexpected or twice");
         assert_eq!(buf[..n], chunk(i)[..], "segment {i} content");
         seen[i] = true;

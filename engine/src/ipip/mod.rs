@@ -145,13 +145,11 @@ pub fn steering_hash(pkt: &[u8], workers: usize) -> usize {
     if matches!(pkt[29], 6 | 17) && be16(pkt, 26) & 0x1fff == 0 && pkt.len() >= ihl + 24 {
         h ^= w(20 + ihl);
     }
-    h ^= h >> 16;
-    h ^= h >> 8;
-    (h % n) as usize
+    crate::steer::mix(h, n) as usize
 }
 
 /// Length of [`steering_filter`] programs.
-pub const FILTER_LEN: usize = 36;
+pub const FILTER_LEN: usize = 35;
 
 /// A classic BPF socket filter keeping exactly the packets
 /// [`steering_hash`] assigns to worker `me` of `workers`.
@@ -208,13 +206,18 @@ pub fn steering_filter(me: usize, workers: usize) -> [libc::sock_filter; FILTER_
         /* 26 */ tax,
         /* 27 */ op(alu | libc::BPF_RSH | libc::BPF_K, 0, 0, 16),
         /* 28 */ xor_x,
-        /* 29 */ tax,
-        /* 30 */ op(alu | libc::BPF_RSH | libc::BPF_K, 0, 0, 8),
-        /* 31 */ xor_x,
-        /* 32 */ op(alu | libc::BPF_MOD | libc::BPF_K, 0, 0, n),
-        /* 33 */ op(jmp | libc::BPF_JEQ | libc::BPF_K, 0, 1, me),
-        /* 34 */ op(ret | libc::BPF_K, 0, 0, accept),
-        /* 35 */ op(ret | libc::BPF_K, 0, 0, 0),
+        /* 29 */
+        op(
+            alu | libc::BPF_MUL | libc::BPF_K,
+            0,
+            0,
+            crate::steer::GOLDEN,
+        ),
+        /* 30 */ op(alu | libc::BPF_RSH | libc::BPF_K, 0, 0, 16),
+        /* 31 */ op(alu | libc::BPF_MOD | libc::BPF_K, 0, 0, n),
+        /* 32 */ op(jmp | libc::BPF_JEQ | libc::BPF_K, 0, 1, me),
+        /* 33 */ op(ret | libc::BPF_K, 0, 0, accept),
+        /* 34 */ op(ret | libc::BPF_K, 0, 0, 0),
     ]
 }
 
@@ -249,11 +252,12 @@ pub(crate) fn start(cfg: EngineConfig) -> Result<Engine, EngineError> {
     }
     // Copies queued before the filters were attached would be handled twice.
     socks.iter().for_each(Raw::drain);
-    let dev =
-        tun::open(&cfg.tun_name, workers, cfg.offload, false).map_err(|source| EngineError::Tun {
+    let dev = tun::open(&cfg.tun_name, workers, cfg.offload, false).map_err(|source| {
+        EngineError::Tun {
             name: cfg.tun_name.clone(),
             source,
-        })?;
+        }
+    })?;
     let offloads = OffloadState {
         tun_vnet_hdr: dev.vnet_hdr,
         tun_tso: dev.offload & (tun::TUN_F_TSO4 | tun::TUN_F_TSO6) != 0,

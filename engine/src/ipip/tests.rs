@@ -1,5 +1,5 @@
 use super::*;
-use crate::test_util::{payload, tcp4, udp4};
+use crate::test_util::{payload, run_cbpf, tcp4, udp4};
 
 /// Wraps `inner` in an outer IPv4 header as the kernel's ipip device (and
 /// our raw socket) would send it: protocol 4, `src -> dst`, TTL/TOS from
@@ -195,78 +195,6 @@ fn ecn_decapsulation_follows_rfc_6040() {
     }
 }
 
-/// A classic BPF interpreter for the instructions [`steering_filter`] uses;
-/// out-of-bounds loads abort with 0, as in the kernel.
-fn run_cbpf(prog: &[libc::sock_filter], pkt: &[u8]) -> u32 {
-    let (mut a, mut x, mut m) = (0u32, 0u32, [0u32; 16]);
-    let mut pc = 0;
-    let load = |at: usize, size: usize| -> Option<u32> {
-        let b = pkt.get(at..at.checked_add(size)?)?;
-        Some(b.iter().fold(0u32, |acc, v| (acc << 8) | u32::from(*v)))
-    };
-    loop {
-        let i = prog[pc];
-        let code = u32::from(i.code);
-        pc += 1;
-        let k = i.k;
-        let class = code & 0x07;
-        match class {
-            c if c == libc::BPF_LD || c == libc::BPF_LDX => {
-                let size = match code & 0x18 {
-                    s if s == libc::BPF_W => 4,
-                    s if s == libc::BPF_H => 2,
-                    _ => 1,
-                };
-                let v = match code & 0xe0 {
-                    md if md == libc::BPF_ABS => load(k as usize, size),
-                    md if md == libc::BPF_IND => load((x.wrapping_add(k)) as usize, size),
-                    md if md == libc::BPF_LEN => Some(u32::try_from(pkt.len()).expect("len")),
-                    md if md == libc::BPF_MEM => Some(m[k as usize]),
-                    md if md == libc::BPF_IMM => Some(k),
-                    md if md == libc::BPF_MSH => load(k as usize, 1).map(|b| 4 * (b & 0xf)),
-                    md => panic!("mode {md:#x}"),
-                };
-                let Some(v) = v else { return 0 };
-                if class == libc::BPF_LD {
-                    a = v;
-                } else {
-                    x = v;
-                }
-            }
-            c if c == libc::BPF_ST => m[k as usize] = a,
-            c if c == libc::BPF_ALU => {
-                let src = if code & libc::BPF_X != 0 { x } else { k };
-                a = match code & 0xf0 {
-                    o if o == libc::BPF_ADD => a.wrapping_add(src),
-                    o if o == libc::BPF_XOR => a ^ src,
-                    o if o == libc::BPF_RSH => a >> src,
-                    o if o == libc::BPF_MOD => a % src,
-                    o => panic!("alu {o:#x}"),
-                };
-            }
-            c if c == libc::BPF_JMP => {
-                let src = if code & libc::BPF_X != 0 { x } else { k };
-                let taken = match code & 0xf0 {
-                    o if o == libc::BPF_JEQ => a == src,
-                    o if o == libc::BPF_JGE => a >= src,
-                    o if o == libc::BPF_JSET => a & src != 0,
-                    o => panic!("jmp {o:#x}"),
-                };
-                pc += usize::from(if taken { i.jt } else { i.jf });
-            }
-            c if c == libc::BPF_RET => return k,
-            c if c == libc::BPF_MISC => {
-                if code & 0xf8 == libc::BPF_TAX {
-                    x = a;
-                } else {
-                    a = x;
-                }
-            }
-            c => panic!("class {c:#x}"),
-        }
-    }
-}
-
 #[test]
 fn steering_filter_matches_the_hash_and_picks_exactly_one_worker() {
     let mut pkts: Vec<Vec<u8>> = Vec::new();
@@ -348,4 +276,13 @@ fn steering_filter_matches_the_hash_and_picks_exactly_one_worker() {
             steering_hash(&f(9000, 1400), w)
         );
     }
+    // Connections between two pods differ in an even source port only
+    // (Linux's connect()): they still spread over two workers.
+    let mut seen = [0usize; 2];
+    for port in (40000..40200u16).step_by(2) {
+        let mut t = tcp4([10, 244, 1, 2], [10, 244, 2, 2], 1, b"x", false);
+        put16(&mut t, 20, port);
+        seen[steering_hash(&wrap(&t, A, B, 0), 2)] += 1;
+    }
+    assert!(seen.iter().all(|&c| c > 25), "{seen:?}");
 }

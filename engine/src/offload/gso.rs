@@ -107,9 +107,15 @@ pub fn tcp_segment(
 ) -> Result<Segments, DropReason> {
     let l = layout(pkt)?;
     let tcp = TcpHeaders::new(pkt, l.v6, l.ip_hl, gso_size);
-    cut(pkt, l.hdrs, l.len, gso_size, headroom, out, |seg, i, count| {
-        tcp.fix(seg, i, count)
-    })
+    cut(
+        pkt,
+        l.hdrs,
+        l.len,
+        gso_size,
+        headroom,
+        out,
+        |seg, i, count| tcp.fix(seg, i, count),
+    )
 }
 
 /// Copies each segment of the super-packet `pkt[..len]` (headers

@@ -81,19 +81,27 @@ pub fn udp_segment(
 ) -> Result<Segments, DropReason> {
     let l = layout(pkt)?;
     let ident0 = gso::ident0(pkt, l.v6);
-    gso::cut(pkt, l.ip_hl + UDP_HLEN, l.len, gso_size, headroom, out, |seg, i, _| {
-        gso::fix_ip_header(seg, l.v6, ident0, i)?;
-        let u = &mut seg[l.ip_hl..];
-        let udp_len = u16::try_from(u.len()).map_err(|_| DropReason::Mtu)?;
-        put16(u, UDP_LEN_OFFSET, udp_len);
-        put16(u, UDP_CSUM_OFFSET, 0);
-        let c = match gso::l4_checksum(seg, l.ip_hl, l.v6, ipv4::PROTO_UDP) {
-            0 => 0xffff,
-            c => c,
-        };
-        put16(&mut seg[l.ip_hl..], UDP_CSUM_OFFSET, c);
-        Ok(())
-    })
+    gso::cut(
+        pkt,
+        l.ip_hl + UDP_HLEN,
+        l.len,
+        gso_size,
+        headroom,
+        out,
+        |seg, i, _| {
+            gso::fix_ip_header(seg, l.v6, ident0, i)?;
+            let u = &mut seg[l.ip_hl..];
+            let udp_len = u16::try_from(u.len()).map_err(|_| DropReason::Mtu)?;
+            put16(u, UDP_LEN_OFFSET, udp_len);
+            put16(u, UDP_CSUM_OFFSET, 0);
+            let c = match gso::l4_checksum(seg, l.ip_hl, l.v6, ipv4::PROTO_UDP) {
+                0 => 0xffff,
+                c => c,
+            };
+            put16(&mut seg[l.ip_hl..], UDP_CSUM_OFFSET, c);
+            Ok(())
+        },
+    )
 }
 
 #[cfg(test)]

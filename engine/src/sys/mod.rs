@@ -3,8 +3,8 @@
 
 pub mod csum;
 pub mod event;
-pub mod tun;
 pub mod raw;
+pub mod tun;
 pub mod udp;
 
 /// Calls a libc function returning -1 on error and converts it to `io::Result`.

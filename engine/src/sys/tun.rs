@@ -151,7 +151,11 @@ pub fn open(name: &str, queues: usize, want_offload: bool, want_uso: bool) -> io
     let mut offload = 0;
     if vnet_hdr {
         let tso = TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6;
-        let uso = if want_uso { tso | TUN_F_USO4 | TUN_F_USO6 } else { tso };
+        let uso = if want_uso {
+            tso | TUN_F_USO4 | TUN_F_USO6
+        } else {
+            tso
+        };
         for set in [uso, tso, TUN_F_CSUM, 0] {
             if syscall!(ioctl(
                 first.fd.as_raw_fd(),

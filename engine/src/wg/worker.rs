@@ -532,7 +532,11 @@ impl WgWorker {
     fn timers(&self, owned: &mut HashMap<u32, Owned>, b: &mut Buffers, ctr: &mut Local) {
         let now = SystemTime::now();
         for o in owned.values_mut() {
-            if let Some(at) = o.tunn.time_since_last_handshake().and_then(|d| now.checked_sub(d)) {
+            if let Some(at) = o
+                .tunn
+                .time_since_last_handshake()
+                .and_then(|d| now.checked_sub(d))
+            {
                 let secs = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
                 o.handshake.store(secs, Ordering::Relaxed);
             }

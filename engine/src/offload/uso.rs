@@ -80,7 +80,7 @@ pub fn udp_segment(
     out: &mut [u8],
 ) -> Result<Segments, DropReason> {
     let l = layout(pkt)?;
-    let ident0 = gso::ident0(pkt, l.v6);
+    let ip = gso::IpFix::new(pkt, l.v6, l.ip_hl);
     gso::cut(
         pkt,
         l.ip_hl + UDP_HLEN,
@@ -89,7 +89,7 @@ pub fn udp_segment(
         headroom,
         out,
         |seg, i, _| {
-            gso::fix_ip_header(seg, l.v6, ident0, i)?;
+            ip.apply(seg, i)?;
             let u = &mut seg[l.ip_hl..];
             let udp_len = u16::try_from(u.len()).map_err(|_| DropReason::Mtu)?;
             put16(u, UDP_LEN_OFFSET, udp_len);

@@ -138,6 +138,10 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     pub fn set_ident(&mut self, v: u16) {
         put16(self.buffer.as_mut(), field::IDENT.start, v);
     }
+    /// Sets the header checksum field (computed by the caller).
+    pub fn set_checksum(&mut self, v: u16) {
+        put16(self.buffer.as_mut(), field::CHECKSUM.start, v);
+    }
     /// Recomputes the header checksum.
     pub fn fill_checksum(&mut self) {
         let hl = self.header_len();

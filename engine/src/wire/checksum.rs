@@ -90,11 +90,30 @@ pub fn checksum(data: &[u8]) -> u16 {
     finish(sum(data))
 }
 
+/// [`sum`] for an address (4 or 16 bytes): big-endian words added in a
+/// register. Inlined with a constant length this is a handful of
+/// instructions; the general loop paid a call and a variable-length tail
+/// copy, twice per segment in userspace GSO and GRO.
+#[inline]
+fn word_sum(b: &[u8]) -> u32 {
+    let mut acc: u32 = 0;
+    let mut words = b.chunks_exact(2);
+    for w in &mut words {
+        acc += u32::from(u16::from_be_bytes([w[0], w[1]]));
+    }
+    if let [last] = words.remainder() {
+        acc += u32::from(*last) << 8;
+    }
+    // Up to 8 words of at most 0xffff (and any length below 64 Ki words): no overflow.
+    acc = (acc & 0xffff) + (acc >> 16);
+    (acc & 0xffff) + (acc >> 16)
+}
+
 /// Pseudo-header sum for IPv4 (RFC 793/768): addresses, protocol and L4 length.
 #[inline]
 pub fn pseudo_v4(src: &[u8], dst: &[u8], proto: u8, len: u32) -> u32 {
-    let mut s = sum(src);
-    s = combine(s, sum(dst));
+    let mut s = word_sum(src);
+    s = combine(s, word_sum(dst));
     s = combine(s, u32::from(proto));
     combine(s, (len & 0xffff) + (len >> 16))
 }
@@ -125,6 +144,17 @@ pub fn update16(old_csum: u16, old: u16, new: u16) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn word_sum_matches_sum() {
+        for len in 0..=40usize {
+            let d: Vec<u8> = (0..len)
+                .map(|i| (i as u8).wrapping_mul(97).wrapping_add(200))
+                .collect();
+            assert_eq!(word_sum(&d), sum(&d), "len {len}");
+        }
+        assert_eq!(word_sum(&[0xff; 16]), sum(&[0xff; 16]));
+    }
 
     fn reference(data: &[u8]) -> u32 {
         let mut s: u32 = 0;

@@ -349,6 +349,9 @@ impl WgWorker {
             if let Err(r) = self.on_tun_packet(table, owned, tun_buf, n, b, ctr) {
                 ctr.drop(r, 1);
             }
+            if b.tx_pos >= crate::worker::FLUSH_AT {
+                self.flush_tx(b, ctr);
+            }
         }
         self.flush_tx(b, ctr);
         any

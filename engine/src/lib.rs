@@ -26,8 +26,9 @@
 //! 1. Pod A's TCP stack sends; the host routes `10.244.2.0/24` to the TUN
 //!    (`flannel.1`). With `offload`, the TUN hands the engine a TCP
 //!    super-packet of up to 64 KiB with a `virtio_net_hdr` (`GSO_TCPV4`, partial
-//!    checksum). The kernel picks the TUN queue by flow hash, so one flow always
-//!    reaches the same worker.
+//!    checksum). The TUN sends a flow to the queue the engine last wrote it
+//!    on, and `steer.rs` steers received datagrams by a symmetric hash of the
+//!    inner flow, so both directions of a flow meet one worker per node.
 //! 2. The worker looks the destination up in the peer snapshot (longest prefix),
 //!    cuts the super-packet into MSS-sized IP packets directly into its TX arena,
 //!    leaving 22 bytes of headroom in front of each (userspace GSO: IPv4 length,

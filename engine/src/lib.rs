@@ -83,6 +83,7 @@ mod steer;
 mod sys;
 #[cfg(test)]
 mod test_util;
+mod tun_out;
 pub mod wg;
 pub mod wire;
 mod worker;

@@ -21,13 +21,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use arc_swap::ArcSwap;
 
 use crate::encap::{Codec, DropReason};
-use crate::offload::gro::{Gro, Pushed};
 use crate::offload::gso::{self, Segments};
 use crate::offload::uso;
 use crate::peers::PeerTable;
 use crate::stats::{Ctr, Local, Shared};
 use crate::sys::tun::Queue;
 use crate::sys::udp::{BATCH, RxMeta, TxMsg, Udp};
+use crate::tun_out::TunOut;
 use crate::wire::{ipv4, vnet};
 
 /// Bytes a super-packet's segments need (`gso::required_len`, `uso::udp_required_len`).
@@ -90,10 +90,8 @@ struct Buffers {
     tx_pos: usize,
     msgs: Vec<Queued>,
     rx: Vec<u8>,
-    /// Segments of oversize received packets when the TUN has no vnet header.
-    scratch: Vec<u8>,
     meta: [RxMeta; RX_SLOTS],
-    gro: Gro,
+    out: TunOut,
 }
 
 /// FNV-style hash of the inner flow (addresses + L4 ports), like the kernel's
@@ -123,13 +121,8 @@ impl Worker {
             tx_pos: 0,
             msgs: Vec::with_capacity(TX_MSGS),
             rx: vec![0; RX_SLOT * RX_SLOTS],
-            scratch: if self.vnet_hdr {
-                Vec::new()
-            } else {
-                vec![0; 2 * RX_SLOT]
-            },
             meta: [RxMeta::default(); RX_SLOTS],
-            gro: Gro::new(self.mtu),
+            out: TunOut::new(self.vnet_hdr, self.mtu, 2 * RX_SLOT),
         };
         let mut ctr = Local::default();
         ctr.add(Ctr::PeerCounting, 1);
@@ -472,64 +465,11 @@ impl Worker {
                 }
                 ctr.add(Ctr::RxPackets, 1);
                 ctr.add(Ctr::RxBytes, plen as u64);
-                if self.vnet_hdr {
-                    if b.gro.push(&b.rx, start, plen) == Pushed::Full {
-                        self.flush_rx(b, ctr);
-                        let _ = b.gro.push(&b.rx, start, plen);
-                    }
-                } else {
-                    self.write_plain(b, start, plen, ctr);
-                }
+                b.out.push(&self.tun, &mut b.rx, start, plen, ctr);
             }
         }
-        if self.vnet_hdr {
-            self.flush_rx(b, ctr);
-        }
+        b.out.flush(&self.tun, &mut b.rx, ctr);
         true
-    }
-
-    /// TUN without vnet header: complete partial checksums and segment
-    /// oversize TCP packets in userspace before writing.
-    fn write_plain(&self, b: &mut Buffers, start: usize, plen: usize, ctr: &mut Local) {
-        let pkt = &mut b.rx[start..start + plen];
-        if plen > self.mtu
-            && let Some(hdrs) = gso::tcp_headers_len(pkt)
-            && self.mtu > hdrs
-            && let Ok(segs) = gso::tcp_segment(pkt, self.mtu - hdrs, 0, &mut b.scratch)
-        {
-            for i in 0..segs.count {
-                let len = if i + 1 == segs.count {
-                    segs.last_len
-                } else {
-                    segs.stride
-                };
-                let s = &b.scratch[i * segs.stride..i * segs.stride + len];
-                match self.tun.writev(&[IoSlice::new(s)]) {
-                    Ok(_) => ctr.add(Ctr::TunWrites, 1),
-                    Err(_) => ctr.add(Ctr::TunWriteErrors, 1),
-                }
-            }
-            return;
-        }
-        if let Some((cs, co)) = crate::offload::partial_checksum(pkt) {
-            let _ = gso::complete_checksum(pkt, cs, co);
-        }
-        match self.tun.writev(&[IoSlice::new(pkt)]) {
-            Ok(_) => ctr.add(Ctr::TunWrites, 1),
-            Err(_) => ctr.add(Ctr::TunWriteErrors, 1),
-        }
-    }
-
-    fn flush_rx(&self, b: &mut Buffers, ctr: &mut Local) {
-        let tun = &self.tun;
-        let (mut ok, mut err) = (0, 0);
-        b.gro.flush(&mut b.rx, |iov| match tun.writev(iov) {
-            Ok(_) => ok += 1,
-            Err(_) => err += 1,
-        });
-        ctr.add(Ctr::TunWrites, ok);
-        ctr.add(Ctr::TunWriteErrors, err);
-        ctr.add(Ctr::GroCoalesced, b.gro.take_coalesced());
     }
 }
 

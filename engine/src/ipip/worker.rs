@@ -13,7 +13,6 @@
 //!
 //! The peer table is loaded once per step. All buffers are allocated at start.
 
-use std::io::IoSlice;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,12 +20,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use arc_swap::ArcSwap;
 
 use crate::encap::DropReason;
-use crate::offload::gro::{Gro, Pushed};
 use crate::offload::gso;
 use crate::peers::PeerTable;
 use crate::stats::{Ctr, Local, Shared};
 use crate::sys::raw::{BATCH, Raw, RawTx};
 use crate::sys::tun::Queue;
+use crate::tun_out::TunOut;
 use crate::wire::{ipv4, vnet};
 
 /// TUN reads per step.
@@ -71,9 +70,7 @@ struct Buffers {
     msgs: Vec<Queued>,
     rx: Vec<u8>,
     lens: [usize; RX_SLOTS],
-    /// Segments of oversize received packets when the TUN has no vnet header.
-    scratch: Vec<u8>,
-    gro: Gro,
+    out: TunOut,
 }
 
 impl IpipWorker {
@@ -85,12 +82,7 @@ impl IpipWorker {
             msgs: Vec::with_capacity(TX_MSGS),
             rx: vec![0; RX_SLOT * RX_SLOTS],
             lens: [0; RX_SLOTS],
-            scratch: if self.vnet_hdr {
-                Vec::new()
-            } else {
-                vec![0; 2 * RX_SLOT]
-            },
-            gro: Gro::new(self.mtu),
+            out: TunOut::new(self.vnet_hdr, self.mtu, 2 * RX_SLOT),
         };
         let mut ctr = Local::default();
         ctr.add(Ctr::PeerCounting, 1);
@@ -345,62 +337,9 @@ impl IpipWorker {
             }
             ctr.add(Ctr::RxPackets, 1);
             ctr.add(Ctr::RxBytes, plen as u64);
-            if self.vnet_hdr {
-                if b.gro.push(&b.rx, start, plen) == Pushed::Full {
-                    self.flush_rx(b, ctr);
-                    let _ = b.gro.push(&b.rx, start, plen);
-                }
-            } else {
-                self.write_plain(b, start, plen, ctr);
-            }
+            b.out.push(&self.tun, &mut b.rx, start, plen, ctr);
         }
-        if self.vnet_hdr {
-            self.flush_rx(b, ctr);
-        }
+        b.out.flush(&self.tun, &mut b.rx, ctr);
         true
-    }
-
-    /// TUN without vnet header: complete partial checksums and segment
-    /// oversize TCP packets in userspace before writing.
-    fn write_plain(&self, b: &mut Buffers, start: usize, plen: usize, ctr: &mut Local) {
-        let pkt = &mut b.rx[start..start + plen];
-        if plen > self.mtu
-            && let Some(hdrs) = gso::tcp_headers_len(pkt)
-            && self.mtu > hdrs
-            && let Ok(segs) = gso::tcp_segment(pkt, self.mtu - hdrs, 0, &mut b.scratch)
-        {
-            for i in 0..segs.count {
-                let len = if i + 1 == segs.count {
-                    segs.last_len
-                } else {
-                    segs.stride
-                };
-                let s = &b.scratch[i * segs.stride..i * segs.stride + len];
-                match self.tun.writev(&[IoSlice::new(s)]) {
-                    Ok(_) => ctr.add(Ctr::TunWrites, 1),
-                    Err(_) => ctr.add(Ctr::TunWriteErrors, 1),
-                }
-            }
-            return;
-        }
-        if let Some((cs, co)) = crate::offload::partial_checksum(pkt) {
-            let _ = gso::complete_checksum(pkt, cs, co);
-        }
-        match self.tun.writev(&[IoSlice::new(pkt)]) {
-            Ok(_) => ctr.add(Ctr::TunWrites, 1),
-            Err(_) => ctr.add(Ctr::TunWriteErrors, 1),
-        }
-    }
-
-    fn flush_rx(&self, b: &mut Buffers, ctr: &mut Local) {
-        let tun = &self.tun;
-        let (mut ok, mut err) = (0, 0);
-        b.gro.flush(&mut b.rx, |iov| match tun.writev(iov) {
-            Ok(_) => ok += 1,
-            Err(_) => err += 1,
-        });
-        ctr.add(Ctr::TunWrites, ok);
-        ctr.add(Ctr::TunWriteErrors, err);
-        ctr.add(Ctr::GroCoalesced, b.gro.take_coalesced());
     }
 }

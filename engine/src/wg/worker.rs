@@ -19,12 +19,12 @@ use super::handoff::{Hub, Inbox, Kind};
 use super::seg::{segment_in_place, trust_tcp_checksum};
 use super::{MIN_DST, OVERHEAD, TIMER_TICK, owner};
 use crate::encap::DropReason;
-use crate::offload::gro::{Gro, Pushed};
 use crate::offload::gso;
 use crate::peers::{PeerTable, WgEntry};
 use crate::stats::{Ctr, Local, Shared};
 use crate::sys::tun::Queue;
 use crate::sys::udp::{BATCH, RxMeta, TxMsg, Udp};
+use crate::tun_out::TunOut;
 use crate::wire::{ipv4, vnet};
 
 /// TUN reads per step.
@@ -86,7 +86,7 @@ struct Buffers {
     plain: Vec<u8>,
     plain_pos: usize,
     meta: [RxMeta; RX_SLOTS],
-    gro: Gro,
+    out: TunOut,
 }
 
 /// What a `decapsulate` call produced, with the borrow of the output buffer ended.
@@ -146,7 +146,7 @@ impl WgWorker {
             plain: vec![0; RX_SLOT * RX_SLOTS],
             plain_pos: 0,
             meta: [RxMeta::default(); RX_SLOTS],
-            gro: Gro::new(self.mtu),
+            out: TunOut::new(self.vnet_hdr, self.mtu, 2 * RX_SLOT),
         };
         let mut owned: HashMap<u32, Owned> = HashMap::new();
         let mut table = self.peers.load_full();
@@ -788,39 +788,13 @@ impl WgWorker {
     fn deliver(&self, b: &mut Buffers, start: usize, len: usize, ctr: &mut Local) {
         if self.vnet_hdr {
             trust_tcp_checksum(&mut b.plain[start..start + len]);
-            if b.gro.push(&b.plain, start, len) == Pushed::Full {
-                self.flush_gro(b, ctr);
-                let _ = b.gro.push(&b.plain, start, len);
-            }
-        } else {
-            let pkt = &mut b.plain[start..start + len];
-            if let Some((cs, co)) = crate::offload::partial_checksum(pkt) {
-                let _ = gso::complete_checksum(pkt, cs, co);
-            }
-            match self.tun.writev(&[std::io::IoSlice::new(pkt)]) {
-                Ok(_) => ctr.add(Ctr::TunWrites, 1),
-                Err(_) => ctr.add(Ctr::TunWriteErrors, 1),
-            }
         }
-    }
-
-    fn flush_gro(&self, b: &mut Buffers, ctr: &mut Local) {
-        let tun = &self.tun;
-        let (mut ok, mut err) = (0, 0);
-        b.gro.flush(&mut b.plain, |iov| match tun.writev(iov) {
-            Ok(_) => ok += 1,
-            Err(_) => err += 1,
-        });
-        ctr.add(Ctr::TunWrites, ok);
-        ctr.add(Ctr::TunWriteErrors, err);
-        ctr.add(Ctr::GroCoalesced, b.gro.take_coalesced());
+        b.out.push(&self.tun, &mut b.plain, start, len, ctr);
     }
 
     /// Writes everything decrypted so far and frees the plaintext arena.
     fn flush_rx(&self, b: &mut Buffers, ctr: &mut Local) {
-        if self.vnet_hdr {
-            self.flush_gro(b, ctr);
-        }
+        b.out.flush(&self.tun, &mut b.plain, ctr);
         b.plain_pos = 0;
     }
 }

@@ -77,14 +77,9 @@ pub struct Gro {
 /// A segment may be merged when its TCP checksum is valid, or partial (see
 /// [`super::partial_checksum`]): the merged packet is handed over as partial anyway.
 fn tcp_csum_ok(pkt: &[u8], v6: bool, ip_hl: usize) -> bool {
-    let (src, dst) = if v6 {
-        (8..24, 24..40)
-    } else {
-        (12..16, 16..20)
-    };
     let seg = &pkt[ip_hl..];
     let len = u32::try_from(seg.len()).unwrap_or(0);
-    let ps = checksum::pseudo_v4(&pkt[src], &pkt[dst], ipv4::PROTO_TCP, len);
+    let ps = super::pseudo_sum(pkt, v6, ipv4::PROTO_TCP, len);
     if u32::from(crate::wire::be16(seg, tcp::CHECKSUM_OFFSET)) == ps {
         return true;
     }
@@ -321,11 +316,6 @@ impl Gro {
     /// Rewrites the head packet's headers for the coalesced length and returns its vnet header.
     fn finalize(it: &Item, head: &mut [u8]) -> vnet::VnetHdr {
         let tcp_len = it.total - it.ip_hl;
-        let (src, dst) = if it.key.v6 {
-            (8..24, 24..40)
-        } else {
-            (12..16, 16..20)
-        };
         if it.key.v6 {
             ipv6::Packet::new_unchecked(&mut *head)
                 .set_payload_len(u16::try_from(tcp_len).unwrap_or(u16::MAX));
@@ -339,9 +329,9 @@ impl Gro {
             head[it.ip_hl + 13] = f | tcp::PSH;
         }
         // NEEDS_CSUM: the field holds the folded (not complemented) pseudo-header sum.
-        let ps = checksum::pseudo_v4(
-            &head[src],
-            &head[dst],
+        let ps = super::pseudo_sum(
+            head,
+            it.key.v6,
             ipv4::PROTO_TCP,
             u32::try_from(tcp_len).unwrap_or(0),
         );

@@ -179,14 +179,9 @@ impl TcpHeaders {
         for r in [4..8, 12..14, tcp::CHECKSUM_OFFSET..tcp::CHECKSUM_OFFSET + 2] {
             t[r].fill(0);
         }
-        let (src, dst) = if v6 {
-            (8..24, 24..40)
-        } else {
-            (12..16, 16..20)
-        };
         // Length 0: each segment adds its own (for IPv6 too: the sum of the
         // 32-bit length is the 16-bit one below 64 KiB).
-        let pseudo = checksum::pseudo_v4(&hdr[src], &hdr[dst], ipv4::PROTO_TCP, 0);
+        let pseudo = super::pseudo_sum(hdr, v6, ipv4::PROTO_TCP, 0);
         TcpHeaders {
             ip: IpFix::new(hdr, v6, ip_hl),
             ip_hl,
@@ -302,14 +297,9 @@ impl IpFix {
 /// The transport checksum of the IP packet `seg` (transport header at
 /// `ip_hl`, its checksum field zeroed): pseudo-header plus transport bytes.
 pub(crate) fn l4_checksum(seg: &[u8], ip_hl: usize, v6: bool, proto: u8) -> u16 {
-    let (src, dst) = if v6 {
-        (8..24, 24..40)
-    } else {
-        (12..16, 16..20)
-    };
     let l4 = &seg[ip_hl..];
     let len = u32::try_from(l4.len()).unwrap_or(0);
-    let ps = checksum::pseudo_v4(&seg[src], &seg[dst], proto, len);
+    let ps = super::pseudo_sum(seg, v6, proto, len);
     checksum::finish(checksum::combine(ps, checksum::sum(l4)))
 }
 

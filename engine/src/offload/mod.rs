@@ -6,6 +6,17 @@ pub mod uso;
 
 use crate::wire::{be16, checksum, ipv4};
 
+/// Pseudo-header sum (addresses, `proto`, `l4_len`) of the IPv4 or IPv6
+/// packet whose header starts `pkt` (at least 20 or 40 bytes).
+pub(crate) fn pseudo_sum(pkt: &[u8], v6: bool, proto: u8, l4_len: u32) -> u32 {
+    let (src, dst) = if v6 {
+        (8..24, 24..40)
+    } else {
+        (12..16, 16..20)
+    };
+    checksum::pseudo_v4(&pkt[src], &pkt[dst], proto, l4_len)
+}
+
 /// Detects a transport checksum left *partial* by a sender that relied on
 /// checksum offload (`CHECKSUM_PARTIAL`): the field holds the folded
 /// pseudo-header sum instead of the checksum. A Linux sender whose skb never
@@ -14,15 +25,15 @@ use crate::wire::{be16, checksum, ipv4};
 /// a `NEEDS_CSUM` TUN write, so the kernel treats it exactly as its own vxlan
 /// receive path would. Costs one pseudo-header sum, no pass over the payload.
 pub fn partial_checksum(pkt: &[u8]) -> Option<(usize, usize)> {
-    let (ip_hl, proto, src, dst) = match pkt.first()? >> 4 {
+    let (ip_hl, proto, v6) = match pkt.first()? >> 4 {
         4 if pkt.len() >= 20 => {
             let ip = ipv4::Packet::new_unchecked(pkt);
             if ip.more_frags() || ip.frag_offset() != 0 {
                 return None;
             }
-            (ip.header_len(), ip.protocol(), 12..16, 16..20)
+            (ip.header_len(), ip.protocol(), false)
         }
-        6 if pkt.len() >= 40 => (40, pkt[6], 8..24, 24..40),
+        6 if pkt.len() >= 40 => (40, pkt[6], true),
         _ => return None,
     };
     let off = match proto {
@@ -34,7 +45,7 @@ pub fn partial_checksum(pkt: &[u8]) -> Option<(usize, usize)> {
         return None;
     }
     let l4_len = u32::try_from(pkt.len() - ip_hl).ok()?;
-    let ps = checksum::pseudo_v4(&pkt[src], &pkt[dst], proto, l4_len);
+    let ps = pseudo_sum(pkt, v6, proto, l4_len);
     let field = u32::from(be16(pkt, ip_hl + off));
     (field == ps && field != 0).then_some((ip_hl, off))
 }

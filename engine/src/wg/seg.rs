@@ -14,7 +14,7 @@
 
 use crate::encap::DropReason;
 use crate::offload::gso;
-use crate::wire::{checksum, ipv4, ipv6, put16, tcp};
+use crate::wire::{ipv4, ipv6, put16, tcp};
 
 /// IPv4 with options (60) + TCP with options (60).
 const MAX_HDRS: usize = 120;
@@ -73,7 +73,7 @@ pub fn segment_in_place(
 /// decrypted packets `CHECKSUM_UNNECESSARY` instead of verifying them. Leaves
 /// anything that is not a complete, unfragmented TCP/IP packet alone.
 pub fn trust_tcp_checksum(pkt: &mut [u8]) {
-    let (ip_hl, src, dst) = match pkt.first().map(|b| b >> 4) {
+    let (ip_hl, v6) = match pkt.first().map(|b| b >> 4) {
         Some(4) if pkt.len() >= ipv4::HEADER_LEN => {
             let ip = ipv4::Packet::new_unchecked(&*pkt);
             if ip.protocol() != ipv4::PROTO_TCP
@@ -83,10 +83,10 @@ pub fn trust_tcp_checksum(pkt: &mut [u8]) {
             {
                 return;
             }
-            (ip.header_len(), 12..16, 16..20)
+            (ip.header_len(), false)
         }
         Some(6) if pkt.len() >= ipv6::HEADER_LEN && pkt[6] == ipv4::PROTO_TCP => {
-            (ipv6::HEADER_LEN, 8..24, 24..40)
+            (ipv6::HEADER_LEN, true)
         }
         _ => return,
     };
@@ -96,7 +96,7 @@ pub fn trust_tcp_checksum(pkt: &mut [u8]) {
     let Ok(tcp_len) = u32::try_from(pkt.len() - ip_hl) else {
         return;
     };
-    let ps = checksum::pseudo_v4(&pkt[src], &pkt[dst], ipv4::PROTO_TCP, tcp_len);
+    let ps = crate::offload::pseudo_sum(pkt, v6, ipv4::PROTO_TCP, tcp_len);
     // A partial sum of 0 could not be told from "no checksum"; leave those.
     if let Ok(v) = u16::try_from(ps)
         && v != 0

@@ -84,6 +84,7 @@ mod sys;
 #[cfg(test)]
 mod test_util;
 mod tun_out;
+mod udp_tx;
 pub mod wg;
 pub mod wire;
 mod worker;

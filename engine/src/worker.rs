@@ -25,9 +25,11 @@ use crate::offload::gso::{self, Segments};
 use crate::offload::uso;
 use crate::peers::PeerTable;
 use crate::stats::{Ctr, Local, Shared};
+use crate::sys::event::wait_readable;
 use crate::sys::tun::Queue;
 use crate::sys::udp::{BATCH, RxMeta, TxMsg, Udp};
 use crate::tun_out::TunOut;
+use crate::udp_tx::{self, MAX_UDP_PAYLOAD};
 use crate::wire::{ipv4, vnet};
 
 /// Bytes a super-packet's segments need (`gso::required_len`, `uso::udp_required_len`).
@@ -39,10 +41,6 @@ type Cut = fn(&[u8], usize, usize, &mut [u8]) -> Result<Segments, DropReason>;
 pub const SEND_SOCKETS: usize = 4;
 /// TUN reads per step.
 pub const TUN_BUDGET: usize = 64;
-/// Largest UDP payload (IPv4: 65535 - 20 - 8).
-const MAX_UDP_PAYLOAD: usize = 65507;
-/// Kernel limit on segments per `UDP_SEGMENT` train (UDP_MAX_SEGMENTS is 128 on new kernels).
-const MAX_GSO_SEGS: usize = 64;
 const TUN_BUF: usize = vnet::HEADER_LEN + 65536;
 const TX_ARENA: usize = 1 << 20;
 /// Queued bytes after which a TUN step sends before reading on: the arena
@@ -137,20 +135,7 @@ impl Worker {
     }
 
     fn wait(&self) {
-        let mut fds = [
-            libc::pollfd {
-                fd: self.tun.raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: self.rx.raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a valid array of two pollfd structs for the duration of the call.
-        unsafe { libc::poll(fds.as_mut_ptr(), 2, 100) };
+        wait_readable([self.tun.raw_fd(), self.rx.raw_fd()], 100);
     }
 
     // === TUN -> UDP ===
@@ -187,13 +172,8 @@ impl Worker {
         peers: &PeerTable,
         ctr: &mut Local,
     ) -> Result<(), DropReason> {
-        let (hdr, off) = match self.vnet_hdr {
-            true => (
-                vnet::VnetHdr::parse(&b.tun[..n]).ok_or(DropReason::Malformed)?,
-                vnet::HEADER_LEN,
-            ),
-            false => (vnet::VnetHdr::default(), 0),
-        };
+        let (hdr, off) =
+            vnet::VnetHdr::split(&b.tun[..n], self.vnet_hdr).ok_or(DropReason::Malformed)?;
         let pkt_len = n - off;
         let pkt = &mut b.tun[off..n];
         let (version, entry) = match pkt.first().map(|v| v >> 4) {
@@ -287,7 +267,7 @@ impl Worker {
     }
 
     /// Appends `tx[start..start+len]` to the last message when it extends an
-    /// equal-size train to the same destination (UDP GSO), else starts a new one.
+    /// equal-size train on the same socket (UDP GSO), else starts a new one.
     fn queue(
         &self,
         b: &mut Buffers,
@@ -298,29 +278,13 @@ impl Worker {
     ) {
         if self.udp_gso.load(Ordering::Relaxed)
             && let Some(last) = b.msgs.last_mut()
+            && last.sock == sock
+            && udp_tx::extend_train(&mut last.msg, dst, start, len)
         {
-            let m = &mut last.msg;
-            let seg = usize::from(m.segment);
-            if last.sock == sock
-                && m.dst == dst
-                && m.start + m.len == start
-                && m.len % seg == 0
-                && len <= seg
-                && m.len + len <= MAX_UDP_PAYLOAD
-                && m.len / seg < MAX_GSO_SEGS
-            {
-                m.len += len;
-                return;
-            }
+            return;
         }
-        let segment = u16::try_from(len).unwrap_or(0);
         b.msgs.push(Queued {
-            msg: TxMsg {
-                dst,
-                start,
-                len,
-                segment,
-            },
+            msg: udp_tx::single(dst, start, len),
             sock,
         });
     }
@@ -338,57 +302,16 @@ impl Worker {
                 batch[n] = q.msg;
                 n += 1;
                 if n == BATCH {
-                    self.send_all(sock, &batch[..n], &b.tx, ctr);
+                    udp_tx::send_all(sock, &batch[..n], &b.tx, &self.udp_gso, ctr);
                     n = 0;
                 }
             }
             if n > 0 {
-                self.send_all(sock, &batch[..n], &b.tx, ctr);
+                udp_tx::send_all(sock, &batch[..n], &b.tx, &self.udp_gso, ctr);
             }
         }
         b.msgs.clear();
         b.tx_pos = 0;
-    }
-
-    fn send_all(&self, sock: &Udp, msgs: &[TxMsg], arena: &[u8], ctr: &mut Local) {
-        let mut i = 0;
-        while i < msgs.len() {
-            ctr.add(Ctr::UdpSends, 1);
-            match sock.send_batch(&msgs[i..], arena) {
-                Ok(0) => {
-                    ctr.add(Ctr::UdpSendErrors, (msgs.len() - i) as u64);
-                    return;
-                }
-                Ok(k) => i += k,
-                Err(e) => {
-                    let m = msgs[i];
-                    if e.raw_os_error() == Some(libc::EIO) && usize::from(m.segment) < m.len {
-                        // The egress device cannot checksum a GSO train: turn GSO off and resend split.
-                        self.udp_gso.store(false, Ordering::Relaxed);
-                        let seg = usize::from(m.segment).max(1);
-                        let mut off = 0;
-                        while off < m.len {
-                            let len = seg.min(m.len - off);
-                            let one = [TxMsg {
-                                dst: m.dst,
-                                start: m.start + off,
-                                len,
-                                segment: 0,
-                            }];
-                            if sock.send_batch(&one, arena).is_err() {
-                                ctr.add(Ctr::UdpSendErrors, 1);
-                            }
-                            off += len;
-                        }
-                    } else if e.raw_os_error() == Some(libc::EMSGSIZE) {
-                        ctr.drop(DropReason::Mtu, 1);
-                    } else {
-                        ctr.add(Ctr::UdpSendErrors, 1);
-                    }
-                    i += 1;
-                }
-            }
-        }
     }
 
     /// flannel-UDP: ICMP net-unreachable back into the TUN for `tun[off..n]`.

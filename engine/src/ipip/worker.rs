@@ -23,6 +23,7 @@ use crate::encap::DropReason;
 use crate::offload::gso;
 use crate::peers::PeerTable;
 use crate::stats::{Ctr, Local, Shared};
+use crate::sys::event::wait_readable;
 use crate::sys::raw::{BATCH, Raw, RawTx};
 use crate::sys::tun::Queue;
 use crate::tun_out::TunOut;
@@ -97,20 +98,7 @@ impl IpipWorker {
     }
 
     fn wait(&self) {
-        let mut fds = [
-            libc::pollfd {
-                fd: self.tun.raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: self.sock.raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a valid array of two pollfd structs for the duration of the call.
-        unsafe { libc::poll(fds.as_mut_ptr(), 2, 100) };
+        wait_readable([self.tun.raw_fd(), self.sock.raw_fd()], 100);
     }
 
     // === TUN -> raw ===
@@ -144,13 +132,8 @@ impl IpipWorker {
         peers: &PeerTable,
         ctr: &mut Local,
     ) -> Result<(), DropReason> {
-        let (hdr, off) = match self.vnet_hdr {
-            true => (
-                vnet::VnetHdr::parse(&b.tun[..n]).ok_or(DropReason::Malformed)?,
-                vnet::HEADER_LEN,
-            ),
-            false => (vnet::VnetHdr::default(), 0),
-        };
+        let (hdr, off) =
+            vnet::VnetHdr::split(&b.tun[..n], self.vnet_hdr).ok_or(DropReason::Malformed)?;
         let pkt = &mut b.tun[off..n];
         let pkt_len = pkt.len();
         match pkt.first().map(|v| v >> 4) {

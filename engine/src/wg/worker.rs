@@ -22,17 +22,17 @@ use crate::encap::DropReason;
 use crate::offload::gso;
 use crate::peers::{PeerTable, WgEntry};
 use crate::stats::{Ctr, Local, Shared};
+use crate::sys::event::wait_readable;
 use crate::sys::tun::Queue;
 use crate::sys::udp::{BATCH, RxMeta, TxMsg, Udp};
 use crate::tun_out::TunOut;
+use crate::udp_tx::{self, MAX_UDP_PAYLOAD};
 use crate::wire::{ipv4, vnet};
 
 /// TUN reads per step.
 const TUN_BUDGET: usize = 64;
 /// Handed-off packets processed per step.
 const INBOX_BUDGET: usize = 32;
-const MAX_UDP_PAYLOAD: usize = 65507;
-const MAX_GSO_SEGS: usize = 64;
 /// A TUN read: vnet header + up to 64 KiB.
 pub(crate) const TUN_BUF: usize = vnet::HEADER_LEN + 65536;
 const TX_ARENA: usize = 1 << 20;
@@ -183,19 +183,12 @@ impl WgWorker {
     }
 
     fn wait(&self) {
-        let fd = |fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let mut fds = [
-            fd(self.tun.raw_fd()),
-            fd(self.sock.raw_fd()),
-            fd(self.inbox.event.raw_fd()),
+        let fds = [
+            self.tun.raw_fd(),
+            self.sock.raw_fd(),
+            self.inbox.event.raw_fd(),
         ];
-        // SAFETY: `fds` is a valid array of three pollfd structs for the duration of the call.
-        unsafe { libc::poll(fds.as_mut_ptr(), 3, 100) };
-        if fds[2].revents != 0 {
+        if wait_readable(fds, 100)[2] {
             self.inbox.event.clear();
         }
     }
@@ -367,13 +360,8 @@ impl WgWorker {
         b: &mut Buffers,
         ctr: &mut Local,
     ) -> Result<(), DropReason> {
-        let (hdr, off) = match self.vnet_hdr {
-            true => (
-                vnet::VnetHdr::parse(&buf[..n]).ok_or(DropReason::Malformed)?,
-                vnet::HEADER_LEN,
-            ),
-            false => (vnet::VnetHdr::default(), 0),
-        };
+        let (hdr, off) =
+            vnet::VnetHdr::split(&buf[..n], self.vnet_hdr).ok_or(DropReason::Malformed)?;
         let pkt = &buf[off..n];
         let entry = match pkt.first().map(|v| v >> 4) {
             Some(4) if pkt.len() >= ipv4::HEADER_LEN => {
@@ -461,73 +449,19 @@ impl WgWorker {
     }
 
     /// Appends `tx[start..start+len]` to the last message when it extends an
-    /// equal-size train to the same destination (UDP GSO), else starts a new one.
+    /// equal-size train (UDP GSO), else starts a new one.
     fn queue(&self, b: &mut Buffers, dst: SocketAddr, start: usize, len: usize) {
         if self.udp_gso.load(Ordering::Relaxed)
             && let Some(m) = b.msgs.last_mut()
+            && udp_tx::extend_train(m, dst, start, len)
         {
-            let seg = usize::from(m.segment);
-            if m.dst == dst
-                && seg > 0
-                && m.start + m.len == start
-                && m.len % seg == 0
-                && len <= seg
-                && m.len + len <= MAX_UDP_PAYLOAD
-                && m.len / seg < MAX_GSO_SEGS
-            {
-                m.len += len;
-                return;
-            }
+            return;
         }
-        let segment = u16::try_from(len).unwrap_or(0);
-        b.msgs.push(TxMsg {
-            dst,
-            start,
-            len,
-            segment,
-        });
+        b.msgs.push(udp_tx::single(dst, start, len));
     }
 
     fn flush_tx(&self, b: &mut Buffers, ctr: &mut Local) {
-        let mut i = 0;
-        while i < b.msgs.len() {
-            ctr.add(Ctr::UdpSends, 1);
-            let end = (i + BATCH).min(b.msgs.len());
-            match self.sock.send_batch(&b.msgs[i..end], &b.tx) {
-                Ok(0) => {
-                    ctr.add(Ctr::UdpSendErrors, (b.msgs.len() - i) as u64);
-                    break;
-                }
-                Ok(k) => i += k,
-                Err(e) => {
-                    let m = b.msgs[i];
-                    if e.raw_os_error() == Some(libc::EIO) && usize::from(m.segment) < m.len {
-                        // The egress device cannot checksum a GSO train: turn GSO off, resend split.
-                        self.udp_gso.store(false, Ordering::Relaxed);
-                        let seg = usize::from(m.segment).max(1);
-                        let mut off = 0;
-                        while off < m.len {
-                            let len = seg.min(m.len - off);
-                            let one = [TxMsg {
-                                dst: m.dst,
-                                start: m.start + off,
-                                len,
-                                segment: 0,
-                            }];
-                            if self.sock.send_batch(&one, &b.tx).is_err() {
-                                ctr.add(Ctr::UdpSendErrors, 1);
-                            }
-                            off += len;
-                        }
-                    } else if e.raw_os_error() == Some(libc::EMSGSIZE) {
-                        ctr.drop(DropReason::Mtu, 1);
-                    } else {
-                        ctr.add(Ctr::UdpSendErrors, 1);
-                    }
-                    i += 1;
-                }
-            }
-        }
+        udp_tx::send_all(&self.sock, &b.msgs, &b.tx, &self.udp_gso, ctr);
         b.msgs.clear();
         b.tx_pos = 0;
     }

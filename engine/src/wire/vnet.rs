@@ -51,6 +51,16 @@ impl VnetHdr {
             csum_offset: le(8),
         })
     }
+    /// Splits what a TUN read returned: with `IFF_VNET_HDR` the header and
+    /// the packet's offset after it (`None` when shorter), without it an
+    /// all-zero header and offset 0.
+    pub fn split(read: &[u8], vnet_hdr: bool) -> Option<(Self, usize)> {
+        match vnet_hdr {
+            true => Some((Self::parse(read)?, HEADER_LEN)),
+            false => Some((Self::default(), 0)),
+        }
+    }
+
     /// Encodes into the first 10 bytes of `b`.
     ///
     /// # Panics
@@ -93,5 +103,11 @@ mod tests {
             Some((1, 20, 6))
         );
         assert_eq!(VnetHdr::parse(&[0; 9]), None);
+        assert_eq!(VnetHdr::split(&[0; 9], true), None);
+        assert_eq!(
+            VnetHdr::split(&[7; 9], false),
+            Some((VnetHdr::default(), 0))
+        );
+        assert_eq!(VnetHdr::split(&h.to_bytes(), true), Some((h, HEADER_LEN)));
     }
 }

@@ -1,0 +1,162 @@
+//! The UDP side of every UDP-based worker's transmit path (flannel-UDP,
+//! VXLAN, WireGuard): queuing datagrams of the TX arena into `UDP_SEGMENT`
+//! trains, and sending a batch with the fallbacks the kernel may force.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::encap::DropReason;
+use crate::stats::{Ctr, Local};
+use crate::sys::udp::{TxMsg, Udp};
+
+/// Largest UDP payload (IPv4: 65535 - 20 - 8).
+pub(crate) const MAX_UDP_PAYLOAD: usize = 65507;
+/// Kernel limit on segments per `UDP_SEGMENT` train (UDP_MAX_SEGMENTS is 128 on new kernels).
+pub(crate) const MAX_GSO_SEGS: usize = 64;
+
+/// Whether the datagram `arena[start..start + len]` to `dst` can join the
+/// train `m` (UDP GSO): it follows `m` in the arena, goes to the same
+/// destination, `m` holds only whole segments, and it is no longer than one.
+/// Extends `m` when it can.
+pub(crate) fn extend_train(
+    m: &mut TxMsg,
+    dst: std::net::SocketAddr,
+    start: usize,
+    len: usize,
+) -> bool {
+    let seg = usize::from(m.segment);
+    let joins = seg > 0
+        && m.dst == dst
+        && m.start + m.len == start
+        && m.len.is_multiple_of(seg)
+        && len <= seg
+        && m.len + len <= MAX_UDP_PAYLOAD
+        && m.len / seg < MAX_GSO_SEGS;
+    if joins {
+        m.len += len;
+    }
+    joins
+}
+
+/// A new message for `arena[start..start + len]` (a train of one, if it fits a segment size).
+pub(crate) fn single(dst: std::net::SocketAddr, start: usize, len: usize) -> TxMsg {
+    TxMsg {
+        dst,
+        start,
+        len,
+        segment: u16::try_from(len).unwrap_or(0),
+    }
+}
+
+/// Sends `msgs` (pointing into `arena`) through `sock`, `sendmmsg` batch by
+/// batch, counting calls and errors. A GSO train the egress device cannot
+/// checksum (`EIO`) turns UDP GSO off for the engine (`udp_gso`) and is
+/// resent datagram by datagram; `EMSGSIZE` counts as an MTU drop.
+pub(crate) fn send_all(
+    sock: &Udp,
+    msgs: &[TxMsg],
+    arena: &[u8],
+    udp_gso: &AtomicBool,
+    ctr: &mut Local,
+) {
+    let mut i = 0;
+    while i < msgs.len() {
+        ctr.add(Ctr::UdpSends, 1);
+        match sock.send_batch(&msgs[i..], arena) {
+            Ok(0) => {
+                ctr.add(Ctr::UdpSendErrors, (msgs.len() - i) as u64);
+                return;
+            }
+            Ok(k) => i += k,
+            Err(e) => {
+                let m = msgs[i];
+                if e.raw_os_error() == Some(libc::EIO) && usize::from(m.segment) < m.len {
+                    udp_gso.store(false, Ordering::Relaxed);
+                    resend_split(sock, m, arena, ctr);
+                } else if e.raw_os_error() == Some(libc::EMSGSIZE) {
+                    ctr.drop(DropReason::Mtu, 1);
+                } else {
+                    ctr.add(Ctr::UdpSendErrors, 1);
+                }
+                i += 1;
+            }
+        }
+    }
+}
+
+/// Sends the train `m` as separate datagrams.
+fn resend_split(sock: &Udp, m: TxMsg, arena: &[u8], ctr: &mut Local) {
+    let seg = usize::from(m.segment).max(1);
+    let mut off = 0;
+    while off < m.len {
+        let len = seg.min(m.len - off);
+        let one = [TxMsg {
+            dst: m.dst,
+            start: m.start + off,
+            len,
+            segment: 0,
+        }];
+        if sock.send_batch(&one, arena).is_err() {
+            ctr.add(Ctr::UdpSendErrors, 1);
+        }
+        off += len;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dst(port: u16) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([192, 0, 2, 1], port))
+    }
+
+    #[test]
+    fn equal_datagrams_in_sequence_form_one_train() {
+        let mut m = single(dst(1), 0, 100);
+        assert!(extend_train(&mut m, dst(1), 100, 100));
+        // A shorter last one joins and closes the train.
+        assert!(extend_train(&mut m, dst(1), 200, 60));
+        assert_eq!((m.len, m.segment), (260, 100));
+        assert!(!extend_train(&mut m, dst(1), 260, 100));
+    }
+
+    #[test]
+    fn gaps_longer_datagrams_and_other_peers_start_a_new_message() {
+        let mut m = single(dst(1), 0, 100);
+        assert!(
+            !extend_train(&mut m, dst(1), 150, 100),
+            "not adjacent in the arena"
+        );
+        assert!(
+            !extend_train(&mut m, dst(1), 100, 101),
+            "longer than the segment"
+        );
+        assert!(
+            !extend_train(&mut m, dst(2), 100, 100),
+            "another destination"
+        );
+        assert_eq!(m.len, 100);
+    }
+
+    #[test]
+    fn trains_stop_at_the_segment_and_size_limits() {
+        let mut m = single(dst(1), 0, 10);
+        for i in 1..MAX_GSO_SEGS {
+            assert!(extend_train(&mut m, dst(1), i * 10, 10));
+        }
+        assert!(
+            !extend_train(&mut m, dst(1), MAX_GSO_SEGS * 10, 10),
+            "64 segments at most"
+        );
+        let mut big = single(dst(1), 0, 30_000);
+        assert!(extend_train(&mut big, dst(1), 30_000, 30_000));
+        assert!(
+            !extend_train(&mut big, dst(1), 60_000, 30_000),
+            "over 65507 bytes"
+        );
+        // A datagram too long for a segment size never starts a train.
+        let mut none = single(dst(1), 0, 70_000);
+        assert_eq!(none.segment, 0);
+        assert!(!extend_train(&mut none, dst(1), 70_000, 10));
+    }
+}

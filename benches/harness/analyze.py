@@ -92,11 +92,13 @@ def stats(rows, case, test, key="value"):
 def summary(argv):
     path, cases, tests, machine = argv
     rows, cases, tests = load(path), cases.split(), tests.split()
-    print(open(machine).read().rstrip())
+    info = open(machine).read().rstrip()
+    print(info)
+    cores = next((float(l.split(": ", 1)[1]) for l in info.splitlines() if l.startswith("nproc: ")), nan())
     for t in tests:
         udp = t.startswith("udp")
         unit = "kpps" if udp else "Gbit/s"
-        extra = "loss%  rcvbuf_err" if udp else "retr  rcvbuf_err"
+        extra = "loss%  rcvbuf_err" if udp else "retr  rcvbuf_err  ceiling"
         print()
         cpu = ("us/pkt", "daemon_us") if udp else ("cores/Gb", "daemon/Gb")
         print("%-6s %-24s %8s %15s %2s %8s %7s %9s %9s  %s" % (
@@ -115,7 +117,8 @@ def summary(argv):
                 s = stats(rows, c, t, key)
                 return s[0] if s else nan()
             tail = ("%5.1f %10.0f" % (med("loss_pct"), med("rcvbuf_errors")) if udp
-                    else "%5.0f %10.0f" % (med("retransmits"), med("rcvbuf_errors")))
+                    else "%5.0f %10.0f %8.1f" % (med("retransmits"), med("rcvbuf_errors"),
+                                                 cores / med("machine_cores_per_gbps")))
             if udp:  # CPU microseconds per delivered packet
                 cpu = (med("machine_cores") * 1e3 / m[0], med("daemon_cores") * 1e3 / m[0]) if m[0] > 0 else (nan(), nan())
             else:
@@ -126,6 +129,7 @@ def summary(argv):
     print("median of the rounds; min-max over rounds; /kvxlan and /veth: ratio of medians;")
     print("cores/Gb: machine CPU (both nodes, all processes and softirq) per received Gbit/s;")
     print("daemon/Gb: weftd or wireguard-go CPU (both nodes) per received Gbit/s (kernel paths: 0);")
+    print("ceiling: Gbit/s with every core of the machine busy at the measured cores/Gb (nproc / cores/Gb);")
     print("udp64: us/pkt and daemon_us are the same CPU figures per delivered packet (microseconds).")
 
 

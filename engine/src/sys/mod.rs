@@ -3,6 +3,7 @@
 
 pub mod csum;
 pub mod event;
+mod mmsg;
 pub mod raw;
 pub mod tun;
 pub mod udp;

@@ -27,12 +27,11 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::syscall;
+use super::{mmsg, syscall};
 
 /// IP protocol number of IPv4-in-IPv4.
 pub const IPPROTO_IPIP: libc::c_int = 4;
-/// Most messages per `sendmmsg`/`recvmmsg` call.
-pub const BATCH: usize = 64;
+pub use super::mmsg::BATCH;
 /// `IP_PMTUDISC_PROBE`: set DF, use the interface MTU, never fragment locally.
 const PMTUDISC_PROBE: libc::c_int = 3;
 /// `IP_PMTUDISC_INTERFACE`: no DF, use the interface MTU, never fragment locally.
@@ -61,23 +60,6 @@ pub struct Raw {
     df: std::cell::Cell<Option<bool>>,
 }
 
-fn setsockopt_int(
-    fd: RawFd,
-    level: libc::c_int,
-    name: libc::c_int,
-    v: libc::c_int,
-) -> io::Result<()> {
-    let len = libc::socklen_t::try_from(size_of::<libc::c_int>()).unwrap_or(4);
-    syscall!(setsockopt(
-        fd,
-        level,
-        name,
-        (&v as *const libc::c_int).cast(),
-        len
-    ))
-    .map(drop)
-}
-
 impl Raw {
     /// Opens a non-blocking raw IPIP socket bound to `local` (received packets
     /// are only those addressed to it; sent ones leave from it), with `buf`
@@ -89,14 +71,7 @@ impl Raw {
             Some(Protocol::from(IPPROTO_IPIP)),
         )?;
         s.set_nonblocking(true)?;
-        let fd = s.as_raw_fd();
-        let b = libc::c_int::try_from(buf).unwrap_or(libc::c_int::MAX);
-        if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, b).is_err() {
-            s.set_recv_buffer_size(buf)?;
-        }
-        if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, b).is_err() {
-            s.set_send_buffer_size(buf)?;
-        }
+        mmsg::force_buffers(&s, buf)?;
         s.bind(&SockAddr::from(SocketAddr::V4(SocketAddrV4::new(local, 0))))?;
         let r = Raw {
             fd: s.into(),
@@ -121,7 +96,7 @@ impl Raw {
         } else {
             PMTUDISC_INTERFACE
         };
-        setsockopt_int(
+        mmsg::setsockopt_int(
             self.fd.as_raw_fd(),
             libc::IPPROTO_IP,
             libc::IP_MTU_DISCOVER,
@@ -134,20 +109,7 @@ impl Raw {
     /// Attaches a classic BPF socket filter (`SO_ATTACH_FILTER`); it runs on
     /// the packet from the outer IPv4 header on and returns 0 to drop.
     pub fn attach_filter(&self, prog: &[libc::sock_filter]) -> io::Result<()> {
-        let fprog = libc::sock_fprog {
-            len: u16::try_from(prog.len())
-                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
-            filter: prog.as_ptr().cast_mut(),
-        };
-        let len = libc::socklen_t::try_from(size_of::<libc::sock_fprog>()).unwrap_or(16);
-        syscall!(setsockopt(
-            self.fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_FILTER,
-            (&fprog as *const libc::sock_fprog).cast(),
-            len
-        ))
-        .map(drop)
+        mmsg::attach_cbpf(self.fd.as_raw_fd(), libc::SO_ATTACH_FILTER, prog)
     }
 
     /// Discards everything queued so far (e.g. copies received before a filter).
@@ -174,10 +136,7 @@ impl Raw {
         let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
         // SAFETY: as above.
         let mut names: [libc::sockaddr_in; BATCH] = unsafe { zeroed() };
-        let mut iovs = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; BATCH];
+        let mut iovs = mmsg::NO_IOVECS;
         // Two CMSG_SPACE(sizeof(int)) = 2 * 24 bytes per message (x86_64, aarch64).
         let mut ctrl = [[0u64; 6]; BATCH];
         // SAFETY: CMSG_SPACE only computes a size.
@@ -230,9 +189,7 @@ impl Raw {
                 );
             }
         }
-        let cnt = libc::c_uint::try_from(n).unwrap_or(0);
-        let sent = syscall!(sendmmsg(self.fd.as_raw_fd(), hdrs.as_mut_ptr(), cnt, 0))?;
-        Ok(usize::try_from(sent).unwrap_or(0))
+        mmsg::send(self.fd.as_raw_fd(), &mut hdrs, n)
     }
 
     /// Receives up to `lens.len()` packets into `arena`, packet `i` at
@@ -250,31 +207,9 @@ impl Raw {
         }
         // SAFETY: all-zero is a valid value for this plain C struct.
         let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
-        let mut iovs = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; BATCH];
-        for (i, chunk) in arena.chunks_exact_mut(slot).take(n).enumerate() {
-            iovs[i] = libc::iovec {
-                iov_base: chunk.as_mut_ptr().cast(),
-                iov_len: chunk.len(),
-            };
-            let h = &mut hdrs[i].msg_hdr;
-            h.msg_iov = &mut iovs[i];
-            h.msg_iovlen = 1;
-        }
-        let cnt = libc::c_uint::try_from(n).unwrap_or(0);
-        let got = match syscall!(recvmmsg(
-            self.fd.as_raw_fd(),
-            hdrs.as_mut_ptr(),
-            cnt,
-            0,
-            std::ptr::null_mut()
-        )) {
-            Ok(g) => usize::try_from(g).unwrap_or(0),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
-            Err(e) => return Err(e),
-        };
+        let mut iovs = mmsg::NO_IOVECS;
+        mmsg::point_at_slots(arena, slot, n, &mut hdrs, &mut iovs);
+        let got = mmsg::recv(self.fd.as_raw_fd(), &mut hdrs, n)?;
         for i in 0..got {
             // A truncated packet (MSG_TRUNC in msg_flags) reports the slot size: decap rejects it.
             lens[i] = (hdrs[i].msg_len as usize).min(slot);

@@ -11,14 +11,13 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::syscall;
+use super::mmsg;
 
 const SOL_UDP: libc::c_int = 17;
 const UDP_SEGMENT: libc::c_int = 103;
 const UDP_GRO: libc::c_int = 104;
 
-/// Most messages per `sendmmsg`/`recvmmsg` call.
-pub const BATCH: usize = 64;
+pub use super::mmsg::BATCH;
 
 /// One datagram (or GSO train) to send: `arena[start..start + len]` to `dst`.
 #[derive(Debug, Clone, Copy)]
@@ -63,23 +62,6 @@ pub struct Udp {
     fd: OwnedFd,
 }
 
-fn setsockopt_int(
-    fd: RawFd,
-    level: libc::c_int,
-    name: libc::c_int,
-    v: libc::c_int,
-) -> io::Result<()> {
-    let len = libc::socklen_t::try_from(size_of::<libc::c_int>()).unwrap_or(4);
-    syscall!(setsockopt(
-        fd,
-        level,
-        name,
-        (&v as *const libc::c_int).cast(),
-        len
-    ))
-    .map(drop)
-}
-
 impl Udp {
     /// Binds `addr`. `reuse_port` lets every worker bind the same port; `buf`
     /// bytes of send and receive buffer are forced (`SO_*BUFFORCE`, falling back
@@ -103,14 +85,7 @@ impl Udp {
             s.set_reuse_port(true)?;
         }
         s.set_nonblocking(nonblocking)?;
-        let fd = s.as_raw_fd();
-        let b = libc::c_int::try_from(buf).unwrap_or(libc::c_int::MAX);
-        if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, b).is_err() {
-            s.set_recv_buffer_size(buf)?;
-        }
-        if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, b).is_err() {
-            s.set_send_buffer_size(buf)?;
-        }
+        mmsg::force_buffers(&s, buf)?;
         s.bind(&SockAddr::from(addr))?;
         Ok(Udp { fd: s.into() })
     }
@@ -125,25 +100,12 @@ impl Udp {
     /// index of the receiving socket in bind order (out of range: the kernel
     /// falls back to its hash).
     pub fn attach_reuseport_cbpf(&self, prog: &[libc::sock_filter]) -> io::Result<()> {
-        let fprog = libc::sock_fprog {
-            len: u16::try_from(prog.len())
-                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
-            filter: prog.as_ptr().cast_mut(),
-        };
-        let len = libc::socklen_t::try_from(size_of::<libc::sock_fprog>()).unwrap_or(16);
-        syscall!(setsockopt(
-            self.fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_REUSEPORT_CBPF,
-            (&fprog as *const libc::sock_fprog).cast(),
-            len
-        ))
-        .map(drop)
+        mmsg::attach_cbpf(self.fd.as_raw_fd(), libc::SO_ATTACH_REUSEPORT_CBPF, prog)
     }
 
     /// Enables `UDP_GRO`; returns whether the kernel accepted it.
     pub fn enable_gro(&self) -> bool {
-        setsockopt_int(self.fd.as_raw_fd(), SOL_UDP, UDP_GRO, 1).is_ok()
+        mmsg::setsockopt_int(self.fd.as_raw_fd(), SOL_UDP, UDP_GRO, 1).is_ok()
     }
 
     /// Sends `msgs` (at most [`BATCH`]) with one `sendmmsg`. Returns how many
@@ -157,10 +119,7 @@ impl Udp {
         let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
         // SAFETY: as above.
         let mut names: [libc::sockaddr_in6; BATCH] = unsafe { zeroed() };
-        let mut iovs = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; BATCH];
+        let mut iovs = mmsg::NO_IOVECS;
         let mut ctrl = [[0u64; 4]; BATCH];
         for (i, m) in msgs[..n].iter().enumerate() {
             let slice = &arena[m.start..m.start + m.len];
@@ -188,9 +147,7 @@ impl Udp {
                 }
             }
         }
-        let cnt = libc::c_uint::try_from(n).unwrap_or(0);
-        let sent = syscall!(sendmmsg(self.fd.as_raw_fd(), hdrs.as_mut_ptr(), cnt, 0))?;
-        Ok(usize::try_from(sent).unwrap_or(0))
+        mmsg::send(self.fd.as_raw_fd(), &mut hdrs, n)
     }
 
     /// Receives up to `meta.len()` datagrams into `arena`, slot `i` at
@@ -209,37 +166,18 @@ impl Udp {
         let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
         // SAFETY: as above.
         let mut names: [libc::sockaddr_storage; BATCH] = unsafe { zeroed() };
-        let mut iovs = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; BATCH];
+        let mut iovs = mmsg::NO_IOVECS;
         let mut ctrl = [[0u64; 8]; BATCH];
-        for (i, chunk) in arena.chunks_exact_mut(slot).take(n).enumerate() {
-            iovs[i] = libc::iovec {
-                iov_base: chunk.as_mut_ptr().cast(),
-                iov_len: chunk.len(),
-            };
+        mmsg::point_at_slots(arena, slot, n, &mut hdrs, &mut iovs);
+        for i in 0..n {
             let h = &mut hdrs[i].msg_hdr;
             h.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
             h.msg_namelen =
                 libc::socklen_t::try_from(size_of::<libc::sockaddr_storage>()).unwrap_or(0);
-            h.msg_iov = &mut iovs[i];
-            h.msg_iovlen = 1;
             h.msg_control = ctrl[i].as_mut_ptr().cast();
             h.msg_controllen = size_of::<[u64; 8]>();
         }
-        let cnt = libc::c_uint::try_from(n).unwrap_or(0);
-        let got = match syscall!(recvmmsg(
-            self.fd.as_raw_fd(),
-            hdrs.as_mut_ptr(),
-            cnt,
-            0,
-            std::ptr::null_mut()
-        )) {
-            Ok(g) => usize::try_from(g).unwrap_or(0),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
-            Err(e) => return Err(e),
-        };
+        let got = mmsg::recv(self.fd.as_raw_fd(), &mut hdrs, n)?;
         for i in 0..got {
             let len = hdrs[i].msg_len as usize;
             let mut stride = len;

@@ -4,7 +4,7 @@
 # pods per node created by weft's CNI plugin), pod-to-pod pings across nodes
 # and an iperf3 figure; everything is removed at the end, on Ctrl-C or error.
 #
-# Usage: sudo scripts/demo.sh [--backend vxlan|udp|alloc] [--nodes N] [--pods N] [--iperf SECS]
+# Usage: sudo scripts/demo.sh [--backend vxlan|udp|wireguard|ipip|host-gw|alloc] [--dataplane userspace|kernel|auto] [--nodes N] [--pods N] [--iperf SECS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ $(id -u) -eq 0 ]] || { echo "demo: run as root (it creates network namespaces)" >&2; exit 1; }

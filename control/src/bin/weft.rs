@@ -37,7 +37,7 @@ enum Cmd {
     /// Build a local multi-node cluster in network namespaces, show pod
     /// traffic across nodes, and tear it down (needs root).
     Demo {
-        /// Backend type: udp, vxlan, alloc.
+        /// Backend type: vxlan, udp, wireguard, ipip, host-gw, alloc.
         #[arg(long, default_value = "vxlan")]
         backend: String,
         /// Number of nodes.
@@ -49,9 +49,10 @@ enum Cmd {
         /// iperf3 seconds (0 skips it).
         #[arg(long, default_value_t = 5)]
         iperf: u32,
-        /// Dataplane: userspace (weft's engine, the default here), kernel or auto.
-        #[arg(long, default_value = "userspace")]
-        dataplane: String,
+        /// Dataplane: userspace, kernel or auto. Default: userspace (weft's
+        /// engine), auto for host-gw (kernel routes only).
+        #[arg(long)]
+        dataplane: Option<String>,
         /// Extra weftd arguments (repeatable), e.g. --weftd-arg=--ip-masq.
         #[arg(long = "weftd-arg", allow_hyphen_values = true)]
         weftd_args: Vec<String>,
@@ -156,7 +157,9 @@ fn main() {
             nodes: *nodes,
             pods: *pods,
             iperf_secs: *iperf,
-            weftd_args: std::iter::once(format!("--dataplane={dataplane}")).chain(weftd_args.iter().cloned()).collect(),
+            weftd_args: std::iter::once(format!("--dataplane={}", dataplane.as_deref().unwrap_or(weft_control::demo::default_dataplane(backend))))
+                .chain(weftd_args.iter().cloned())
+                .collect(),
         };
         match weft_control::demo::run(&opts) {
             Ok(true) => std::process::exit(0),

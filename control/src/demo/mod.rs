@@ -27,6 +27,15 @@ pub struct DemoOptions {
     pub weftd_args: Vec<String>,
 }
 
+/// The `--dataplane` demo nodes run when none was chosen: weft's userspace
+/// engine, except for host-gw, which only programs kernel routes.
+pub fn default_dataplane(backend: &str) -> &'static str {
+    match backend {
+        "host-gw" => "auto",
+        _ => "userspace",
+    }
+}
+
 /// Runs the demo; returns whether every pod reached every other node's pods.
 pub fn run(opts: &DemoOptions) -> anyhow::Result<bool> {
     let bin_dir = std::env::current_exe()?
@@ -148,5 +157,15 @@ pub fn cleanup_prefix(prefix: &str) {
             }
             let _ = Command::new("ip").args(["netns", "del", name]).status();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn demo_nodes_run_the_engine_unless_the_backend_has_none() {
+        assert_eq!(super::default_dataplane("vxlan"), "userspace");
+        assert_eq!(super::default_dataplane("wireguard"), "userspace");
+        assert_eq!(super::default_dataplane("host-gw"), "auto");
     }
 }

@@ -432,23 +432,17 @@ fn wg_packets(wg: &mut Wg, mut rest: &[u8]) {
         let expect = expected_inner(&p);
         let dst = &mut arena[plain_pos..];
         let dst_at = dst.as_ptr() as usize;
+        let plain = |q: &[u8], a: IpAddr| {
+            assert_eq!(
+                q.as_ptr() as usize,
+                dst_at,
+                "plaintext not at the buffer start"
+            );
+            Inner::Packet(q.len(), a)
+        };
         let got = match wg.recv.decapsulate(Some(WG_SRC), &ct, dst) {
-            TunnResult::WriteToTunnelV4(q, a) => {
-                assert_eq!(
-                    q.as_ptr() as usize,
-                    dst_at,
-                    "plaintext not at the buffer start"
-                );
-                Inner::Packet(q.len(), IpAddr::V4(a))
-            }
-            TunnResult::WriteToTunnelV6(q, a) => {
-                assert_eq!(
-                    q.as_ptr() as usize,
-                    dst_at,
-                    "plaintext not at the buffer start"
-                );
-                Inner::Packet(q.len(), IpAddr::V6(a))
-            }
+            TunnResult::WriteToTunnelV4(q, a) => plain(q, IpAddr::V4(a)),
+            TunnResult::WriteToTunnelV6(q, a) => plain(q, IpAddr::V6(a)),
             TunnResult::Done => Inner::Keepalive,
             TunnResult::Err(e) => {
                 assert_eq!(classify(&e), DropReason::Malformed, "genuine packet: {e:?}");

@@ -83,7 +83,6 @@ struct Queued {
 }
 
 struct Buffers {
-    tun: Vec<u8>,
     tx: Vec<u8>,
     tx_pos: usize,
     msgs: Vec<Queued>,
@@ -111,10 +110,38 @@ fn flow_hash(pkt: &[u8]) -> u32 {
     h ^ (h >> 16)
 }
 
+/// A worker's TUN step: up to [`TUN_BUDGET`] non-blocking reads into `buf`,
+/// each handed to `each(buf, len)`, which returns why the packet was dropped,
+/// if it was. Returns whether anything was read.
+pub(crate) fn read_tun(
+    tun: &Queue,
+    buf: &mut [u8],
+    ctr: &mut Local,
+    mut each: impl FnMut(&mut [u8], usize, &mut Local) -> Result<(), DropReason>,
+) -> bool {
+    let mut any = false;
+    for _ in 0..TUN_BUDGET {
+        let n = match tun.read(buf) {
+            Ok(Some(n)) => n,
+            Ok(None) => break,
+            Err(_) => {
+                ctr.add(Ctr::IoErrors, 1);
+                break;
+            }
+        };
+        any = true;
+        ctr.add(Ctr::TunReads, 1);
+        if let Err(r) = each(buf, n, ctr) {
+            ctr.drop(r, 1);
+        }
+    }
+    any
+}
+
 impl Worker {
     pub(crate) fn run(self) {
+        let mut tun_buf = vec![0; TUN_BUF];
         let mut b = Buffers {
-            tun: vec![0; TUN_BUF],
             tx: vec![0; TX_ARENA],
             tx_pos: 0,
             msgs: Vec::with_capacity(TX_MSGS),
@@ -125,7 +152,7 @@ impl Worker {
         let mut ctr = Local::default();
         ctr.add(Ctr::PeerCounting, 1);
         while !self.stop.load(Ordering::Relaxed) {
-            let a = self.tun_step(&mut b, &mut ctr);
+            let a = self.tun_step(&mut tun_buf, &mut b, &mut ctr);
             let r = self.udp_step(&mut b, &mut ctr);
             ctr.publish(&self.shared);
             if !a && !r {
@@ -140,27 +167,15 @@ impl Worker {
 
     // === TUN -> UDP ===
 
-    fn tun_step(&self, b: &mut Buffers, ctr: &mut Local) -> bool {
+    fn tun_step(&self, tun_buf: &mut [u8], b: &mut Buffers, ctr: &mut Local) -> bool {
         let peers = self.peers.load();
-        let mut any = false;
-        for _ in 0..TUN_BUDGET {
-            let n = match self.tun.read(&mut b.tun) {
-                Ok(Some(n)) => n,
-                Ok(None) => break,
-                Err(_) => {
-                    ctr.add(Ctr::IoErrors, 1);
-                    break;
-                }
-            };
-            any = true;
-            ctr.add(Ctr::TunReads, 1);
-            if let Err(r) = self.on_tun_packet(b, n, &peers, ctr) {
-                ctr.drop(r, 1);
-            }
+        let any = read_tun(&self.tun, tun_buf, ctr, |buf, n, ctr| {
+            let r = self.on_tun_packet(b, buf, n, &peers, ctr);
             if b.tx_pos >= FLUSH_AT {
                 self.flush_tx(b, ctr);
             }
-        }
+            r
+        });
         self.flush_tx(b, ctr);
         any
     }
@@ -168,14 +183,15 @@ impl Worker {
     fn on_tun_packet(
         &self,
         b: &mut Buffers,
+        buf: &mut [u8],
         n: usize,
         peers: &PeerTable,
         ctr: &mut Local,
     ) -> Result<(), DropReason> {
         let (hdr, off) =
-            vnet::VnetHdr::split(&b.tun[..n], self.vnet_hdr).ok_or(DropReason::Malformed)?;
+            vnet::VnetHdr::split(&buf[..n], self.vnet_hdr).ok_or(DropReason::Malformed)?;
         let pkt_len = n - off;
-        let pkt = &mut b.tun[off..n];
+        let pkt = &mut buf[off..n];
         let (version, entry) = match pkt.first().map(|v| v >> 4) {
             Some(4) if pkt.len() >= ipv4::HEADER_LEN => {
                 let mut d = [0; 4];
@@ -191,7 +207,7 @@ impl Worker {
         };
         let Some(entry) = entry else {
             if version == 4 && matches!(self.codec, Codec::FlannelUdp) {
-                self.send_unreachable(off, n, b, ctr);
+                self.send_unreachable(&buf[off..n], ctr);
             }
             return Err(DropReason::NoRoute);
         };
@@ -215,7 +231,7 @@ impl Worker {
             if b.tx_pos + need > b.tx.len() || b.msgs.len() + need / (headroom + gs) + 2 > TX_MSGS {
                 self.flush_tx(b, ctr);
             }
-            let pkt = &b.tun[off..n];
+            let pkt = &buf[off..n];
             let start = b.tx_pos;
             let segs = cut(pkt, gs, headroom, &mut b.tx[start..])?;
             ctr.add(Ctr::GsoSuperPackets, 1);
@@ -254,7 +270,7 @@ impl Worker {
                 self.flush_tx(b, ctr);
             }
             let s = b.tx_pos;
-            b.tx[s + headroom..s + len].copy_from_slice(&b.tun[off..n]);
+            b.tx[s + headroom..s + len].copy_from_slice(&buf[off..n]);
             self.codec
                 .write_header(&mut b.tx[s..s + headroom], mac, version);
             self.queue(b, dst, sock, s, len);
@@ -315,10 +331,10 @@ impl Worker {
     }
 
     /// flannel-UDP: ICMP net-unreachable back into the TUN for `tun[off..n]`.
-    fn send_unreachable(&self, off: usize, n: usize, b: &mut Buffers, ctr: &mut Local) {
+    fn send_unreachable(&self, pkt: &[u8], ctr: &mut Local) {
         let Some(src) = self.icmp_src else { return };
         let mut out = [0u8; 128];
-        let Some(len) = ipv4::build_net_unreachable(src, &b.tun[off..n], &mut out) else {
+        let Some(len) = ipv4::build_net_unreachable(src, pkt, &mut out) else {
             return;
         };
         let hdr = vnet::VnetHdr::default().to_bytes();

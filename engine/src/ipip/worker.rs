@@ -3,11 +3,12 @@
 //!
 //! The loop alternates two budgeted steps and sleeps in `poll` only when both
 //! found nothing:
-//! - TUN -> raw: up to [`TUN_BUDGET`] reads; each IPv4 packet is routed,
-//!   segmented (userspace GSO; raw IP has no kernel GSO) into the TX arena and
-//!   queued as one `sendmmsg` message per segment with its outer TTL/TOS; the
-//!   queue is flushed (DF messages first, then the others: DF is a socket
-//!   mode) when full and at the end of the step.
+//! - TUN -> raw: up to [`TUN_BUDGET`](crate::worker::TUN_BUDGET) reads
+//!   ([`read_tun`]); each IPv4 packet is routed, segmented (userspace GSO;
+//!   raw IP has no kernel GSO) into the TX arena and queued as one
+//!   `sendmmsg` message per segment with its outer TTL/TOS; the queue is
+//!   flushed (DF messages first, then the others: DF is a socket mode) when
+//!   full and at the end of the step.
 //! - raw -> TUN: one `recvmmsg`, outer header stripped, anti-spoofing and
 //!   decap per packet, userspace GRO, one `writev` per (coalesced) packet.
 //!
@@ -28,9 +29,8 @@ use crate::sys::raw::{BATCH, Raw, RawTx};
 use crate::sys::tun::Queue;
 use crate::tun_out::TunOut;
 use crate::wire::{ipv4, vnet};
+use crate::worker::read_tun;
 
-/// TUN reads per step.
-pub const TUN_BUDGET: usize = 64;
 /// Largest inner packet an outer IPv4 packet can carry.
 const MAX_INNER: usize = 65535 - ipv4::HEADER_LEN;
 const TUN_BUF: usize = vnet::HEADER_LEN + 65536;
@@ -65,7 +65,6 @@ struct Queued {
 }
 
 struct Buffers {
-    tun: Vec<u8>,
     tx: Vec<u8>,
     tx_pos: usize,
     msgs: Vec<Queued>,
@@ -76,8 +75,8 @@ struct Buffers {
 
 impl IpipWorker {
     pub(crate) fn run(self) {
+        let mut tun_buf = vec![0; TUN_BUF];
         let mut b = Buffers {
-            tun: vec![0; TUN_BUF],
             tx: vec![0; TX_ARENA],
             tx_pos: 0,
             msgs: Vec::with_capacity(TX_MSGS),
@@ -88,7 +87,7 @@ impl IpipWorker {
         let mut ctr = Local::default();
         ctr.add(Ctr::PeerCounting, 1);
         while !self.stop.load(Ordering::Relaxed) {
-            let a = self.tun_step(&mut b, &mut ctr);
+            let a = self.tun_step(&mut tun_buf, &mut b, &mut ctr);
             let r = self.raw_step(&mut b, &mut ctr);
             ctr.publish(&self.shared);
             if !a && !r {
@@ -103,24 +102,11 @@ impl IpipWorker {
 
     // === TUN -> raw ===
 
-    fn tun_step(&self, b: &mut Buffers, ctr: &mut Local) -> bool {
+    fn tun_step(&self, tun_buf: &mut [u8], b: &mut Buffers, ctr: &mut Local) -> bool {
         let peers = self.peers.load();
-        let mut any = false;
-        for _ in 0..TUN_BUDGET {
-            let n = match self.tun.read(&mut b.tun) {
-                Ok(Some(n)) => n,
-                Ok(None) => break,
-                Err(_) => {
-                    ctr.add(Ctr::IoErrors, 1);
-                    break;
-                }
-            };
-            any = true;
-            ctr.add(Ctr::TunReads, 1);
-            if let Err(r) = self.on_tun_packet(b, n, &peers, ctr) {
-                ctr.drop(r, 1);
-            }
-        }
+        let any = read_tun(&self.tun, tun_buf, ctr, |buf, n, ctr| {
+            self.on_tun_packet(b, buf, n, &peers, ctr)
+        });
         self.flush_tx(b, ctr);
         any
     }
@@ -128,13 +114,14 @@ impl IpipWorker {
     fn on_tun_packet(
         &self,
         b: &mut Buffers,
+        buf: &mut [u8],
         n: usize,
         peers: &PeerTable,
         ctr: &mut Local,
     ) -> Result<(), DropReason> {
         let (hdr, off) =
-            vnet::VnetHdr::split(&b.tun[..n], self.vnet_hdr).ok_or(DropReason::Malformed)?;
-        let pkt = &mut b.tun[off..n];
+            vnet::VnetHdr::split(&buf[..n], self.vnet_hdr).ok_or(DropReason::Malformed)?;
+        let pkt = &mut buf[off..n];
         let pkt_len = pkt.len();
         match pkt.first().map(|v| v >> 4) {
             Some(4) if pkt_len >= ipv4::HEADER_LEN => {}
@@ -161,7 +148,7 @@ impl IpipWorker {
             if b.tx_pos + need > b.tx.len() || b.msgs.len() + need / gs.max(1) + 2 > TX_MSGS {
                 self.flush_tx(b, ctr);
             }
-            let pkt = &b.tun[off..n];
+            let pkt = &buf[off..n];
             let start = b.tx_pos;
             let segs = gso::tcp_segment(pkt, gs, 0, &mut b.tx[start..])?;
             ctr.add(Ctr::GsoSuperPackets, 1);
@@ -195,7 +182,7 @@ impl IpipWorker {
                 self.flush_tx(b, ctr);
             }
             let s = b.tx_pos;
-            b.tx[s..s + pkt_len].copy_from_slice(&b.tun[off..n]);
+            b.tx[s..s + pkt_len].copy_from_slice(&buf[off..n]);
             Self::queue(b, dst, outer, s, pkt_len);
             b.tx_pos += pkt_len;
             peer_ctr.add(self.index, true, 1, pkt_len as u64);

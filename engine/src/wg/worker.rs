@@ -29,9 +29,8 @@ use crate::sys::udp::{BATCH, RxMeta, TxMsg, Udp};
 use crate::tun_out::TunOut;
 use crate::udp_tx::{self, MAX_UDP_PAYLOAD};
 use crate::wire::{ipv4, vnet};
+use crate::worker::{FLUSH_AT, read_tun};
 
-/// TUN reads per step.
-const TUN_BUDGET: usize = 64;
 /// Handed-off packets processed per step.
 const INBOX_BUDGET: usize = 32;
 /// A TUN read: vnet header + up to 64 KiB.
@@ -350,25 +349,13 @@ impl WgWorker {
         b: &mut Buffers,
         ctr: &mut Local,
     ) -> bool {
-        let mut any = false;
-        for _ in 0..TUN_BUDGET {
-            let n = match self.tun.read(tun_buf) {
-                Ok(Some(n)) => n,
-                Ok(None) => break,
-                Err(_) => {
-                    ctr.add(Ctr::IoErrors, 1);
-                    break;
-                }
-            };
-            any = true;
-            ctr.add(Ctr::TunReads, 1);
-            if let Err(r) = self.on_tun_packet(table, owned, tun_buf, n, b, ctr) {
-                ctr.drop(r, 1);
-            }
-            if b.tx_pos >= crate::worker::FLUSH_AT {
+        let any = read_tun(&self.tun, tun_buf, ctr, |buf, n, ctr| {
+            let r = self.on_tun_packet(table, owned, buf, n, b, ctr);
+            if b.tx_pos >= FLUSH_AT {
                 self.flush_tx(b, ctr);
             }
-        }
+            r
+        });
         self.flush_tx(b, ctr);
         any
     }

@@ -77,12 +77,8 @@ fn bench(c: &mut Criterion) {
             let s = gso::tcp_segment(black_box(&sp), MSS, 0, &mut seg).expect("segment");
             let mut pos = 0;
             for i in 0..s.count {
-                let len = if i + 1 == s.count {
-                    s.last_len
-                } else {
-                    s.stride
-                };
-                let src = &seg[i * s.stride..i * s.stride + len];
+                let src = &seg[s.range(i)];
+                let len = src.len();
                 if let TunnResult::WriteToNetwork(o) =
                     ta.encapsulate(src, &mut arena[pos..pos + len + 32])
                 {
@@ -112,15 +108,9 @@ fn bench(c: &mut Criterion) {
         let mut wire = Vec::new();
         let n = gso::tcp_segment(&sp, MSS, 0, &mut seg).expect("segment");
         for i in 0..n.count {
-            let len = if i + 1 == n.count {
-                n.last_len
-            } else {
-                n.stride
-            };
-            let mut out = vec![0u8; len + 32];
-            if let TunnResult::WriteToNetwork(o) =
-                ta.encapsulate(&seg[i * n.stride..i * n.stride + len], &mut out)
-            {
+            let src = &seg[n.range(i)];
+            let mut out = vec![0u8; src.len() + 32];
+            if let TunnResult::WriteToNetwork(o) = ta.encapsulate(src, &mut out) {
                 wire.push(o.to_vec());
             }
         }

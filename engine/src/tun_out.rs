@@ -82,12 +82,7 @@ impl TunOut {
             && let Ok(segs) = gso::tcp_segment(pkt, self.mtu - hdrs, 0, &mut self.scratch)
         {
             for i in 0..segs.count {
-                let len = if i + 1 == segs.count {
-                    segs.last_len
-                } else {
-                    segs.stride
-                };
-                write(&self.scratch[i * segs.stride..i * segs.stride + len]);
+                write(&self.scratch[segs.range(i)]);
             }
             return;
         }

@@ -238,12 +238,8 @@ impl Worker {
             let inner = segs.total_len() - segs.count * headroom;
             peer_ctr.add(self.index, true, segs.count as u64, inner as u64);
             for i in 0..segs.count {
-                let s = start + i * segs.stride;
-                let len = if i + 1 == segs.count {
-                    segs.last_len
-                } else {
-                    segs.stride
-                };
+                let r = segs.range(i);
+                let (s, len) = (start + r.start, r.len());
                 self.codec
                     .write_header(&mut b.tx[s..s + headroom], mac, version);
                 self.queue(b, dst, sock, s, len);
@@ -330,7 +326,7 @@ impl Worker {
         b.tx_pos = 0;
     }
 
-    /// flannel-UDP: ICMP net-unreachable back into the TUN for `tun[off..n]`.
+    /// flannel-UDP: ICMP net-unreachable back into the TUN for the unroutable `pkt`.
     fn send_unreachable(&self, pkt: &[u8], ctr: &mut Local) {
         let Some(src) = self.icmp_src else { return };
         let mut out = [0u8; 128];

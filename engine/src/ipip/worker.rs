@@ -154,12 +154,9 @@ impl IpipWorker {
             ctr.add(Ctr::GsoSuperPackets, 1);
             peer_ctr.add(self.index, true, segs.count as u64, segs.total_len() as u64);
             for i in 0..segs.count {
-                let len = if i + 1 == segs.count {
-                    segs.last_len
-                } else {
-                    segs.stride
-                };
-                Self::queue(b, dst, outer, start + i * segs.stride, len);
+                let r = segs.range(i);
+                let len = r.len();
+                Self::queue(b, dst, outer, start + r.start, len);
                 ctr.add(Ctr::TxPackets, 1);
                 ctr.add(Ctr::TxBytes, len as u64);
             }

@@ -79,14 +79,7 @@ fn gso_then_gro_round_trips() {
     let mut out = vec![0; 30000];
     let segs = crate::offload::gso::tcp_segment(&sp, 1200, 0, &mut out).expect("gso");
     let pkts: Vec<Vec<u8>> = (0..segs.count)
-        .map(|i| {
-            let len = if i + 1 == segs.count {
-                segs.last_len
-            } else {
-                segs.stride
-            };
-            out[i * segs.stride..i * segs.stride + len].to_vec()
-        })
+        .map(|i| out[segs.range(i)].to_vec())
         .collect();
     let w = run(&pkts);
     assert_eq!(w.len(), 1);

@@ -29,6 +29,16 @@ impl Segments {
     pub fn total_len(&self) -> usize {
         (self.count - 1) * self.stride + self.last_len
     }
+
+    /// Where segment `i` (< `count`) lies in the output, headroom included.
+    pub fn range(&self, i: usize) -> std::ops::Range<usize> {
+        let len = if i + 1 == self.count {
+            self.last_len
+        } else {
+            self.stride
+        };
+        i * self.stride..i * self.stride + len
+    }
 }
 
 /// Parsed facts about a TCP/IP packet needed to cut it.

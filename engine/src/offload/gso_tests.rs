@@ -15,12 +15,8 @@ fn segment_and_check(pkt: &[u8], gso: usize, headroom: usize, ip_hl: usize) -> V
     assert!(segs.total_len() <= need);
     let mut res = Vec::new();
     for i in 0..segs.count {
-        let len = if i + 1 == segs.count {
-            segs.last_len
-        } else {
-            segs.stride
-        };
-        let seg = out[i * segs.stride + headroom..i * segs.stride + len].to_vec();
+        let r = segs.range(i);
+        let seg = out[r.start + headroom..r.end].to_vec();
         assert!(seg.len() - ip_hl <= 32 + gso + 20);
         res.push(seg);
     }

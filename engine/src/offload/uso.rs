@@ -130,12 +130,8 @@ mod tests {
         assert!(segs.total_len() <= need);
         (0..segs.count)
             .map(|i| {
-                let len = if i + 1 == segs.count {
-                    segs.last_len
-                } else {
-                    segs.stride
-                };
-                out[i * segs.stride + headroom..i * segs.stride + len].to_vec()
+                let r = segs.range(i);
+                out[r.start + headroom..r.end].to_vec()
             })
             .collect()
     }

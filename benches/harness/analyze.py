@@ -116,9 +116,10 @@ def summary(argv):
             def med(key):
                 s = stats(rows, c, t, key)
                 return s[0] if s else nan()
+            per_gb = med("machine_cores_per_gbps")
+            ceiling = cores / per_gb if per_gb > 0 else nan()
             tail = ("%5.1f %10.0f" % (med("loss_pct"), med("rcvbuf_errors")) if udp
-                    else "%5.0f %10.0f %8.1f" % (med("retransmits"), med("rcvbuf_errors"),
-                                                 cores / med("machine_cores_per_gbps")))
+                    else "%5.0f %10.0f %8.1f" % (med("retransmits"), med("rcvbuf_errors"), ceiling))
             if udp:  # CPU microseconds per delivered packet
                 cpu = (med("machine_cores") * 1e3 / m[0], med("daemon_cores") * 1e3 / m[0]) if m[0] > 0 else (nan(), nan())
             else:

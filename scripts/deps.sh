@@ -3,7 +3,7 @@
 # Idempotent and quick when everything is present (no apt-get update then).
 set -euo pipefail
 PKGS=(
-  protobuf-compiler          # etcd-client's build script needs protoc
+  protobuf-compiler libprotobuf-dev  # etcd-client's build script: protoc and the well-known .proto files
   etcd-server etcd-client    # a real etcd for the store tests
   containernetworking-plugins # real bridge, host-local, portmap in /usr/lib/cni
   iproute2 iputils-ping procps psmisc kmod

@@ -17,7 +17,10 @@ fn cluster(tag: &str, backend: &str, nodes: u8) -> (tempfile::TempDir, Cluster) 
         nodes,
         net_conf: format!(r#"{{"Network":"10.244.0.0/16","Backend":{{"Type":"{backend}"}}}}"#),
         // The engine is under test here: force it (auto would pick kernel vxlan).
-        weftd_args: vec!["--traffic-manager=none".into(), "--dataplane=userspace".into()],
+        weftd_args: vec![
+            "--traffic-manager=none".into(),
+            "--dataplane=userspace".into(),
+        ],
         bin_dir: weft_tests::bins::dir(),
         work: work.path().to_path_buf(),
         store: Default::default(),
@@ -28,7 +31,10 @@ fn cluster(tag: &str, backend: &str, nodes: u8) -> (tempfile::TempDir, Cluster) 
 
 fn mtu(c: &Cluster, node: usize) -> u32 {
     let env = c.subnet_env(node).expect("subnet.env");
-    env.lines().find_map(|l| l.strip_prefix("FLANNEL_MTU=")).and_then(|v| v.parse().ok()).expect("FLANNEL_MTU")
+    env.lines()
+        .find_map(|l| l.strip_prefix("FLANNEL_MTU="))
+        .and_then(|v| v.parse().ok())
+        .expect("FLANNEL_MTU")
 }
 
 /// Every pod reaches every pod on the other nodes, full-size unfragmented
@@ -36,24 +42,47 @@ fn mtu(c: &Cluster, node: usize) -> u32 {
 fn full_mesh(backend: &str, tag: &str) {
     let (_w, mut c) = cluster(tag, backend, 3);
     for n in 0..3 {
-        c.add_pod(n, &format!("p{n}")).unwrap_or_else(|e| panic!("pod: {e}"));
+        c.add_pod(n, &format!("p{n}"))
+            .unwrap_or_else(|e| panic!("pod: {e}"));
     }
     for a in 0..3 {
         for b in 0..3 {
             if a != b {
                 let ok = wait_ping(&c, a, b);
-                assert!(ok, "{backend}: pod {a} cannot reach pod {b}; node logs:\n{}", c.log(a));
+                assert!(
+                    ok,
+                    "{backend}: pod {a} cannot reach pod {b}; node logs:\n{}",
+                    c.log(a)
+                );
             }
         }
     }
     // Don't-fragment pings of exactly the MTU.
     let size = (mtu(&c, 0) - 28).to_string();
-    let out = c.pods[0].ns.try_exec(&["ping", "-c", "2", "-W", "2", "-M", "do", "-s", &size, &c.pods[1].ip]);
-    assert!(out.status.success(), "MTU-sized ping failed: {}", String::from_utf8_lossy(&out.stdout));
+    let out = c.pods[0].ns.try_exec(&[
+        "ping",
+        "-c",
+        "2",
+        "-W",
+        "2",
+        "-M",
+        "do",
+        "-s",
+        &size,
+        &c.pods[1].ip,
+    ]);
+    assert!(
+        out.status.success(),
+        "MTU-sized ping failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     // TCP both ways.
     for (a, b) in [(0, 1), (2, 0)] {
         let bytes = iperf_bytes(&c, a, b);
-        assert!(bytes > 1_000_000, "{backend}: iperf3 {a}->{b} moved only {bytes} bytes");
+        assert!(
+            bytes > 1_000_000,
+            "{backend}: iperf3 {a}->{b} moved only {bytes} bytes"
+        );
     }
 }
 
@@ -63,9 +92,13 @@ fn wait_ping(c: &Cluster, a: usize, b: usize) -> bool {
 
 fn iperf_bytes(c: &Cluster, a: usize, b: usize) -> u64 {
     let server = &c.pods[b];
-    server.ns.exec(&["iperf3", "-s", "-1", "-D", "-B", &server.ip]);
+    server
+        .ns
+        .exec(&["iperf3", "-s", "-1", "-D", "-B", &server.ip]);
     std::thread::sleep(Duration::from_millis(300));
-    let out = c.pods[a].ns.try_exec(&["iperf3", "-c", &server.ip, "-t", "2", "-J"]);
+    let out = c.pods[a]
+        .ns
+        .try_exec(&["iperf3", "-c", &server.ip, "-t", "2", "-J"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     v["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0)
 }
@@ -92,27 +125,58 @@ fn removed_lease_cuts_and_restores_a_peer() {
     c.add_pod(1, "b").expect("pod b");
     assert!(wait_ping(&c, 0, 1), "no initial connectivity");
     let env = c.subnet_env(1).expect("env");
-    let subnet = env.lines().find_map(|l| l.strip_prefix("FLANNEL_SUBNET=")).expect("subnet").to_string();
+    let subnet = env
+        .lines()
+        .find_map(|l| l.strip_prefix("FLANNEL_SUBNET="))
+        .expect("subnet")
+        .to_string();
     let key = subnet.replace(".1/", ".0-");
     let store = format!("--store-path={}", c.work().join("store").display());
     let weft = weft_tests::bins::path("weft");
-    let st = std::process::Command::new(&weft).args(["leases", "rm", &key, &store]).status().expect("weft");
+    let st = std::process::Command::new(&weft)
+        .args(["leases", "rm", &key, &store])
+        .status()
+        .expect("weft");
     assert!(st.success());
     // Node 2's weftd exits (flannel's behaviour) and node 1 drops the peer.
-    wait_for("node 1 to drop the peer", Duration::from_secs(30), || c.log(0).contains(&format!("Subnet removed: {key}")).then_some(()));
+    wait_for("node 1 to drop the peer", Duration::from_secs(30), || {
+        c.log(0)
+            .contains(&format!("Subnet removed: {key}"))
+            .then_some(())
+    });
     wait_for("node 2 to exit", Duration::from_secs(30), || {
         let n = &mut c.nodes[1];
-        n.weftd.as_mut().is_some_and(|p| !matches!(p.try_wait(), Ok(None))).then_some(())
+        n.weftd
+            .as_mut()
+            .is_some_and(|p| !matches!(p.try_wait(), Ok(None)))
+            .then_some(())
     });
-    assert!(!c.pods[0].ns.ping(&c.pods[1].ip, 1), "peer still reachable after its lease was removed");
+    assert!(
+        !c.pods[0].ns.ping(&c.pods[1].ip, 1),
+        "peer still reachable after its lease was removed"
+    );
     let routes = c.nodes[0].ns.exec(&["ip", "route"]);
-    assert!(!routes.contains(&subnet.replace(".1/", ".0/")), "stale route left:\n{routes}");
+    assert!(
+        !routes.contains(&subnet.replace(".1/", ".0/")),
+        "stale route left:\n{routes}"
+    );
     // Restart: same subnet from subnet.env, traffic back.
     c.start_weftd(1).expect("restart");
-    wait_for("node 2 to re-take its subnet", Duration::from_secs(30), || {
-        c.log(1).contains("Found previously leased subnet").then_some(())
-    });
-    assert!(wait_ping(&c, 0, 1), "traffic did not come back; logs:\n{}\n{}", c.log(0), c.log(1));
+    wait_for(
+        "node 2 to re-take its subnet",
+        Duration::from_secs(30),
+        || {
+            c.log(1)
+                .contains("Found previously leased subnet")
+                .then_some(())
+        },
+    );
+    assert!(
+        wait_ping(&c, 0, 1),
+        "traffic did not come back; logs:\n{}\n{}",
+        c.log(0),
+        c.log(1)
+    );
 }
 
 /// Interop: node 1 runs weft's userspace VXLAN; node 2 is a plain kernel
@@ -126,13 +190,25 @@ fn userspace_vxlan_interoperates_with_kernel_vxlan() {
     c.stop_weftd(1);
     let store = format!("--store-path={}", c.work().join("store").display());
     let weft = weft_tests::bins::path("weft");
-    let leases = std::process::Command::new(&weft).args(["leases", "--json", &store]).output().expect("weft leases");
+    let leases = std::process::Command::new(&weft)
+        .args(["leases", "--json", &store])
+        .output()
+        .expect("weft leases");
     let leases: serde_json::Value = serde_json::from_slice(&leases.stdout).expect("json");
-    let n1 = leases.as_array().expect("array").iter().find(|l| l["value"]["PublicIP"] == "192.0.2.1").expect("node 1 lease").clone();
+    let n1 = leases
+        .as_array()
+        .expect("array")
+        .iter()
+        .find(|l| l["value"]["PublicIP"] == "192.0.2.1")
+        .expect("node 1 lease")
+        .clone();
     let n1_key = n1["key"].as_str().expect("key").to_string();
     let n1_subnet = n1_key.replace('-', "/");
     let n1_gw = n1_key.split('-').next().expect("ip").to_string();
-    let n1_mac = n1["value"]["BackendData"]["VtepMAC"].as_str().expect("mac").to_string();
+    let n1_mac = n1["value"]["BackendData"]["VtepMAC"]
+        .as_str()
+        .expect("mac")
+        .to_string();
     let n2 = &c.nodes[1].ns;
     // The kernel node's subnet and its VTEP MAC, published like flannel would.
     let (sub2, gw2, mac2) = ("10.244.200.0/24", "10.244.200.0", "02:00:00:c0:ff:ee");
@@ -156,21 +232,57 @@ fn userspace_vxlan_interoperates_with_kernel_vxlan() {
     let _ = sub2;
     // A pod on each side: weft's via CNI, the kernel node's by hand.
     let kp = weft_control::demo::netns::Netns::new(&format!("{}k", c.nodes[1].ns.name()));
-    weft_control::demo::netns::run("ip", &["link", "add", "eth0", "netns", kp.name(), "type", "veth", "peer", "name", "vk", "netns", c.nodes[1].ns.name()]);
+    weft_control::demo::netns::run(
+        "ip",
+        &[
+            "link",
+            "add",
+            "eth0",
+            "netns",
+            kp.name(),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "vk",
+            "netns",
+            c.nodes[1].ns.name(),
+        ],
+    );
     c.nodes[1].ns.sh("ip link set vk master cni0 up");
     kp.sh("ip addr add 10.244.200.2/24 dev eth0; ip link set eth0 up; ip route add default via 10.244.200.1");
     c.add_pod(0, "w").expect("pod on the weft node");
     let wpod = c.pods[0].ip.clone();
-    wait_for("weft to learn the kernel node", Duration::from_secs(30), || c.log(0).contains("Subnet added: 10.244.200.0-24").then_some(()));
-    assert!((0..10).any(|_| c.pods[0].ns.ping("10.244.200.2", 1)), "weft pod -> kernel pod failed");
-    assert!((0..10).any(|_| kp.ping(&wpod, 1)), "kernel pod -> weft pod failed");
+    wait_for(
+        "weft to learn the kernel node",
+        Duration::from_secs(30),
+        || {
+            c.log(0)
+                .contains("Subnet added: 10.244.200.0-24")
+                .then_some(())
+        },
+    );
+    assert!(
+        (0..10).any(|_| c.pods[0].ns.ping("10.244.200.2", 1)),
+        "weft pod -> kernel pod failed"
+    );
+    assert!(
+        (0..10).any(|_| kp.ping(&wpod, 1)),
+        "kernel pod -> weft pod failed"
+    );
     // TCP both ways.
-    for (client, server_ns, server_ip) in [(&c.pods[0].ns, &kp, "10.244.200.2"), (&kp, &c.pods[0].ns, wpod.as_str())] {
+    for (client, server_ns, server_ip) in [
+        (&c.pods[0].ns, &kp, "10.244.200.2"),
+        (&kp, &c.pods[0].ns, wpod.as_str()),
+    ] {
         server_ns.exec(&["iperf3", "-s", "-1", "-D", "-B", server_ip]);
         std::thread::sleep(Duration::from_millis(300));
         let out = client.try_exec(&["iperf3", "-c", server_ip, "-t", "2", "-J"]);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
         let bytes = v["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0);
-        assert!(bytes > 1_000_000, "TCP to {server_ip} moved only {bytes} bytes");
+        assert!(
+            bytes > 1_000_000,
+            "TCP to {server_ip} moved only {bytes} bytes"
+        );
     }
 }

@@ -48,7 +48,19 @@ fn env_value(c: &Cluster, n: usize, key: &str) -> String {
 /// Whether this kernel can create ipip links (then auto picks the kernel path).
 fn kernel_has_ipip(c: &Cluster) -> bool {
     let ns = &c.nodes[0].ns;
-    let ok = ns.try_exec(&["ip", "link", "add", "wtprobe", "type", "ipip", "local", "127.0.0.9"]).status.success();
+    let ok = ns
+        .try_exec(&[
+            "ip",
+            "link",
+            "add",
+            "wtprobe",
+            "type",
+            "ipip",
+            "local",
+            "127.0.0.9",
+        ])
+        .status
+        .success();
     if ok {
         ns.try_exec(&["ip", "link", "del", "wtprobe"]);
     }
@@ -61,16 +73,25 @@ fn wait_ping(c: &Cluster, a: usize, b: usize) -> bool {
 
 fn iperf_bytes(c: &Cluster, a: usize, b: usize) -> u64 {
     let server = &c.pods[b];
-    server.ns.exec(&["iperf3", "-s", "-1", "-D", "-B", &server.ip]);
+    server
+        .ns
+        .exec(&["iperf3", "-s", "-1", "-D", "-B", &server.ip]);
     std::thread::sleep(Duration::from_millis(300));
-    let out = c.pods[a].ns.try_exec(&["iperf3", "-c", &server.ip, "-t", "2", "-J"]);
+    let out = c.pods[a]
+        .ns
+        .try_exec(&["iperf3", "-c", &server.ip, "-t", "2", "-J"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     v["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0)
 }
 
 fn engine_drops(c: &Cluster, n: usize) -> Drops {
     let st = query(&socket_path(&subnet_file(c, n)), Duration::from_secs(5)).expect("status");
-    let dev = st.backend.devices.iter().find(|d| d.name == "flannel.ipip").expect("flannel.ipip in status");
+    let dev = st
+        .backend
+        .devices
+        .iter()
+        .find(|d| d.name == "flannel.ipip")
+        .expect("flannel.ipip in status");
     dev.drops.expect("engine drops")
 }
 
@@ -80,65 +101,133 @@ fn ipip_three_nodes_userspace_full_mesh() {
     let (_w, mut c) = cluster("ip", 3);
     let userspace = !kernel_has_ipip(&c);
     for n in 0..3 {
-        c.add_pod(n, &format!("p{n}")).unwrap_or_else(|e| panic!("pod: {e}"));
+        c.add_pod(n, &format!("p{n}"))
+            .unwrap_or_else(|e| panic!("pod: {e}"));
         let st = query(&socket_path(&subnet_file(&c, n)), Duration::from_secs(5)).expect("status");
         assert_eq!(st.backend.name, "ipip");
         if userspace {
-            assert_eq!(st.backend.dataplane, "userspace", "auto must fall back to the engine");
-            assert!(c.log(n).contains("same wire format in userspace"), "{}", c.log(n));
+            assert_eq!(
+                st.backend.dataplane, "userspace",
+                "auto must fall back to the engine"
+            );
+            assert!(
+                c.log(n).contains("same wire format in userspace"),
+                "{}",
+                c.log(n)
+            );
         }
         // The device as flannel's: /32 of the subnet IP, MTU ext - 20.
         assert_eq!(env_value(&c, n, "FLANNEL_MTU"), "1480");
         let sn = env_value(&c, n, "FLANNEL_SUBNET");
         let ip = sn.split('/').next().expect("ip").to_string();
         let net = format!("{}.0/32", ip.rsplit_once('.').expect("dotted").0);
-        let link = c.nodes[n].ns.exec(&["ip", "-o", "addr", "show", "dev", "flannel.ipip"]);
+        let link = c.nodes[n]
+            .ns
+            .exec(&["ip", "-o", "addr", "show", "dev", "flannel.ipip"]);
         assert!(link.contains(&net), "address {net} on flannel.ipip: {link}");
-        let l = c.nodes[n].ns.exec(&["ip", "-o", "link", "show", "dev", "flannel.ipip"]);
+        let l = c.nodes[n]
+            .ns
+            .exec(&["ip", "-o", "link", "show", "dev", "flannel.ipip"]);
         assert!(l.contains("mtu 1480"), "{l}");
     }
     for a in 0..3 {
         for b in 0..3 {
             if a != b {
-                assert!(wait_ping(&c, a, b), "pod {a} cannot reach pod {b}; node logs:\n{}", c.log(a));
+                assert!(
+                    wait_ping(&c, a, b),
+                    "pod {a} cannot reach pod {b}; node logs:\n{}",
+                    c.log(a)
+                );
             }
         }
     }
     // One route per peer subnet on the device.
-    let routes = c.nodes[0].ns.exec(&["ip", "route", "show", "dev", "flannel.ipip"]);
-    assert_eq!(routes.lines().filter(|l| l.starts_with("10.244.")).count(), 2, "{routes}");
+    let routes = c.nodes[0]
+        .ns
+        .exec(&["ip", "route", "show", "dev", "flannel.ipip"]);
+    assert_eq!(
+        routes.lines().filter(|l| l.starts_with("10.244.")).count(),
+        2,
+        "{routes}"
+    );
     // DF pings of exactly the MTU pass; one byte more does not.
-    let out = c.pods[0].ns.try_exec(&["ping", "-c", "2", "-W", "2", "-M", "do", "-s", "1452", &c.pods[1].ip]);
-    assert!(out.status.success(), "MTU-sized ping failed: {}", String::from_utf8_lossy(&out.stdout));
-    let out = c.pods[0].ns.try_exec(&["ping", "-c", "1", "-W", "2", "-M", "do", "-s", "1453", &c.pods[1].ip]);
-    assert!(!out.status.success(), "one byte over the MTU passed with DF");
+    let out = c.pods[0].ns.try_exec(&[
+        "ping",
+        "-c",
+        "2",
+        "-W",
+        "2",
+        "-M",
+        "do",
+        "-s",
+        "1452",
+        &c.pods[1].ip,
+    ]);
+    assert!(
+        out.status.success(),
+        "MTU-sized ping failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = c.pods[0].ns.try_exec(&[
+        "ping",
+        "-c",
+        "1",
+        "-W",
+        "2",
+        "-M",
+        "do",
+        "-s",
+        "1453",
+        &c.pods[1].ip,
+    ]);
+    assert!(
+        !out.status.success(),
+        "one byte over the MTU passed with DF"
+    );
     // The underlay carries IPv4 protocol 4 between the nodes' addresses.
     let dump = c.nodes[1]
         .ns
         .command("tcpdump")
-        .args(["-n", "-c", "1", "-i", "eth0", "ip proto 4 and src 192.0.2.1"])
+        .args([
+            "-n",
+            "-c",
+            "1",
+            "-i",
+            "eth0",
+            "ip proto 4 and src 192.0.2.1",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("tcpdump");
     std::thread::sleep(Duration::from_millis(800));
     assert!(c.pods[0].ns.ping(&c.pods[1].ip, 2));
-    let text = String::from_utf8_lossy(&dump.wait_with_output().expect("tcpdump").stdout).to_string();
+    let text =
+        String::from_utf8_lossy(&dump.wait_with_output().expect("tcpdump").stdout).to_string();
     // (The first echo request may be the node's own, from its flannel.ipip address.)
     let sub1 = env_value(&c, 1, "FLANNEL_SUBNET");
     let dst_net = sub1.rsplit_once('.').expect("dotted").0;
     assert!(
-        text.contains("192.0.2.1 > 192.0.2.2: IP 10.244.") && text.contains(&format!("> {dst_net}.")) && text.contains("ICMP echo request"),
+        text.contains("192.0.2.1 > 192.0.2.2: IP 10.244.")
+            && text.contains(&format!("> {dst_net}."))
+            && text.contains("ICMP echo request"),
         "IPIP on the wire: {text}"
     );
     // TCP both ways.
     for (a, b) in [(0, 1), (2, 0), (1, 2)] {
         let bytes = iperf_bytes(&c, a, b);
-        assert!(bytes > 1_000_000, "iperf3 {a}->{b} moved only {bytes} bytes");
+        assert!(
+            bytes > 1_000_000,
+            "iperf3 {a}->{b} moved only {bytes} bytes"
+        );
     }
     if userspace {
         let d = engine_drops(&c, 0);
-        assert_eq!(d.malformed + d.unknown_peer + d.spoofed_source + d.udp_send_error + d.io_error, 0, "{d:?}");
+        assert_eq!(
+            d.malformed + d.unknown_peer + d.spoofed_source + d.udp_send_error + d.io_error,
+            0,
+            "{d:?}"
+        );
     }
 }
 
@@ -146,7 +235,10 @@ fn ipip_three_nodes_userspace_full_mesh() {
 /// source (IPPROTO_RAW builds the outer header itself). `packets` are
 /// `(outer_src, inner_src, kind)`, kind one of valid, truncated, inner6, empty.
 fn raw_sender(dst: &str, pod: &str, packets: &[(&str, &str, &str)]) -> String {
-    let list: Vec<String> = packets.iter().map(|(o, i, k)| format!("('{o}','{i}','{k}')")).collect();
+    let list: Vec<String> = packets
+        .iter()
+        .map(|(o, i, k)| format!("('{o}','{i}','{k}')"))
+        .collect();
     format!(
         r#"
 import socket, struct
@@ -181,10 +273,18 @@ fn ipip_spoofed_and_malformed_packets_are_dropped_and_counted() {
     }
     c.add_pod(0, "a").expect("pod a");
     c.add_pod(1, "b").expect("pod b");
-    assert!(wait_ping(&c, 1, 0), "no initial connectivity; logs:\n{}", c.log(0));
+    assert!(
+        wait_ping(&c, 1, 0),
+        "no initial connectivity; logs:\n{}",
+        c.log(0)
+    );
     let pod = c.pods[0].ip.clone();
     // Node 1's own subnet (a source it may use) and one it does not own.
-    let own = env_value(&c, 1, "FLANNEL_SUBNET").split('/').next().expect("ip").to_string();
+    let own = env_value(&c, 1, "FLANNEL_SUBNET")
+        .split('/')
+        .next()
+        .expect("ip")
+        .to_string();
     let base = own.rsplit_once('.').expect("dotted").0.to_string();
     let (good_src, foreign_src) = (format!("{base}.77"), "10.244.250.9".to_string());
     let listener = c.pods[0]
@@ -216,10 +316,22 @@ fn ipip_spoofed_and_malformed_packets_are_dropped_and_counted() {
         ],
     );
     let out = c.nodes[1].ns.try_exec(&["python3", "-c", &script]);
-    assert!(out.status.success(), "raw sender: {}", String::from_utf8_lossy(&out.stderr));
-    let got = String::from_utf8_lossy(&listener.wait_with_output().expect("listener").stdout).to_string();
-    assert!(got.contains(&format!("weft-valid-192.0.2.2-{good_src}")), "the valid packet arrived: {got:?}");
-    assert_eq!(got.lines().count(), 1, "only the valid packet reaches the pod: {got:?}");
+    assert!(
+        out.status.success(),
+        "raw sender: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got =
+        String::from_utf8_lossy(&listener.wait_with_output().expect("listener").stdout).to_string();
+    assert!(
+        got.contains(&format!("weft-valid-192.0.2.2-{good_src}")),
+        "the valid packet arrived: {got:?}"
+    );
+    assert_eq!(
+        got.lines().count(),
+        1,
+        "only the valid packet reaches the pod: {got:?}"
+    );
     let after = engine_drops(&c, 0);
     assert_eq!(after.unknown_peer, before.unknown_peer + 1, "{after:?}");
     assert_eq!(after.spoofed_source, before.spoofed_source + 1, "{after:?}");

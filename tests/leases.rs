@@ -33,8 +33,13 @@ impl Store {
             format!("--net-config-path={}", dir.join("net-conf.json").display()),
         ];
         match self {
-            Store::Embedded(p) => a.extend(["--store=embedded".to_string(), format!("--store-path={}", p.display())]),
-            Store::Etcd(ep) => a.extend(["--store=etcd".to_string(), format!("--etcd-endpoints={ep}")]),
+            Store::Embedded(p) => a.extend([
+                "--store=embedded".to_string(),
+                format!("--store-path={}", p.display()),
+            ]),
+            Store::Etcd(ep) => {
+                a.extend(["--store=etcd".to_string(), format!("--etcd-endpoints={ep}")])
+            }
         }
         a.extend(extra.iter().map(|s| s.to_string()));
         a
@@ -53,19 +58,30 @@ fn etcd_store(etcd: &Etcd, dir: &Path) -> Store {
 }
 
 fn weft(args: &[&str]) -> String {
-    let out = std::process::Command::new(weft_tests::bins::path("weft")).args(args).output().expect("run weft");
-    assert!(out.status.success(), "weft {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = std::process::Command::new(weft_tests::bins::path("weft"))
+        .args(args)
+        .output()
+        .expect("run weft");
+    assert!(
+        out.status.success(),
+        "weft {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// 20 daemons started at once take 20 distinct subnets of the network.
 fn concurrent_distinct(store: Store, dir: &Path) {
-    let mut ds: Vec<Weftd> =
-        (1..=20).map(|i| Weftd::start(&format!("n{i}"), dir, None, &store.args(dir, i, &[]))).collect();
+    let mut ds: Vec<Weftd> = (1..=20)
+        .map(|i| Weftd::start(&format!("n{i}"), dir, None, &store.args(dir, i, &[])))
+        .collect();
     let mut subnets = BTreeSet::new();
     for d in &mut ds {
         let env = d.wait_ready(READY);
-        assert_eq!(env.get("FLANNEL_NETWORK").map(String::as_str), Some("10.244.0.0/16"));
+        assert_eq!(
+            env.get("FLANNEL_NETWORK").map(String::as_str),
+            Some("10.244.0.0/16")
+        );
         let sn = env.get("FLANNEL_SUBNET").expect("FLANNEL_SUBNET").clone();
         assert!(sn.starts_with("10.244.") && sn.ends_with(".1/24"), "{sn}");
         assert!(subnets.insert(sn.clone()), "{sn} handed out twice");
@@ -80,7 +96,11 @@ fn restart_keeps_subnet(store: Store, dir: &Path) {
     a.proc.stop(libc::SIGKILL, Duration::from_secs(10));
     std::fs::remove_file(&a.subnet_env).expect("rm subnet.env");
     a.restart();
-    assert_eq!(a.wait_ready(READY)["FLANNEL_SUBNET"], first, "same public IP must get the same subnet back");
+    assert_eq!(
+        a.wait_ready(READY)["FLANNEL_SUBNET"],
+        first,
+        "same public IP must get the same subnet back"
+    );
     assert_eq!(a.proc.stop(libc::SIGTERM, Duration::from_secs(20)), Some(0));
     assert!(a.proc.log().contains("Exiting cleanly"), "{}", a.proc.log());
 }
@@ -96,8 +116,16 @@ fn removal_is_seen(store: Store, dir: &Path, delete: impl Fn(&str)) {
     b.wait_log(&format!("Subnet added: {key}"), READY);
     delete(&key);
     b.wait_log(&format!("Subnet removed: {key}"), READY);
-    wait_for("the owner to exit", READY, || (!a.proc.running()).then_some(()));
-    assert!(a.proc.log().contains("Lease has been revoked. Shutting down daemon."), "{}", a.proc.log());
+    wait_for("the owner to exit", READY, || {
+        (!a.proc.running()).then_some(())
+    });
+    assert!(
+        a.proc
+            .log()
+            .contains("Lease has been revoked. Shutting down daemon."),
+        "{}",
+        a.proc.log()
+    );
     assert!(b.proc.running(), "the other daemon must keep running");
 }
 
@@ -119,7 +147,12 @@ fn embedded_removed_lease_is_seen() {
     let store = embedded(dir.path());
     let path = dir.path().join("store");
     removal_is_seen(store, dir.path(), |key| {
-        weft(&["leases", "rm", key, &format!("--store-path={}", path.display())]);
+        weft(&[
+            "leases",
+            "rm",
+            key,
+            &format!("--store-path={}", path.display()),
+        ]);
     });
 }
 
@@ -128,21 +161,47 @@ fn embedded_subnet_env_and_readyz() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = embedded(dir.path());
     let port = free_port();
-    let mut a = Weftd::start("a", dir.path(), None, &store.args(dir.path(), 1, &["--healthz-ip=127.0.0.1", &format!("--healthz-port={port}")]));
+    let mut a = Weftd::start(
+        "a",
+        dir.path(),
+        None,
+        &store.args(
+            dir.path(),
+            1,
+            &["--healthz-ip=127.0.0.1", &format!("--healthz-port={port}")],
+        ),
+    );
     a.wait_ready(READY);
     let text = std::fs::read_to_string(&a.subnet_env).expect("subnet.env");
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 4, "{text}");
     assert_eq!(lines[0], "FLANNEL_NETWORK=10.244.0.0/16");
-    assert!(lines[1].starts_with("FLANNEL_SUBNET=10.244.") && lines[1].ends_with(".1/24"), "{text}");
+    assert!(
+        lines[1].starts_with("FLANNEL_SUBNET=10.244.") && lines[1].ends_with(".1/24"),
+        "{text}"
+    );
     assert!(lines[2].starts_with("FLANNEL_MTU="), "{text}");
     assert_eq!(lines[3], "FLANNEL_IPMASQ=false");
     use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(&a.subnet_env).expect("stat").permissions().mode() & 0o777;
+    let mode = std::fs::metadata(&a.subnet_env)
+        .expect("stat")
+        .permissions()
+        .mode()
+        & 0o777;
     assert_eq!(mode, 0o644);
-    assert_eq!(http_get(port, "/readyz"), (200, "flanneld is ready".to_string()));
-    assert_eq!(http_get(port, "/healthz"), (200, "flanneld is running".to_string()));
-    let listed = weft(&["leases", "--json", &format!("--store-path={}", dir.path().join("store").display())]);
+    assert_eq!(
+        http_get(port, "/readyz"),
+        (200, "flanneld is ready".to_string())
+    );
+    assert_eq!(
+        http_get(port, "/healthz"),
+        (200, "flanneld is running".to_string())
+    );
+    let listed = weft(&[
+        "leases",
+        "--json",
+        &format!("--store-path={}", dir.path().join("store").display()),
+    ]);
     let v: serde_json::Value = serde_json::from_str(&listed).expect("json");
     assert_eq!(v[0]["value"]["PublicIP"], "192.0.2.1");
     assert!(v[0]["value"]["PublicIPv6"].is_null());
@@ -154,10 +213,23 @@ fn etcd_concurrent_daemons_get_distinct_subnets() {
     let dir = tempfile::tempdir().expect("tempdir");
     concurrent_distinct(etcd_store(&etcd, dir.path()), dir.path());
     // The keys and values are flannel's.
-    let keys = etcd.etcdctl_ok(&["get", "--prefix", "--keys-only", "/coreos.com/network/subnets/"]);
+    let keys = etcd.etcdctl_ok(&[
+        "get",
+        "--prefix",
+        "--keys-only",
+        "/coreos.com/network/subnets/",
+    ]);
     assert_eq!(keys.lines().filter(|l| !l.is_empty()).count(), 20, "{keys}");
-    let v = etcd.etcdctl_ok(&["get", "--print-value-only", keys.lines().next().expect("a key")]);
-    assert!(v.trim().starts_with(r#"{"PublicIP":"192.0.2."#) && v.trim().ends_with(r#","PublicIPv6":null}"#), "{v}");
+    let v = etcd.etcdctl_ok(&[
+        "get",
+        "--print-value-only",
+        keys.lines().next().expect("a key"),
+    ]);
+    assert!(
+        v.trim().starts_with(r#"{"PublicIP":"192.0.2."#)
+            && v.trim().ends_with(r#","PublicIPv6":null}"#),
+        "{v}"
+    );
 }
 
 #[test]
@@ -183,7 +255,12 @@ fn etcd_hand_written_lease_renewal_and_outage() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = etcd_store(&etcd, dir.path());
     // A short TTL so that renewal is observable: weftd renews at TTL/2.
-    let mut a = Weftd::start("a", dir.path(), None, &store.args(dir.path(), 1, &["--lease-ttl=6"]));
+    let mut a = Weftd::start(
+        "a",
+        dir.path(),
+        None,
+        &store.args(dir.path(), 1, &["--lease-ttl=6"]),
+    );
     let sa = a.wait_ready(READY)["FLANNEL_SUBNET"].clone();
     let own = format!("/coreos.com/network/subnets/{}", sa.replace(".1/", ".0-"));
 
@@ -195,15 +272,30 @@ fn etcd_hand_written_lease_renewal_and_outage() {
     // Renewal: the key outlives its 6 s TTL several times over.
     a.wait_log("Lease renewed", READY);
     std::thread::sleep(Duration::from_secs(8));
-    assert!(!etcd.etcdctl_ok(&["get", "--keys-only", &own]).trim().is_empty(), "own lease expired; log:\n{}", a.proc.log());
+    assert!(
+        !etcd
+            .etcdctl_ok(&["get", "--keys-only", &own])
+            .trim()
+            .is_empty(),
+        "own lease expired; log:\n{}",
+        a.proc.log()
+    );
 
     // etcd down for a while: weftd keeps running, then resyncs.
     etcd.stop();
     std::thread::sleep(Duration::from_secs(4));
-    assert!(a.proc.running(), "weftd died while etcd was down:\n{}", a.proc.log());
+    assert!(
+        a.proc.running(),
+        "weftd died while etcd was down:\n{}",
+        a.proc.log()
+    );
     etcd.start_again();
     etcd.wait_healthy();
-    etcd.etcdctl_ok(&["put", "/coreos.com/network/subnets/10.244.98.0-24", r#"{"PublicIP":"192.0.2.98","PublicIPv6":null}"#]);
+    etcd.etcdctl_ok(&[
+        "put",
+        "/coreos.com/network/subnets/10.244.98.0-24",
+        r#"{"PublicIP":"192.0.2.98","PublicIPv6":null}"#,
+    ]);
     a.wait_log("Subnet added: 10.244.98.0-24", READY);
     assert!(a.proc.running());
 }

@@ -596,13 +596,36 @@ fn wireguard_and_ipip_peer_counters_handshake_and_http() {
         let after = status_http(&c, 0);
         let d = |f: &str| peer_counter(&after, &s1, f) - peer_counter(&before, &s1, f);
         // Keepalives and handshakes are not inner packets: only the pings count.
-        assert_within(&format!("{backend} peer tx packets"), d("tx_packets"), N, N + 3);
-        assert_within(&format!("{backend} peer rx packets"), d("rx_packets"), N, N + 3);
-        assert_within(&format!("{backend} peer tx bytes"), d("tx_bytes"), N * 128, (N + 3) * 1500);
-        assert_within(&format!("{backend} peer rx bytes"), d("rx_bytes"), N * 128, (N + 3) * 1500);
+        assert_within(
+            &format!("{backend} peer tx packets"),
+            d("tx_packets"),
+            N,
+            N + 3,
+        );
+        assert_within(
+            &format!("{backend} peer rx packets"),
+            d("rx_packets"),
+            N,
+            N + 3,
+        );
+        assert_within(
+            &format!("{backend} peer tx bytes"),
+            d("tx_bytes"),
+            N * 128,
+            (N + 3) * 1500,
+        );
+        assert_within(
+            &format!("{backend} peer rx bytes"),
+            d("rx_bytes"),
+            N * 128,
+            (N + 3) * 1500,
+        );
         // The socket and HTTP give the same peers.
         let sock = status(&c, 0);
-        assert_eq!(sock["peers"].as_array().map(Vec::len), after["peers"].as_array().map(Vec::len));
+        assert_eq!(
+            sock["peers"].as_array().map(Vec::len),
+            after["peers"].as_array().map(Vec::len)
+        );
         let hs = &peer(&after, &s1)["last_handshake"];
         let m = metrics(&c, 0);
         if backend == "wireguard" {
@@ -610,13 +633,23 @@ fn wireguard_and_ipip_peer_counters_handshake_and_http() {
                 .duration_since(std::time::UNIX_EPOCH)
                 .expect("clock")
                 .as_secs();
-            let at = hs.as_u64().unwrap_or_else(|| panic!("no last_handshake in {after:#}"));
+            let at = hs
+                .as_u64()
+                .unwrap_or_else(|| panic!("no last_handshake in {after:#}"));
             assert_within("last handshake", at, now - 180, now + 1);
-            let text = String::from_utf8_lossy(&weft(&["status", &subnet_file(&c, 0)]).stdout).to_string();
-            let line = text.lines().find(|l| l.contains(s1.as_str())).unwrap_or_default();
-            assert!(line.contains("handshake") && line.contains(" ago"), "{text}");
+            let text =
+                String::from_utf8_lossy(&weft(&["status", &subnet_file(&c, 0)]).stdout).to_string();
+            let line = text
+                .lines()
+                .find(|l| l.contains(s1.as_str()))
+                .unwrap_or_default();
             assert!(
-                m.keys().any(|k| k.starts_with("weft_peer_last_handshake_seconds{")),
+                line.contains("handshake") && line.contains(" ago"),
+                "{text}"
+            );
+            assert!(
+                m.keys()
+                    .any(|k| k.starts_with("weft_peer_last_handshake_seconds{")),
                 "no handshake gauge in /metrics"
             );
         } else {

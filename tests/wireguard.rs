@@ -14,7 +14,11 @@ use weft_tests::proc::wait_for;
 use weft_tests::require_root;
 
 fn cluster(tag: &str, nodes: u8) -> (tempfile::TempDir, Cluster) {
-    cluster_with(tag, nodes, r#"{"Type":"wireguard","PersistentKeepaliveInterval":5}"#)
+    cluster_with(
+        tag,
+        nodes,
+        r#"{"Type":"wireguard","PersistentKeepaliveInterval":5}"#,
+    )
 }
 
 fn cluster_with(tag: &str, nodes: u8, backend: &str) -> (tempfile::TempDir, Cluster) {
@@ -46,13 +50,20 @@ fn tcp_bytes(client: &Netns, server: &Netns, server_ip: &str) -> u64 {
 
 fn leases(c: &Cluster) -> Vec<serde_json::Value> {
     let store = format!("--store-path={}", c.work().join("store").display());
-    let out = std::process::Command::new(weft_tests::bins::path("weft")).args(["leases", "--json", &store]).output().expect("weft leases");
+    let out = std::process::Command::new(weft_tests::bins::path("weft"))
+        .args(["leases", "--json", &store])
+        .output()
+        .expect("weft leases");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     v.as_array().expect("array").clone()
 }
 
 fn lease_of(c: &Cluster, public_ip: &str) -> serde_json::Value {
-    leases(c).into_iter().find(|l| l["value"]["PublicIP"] == public_ip).expect("lease").clone()
+    leases(c)
+        .into_iter()
+        .find(|l| l["value"]["PublicIP"] == public_ip)
+        .expect("lease")
+        .clone()
 }
 
 /// A child process killed (and reaped) on drop.
@@ -70,44 +81,80 @@ fn wireguard_three_nodes() {
     require_root!();
     let (_w, mut c) = cluster("wg3", 3);
     for n in 0..3 {
-        c.add_pod(n, &format!("p{n}")).unwrap_or_else(|e| panic!("pod: {e}"));
+        c.add_pod(n, &format!("p{n}"))
+            .unwrap_or_else(|e| panic!("pod: {e}"));
     }
     for a in 0..3 {
         for b in 0..3 {
             if a != b {
                 let ok = wait_ping(&c.pods[a].ns, &c.pods[b].ip);
-                assert!(ok, "pod {a} cannot reach pod {b}; logs:\n{}\n{}", c.log(a), c.log(b));
+                assert!(
+                    ok,
+                    "pod {a} cannot reach pod {b}; logs:\n{}\n{}",
+                    c.log(a),
+                    c.log(b)
+                );
             }
         }
     }
     // flannel's shape: device, MTU, address, route, key file, lease bytes.
     let env = c.subnet_env(0).expect("subnet.env");
     assert!(env.contains("FLANNEL_MTU=1420"), "{env}");
-    let link = c.nodes[0].ns.exec(&["ip", "-d", "link", "show", "flannel-wg"]);
+    let link = c.nodes[0]
+        .ns
+        .exec(&["ip", "-d", "link", "show", "flannel-wg"]);
     assert!(link.contains("mtu 1420"), "{link}");
-    let routes = c.nodes[0].ns.exec(&["ip", "route", "show", "10.244.0.0/16"]);
-    assert!(routes.contains("dev flannel-wg") && routes.contains("scope link"), "{routes}");
+    let routes = c.nodes[0]
+        .ns
+        .exec(&["ip", "route", "show", "10.244.0.0/16"]);
+    assert!(
+        routes.contains("dev flannel-wg") && routes.contains("scope link"),
+        "{routes}"
+    );
     let key_file = c.nodes[0].dir.join("wgkey");
     let meta = std::fs::metadata(&key_file).expect("key file");
     assert_eq!(meta.permissions().mode() & 0o777, 0o400);
     let key_text = std::fs::read_to_string(&key_file).expect("key");
     assert_eq!(key_text.len(), 44);
-    let pubkey = c.nodes[0].ns.sh(&format!("wg pubkey < {}", key_file.display()));
+    let pubkey = c.nodes[0]
+        .ns
+        .sh(&format!("wg pubkey < {}", key_file.display()));
     let lease = lease_of(&c, "192.0.2.1");
     assert_eq!(lease["value"]["BackendType"], "wireguard");
     assert_eq!(lease["value"]["BackendData"]["PublicKey"], pubkey.trim());
     assert_eq!(lease["value"]["BackendData"]["Port"], 51820);
     // Full-size packets and TCP both ways.
-    let out = c.pods[0].ns.try_exec(&["ping", "-c", "2", "-W", "2", "-M", "do", "-s", "1392", &c.pods[1].ip]);
-    assert!(out.status.success(), "MTU-sized ping failed: {}", String::from_utf8_lossy(&out.stdout));
+    let out = c.pods[0].ns.try_exec(&[
+        "ping",
+        "-c",
+        "2",
+        "-W",
+        "2",
+        "-M",
+        "do",
+        "-s",
+        "1392",
+        &c.pods[1].ip,
+    ]);
+    assert!(
+        out.status.success(),
+        "MTU-sized ping failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     for (a, b) in [(0, 1), (2, 0)] {
         let bytes = tcp_bytes(&c.pods[a].ns, &c.pods[b].ns, &c.pods[b].ip.clone());
-        assert!(bytes > 1_000_000, "iperf3 {a}->{b} moved only {bytes} bytes");
+        assert!(
+            bytes > 1_000_000,
+            "iperf3 {a}->{b} moved only {bytes} bytes"
+        );
     }
     // Devices go with the daemon.
     c.stop_weftd(0);
     let links = c.nodes[0].ns.exec(&["ip", "link"]);
-    assert!(!links.contains("flannel-wg"), "device left behind:\n{links}");
+    assert!(
+        !links.contains("flannel-wg"),
+        "device left behind:\n{links}"
+    );
 }
 
 /// Node 2 is wireguard-go + wg, configured from node 1's lease exactly as a
@@ -119,12 +166,18 @@ fn interoperates_with_wireguard_go() {
     c.stop_weftd(1);
     let n1 = lease_of(&c, "192.0.2.1");
     let n1_subnet = n1["key"].as_str().expect("key").replace('-', "/");
-    let n1_pub = n1["value"]["BackendData"]["PublicKey"].as_str().expect("pubkey").to_string();
+    let n1_pub = n1["value"]["BackendData"]["PublicKey"]
+        .as_str()
+        .expect("pubkey")
+        .to_string();
     let n1_port = n1["value"]["BackendData"]["Port"].as_u64().expect("port");
     let n2 = &c.nodes[1].ns;
     let key_file = c.nodes[1].dir.join("wg-go.key");
     n2.sh(&format!("umask 077; wg genkey > {}", key_file.display()));
-    let n2_pub = n2.sh(&format!("wg pubkey < {}", key_file.display())).trim().to_string();
+    let n2_pub = n2
+        .sh(&format!("wg pubkey < {}", key_file.display()))
+        .trim()
+        .to_string();
     let go = n2
         .command("wireguard-go")
         .args(["-f", "flannel-wg"])
@@ -134,7 +187,12 @@ fn interoperates_with_wireguard_go() {
         .spawn()
         .expect("wireguard-go");
     let _go = Guard(go);
-    wait_for("wireguard-go device", Duration::from_secs(10), || n2.try_exec(&["ip", "link", "show", "flannel-wg"]).status.success().then_some(()));
+    wait_for("wireguard-go device", Duration::from_secs(10), || {
+        n2.try_exec(&["ip", "link", "show", "flannel-wg"])
+            .status
+            .success()
+            .then_some(())
+    });
     let (sub2, gw2) = ("10.244.200.0/24", "10.244.200.0");
     n2.sh(&format!(
         "wg set flannel-wg private-key {key} listen-port 51820 peer {n1_pub} allowed-ips {n1_subnet} endpoint 192.0.2.1:{n1_port}
@@ -146,23 +204,62 @@ fn interoperates_with_wireguard_go() {
         key = key_file.display()
     ));
     let store = format!("--store-path={}", c.work().join("store").display());
-    let data = format!(r#"{{"PublicIP":"192.0.2.2","PublicIPv6":null,"BackendType":"wireguard","BackendData":{{"PublicKey":"{n2_pub}","Port":51820}}}}"#);
-    let st = std::process::Command::new(weft_tests::bins::path("weft")).args(["leases", "put", "10.244.200.0-24", &data, &store]).status().expect("weft leases put");
+    let data = format!(
+        r#"{{"PublicIP":"192.0.2.2","PublicIPv6":null,"BackendType":"wireguard","BackendData":{{"PublicKey":"{n2_pub}","Port":51820}}}}"#
+    );
+    let st = std::process::Command::new(weft_tests::bins::path("weft"))
+        .args(["leases", "put", "10.244.200.0-24", &data, &store])
+        .status()
+        .expect("weft leases put");
     assert!(st.success());
     let _ = sub2;
     let kp = Netns::new(&format!("{}k", c.nodes[1].ns.name()));
-    weft_control::demo::netns::run("ip", &["link", "add", "eth0", "netns", kp.name(), "type", "veth", "peer", "name", "vk", "netns", c.nodes[1].ns.name()]);
+    weft_control::demo::netns::run(
+        "ip",
+        &[
+            "link",
+            "add",
+            "eth0",
+            "netns",
+            kp.name(),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "vk",
+            "netns",
+            c.nodes[1].ns.name(),
+        ],
+    );
     c.nodes[1].ns.sh("ip link set vk master cni0 up");
     kp.sh("ip addr add 10.244.200.2/24 dev eth0; ip link set eth0 up; ip route add default via 10.244.200.1");
     c.add_pod(0, "w").expect("pod on the weft node");
     let wpod = c.pods[0].ip.clone();
-    wait_for("weft to learn the wireguard-go node", Duration::from_secs(30), || c.log(0).contains("10.244.200.0-24").then_some(()));
-    assert!(wait_ping(&c.pods[0].ns, "10.244.200.2"), "weft pod -> wireguard-go pod failed; log:\n{}\n{}", c.log(0), c.nodes[1].ns.exec(&["wg", "show"]));
+    wait_for(
+        "weft to learn the wireguard-go node",
+        Duration::from_secs(30),
+        || c.log(0).contains("10.244.200.0-24").then_some(()),
+    );
+    assert!(
+        wait_ping(&c.pods[0].ns, "10.244.200.2"),
+        "weft pod -> wireguard-go pod failed; log:\n{}\n{}",
+        c.log(0),
+        c.nodes[1].ns.exec(&["wg", "show"])
+    );
     assert!(wait_ping(&kp, &wpod), "wireguard-go pod -> weft pod failed");
     let shown = c.nodes[1].ns.exec(&["wg", "show", "flannel-wg"]);
-    assert!(shown.contains("latest handshake"), "no handshake on the wireguard-go side:\n{shown}");
-    assert!(tcp_bytes(&c.pods[0].ns, &kp, "10.244.200.2") > 1_000_000, "TCP weft -> wireguard-go");
-    assert!(tcp_bytes(&kp, &c.pods[0].ns, &wpod) > 1_000_000, "TCP wireguard-go -> weft");
+    assert!(
+        shown.contains("latest handshake"),
+        "no handshake on the wireguard-go side:\n{shown}"
+    );
+    assert!(
+        tcp_bytes(&c.pods[0].ns, &kp, "10.244.200.2") > 1_000_000,
+        "TCP weft -> wireguard-go"
+    );
+    assert!(
+        tcp_bytes(&kp, &c.pods[0].ns, &wpod) > 1_000_000,
+        "TCP wireguard-go -> weft"
+    );
 }
 
 /// A node that comes back with a new key (key file deleted, restart)
@@ -175,21 +272,41 @@ fn key_rotation_reestablishes_every_peer() {
         c.add_pod(n, &format!("p{n}")).expect("pod");
     }
     for a in [0, 2] {
-        assert!(wait_ping(&c.pods[a].ns, &c.pods[1].ip), "no initial connectivity {a} -> 1");
+        assert!(
+            wait_ping(&c.pods[a].ns, &c.pods[1].ip),
+            "no initial connectivity {a} -> 1"
+        );
     }
     let old = lease_of(&c, "192.0.2.2")["value"]["BackendData"]["PublicKey"].clone();
     c.stop_weftd(1);
     std::fs::remove_file(c.nodes[1].dir.join("wgkey")).expect("rm key");
     c.start_weftd(1).expect("restart");
-    wait_for("node 2 to publish a new key", Duration::from_secs(30), || {
-        let l = leases(&c).into_iter().find(|l| l["value"]["PublicIP"] == "192.0.2.2")?;
-        (l["value"]["BackendData"]["PublicKey"] != old).then_some(())
-    });
+    wait_for(
+        "node 2 to publish a new key",
+        Duration::from_secs(30),
+        || {
+            let l = leases(&c)
+                .into_iter()
+                .find(|l| l["value"]["PublicIP"] == "192.0.2.2")?;
+            (l["value"]["BackendData"]["PublicKey"] != old).then_some(())
+        },
+    );
     for a in [0, 2] {
-        assert!(wait_ping(&c.pods[a].ns, &c.pods[1].ip), "{a} -> 1 after rotation; logs:\n{}\n{}", c.log(a), c.log(1));
-        assert!(wait_ping(&c.pods[1].ns, &c.pods[a].ip), "1 -> {a} after rotation");
+        assert!(
+            wait_ping(&c.pods[a].ns, &c.pods[1].ip),
+            "{a} -> 1 after rotation; logs:\n{}\n{}",
+            c.log(a),
+            c.log(1)
+        );
+        assert!(
+            wait_ping(&c.pods[1].ns, &c.pods[a].ip),
+            "1 -> {a} after rotation"
+        );
     }
-    assert!(wait_ping(&c.pods[0].ns, &c.pods[2].ip), "untouched pair broke");
+    assert!(
+        wait_ping(&c.pods[0].ns, &c.pods[2].ip),
+        "untouched pair broke"
+    );
 }
 
 /// A node restarted with the same key (new process, fresh sessions) is
@@ -205,26 +322,47 @@ fn restart_with_same_key_recovers_at_once() {
     for n in 0..2 {
         c.add_pod(n, &format!("p{n}")).expect("pod");
     }
-    assert!(wait_ping(&c.pods[0].ns, &c.pods[1].ip), "no initial connectivity 0 -> 1");
-    assert!(wait_ping(&c.pods[1].ns, &c.pods[0].ip), "no initial connectivity 1 -> 0");
+    assert!(
+        wait_ping(&c.pods[0].ns, &c.pods[1].ip),
+        "no initial connectivity 0 -> 1"
+    );
+    assert!(
+        wait_ping(&c.pods[1].ns, &c.pods[0].ip),
+        "no initial connectivity 1 -> 0"
+    );
     let key = std::fs::read_to_string(c.nodes[1].dir.join("wgkey")).expect("key");
     c.stop_weftd(1);
     let t0 = std::time::Instant::now();
     c.start_weftd(1).expect("restart");
-    c.wait_ready(1, Duration::from_secs(60)).expect("ready after restart");
+    c.wait_ready(1, Duration::from_secs(60))
+        .expect("ready after restart");
     let ready = t0.elapsed();
     // One reply, probing every 50 ms, for at most 30 s.
     let ip = c.pods[1].ip.clone();
-    let out = c.pods[0].ns.try_exec(&["ping", "-c", "1", "-i", "0.05", "-w", "30", &ip]);
+    let out = c.pods[0]
+        .ns
+        .try_exec(&["ping", "-c", "1", "-i", "0.05", "-w", "30", &ip]);
     let gap = t0.elapsed();
     eprintln!("restart gap: first reply {gap:?} after the restart (weftd ready after {ready:?})");
-    assert!(out.status.success(), "no reply after the restart; logs:\n{}\n{}", c.log(0), c.log(1));
-    assert_eq!(std::fs::read_to_string(c.nodes[1].dir.join("wgkey")).expect("key"), key, "the key was reused");
+    assert!(
+        out.status.success(),
+        "no reply after the restart; logs:\n{}\n{}",
+        c.log(0),
+        c.log(1)
+    );
+    assert_eq!(
+        std::fs::read_to_string(c.nodes[1].dir.join("wgkey")).expect("key"),
+        key,
+        "the key was reused"
+    );
     // The peer's rekey timer fires 15 s after the last packet it received;
     // a reply well before that came through the restarted node's initiation.
     assert!(
         gap < Duration::from_secs(10),
         "the first reply waited {gap:?}: the peer kept its old session until its rekey timer"
     );
-    assert!(wait_ping(&c.pods[1].ns, &c.pods[0].ip), "1 -> 0 after the restart");
+    assert!(
+        wait_ping(&c.pods[1].ns, &c.pods[0].ip),
+        "1 -> 0 after the restart"
+    );
 }

@@ -9,10 +9,10 @@
 use std::hint::black_box;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use weft_benches::{LOCAL, PEER, SIZES, tcp_packet, udp_packet};
 use weft_engine::encap::{Codec, VXLAN_HEADROOM, Vxlan};
 use weft_engine::offload::{self, gro::Gro, gso};
 use weft_engine::wire::checksum;
-use weft_benches::{LOCAL, PEER, SIZES, tcp_packet, udp_packet};
 
 fn flannel_udp(c: &mut Criterion) {
     let mut g = c.benchmark_group("flannel_udp");

@@ -10,9 +10,9 @@
 use std::hint::black_box;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use weft_benches::{SIZES, ipip_packet, tcp_packet, udp_packet};
 use weft_engine::ipip;
 use weft_engine::offload::{gro::Gro, gso};
-use weft_benches::{SIZES, ipip_packet, tcp_packet, udp_packet};
 
 fn encap_decap(c: &mut Criterion) {
     let mut g = c.benchmark_group("ipip");

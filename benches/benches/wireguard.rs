@@ -12,10 +12,10 @@ use std::hint::black_box;
 
 use boringtun::noise::TunnResult;
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use weft_benches::{SIZES, udp_packet, wg_pair};
 use weft_engine::offload::gso;
 use weft_engine::wg::seg::{segment_in_place, trust_tcp_checksum};
 use weft_engine::wire::checksum;
-use weft_benches::{SIZES, udp_packet, wg_pair};
 
 /// TCP payload per segment at the flannel-wg MTU of 1420 (IPv4, timestamps).
 const MSS: usize = 1368;

@@ -11,9 +11,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use boringtun::noise::TunnResult;
+use weft_benches::{LOCAL, PEER, SIZES, ipip_packet, tcp_packet, udp_packet, wg_pair};
 use weft_engine::encap::{Codec, VXLAN_HEADROOM, Vxlan};
 use weft_engine::offload::{self, gro::Gro, gso};
-use weft_benches::{LOCAL, PEER, SIZES, ipip_packet, tcp_packet, udp_packet, wg_pair};
 
 struct Counting;
 
@@ -83,8 +83,14 @@ fn flannel_udp_encap_decap_allocate_nothing() {
 
 #[test]
 fn vxlan_encap_decap_allocate_nothing() {
-    let tx = Codec::Vxlan(Vxlan { vni: 1, local_mac: LOCAL });
-    let rx = Codec::Vxlan(Vxlan { vni: 1, local_mac: PEER });
+    let tx = Codec::Vxlan(Vxlan {
+        vni: 1,
+        local_mac: LOCAL,
+    });
+    let rx = Codec::Vxlan(Vxlan {
+        vni: 1,
+        local_mac: PEER,
+    });
     for size in SIZES {
         let pkt = udp_packet(size);
         let mut buf = vec![0; VXLAN_HEADROOM + pkt.len()];

@@ -140,7 +140,11 @@ impl NetConf {
             mode: match string_field(&raw, "mode")?.as_deref() {
                 None | Some("" | "bridge") => Mode::Bridge,
                 Some("routed") => Mode::Routed,
-                Some(other) => return Err(ConfigError::UnknownMode { value: other.to_string() }),
+                Some(other) => {
+                    return Err(ConfigError::UnknownMode {
+                        value: other.to_string(),
+                    });
+                }
             },
             ipam_socket: string_field(&raw, "ipamSocket")?.filter(|s| !s.is_empty()),
             raw,
@@ -261,9 +265,15 @@ mod tests {
         let c = NetConf::parse(br#"{"name":"n"}"#).expect("valid");
         assert_eq!((c.mode, c.ipam_socket), (Mode::Bridge, None));
         let c = NetConf::parse(br#"{"mode":"routed","ipamSocket":"/x/s.sock"}"#).expect("valid");
-        assert_eq!((c.mode, c.ipam_socket.as_deref()), (Mode::Routed, Some("/x/s.sock")));
+        assert_eq!(
+            (c.mode, c.ipam_socket.as_deref()),
+            (Mode::Routed, Some("/x/s.sock"))
+        );
         let e = NetConf::parse(br#"{"mode":"ipvlan"}"#).expect_err("unknown mode");
-        assert_eq!(e.to_string(), r#"unsupported mode "ipvlan": expected "bridge" or "routed""#);
+        assert_eq!(
+            e.to_string(),
+            r#"unsupported mode "ipvlan": expected "bridge" or "routed""#
+        );
         assert!(NetConf::parse(br#"{"mode":1}"#).is_err());
     }
 

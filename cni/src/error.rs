@@ -35,8 +35,8 @@ use serde_json::Value;
 
 use crate::config::ConfigError;
 use crate::delegate::DelegateError;
-use crate::routed::{ClientError, RoutedError};
 use crate::exec::ExecError;
+use crate::routed::{ClientError, RoutedError};
 use crate::store::StoreError;
 use crate::subnet_env::SubnetEnvError;
 use crate::version::VersionError;

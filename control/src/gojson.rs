@@ -67,7 +67,10 @@ pub fn take<T: serde::de::DeserializeOwned>(
         None => Ok(None),
         Some(v) => serde_json::from_value(v)
             .map(Some)
-            .map_err(|source| GoJsonError::Field { field: name.to_string(), source }),
+            .map_err(|source| GoJsonError::Field {
+                field: name.to_string(),
+                source,
+            }),
     }
 }
 
@@ -118,7 +121,10 @@ mod tests {
 
     #[test]
     fn non_object_is_an_error() {
-        assert!(matches!(parse_object(b"[1]"), Err(GoJsonError::NotAnObject("array"))));
+        assert!(matches!(
+            parse_object(b"[1]"),
+            Err(GoJsonError::NotAnObject("array"))
+        ));
         assert!(matches!(parse_object(b"{"), Err(GoJsonError::Syntax(_))));
     }
 }

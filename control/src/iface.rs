@@ -90,7 +90,10 @@ pub async fn select(nl: &Netlink, opts: &IfaceOptions) -> Result<ExternalInterfa
     let links = nl.links().await?;
     let addrs = nl.addrs().await?;
     let link = if !opts.ifaces.is_empty() {
-        opts.ifaces.iter().find_map(|s| by_name_or_ip(&links, &addrs, s)).ok_or(IfaceError::NoMatch)?
+        opts.ifaces
+            .iter()
+            .find_map(|s| by_name_or_ip(&links, &addrs, s))
+            .ok_or(IfaceError::NoMatch)?
     } else if !opts.regexes.is_empty() {
         let res = opts
             .regexes
@@ -102,7 +105,8 @@ pub async fn select(nl: &Netlink, opts: &IfaceOptions) -> Result<ExternalInterfa
         let local = local_addr_towards(dst)?;
         owner(&links, &addrs, local).ok_or(IfaceError::NoMatch)?
     } else if let Some(ip) = opts.public_ip {
-        owner(&links, &addrs, IpAddr::V4(ip)).ok_or(IfaceError::NoInterfaceWithIp(IpAddr::V4(ip)))?
+        owner(&links, &addrs, IpAddr::V4(ip))
+            .ok_or(IfaceError::NoInterfaceWithIp(IpAddr::V4(ip)))?
     } else {
         default_link(nl, &links, opts).await?
     };
@@ -110,22 +114,30 @@ pub async fn select(nl: &Netlink, opts: &IfaceOptions) -> Result<ExternalInterfa
         return Err(IfaceError::NoMtu(link.name));
     }
     let iface_addr = if opts.v4 {
-        Some(best_v4(&addrs, link.index).ok_or_else(|| IfaceError::NoAddress {
-            family: "IPv4",
-            iface: link.name.clone(),
-        })?)
+        Some(
+            best_v4(&addrs, link.index).ok_or_else(|| IfaceError::NoAddress {
+                family: "IPv4",
+                iface: link.name.clone(),
+            })?,
+        )
     } else {
         None
     };
     let iface_v6_addr = if opts.v6 {
-        Some(best_v6(&addrs, link.index).ok_or_else(|| IfaceError::NoAddress {
-            family: "IPv6",
-            iface: link.name.clone(),
-        })?)
+        Some(
+            best_v6(&addrs, link.index).ok_or_else(|| IfaceError::NoAddress {
+                family: "IPv6",
+                iface: link.name.clone(),
+            })?,
+        )
     } else {
         None
     };
-    let connected = addrs.iter().filter(|a| a.index == link.index).map(|a| a.net.trunc()).collect();
+    let connected = addrs
+        .iter()
+        .filter(|a| a.index == link.index)
+        .map(|a| a.net.trunc())
+        .collect();
     Ok(ExternalInterface {
         connected,
         ext_addr: opts.public_ip.or(iface_addr).filter(|_| opts.v4),
@@ -146,7 +158,9 @@ fn by_name_or_ip(links: &[Link], addrs: &[Addr], s: &str) -> Option<Link> {
 fn by_regex(links: &[Link], addrs: &[Addr], res: &[Regex]) -> Option<Link> {
     for re in res {
         // Addresses first, then names (flannel's order).
-        if let Some(a) = addrs.iter().find(|a| re.is_match(&a.net.addr().to_string()))
+        if let Some(a) = addrs
+            .iter()
+            .find(|a| re.is_match(&a.net.addr().to_string()))
             && let Some(l) = links.iter().find(|l| l.index == a.index)
         {
             return Some(l.clone());
@@ -163,12 +177,26 @@ fn owner(links: &[Link], addrs: &[Addr], ip: IpAddr) -> Option<Link> {
     links.iter().find(|l| l.index == a.index).cloned()
 }
 
-async fn default_link(nl: &Netlink, links: &[Link], opts: &IfaceOptions) -> Result<Link, IfaceError> {
+async fn default_link(
+    nl: &Netlink,
+    links: &[Link],
+    opts: &IfaceOptions,
+) -> Result<Link, IfaceError> {
     let find = |idx: u32| links.iter().find(|l| l.index == idx).cloned();
-    let v4 = if opts.v4 { nl.default_route_oif(false).await?.and_then(find) } else { None };
-    let v6 = if opts.v6 { nl.default_route_oif(true).await?.and_then(find) } else { None };
+    let v4 = if opts.v4 {
+        nl.default_route_oif(false).await?.and_then(find)
+    } else {
+        None
+    };
+    let v6 = if opts.v6 {
+        nl.default_route_oif(true).await?.and_then(find)
+    } else {
+        None
+    };
     match (opts.v4, opts.v6, v4, v6) {
-        (true, true, Some(a), Some(b)) if a.index != b.index => Err(IfaceError::DualStackMismatch(b.name, a.name)),
+        (true, true, Some(a), Some(b)) if a.index != b.index => {
+            Err(IfaceError::DualStackMismatch(b.name, a.name))
+        }
         (true, _, Some(a), _) => Ok(a),
         (false, true, _, Some(b)) => Ok(b),
         _ => Err(IfaceError::NoDefaultRoute),
@@ -210,8 +238,11 @@ fn local_addr_towards(dst: IpAddr) -> Result<IpAddr, IfaceError> {
         IpAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
     };
     let s = std::net::UdpSocket::bind(bind).map_err(|e| IfaceError::Unreachable(dst, e))?;
-    s.connect((dst, 9)).map_err(|e| IfaceError::Unreachable(dst, e))?;
-    Ok(s.local_addr().map_err(|e| IfaceError::Unreachable(dst, e))?.ip())
+    s.connect((dst, 9))
+        .map_err(|e| IfaceError::Unreachable(dst, e))?;
+    Ok(s.local_addr()
+        .map_err(|e| IfaceError::Unreachable(dst, e))?
+        .ip())
 }
 
 #[cfg(test)]
@@ -221,7 +252,13 @@ mod tests {
 
     fn addr(index: u32, net: &str, permanent: bool, deprecated: bool) -> Addr {
         let net: IpNet = net.parse().expect("net");
-        Addr { index, net, permanent, deprecated, link_local: net.addr().to_string().starts_with("fe80") }
+        Addr {
+            index,
+            net,
+            permanent,
+            deprecated,
+            link_local: net.addr().to_string().starts_with("fe80"),
+        }
     }
 
     #[test]
@@ -241,8 +278,20 @@ mod tests {
     #[test]
     fn regex_matches_addresses_before_names() {
         let links = vec![
-            Link { index: 2, name: "eth0".into(), mtu: 1500, up: true, mac: None },
-            Link { index: 3, name: "192x".into(), mtu: 1500, up: true, mac: None },
+            Link {
+                index: 2,
+                name: "eth0".into(),
+                mtu: 1500,
+                up: true,
+                mac: None,
+            },
+            Link {
+                index: 3,
+                name: "192x".into(),
+                mtu: 1500,
+                up: true,
+                mac: None,
+            },
         ];
         let addrs = vec![addr(2, "192.0.2.1/24", true, false)];
         let re = vec![Regex::new("^192").expect("re")];

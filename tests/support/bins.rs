@@ -14,6 +14,10 @@ pub fn dir() -> PathBuf {
 /// The path of workspace binary `name`; panics with a hint when missing.
 pub fn path(name: &str) -> PathBuf {
     let p = dir().join(name);
-    assert!(p.exists(), "{} not built: run `cargo build --workspace --bins` first", p.display());
+    assert!(
+        p.exists(),
+        "{} not built: run `cargo build --workspace --bins` first",
+        p.display()
+    );
     p
 }

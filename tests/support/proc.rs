@@ -18,9 +18,15 @@ impl Proc {
     pub fn spawn(name: &str, mut cmd: Command, log: &std::path::Path) -> Proc {
         let f = std::fs::File::create(log).expect("create log");
         let f2 = f.try_clone().expect("clone log fd");
-        cmd.stdout(Stdio::from(f)).stderr(Stdio::from(f2)).stdin(Stdio::null());
+        cmd.stdout(Stdio::from(f))
+            .stderr(Stdio::from(f2))
+            .stdin(Stdio::null());
         let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
-        Proc { child: Some(child), name: name.to_string(), log: log.to_path_buf() }
+        Proc {
+            child: Some(child),
+            name: name.to_string(),
+            log: log.to_path_buf(),
+        }
     }
 
     /// The process id.
@@ -63,7 +69,11 @@ impl Proc {
                 let _ = child.kill();
                 let _ = child.wait();
                 self.child = None;
-                panic!("{} did not exit within {timeout:?} after signal {signal}; log:\n{}", self.name, self.log());
+                panic!(
+                    "{} did not exit within {timeout:?} after signal {signal}; log:\n{}",
+                    self.name,
+                    self.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -87,7 +97,10 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
         if let Some(v) = f() {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -46,7 +46,14 @@ impl Weftd {
     /// Starts the same daemon again (after it exited or was killed).
     pub fn restart(&mut self) {
         self.starts += 1;
-        self.proc = spawn(&self.name, &self.dir, self.netns.as_deref(), &self.args, &self.subnet_env, self.starts);
+        self.proc = spawn(
+            &self.name,
+            &self.dir,
+            self.netns.as_deref(),
+            &self.args,
+            &self.subnet_env,
+            self.starts,
+        );
     }
 
     /// Waits until subnet.env exists and returns its variables.
@@ -71,14 +78,22 @@ impl Weftd {
             }
             read_env(&path).filter(|e| accept(e)).map(Some)
         });
-        env.unwrap_or_else(|| panic!("{} exited before it was ready; log:\n{}", self.name, self.proc.log()))
+        env.unwrap_or_else(|| {
+            panic!(
+                "{} exited before it was ready; log:\n{}",
+                self.name,
+                self.proc.log()
+            )
+        })
     }
 
     /// Waits until the log contains `needle`.
     pub fn wait_log(&self, needle: &str, timeout: Duration) {
-        wait_for(&format!("{:?} in {}'s log", needle, self.name), timeout, || {
-            self.proc.log().contains(needle).then_some(())
-        });
+        wait_for(
+            &format!("{:?} in {}'s log", needle, self.name),
+            timeout,
+            || self.proc.log().contains(needle).then_some(()),
+        );
     }
 }
 
@@ -92,7 +107,8 @@ fn spawn(name: &str, dir: &Path, netns: Option<&str>, args: &[String], env: &Pat
         }
         None => Command::new(&bin),
     };
-    cmd.args(args).arg(format!("--subnet-file={}", env.display()));
+    cmd.args(args)
+        .arg(format!("--subnet-file={}", env.display()));
     Proc::spawn(name, cmd, &dir.join(format!("{name}.{n}.log")))
 }
 

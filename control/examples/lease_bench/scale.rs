@@ -40,15 +40,23 @@ struct Figures {
 
 pub fn run(rt: &tokio::runtime::Runtime, args: &[String]) -> anyhow::Result<()> {
     let [store, n, backend, dataplane, weftd, iface] = args else {
-        anyhow::bail!("usage: lease_bench scale embedded|etcd N BACKEND auto|kernel|userspace WEFTD IFACE");
+        anyhow::bail!(
+            "usage: lease_bench scale embedded|etcd N BACKEND auto|kernel|userspace WEFTD IFACE"
+        );
     };
     let n: u32 = n.parse()?;
-    anyhow::ensure!(n <= 60_000, "at most 60000 leases fit in 10.1.0.0-10.255.255.0");
+    anyhow::ensure!(
+        n <= 60_000,
+        "at most 60000 leases fit in 10.1.0.0-10.255.255.0"
+    );
     let work = tempfile::tempdir()?;
     let net_conf = format!(r#"{{"Network":"10.0.0.0/8","Backend":{{"Type":"{backend}"}}}}"#);
     std::fs::write(work.path().join("net-conf.json"), &net_conf)?;
     let mut weftd_args = vec![
-        format!("--net-config-path={}", work.path().join("net-conf.json").display()),
+        format!(
+            "--net-config-path={}",
+            work.path().join("net-conf.json").display()
+        ),
         format!("--subnet-file={}", work.path().join("subnet.env").display()),
         format!("--iface={iface}"),
         format!("--dataplane={dataplane}"),
@@ -59,19 +67,45 @@ pub fn run(rt: &tokio::runtime::Runtime, args: &[String]) -> anyhow::Result<()> 
             let path = work.path().join("store");
             let reg = rt.block_on(EmbeddedStore::open(&path))?;
             rt.block_on(reg.put_network_config(&net_conf))?;
-            weftd_args.extend(["--store=embedded".into(), format!("--store-path={}", path.display())]);
+            weftd_args.extend([
+                "--store=embedded".into(),
+                format!("--store-path={}", path.display()),
+            ]);
             // One generation with every lease (as if written long before), not N rewrites of the file.
             let fill = || fill_embedded(&path, &leases(n, backend)?);
-            measure(fill, weftd, &weftd_args, n, backend == "host-gw", work.path())?
+            measure(
+                fill,
+                weftd,
+                &weftd_args,
+                n,
+                backend == "host-gw",
+                work.path(),
+            )?
         }
         "etcd" => {
-            anyhow::ensure!(weft_tests::etcd::available(), "no etcd binary (Debian etcd-server)");
+            anyhow::ensure!(
+                weft_tests::etcd::available(),
+                "no etcd binary (Debian etcd-server)"
+            );
             let etcd = weft_tests::etcd::Etcd::start();
-            let opts = EtcdOptions { endpoints: etcd.endpoint(), ..Default::default() };
+            let opts = EtcdOptions {
+                endpoints: etcd.endpoint(),
+                ..Default::default()
+            };
             let reg = rt.block_on(EtcdStore::connect(&opts))?;
-            weftd_args.extend(["--store=etcd".into(), format!("--etcd-endpoints={}", etcd.endpoint())]);
+            weftd_args.extend([
+                "--store=etcd".into(),
+                format!("--etcd-endpoints={}", etcd.endpoint()),
+            ]);
             let fill = || rt.block_on(fill_registry(&reg, &net_conf, leases(n, backend)?));
-            measure(fill, weftd, &weftd_args, n, backend == "host-gw", work.path())?
+            measure(
+                fill,
+                weftd,
+                &weftd_args,
+                n,
+                backend == "host-gw",
+                work.path(),
+            )?
         }
         other => anyhow::bail!("unknown store {other}"),
     };
@@ -83,7 +117,8 @@ fn report(store: &str, n: u32, backend: &str, dataplane: &str, f: &Figures) {
     let secs = f.routes.unwrap_or(f.peers).max(f.peers).as_secs_f64();
     let mib = f.hwm_kib as f64 / 1024.0;
     let ok = secs <= TARGET_SECS && mib <= TARGET_MIB;
-    let opt = |d: Option<Duration>| d.map_or("-".to_string(), |d| format!("{:.3}", d.as_secs_f64()));
+    let opt =
+        |d: Option<Duration>| d.map_or("-".to_string(), |d| format!("{:.3}", d.as_secs_f64()));
     println!(
         "scale\t{store}\t{backend}\t{dataplane}\t{n}\tfill_s={:.2}\tlease_s={}\tfirst_peer_s={}\tpeers_s={:.3}\troutes_s={}\tdone_s={secs:.3}\tvmhwm_mib={mib:.1}\t{}",
         f.fill.as_secs_f64(),
@@ -123,9 +158,19 @@ fn measure(
     let (lease, first_peer, peers, routes) = res.map_err(|e| {
         let tail = std::fs::read_to_string(&log_path).unwrap_or_default();
         let tail: Vec<&str> = tail.lines().rev().take(15).collect();
-        anyhow::anyhow!("{e}; weftd log (last lines, newest first):\n{}", tail.join("\n"))
+        anyhow::anyhow!(
+            "{e}; weftd log (last lines, newest first):\n{}",
+            tail.join("\n")
+        )
     })?;
-    Ok(Figures { fill, lease, first_peer, peers, routes, hwm_kib: hwm_kib.unwrap_or(0) })
+    Ok(Figures {
+        fill,
+        lease,
+        first_peer,
+        peers,
+        routes,
+        hwm_kib: hwm_kib.unwrap_or(0),
+    })
 }
 
 /// The `n` peer leases: `10.<1 + i/256>.<i%256>.0/24`, public IPs 192.0.2.2-254.
@@ -144,8 +189,20 @@ fn leases(n: u32, backend: &str) -> anyhow::Result<Vec<(SubnetKey, LeaseAttrs)>>
                 _ => None,
             };
             // flannel writes an empty type for udp.
-            let backend_type = if backend == "udp" { String::new() } else { backend.to_string() };
-            Ok((key, LeaseAttrs { public_ip, backend_type, backend_data, ..Default::default() }))
+            let backend_type = if backend == "udp" {
+                String::new()
+            } else {
+                backend.to_string()
+            };
+            Ok((
+                key,
+                LeaseAttrs {
+                    public_ip,
+                    backend_type,
+                    backend_data,
+                    ..Default::default()
+                },
+            ))
         })
         .collect()
 }
@@ -155,7 +212,13 @@ fn fill_embedded(dir: &Path, leases: &[(SubnetKey, LeaseAttrs)]) -> anyhow::Resu
     let paths = Paths::new(dir.to_path_buf());
     file::modify(&paths, |data, now| {
         for (k, a) in leases {
-            data.leases.insert(k.to_string(), Entry { attrs: a.to_json(), expires_ms: Some(now + LEASE_TTL_MS) });
+            data.leases.insert(
+                k.to_string(),
+                Entry {
+                    attrs: a.to_json(),
+                    expires_ms: Some(now + LEASE_TTL_MS),
+                },
+            );
         }
         Ok(((), true))
     })?;
@@ -171,23 +234,38 @@ async fn fill_registry<R: Registry>(
     use futures::StreamExt;
     reg.put_network_config(net_conf).await?;
     let ttl = Some(Duration::from_millis(LEASE_TTL_MS));
-    let mut writes =
-        futures::stream::iter(leases.iter().map(|(k, a)| reg.create_lease(k, a, ttl))).buffer_unordered(64);
+    let mut writes = futures::stream::iter(leases.iter().map(|(k, a)| reg.create_lease(k, a, ttl)))
+        .buffer_unordered(64);
     while let Some(r) = writes.next().await {
         r?;
     }
     Ok(())
 }
 
-type Times = (Option<Duration>, Option<Duration>, Duration, Option<Duration>);
+type Times = (
+    Option<Duration>,
+    Option<Duration>,
+    Duration,
+    Option<Duration>,
+);
 
 /// Polls weftd's log (and the kernel's routes) until all `n` peers are in.
-fn wait(w: &mut Weftd, t0: Instant, n: u32, routes: bool, work: &Path, log: &Path) -> anyhow::Result<Times> {
+fn wait(
+    w: &mut Weftd,
+    t0: Instant,
+    n: u32,
+    routes: bool,
+    work: &Path,
+    log: &Path,
+) -> anyhow::Result<Times> {
     let (mut lease, mut first, mut peers, mut seen) = (None, None, None, 0u32);
     let mut file = std::fs::File::open(log)?;
     let (mut pos, mut carry) = (0u64, String::new());
     loop {
-        anyhow::ensure!(t0.elapsed() < TIMEOUT, "timeout: {seen} of {n} peers after {TIMEOUT:?}");
+        anyhow::ensure!(
+            t0.elapsed() < TIMEOUT,
+            "timeout: {seen} of {n} peers after {TIMEOUT:?}"
+        );
         anyhow::ensure!(matches!(w.0.try_wait(), Ok(None)), "weftd exited");
         if lease.is_none() && work.join("subnet.env").exists() {
             lease = Some(t0.elapsed());
@@ -220,8 +298,15 @@ fn wait(w: &mut Weftd, t0: Instant, n: u32, routes: bool, work: &Path, log: &Pat
 
 /// Routes to the fake peers' subnets in this namespace's main table.
 fn count_routes() -> anyhow::Result<u32> {
-    let out = Command::new("ip").args(["-4", "route", "show", "root", "10.0.0.0/8"]).output()?;
-    Ok(u32::try_from(String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains(" via 192.0.2.")).count())?)
+    let out = Command::new("ip")
+        .args(["-4", "route", "show", "root", "10.0.0.0/8"])
+        .output()?;
+    Ok(u32::try_from(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains(" via 192.0.2."))
+            .count(),
+    )?)
 }
 
 /// Peak resident set size of `pid` in KiB (`VmHWM`).
@@ -239,7 +324,9 @@ impl Weftd {
         if !matches!(self.0.try_wait(), Ok(None)) {
             return;
         }
-        let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
         for _ in 0..100 {
             if !matches!(self.0.try_wait(), Ok(None)) {
                 return;

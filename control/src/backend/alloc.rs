@@ -31,7 +31,11 @@ impl Backend for Alloc {
         "none"
     }
 
-    async fn lease_attrs(&mut self, ext: &ExternalInterface, _prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
+    async fn lease_attrs(
+        &mut self,
+        ext: &ExternalInterface,
+        _prev: Option<&Lease>,
+    ) -> Result<LeaseAttrs, BackendError> {
         self.mtu = ext.iface.mtu;
         // flannel: PublicIP = ExtAddr, no BackendType, no BackendData.
         Ok(LeaseAttrs {

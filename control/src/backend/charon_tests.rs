@@ -200,7 +200,9 @@ async fn flannels_connections_load_into_a_real_charon() {
     // The listener goes away with the process; under load that can lag the
     // process list, so wait for it (bounded) rather than sample once.
     let t0 = Instant::now();
-    while crate::backend::vici::ViciClient::connect(&sock).await.is_ok()
+    while crate::backend::vici::ViciClient::connect(&sock)
+        .await
+        .is_ok()
         && t0.elapsed() < Duration::from_secs(10)
     {
         tokio::time::sleep(Duration::from_millis(50)).await;

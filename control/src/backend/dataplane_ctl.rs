@@ -134,14 +134,19 @@ pub enum RequestError {
 /// `weft dataplane set`: writes the override file next to `subnet_file`,
 /// sends weftd SIGHUP and waits until its status shows that it acted on
 /// `want` (and, unless `auto`, runs it). Returns the final status.
-pub fn request(subnet_file: &Path, want: DataplaneChoice, timeout: Duration) -> Result<Status, RequestError> {
+pub fn request(
+    subnet_file: &Path,
+    want: DataplaneChoice,
+    timeout: Duration,
+) -> Result<Status, RequestError> {
     let ask = Duration::from_secs(5).min(timeout);
     let before = Status::query(subnet_file, ask).map_err(RequestError::NoDaemon)?;
     let override_path = override_path(subnet_file);
     std::fs::write(&override_path, format!("{}\n", want.as_str()))
         .map_err(|e| RequestError::Write(override_path.display().to_string(), e))?;
     let pid = nix::unistd::Pid::from_raw(i32::try_from(before.pid).unwrap_or(i32::MAX));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).map_err(|e| RequestError::Signal(before.pid, e))?;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP)
+        .map_err(|e| RequestError::Signal(before.pid, e))?;
     let deadline = Instant::now() + timeout;
     loop {
         let now = Status::query(subnet_file, ask).ok();
@@ -167,12 +172,18 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let env = dir.path().join("subnet.env");
         let ctl = DataplaneControl::new(&env, DataplaneChoice::Auto);
-        assert_eq!((ctl.wanted(), ctl.requested()), (DataplaneChoice::Auto, DataplaneChoice::Auto));
+        assert_eq!(
+            (ctl.wanted(), ctl.requested()),
+            (DataplaneChoice::Auto, DataplaneChoice::Auto)
+        );
         std::fs::write(dir.path().join(OVERRIDE_FILE), "userspace\n").expect("write");
         assert_eq!(ctl.wanted(), DataplaneChoice::Userspace);
         // Only a start-up or SIGHUP acts on the file.
         assert_eq!(ctl.requested(), DataplaneChoice::Auto);
-        assert_eq!(DataplaneControl::new(&env, DataplaneChoice::Auto).requested(), DataplaneChoice::Userspace);
+        assert_eq!(
+            DataplaneControl::new(&env, DataplaneChoice::Auto).requested(),
+            DataplaneChoice::Userspace
+        );
         std::fs::write(dir.path().join(OVERRIDE_FILE), "fast").expect("write");
         assert_eq!(ctl.wanted(), DataplaneChoice::Auto);
     }
@@ -180,10 +191,17 @@ mod tests {
     #[test]
     fn request_without_a_daemon_says_so() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let err = request(&dir.path().join("subnet.env"), DataplaneChoice::Kernel, Duration::from_millis(200))
-            .expect_err("no weftd");
+        let err = request(
+            &dir.path().join("subnet.env"),
+            DataplaneChoice::Kernel,
+            Duration::from_millis(200),
+        )
+        .expect_err("no weftd");
         assert!(matches!(err, RequestError::NoDaemon(_)), "{err}");
         assert!(err.to_string().contains("is weftd running"), "{err}");
-        assert!(!dir.path().join(OVERRIDE_FILE).exists(), "nothing written without a daemon");
+        assert!(
+            !dir.path().join(OVERRIDE_FILE).exists(),
+            "nothing written without a daemon"
+        );
     }
 }

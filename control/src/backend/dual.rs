@@ -286,7 +286,10 @@ impl Backend for Dual {
 
     fn status(&self) -> crate::status::BackendStatus {
         match &self.active {
-            Some((_, b)) => crate::status::BackendStatus { name: self.core.name.into(), ..b.status() },
+            Some((_, b)) => crate::status::BackendStatus {
+                name: self.core.name.into(),
+                ..b.status()
+            },
             None => crate::status::BackendStatus::new(self.core.name, "none"),
         }
     }

@@ -49,17 +49,29 @@ pub struct IpipUser {
 impl IpipUser {
     /// A userspace ipip backend.
     pub fn new(opts: IpipOptions, tuning: EngineTuning, nl: Netlink) -> IpipUser {
-        IpipUser { opts, tuning, nl, ext: None, tunnel: None, direct: Vec::new() }
+        IpipUser {
+            opts,
+            tuning,
+            nl,
+            ext: None,
+            tunnel: None,
+            direct: Vec::new(),
+        }
     }
 
     fn ext(&self) -> Result<&ExternalInterface, BackendError> {
-        self.ext.as_ref().ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))
+        self.ext
+            .as_ref()
+            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))
     }
 
     /// The route the kernel path installs for an on-link peer with DirectRouting.
     fn direct_route(&self, subnet: IpNet, public: Ipv4Addr) -> Option<Route> {
         let ext = self.ext.as_ref()?;
-        let on_link = ext.connected.iter().any(|n| n.contains(&IpAddr::V4(public)));
+        let on_link = ext
+            .connected
+            .iter()
+            .any(|n| n.contains(&IpAddr::V4(public)));
         (self.opts.direct_routing && on_link).then_some(Route {
             dst: subnet,
             gateway: Some(IpAddr::V4(public)),
@@ -97,19 +109,31 @@ impl Backend for IpipUser {
         st
     }
 
-    async fn lease_attrs(&mut self, ext: &ExternalInterface, _prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
+    async fn lease_attrs(
+        &mut self,
+        ext: &ExternalInterface,
+        _prev: Option<&Lease>,
+    ) -> Result<LeaseAttrs, BackendError> {
         tracing::info!("IPIP config: DirectRouting={}", self.opts.direct_routing);
         self.ext = Some(ext.clone());
-        let public_ip = ext.ext_addr.ok_or_else(|| BackendError::Config("ipip: no IPv4 public address".into()))?;
-        Ok(LeaseAttrs { public_ip, backend_type: "ipip".into(), ..Default::default() })
+        let public_ip = ext
+            .ext_addr
+            .ok_or_else(|| BackendError::Config("ipip: no IPv4 public address".into()))?;
+        Ok(LeaseAttrs {
+            public_ip,
+            backend_type: "ipip".into(),
+            ..Default::default()
+        })
     }
 
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
         let ext = self.ext()?;
-        let sn = lease.subnet.ok_or_else(|| BackendError::Config("ipip backend needs an IPv4 lease".into()))?;
-        let local = ext
-            .iface_addr
-            .ok_or_else(|| BackendError::Config("ipip: the external interface has no IPv4 address".into()))?;
+        let sn = lease
+            .subnet
+            .ok_or_else(|| BackendError::Config("ipip backend needs an IPv4 lease".into()))?;
+        let local = ext.iface_addr.ok_or_else(|| {
+            BackendError::Config("ipip: the external interface has no IPv4 address".into())
+        })?;
         let mtu = ext.iface.mtu.saturating_sub(20);
         let cfg = EngineConfig {
             tun_name: DEVICE.into(),
@@ -121,7 +145,8 @@ impl Backend for IpipUser {
             offload: self.tuning.offload,
             anti_spoof: self.tuning.anti_spoof,
         };
-        let addr = IpNet::new(sn.network().into(), 32).map_err(|e| BackendError::Config(e.to_string()))?;
+        let addr =
+            IpNet::new(sn.network().into(), 32).map_err(|e| BackendError::Config(e.to_string()))?;
         self.tunnel = Some(Tunnel::start(&self.nl, cfg, addr, mtu).await?);
         Ok(mtu)
     }
@@ -136,7 +161,9 @@ impl Backend for IpipUser {
                 let Some(s) = l.subnet else { return Ok(()) };
                 let subnet = IpNet::V4(s);
                 let direct = self.direct_route(subnet, l.attrs.public_ip);
-                let Some(t) = self.tunnel.as_mut() else { return Ok(()) };
+                let Some(t) = self.tunnel.as_mut() else {
+                    return Ok(());
+                };
                 // The engine knows every peer (also direct ones: their IPIP packets stay acceptable).
                 t.upsert_peer(subnet, IpAddr::V4(l.attrs.public_ip), None);
                 match direct {
@@ -208,7 +235,11 @@ mod tests {
     use crate::backend::test_util::{block_on, ext, fake};
 
     fn tuning() -> EngineTuning {
-        EngineTuning { workers: 1, offload: true, anti_spoof: true }
+        EngineTuning {
+            workers: 1,
+            offload: true,
+            anti_spoof: true,
+        }
     }
 
     #[test]
@@ -216,8 +247,13 @@ mod tests {
         block_on(async {
             let mut e = ext();
             e.ext_addr = Some(Ipv4Addr::new(198, 51, 100, 1));
-            let mut u = IpipUser::new(IpipOptions::default(), tuning(), Netlink::connect().expect("netlink"));
-            let mut k = super::super::ipip::Ipip::new(IpipOptions::default(), fake(&["ipip"], false));
+            let mut u = IpipUser::new(
+                IpipOptions::default(),
+                tuning(),
+                Netlink::connect().expect("netlink"),
+            );
+            let mut k =
+                super::super::ipip::Ipip::new(IpipOptions::default(), fake(&["ipip"], false));
             let a = u.lease_attrs(&e, None).await.expect("attrs");
             assert_eq!(a, k.lease_attrs(&e, None).await.expect("kernel attrs"));
             assert_eq!(a.public_ip, Ipv4Addr::new(198, 51, 100, 1));
@@ -231,8 +267,10 @@ mod tests {
     fn auto_falls_back_to_the_engine_without_the_ipip_driver() {
         use crate::backend::{DataplaneChoice, Kernel, build};
         block_on(async {
-            let cfg = crate::config::parse_config(br#"{"Network":"10.244.0.0/16","Backend":{"Type":"ipip"}}"#)
-                .expect("config");
+            let cfg = crate::config::parse_config(
+                br#"{"Network":"10.244.0.0/16","Backend":{"Type":"ipip"}}"#,
+            )
+            .expect("config");
             let nl = Netlink::connect().expect("netlink");
             let cases: [(&[&'static str], DataplaneChoice, Option<&str>); 4] = [
                 (&[], DataplaneChoice::Auto, Some("userspace")),
@@ -242,10 +280,18 @@ mod tests {
             ];
             for (kinds, choice, want) in cases {
                 let f = fake(kinds, false);
-                let kernel = Kernel { client: f.clone(), xfrm: f.clone(), wg: f.clone() };
+                let kernel = Kernel {
+                    client: f.clone(),
+                    xfrm: f.clone(),
+                    wg: f.clone(),
+                };
                 let mut b = build(&cfg, choice, tuning(), &nl, kernel).expect("backend");
                 let r = b.lease_attrs(&ext(), None).await;
-                assert_eq!(r.is_ok().then(|| b.dataplane()), want, "{kinds:?} {choice:?}");
+                assert_eq!(
+                    r.is_ok().then(|| b.dataplane()),
+                    want,
+                    "{kinds:?} {choice:?}"
+                );
             }
         });
     }
@@ -254,15 +300,34 @@ mod tests {
     fn direct_routing_only_for_on_link_peers() {
         block_on(async {
             let nl = Netlink::connect().expect("netlink");
-            let mut u = IpipUser::new(IpipOptions { direct_routing: true }, tuning(), nl.clone());
+            let mut u = IpipUser::new(
+                IpipOptions {
+                    direct_routing: true,
+                },
+                tuning(),
+                nl.clone(),
+            );
             let _ = u.lease_attrs(&ext(), None).await.expect("attrs");
             let sn: IpNet = "10.244.2.0/24".parse().expect("cidr");
-            let r = u.direct_route(sn, Ipv4Addr::new(192, 0, 2, 2)).expect("on-link peer");
-            assert_eq!((r.gateway, r.oif, r.onlink), (Some(IpAddr::from([192, 0, 2, 2])), Some(2), true));
-            assert_eq!(u.direct_route(sn, Ipv4Addr::new(203, 0, 113, 2)), None, "off-link peer");
+            let r = u
+                .direct_route(sn, Ipv4Addr::new(192, 0, 2, 2))
+                .expect("on-link peer");
+            assert_eq!(
+                (r.gateway, r.oif, r.onlink),
+                (Some(IpAddr::from([192, 0, 2, 2])), Some(2), true)
+            );
+            assert_eq!(
+                u.direct_route(sn, Ipv4Addr::new(203, 0, 113, 2)),
+                None,
+                "off-link peer"
+            );
             let mut plain = IpipUser::new(IpipOptions::default(), tuning(), nl);
             let _ = plain.lease_attrs(&ext(), None).await.expect("attrs");
-            assert_eq!(plain.direct_route(sn, Ipv4Addr::new(192, 0, 2, 2)), None, "DirectRouting off");
+            assert_eq!(
+                plain.direct_route(sn, Ipv4Addr::new(192, 0, 2, 2)),
+                None,
+                "DirectRouting off"
+            );
         });
     }
 }

@@ -335,8 +335,12 @@ impl Backend for KernelVxlan {
 
     fn status(&self) -> crate::status::BackendStatus {
         let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
-        let devs = [&self.v4, &self.v6].into_iter().flatten().filter(|d| d.index != 0);
-        st.devices.extend(devs.filter_map(|d| crate::status::devices::kernel_device(&d.spec.name)));
+        let devs = [&self.v4, &self.v6]
+            .into_iter()
+            .flatten()
+            .filter(|d| d.index != 0);
+        st.devices
+            .extend(devs.filter_map(|d| crate::status::devices::kernel_device(&d.spec.name)));
         st
     }
 
@@ -536,7 +540,10 @@ impl Backend for KernelVxlan {
         for e in self.peers.values() {
             match e {
                 Entry::Direct(r) => {
-                    if !present.get(&r.dst).is_some_and(|v| v.iter().any(|p| p.same_as(r))) {
+                    if !present
+                        .get(&r.dst)
+                        .is_some_and(|v| v.iter().any(|p| p.same_as(r)))
+                    {
                         self.nl.route_replace(r).await?;
                         tracing::info!("Route recovered {} : {}", r.dst, r);
                     }
@@ -554,7 +561,10 @@ impl Backend for KernelVxlan {
                         self.nl.fdb_replace(fdb).await?;
                         tracing::info!("FDB entry recovered {} dst {}", fmt_mac(fdb.mac), fdb.dst);
                     }
-                    if !present.get(&route.dst).is_some_and(|v| v.iter().any(|p| p.same_as(route))) {
+                    if !present
+                        .get(&route.dst)
+                        .is_some_and(|v| v.iter().any(|p| p.same_as(route)))
+                    {
                         self.nl.route_replace(route).await?;
                         tracing::info!("Route recovered {} : {}", route.dst, route);
                     }

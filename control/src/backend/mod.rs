@@ -34,9 +34,9 @@ pub mod ipsec;
 pub mod kernel_vxlan;
 pub mod kernel_wg;
 pub mod probe;
-pub mod route_set;
 #[cfg(test)]
 mod route_backends_tests;
+pub mod route_set;
 #[cfg(test)]
 mod test_util;
 pub mod tunnel;
@@ -96,7 +96,11 @@ pub trait Backend: Send {
     /// The attributes this node publishes in its lease. `prev` is the lease
     /// the store still holds for this node's public IP, if any (to keep
     /// identities such as the VTEP MAC across restarts).
-    async fn lease_attrs(&mut self, ext: &ExternalInterface, prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError>;
+    async fn lease_attrs(
+        &mut self,
+        ext: &ExternalInterface,
+        prev: Option<&Lease>,
+    ) -> Result<LeaseAttrs, BackendError>;
 
     /// Creates what the node needs for `lease`; returns `FLANNEL_MTU`.
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError>;
@@ -133,9 +137,15 @@ pub trait Backend: Send {
 
     /// Moves the running node to the `to` implementation of this backend,
     /// keeping its lease; returns the dataplane that runs afterwards.
-    async fn switch_dataplane(&mut self, to: DataplaneChoice) -> Result<&'static str, BackendError> {
+    async fn switch_dataplane(
+        &mut self,
+        to: DataplaneChoice,
+    ) -> Result<&'static str, BackendError> {
         let _ = to;
-        Err(BackendError::Unsupported(format!("switching the dataplane of {}", self.name())))
+        Err(BackendError::Unsupported(format!(
+            "switching the dataplane of {}",
+            self.name()
+        )))
     }
 }
 
@@ -190,7 +200,11 @@ pub fn new(
     tuning: EngineTuning,
     nl: &Netlink,
 ) -> Result<Box<dyn Backend>, BackendError> {
-    let kernel = Kernel { client: Arc::new(nl.clone()), xfrm: Arc::new(XfrmNetlink::new()), wg: Arc::new(WgNetlink::new()) };
+    let kernel = Kernel {
+        client: Arc::new(nl.clone()),
+        xfrm: Arc::new(XfrmNetlink::new()),
+        wg: Arc::new(WgNetlink::new()),
+    };
     build(cfg, dataplane, tuning, nl, kernel)
 }
 
@@ -216,54 +230,75 @@ pub fn build(
     kernel: Kernel,
 ) -> Result<Box<dyn Backend>, BackendError> {
     let Kernel { client, xfrm, wg } = kernel;
-    let opts = BackendOptions::from_config(&cfg.backend_type, cfg.backend.as_deref()).map_err(|e| match e {
-        crate::config::backend::BackendError::UnknownType(t) => BackendError::Unknown(t),
-        other => BackendError::Config(other.to_string()),
-    })?;
+    let opts = BackendOptions::from_config(&cfg.backend_type, cfg.backend.as_deref()).map_err(
+        |e| match e {
+            crate::config::backend::BackendError::UnknownType(t) => BackendError::Unknown(t),
+            other => BackendError::Config(other.to_string()),
+        },
+    )?;
     let (v4, v6) = (cfg.enable_ipv4, cfg.enable_ipv6);
     let dual = |name| dual::Dual::new(name, dataplane, client.clone(), xfrm.clone());
     let c = client.clone();
     let b: Box<dyn Backend> = match opts {
         BackendOptions::Alloc => Box::new(alloc::Alloc::new()),
         BackendOptions::Udp(o) => {
-            let network = cfg
-                .network
-                .filter(|_| cfg.enable_ipv4)
-                .ok_or_else(|| BackendError::Config("the udp backend needs an IPv4 Network".into()))?;
+            let network = cfg.network.filter(|_| cfg.enable_ipv4).ok_or_else(|| {
+                BackendError::Config("the udp backend needs an IPv4 Network".into())
+            })?;
             let nl = nl.clone();
-            Box::new(dual("udp").userspace(Box::new(move || Box::new(udp::Udp::new(o.clone(), network, tuning, nl.clone())))))
+            Box::new(dual("udp").userspace(Box::new(move || {
+                Box::new(udp::Udp::new(o.clone(), network, tuning, nl.clone()))
+            })))
         }
         BackendOptions::Vxlan(o) => {
             let (ok, ou, nl) = (o.clone(), o.clone(), nl.clone());
-            let names = vec![format!("flannel.{}", o.vni), format!("flannel-v6.{}", o.vni)];
+            let names = vec![
+                format!("flannel.{}", o.vni),
+                format!("flannel-v6.{}", o.vni),
+            ];
             Box::new(
                 dual("vxlan")
                     .kernel(
                         Some(probe::Capability::Vxlan),
-                        Box::new(move || Box::new(kernel_vxlan::KernelVxlan::new(ok.clone(), v4, v6, c.clone()))),
+                        Box::new(move || {
+                            Box::new(kernel_vxlan::KernelVxlan::new(
+                                ok.clone(),
+                                v4,
+                                v6,
+                                c.clone(),
+                            ))
+                        }),
                     )
-                    .userspace(Box::new(move || Box::new(vxlan::Vxlan::new(ou.clone(), v4, v6, tuning, nl.clone()))))
+                    .userspace(Box::new(move || {
+                        Box::new(vxlan::Vxlan::new(ou.clone(), v4, v6, tuning, nl.clone()))
+                    }))
                     .kernel_links(names),
             )
         }
-        BackendOptions::HostGw => {
-            Box::new(dual("host-gw").kernel(None, Box::new(move || Box::new(host_gw::HostGw::new(v4, v6, c.clone())))))
-        }
+        BackendOptions::HostGw => Box::new(dual("host-gw").kernel(
+            None,
+            Box::new(move || Box::new(host_gw::HostGw::new(v4, v6, c.clone()))),
+        )),
         BackendOptions::Ipip(o) => {
             let (ok, nl) = (o.clone(), nl.clone());
             Box::new(
                 dual("ipip")
-                    .kernel(Some(probe::Capability::Ipip), Box::new(move || Box::new(ipip::Ipip::new(ok.clone(), c.clone()))))
-                    .userspace(Box::new(move || Box::new(ipip_user::IpipUser::new(o.clone(), tuning, nl.clone()))))
+                    .kernel(
+                        Some(probe::Capability::Ipip),
+                        Box::new(move || Box::new(ipip::Ipip::new(ok.clone(), c.clone()))),
+                    )
+                    .userspace(Box::new(move || {
+                        Box::new(ipip_user::IpipUser::new(o.clone(), tuning, nl.clone()))
+                    }))
                     .kernel_links(vec![ipip::DEVICE.into()]),
             )
         }
         BackendOptions::Ipsec(o) => {
             let x = xfrm.clone();
-            Box::new(
-                dual("ipsec")
-                    .kernel(Some(probe::Capability::Esp), Box::new(move || Box::new(ipsec::Ipsec::new(o.clone(), x.clone())))),
-            )
+            Box::new(dual("ipsec").kernel(
+                Some(probe::Capability::Esp),
+                Box::new(move || Box::new(ipsec::Ipsec::new(o.clone(), x.clone()))),
+            ))
         }
         BackendOptions::Wireguard(o) => {
             let (n4, n6) = (cfg.network.filter(|_| v4), cfg.ipv6_network.filter(|_| v6));
@@ -274,11 +309,23 @@ pub fn build(
                     .kernel(
                         Some(probe::Capability::Wireguard),
                         Box::new(move || {
-                            Box::new(kernel_wg::KernelWireguard::new(ok.clone(), n4, n6, c.clone(), wg.clone()))
+                            Box::new(kernel_wg::KernelWireguard::new(
+                                ok.clone(),
+                                n4,
+                                n6,
+                                c.clone(),
+                                wg.clone(),
+                            ))
                         }),
                     )
                     .userspace(Box::new(move || {
-                        Box::new(wireguard::Wireguard::new(o.clone(), n4, n6, tuning, nl.clone()))
+                        Box::new(wireguard::Wireguard::new(
+                            o.clone(),
+                            n4,
+                            n6,
+                            tuning,
+                            nl.clone(),
+                        ))
                     }))
                     .kernel_links(vec!["flannel-wg".into(), "flannel-wg-v6".into()]),
             )

@@ -236,7 +236,8 @@ fn ipsec_opts() -> IpsecOptions {
 fn ipsec_installs_out_in_fwd_policies_with_reqid_11() {
     block_on(async {
         let f = fake(&[], true);
-        let mut b = Ipsec::new(ipsec_opts(), f.clone()).with_ike(Box::new(crate::backend::test_util::RecordingIke::default()));
+        let mut b = Ipsec::new(ipsec_opts(), f.clone())
+            .with_ike(Box::new(crate::backend::test_util::RecordingIke::default()));
         let attrs = b.lease_attrs(&ext(), None).await.expect("attrs");
         assert_eq!(
             attrs.to_json(),

@@ -64,7 +64,10 @@ impl RouteSet {
         let present = main_routes(&*self.nl, self.routes.keys()).await?;
         let mut n = 0;
         for r in self.routes.values() {
-            if !present.get(&r.dst).is_some_and(|v| v.iter().any(|p| p.same_as(r))) {
+            if !present
+                .get(&r.dst)
+                .is_some_and(|v| v.iter().any(|p| p.same_as(r)))
+            {
                 self.nl.route_replace(r).await?;
                 tracing::info!("Route recovered {} : {}", r.dst, r);
                 n += 1;

@@ -29,17 +29,28 @@ pub struct Tunnel {
 
 impl std::fmt::Debug for Tunnel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tunnel").field("index", &self.index).field("peers", &self.peers.len()).finish_non_exhaustive()
+        f.debug_struct("Tunnel")
+            .field("index", &self.index)
+            .field("peers", &self.peers.len())
+            .finish_non_exhaustive()
     }
 }
 
 impl Tunnel {
     /// Starts the engine (which creates the TUN), then gives the device
     /// `addr` (a /32 or /128), `mtu`, and sets it up.
-    pub async fn start(nl: &Netlink, cfg: EngineConfig, addr: IpNet, mtu: u32) -> Result<Tunnel, BackendError> {
+    pub async fn start(
+        nl: &Netlink,
+        cfg: EngineConfig,
+        addr: IpNet,
+        mtu: u32,
+    ) -> Result<Tunnel, BackendError> {
         let engine = Engine::start(cfg).map_err(|e| BackendError::Engine(format!("{e:#}")))?;
         let name = engine.tun_name().to_string();
-        let link = nl.link_by_name(&name).await?.ok_or_else(|| BackendError::Engine(format!("tun {name} vanished")))?;
+        let link = nl
+            .link_by_name(&name)
+            .await?
+            .ok_or_else(|| BackendError::Engine(format!("tun {name} vanished")))?;
         nl.set_link_up(link.index, Some(mtu)).await?;
         nl.replace_addr(link.index, addr).await?;
         let o = engine.offloads();
@@ -75,7 +86,13 @@ impl Tunnel {
 
     /// `ip route replace DST dev <tun>` (scope link unless `universe`), remembered for reconcile.
     pub async fn add_route(&mut self, dst: IpNet, universe: bool) -> Result<(), BackendError> {
-        let r = Route { dst, gateway: None, oif: Some(self.index), onlink: false, scope_link: !universe };
+        let r = Route {
+            dst,
+            gateway: None,
+            oif: Some(self.index),
+            onlink: false,
+            scope_link: !universe,
+        };
         self.nl.replace_route(&r).await?;
         self.routes.insert(dst, r);
         Ok(())
@@ -91,7 +108,15 @@ impl Tunnel {
 
     /// Adds or replaces a peer; the engine gets it at the next [`Tunnel::flush`].
     pub fn upsert_peer(&mut self, subnet: IpNet, endpoint: IpAddr, vtep_mac: Option<[u8; 6]>) {
-        self.peers.insert(subnet, Peer { subnet, endpoint, vtep_mac, wireguard: None });
+        self.peers.insert(
+            subnet,
+            Peer {
+                subnet,
+                endpoint,
+                vtep_mac,
+                wireguard: None,
+            },
+        );
         self.dirty = true;
     }
 
@@ -125,7 +150,13 @@ impl Tunnel {
     pub async fn reconcile(&mut self) -> Result<(), BackendError> {
         self.flush();
         let name = self.name().to_string();
-        if !self.nl.links().await?.iter().any(|l| l.index == self.index && l.name == name) {
+        if !self
+            .nl
+            .links()
+            .await?
+            .iter()
+            .any(|l| l.index == self.index && l.name == name)
+        {
             return Err(BackendError::DeviceGone(name));
         }
         for r in self.routes.values() {

@@ -32,7 +32,14 @@ pub struct Udp {
 impl Udp {
     /// A udp backend for the IPv4 `network`.
     pub fn new(opts: UdpOptions, network: Ipv4Net, tuning: EngineTuning, nl: Netlink) -> Udp {
-        Udp { opts, network, ext: None, tuning, nl, tunnel: None }
+        Udp {
+            opts,
+            network,
+            ext: None,
+            tuning,
+            nl,
+            tunnel: None,
+        }
     }
 }
 
@@ -54,22 +61,37 @@ impl Backend for Udp {
         st
     }
 
-    async fn lease_attrs(&mut self, ext: &ExternalInterface, _prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
+    async fn lease_attrs(
+        &mut self,
+        ext: &ExternalInterface,
+        _prev: Option<&Lease>,
+    ) -> Result<LeaseAttrs, BackendError> {
         self.ext = Some(ext.clone());
         Ok(LeaseAttrs {
-            public_ip: ext.ext_addr.ok_or_else(|| BackendError::Config("udp backend needs IPv4".into()))?,
+            public_ip: ext
+                .ext_addr
+                .ok_or_else(|| BackendError::Config("udp backend needs IPv4".into()))?,
             ..Default::default()
         })
     }
 
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        let ext = self.ext.as_ref().ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        let subnet = lease.subnet.ok_or_else(|| BackendError::Config("udp backend needs an IPv4 lease".into()))?;
-        let local = ext.iface_addr.ok_or_else(|| BackendError::Config("udp backend needs an IPv4 interface address".into()))?;
+        let ext = self
+            .ext
+            .as_ref()
+            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+        let subnet = lease
+            .subnet
+            .ok_or_else(|| BackendError::Config("udp backend needs an IPv4 lease".into()))?;
+        let local = ext.iface_addr.ok_or_else(|| {
+            BackendError::Config("udp backend needs an IPv4 interface address".into())
+        })?;
         let mtu = ext.iface.mtu.saturating_sub(28);
         let cfg = EngineConfig {
             tun_name: "flannel%d".into(),
-            encap: Encap::FlannelUdp { port: self.opts.port },
+            encap: Encap::FlannelUdp {
+                port: self.opts.port,
+            },
             local_addr: local.into(),
             tun_addr: Some(subnet.network().into()),
             mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
@@ -77,7 +99,8 @@ impl Backend for Udp {
             offload: self.tuning.offload,
             anti_spoof: self.tuning.anti_spoof,
         };
-        let addr = IpNet::new(subnet.network().into(), 32).map_err(|e| BackendError::Config(e.to_string()))?;
+        let addr = IpNet::new(subnet.network().into(), 32)
+            .map_err(|e| BackendError::Config(e.to_string()))?;
         let mut t = Tunnel::start(&self.nl, cfg, addr, mtu).await?;
         t.add_route(IpNet::V4(self.network), true).await?;
         self.tunnel = Some(t);
@@ -85,7 +108,9 @@ impl Backend for Udp {
     }
 
     async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
-        let Some(t) = self.tunnel.as_mut() else { return Ok(()) };
+        let Some(t) = self.tunnel.as_mut() else {
+            return Ok(());
+        };
         match change {
             Change::Add(l) => {
                 if let Some(s) = l.subnet {

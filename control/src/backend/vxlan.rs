@@ -50,8 +50,21 @@ pub struct Vxlan {
 impl Vxlan {
     /// A userspace vxlan backend for the enabled families.
     pub fn new(opts: VxlanOptions, v4: bool, v6: bool, tuning: EngineTuning, nl: Netlink) -> Vxlan {
-        let fam = |on: bool| on.then_some(Family { mac: [0; 6], tunnel: None });
-        Vxlan { opts, v4: fam(v4), v6: fam(v6), ext: None, tuning, nl, direct: Vec::new() }
+        let fam = |on: bool| {
+            on.then_some(Family {
+                mac: [0; 6],
+                tunnel: None,
+            })
+        };
+        Vxlan {
+            opts,
+            v4: fam(v4),
+            v6: fam(v6),
+            ext: None,
+            tuning,
+            nl,
+            direct: Vec::new(),
+        }
     }
 
     fn port(&self) -> u16 {
@@ -66,7 +79,10 @@ pub fn backend_data(vni: u32, mac: [u8; 6]) -> String {
 
 /// Lower-case, colon-separated, as Go's `net.HardwareAddr.String()`.
 pub fn fmt_mac(m: [u8; 6]) -> String {
-    format!("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5])
+    format!(
+        "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        m[0], m[1], m[2], m[3], m[4], m[5]
+    )
 }
 
 /// Parses BackendData (Go JSON rules): `(VNI, VtepMAC)`.
@@ -118,15 +134,25 @@ impl Backend for Vxlan {
 
     fn status(&self) -> crate::status::BackendStatus {
         let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
-        for t in [&self.v4, &self.v6].into_iter().flatten().filter_map(|f| f.tunnel.as_ref()) {
+        for t in [&self.v4, &self.v6]
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f.tunnel.as_ref())
+        {
             t.report(&mut st);
         }
         st
     }
 
-    async fn lease_attrs(&mut self, ext: &ExternalInterface, prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
+    async fn lease_attrs(
+        &mut self,
+        ext: &ExternalInterface,
+        prev: Option<&Lease>,
+    ) -> Result<LeaseAttrs, BackendError> {
         if self.opts.gbp {
-            return Err(BackendError::Config("VXLAN GBP is not supported by the userspace engine".into()));
+            return Err(BackendError::Config(
+                "VXLAN GBP is not supported by the userspace engine".into(),
+            ));
         }
         tracing::info!(
             "VXLAN config: VNI={} Port={} GBP={} Learning={} DirectRouting={}",
@@ -138,17 +164,30 @@ impl Backend for Vxlan {
         );
         self.ext = Some(ext.clone());
         let vni = self.opts.vni;
-        let reuse = |data: Option<&String>| data.and_then(|d| parse_backend_data(d)).filter(|(v, _)| *v == vni).map(|(_, m)| m);
-        let mut attrs = LeaseAttrs { backend_type: "vxlan".into(), ..Default::default() };
+        let reuse = |data: Option<&String>| {
+            data.and_then(|d| parse_backend_data(d))
+                .filter(|(v, _)| *v == vni)
+                .map(|(_, m)| m)
+        };
+        let mut attrs = LeaseAttrs {
+            backend_type: "vxlan".into(),
+            ..Default::default()
+        };
         if let Some(f) = self.v4.as_mut() {
-            let ip = ext.ext_addr.ok_or_else(|| BackendError::Config("vxlan: no IPv4 public address".into()))?;
-            f.mac = reuse(prev.and_then(|p| p.attrs.backend_data.as_ref())).unwrap_or_else(|| derive_mac(ip.into(), vni, 4));
+            let ip = ext
+                .ext_addr
+                .ok_or_else(|| BackendError::Config("vxlan: no IPv4 public address".into()))?;
+            f.mac = reuse(prev.and_then(|p| p.attrs.backend_data.as_ref()))
+                .unwrap_or_else(|| derive_mac(ip.into(), vni, 4));
             attrs.public_ip = ip;
             attrs.backend_data = Some(backend_data(vni, f.mac));
         }
         if let Some(f) = self.v6.as_mut() {
-            let ip = ext.ext_v6_addr.ok_or_else(|| BackendError::Config("vxlan: no IPv6 public address".into()))?;
-            f.mac = reuse(prev.and_then(|p| p.attrs.backend_v6_data.as_ref())).unwrap_or_else(|| derive_mac(ip.into(), vni, 6));
+            let ip = ext
+                .ext_v6_addr
+                .ok_or_else(|| BackendError::Config("vxlan: no IPv6 public address".into()))?;
+            f.mac = reuse(prev.and_then(|p| p.attrs.backend_v6_data.as_ref()))
+                .unwrap_or_else(|| derive_mac(ip.into(), vni, 6));
             attrs.public_ipv6 = Some(ip);
             attrs.backend_v6_data = Some(backend_data(vni, f.mac));
         }
@@ -156,13 +195,24 @@ impl Backend for Vxlan {
     }
 
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        let ext = self.ext.clone().ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        let cfg_mtu = if self.opts.mtu == 0 { ext.iface.mtu } else { self.opts.mtu };
+        let ext = self
+            .ext
+            .clone()
+            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+        let cfg_mtu = if self.opts.mtu == 0 {
+            ext.iface.mtu
+        } else {
+            self.opts.mtu
+        };
         let mtu = cfg_mtu.saturating_sub(50);
         let (vni, port, tuning) = (self.opts.vni, self.port(), self.tuning);
         let engine = |name: String, mac: [u8; 6], local: IpAddr, tun_addr: IpAddr| EngineConfig {
             tun_name: name,
-            encap: Encap::Vxlan { vni, port, local_mac: mac },
+            encap: Encap::Vxlan {
+                vni,
+                port,
+                local_mac: mac,
+            },
             local_addr: local,
             tun_addr: Some(tun_addr),
             mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
@@ -171,15 +221,28 @@ impl Backend for Vxlan {
             anti_spoof: tuning.anti_spoof,
         };
         if let (Some(f), Some(sn)) = (self.v4.as_mut(), lease.subnet) {
-            let local = ext.ext_addr.map(IpAddr::V4).ok_or_else(|| BackendError::Config("no IPv4 address".into()))?;
+            let local = ext
+                .ext_addr
+                .map(IpAddr::V4)
+                .ok_or_else(|| BackendError::Config("no IPv4 address".into()))?;
             let cfg = engine(format!("flannel.{vni}"), f.mac, local, sn.network().into());
-            let addr = IpNet::new(sn.network().into(), 32).map_err(|e| BackendError::Config(e.to_string()))?;
+            let addr = IpNet::new(sn.network().into(), 32)
+                .map_err(|e| BackendError::Config(e.to_string()))?;
             f.tunnel = Some(Tunnel::start(&self.nl, cfg, addr, mtu).await?);
         }
         if let (Some(f), Some(sn)) = (self.v6.as_mut(), lease.ipv6_subnet) {
-            let local = ext.ext_v6_addr.map(IpAddr::V6).ok_or_else(|| BackendError::Config("no IPv6 address".into()))?;
-            let cfg = engine(format!("flannel-v6.{vni}"), f.mac, local, sn.network().into());
-            let addr = IpNet::new(sn.network().into(), 128).map_err(|e| BackendError::Config(e.to_string()))?;
+            let local = ext
+                .ext_v6_addr
+                .map(IpAddr::V6)
+                .ok_or_else(|| BackendError::Config("no IPv6 address".into()))?;
+            let cfg = engine(
+                format!("flannel-v6.{vni}"),
+                f.mac,
+                local,
+                sn.network().into(),
+            );
+            let addr = IpNet::new(sn.network().into(), 128)
+                .map_err(|e| BackendError::Config(e.to_string()))?;
             f.tunnel = Some(Tunnel::start(&self.nl, cfg, addr, mtu).await?);
         }
         Ok(mtu)
@@ -191,19 +254,38 @@ impl Backend for Vxlan {
             Change::Remove(l) => (l, false),
         };
         if add && lease.attrs.backend_type != "vxlan" {
-            tracing::info!("ignoring non-vxlan v4Subnet({:?}) v6Subnet({:?}): type={}", lease.subnet, lease.ipv6_subnet, lease.attrs.backend_type);
+            tracing::info!(
+                "ignoring non-vxlan v4Subnet({:?}) v6Subnet({:?}): type={}",
+                lease.subnet,
+                lease.ipv6_subnet,
+                lease.attrs.backend_type
+            );
             return Ok(());
         }
         let direct = self.opts.direct_routing;
         let ext = self.ext.clone();
         let targets = [
-            (self.v4.as_mut(), lease.subnet.map(IpNet::V4), Some(IpAddr::V4(lease.attrs.public_ip)), lease.attrs.backend_data.as_ref()),
-            (self.v6.as_mut(), lease.ipv6_subnet.map(IpNet::V6), lease.attrs.public_ipv6.map(IpAddr::V6), lease.attrs.backend_v6_data.as_ref()),
+            (
+                self.v4.as_mut(),
+                lease.subnet.map(IpNet::V4),
+                Some(IpAddr::V4(lease.attrs.public_ip)),
+                lease.attrs.backend_data.as_ref(),
+            ),
+            (
+                self.v6.as_mut(),
+                lease.ipv6_subnet.map(IpNet::V6),
+                lease.attrs.public_ipv6.map(IpAddr::V6),
+                lease.attrs.backend_v6_data.as_ref(),
+            ),
         ];
         let mut direct_routes = Vec::new();
         for (fam, subnet, endpoint, data) in targets {
-            let (Some(fam), Some(subnet)) = (fam, subnet) else { continue };
-            let Some(t) = fam.tunnel.as_mut() else { continue };
+            let (Some(fam), Some(subnet)) = (fam, subnet) else {
+                continue;
+            };
+            let Some(t) = fam.tunnel.as_mut() else {
+                continue;
+            };
             if !add {
                 t.remove_peer(subnet);
                 t.del_route(subnet).await?;
@@ -226,12 +308,24 @@ impl Backend for Vxlan {
             self.direct.retain(|r| r.dst != subnet);
             match via {
                 Some(gw) => {
-                    let r = Route { dst: subnet, gateway: Some(gw), oif: None, onlink: false, scope_link: false };
+                    let r = Route {
+                        dst: subnet,
+                        gateway: Some(gw),
+                        oif: None,
+                        onlink: false,
+                        scope_link: false,
+                    };
                     self.nl.replace_route(&r).await?;
                     self.direct.push(r);
                 }
                 None => {
-                    let r = Route { dst: subnet, gateway: None, oif: None, onlink: false, scope_link: false };
+                    let r = Route {
+                        dst: subnet,
+                        gateway: None,
+                        oif: None,
+                        onlink: false,
+                        scope_link: false,
+                    };
                     let _ = self.nl.del_route(&r).await;
                 }
             }
@@ -284,10 +378,22 @@ mod tests {
     #[test]
     fn backend_data_is_flannels_bytes() {
         let m = [0xc6, 0xd2, 0x32, 0x6f, 0x8f, 0x44];
-        assert_eq!(backend_data(1, m), r#"{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}"#);
-        assert_eq!(parse_backend_data(r#"{"vni":7,"vtepmac":"C6:D2:32:6F:8F:44"}"#), Some((7, m)));
-        assert_eq!(parse_backend_data(r#"{"VNI":"1","VtepMAC":"c6:d2:32:6f:8f:44"}"#), None);
-        assert_eq!(parse_backend_data(r#"{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f"}"#), None);
+        assert_eq!(
+            backend_data(1, m),
+            r#"{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}"#
+        );
+        assert_eq!(
+            parse_backend_data(r#"{"vni":7,"vtepmac":"C6:D2:32:6F:8F:44"}"#),
+            Some((7, m))
+        );
+        assert_eq!(
+            parse_backend_data(r#"{"VNI":"1","VtepMAC":"c6:d2:32:6f:8f:44"}"#),
+            None
+        );
+        assert_eq!(
+            parse_backend_data(r#"{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f"}"#),
+            None
+        );
         assert_eq!(parse_backend_data("null"), None);
     }
 

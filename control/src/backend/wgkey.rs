@@ -62,7 +62,9 @@ pub fn parse_key_text(text: &str) -> Option<(WgSecret, bool)> {
 pub fn generate() -> Result<WgSecret, KeyError> {
     use rand::TryRngCore;
     let mut k = [0u8; 32];
-    rand::rngs::OsRng.try_fill_bytes(&mut k).map_err(|e| KeyError::Random(e.to_string()))?;
+    rand::rngs::OsRng
+        .try_fill_bytes(&mut k)
+        .map_err(|e| KeyError::Random(e.to_string()))?;
     k[0] &= 248;
     k[31] = (k[31] & 127) | 64;
     Ok(WgSecret(k))
@@ -70,27 +72,47 @@ pub fn generate() -> Result<WgSecret, KeyError> {
 
 /// Reads the key at `path`, or generates and stores one if the file does not exist.
 pub fn load_or_generate(path: &Path) -> Result<WgSecret, KeyError> {
-    let io = |source| KeyError::Io { path: path.to_path_buf(), source };
+    let io = |source| KeyError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     match std::fs::read(path) {
         Ok(bytes) => {
             let text = String::from_utf8(bytes).map_err(|_| KeyError::Parse(path.to_path_buf()))?;
-            let (key, had_breaks) = parse_key_text(&text).ok_or_else(|| KeyError::Parse(path.to_path_buf()))?;
+            let (key, had_breaks) =
+                parse_key_text(&text).ok_or_else(|| KeyError::Parse(path.to_path_buf()))?;
             if had_breaks {
-                tracing::warn!("wireguard key file {} contains line breaks; ignored as flannel's Go base64 decoder does", path.display());
+                tracing::warn!(
+                    "wireguard key file {} contains line breaks; ignored as flannel's Go base64 decoder does",
+                    path.display()
+                );
             }
             Ok(key)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let key = generate()?;
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::DirBuilder::new().recursive(true).mode(0o755).create(dir).map_err(io)?;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o755)
+                    .create(dir)
+                    .map_err(io)?;
             }
-            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o400).open(path).map_err(io)?;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o400)
+                .open(path)
+                .map_err(io)?;
             // The umask cannot widen 0400, but a chmod makes the mode exact as flannel's does.
-            f.set_permissions(std::fs::Permissions::from_mode(0o400)).map_err(io)?;
+            f.set_permissions(std::fs::Permissions::from_mode(0o400))
+                .map_err(io)?;
             f.write_all(key_to_base64(&key.0).as_bytes()).map_err(io)?;
             f.sync_all().map_err(io)?;
-            tracing::info!("generated a new wireguard private key in {}", path.display());
+            tracing::info!(
+                "generated a new wireguard private key in {}",
+                path.display()
+            );
             Ok(key)
         }
         Err(e) => Err(io(e)),
@@ -112,7 +134,11 @@ mod tests {
         assert_eq!(key_from_base64(&text), Some(k1.0));
         let mode = std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
         assert_eq!(mode, 0o400);
-        let dmode = std::fs::metadata(path.parent().expect("dir")).expect("meta").permissions().mode() & 0o777;
+        let dmode = std::fs::metadata(path.parent().expect("dir"))
+            .expect("meta")
+            .permissions()
+            .mode()
+            & 0o777;
         assert_eq!(dmode & 0o700, 0o700);
         assert_eq!(k1.0[0] & 7, 0, "clamped");
         assert_eq!(k1.0[31] & 0xc0, 0x40, "clamped");
@@ -126,8 +152,14 @@ mod tests {
     fn line_breaks_are_skipped_like_go_and_junk_is_rejected() {
         let good = "hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=";
         assert_eq!(parse_key_text(good).map(|(_, b)| b), Some(false));
-        assert_eq!(parse_key_text(&format!("{good}\n")).map(|(_, b)| b), Some(true));
-        assert_eq!(parse_key_text(&format!("{good}\r\n")).map(|(_, b)| b), Some(true));
+        assert_eq!(
+            parse_key_text(&format!("{good}\n")).map(|(_, b)| b),
+            Some(true)
+        );
+        assert_eq!(
+            parse_key_text(&format!("{good}\r\n")).map(|(_, b)| b),
+            Some(true)
+        );
         assert!(parse_key_text(&format!("{good} ")).is_none());
         assert!(parse_key_text(&good[..40]).is_none());
         assert!(parse_key_text("").is_none());
@@ -136,7 +168,10 @@ mod tests {
         std::fs::write(&path, "not a key").expect("write");
         assert!(matches!(load_or_generate(&path), Err(KeyError::Parse(_))));
         std::fs::write(&path, format!("{good}\n")).expect("write");
-        assert_eq!(load_or_generate(&path).expect("newline tolerated").0[0], 0x85);
+        assert_eq!(
+            load_or_generate(&path).expect("newline tolerated").0[0],
+            0x85
+        );
     }
 
     #[test]

@@ -67,7 +67,10 @@ pub struct Wireguard {
 
 /// flannel's lease text: exactly `{"PublicKey":"<base64>","Port":<port>}`.
 pub fn backend_data(public_key: &[u8; 32], port: u16) -> String {
-    format!("{{\"PublicKey\":\"{}\",\"Port\":{port}}}", weft_engine::wg::key_to_base64(public_key))
+    format!(
+        "{{\"PublicKey\":\"{}\",\"Port\":{port}}}",
+        weft_engine::wg::key_to_base64(public_key)
+    )
 }
 
 /// The lease attributes of a WireGuard node with `public` key, for the IPv4
@@ -80,13 +83,20 @@ pub(super) fn lease_attrs(
     v4: bool,
     v6: bool,
 ) -> Result<LeaseAttrs, BackendError> {
-    let mut attrs = LeaseAttrs { backend_type: "wireguard".into(), ..Default::default() };
+    let mut attrs = LeaseAttrs {
+        backend_type: "wireguard".into(),
+        ..Default::default()
+    };
     if v4 {
-        attrs.public_ip = ext.ext_addr.ok_or_else(|| BackendError::Config("wireguard: no IPv4 public address".into()))?;
+        attrs.public_ip = ext
+            .ext_addr
+            .ok_or_else(|| BackendError::Config("wireguard: no IPv4 public address".into()))?;
         attrs.backend_data = Some(backend_data(public, opts.listen_port));
     }
     if v6 {
-        let ip = ext.ext_v6_addr.ok_or_else(|| BackendError::Config("wireguard: no IPv6 public address".into()))?;
+        let ip = ext
+            .ext_v6_addr
+            .ok_or_else(|| BackendError::Config("wireguard: no IPv6 public address".into()))?;
         attrs.public_ipv6 = Some(ip);
         attrs.backend_v6_data = Some(backend_data(public, opts.listen_port_v6));
     }
@@ -103,12 +113,21 @@ pub fn parse_backend_data(text: &str) -> Option<([u8; 32], u16)> {
 
 impl Wireguard {
     /// Checks the options [`Wireguard::new`] relies on: a valid PSK and at least one network.
-    pub fn validate(opts: &WireguardOptions, network: Option<Ipv4Net>, network_v6: Option<Ipv6Net>) -> Result<(), BackendError> {
+    pub fn validate(
+        opts: &WireguardOptions,
+        network: Option<Ipv4Net>,
+        network_v6: Option<Ipv6Net>,
+    ) -> Result<(), BackendError> {
         if !opts.psk.is_empty() && weft_engine::wg::key_from_base64(&opts.psk).is_none() {
-            return Err(BackendError::Config(format!("could not parse PSK {:?}: not a base64 wireguard key", opts.psk)));
+            return Err(BackendError::Config(format!(
+                "could not parse PSK {:?}: not a base64 wireguard key",
+                opts.psk
+            )));
         }
         if network.is_none() && network_v6.is_none() {
-            return Err(BackendError::Config("the wireguard backend needs a Network or IPv6Network".into()));
+            return Err(BackendError::Config(
+                "the wireguard backend needs a Network or IPv6Network".into(),
+            ));
         }
         Ok(())
     }
@@ -150,14 +169,19 @@ impl Wireguard {
         addrs: &[IpNet],
         mtu: u32,
     ) -> Result<(), BackendError> {
-        let key = self.key.ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+        let key = self
+            .key
+            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
         if let Some(old) = self.nl.link_by_name(name).await? {
             tracing::info!("deleting existing device {name}");
             self.nl.del_link(old.index).await?;
         }
         let cfg = EngineConfig {
             tun_name: name.to_string(),
-            encap: Encap::WireGuard { port, private_key: key },
+            encap: Encap::WireGuard {
+                port,
+                private_key: key,
+            },
             local_addr: local,
             tun_addr: None,
             mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
@@ -165,12 +189,17 @@ impl Wireguard {
             offload: self.tuning.offload,
             anti_spoof: self.tuning.anti_spoof,
         };
-        let first = *addrs.first().ok_or_else(|| BackendError::Config("no device address".into()))?;
+        let first = *addrs
+            .first()
+            .ok_or_else(|| BackendError::Config("no device address".into()))?;
         let mut tunnel = Tunnel::start(&self.nl, cfg, first, mtu).await?;
         for a in &addrs[1..] {
             self.nl.replace_addr(tunnel.index(), *a).await?;
         }
-        for net in [self.network.map(IpNet::V4), self.network_v6.map(IpNet::V6)].into_iter().flatten() {
+        for net in [self.network.map(IpNet::V4), self.network_v6.map(IpNet::V6)]
+            .into_iter()
+            .flatten()
+        {
             let fits = matches!(
                 (carries, net),
                 (Carries::Both, _) | (Carries::V4, IpNet::V4(_)) | (Carries::V6, IpNet::V6(_))
@@ -179,7 +208,11 @@ impl Wireguard {
                 tunnel.add_route(net, false).await?;
             }
         }
-        self.devices.push(Device { carries, port, tunnel });
+        self.devices.push(Device {
+            carries,
+            port,
+            tunnel,
+        });
         Ok(())
     }
 
@@ -188,32 +221,61 @@ impl Wireguard {
         let a = &lease.attrs;
         let v4 = a.backend_data.as_deref().and_then(parse_backend_data);
         let v6 = a.backend_v6_data.as_deref().and_then(parse_backend_data);
-        let wg = |(key, port): ([u8; 32], u16)| WgPeer { public_key: key, port, psk: self.psk, keepalive: self.keepalive() };
+        let wg = |(key, port): ([u8; 32], u16)| WgPeer {
+            public_key: key,
+            port,
+            psk: self.psk,
+            keepalive: self.keepalive(),
+        };
         let mut out = Vec::new();
         match dev.carries {
             Carries::V4 => {
                 if let (Some(s), Some(d)) = (lease.subnet, v4) {
-                    out.push(Peer { subnet: IpNet::V4(s), endpoint: a.public_ip.into(), vtep_mac: None, wireguard: Some(wg(d)) });
+                    out.push(Peer {
+                        subnet: IpNet::V4(s),
+                        endpoint: a.public_ip.into(),
+                        vtep_mac: None,
+                        wireguard: Some(wg(d)),
+                    });
                 }
             }
             Carries::V6 => {
                 if let (Some(s), Some(d), Some(ip)) = (lease.ipv6_subnet, v6, a.public_ipv6) {
-                    out.push(Peer { subnet: IpNet::V6(s), endpoint: ip.into(), vtep_mac: None, wireguard: Some(wg(d)) });
+                    out.push(Peer {
+                        subnet: IpNet::V6(s),
+                        endpoint: ip.into(),
+                        vtep_mac: None,
+                        wireguard: Some(wg(d)),
+                    });
                 }
             }
             Carries::Both => {
                 // flannel: the key from BackendV6Data when IPv6 is on, else BackendData.
-                let data = if self.network_v6.is_some() { v6.or(v4) } else { v4 };
+                let data = if self.network_v6.is_some() {
+                    v6.or(v4)
+                } else {
+                    v4
+                };
                 let endpoint = match self.opts.mode {
                     WireguardMode::Ipv6 => a.public_ipv6.map(IpAddr::V6),
                     _ => Some(IpAddr::V4(a.public_ip)),
                 };
-                let (Some((key, port)), Some(endpoint)) = (data, endpoint) else { return out };
+                let (Some((key, port)), Some(endpoint)) = (data, endpoint) else {
+                    return out;
+                };
                 // The v4 data's port is the one the peer's single device listens on.
                 let port = v4.map_or(port, |d| d.1);
-                let subnets = [lease.subnet.map(IpNet::V4), lease.ipv6_subnet.map(IpNet::V6)];
+                let subnets = [
+                    lease.subnet.map(IpNet::V4),
+                    lease.ipv6_subnet.map(IpNet::V6),
+                ];
                 for s in subnets.into_iter().flatten() {
-                    out.push(Peer { subnet: s, endpoint, vtep_mac: None, wireguard: Some(wg((key, port))) });
+                    out.push(Peer {
+                        subnet: s,
+                        endpoint,
+                        vtep_mac: None,
+                        wireguard: Some(wg((key, port))),
+                    });
                 }
             }
         }
@@ -239,8 +301,13 @@ impl Backend for Wireguard {
         st
     }
 
-    async fn lease_attrs(&mut self, ext: &ExternalInterface, _prev: Option<&Lease>) -> Result<LeaseAttrs, BackendError> {
-        let key = wgkey::load_or_generate(&self.key_file).map_err(|e| BackendError::Config(e.to_string()))?;
+    async fn lease_attrs(
+        &mut self,
+        ext: &ExternalInterface,
+        _prev: Option<&Lease>,
+    ) -> Result<LeaseAttrs, BackendError> {
+        let key = wgkey::load_or_generate(&self.key_file)
+            .map_err(|e| BackendError::Config(e.to_string()))?;
         let public = key.public_key();
         self.key = Some(key);
         self.ext = Some(ext.clone());
@@ -253,31 +320,55 @@ impl Backend for Wireguard {
             if self.psk.is_some() { "set" } else { "none" },
             weft_engine::wg::key_to_base64(&public)
         );
-        lease_attrs(&public, ext, &self.opts, self.network.is_some(), self.network_v6.is_some())
+        lease_attrs(
+            &public,
+            ext,
+            &self.opts,
+            self.network.is_some(),
+            self.network_v6.is_some(),
+        )
     }
 
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        let ext = self.ext.clone().ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        let cfg_mtu = if self.opts.mtu == 0 { ext.iface.mtu } else { self.opts.mtu };
+        let ext = self
+            .ext
+            .clone()
+            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+        let cfg_mtu = if self.opts.mtu == 0 {
+            ext.iface.mtu
+        } else {
+            self.opts.mtu
+        };
         let mtu = cfg_mtu.saturating_sub(80);
-        let a4 = lease.subnet.map(|s| IpNet::V4(Ipv4Net::new(s.network(), 32).unwrap_or_default()));
-        let a6 = lease.ipv6_subnet.map(|s| IpNet::V6(Ipv6Net::new(s.network(), 128).unwrap_or_default()));
+        let a4 = lease
+            .subnet
+            .map(|s| IpNet::V4(Ipv4Net::new(s.network(), 32).unwrap_or_default()));
+        let a6 = lease
+            .ipv6_subnet
+            .map(|s| IpNet::V6(Ipv6Net::new(s.network(), 128).unwrap_or_default()));
         let any4 = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
         let any6 = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
         let (p4, p6) = (self.opts.listen_port, self.opts.listen_port_v6);
         match self.opts.mode {
             WireguardMode::Separate => {
                 if let (Some(_), Some(a)) = (self.network, a4) {
-                    self.start_device("flannel-wg", Carries::V4, p4, any4, &[a], mtu).await?;
+                    self.start_device("flannel-wg", Carries::V4, p4, any4, &[a], mtu)
+                        .await?;
                 }
                 if let (Some(_), Some(a)) = (self.network_v6, a6) {
-                    self.start_device("flannel-wg-v6", Carries::V6, p6, any6, &[a], mtu).await?;
+                    self.start_device("flannel-wg-v6", Carries::V6, p6, any6, &[a], mtu)
+                        .await?;
                 }
             }
             mode => {
-                let local = if mode == WireguardMode::Ipv6 || self.network.is_none() { any6 } else { any4 };
+                let local = if mode == WireguardMode::Ipv6 || self.network.is_none() {
+                    any6
+                } else {
+                    any4
+                };
                 let addrs: Vec<IpNet> = [a4, a6].into_iter().flatten().collect();
-                self.start_device("flannel-wg", Carries::Both, p4, local, &addrs, mtu).await?;
+                self.start_device("flannel-wg", Carries::Both, p4, local, &addrs, mtu)
+                    .await?;
             }
         }
         Ok(mtu)
@@ -289,15 +380,32 @@ impl Backend for Wireguard {
             Change::Remove(l) => (l, false),
         };
         if add && lease.attrs.backend_type != "wireguard" {
-            tracing::info!("ignoring non-wireguard v4Subnet({:?}) v6Subnet({:?}): type={}", lease.subnet, lease.ipv6_subnet, lease.attrs.backend_type);
+            tracing::info!(
+                "ignoring non-wireguard v4Subnet({:?}) v6Subnet({:?}): type={}",
+                lease.subnet,
+                lease.ipv6_subnet,
+                lease.attrs.backend_type
+            );
             return Ok(());
         }
-        let subnets = [lease.subnet.map(IpNet::V4), lease.ipv6_subnet.map(IpNet::V6)];
+        let subnets = [
+            lease.subnet.map(IpNet::V4),
+            lease.ipv6_subnet.map(IpNet::V6),
+        ];
         for i in 0..self.devices.len() {
-            let peers = if add { self.peers_for(lease, &self.devices[i]) } else { Vec::new() };
+            let peers = if add {
+                self.peers_for(lease, &self.devices[i])
+            } else {
+                Vec::new()
+            };
             let dev = &mut self.devices[i];
             if add && peers.is_empty() {
-                tracing::error!("wireguard lease {:?} has no usable BackendData for {}: {:?}", lease.subnet, dev.tunnel.name(), lease.attrs.backend_data);
+                tracing::error!(
+                    "wireguard lease {:?} has no usable BackendData for {}: {:?}",
+                    lease.subnet,
+                    dev.tunnel.name(),
+                    lease.attrs.backend_data
+                );
                 continue;
             }
             for s in subnets.iter().flatten() {
@@ -306,7 +414,12 @@ impl Backend for Wireguard {
                 }
             }
             for p in peers {
-                tracing::debug!("peer {} on {} (port {})", p.subnet, dev.tunnel.name(), dev.port);
+                tracing::debug!(
+                    "peer {} on {} (port {})",
+                    p.subnet,
+                    dev.tunnel.name(),
+                    dev.port
+                );
                 dev.tunnel.upsert(p);
             }
         }
@@ -339,14 +452,32 @@ mod tests {
 
     #[test]
     fn backend_data_is_flannels_bytes() {
-        let k = weft_engine::wg::key_from_base64("hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=").expect("key");
-        assert_eq!(backend_data(&k, 51820), r#"{"PublicKey":"hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=","Port":51820}"#);
-        assert_eq!(backend_data(&k, 51821), r#"{"PublicKey":"hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=","Port":51821}"#);
-        assert_eq!(parse_backend_data(&backend_data(&k, 51820)), Some((k, 51820)));
+        let k = weft_engine::wg::key_from_base64("hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=")
+            .expect("key");
+        assert_eq!(
+            backend_data(&k, 51820),
+            r#"{"PublicKey":"hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=","Port":51820}"#
+        );
+        assert_eq!(
+            backend_data(&k, 51821),
+            r#"{"PublicKey":"hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=","Port":51821}"#
+        );
+        assert_eq!(
+            parse_backend_data(&backend_data(&k, 51820)),
+            Some((k, 51820))
+        );
         // Go JSON: keys case-insensitive; a missing Port means 0 (-> our own port).
-        assert_eq!(parse_backend_data(r#"{"publickey":"hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo="}"#), Some((k, 0)));
+        assert_eq!(
+            parse_backend_data(r#"{"publickey":"hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo="}"#),
+            Some((k, 0))
+        );
         assert_eq!(parse_backend_data(r#"{"PublicKey":"hSDw","Port":1}"#), None);
-        assert_eq!(parse_backend_data(r#"{"PublicKey":"hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=","Port":"1"}"#), None);
+        assert_eq!(
+            parse_backend_data(
+                r#"{"PublicKey":"hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=","Port":"1"}"#
+            ),
+            None
+        );
         assert_eq!(parse_backend_data("null"), None);
     }
 }

@@ -143,23 +143,39 @@ struct StoreArgs {
 fn main() {
     let cli = Cli::parse();
     weft_control::logging::init(0, "text");
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("weft: {e}");
             std::process::exit(1);
         }
     };
-    if let Cmd::Demo { backend, nodes, pods, iperf, dataplane, weftd_args } = &cli.cmd {
+    if let Cmd::Demo {
+        backend,
+        nodes,
+        pods,
+        iperf,
+        dataplane,
+        weftd_args,
+    } = &cli.cmd
+    {
         drop(rt);
         let opts = weft_control::demo::DemoOptions {
             backend: backend.clone(),
             nodes: *nodes,
             pods: *pods,
             iperf_secs: *iperf,
-            weftd_args: std::iter::once(format!("--dataplane={}", dataplane.as_deref().unwrap_or(weft_control::demo::default_dataplane(backend))))
-                .chain(weftd_args.iter().cloned())
-                .collect(),
+            weftd_args: std::iter::once(format!(
+                "--dataplane={}",
+                dataplane
+                    .as_deref()
+                    .unwrap_or(weft_control::demo::default_dataplane(backend))
+            ))
+            .chain(weftd_args.iter().cloned())
+            .collect(),
         };
         match weft_control::demo::run(&opts) {
             Ok(true) => std::process::exit(0),
@@ -176,11 +192,35 @@ fn main() {
     let res = rt.block_on(async {
         match cli.cmd {
             Cmd::Demo { .. } => Ok(()),
-            Cmd::Dataplane { action, subnet_file } => dataplane(action, &subnet_file),
-            Cmd::Status { subnet_file, socket, http, json } => status(&subnet_file, socket, http, json),
-            Cmd::Leases { action: None, store, json } => list(&store, json).await,
-            Cmd::Leases { action: Some(LeaseAction::Rm { key, store }), .. } => remove(&store, &key).await,
-            Cmd::Leases { action: Some(LeaseAction::Put { key, value, ttl, store }), .. } => put(&store, &key, &value, ttl).await,
+            Cmd::Dataplane {
+                action,
+                subnet_file,
+            } => dataplane(action, &subnet_file),
+            Cmd::Status {
+                subnet_file,
+                socket,
+                http,
+                json,
+            } => status(&subnet_file, socket, http, json),
+            Cmd::Leases {
+                action: None,
+                store,
+                json,
+            } => list(&store, json).await,
+            Cmd::Leases {
+                action: Some(LeaseAction::Rm { key, store }),
+                ..
+            } => remove(&store, &key).await,
+            Cmd::Leases {
+                action:
+                    Some(LeaseAction::Put {
+                        key,
+                        value,
+                        ttl,
+                        store,
+                    }),
+                ..
+            } => put(&store, &key, &value, ttl).await,
         }
     });
     if let Err(e) = res {
@@ -192,15 +232,24 @@ fn main() {
 fn dataplane(action: Option<DataplaneAction>, subnet_file: &std::path::Path) -> anyhow::Result<()> {
     use weft_control::backend::dataplane_ctl::{Status, request};
     let st = match action {
-        None => Status::query(subnet_file, std::time::Duration::from_secs(10))
-            .with_context(|| format!("is weftd running with --subnet-file={}?", subnet_file.display()))?,
+        None => {
+            Status::query(subnet_file, std::time::Duration::from_secs(10)).with_context(|| {
+                format!(
+                    "is weftd running with --subnet-file={}?",
+                    subnet_file.display()
+                )
+            })?
+        }
         Some(DataplaneAction::Set { mode, timeout }) => {
             let want = weft_control::backend::DataplaneChoice::parse(&mode)
                 .with_context(|| format!("{mode:?}: expected auto, kernel or userspace"))?;
             request(subnet_file, want, std::time::Duration::from_secs(timeout))?
         }
     };
-    println!("backend {} runs in the {} (requested: {}, weftd pid {})", st.backend, st.dataplane, st.requested, st.pid);
+    println!(
+        "backend {} runs in the {} (requested: {}, weftd pid {})",
+        st.backend, st.dataplane, st.requested, st.pid
+    );
     Ok(())
 }
 
@@ -213,33 +262,60 @@ fn status(
     use weft_control::status::{render, server};
     let timeout = std::time::Duration::from_secs(10);
     let st = match http {
-        Some(addr) => server::query_http(&addr, timeout)
-            .with_context(|| format!("is weftd running with --healthz-port (and --healthz-ip) for {addr}?"))?,
+        Some(addr) => server::query_http(&addr, timeout).with_context(|| {
+            format!("is weftd running with --healthz-port (and --healthz-ip) for {addr}?")
+        })?,
         None => {
             let socket = socket.unwrap_or_else(|| server::socket_path(subnet_file));
-            server::query(&socket, timeout)
-                .with_context(|| format!("is weftd running with --subnet-file={}?", subnet_file.display()))?
+            server::query(&socket, timeout).with_context(|| {
+                format!(
+                    "is weftd running with --subnet-file={}?",
+                    subnet_file.display()
+                )
+            })?
         }
     };
-    let out = if json { serde_json::to_string_pretty(&st)? + "\n" } else { render::text(&st) };
+    let out = if json {
+        serde_json::to_string_pretty(&st)? + "\n"
+    } else {
+        render::text(&st)
+    };
     use std::io::Write;
-    std::io::stdout().write_all(out.as_bytes()).context("stdout")
+    std::io::stdout()
+        .write_all(out.as_bytes())
+        .context("stdout")
 }
 
 async fn list(s: &StoreArgs, json: bool) -> anyhow::Result<()> {
     let leases = match &s.etcd_endpoints {
         Some(ep) => etcd(s, ep).await?.list_leases().await?,
-        None => EmbeddedStore::open(&s.store_path).await?.list_leases().await?,
+        None => {
+            EmbeddedStore::open(&s.store_path)
+                .await?
+                .list_leases()
+                .await?
+        }
     };
-    let out = if json { to_json(&leases)? } else { to_table(&leases) };
+    let out = if json {
+        to_json(&leases)?
+    } else {
+        to_table(&leases)
+    };
     use std::io::Write;
-    std::io::stdout().write_all(out.as_bytes()).context("stdout")
+    std::io::stdout()
+        .write_all(out.as_bytes())
+        .context("stdout")
 }
 
 async fn remove(s: &StoreArgs, key: &SubnetKey) -> anyhow::Result<()> {
     match &s.etcd_endpoints {
         Some(ep) => etcd(s, ep).await?.delete_lease(key).await?,
-        None => EmbeddedStore::open(&s.store_path).await?.delete_lease(key).await?,
+        None => {
+            EmbeddedStore::open(&s.store_path)
+                .await?
+                .delete_lease(key)
+                .await?
+        }
     }
     Ok(())
 }
@@ -249,13 +325,22 @@ async fn put(s: &StoreArgs, key: &SubnetKey, value: &str, ttl: u64) -> anyhow::R
     let ttl = (ttl > 0).then(|| std::time::Duration::from_secs(ttl));
     match &s.etcd_endpoints {
         Some(ep) => etcd(s, ep).await?.update_lease(key, &attrs, ttl).await?,
-        None => EmbeddedStore::open(&s.store_path).await?.update_lease(key, &attrs, ttl).await?,
+        None => {
+            EmbeddedStore::open(&s.store_path)
+                .await?
+                .update_lease(key, &attrs, ttl)
+                .await?
+        }
     };
     Ok(())
 }
 
 async fn etcd(s: &StoreArgs, endpoints: &str) -> anyhow::Result<EtcdStore> {
-    let opts = EtcdOptions { endpoints: endpoints.to_string(), prefix: s.etcd_prefix.clone(), ..Default::default() };
+    let opts = EtcdOptions {
+        endpoints: endpoints.to_string(),
+        prefix: s.etcd_prefix.clone(),
+        ..Default::default()
+    };
     Ok(EtcdStore::connect(&opts).await?)
 }
 
@@ -274,9 +359,16 @@ fn to_json(leases: &[Lease]) -> anyhow::Result<String> {
 }
 
 fn to_table(leases: &[Lease]) -> String {
-    let mut out = format!("{:<36} {:<16} {:<10} {}\n", "SUBNET", "PUBLIC IP", "BACKEND", "DATA");
+    let mut out = format!(
+        "{:<36} {:<16} {:<10} {}\n",
+        "SUBNET", "PUBLIC IP", "BACKEND", "DATA"
+    );
     for l in leases {
-        let backend = if l.attrs.backend_type.is_empty() { "-" } else { &l.attrs.backend_type };
+        let backend = if l.attrs.backend_type.is_empty() {
+            "-"
+        } else {
+            &l.attrs.backend_type
+        };
         out.push_str(&format!(
             "{:<36} {:<16} {:<10} {}\n",
             l.key().to_string(),

@@ -14,7 +14,11 @@ fn main() {
         return;
     }
     weft_control::logging::init(flags.verbosity, &flags.log_format);
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!("cannot start runtime: {e}");

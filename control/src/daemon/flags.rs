@@ -52,13 +52,25 @@ pub enum TrafficManagerKind {
 
 /// weftd's flags. Names, defaults and env variables are flanneld's.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "weftd", about = "weft node daemon, a drop-in for flanneld", disable_version_flag = true)]
+#[command(
+    name = "weftd",
+    about = "weft node daemon, a drop-in for flanneld",
+    disable_version_flag = true
+)]
 pub struct Flags {
     /// A comma-delimited list of etcd endpoints.
-    #[arg(long, env = "FLANNELD_ETCD_ENDPOINTS", default_value = "http://127.0.0.1:4001,http://127.0.0.1:2379")]
+    #[arg(
+        long,
+        env = "FLANNELD_ETCD_ENDPOINTS",
+        default_value = "http://127.0.0.1:4001,http://127.0.0.1:2379"
+    )]
     pub etcd_endpoints: String,
     /// etcd prefix.
-    #[arg(long, env = "FLANNELD_ETCD_PREFIX", default_value = "/coreos.com/network")]
+    #[arg(
+        long,
+        env = "FLANNELD_ETCD_PREFIX",
+        default_value = "/coreos.com/network"
+    )]
     pub etcd_prefix: String,
     /// SSL key file used to secure etcd communication.
     #[arg(long, env = "FLANNELD_ETCD_KEYFILE", default_value = "")]
@@ -85,7 +97,11 @@ pub struct Flags {
     #[arg(long, env = "FLANNELD_IFACE_CAN_REACH")]
     pub iface_can_reach: Option<IpAddr>,
     /// Filename where env variables (subnet, MTU, ...) will be written to.
-    #[arg(long, env = "FLANNELD_SUBNET_FILE", default_value = "/run/flannel/subnet.env")]
+    #[arg(
+        long,
+        env = "FLANNELD_SUBNET_FILE",
+        default_value = "/run/flannel/subnet.env"
+    )]
     pub subnet_file: PathBuf,
     /// IP accessible by other nodes for inter-host communication.
     #[arg(long, env = "FLANNELD_PUBLIC_IP")]
@@ -109,7 +125,11 @@ pub struct Flags {
     #[arg(long, env = "FLANNELD_KUBE_API_URL", default_value = "")]
     pub kube_api_url: String,
     /// Kubernetes annotation prefix.
-    #[arg(long, env = "FLANNELD_KUBE_ANNOTATION_PREFIX", default_value = "flannel.alpha.coreos.com")]
+    #[arg(
+        long,
+        env = "FLANNELD_KUBE_ANNOTATION_PREFIX",
+        default_value = "flannel.alpha.coreos.com"
+    )]
     pub kube_annotation_prefix: String,
     /// kubeconfig file location.
     #[arg(long, env = "FLANNELD_KUBECONFIG_FILE", default_value = "")]
@@ -133,7 +153,11 @@ pub struct Flags {
     #[arg(long, env = "FLANNELD_IP_BLACKHOLE_ROUTE", default_value = "false", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
     pub ip_blackhole_route: bool,
     /// Path to the network configuration file.
-    #[arg(long, env = "FLANNELD_NET_CONFIG_PATH", default_value = "/etc/kube-flannel/net-conf.json")]
+    #[arg(
+        long,
+        env = "FLANNELD_NET_CONFIG_PATH",
+        default_value = "/etc/kube-flannel/net-conf.json"
+    )]
     pub net_config_path: PathBuf,
     /// Set the NetworkUnavailable node condition to False after setup.
     #[arg(long, env = "FLANNELD_SET_NODE_NETWORK_UNAVAILABLE", default_value = "true", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
@@ -145,7 +169,11 @@ pub struct Flags {
     #[arg(long = "vmodule", env = "FLANNELD_VMODULE", default_value = "")]
     pub vmodule: String,
     /// klog option, accepted and ignored.
-    #[arg(long = "log_backtrace_at", env = "FLANNELD_LOG_BACKTRACE_AT", default_value = "")]
+    #[arg(
+        long = "log_backtrace_at",
+        env = "FLANNELD_LOG_BACKTRACE_AT",
+        default_value = ""
+    )]
     pub log_backtrace_at: String,
 
     // --- weft's own flags ---
@@ -210,7 +238,9 @@ impl Flags {
 /// Whether any etcd endpoint was given on the command line or in the environment.
 pub fn etcd_explicit(args: &[String]) -> bool {
     std::env::var_os("FLANNELD_ETCD_ENDPOINTS").is_some()
-        || args.iter().any(|a| a.trim_start_matches('-').starts_with("etcd-endpoints"))
+        || args
+            .iter()
+            .any(|a| a.trim_start_matches('-').starts_with("etcd-endpoints"))
 }
 
 /// Rewrites Go-style `-name[=v]` into `--name[=v]`; leaves `--`, `-` and values alone.
@@ -239,28 +269,44 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Flags, clap::Error> {
-        let v: Vec<String> = std::iter::once("weftd").chain(args.iter().copied()).map(String::from).collect();
+        let v: Vec<String> = std::iter::once("weftd")
+            .chain(args.iter().copied())
+            .map(String::from)
+            .collect();
         Flags::try_parse_from(normalize_args(v))
     }
 
     #[test]
     fn defaults_match_flanneld() {
         let f = parse(&[]).expect("parse");
-        assert_eq!(f.etcd_endpoints, "http://127.0.0.1:4001,http://127.0.0.1:2379");
+        assert_eq!(
+            f.etcd_endpoints,
+            "http://127.0.0.1:4001,http://127.0.0.1:2379"
+        );
         assert_eq!(f.etcd_prefix, "/coreos.com/network");
         assert_eq!(f.subnet_file, PathBuf::from("/run/flannel/subnet.env"));
         assert_eq!(f.subnet_lease_renew_margin, 60);
         assert!(!f.ip_masq && f.iptables_forward_rules && f.set_node_network_unavailable);
         assert_eq!(f.iptables_resync, 5);
         assert_eq!(f.healthz_port, 0);
-        assert_eq!(f.net_config_path, PathBuf::from("/etc/kube-flannel/net-conf.json"));
+        assert_eq!(
+            f.net_config_path,
+            PathBuf::from("/etc/kube-flannel/net-conf.json")
+        );
         assert_eq!(f.kube_annotation_prefix, "flannel.alpha.coreos.com");
     }
 
     #[test]
     fn single_and_double_dash_and_go_booleans() {
-        let f = parse(&["-ip-masq", "--iface=eth0", "-iface", "eth1", "-healthz-port=8081", "-iptables-forward-rules=false"])
-            .expect("parse");
+        let f = parse(&[
+            "-ip-masq",
+            "--iface=eth0",
+            "-iface",
+            "eth1",
+            "-healthz-port=8081",
+            "-iptables-forward-rules=false",
+        ])
+        .expect("parse");
         assert!(f.ip_masq);
         assert_eq!(f.iface, vec!["eth0", "eth1"]);
         assert_eq!(f.healthz_port, 8081);
@@ -273,9 +319,24 @@ mod tests {
 
     #[test]
     fn renew_margin_range() {
-        assert!(parse(&["-subnet-lease-renew-margin=0"]).expect("parse").validate().is_err());
-        assert!(parse(&["-subnet-lease-renew-margin=1440"]).expect("parse").validate().is_err());
-        assert!(parse(&["-subnet-lease-renew-margin=1439"]).expect("parse").validate().is_ok());
+        assert!(
+            parse(&["-subnet-lease-renew-margin=0"])
+                .expect("parse")
+                .validate()
+                .is_err()
+        );
+        assert!(
+            parse(&["-subnet-lease-renew-margin=1440"])
+                .expect("parse")
+                .validate()
+                .is_err()
+        );
+        assert!(
+            parse(&["-subnet-lease-renew-margin=1439"])
+                .expect("parse")
+                .validate()
+                .is_ok()
+        );
     }
 
     #[test]

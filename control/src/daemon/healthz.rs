@@ -51,7 +51,9 @@ pub async fn serve(
                 Ok((conn, _)) => {
                     let (ready, obs) = (ready.clone(), obs.clone());
                     tokio::spawn(async move {
-                        let _ = tokio::time::timeout(Duration::from_secs(5), handle(conn, ready, obs)).await;
+                        let _ =
+                            tokio::time::timeout(Duration::from_secs(5), handle(conn, ready, obs))
+                                .await;
                     });
                 }
                 Err(e) => {
@@ -63,7 +65,11 @@ pub async fn serve(
     }))
 }
 
-async fn handle(mut conn: TcpStream, ready: Readiness, obs: Option<status::Handle>) -> std::io::Result<()> {
+async fn handle(
+    mut conn: TcpStream,
+    ready: Readiness,
+    obs: Option<status::Handle>,
+) -> std::io::Result<()> {
     let mut buf = [0u8; 2048];
     let mut n = 0;
     while n < buf.len() {
@@ -72,12 +78,16 @@ async fn handle(mut conn: TcpStream, ready: Readiness, obs: Option<status::Handl
             break;
         }
         n += m;
-        if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") || buf[..n].windows(2).any(|w| w == b"\n\n") {
+        if buf[..n].windows(4).any(|w| w == b"\r\n\r\n")
+            || buf[..n].windows(2).any(|w| w == b"\n\n")
+        {
             break;
         }
     }
     let (status, body, ctype) = match (&obs, get_path(&buf[..n])) {
-        (Some(h), Some(b"/metrics")) => ("200 OK", h.prometheus().await, crate::metrics::CONTENT_TYPE),
+        (Some(h), Some(b"/metrics")) => {
+            ("200 OK", h.prometheus().await, crate::metrics::CONTENT_TYPE)
+        }
         (Some(h), Some(b"/status")) => match h.status().await.map(|s| serde_json::to_string(&s)) {
             Some(Ok(j)) => ("200 OK", j + "\n", "application/json"),
             _ => (
@@ -132,13 +142,28 @@ mod tests {
 
     #[test]
     fn routes() {
-        assert_eq!(respond(b"GET /healthz HTTP/1.1\r\n\r\n", false), ("200 OK", "flanneld is running"));
-        assert_eq!(respond(b"GET /readyz HTTP/1.1\r\n\r\n", false).0, "503 Service Unavailable");
-        assert_eq!(respond(b"GET /readyz?x=1 HTTP/1.1\r\n\r\n", true), ("200 OK", "flanneld is ready"));
-        assert_eq!(respond(b"POST /healthz HTTP/1.1\r\n\r\n", true).0, "405 Method Not Allowed");
+        assert_eq!(
+            respond(b"GET /healthz HTTP/1.1\r\n\r\n", false),
+            ("200 OK", "flanneld is running")
+        );
+        assert_eq!(
+            respond(b"GET /readyz HTTP/1.1\r\n\r\n", false).0,
+            "503 Service Unavailable"
+        );
+        assert_eq!(
+            respond(b"GET /readyz?x=1 HTTP/1.1\r\n\r\n", true),
+            ("200 OK", "flanneld is ready")
+        );
+        assert_eq!(
+            respond(b"POST /healthz HTTP/1.1\r\n\r\n", true).0,
+            "405 Method Not Allowed"
+        );
         assert_eq!(respond(b"", true).0, "405 Method Not Allowed");
         assert_eq!(respond(b"GET /x HTTP/1.1\r\n\r\n", true).0, "404 Not Found");
-        assert_eq!(get_path(b"GET /status?x HTTP/1.1\r\n\r\n"), Some(&b"/status"[..]));
+        assert_eq!(
+            get_path(b"GET /status?x HTTP/1.1\r\n\r\n"),
+            Some(&b"/status"[..])
+        );
         assert_eq!(get_path(b"HEAD /status HTTP/1.1\r\n\r\n"), None);
     }
 
@@ -151,7 +176,9 @@ mod tests {
         let _h = serve(addr, ready.clone(), None).await.expect("serve");
         let get = |path: &'static str| async move {
             let mut c = TcpStream::connect(addr).await.expect("connect");
-            c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await.expect("write");
+            c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+                .await
+                .expect("write");
             let mut s = String::new();
             c.read_to_string(&mut s).await.expect("read");
             s
@@ -159,6 +186,9 @@ mod tests {
         assert!(get("/readyz").await.starts_with("HTTP/1.1 503"));
         ready.set_ready();
         let r = get("/readyz").await;
-        assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("flanneld is ready"), "{r}");
+        assert!(
+            r.starts_with("HTTP/1.1 200") && r.ends_with("flanneld is ready"),
+            "{r}"
+        );
     }
 }

@@ -14,8 +14,8 @@ use crate::iface::{self, ExternalInterface, IfaceOptions};
 use crate::lease::watcher::{Change, LeaseWatcher};
 use crate::lease::{Lease, LeaseEvent};
 use crate::netlink::Netlink;
-use crate::store::embedded::EmbeddedStore;
 use crate::store::Registry;
+use crate::store::embedded::EmbeddedStore;
 use crate::subnet::{LocalManager, Previous, SubnetManager, renew_at};
 use crate::subnet_env::SubnetEnv;
 use crate::traffic;
@@ -33,22 +33,33 @@ pub async fn run(flags: Flags, etcd_explicit: bool) -> anyhow::Result<i32> {
     let mut obs = crate::status::Source::new();
     if flags.healthz_port != 0 {
         let addr = std::net::SocketAddr::new(flags.healthz_ip, flags.healthz_port);
-        healthz::serve(addr, ready.clone(), Some(obs.handle())).await.with_context(|| format!("failed to listen on {addr}"))?;
+        healthz::serve(addr, ready.clone(), Some(obs.handle()))
+            .await
+            .with_context(|| format!("failed to listen on {addr}"))?;
     }
     let kind = flags.store_kind(etcd_explicit);
     match kind {
         StoreKind::Embedded => {
             let store = EmbeddedStore::open(&flags.store_path)
                 .await
-                .with_context(|| format!("Failed to create SubnetManager: embedded store {}", flags.store_path.display()))?;
-            let Some(cfg) = stop.until(network_config(&flags, &store, kind)).await else { return Ok(0) };
+                .with_context(|| {
+                    format!(
+                        "Failed to create SubnetManager: embedded store {}",
+                        flags.store_path.display()
+                    )
+                })?;
+            let Some(cfg) = stop.until(network_config(&flags, &store, kind)).await else {
+                return Ok(0);
+            };
             let cfg = cfg?;
             let mgr = local_manager(&flags, store, &cfg);
             run_with(&flags, cfg, mgr, &mut stop, &ready, &mut obs).await
         }
         StoreKind::Etcd => {
             let store = super::stores::etcd(&flags).await?;
-            let Some(cfg) = stop.until(network_config(&flags, &store, kind)).await else { return Ok(0) };
+            let Some(cfg) = stop.until(network_config(&flags, &store, kind)).await else {
+                return Ok(0);
+            };
             let cfg = cfg?;
             let mgr = local_manager(&flags, store, &cfg);
             run_with(&flags, cfg, mgr, &mut stop, &ready, &mut obs).await
@@ -68,7 +79,8 @@ pub async fn run(flags: Flags, etcd_explicit: bool) -> anyhow::Result<i32> {
 /// annotations replace `--public-ip(v6)`.
 async fn kube_manager(flags: &Flags) -> anyhow::Result<(crate::kube::KubeManager, Config, Flags)> {
     let path = &flags.net_config_path;
-    let text = std::fs::read(path).with_context(|| format!("failed to read net conf {}", path.display()))?;
+    let text = std::fs::read(path)
+        .with_context(|| format!("failed to read net conf {}", path.display()))?;
     let cfg = parse_config(&text).context("error parsing subnet config")?;
     let opts = crate::kube::KubeOptions::from_env(
         &flags.kube_api_url,
@@ -91,7 +103,12 @@ fn local_manager<R: Registry + Clone>(flags: &Flags, reg: R, cfg: &Config) -> Lo
         subnet: prev_env.as_ref().and_then(|e| e.subnet),
         ipv6_subnet: prev_env.as_ref().and_then(|e| e.ipv6_subnet),
     };
-    LocalManager::new(reg, cfg.clone(), prev, Some(Duration::from_secs(flags.lease_ttl)))
+    LocalManager::new(
+        reg,
+        cfg.clone(),
+        prev,
+        Some(Duration::from_secs(flags.lease_ttl)),
+    )
 }
 
 fn read_prev_env(flags: &Flags) -> Option<SubnetEnv> {
@@ -115,7 +132,11 @@ pub async fn run_with<M: SubnetManager>(
     tracing::info!("Found network config - Backend type: {}", cfg.backend_type);
     let nl = Netlink::connect()?;
     let ext = select_iface(&nl, flags, &cfg).await?;
-    let tuning = backend::EngineTuning { workers: flags.engine_workers, offload: true, anti_spoof: true };
+    let tuning = backend::EngineTuning {
+        workers: flags.engine_workers,
+        offload: true,
+        anti_spoof: true,
+    };
     let dataplane = match flags.dataplane {
         Dataplane::Auto => backend::DataplaneChoice::Auto,
         Dataplane::Kernel => backend::DataplaneChoice::Kernel,
@@ -124,9 +145,13 @@ pub async fn run_with<M: SubnetManager>(
     // The operator's override file (`weft dataplane set`) wins over the flag.
     let mut ctl = backend::dataplane_ctl::DataplaneControl::new(&flags.subnet_file, dataplane);
     let dataplane = ctl.wanted();
-    let mut backend = backend::new(&cfg, dataplane, tuning, &nl).context("Error fetching backend")?;
+    let mut backend =
+        backend::new(&cfg, dataplane, tuning, &nl).context("Error fetching backend")?;
     let own_prev = mgr.previous_own_lease(&ext).await;
-    let attrs = backend.lease_attrs(&ext, own_prev.as_ref()).await.context("Error registering network")?;
+    let attrs = backend
+        .lease_attrs(&ext, own_prev.as_ref())
+        .await
+        .context("Error registering network")?;
     let prev_env = read_prev_env(flags);
 
     if flags.traffic_manager == TrafficManagerKind::Auto && !cfg.enable_nftables {
@@ -134,12 +159,23 @@ pub async fn run_with<M: SubnetManager>(
             .map_err(|e| anyhow::anyhow!("Failed to check br_netfilter: {e}"))?;
     }
 
-    let Some(lease) = stop.until(acquire(&mgr, &attrs)).await else { return Ok(0) };
+    let Some(lease) = stop.until(acquire(&mgr, &attrs)).await else {
+        return Ok(0);
+    };
     let mut lease = lease.context("Error registering network")?;
     obs.metrics().lease_acquired();
-    let mtu = backend.setup(&lease).await.context("Error registering network")?;
+    let mtu = backend
+        .setup(&lease)
+        .await
+        .context("Error registering network")?;
     let _resync = host_rules(flags, &cfg, &lease, prev_env.as_ref()).await?;
-    let _ipam = crate::ipam::start(&flags.subnet_file, flags.ipam_socket.as_deref(), flags.ipam_state.as_deref(), &lease).await;
+    let _ipam = crate::ipam::start(
+        &flags.subnet_file,
+        flags.ipam_socket.as_deref(),
+        flags.ipam_state.as_deref(),
+        &lease,
+    )
+    .await;
     let _status = crate::status::server::start(&flags.subnet_file, obs.handle());
 
     let env = SubnetEnv {
@@ -163,7 +199,16 @@ pub async fn run_with<M: SubnetManager>(
     }
     tracing::info!("Running backend.");
 
-    let code = main_loop(flags, &mgr, backend.as_mut(), &mut lease, stop, &mut ctl, obs).await;
+    let code = main_loop(
+        flags,
+        &mgr,
+        backend.as_mut(),
+        &mut lease,
+        stop,
+        &mut ctl,
+        obs,
+    )
+    .await;
     tracing::info!("Waiting for all goroutines to exit");
     backend.teardown().await;
     tracing::info!("Exiting cleanly...");
@@ -183,7 +228,11 @@ async fn host_rules(
         return Ok(None);
     }
     let kind = traffic::Kind::from_config(cfg.enable_nftables);
-    let mgr = traffic::new_manager(kind, flags.ip_masq_fully_random_disable, traffic::Runner::new());
+    let mgr = traffic::new_manager(
+        kind,
+        flags.ip_masq_fully_random_disable,
+        traffic::Runner::new(),
+    );
     let tflags = traffic::Flags {
         ip_masq: flags.ip_masq,
         random_fully_disable: flags.ip_masq_fully_random_disable,
@@ -194,10 +243,19 @@ async fn host_rules(
         v4: cfg.network.filter(|_| cfg.enable_ipv4),
         v6: cfg.ipv6_network.filter(|_| cfg.enable_ipv6),
     };
-    let subnet = traffic::Networks { v4: lease.subnet, v6: lease.ipv6_subnet };
+    let subnet = traffic::Networks {
+        v4: lease.subnet,
+        v6: lease.ipv6_subnet,
+    };
     let prev = prev.map(|p| traffic::Previous {
-        network: traffic::Networks { v4: p.network, v6: p.ipv6_network },
-        subnet: traffic::Networks { v4: p.subnet, v6: p.ipv6_subnet },
+        network: traffic::Networks {
+            v4: p.network,
+            v6: p.ipv6_network,
+        },
+        subnet: traffic::Networks {
+            v4: p.subnet,
+            v6: p.ipv6_subnet,
+        },
     });
     let m = mgr.clone();
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
@@ -211,7 +269,8 @@ async fn host_rules(
         }
         m.init().context("Failed to setup masq rules")?;
         tracing::info!("Setting up masking rules");
-        traffic::install(&*m, &tflags, &network, &subnet, prev.as_ref()).context("Failed to setup masq rules")?;
+        traffic::install(&*m, &tflags, &network, &subnet, prev.as_ref())
+            .context("Failed to setup masq rules")?;
         tracing::info!("bootstrap done");
         Ok(())
     })
@@ -231,10 +290,13 @@ async fn main_loop<M: SubnetManager>(
 ) -> anyhow::Result<i32> {
     let ttl = Duration::from_secs(flags.lease_ttl);
     let mut hup = stop.take_hup();
-    let Some(mut events) = watch(mgr, stop).await else { return Ok(0) };
+    let Some(mut events) = watch(mgr, stop).await else {
+        return Ok(0);
+    };
     let own = lease.key();
     let mut watcher = LeaseWatcher::new(own);
-    let margin = Duration::from_secs(60 * u64::try_from(flags.subnet_lease_renew_margin).unwrap_or(60));
+    let margin =
+        Duration::from_secs(60 * u64::try_from(flags.subnet_lease_renew_margin).unwrap_or(60));
     let mut reconcile = tokio::time::interval(RECONCILE_PERIOD);
     reconcile.tick().await;
     loop {
@@ -333,14 +395,19 @@ fn own_lease_gone(ev: &LeaseEvent, own: &crate::lease::SubnetKey) -> bool {
 }
 
 fn humantime(t: SystemTime) -> String {
-    let secs = t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     format!("unix {secs}")
 }
 
 async fn sleep_until(at: Option<SystemTime>) {
     match at {
         Some(at) => {
-            let d = at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO);
+            let d = at
+                .duration_since(SystemTime::now())
+                .unwrap_or(Duration::ZERO);
             tokio::time::sleep(d).await;
         }
         None => std::future::pending().await,
@@ -350,16 +417,26 @@ async fn sleep_until(at: Option<SystemTime>) {
 /// Reads and checks the network config: the file for the embedded store
 /// (falling back to the store's config key), the `<prefix>/config` key for
 /// etcd (retried every second until it exists, as flanneld does).
-async fn network_config<R: Registry>(flags: &Flags, reg: &R, kind: StoreKind) -> anyhow::Result<Config> {
+async fn network_config<R: Registry>(
+    flags: &Flags,
+    reg: &R,
+    kind: StoreKind,
+) -> anyhow::Result<Config> {
     let text = loop {
         if kind == StoreKind::Embedded && flags.net_config_path.exists() {
-            break std::fs::read(&flags.net_config_path)
-                .with_context(|| format!("failed to read net conf {}", flags.net_config_path.display()))?;
+            break std::fs::read(&flags.net_config_path).with_context(|| {
+                format!(
+                    "failed to read net conf {}",
+                    flags.net_config_path.display()
+                )
+            })?;
         }
         match reg.get_network_config().await {
             Ok(Some(t)) => break t.into_bytes(),
             Ok(None) if kind == StoreKind::Etcd => {
-                tracing::error!("Couldn't fetch network config: flannel config not found in etcd store. Did you create your config using etcdv3 API?");
+                tracing::error!(
+                    "Couldn't fetch network config: flannel config not found in etcd store. Did you create your config using etcdv3 API?"
+                );
             }
             Ok(None) => bail!(
                 "no network config: neither {} nor the embedded store has one",
@@ -372,11 +449,16 @@ async fn network_config<R: Registry>(flags: &Flags, reg: &R, kind: StoreKind) ->
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
     let mut cfg = parse_config(&text).context("error parsing subnet config")?;
-    cfg.check_network_config().context("invalid network config")?;
+    cfg.check_network_config()
+        .context("invalid network config")?;
     Ok(cfg)
 }
 
-async fn select_iface(nl: &Netlink, flags: &Flags, cfg: &Config) -> anyhow::Result<ExternalInterface> {
+async fn select_iface(
+    nl: &Netlink,
+    flags: &Flags,
+    cfg: &Config,
+) -> anyhow::Result<ExternalInterface> {
     if flags.iface.is_empty() && flags.iface_regex.is_empty() {
         tracing::info!("Determining IP address of default interface");
     }
@@ -390,18 +472,31 @@ async fn select_iface(nl: &Netlink, flags: &Flags, cfg: &Config) -> anyhow::Resu
         v6: cfg.enable_ipv6,
     };
     let ext = iface::select(nl, &opts).await?;
-    let shown = ext.iface_addr.map(|a| a.to_string()).or(ext.iface_v6_addr.map(|a| a.to_string())).unwrap_or_default();
-    tracing::info!("Using interface with name {} and address {}", ext.iface.name, shown);
+    let shown = ext
+        .iface_addr
+        .map(|a| a.to_string())
+        .or(ext.iface_v6_addr.map(|a| a.to_string()))
+        .unwrap_or_default();
+    tracing::info!(
+        "Using interface with name {} and address {}",
+        ext.iface.name,
+        shown
+    );
     match (flags.public_ip, ext.ext_addr) {
         (Some(ip), _) => tracing::info!("Using {ip} as external address"),
-        (None, Some(ip)) => tracing::info!("Defaulting external address to interface address ({ip})"),
+        (None, Some(ip)) => {
+            tracing::info!("Defaulting external address to interface address ({ip})")
+        }
         (None, None) => {}
     }
     Ok(ext)
 }
 
 /// Acquires the lease, retrying while the store is unreachable.
-async fn acquire<M: SubnetManager>(mgr: &M, attrs: &crate::lease::LeaseAttrs) -> anyhow::Result<Lease> {
+async fn acquire<M: SubnetManager>(
+    mgr: &M,
+    attrs: &crate::lease::LeaseAttrs,
+) -> anyhow::Result<Lease> {
     let mut backoff = Duration::from_millis(200);
     loop {
         match mgr.acquire_lease(attrs).await {

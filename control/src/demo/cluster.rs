@@ -126,7 +126,10 @@ impl Cluster {
 
     /// [`Cluster::start`] with extra weftd arguments for node `i` in
     /// `node_args[i]` (e.g. a per-node `--dataplane`).
-    pub fn start_with_node_args(spec: ClusterSpec, node_args: Vec<Vec<String>>) -> Result<Cluster, ClusterError> {
+    pub fn start_with_node_args(
+        spec: ClusterSpec,
+        node_args: Vec<Vec<String>>,
+    ) -> Result<Cluster, ClusterError> {
         let mut c = Cluster::create(spec, node_args)?;
         c.start_all()?;
         Ok(c)
@@ -146,13 +149,35 @@ impl Cluster {
             let addr = format!("192.0.2.{i}");
             underlay.attach(&ns, &format!("{addr}/24"));
             // A default route, so that weftd finds its interface as on a real node.
-            ns.exec(&["ip", "route", "add", "default", "via", "192.0.2.254", "dev", "eth0", "onlink"]);
+            ns.exec(&[
+                "ip",
+                "route",
+                "add",
+                "default",
+                "via",
+                "192.0.2.254",
+                "dev",
+                "eth0",
+                "onlink",
+            ]);
             let dir = spec.work.join(format!("n{i}"));
             std::fs::create_dir_all(&dir).map_err(io("create node dir"))?;
-            nodes.push(Node { ns, addr, weftd: None, dir });
+            nodes.push(Node {
+                ns,
+                addr,
+                weftd: None,
+                dir,
+            });
         }
         let cni_modes = vec![CniMode::Bridge; nodes.len()];
-        Ok(Cluster { nodes, pods: Vec::new(), spec, cni_modes, node_args, _underlay: underlay })
+        Ok(Cluster {
+            nodes,
+            pods: Vec::new(),
+            spec,
+            cni_modes,
+            node_args,
+            _underlay: underlay,
+        })
     }
 
     /// Starts every node's weftd and waits until each has written its subnet.env.
@@ -171,22 +196,32 @@ impl Cluster {
         let n = &self.nodes[i];
         let log = std::fs::File::create(n.dir.join("weftd.log")).map_err(io("create weftd.log"))?;
         let log2 = log.try_clone().map_err(io("dup log"))?;
-        let mut cmd = n.ns.command(&self.spec.bin_dir.join("weftd").to_string_lossy());
+        let mut cmd =
+            n.ns.command(&self.spec.bin_dir.join("weftd").to_string_lossy());
         match &self.spec.store {
-            ClusterStore::Embedded => {
-                cmd.arg("--store=embedded").arg(format!("--store-path={}", self.spec.work.join("store").display()))
-            }
-            ClusterStore::Etcd(endpoints) => cmd.arg("--store=etcd").arg(format!("--etcd-endpoints={endpoints}")),
+            ClusterStore::Embedded => cmd.arg("--store=embedded").arg(format!(
+                "--store-path={}",
+                self.spec.work.join("store").display()
+            )),
+            ClusterStore::Etcd(endpoints) => cmd
+                .arg("--store=etcd")
+                .arg(format!("--etcd-endpoints={endpoints}")),
         };
-        cmd.arg(format!("--net-config-path={}", self.spec.work.join("net-conf.json").display()))
-            .arg(format!("--subnet-file={}", n.dir.join("subnet.env").display()))
-            .args(&self.spec.weftd_args)
-            .args(self.node_args.get(i).into_iter().flatten())
-            // Each node keeps its own WireGuard key (the default /run/flannel/wgkey is host-wide).
-            .env("WIREGUARD_KEY_FILE", n.dir.join("wgkey"))
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2);
+        cmd.arg(format!(
+            "--net-config-path={}",
+            self.spec.work.join("net-conf.json").display()
+        ))
+        .arg(format!(
+            "--subnet-file={}",
+            n.dir.join("subnet.env").display()
+        ))
+        .args(&self.spec.weftd_args)
+        .args(self.node_args.get(i).into_iter().flatten())
+        // Each node keeps its own WireGuard key (the default /run/flannel/wgkey is host-wide).
+        .env("WIREGUARD_KEY_FILE", n.dir.join("wgkey"))
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2);
         let child = cmd.spawn().map_err(io("start weftd"))?;
         self.nodes[i].weftd = Some(child);
         Ok(())
@@ -195,7 +230,10 @@ impl Cluster {
     /// Stops node `i`'s weftd with SIGTERM (SIGKILL after 10 s).
     pub fn stop_weftd(&mut self, i: usize) {
         if let Some(mut c) = self.nodes[i].weftd.take() {
-            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(c.id().to_string())
+                .status();
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = c.try_wait() {
@@ -215,7 +253,10 @@ impl Cluster {
             if self.subnet_env(i).is_some() {
                 return Ok(());
             }
-            let exited = self.nodes[i].weftd.as_mut().is_none_or(|c| !matches!(c.try_wait(), Ok(None)));
+            let exited = self.nodes[i]
+                .weftd
+                .as_mut()
+                .is_none_or(|c| !matches!(c.try_wait(), Ok(None)));
             if exited || Instant::now() > deadline {
                 return Err(ClusterError::Step(format!(
                     "node {} did not become ready; weftd log:\n{}",
@@ -229,7 +270,9 @@ impl Cluster {
 
     /// Node `i`'s subnet.env, if written.
     pub fn subnet_env(&self, i: usize) -> Option<String> {
-        std::fs::read_to_string(self.nodes[i].dir.join("subnet.env")).ok().filter(|s| !s.is_empty())
+        std::fs::read_to_string(self.nodes[i].dir.join("subnet.env"))
+            .ok()
+            .filter(|s| !s.is_empty())
     }
 
     /// Node `i`'s weftd log.
@@ -261,7 +304,13 @@ impl Cluster {
             .and_then(|a| a.split('/').next())
             .ok_or_else(|| ClusterError::Step(format!("CNI ADD result has no address: {out}")))?
             .to_string();
-        self.pods.push(Pod { ns, ip, node: i, id, mode });
+        self.pods.push(Pod {
+            ns,
+            ip,
+            node: i,
+            id,
+            mode,
+        });
         Ok(self.pods.len() - 1)
     }
 
@@ -269,7 +318,8 @@ impl Cluster {
     pub fn del_pod(&mut self, p: usize) -> Result<(), ClusterError> {
         let pod = self.pods.remove(p);
         let path = pod.ns.path();
-        self.cni(pod.node, "DEL", &pod.id, &path, pod.mode).map(|_| ())
+        self.cni(pod.node, "DEL", &pod.id, &path, pod.mode)
+            .map(|_| ())
     }
 
     /// The flannel CNI config of node `i` (bridge `cni0` via the delegate,
@@ -292,7 +342,14 @@ impl Cluster {
         conf.to_string()
     }
 
-    fn cni(&self, i: usize, verb: &str, id: &str, netns: &str, mode: CniMode) -> Result<String, ClusterError> {
+    fn cni(
+        &self,
+        i: usize,
+        verb: &str,
+        id: &str,
+        netns: &str,
+        mode: CniMode,
+    ) -> Result<String, ClusterError> {
         use std::io::Write;
         let node = &self.nodes[i];
         let plugin = self.spec.bin_dir.join("flannel");
@@ -303,16 +360,23 @@ impl Cluster {
             .env("CNI_CONTAINERID", id)
             .env("CNI_NETNS", netns)
             .env("CNI_IFNAME", "eth0")
-            .env("CNI_PATH", format!("{}:{}", self.spec.bin_dir.display(), CNI_PLUGIN_DIR))
+            .env(
+                "CNI_PATH",
+                format!("{}:{}", self.spec.bin_dir.display(), CNI_PLUGIN_DIR),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .map_err(io("run the CNI plugin"))?;
         if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(self.cni_conf(i, mode).as_bytes()).map_err(io("write CNI config"))?;
+            stdin
+                .write_all(self.cni_conf(i, mode).as_bytes())
+                .map_err(io("write CNI config"))?;
         }
-        let out = child.wait_with_output().map_err(io("wait for the CNI plugin"))?;
+        let out = child
+            .wait_with_output()
+            .map_err(io("wait for the CNI plugin"))?;
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         if !out.status.success() {
             return Err(ClusterError::Step(format!(

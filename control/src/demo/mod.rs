@@ -44,7 +44,11 @@ pub fn run(opts: &DemoOptions) -> anyhow::Result<bool> {
         .map(PathBuf::from)
         .ok_or_else(|| anyhow::anyhow!("cannot locate the weft binaries"))?;
     for b in ["weftd", "flannel"] {
-        anyhow::ensure!(bin_dir.join(b).exists(), "{} not found next to weft: run `cargo build --workspace --bins`", b);
+        anyhow::ensure!(
+            bin_dir.join(b).exists(),
+            "{} not found next to weft: run `cargo build --workspace --bins`",
+            b
+        );
     }
     for p in ["bridge", "host-local"] {
         anyhow::ensure!(
@@ -61,10 +65,21 @@ pub fn run(opts: &DemoOptions) -> anyhow::Result<bool> {
     res
 }
 
-fn demo(opts: &DemoOptions, prefix: &str, work: &std::path::Path, bin_dir: PathBuf) -> anyhow::Result<bool> {
-    let net_conf = format!(r#"{{"Network":"10.244.0.0/16","Backend":{{"Type":"{}"}}}}"#, opts.backend);
+fn demo(
+    opts: &DemoOptions,
+    prefix: &str,
+    work: &std::path::Path,
+    bin_dir: PathBuf,
+) -> anyhow::Result<bool> {
+    let net_conf = format!(
+        r#"{{"Network":"10.244.0.0/16","Backend":{{"Type":"{}"}}}}"#,
+        opts.backend
+    );
     println!("==> net-conf.json: {net_conf}");
-    println!("==> starting {} nodes (namespaces {prefix}-n1..), one weftd each, on the embedded store", opts.nodes);
+    println!(
+        "==> starting {} nodes (namespaces {prefix}-n1..), one weftd each, on the embedded store",
+        opts.nodes
+    );
     let mut c = Cluster::start(ClusterSpec {
         prefix: prefix.to_string(),
         nodes: opts.nodes,
@@ -76,12 +91,20 @@ fn demo(opts: &DemoOptions, prefix: &str, work: &std::path::Path, bin_dir: PathB
     })?;
     for i in 0..c.nodes.len() {
         let env = c.subnet_env(i).unwrap_or_default();
-        println!("--- node {} ({}): {}", i + 1, c.nodes[i].addr, env.trim().replace('\n', "  "));
+        println!(
+            "--- node {} ({}): {}",
+            i + 1,
+            c.nodes[i].addr,
+            env.trim().replace('\n', "  ")
+        );
         if let Some(line) = c.log(i).lines().find(|l| l.contains("userspace engine on")) {
             println!("    {}", line.split("INFO").last().unwrap_or(line).trim());
         }
     }
-    println!("==> creating {} pods per node through the flannel CNI plugin (bridge cni0 + host-local)", opts.pods);
+    println!(
+        "==> creating {} pods per node through the flannel CNI plugin (bridge cni0 + host-local)",
+        opts.pods
+    );
     for i in 0..c.nodes.len() {
         for p in 1..=opts.pods {
             let idx = c.add_pod(i, &format!("n{}p{p}", i + 1))?;
@@ -94,7 +117,9 @@ fn demo(opts: &DemoOptions, prefix: &str, work: &std::path::Path, bin_dir: PathB
     // of one node can reach each other.
     let alloc = opts.backend == "alloc";
     if alloc {
-        println!("==> backend alloc forwards nothing between nodes: pings between pods of one node");
+        println!(
+            "==> backend alloc forwards nothing between nodes: pings between pods of one node"
+        );
     } else {
         println!("==> pod-to-pod pings across nodes");
     }
@@ -107,12 +132,20 @@ fn demo(opts: &DemoOptions, prefix: &str, work: &std::path::Path, bin_dir: PathB
             }
             let ok = c.pods[a].ns.ping(&c.pods[b].ip, 2) || c.pods[a].ns.ping(&c.pods[b].ip, 2);
             all_ok &= ok;
-            println!("    {:<15} -> {:<15} {}", c.pods[a].ip, c.pods[b].ip, if ok { "ok" } else { "FAILED" });
+            println!(
+                "    {:<15} -> {:<15} {}",
+                c.pods[a].ip,
+                c.pods[b].ip,
+                if ok { "ok" } else { "FAILED" }
+            );
         }
     }
     if opts.iperf_secs > 0 && c.nodes.len() >= 2 && !alloc {
         let (a, b) = (0, c.pods.iter().position(|p| p.node == 1).unwrap_or(0));
-        println!("==> iperf3 TCP, {} s, pod {} (node 1) -> pod {} (node 2)", opts.iperf_secs, c.pods[a].ip, c.pods[b].ip);
+        println!(
+            "==> iperf3 TCP, {} s, pod {} (node 1) -> pod {} (node 2)",
+            opts.iperf_secs, c.pods[a].ip, c.pods[b].ip
+        );
         match iperf(&c, a, b, opts.iperf_secs) {
             Ok(g) => println!("    {g:.2} Gbit/s"),
             Err(e) => println!("    iperf3 failed: {e}"),
@@ -124,9 +157,13 @@ fn demo(opts: &DemoOptions, prefix: &str, work: &std::path::Path, bin_dir: PathB
 
 fn iperf(c: &Cluster, a: usize, b: usize, secs: u32) -> anyhow::Result<f64> {
     let server = &c.pods[b];
-    server.ns.exec(&["iperf3", "-s", "-1", "-D", "-B", &server.ip]);
+    server
+        .ns
+        .exec(&["iperf3", "-s", "-1", "-D", "-B", &server.ip]);
     std::thread::sleep(Duration::from_millis(300));
-    let out = c.pods[a].ns.try_exec(&["iperf3", "-c", &server.ip, "-t", &secs.to_string(), "-J"]);
+    let out = c.pods[a]
+        .ns
+        .try_exec(&["iperf3", "-c", &server.ip, "-t", &secs.to_string(), "-J"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     let bps = v["end"]["sum_received"]["bits_per_second"]
         .as_f64()
@@ -138,10 +175,18 @@ fn iperf(c: &Cluster, a: usize, b: usize, secs: u32) -> anyhow::Result<f64> {
 /// work dir, exit 130. Runs on its own thread with its own small runtime.
 fn on_signal_cleanup(prefix: String, work: PathBuf) {
     std::thread::spawn(move || {
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
         rt.block_on(async {
             use tokio::signal::unix::{SignalKind, signal};
-            let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+            let (Ok(mut int), Ok(mut term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) else {
                 return;
             };
             tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
@@ -155,7 +200,9 @@ fn on_signal_cleanup(prefix: String, work: PathBuf) {
 
 /// Deletes every namespace named `<prefix>-*` and kills what runs in it.
 pub fn cleanup_prefix(prefix: &str) {
-    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else { return };
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return;
+    };
     let list = String::from_utf8_lossy(&out.stdout).into_owned();
     for name in list.lines().filter_map(|l| l.split_whitespace().next()) {
         if name.starts_with(&format!("{prefix}-")) {

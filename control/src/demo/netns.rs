@@ -6,7 +6,10 @@ use std::process::{Command, Output};
 
 /// Runs `cmd args...` on the host and panics with its stderr on failure.
 pub fn run(cmd: &str, args: &[&str]) -> Output {
-    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
     assert!(
         out.status.success(),
         "`{cmd} {}` failed: {}",
@@ -35,7 +38,9 @@ impl Netns {
         // A leftover from a crashed earlier run with the same name goes first.
         let _ = Command::new("ip").args(["netns", "del", name]).output();
         run("ip", &["netns", "add", name]);
-        let ns = Netns { name: name.to_string() };
+        let ns = Netns {
+            name: name.to_string(),
+        };
         ns.exec(&["ip", "link", "set", "lo", "up"]);
         ns
     }
@@ -82,26 +87,49 @@ impl Netns {
     /// Whether `ping -c1` from this namespace reaches `dst` (waits up to `wait_s`).
     pub fn ping(&self, dst: &str, wait_s: u32) -> bool {
         let w = wait_s.to_string();
-        self.try_exec(&["ping", "-c", "1", "-W", &w, dst]).status.success()
+        self.try_exec(&["ping", "-c", "1", "-W", &w, dst])
+            .status
+            .success()
     }
 }
 
 impl Drop for Netns {
     fn drop(&mut self) {
         // Kill what still runs inside, then delete the namespace (its links go with it).
-        if let Ok(out) = Command::new("ip").args(["netns", "pids", &self.name]).output() {
+        if let Ok(out) = Command::new("ip")
+            .args(["netns", "pids", &self.name])
+            .output()
+        {
             for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
                 let _ = Command::new("kill").args(["-9", pid]).output();
             }
         }
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
     }
 }
 
 /// Connects `a` and `b` with a veth pair named `an`/`bn`, each end given an
 /// address (CIDR) and set up.
 pub fn veth(a: &Netns, an: &str, a_addr: &str, b: &Netns, bn: &str, b_addr: &str) {
-    run("ip", &["link", "add", an, "netns", a.name(), "type", "veth", "peer", "name", bn, "netns", b.name()]);
+    run(
+        "ip",
+        &[
+            "link",
+            "add",
+            an,
+            "netns",
+            a.name(),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            bn,
+            "netns",
+            b.name(),
+        ],
+    );
     a.exec(&["ip", "addr", "add", a_addr, "dev", an]);
     a.exec(&["ip", "link", "set", an, "up"]);
     b.exec(&["ip", "addr", "add", b_addr, "dev", bn]);
@@ -132,7 +160,23 @@ impl Underlay {
         self.n += 1;
         let port = format!("p{}", self.n);
         let tmp = format!("{}-{}", &node.name()[..node.name().len().min(9)], self.n);
-        run("ip", &["link", "add", &tmp, "netns", node.name(), "type", "veth", "peer", "name", &port, "netns", self.ns.name()]);
+        run(
+            "ip",
+            &[
+                "link",
+                "add",
+                &tmp,
+                "netns",
+                node.name(),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &port,
+                "netns",
+                self.ns.name(),
+            ],
+        );
         node.exec(&["ip", "link", "set", &tmp, "name", "eth0"]);
         node.exec(&["ip", "addr", "add", addr, "dev", "eth0"]);
         node.exec(&["ip", "link", "set", "eth0", "up"]);

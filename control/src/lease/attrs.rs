@@ -80,7 +80,10 @@ impl LeaseAttrs {
             s.push_str(",\"BackendType\":");
             s.push_str(&Value::from(self.backend_type.as_str()).to_string());
         }
-        for (name, data) in [("BackendData", &self.backend_data), ("BackendV6Data", &self.backend_v6_data)] {
+        for (name, data) in [
+            ("BackendData", &self.backend_data),
+            ("BackendV6Data", &self.backend_v6_data),
+        ] {
             if let Some(d) = data.as_deref().filter(|d| !d.is_empty()) {
                 s.push_str(",\"");
                 s.push_str(name);
@@ -111,7 +114,8 @@ impl LeaseAttrs {
 
 /// Go's `json.RawMessage` keeps the bytes; re-encoding compacts them.
 fn raw(v: Option<Value>) -> Result<Option<String>, AttrsError> {
-    v.map(|v| serde_json::to_string(&v).map_err(AttrsError::BackendData)).transpose()
+    v.map(|v| serde_json::to_string(&v).map_err(AttrsError::BackendData))
+        .transpose()
 }
 
 #[cfg(test)]
@@ -130,7 +134,10 @@ mod tests {
 
     #[test]
     fn udp_lease_has_no_backend_fields() {
-        let a = LeaseAttrs { public_ip: Ipv4Addr::new(192, 0, 2, 7), ..Default::default() };
+        let a = LeaseAttrs {
+            public_ip: Ipv4Addr::new(192, 0, 2, 7),
+            ..Default::default()
+        };
         assert_eq!(a.to_json(), r#"{"PublicIP":"192.0.2.7","PublicIPv6":null}"#);
     }
 
@@ -156,7 +163,11 @@ mod tests {
             br#"[]"#,
             br#"{"PublicIP":"#,
         ] {
-            assert!(LeaseAttrs::from_json(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+            assert!(
+                LeaseAttrs::from_json(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 }

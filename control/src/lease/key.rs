@@ -29,7 +29,9 @@ pub struct InvalidSubnetKey(pub String);
 
 impl fmt::Display for SubnetKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let v4 = self.v4.unwrap_or_else(|| Ipv4Net::new_assert(Ipv4Addr::UNSPECIFIED, 0));
+        let v4 = self
+            .v4
+            .unwrap_or_else(|| Ipv4Net::new_assert(Ipv4Addr::UNSPECIFIED, 0));
         write!(f, "{}-{}", v4.addr(), v4.prefix_len())?;
         if let Some(v6) = self.v6 {
             write!(f, "&{}-{}", v6.addr(), v6.prefix_len())?;
@@ -63,7 +65,9 @@ impl FromStr for SubnetKey {
             Some(p) => {
                 let (ip6, len6) = p.rsplit_once('-').ok_or_else(bad)?;
                 if ip6.is_empty()
-                    || !ip6.chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c) || c == ':')
+                    || !ip6
+                        .chars()
+                        .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c) || c == ':')
                 {
                     return Err(bad());
                 }
@@ -95,7 +99,11 @@ mod tests {
 
     #[test]
     fn round_trip_v4_and_dual_stack() {
-        for s in ["10.12.13.0-24", "10.12.13.0-24&fd00:12:13::-56", "0.0.0.0-0&fc00::-64"] {
+        for s in [
+            "10.12.13.0-24",
+            "10.12.13.0-24&fd00:12:13::-56",
+            "0.0.0.0-0&fc00::-64",
+        ] {
             assert_eq!(key(s).expect(s).to_string(), s);
         }
     }
@@ -131,6 +139,9 @@ mod tests {
 
     #[test]
     fn leading_garbage_is_skipped_like_the_unanchored_regex() {
-        assert_eq!(key("x10.1.2.0-24").expect("match").to_string(), "10.1.2.0-24");
+        assert_eq!(
+            key("x10.1.2.0-24").expect("match").to_string(),
+            "10.1.2.0-24"
+        );
     }
 }

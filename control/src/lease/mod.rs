@@ -31,7 +31,10 @@ pub struct Lease {
 impl Lease {
     /// The store key of this lease.
     pub fn key(&self) -> SubnetKey {
-        SubnetKey { v4: self.subnet, v6: self.ipv6_subnet }
+        SubnetKey {
+            v4: self.subnet,
+            v6: self.ipv6_subnet,
+        }
     }
 }
 

@@ -26,7 +26,10 @@ pub struct LeaseWatcher {
 impl LeaseWatcher {
     /// A watcher that ignores the lease with key `own` (the node's own lease).
     pub fn new(own: SubnetKey) -> Self {
-        LeaseWatcher { own: Some(own), leases: BTreeMap::new() }
+        LeaseWatcher {
+            own: Some(own),
+            leases: BTreeMap::new(),
+        }
     }
 
     /// The peers currently known, in subnet order.
@@ -46,7 +49,9 @@ impl LeaseWatcher {
     fn is_own(&self, key: &SubnetKey) -> bool {
         // flannel's sameSubnet: equal v4 subnets (and v6 when both have one).
         match &self.own {
-            Some(own) => own.v4 == key.v4 && (own.v6.is_none() || key.v6.is_none() || own.v6 == key.v6),
+            Some(own) => {
+                own.v4 == key.v4 && (own.v6.is_none() || key.v6.is_none() || own.v6 == key.v6)
+            }
             None => false,
         }
     }
@@ -80,8 +85,12 @@ impl LeaseWatcher {
             .filter(|l| !self.is_own(&l.key()))
             .map(|l| (l.key(), l))
             .collect();
-        let gone: Vec<SubnetKey> =
-            self.leases.keys().filter(|k| !fresh.contains_key(k)).copied().collect();
+        let gone: Vec<SubnetKey> = self
+            .leases
+            .keys()
+            .filter(|k| !fresh.contains_key(k))
+            .copied()
+            .collect();
         for k in gone {
             changes.extend(self.remove(&k));
         }
@@ -102,7 +111,10 @@ mod tests {
         Lease {
             subnet: key.v4,
             ipv6_subnet: key.v6,
-            attrs: LeaseAttrs { public_ip: ip.into(), ..Default::default() },
+            attrs: LeaseAttrs {
+                public_ip: ip.into(),
+                ..Default::default()
+            },
             expiration: None,
         }
     }
@@ -127,12 +139,18 @@ mod tests {
     fn changed_attrs_reprogram_and_renewals_do_not() {
         let mut w = LeaseWatcher::new("10.244.1.0-24".parse().expect("key"));
         let a = lease("10.244.2.0-24", [192, 0, 2, 2]);
-        assert_eq!(w.apply(LeaseEvent::Added(a.clone())), vec![Change::Add(a.clone())]);
+        assert_eq!(
+            w.apply(LeaseEvent::Added(a.clone())),
+            vec![Change::Add(a.clone())]
+        );
         let mut renewed = a.clone();
         renewed.expiration = Some(std::time::SystemTime::UNIX_EPOCH);
         assert_eq!(w.apply(LeaseEvent::Added(renewed)), vec![]);
         let moved = lease("10.244.2.0-24", [192, 0, 2, 9]);
-        assert_eq!(w.apply(LeaseEvent::Added(moved.clone())), vec![Change::Add(moved)]);
+        assert_eq!(
+            w.apply(LeaseEvent::Added(moved.clone())),
+            vec![Change::Add(moved)]
+        );
         assert_eq!(w.apply(LeaseEvent::Removed(a.clone())).len(), 1);
         assert_eq!(w.apply(LeaseEvent::Removed(a)), vec![]);
     }

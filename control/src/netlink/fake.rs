@@ -452,7 +452,11 @@ impl WgClient for FakeNetlink {
     async fn wg_set(&self, set: &WgSet) -> Result<(), NetlinkError> {
         let mut s = self.lock();
         s.ops.push(Op::WgSet(set.clone()));
-        if !s.links.values().any(|d| d.link.name == set.ifname && d.kind == LinkKind::Wireguard) {
+        if !s
+            .links
+            .values()
+            .any(|d| d.link.name == set.ifname && d.kind == LinkKind::Wireguard)
+        {
             return Err(errno(&set.describe(), libc::ENODEV));
         }
         Ok(())

@@ -336,7 +336,11 @@ impl Client for Netlink {
 
     async fn routes_main(&self, v6: bool) -> Result<Vec<Route>, NetlinkError> {
         let routes = self.route_dump(v6).await?;
-        Ok(routes.iter().filter(|r| r.header.table == 254).filter_map(route_from).collect())
+        Ok(routes
+            .iter()
+            .filter(|r| r.header.table == 254)
+            .filter_map(route_from)
+            .collect())
     }
 
     async fn routes_exact(&self, dst: IpNet) -> Result<Vec<Route>, NetlinkError> {

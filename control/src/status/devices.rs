@@ -77,11 +77,11 @@ pub fn engine_device(engine: &Engine) -> (DeviceStatus, Vec<PeerCounters>) {
                 .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                 .map(|d| d.as_secs());
             let counters = stats.map(|(_, p)| Counters {
-                    tx_packets: p.tx_packets,
-                    tx_bytes: p.tx_bytes,
-                    rx_packets: p.rx_packets,
-                    rx_bytes: p.rx_bytes,
-                });
+                tx_packets: p.tx_packets,
+                tx_bytes: p.tx_bytes,
+                rx_packets: p.rx_packets,
+                rx_bytes: p.rx_bytes,
+            });
             PeerCounters {
                 subnet: e.subnet,
                 endpoint: e.dst.ip(),

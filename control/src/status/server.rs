@@ -197,15 +197,20 @@ pub fn query_http(addr: &str, timeout: Duration) -> Result<Status, StatusError> 
         addr: addr.to_string(),
         source,
     };
-    let target = addr
-        .to_socket_addrs()
-        .map_err(io)?
-        .next()
-        .ok_or_else(|| io(std::io::Error::new(std::io::ErrorKind::NotFound, "no address")))?;
+    let target = addr.to_socket_addrs().map_err(io)?.next().ok_or_else(|| {
+        io(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "no address",
+        ))
+    })?;
     let mut s = std::net::TcpStream::connect_timeout(&target, timeout).map_err(io)?;
     s.set_read_timeout(Some(timeout)).map_err(io)?;
     s.set_write_timeout(Some(timeout)).map_err(io)?;
-    write!(s, "GET /status HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").map_err(io)?;
+    write!(
+        s,
+        "GET /status HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(io)?;
     let mut resp = String::new();
     s.take(64 << 20).read_to_string(&mut resp).map_err(io)?;
     let (head, body) = resp

@@ -175,7 +175,11 @@ fn text_shows_the_node_devices_and_every_peer() {
         assert!(t.contains(want), "{want:?} missing in\n{t}");
     }
     // The handshake time shows on the WireGuard peer's line only.
-    let line = |p: &str| t.lines().find(|l| l.trim_start().starts_with(p)).unwrap_or_default();
+    let line = |p: &str| {
+        t.lines()
+            .find(|l| l.trim_start().starts_with(p))
+            .unwrap_or_default()
+    };
     assert!(line("10.244.2.0/24").contains(" ago"), "{t}");
     assert!(!line("10.244.3.0/24").contains("handshake"), "{t}");
     for p in ["10.244.2.0/24", "10.244.3.0/24", "10.244.4.0/24"] {

@@ -58,10 +58,12 @@ impl StoreError {
 /// `list_leases` and the watch; they never fail the whole call.
 pub trait Registry: Send + Sync + 'static {
     /// The raw network config text (`<prefix>/config`), if the store has one.
-    fn get_network_config(&self) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
+    fn get_network_config(&self)
+    -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
 
     /// Writes the network config (used by tests, the demo and `weft`).
-    fn put_network_config(&self, text: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn put_network_config(&self, text: &str)
+    -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Every current lease.
     fn list_leases(&self) -> impl Future<Output = Result<Vec<Lease>, StoreError>> + Send;
@@ -76,7 +78,10 @@ pub trait Registry: Send + Sync + 'static {
     }
 
     /// One lease, if it exists.
-    fn get_lease(&self, key: &SubnetKey) -> impl Future<Output = Result<Option<Lease>, StoreError>> + Send;
+    fn get_lease(
+        &self,
+        key: &SubnetKey,
+    ) -> impl Future<Output = Result<Option<Lease>, StoreError>> + Send;
 
     /// Creates the lease only if the key is free ([`StoreError::AlreadyExists`]
     /// otherwise). `ttl: None` makes a reservation that never expires.
@@ -101,5 +106,7 @@ pub trait Registry: Send + Sync + 'static {
 
     /// Watches every lease: first a [`LeaseEvent::Snapshot`], then changes; a
     /// new snapshot after any gap. Ends only when the receiver is dropped.
-    fn watch_leases(&self) -> impl Future<Output = Result<mpsc::Receiver<LeaseEvent>, StoreError>> + Send;
+    fn watch_leases(
+        &self,
+    ) -> impl Future<Output = Result<mpsc::Receiver<LeaseEvent>, StoreError>> + Send;
 }

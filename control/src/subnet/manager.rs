@@ -19,19 +19,31 @@ pub trait SubnetManager: Send + Sync + 'static {
 
     /// The lease the store still holds for this node, if any, before the new
     /// lease is taken: backends keep identities (a VTEP MAC) from it.
-    fn previous_own_lease(&self, ext: &ExternalInterface) -> impl Future<Output = Option<Lease>> + Send;
+    fn previous_own_lease(
+        &self,
+        ext: &ExternalInterface,
+    ) -> impl Future<Output = Option<Lease>> + Send;
 
     /// Takes (or re-takes) this node's lease, publishing `attrs`.
-    fn acquire_lease(&self, attrs: &LeaseAttrs) -> impl Future<Output = Result<Lease, SubnetError>> + Send;
+    fn acquire_lease(
+        &self,
+        attrs: &LeaseAttrs,
+    ) -> impl Future<Output = Result<Lease, SubnetError>> + Send;
 
     /// Extends the lease; only called when it has an expiration.
-    fn renew_lease(&self, lease: &Lease) -> impl Future<Output = Result<Lease, SubnetError>> + Send;
+    fn renew_lease(&self, lease: &Lease)
+    -> impl Future<Output = Result<Lease, SubnetError>> + Send;
 
     /// Called once the node is set up (kube: NetworkUnavailable=False).
-    fn complete_lease(&self, _lease: &Lease) -> impl Future<Output = Result<(), SubnetError>> + Send {
+    fn complete_lease(
+        &self,
+        _lease: &Lease,
+    ) -> impl Future<Output = Result<(), SubnetError>> + Send {
         async { Ok(()) }
     }
 
     /// Every lease: a snapshot, then changes; a new snapshot after any gap.
-    fn watch_leases(&self) -> impl Future<Output = Result<mpsc::Receiver<LeaseEvent>, StoreError>> + Send;
+    fn watch_leases(
+        &self,
+    ) -> impl Future<Output = Result<mpsc::Receiver<LeaseEvent>, StoreError>> + Send;
 }

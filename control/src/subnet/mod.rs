@@ -77,7 +77,12 @@ pub struct LocalManager<R> {
 impl<R: Registry> LocalManager<R> {
     /// An allocator for a checked config. `ttl` is the lease TTL (flannel: 24 h).
     pub fn new(reg: R, cfg: Config, prev: Previous, ttl: Option<Duration>) -> Self {
-        LocalManager { reg, cfg, prev, ttl }
+        LocalManager {
+            reg,
+            cfg,
+            prev,
+            ttl,
+        }
     }
 
     /// Acquires a lease for a node publishing `attrs`.
@@ -95,9 +100,19 @@ impl<R: Registry> LocalManager<R> {
 
     /// Renews our lease (a plain put with a fresh TTL); returns the new lease.
     pub async fn renew_lease(&self, lease: &Lease) -> Result<Lease, SubnetError> {
-        let ttl = if lease.expiration.is_some() { self.ttl } else { None };
-        let expiration = self.reg.update_lease(&lease.key(), &lease.attrs, ttl).await?;
-        Ok(Lease { expiration, ..lease.clone() })
+        let ttl = if lease.expiration.is_some() {
+            self.ttl
+        } else {
+            None
+        };
+        let expiration = self
+            .reg
+            .update_lease(&lease.key(), &lease.attrs, ttl)
+            .await?;
+        Ok(Lease {
+            expiration,
+            ..lease.clone()
+        })
     }
 
     async fn try_acquire(&self, attrs: &LeaseAttrs) -> Result<Lease, SubnetError> {
@@ -112,22 +127,44 @@ impl<R: Registry> LocalManager<R> {
         };
         if let Some(old) = old.as_ref() {
             if self.is_compatible(old) {
-                let ttl = if old.expiration.is_some() { self.ttl } else { None };
+                let ttl = if old.expiration.is_some() {
+                    self.ttl
+                } else {
+                    None
+                };
                 let expiration = self.reg.update_lease(&old.key(), attrs, ttl).await?;
-                tracing::info!("Found lease ({}) for current IP ({}), reusing", old.key(), attrs.public_ip);
-                return Ok(Lease { attrs: attrs.clone(), expiration, ..old.clone() });
+                tracing::info!(
+                    "Found lease ({}) for current IP ({}), reusing",
+                    old.key(),
+                    attrs.public_ip
+                );
+                return Ok(Lease {
+                    attrs: attrs.clone(),
+                    expiration,
+                    ..old.clone()
+                });
             }
-            tracing::info!("Found lease ({}) for current IP ({}) but not compatible with current config, deleting", old.key(), attrs.public_ip);
+            tracing::info!(
+                "Found lease ({}) for current IP ({}) but not compatible with current config, deleting",
+                old.key(),
+                attrs.public_ip
+            );
             self.reg.delete_lease(&old.key()).await?;
         }
 
         // 2. The subnet from the previous subnet.env, if free and compatible.
         let taken4: BTreeSet<Ipv4Net> = leases.iter().filter_map(|l| l.subnet).collect();
         let taken6: BTreeSet<Ipv6Net> = leases.iter().filter_map(|l| l.ipv6_subnet).collect();
-        let wide4: Vec<Ipv4Net> =
-            taken4.iter().filter(|t| u32::from(t.prefix_len()) < self.cfg.subnet_len).copied().collect();
-        let wide6: Vec<Ipv6Net> =
-            taken6.iter().filter(|t| u32::from(t.prefix_len()) < self.cfg.ipv6_subnet_len).copied().collect();
+        let wide4: Vec<Ipv4Net> = taken4
+            .iter()
+            .filter(|t| u32::from(t.prefix_len()) < self.cfg.subnet_len)
+            .copied()
+            .collect();
+        let wide6: Vec<Ipv6Net> = taken6
+            .iter()
+            .filter(|t| u32::from(t.prefix_len()) < self.cfg.ipv6_subnet_len)
+            .copied()
+            .collect();
         let prev = Lease {
             subnet: self.prev.subnet.filter(|_| self.cfg.enable_ipv4),
             ipv6_subnet: self.prev.ipv6_subnet.filter(|_| self.cfg.enable_ipv6),
@@ -137,17 +174,30 @@ impl<R: Registry> LocalManager<R> {
         let prev_usable = (prev.subnet.is_some() || prev.ipv6_subnet.is_some())
             && self.is_compatible(&prev)
             && prev.subnet.is_none_or(|s| !overlaps4(&taken4, &wide4, s))
-            && prev.ipv6_subnet.is_none_or(|s| !overlaps6(&taken6, &wide6, s));
+            && prev
+                .ipv6_subnet
+                .is_none_or(|s| !overlaps6(&taken6, &wide6, s));
         let (subnet, ipv6_subnet) = if prev_usable {
             tracing::info!("Found previously leased subnet ({}), reusing", prev.key());
             (prev.subnet, prev.ipv6_subnet)
         } else {
             // 3. A random free subnet.
-            let subnet = if self.cfg.enable_ipv4 { Some(self.pick_v4(&taken4, &wide4)?) } else { None };
-            let ipv6_subnet = if self.cfg.enable_ipv6 { Some(self.pick_v6(&taken6, &wide6)?) } else { None };
+            let subnet = if self.cfg.enable_ipv4 {
+                Some(self.pick_v4(&taken4, &wide4)?)
+            } else {
+                None
+            };
+            let ipv6_subnet = if self.cfg.enable_ipv6 {
+                Some(self.pick_v6(&taken6, &wide6)?)
+            } else {
+                None
+            };
             (subnet, ipv6_subnet)
         };
-        let key = SubnetKey { v4: subnet, v6: ipv6_subnet };
+        let key = SubnetKey {
+            v4: subnet,
+            v6: ipv6_subnet,
+        };
         let expiration = self.reg.create_lease(&key, attrs, self.ttl).await?;
         tracing::info!(
             "Allocated lease (ip: {} ipv6: {}) to current node ({})",
@@ -155,7 +205,12 @@ impl<R: Registry> LocalManager<R> {
             ipv6_subnet.map_or("<nil>".to_string(), |s| s.to_string()),
             attrs.public_ip
         );
-        Ok(Lease { subnet, ipv6_subnet, attrs: attrs.clone(), expiration })
+        Ok(Lease {
+            subnet,
+            ipv6_subnet,
+            attrs: attrs.clone(),
+            expiration,
+        })
     }
 
     fn same_node(&self, l: &Lease, attrs: &LeaseAttrs) -> bool {
@@ -170,7 +225,8 @@ impl<R: Registry> LocalManager<R> {
     /// skipped for an IPv6-only network).
     fn is_compatible(&self, l: &Lease) -> bool {
         let c = &self.cfg;
-        (!c.enable_ipv4 || c.is_subnet_compatible(l.subnet)) && c.is_ipv6_subnet_compatible(l.ipv6_subnet)
+        (!c.enable_ipv4 || c.is_subnet_compatible(l.subnet))
+            && c.is_ipv6_subnet_compatible(l.ipv6_subnet)
     }
 
     fn pick_v4(&self, taken: &BTreeSet<Ipv4Net>, wide: &[Ipv4Net]) -> Result<Ipv4Net, SubnetError> {
@@ -178,8 +234,17 @@ impl<R: Registry> LocalManager<R> {
         if !(1..=32).contains(&c.subnet_len) {
             return Err(SubnetError::Unchecked("SubnetLen"));
         }
-        tracing::info!("Picking subnet in range {} ... {}", c.subnet_min, c.subnet_max);
-        choose(c.subnet_candidates().filter(|n| !overlaps4(taken, wide, *n)).take(CANDIDATES).collect())
+        tracing::info!(
+            "Picking subnet in range {} ... {}",
+            c.subnet_min,
+            c.subnet_max
+        );
+        choose(
+            c.subnet_candidates()
+                .filter(|n| !overlaps4(taken, wide, *n))
+                .take(CANDIDATES)
+                .collect(),
+        )
     }
 
     fn pick_v6(&self, taken: &BTreeSet<Ipv6Net>, wide: &[Ipv6Net]) -> Result<Ipv6Net, SubnetError> {
@@ -188,7 +253,12 @@ impl<R: Registry> LocalManager<R> {
             return Err(SubnetError::Unchecked("IPv6SubnetMin/Max"));
         };
         tracing::info!("Picking subnet in range {min} ... {max}");
-        choose(c.ipv6_subnet_candidates().filter(|n| !overlaps6(taken, wide, *n)).take(CANDIDATES).collect())
+        choose(
+            c.ipv6_subnet_candidates()
+                .filter(|n| !overlaps6(taken, wide, *n))
+                .take(CANDIDATES)
+                .collect(),
+        )
     }
 }
 
@@ -216,7 +286,9 @@ impl<R: Registry + Clone> SubnetManager for LocalManager<R> {
         LocalManager::renew_lease(self, lease).await
     }
 
-    async fn watch_leases(&self) -> Result<tokio::sync::mpsc::Receiver<crate::lease::LeaseEvent>, StoreError> {
+    async fn watch_leases(
+        &self,
+    ) -> Result<tokio::sync::mpsc::Receiver<crate::lease::LeaseEvent>, StoreError> {
         self.reg.watch_leases().await
     }
 }
@@ -235,13 +307,19 @@ fn choose<T: Copy>(free: Vec<T>) -> Result<T, SubnetError> {
 /// older config) can do; those few are in `wide`.
 fn overlaps4(taken: &BTreeSet<Ipv4Net>, wide: &[Ipv4Net], net: Ipv4Net) -> bool {
     let lo = Ipv4Net::new_assert(net.network(), 0);
-    taken.range(lo..).next().is_some_and(|t| t.network() <= net.broadcast())
+    taken
+        .range(lo..)
+        .next()
+        .is_some_and(|t| t.network() <= net.broadcast())
         || wide.iter().any(|t| t.contains(&net.network()))
 }
 
 fn overlaps6(taken: &BTreeSet<Ipv6Net>, wide: &[Ipv6Net], net: Ipv6Net) -> bool {
     let lo = Ipv6Net::new_assert(net.network(), 0);
-    taken.range(lo..).next().is_some_and(|t| t.network() <= net.broadcast())
+    taken
+        .range(lo..)
+        .next()
+        .is_some_and(|t| t.network() <= net.broadcast())
         || wide.iter().any(|t| t.contains(&net.network()))
 }
 

@@ -1,10 +1,14 @@
 //! The plugin driven by the real CNI runtime client (`cnitool`, libcni 1.1.2)
 //! with the real bridge, host-local and portmap plugins, in throwaway
-//! namespaces (root only). See `common` for the isolation.
+//! namespaces (root only). See `common` for the isolation. The version
+//! table runs every CNI version the plugin claims, in both modes; 1.1.0 goes
+//! to the plugin directly, as libcni 1.1.2 cannot read 1.1.0 results.
 
 mod common;
 
-use common::{Netns, World, in_subnet, result_ip};
+use common::fake_ipam::FakeIpam;
+use common::{Netns, Run, World, in_subnet, result_ip};
+use serde_json::{Value, json};
 
 /// ADD gives the pod an address in FLANNEL_SUBNET, a route to the flannel
 /// network and a reachable gateway; CHECK passes (and fails once the route
@@ -114,29 +118,319 @@ fn lifecycle_add_check_del_with_cnitool() {
     w.cnitool(&["del", "cbr0", &path]).ok();
 }
 
-/// kube-flannel's own conflist version (0.3.1): results are converted by the
-/// delegate to the network's version, and DEL cleans up.
+/// How a row's network reaches the plugin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Driver {
+    /// cnitool with kube-flannel's conflist (flannel, then portmap).
+    Conflist,
+    /// cnitool with a single-plugin `.conf`: before 0.3.0 there is no
+    /// chaining (portmap needs a prevResult), so old configs are single files.
+    Conf,
+    /// The plugin run directly, as a runtime would: cnitool's libcni 1.1.2
+    /// has no 1.1.0 result type ("unsupported CNI result version").
+    Exec,
+}
+
+/// One row per version the plugin claims (`weft_cni::version::SUPPORTED`,
+/// plus a config without `cniVersion`, which CNI reads as 0.1.0).
+struct Case {
+    /// The network's `cniVersion` (`""`: the key is left out).
+    version: &'static str,
+    driver: Driver,
+}
+
+const CASES: &[Case] = &[
+    Case {
+        version: "",
+        driver: Driver::Conf,
+    },
+    Case {
+        version: "0.1.0",
+        driver: Driver::Conf,
+    },
+    Case {
+        version: "0.2.0",
+        driver: Driver::Conf,
+    },
+    Case {
+        version: "0.3.0",
+        driver: Driver::Conflist,
+    },
+    Case {
+        version: "0.3.1",
+        driver: Driver::Conflist,
+    },
+    Case {
+        version: "0.4.0",
+        driver: Driver::Conflist,
+    },
+    Case {
+        version: "1.0.0",
+        driver: Driver::Conflist,
+    },
+    Case {
+        version: "1.1.0",
+        driver: Driver::Exec,
+    },
+];
+
+/// The plugin's two modes: flannel's bridge delegation, and routed (a /32
+/// on a veth, addresses from weftd's IPAM API, played by [`FakeIpam`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Bridge,
+    Routed,
+}
+
+/// The result shapes of the CNI versions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// 0.1.0/0.2.0: `ip4`/`ip6` objects with `ip`, `gateway`, `routes`.
+    Legacy,
+    /// 0.3.x/0.4.0: `interfaces`, and `ips` with a `version` field.
+    Ips03,
+    /// 1.x: `interfaces`, and `ips` without `version`.
+    Ips1,
+}
+
+// === impl Case ===
+
+impl Case {
+    fn label(&self) -> &'static str {
+        if self.version.is_empty() {
+            "no cniVersion"
+        } else {
+            self.version
+        }
+    }
+
+    fn shape(&self) -> Shape {
+        match self.version {
+            "" | "0.1.0" | "0.2.0" => Shape::Legacy,
+            "0.3.0" | "0.3.1" | "0.4.0" => Shape::Ips03,
+            _ => Shape::Ips1,
+        }
+    }
+
+    /// The `cniVersion` the result carries: the network's (CNI reads a
+    /// missing one as 0.1.0, and so does the delegate).
+    fn result_version(&self) -> &'static str {
+        if self.version.is_empty() {
+            "0.1.0"
+        } else {
+            self.version
+        }
+    }
+
+    /// CHECK exists from 0.4.0 on.
+    fn has_check(&self) -> bool {
+        matches!(self.version, "0.4.0" | "1.0.0" | "1.1.0")
+    }
+
+    /// The flannel plugin's entry for `mode`.
+    fn plugin_conf(&self, w: &World, mode: Mode) -> Value {
+        let mut c = w.plugin_conf();
+        if mode == Mode::Routed {
+            c["mode"] = json!("routed");
+        }
+        c
+    }
+
+    /// The network config as the plugin receives it (or a `.conf` holds it).
+    fn net_conf(&self, w: &World, mode: Mode) -> Value {
+        let mut c = self.plugin_conf(w, mode);
+        c["name"] = json!("cbr0");
+        if !self.version.is_empty() {
+            c["cniVersion"] = json!(self.version);
+        }
+        c
+    }
+
+    /// Writes the network config cnitool reads (nothing for [`Driver::Exec`]).
+    fn write(&self, w: &World, mode: Mode) {
+        let (file, conf) = match self.driver {
+            Driver::Exec => return,
+            Driver::Conf => ("10-flannel.conf", self.net_conf(w, mode)),
+            Driver::Conflist => (
+                "10-flannel.conflist",
+                json!({"name": "cbr0", "cniVersion": self.version, "plugins": [
+                    self.plugin_conf(w, mode),
+                    {"type": "portmap", "capabilities": {"portMappings": true}}]}),
+            ),
+        };
+        let bytes = serde_json::to_vec_pretty(&conf).expect("json");
+        std::fs::write(w.path("net.d").join(file), bytes).expect("write config");
+    }
+
+    /// Runs `verb` (add, check, del) for the pod at `netns`; `prev` is the
+    /// ADD result (a runtime sends it on CHECK, and on DEL from 0.4.0 on).
+    fn run(&self, w: &World, mode: Mode, verb: &str, netns: &str, prev: Option<&Value>) -> Run {
+        if self.driver != Driver::Exec {
+            return w.cnitool(&[verb, "cbr0", netns]);
+        }
+        let mut conf = self.net_conf(w, mode);
+        if let Some(prev) = prev.filter(|_| verb != "add") {
+            conf["prevResult"] = prev.clone();
+        }
+        let vars = World::attach_vars("exec-pod", "eth0", netns);
+        let bytes = serde_json::to_vec(&conf).expect("json");
+        w.plugin(&verb.to_uppercase(), &vars, &bytes)
+    }
+}
+
+/// Runs every row in `mode` (one after another, each on its own node
+/// subnet) and reports every failing version, not only the first.
+fn every_version(mode: Mode, first_n: u8) {
+    let failed: Vec<&str> = CASES
+        .iter()
+        .zip(first_n..)
+        .filter(|(case, n)| {
+            std::panic::catch_unwind(|| version_round_trip(case, mode, *n)).is_err()
+        })
+        .map(|(case, _)| case.label())
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{mode:?} mode fails at {failed:?} (see the panics above)"
+    );
+}
+
+/// Every claimed version end to end in bridge mode (the delegate's result
+/// passed through): ADD gives a result of that version's shape with
+/// `cniVersion` echoed and the pod its address, CHECK (0.4.0 on) passes,
+/// DEL frees the address, the saved config and the veth, and a second DEL
+/// succeeds.
 #[test]
-fn kube_flannel_conflist_0_3_1() {
+fn every_cni_version_bridge() {
     if !common::root_or_skip() {
         return;
     }
-    let w = World::new("v031", 32);
+    every_version(Mode::Bridge, 40);
+}
+
+/// The same in routed mode, where the plugin builds the result itself.
+#[test]
+fn every_cni_version_routed() {
+    if !common::root_or_skip() {
+        return;
+    }
+    every_version(Mode::Routed, 50);
+}
+
+fn version_round_trip(case: &Case, mode: Mode, n: u8) {
+    let v = case.label();
+    let w = World::new(&format!("v{n}"), n);
     w.write_subnet_env();
-    w.write_conflist("0.3.1");
+    let ipam = (mode == Mode::Routed).then(|| FakeIpam::start(&w));
+    case.write(&w, mode);
     let pod = Netns::new(&format!("{}-pod", w.tag));
-    let result = w.cnitool(&["add", "cbr0", &pod.path()]).ok();
-    assert_eq!(result["cniVersion"], "0.3.1", "{result}");
-    assert!(in_subnet(&result_ip(&result), w.n));
-    let saved = std::fs::read_to_string(w.path("flannel").join(&w.saved()[0])).expect("saved");
+    let netns = pod.path();
+    // Bridge: host-local's address under cni0 and a route to the flannel
+    // network; routed: a /32 with the link-local gateway as default route.
+    let (prefix, gateway, route) = match mode {
+        Mode::Bridge => (24, w.gateway(), "10.244.0.0/16".to_string()),
+        Mode::Routed => (32, "169.254.1.1".to_string(), "0.0.0.0/0".to_string()),
+    };
+
+    let result = case.run(&w, mode, "add", &netns, None).ok();
+    assert_eq!(result["cniVersion"], case.result_version(), "{v}: {result}");
+    let has_route = |routes: &Value| {
+        routes
+            .as_array()
+            .is_some_and(|rs| rs.iter().any(|r| r["dst"] == route.as_str()))
+    };
+    let (cidr, gw) = match case.shape() {
+        Shape::Legacy => {
+            for key in ["ips", "interfaces", "ip6"] {
+                assert!(result.get(key).is_none(), "{v}: {key} in {result}");
+            }
+            let ip4 = &result["ip4"];
+            assert!(has_route(&ip4["routes"]), "{v}: no {route} in {result}");
+            (ip4["ip"].clone(), ip4["gateway"].clone())
+        }
+        shape @ (Shape::Ips03 | Shape::Ips1) => {
+            assert!(result.get("ip4").is_none(), "{v}: ip4 in {result}");
+            let ips = result["ips"].as_array().expect("ips");
+            assert_eq!(ips.len(), 1, "{v}: {result}");
+            let ip = &ips[0];
+            if shape == Shape::Ips03 {
+                assert_eq!(ip["version"], "4", "{v}: {result}");
+            } else {
+                assert!(ip.get("version").is_none(), "{v}: {result}");
+            }
+            // `interface` indexes the pod's eth0 in `interfaces`.
+            let idx = ip["interface"].as_u64().expect("ips[0].interface");
+            let iface = &result["interfaces"][idx as usize];
+            assert_eq!(iface["name"], "eth0", "{v}: {result}");
+            assert_eq!(iface["sandbox"], netns.as_str(), "{v}: {result}");
+            assert!(has_route(&result["routes"]), "{v}: no {route} in {result}");
+            (ip["address"].clone(), ip["gateway"].clone())
+        }
+    };
+    assert_eq!(gw, gateway.as_str(), "{v}: {result}");
+    let cidr = cidr.as_str().expect("address");
+    let ip = cidr.strip_suffix(&format!("/{prefix}")).unwrap_or_else(|| {
+        panic!("{v}: {cidr} is not a /{prefix}");
+    });
+    assert!(in_subnet(ip, w.n), "{v}: {ip} not in {}", w.subnet());
+    let addrs = pod.sh("ip -4 -o addr show dev eth0");
+    assert!(addrs.contains(cidr), "{v}: the pod has no {cidr}: {addrs}");
+    match &ipam {
+        None => {
+            assert_eq!(w.leases(), vec![ip.to_string()], "{v}");
+            // The delegate got the network's version (a 1.1.0 network:
+            // the newest its delegate speaks).
+            let saved = w.saved();
+            assert_eq!(saved.len(), 1, "{v}: {saved:?}");
+            let delegate: Value = serde_json::from_slice(
+                &std::fs::read(w.path("flannel").join(&saved[0])).expect("read saved"),
+            )
+            .expect("json");
+            let delegate_version = match case.version {
+                "" => None,
+                "1.1.0" => Some("1.0.0"),
+                other => Some(other),
+            };
+            assert_eq!(
+                delegate.get("cniVersion").and_then(Value::as_str),
+                delegate_version,
+                "{v}: {delegate}"
+            );
+        }
+        Some(ipam) => {
+            let held: Vec<String> = ipam.held().into_iter().map(|(_, ip)| ip).collect();
+            assert_eq!(held, vec![ip.to_string()], "{v}");
+        }
+    }
+
+    if case.has_check() {
+        case.run(&w, mode, "check", &netns, Some(&result)).ok();
+    }
+
+    case.run(&w, mode, "del", &netns, Some(&result)).ok();
     assert!(
-        saved.starts_with(
-            r#"{"cniVersion":"0.3.1","hairpinMode":true,"ipMasq":false,"ipam":{"dataDir":"#
-        ),
-        "{saved}"
+        !pod.try_sh("ip link show dev eth0"),
+        "{v}: eth0 still in the pod"
     );
-    w.cnitool(&["del", "cbr0", &pod.path()]).ok();
-    assert!(w.leases().is_empty() && w.saved().is_empty());
+    assert!(w.leases().is_empty(), "{v}: lease left: {:?}", w.leases());
+    assert!(
+        w.saved().is_empty(),
+        "{v}: saved config left: {:?}",
+        w.saved()
+    );
+    if let Some(ipam) = &ipam {
+        assert!(
+            ipam.held().is_empty(),
+            "{v}: allocation left: {:?}",
+            ipam.held()
+        );
+    }
+    let veths = w.host.sh("ip -o link show type veth");
+    assert!(
+        veths.trim().is_empty(),
+        "{v}: veth left on the host: {veths}"
+    );
+    case.run(&w, mode, "del", &netns, Some(&result)).ok();
 }
 
 /// 64 parallel ADDs give 64 distinct addresses; 64 parallel DELs free them all.

@@ -12,6 +12,8 @@
 
 #![allow(dead_code)]
 
+pub mod fake_ipam;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Once;

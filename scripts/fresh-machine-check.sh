@@ -66,7 +66,8 @@ echo "==> cargo build --locked --workspace --bins" >&2
 CARGO_TARGET_DIR=/tmp/target CARGO_INCREMENTAL=0 cargo build --quiet --locked --workspace --bins
 ls -l /tmp/target/debug/weftd /tmp/target/debug/weft /tmp/target/debug/flannel >&2
 echo "==> scripts/tools/build-cnitool.sh" >&2
-WEFT_TOOLS=/tmp/tools scripts/tools/build-cnitool.sh >/tmp/cnitool.log 2>&1 || { cat /tmp/cnitool.log >&2; exit 1; }
+WEFT_TOOLS=/tmp/tools scripts/tools/build-cnitool.sh >/tmp/cnitool.log 2>&1 ||
+  { rc=$?; echo "build-cnitool.sh failed (exit $rc):" >&2; cat /tmp/cnitool.log >&2; exit 1; }
 /tmp/tools/bin/cnitool 2>&1 | grep -q "cnitool" || { echo "cnitool does not run" >&2; exit 1; }'
 
 mounts="set -euo pipefail

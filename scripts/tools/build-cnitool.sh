@@ -21,8 +21,7 @@ if [[ -x $OUT ]]; then echo "$OUT present"; exit 0; fi
 
 B=$W/cnitool-build                       # private work dir (not shared with other recipes)
 mkdir -p "$B/debs" "$B/root" "$B/src" "$B/apt/lists/partial" "$B/apt/cache/archives/partial"
-MIRROR=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)
-[[ -n $MIRROR ]] || MIRROR=$(awk '/^deb /{print $2; exit}' /etc/apt/sources.list)
+MIRROR=$("$(dirname "$0")/debian-mirror.sh")
 printf 'deb %s bookworm main\ndeb-src %s bookworm main\n' "$MIRROR" "$MIRROR" > "$B/apt/sources.list"
 APTOPTS=(-o "Dir::Etc::sourcelist=$B/apt/sources.list" -o Dir::Etc::sourceparts=/nonexistent
          -o "Dir::State::Lists=$B/apt/lists" -o "Dir::Cache=$B/apt/cache" -o Debug::NoLocking=1)

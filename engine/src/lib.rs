@@ -39,9 +39,10 @@
 //!    control message (UDP GSO); the kernel adds outer UDP/IP headers once per
 //!    segment, to `peer:8472`.
 //! 4. On node 2 the receive socket (with `UDP_GRO`) returns the train as one
-//!    buffer; the worker checks the outer source is a peer (anti-spoofing), the
-//!    VNI, the inner destination MAC, that the inner source lies in that peer's
-//!    subnet, and strips the 22 bytes.
+//!    buffer; the worker checks the VNI, the inner destination MAC, and the
+//!    outer and inner sources against the peer table ([`antispoof`]: in
+//!    strict mode the outer source must be a peer and the inner source must
+//!    lie in that peer's subnet), and strips the 22 bytes.
 //! 5. Userspace GRO merges adjacent segments of the flow (checksums verified)
 //!    and one `writev` hands the TUN a super-packet with a `GSO_TCPV4`
 //!    `virtio_net_hdr`; node 2's kernel routes it to pod B via `cni0`.
@@ -74,6 +75,7 @@
 //! - `unsafe` lives only in `sys/`, each block with a `SAFETY` comment.
 //! - The engine never talks to etcd or the apiserver.
 
+pub mod antispoof;
 pub mod encap;
 pub mod ipip;
 pub mod offload;
@@ -96,6 +98,7 @@ use std::thread::JoinHandle;
 
 use arc_swap::ArcSwap;
 
+pub use antispoof::AntiSpoofing;
 pub use encap::DropReason;
 pub use ipnet;
 pub use peers::{Peer, PeerTable, WgPeer};
@@ -182,7 +185,9 @@ pub struct EngineConfig {
     /// Try TUN vnet_hdr/TSO and UDP GSO/GRO.
     pub offload: bool,
     /// Drop decapsulated packets from unknown peers or spoofed inner sources
-    /// (WireGuard: inner sources outside the peer's AllowedIPs).
+    /// (WireGuard: inner sources outside the peer's AllowedIPs): the engine
+    /// starts in [`AntiSpoofing::Strict`] when set, [`AntiSpoofing::Off`]
+    /// when not; [`Engine::set_anti_spoofing`] picks any mode.
     pub anti_spoof: bool,
 }
 
@@ -246,6 +251,8 @@ pub struct Engine {
     udp_gso: Arc<AtomicBool>,
     /// WireGuard ids of public keys (control path only, see [`peers::WgIds`]).
     wg_ids: std::sync::Mutex<WgIds>,
+    /// The anti-spoofing mode the workers read once per batch.
+    anti_spoofing: Arc<antispoof::Mode>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -317,6 +324,9 @@ impl Engine {
             Some(IpAddr::V4(a)) => Some(a),
             _ => None,
         };
+        let anti_spoofing = Arc::new(antispoof::Mode::new(AntiSpoofing::from_flag(
+            cfg.anti_spoof,
+        )));
         let mut built = Vec::with_capacity(workers);
         for q in dev.queues {
             let addr = SocketAddr::new(cfg.local_addr, port);
@@ -340,7 +350,7 @@ impl Engine {
                 rx,
                 tx,
                 peers: peers.clone(),
-                anti_spoof: cfg.anti_spoof,
+                anti_spoof: anti_spoofing.clone(),
                 mtu: usize::from(cfg.mtu),
                 icmp_src,
                 udp_gso: udp_gso.clone(),
@@ -370,6 +380,7 @@ impl Engine {
             offloads,
             udp_gso,
             wg_ids: Default::default(),
+            anti_spoofing,
         };
         for (i, w) in built.into_iter().enumerate() {
             let h = std::thread::Builder::new()
@@ -380,6 +391,17 @@ impl Engine {
         }
         tracing::debug!(tun = %engine.tun_name, workers, ?offloads, "engine started");
         Ok(engine)
+    }
+
+    /// Switches the anti-spoofing mode (see [`antispoof`]); workers apply it
+    /// from their next receive batch.
+    pub fn set_anti_spoofing(&self, mode: AntiSpoofing) {
+        self.anti_spoofing.set(mode);
+    }
+
+    /// The current anti-spoofing mode.
+    pub fn anti_spoofing(&self) -> AntiSpoofing {
+        self.anti_spoofing.get()
     }
 
     /// Replaces the peer table (atomically; traffic keeps flowing). WireGuard
@@ -449,6 +471,9 @@ impl Engine {
                 source: e,
             })?;
         let addr = SocketAddr::new(cfg.local_addr, port);
+        let anti_spoofing = Arc::new(antispoof::Mode::new(AntiSpoofing::from_flag(
+            cfg.anti_spoof,
+        )));
         let mut socks = Vec::with_capacity(workers);
         for _ in 0..workers {
             let s = Udp::bind(addr, true, true, SOCKET_BUFFER)
@@ -475,6 +500,7 @@ impl Engine {
             offloads,
             udp_gso: udp_gso.clone(),
             wg_ids: Default::default(),
+            anti_spoofing: anti_spoofing.clone(),
         };
         for (i, ((q, sock), inbox)) in dev.queues.into_iter().zip(socks).zip(inboxes).enumerate() {
             let shared = Arc::new(Shared::default());
@@ -488,7 +514,7 @@ impl Engine {
                 peers: peers.clone(),
                 secret: key.0,
                 rate_limiter: rate_limiter.clone(),
-                anti_spoof: cfg.anti_spoof,
+                anti_spoof: anti_spoofing.clone(),
                 mtu: usize::from(cfg.mtu),
                 udp_gso: udp_gso.clone(),
                 stop: stop.clone(),

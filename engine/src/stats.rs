@@ -11,7 +11,9 @@
 //! live in each peer-table entry: one cache-line slot per worker, written
 //! only by that worker (a relaxed load and store, no read-modify-write, no
 //! allocation) and summed on read. The slots move to the next table for an
-//! unchanged subnet, so counters survive peer-table swaps.
+//! unchanged subnet, so counters survive peer-table swaps. They also count
+//! the packets anti-spoofing let in from an unexpected outer source
+//! ([`crate::antispoof`]) and keep the last such source.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +35,7 @@ pub(crate) enum Ctr {
     GsoSuperPackets,
     GroCoalesced,
     IcmpSent,
+    UnexpectedSource,
     Malformed,
     BadVni,
     WrongDstMac,
@@ -149,6 +152,12 @@ pub(crate) fn counts_peers<'a>(blocks: impl IntoIterator<Item = &'a Shared>) -> 
 /// Counters of one peer (one subnet of the peer table), summed over workers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PeerStats {
+    /// Inner packets from this peer's subnet that arrived from an outer
+    /// source other than its published address (delivered by
+    /// [`crate::AntiSpoofing::Subnet`]; see [`crate::antispoof`]).
+    pub unexpected_source: u64,
+    /// The last such outer source one of the workers saw.
+    pub unexpected_from: Option<std::net::IpAddr>,
     /// WireGuard: when the last handshake with the peer completed.
     pub last_handshake: Option<std::time::SystemTime>,
     /// Inner packets sent to the peer.
@@ -161,10 +170,31 @@ pub struct PeerStats {
     pub rx_bytes: u64,
 }
 
-/// One worker's slot: tx packets, tx bytes, rx packets, rx bytes.
+/// One worker's slot: tx packets, tx bytes, rx packets, rx bytes,
+/// unexpected-source packets, then the last unexpected outer source behind a
+/// sequence number (a single-writer seqlock: [`SEQ`], [`ADDR_HI`], [`ADDR_LO`]).
+/// Eight counters: one cache line.
 #[repr(align(64))]
 #[derive(Debug, Default)]
-struct PeerSlot([AtomicU64; 4]);
+struct PeerSlot([AtomicU64; 8]);
+
+const UNEXPECTED: usize = 4;
+/// Odd while the worker rewrites the address.
+const SEQ: usize = 5;
+/// The address as an IPv6 address (IPv4 mapped), high and low halves; all zero = none.
+const ADDR_HI: usize = 6;
+const ADDR_LO: usize = 7;
+
+fn addr_bits(a: std::net::IpAddr) -> u128 {
+    match a {
+        std::net::IpAddr::V4(v) => u128::from(v.to_ipv6_mapped()),
+        std::net::IpAddr::V6(v) => u128::from(v),
+    }
+}
+
+fn bits_addr(b: u128) -> Option<std::net::IpAddr> {
+    (b != 0).then(|| std::net::Ipv6Addr::from(b).to_canonical())
+}
 
 /// Per-peer counters, one slot per worker (see the module docs).
 #[derive(Debug, Default)]
@@ -189,6 +219,28 @@ impl PeerSlots {
         }
     }
 
+    /// Counts, for worker `w`, one packet that arrived from outer source
+    /// `src` instead of the peer's published address. The address is
+    /// rewritten only when it changes.
+    #[inline]
+    pub(crate) fn unexpected(&self, w: usize, src: std::net::IpAddr) {
+        let Some(s) = self.0.get(w) else { return };
+        let c = &s.0[UNEXPECTED];
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        let bits = addr_bits(src);
+        let (hi, lo) = ((bits >> 64) as u64, bits as u64);
+        if s.0[ADDR_HI].load(Ordering::Relaxed) == hi && s.0[ADDR_LO].load(Ordering::Relaxed) == lo
+        {
+            return;
+        }
+        let seq = s.0[SEQ].load(Ordering::Relaxed);
+        s.0[SEQ].store(seq.wrapping_add(1), Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        s.0[ADDR_HI].store(hi, Ordering::Relaxed);
+        s.0[ADDR_LO].store(lo, Ordering::Relaxed);
+        s.0[SEQ].store(seq.wrapping_add(2), Ordering::Release);
+    }
+
     /// Whether there are no slots (counters not attached).
     pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
@@ -196,13 +248,19 @@ impl PeerSlots {
 
     /// The sum over workers.
     pub(crate) fn sum(&self) -> PeerStats {
-        let mut t = [0u64; 4];
+        let mut t = [0u64; 5];
+        let mut from = None;
         for s in self.0.iter() {
             for (d, v) in t.iter_mut().zip(s.0.iter()) {
                 *d += v.load(Ordering::Relaxed);
             }
+            if from.is_none() {
+                from = read_addr(s);
+            }
         }
         PeerStats {
+            unexpected_source: t[UNEXPECTED],
+            unexpected_from: from,
             last_handshake: None,
             tx_packets: t[0],
             tx_bytes: t[1],
@@ -210,6 +268,21 @@ impl PeerSlots {
             rx_bytes: t[3],
         }
     }
+}
+
+/// The slot's last unexpected source, if one was stored and not being rewritten.
+fn read_addr(s: &PeerSlot) -> Option<std::net::IpAddr> {
+    let seq = s.0[SEQ].load(Ordering::Acquire);
+    if seq % 2 == 1 {
+        return None;
+    }
+    let hi = s.0[ADDR_HI].load(Ordering::Relaxed);
+    let lo = s.0[ADDR_LO].load(Ordering::Relaxed);
+    std::sync::atomic::fence(Ordering::Acquire);
+    if s.0[SEQ].load(Ordering::Relaxed) != seq {
+        return None;
+    }
+    bits_addr((u128::from(hi) << 64) | u128::from(lo))
 }
 
 /// Engine counters, summed over workers.
@@ -237,6 +310,9 @@ pub struct Stats {
     pub gro_coalesced: u64,
     /// ICMP net-unreachable messages written to the TUN (flannel-UDP).
     pub icmp_sent: u64,
+    /// Packets delivered although their outer source is no peer's published
+    /// address (anti-spoofing `subnet`: the inner source lies in a peer's subnet).
+    pub unexpected_source: u64,
     /// Packets passed to another worker (WireGuard: the peer's owner).
     pub handoffs: u64,
     /// Drops by reason.
@@ -264,6 +340,7 @@ impl Stats {
             gso_super_packets: g(Ctr::GsoSuperPackets),
             gro_coalesced: g(Ctr::GroCoalesced),
             icmp_sent: g(Ctr::IcmpSent),
+            unexpected_source: g(Ctr::UnexpectedSource),
             handoffs: g(Ctr::Handoffs),
             drops: Drops {
                 malformed: g(Ctr::Malformed),
@@ -284,5 +361,34 @@ impl Stats {
                 io_errors: g(Ctr::IoErrors),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unexpected_sources_are_counted_per_worker_with_the_last_address() {
+        let p = PeerSlots::new(2);
+        assert_eq!(p.sum().unexpected_source, 0);
+        assert_eq!(p.sum().unexpected_from, None);
+        let a: std::net::IpAddr = "192.0.2.2".parse().expect("ip");
+        let b: std::net::IpAddr = "2001:db8::2".parse().expect("ip");
+        p.unexpected(1, a);
+        p.unexpected(1, a);
+        p.unexpected(0, b);
+        p.unexpected(9, a); // no such worker: ignored
+        let s = p.sum();
+        assert_eq!(s.unexpected_source, 3);
+        // Worker 0's address is read first; an IPv4 source stays IPv4.
+        assert_eq!(s.unexpected_from, Some(b));
+        let q = PeerSlots::new(1);
+        q.unexpected(0, a);
+        assert_eq!(q.sum().unexpected_from, Some(a));
+        q.unexpected(0, b);
+        assert_eq!(q.sum().unexpected_from, Some(b));
+        // The rx/tx counters are untouched.
+        assert_eq!((s.rx_packets, s.tx_packets), (0, 0));
     }
 }

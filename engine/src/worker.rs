@@ -9,7 +9,8 @@
 //!   `UDP_SEGMENT` train; the arena is flushed once it holds [`FLUSH_AT`]
 //!   bytes, when full and at the end.
 //! - UDP -> TUN: one `recvmmsg` (with `UDP_GRO` trains), decap + anti-spoofing
-//!   per segment, userspace GRO, one `writev` per (coalesced) packet.
+//!   ([`crate::antispoof`]) per segment, userspace GRO, one `writev` per
+//!   (coalesced) packet.
 //!
 //! The peer table is loaded once per step. All buffers are allocated at start.
 
@@ -20,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::ArcSwap;
 
+use crate::antispoof::{self, Verdict};
 use crate::encap::{Codec, DropReason};
 use crate::offload::gso::{self, Segments};
 use crate::offload::uso;
@@ -65,7 +67,8 @@ pub(crate) struct Worker {
     pub rx: Udp,
     pub tx: Vec<Udp>,
     pub peers: Arc<ArcSwap<PeerTable>>,
-    pub anti_spoof: bool,
+    /// The anti-spoofing mode, read once per receive batch.
+    pub anti_spoof: Arc<antispoof::Mode>,
     pub mtu: usize,
     pub icmp_src: Option<Ipv4Addr>,
     pub udp_gso: Arc<AtomicBool>,
@@ -359,13 +362,15 @@ impl Worker {
         };
         ctr.add(Ctr::UdpRecvs, 1);
         let peers = self.peers.load();
+        let mode = self.anti_spoof.get();
         for i in 0..got {
             let m = b.meta[i];
             let base = i * RX_SLOT;
             let len = m.len.min(RX_SLOT);
             let entries = peers.endpoint_entries(m.src);
+            let early_drop = mode.drops_unknown_outer() && entries.is_empty();
             if len == 0 {
-                let r = if self.anti_spoof && entries.is_empty() {
+                let r = if early_drop {
                     DropReason::UnknownPeer
                 } else {
                     DropReason::Malformed
@@ -378,7 +383,7 @@ impl Worker {
                 let seg_len = m.stride.min(len - off);
                 let seg_start = base + off;
                 off += seg_len;
-                if self.anti_spoof && entries.is_empty() {
+                if early_drop {
                     ctr.drop(DropReason::UnknownPeer, 1);
                     continue;
                 }
@@ -390,13 +395,22 @@ impl Worker {
                     }
                 };
                 let (start, plen) = (seg_start + r.start, r.end - r.start);
-                let from = peers.src_entry(entries, inner_src(&b.rx[start..start + plen]));
-                if self.anti_spoof && from.is_none() {
-                    ctr.drop(DropReason::SpoofedSource, 1);
-                    continue;
-                }
-                if let Some(e) = from {
-                    e.counters.add(self.index, false, 1, plen as u64);
+                let inner = inner_src(&b.rx[start..start + plen]);
+                match antispoof::check(mode, &peers, entries, inner) {
+                    Verdict::Drop(r) => {
+                        ctr.drop(r, 1);
+                        continue;
+                    }
+                    Verdict::Accept(from) => {
+                        if let Some(e) = from {
+                            e.counters.add(self.index, false, 1, plen as u64);
+                        }
+                    }
+                    Verdict::Unexpected(e) => {
+                        e.counters.add(self.index, false, 1, plen as u64);
+                        e.counters.unexpected(self.index, m.src);
+                        ctr.add(Ctr::UnexpectedSource, 1);
+                    }
                 }
                 ctr.add(Ctr::RxPackets, 1);
                 ctr.add(Ctr::RxBytes, plen as u64);

@@ -25,9 +25,9 @@
 //! reassembled) and the inner IPv4 header, applies RFC 6040 ECN decapsulation
 //! (outer CE marks an ECN-capable inner packet CE; CE over a not-ECT inner
 //! packet is dropped, as the kernel does), and returns the inner packet's
-//! range. The worker then checks that the outer source is a peer
-//! (`unknown_peer`) and the inner source lies in that peer's subnet
-//! (`spoofed_source`).
+//! range. The worker then checks the sources as [`crate::antispoof`] says:
+//! in strict mode the outer source must be a peer (`unknown_peer`) and the
+//! inner source must lie in that peer's subnet (`spoofed_source`).
 //!
 //! # Workers
 //!
@@ -268,6 +268,9 @@ pub(crate) fn start(cfg: EngineConfig) -> Result<Engine, EngineError> {
     };
     let peers = Arc::new(ArcSwap::from_pointee(PeerTable::default()));
     let stop = Arc::new(AtomicBool::new(false));
+    let anti_spoofing = Arc::new(crate::antispoof::Mode::new(crate::AntiSpoofing::from_flag(
+        cfg.anti_spoof,
+    )));
     let mut engine = Engine {
         tun_name: dev.name,
         port: 0,
@@ -278,6 +281,7 @@ pub(crate) fn start(cfg: EngineConfig) -> Result<Engine, EngineError> {
         offloads,
         udp_gso: Arc::new(AtomicBool::new(false)),
         wg_ids: Default::default(),
+        anti_spoofing: anti_spoofing.clone(),
     };
     for (i, (q, sock)) in dev.queues.into_iter().zip(socks).enumerate() {
         let shared = Arc::new(Shared::default());
@@ -288,7 +292,7 @@ pub(crate) fn start(cfg: EngineConfig) -> Result<Engine, EngineError> {
             vnet_hdr: dev.vnet_hdr,
             sock,
             peers: peers.clone(),
-            anti_spoof: cfg.anti_spoof,
+            anti_spoof: anti_spoofing.clone(),
             mtu: usize::from(cfg.mtu),
             stop: stop.clone(),
             shared,

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::ArcSwap;
 
+use crate::antispoof::{self, Verdict};
 use crate::encap::DropReason;
 use crate::offload::gso;
 use crate::peers::PeerTable;
@@ -51,7 +52,8 @@ pub(crate) struct IpipWorker {
     pub vnet_hdr: bool,
     pub sock: Raw,
     pub peers: Arc<ArcSwap<PeerTable>>,
-    pub anti_spoof: bool,
+    /// The anti-spoofing mode, read once per receive batch.
+    pub anti_spoof: Arc<crate::antispoof::Mode>,
     pub mtu: usize,
     pub stop: Arc<AtomicBool>,
     pub shared: Arc<Shared>,
@@ -271,6 +273,7 @@ impl IpipWorker {
         };
         ctr.add(Ctr::UdpRecvs, 1);
         let peers = self.peers.load();
+        let mode = self.anti_spoof.get();
         for i in 0..got {
             let base = i * RX_SLOT;
             let len = b.lens[i];
@@ -280,7 +283,7 @@ impl IpipWorker {
                 continue;
             };
             let entries = peers.endpoint_entries(IpAddr::V4(src));
-            if self.anti_spoof && entries.is_empty() {
+            if mode.drops_unknown_outer() && entries.is_empty() {
                 ctr.drop(DropReason::UnknownPeer, 1);
                 continue;
             }
@@ -294,13 +297,21 @@ impl IpipWorker {
             let (start, plen) = (base + r.start, r.end - r.start);
             let inner = &b.rx[start..start + plen];
             let inner_src = IpAddr::from([inner[12], inner[13], inner[14], inner[15]]);
-            let from = peers.src_entry(entries, inner_src);
-            if self.anti_spoof && from.is_none() {
-                ctr.drop(DropReason::SpoofedSource, 1);
-                continue;
-            }
-            if let Some(e) = from {
-                e.counters.add(self.index, false, 1, plen as u64);
+            match antispoof::check(mode, &peers, entries, inner_src) {
+                Verdict::Drop(r) => {
+                    ctr.drop(r, 1);
+                    continue;
+                }
+                Verdict::Accept(from) => {
+                    if let Some(e) = from {
+                        e.counters.add(self.index, false, 1, plen as u64);
+                    }
+                }
+                Verdict::Unexpected(e) => {
+                    e.counters.add(self.index, false, 1, plen as u64);
+                    e.counters.unexpected(self.index, IpAddr::V4(src));
+                    ctr.add(Ctr::UnexpectedSource, 1);
+                }
             }
             ctr.add(Ctr::RxPackets, 1);
             ctr.add(Ctr::RxBytes, plen as u64);

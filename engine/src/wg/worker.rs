@@ -53,7 +53,8 @@ pub(crate) struct WgWorker {
     pub peers: Arc<ArcSwap<PeerTable>>,
     pub secret: [u8; 32],
     pub rate_limiter: Arc<RateLimiter>,
-    pub anti_spoof: bool,
+    /// The anti-spoofing mode: anything but off checks AllowedIPs.
+    pub anti_spoof: Arc<crate::antispoof::Mode>,
     pub mtu: usize,
     pub udp_gso: Arc<AtomicBool>,
     pub stop: Arc<AtomicBool>,
@@ -621,7 +622,7 @@ impl WgWorker {
                     return;
                 }
                 let (allowed, from) = super::input::source_allowed(table, id, inner_src);
-                if self.anti_spoof && !allowed {
+                if !allowed && self.anti_spoof.get() != crate::AntiSpoofing::Off {
                     ctr.drop(DropReason::SpoofedSource, 1);
                     return;
                 }

@@ -3,8 +3,13 @@
 //!
 //! Order: `--iface` (names or IPs, tried in order), then `--iface-regex`
 //! (matched against addresses first, then names), then `--iface-can-reach`
-//! (the interface the kernel would use to reach that address), else the
-//! interface owning `--public-ip`, else the default-route interface.
+//! (the interface the kernel would use to reach that address): a candidate
+//! that matches nothing, or has no address of an enabled family, passes to
+//! the next, and only when all fail is it an error. Without any of these
+//! flags: the interface owning `--public-ip`, else the default-route
+//! interface. An address that selected the interface (`--iface=IP`, a
+//! regex matching an address, the source towards `--iface-can-reach`) is
+//! the interface address, as in flannel.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -89,46 +94,112 @@ pub enum IfaceError {
 pub async fn select(nl: &Netlink, opts: &IfaceOptions) -> Result<ExternalInterface, IfaceError> {
     let links = nl.links().await?;
     let addrs = nl.addrs().await?;
-    let link = if !opts.ifaces.is_empty() {
-        opts.ifaces
-            .iter()
-            .find_map(|s| by_name_or_ip(&links, &addrs, s))
-            .ok_or(IfaceError::NoMatch)?
-    } else if !opts.regexes.is_empty() {
-        let res = opts
-            .regexes
-            .iter()
-            .map(|r| Regex::new(r).map_err(|e| IfaceError::BadRegex(r.clone(), e)))
-            .collect::<Result<Vec<_>, _>>()?;
-        by_regex(&links, &addrs, &res).ok_or(IfaceError::NoMatch)?
-    } else if let Some(dst) = opts.can_reach {
-        let local = local_addr_towards(dst)?;
-        owner(&links, &addrs, local).ok_or(IfaceError::NoMatch)?
-    } else if let Some(ip) = opts.public_ip {
-        owner(&links, &addrs, IpAddr::V4(ip))
-            .ok_or(IfaceError::NoInterfaceWithIp(IpAddr::V4(ip)))?
-    } else {
-        default_link(nl, &links, opts).await?
+    if opts.ifaces.is_empty() && opts.regexes.is_empty() && opts.can_reach.is_none() {
+        let link = match opts.public_ip {
+            Some(ip) => owner(&links, &addrs, IpAddr::V4(ip))
+                .ok_or(IfaceError::NoInterfaceWithIp(IpAddr::V4(ip)))?,
+            None => default_link(nl, &links, opts).await?,
+        };
+        return resolve(link, None, &addrs, opts);
+    }
+    choose(&links, &addrs, opts, local_addr_towards)
+}
+
+/// flanneld's search when any `--iface*` flag is given (its main.go): each
+/// `--iface` in order, then each `--iface-regex`, then `--iface-can-reach`;
+/// the first candidate that is usable (it exists, has an address of every
+/// enabled family and an MTU) wins. A candidate that is not is logged and
+/// the search goes on; when none is, [`IfaceError::NoMatch`]. `reach` is
+/// `ip route get`: the local address the kernel would send from.
+fn choose(
+    links: &[Link],
+    addrs: &[Addr],
+    opts: &IfaceOptions,
+    reach: impl Fn(IpAddr) -> Result<IpAddr, IfaceError>,
+) -> Result<ExternalInterface, IfaceError> {
+    // An invalid expression is a mistake to report, not a candidate to skip.
+    let res = opts
+        .regexes
+        .iter()
+        .map(|r| Regex::new(r).map_err(|e| IfaceError::BadRegex(r.clone(), e)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let found = |what: &str, c: Option<(Link, Option<IpAddr>)>| match c {
+        Some((link, ip)) => match resolve(link, ip, addrs, opts) {
+            Ok(e) => Some(e),
+            Err(e) => {
+                tracing::info!("Could not find valid interface matching {what}: {e}");
+                None
+            }
+        },
+        None => {
+            tracing::info!("Could not find valid interface matching {what}");
+            None
+        }
     };
+    for s in &opts.ifaces {
+        if let Some(e) = found(s, by_name_or_ip(links, addrs, s)) {
+            return Ok(e);
+        }
+    }
+    for (text, re) in opts.regexes.iter().zip(&res) {
+        if let Some(e) = found(text, by_regex(links, addrs, re, opts)) {
+            return Ok(e);
+        }
+    }
+    if let Some(dst) = opts.can_reach {
+        let what = format!("--iface-can-reach {dst}");
+        match reach(dst) {
+            Ok(local) => {
+                let c = owner(links, addrs, local).map(|l| (l, Some(local)));
+                if let Some(e) = found(&what, c) {
+                    return Ok(e);
+                }
+            }
+            Err(e) => tracing::info!("Could not find valid interface matching {what}: {e}"),
+        }
+    }
+    Err(IfaceError::NoMatch)
+}
+
+/// The external interface on `link`: `ip` (the address a flag matched) is
+/// its address of that family, the best address of the link otherwise.
+fn resolve(
+    link: Link,
+    ip: Option<IpAddr>,
+    addrs: &[Addr],
+    opts: &IfaceOptions,
+) -> Result<ExternalInterface, IfaceError> {
     if link.mtu == 0 {
         return Err(IfaceError::NoMtu(link.name));
     }
     let iface_addr = if opts.v4 {
+        let matched = match ip {
+            Some(IpAddr::V4(a)) => Some(a),
+            _ => None,
+        };
         Some(
-            best_v4(&addrs, link.index).ok_or_else(|| IfaceError::NoAddress {
-                family: "IPv4",
-                iface: link.name.clone(),
-            })?,
+            matched
+                .or_else(|| best_v4(addrs, link.index))
+                .ok_or_else(|| IfaceError::NoAddress {
+                    family: "IPv4",
+                    iface: link.name.clone(),
+                })?,
         )
     } else {
         None
     };
     let iface_v6_addr = if opts.v6 {
+        let matched = match ip {
+            Some(IpAddr::V6(a)) => Some(a),
+            _ => None,
+        };
         Some(
-            best_v6(&addrs, link.index).ok_or_else(|| IfaceError::NoAddress {
-                family: "IPv6",
-                iface: link.name.clone(),
-            })?,
+            matched
+                .or_else(|| best_v6(addrs, link.index))
+                .ok_or_else(|| IfaceError::NoAddress {
+                    family: "IPv6",
+                    iface: link.name.clone(),
+                })?,
         )
     } else {
         None
@@ -148,28 +219,45 @@ pub async fn select(nl: &Netlink, opts: &IfaceOptions) -> Result<ExternalInterfa
     })
 }
 
-fn by_name_or_ip(links: &[Link], addrs: &[Addr], s: &str) -> Option<Link> {
+/// `--iface` value `s`: a name, or an address (which is then the interface address).
+fn by_name_or_ip(links: &[Link], addrs: &[Addr], s: &str) -> Option<(Link, Option<IpAddr>)> {
     match s.parse::<IpAddr>() {
-        Ok(ip) => owner(links, addrs, ip),
-        Err(_) => links.iter().find(|l| l.name == s).cloned(),
+        Ok(ip) => owner(links, addrs, ip).map(|l| (l, Some(ip))),
+        Err(_) => links
+            .iter()
+            .find(|l| l.name == s)
+            .map(|l| (l.clone(), None)),
     }
 }
 
-fn by_regex(links: &[Link], addrs: &[Addr], res: &[Regex]) -> Option<Link> {
-    for re in res {
-        // Addresses first, then names (flannel's order).
-        if let Some(a) = addrs
-            .iter()
-            .find(|a| re.is_match(&a.net.addr().to_string()))
+/// `--iface-regex` `re`: the first address of an enabled family it matches
+/// (which is then the interface address), else the first name.
+fn by_regex(
+    links: &[Link],
+    addrs: &[Addr],
+    re: &Regex,
+    opts: &IfaceOptions,
+) -> Option<(Link, Option<IpAddr>)> {
+    let family = |a: &&Addr| {
+        if a.net.addr().is_ipv4() {
+            opts.v4
+        } else {
+            opts.v6
+        }
+    };
+    // Addresses first, then names (flannel's order).
+    for a in addrs.iter().filter(family) {
+        let ip = a.net.addr();
+        if re.is_match(&ip.to_string())
             && let Some(l) = links.iter().find(|l| l.index == a.index)
         {
-            return Some(l.clone());
-        }
-        if let Some(l) = links.iter().find(|l| re.is_match(&l.name)) {
-            return Some(l.clone());
+            return Some((l.clone(), Some(ip)));
         }
     }
-    None
+    links
+        .iter()
+        .find(|l| re.is_match(&l.name))
+        .map(|l| (l.clone(), None))
 }
 
 fn owner(links: &[Link], addrs: &[Addr], ip: IpAddr) -> Option<Link> {
@@ -275,29 +363,183 @@ mod tests {
         assert_eq!(best_v4(&addrs, 3), Some(Ipv4Addr::new(192, 0, 2, 9)));
     }
 
+    fn link(index: u32, name: &str) -> Link {
+        Link {
+            index,
+            name: name.into(),
+            mtu: 1500,
+            up: true,
+            mac: None,
+        }
+    }
+
+    fn v4() -> IfaceOptions {
+        IfaceOptions {
+            v4: true,
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn regex_matches_addresses_before_names() {
-        let links = vec![
-            Link {
-                index: 2,
-                name: "eth0".into(),
-                mtu: 1500,
-                up: true,
-                mac: None,
-            },
-            Link {
-                index: 3,
-                name: "192x".into(),
-                mtu: 1500,
-                up: true,
-                mac: None,
-            },
-        ];
+        let links = vec![link(2, "eth0"), link(3, "192x")];
         let addrs = vec![addr(2, "192.0.2.1/24", true, false)];
-        let re = vec![Regex::new("^192").expect("re")];
-        assert_eq!(by_regex(&links, &addrs, &re).map(|l| l.index), Some(2));
-        let re = vec![Regex::new("^eth").expect("re")];
-        assert_eq!(by_regex(&links, &addrs, &re).map(|l| l.index), Some(2));
-        assert!(by_regex(&links, &addrs, &[Regex::new("nope").expect("re")]).is_none());
+        let re = |r: &str| Regex::new(r).expect("re");
+        let hit = |r: &str| by_regex(&links, &addrs, &re(r), &v4()).map(|(l, ip)| (l.index, ip));
+        assert_eq!(
+            hit("^192"),
+            Some((2, Some("192.0.2.1".parse().expect("ip"))))
+        );
+        assert_eq!(hit("^eth"), Some((2, None)));
+        assert_eq!(hit("x$"), Some((3, None)));
+        assert!(hit("nope").is_none());
+        // Only addresses of an enabled family are matched.
+        let v6 = IfaceOptions {
+            v6: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            by_regex(&links, &addrs, &re("^192"), &v6).map(|(l, _)| l.index),
+            Some(3),
+            "falls to the name 192x"
+        );
+    }
+
+    /// A node with two interfaces (`eth0` 192.0.2.1 plus a secondary
+    /// 192.0.2.9, `eth1` 198.51.100.1), one without IPv4 (`eth2`) and `lo`.
+    fn node() -> (Vec<Link>, Vec<Addr>) {
+        let links = vec![
+            link(1, "lo"),
+            link(2, "eth0"),
+            link(3, "eth1"),
+            link(4, "eth2"),
+        ];
+        let addrs = vec![
+            addr(1, "127.0.0.1/8", true, false),
+            addr(2, "192.0.2.1/24", true, false),
+            addr(2, "192.0.2.9/24", true, false),
+            addr(3, "198.51.100.1/24", true, false),
+            addr(4, "2001:db8::4/64", true, false),
+        ];
+        (links, addrs)
+    }
+
+    fn pick(opts: IfaceOptions) -> Result<(String, Ipv4Addr, Ipv4Addr), String> {
+        let (links, addrs) = node();
+        let reach = |dst: IpAddr| -> Result<IpAddr, IfaceError> {
+            match dst {
+                // The kernel would reach 203.0.113.7 from eth1's address.
+                IpAddr::V4(a) if a == Ipv4Addr::new(203, 0, 113, 7) => {
+                    Ok(IpAddr::V4(Ipv4Addr::new(198, 51, 100, 1)))
+                }
+                _ => Err(IfaceError::Unreachable(
+                    dst,
+                    std::io::Error::from_raw_os_error(libc::ENETUNREACH),
+                )),
+            }
+        };
+        choose(&links, &addrs, &opts, reach)
+            .map(|e| {
+                (
+                    e.iface.name,
+                    e.iface_addr.expect("v4"),
+                    e.ext_addr.expect("ext"),
+                )
+            })
+            .map_err(|e| e.to_string())
+    }
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn iface_falls_through_to_regex_then_can_reach() {
+        let eth1 = Ok((
+            "eth1".to_string(),
+            Ipv4Addr::new(198, 51, 100, 1),
+            Ipv4Addr::new(198, 51, 100, 1),
+        ));
+        // --iface matches nothing: the regex decides.
+        let o = IfaceOptions {
+            ifaces: strings(&["nosuch0", "203.0.113.99"]),
+            regexes: strings(&["^198\\.51\\."]),
+            ..v4()
+        };
+        assert_eq!(pick(o), eth1);
+        // --iface names an interface without IPv4: not usable, the regex decides.
+        let o = IfaceOptions {
+            ifaces: strings(&["eth2"]),
+            regexes: strings(&["^eth1$"]),
+            ..v4()
+        };
+        assert_eq!(pick(o), eth1);
+        // Neither --iface nor --iface-regex match: --iface-can-reach decides.
+        let o = IfaceOptions {
+            ifaces: strings(&["nosuch0"]),
+            regexes: strings(&["^nosuch"]),
+            can_reach: Some("203.0.113.7".parse().expect("ip")),
+            ..v4()
+        };
+        assert_eq!(pick(o), eth1);
+        // An --iface that matches wins over the rest.
+        let o = IfaceOptions {
+            ifaces: strings(&["nosuch0", "eth0"]),
+            regexes: strings(&["^eth1$"]),
+            can_reach: Some("203.0.113.7".parse().expect("ip")),
+            ..v4()
+        };
+        assert_eq!(pick(o).expect("eth0").0, "eth0");
+        // Nothing usable anywhere: flannel's error.
+        let o = IfaceOptions {
+            ifaces: strings(&["eth2"]),
+            regexes: strings(&["^nosuch"]),
+            can_reach: Some("203.0.113.50".parse().expect("ip")),
+            ..v4()
+        };
+        assert_eq!(
+            pick(o),
+            Err("Failed to find interface to use that matches the interfaces and/or regexes provided".into())
+        );
+        // An invalid regex is reported, not skipped.
+        let o = IfaceOptions {
+            ifaces: strings(&["eth0"]),
+            regexes: strings(&["("]),
+            ..v4()
+        };
+        assert!(
+            pick(o)
+                .expect_err("bad regex")
+                .contains("invalid --iface-regex")
+        );
+    }
+
+    #[test]
+    fn the_matching_address_is_the_interface_address() {
+        let o = IfaceOptions {
+            ifaces: strings(&["192.0.2.9"]),
+            ..v4()
+        };
+        let nine = Ipv4Addr::new(192, 0, 2, 9);
+        assert_eq!(pick(o), Ok(("eth0".into(), nine, nine)));
+        let o = IfaceOptions {
+            regexes: strings(&["\\.9$"]),
+            ..v4()
+        };
+        assert_eq!(pick(o), Ok(("eth0".into(), nine, nine)));
+        // By name: the link's best address; --public-ip is what is published.
+        let o = IfaceOptions {
+            ifaces: strings(&["eth0"]),
+            public_ip: Some(Ipv4Addr::new(203, 0, 113, 1)),
+            ..v4()
+        };
+        assert_eq!(
+            pick(o),
+            Ok((
+                "eth0".into(),
+                Ipv4Addr::new(192, 0, 2, 1),
+                Ipv4Addr::new(203, 0, 113, 1)
+            ))
+        );
     }
 }

@@ -12,10 +12,12 @@
 //! interface's link is routed as the kernel path does it: `via <PublicIP>
 //! dev <ext> onlink`. Peer leases of another BackendType are ignored.
 //!
-//! Anti-spoofing (the engine's `anti_spoof`) accepts IPIP packets only from
-//! a peer's PublicIP, with an inner source in that peer's subnet: a peer
-//! whose PublicIP is not its interface address (`--public-ip` behind NAT)
-//! is dropped as `unknown_peer` unless anti-spoofing is off.
+//! Anti-spoofing (`--anti-spoofing`, [`weft_engine::antispoof`]): in strict
+//! mode IPIP packets are accepted only from a peer's PublicIP, with an inner
+//! source in that peer's subnet, so a peer whose PublicIP is not the address
+//! its packets leave from (`--public-ip` behind NAT) is dropped as
+//! `unknown_peer`; the default (`subnet`) accepts it when the inner source
+//! lies in a peer's subnet, and the daemon logs it once per peer.
 
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -143,11 +145,11 @@ impl Backend for IpipUser {
             mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
             workers: self.tuning.workers,
             offload: self.tuning.offload,
-            anti_spoof: self.tuning.anti_spoof,
+            anti_spoof: self.tuning.anti_spoof != weft_engine::AntiSpoofing::Off,
         };
         let addr =
             IpNet::new(sn.network().into(), 32).map_err(|e| BackendError::Config(e.to_string()))?;
-        self.tunnel = Some(Tunnel::start(&self.nl, cfg, addr, mtu).await?);
+        self.tunnel = Some(Tunnel::start(&self.nl, cfg, addr, mtu, self.tuning.anti_spoof).await?);
         Ok(mtu)
     }
 
@@ -238,7 +240,7 @@ mod tests {
         EngineTuning {
             workers: 1,
             offload: true,
-            anti_spoof: true,
+            anti_spoof: weft_engine::AntiSpoofing::Strict,
         }
     }
 

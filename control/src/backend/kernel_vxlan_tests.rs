@@ -78,7 +78,7 @@ fn lease_is_byte_identical_to_the_userspace_backend() {
         let tuning = EngineTuning {
             workers: 1,
             offload: false,
-            anti_spoof: true,
+            anti_spoof: weft_engine::AntiSpoofing::Strict,
         };
         let mut k = KernelVxlan::new(opts(false), true, false, f.clone());
         let mut u = Vxlan::new(opts(false), true, false, tuning, nl);

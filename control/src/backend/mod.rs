@@ -156,8 +156,9 @@ pub struct EngineTuning {
     pub workers: usize,
     /// Use TUN and UDP offloads when the kernel has them.
     pub offload: bool,
-    /// Drop decapsulated packets from unknown peers or with spoofed sources.
-    pub anti_spoof: bool,
+    /// How the engine checks the sources of decapsulated packets
+    /// (`--anti-spoofing`; see [`weft_engine::antispoof`]).
+    pub anti_spoof: weft_engine::AntiSpoofing,
 }
 
 /// Which dataplane to use where both exist.

@@ -6,11 +6,11 @@
 //! The engine only ever sees a complete new peer table ([`Engine::set_peers`]);
 //! it never waits on this code.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use weft_engine::{Engine, EngineConfig, Peer};
+use weft_engine::{AntiSpoofing, Engine, EngineConfig, Peer};
 
 use super::BackendError;
 use crate::netlink::{Netlink, Route};
@@ -25,6 +25,8 @@ pub struct Tunnel {
     peers: BTreeMap<IpNet, Peer>,
     /// Routes this tunnel owns (re-added by `reconcile` if they go missing).
     routes: BTreeMap<IpNet, Route>,
+    /// Peers already reported for packets from an unexpected outer source.
+    warned: BTreeSet<IpNet>,
 }
 
 impl std::fmt::Debug for Tunnel {
@@ -37,15 +39,19 @@ impl std::fmt::Debug for Tunnel {
 }
 
 impl Tunnel {
-    /// Starts the engine (which creates the TUN), then gives the device
-    /// `addr` (a /32 or /128), `mtu`, and sets it up.
+    /// Starts the engine (which creates the TUN) in anti-spoofing mode
+    /// `anti`, then gives the device `addr` (a /32 or /128), `mtu`, and sets
+    /// it up.
     pub async fn start(
         nl: &Netlink,
         cfg: EngineConfig,
         addr: IpNet,
         mtu: u32,
+        anti: AntiSpoofing,
     ) -> Result<Tunnel, BackendError> {
-        let engine = Engine::start(cfg).map_err(|e| BackendError::Engine(format!("{e:#}")))?;
+        let engine =
+            Engine::start(cfg).map_err(|e| BackendError::Engine(super::probe::engine_error(&e)))?;
+        engine.set_anti_spoofing(anti);
         let name = engine.tun_name().to_string();
         let link = nl
             .link_by_name(&name)
@@ -55,8 +61,9 @@ impl Tunnel {
         nl.replace_addr(link.index, addr).await?;
         let o = engine.offloads();
         tracing::info!(
-            "userspace engine on {name}: {} workers, offloads: tun vnet_hdr={} tso={} uso={} csum={}, udp gso={} gro={}",
+            "userspace engine on {name}: {} workers, anti-spoofing {}, offloads: tun vnet_hdr={} tso={} uso={} csum={}, udp gso={} gro={}",
             engine.workers(),
+            engine.anti_spoofing(),
             o.tun_vnet_hdr,
             o.tun_tso,
             o.tun_uso,
@@ -71,6 +78,7 @@ impl Tunnel {
             index: link.index,
             peers: BTreeMap::new(),
             routes: BTreeMap::new(),
+            warned: BTreeSet::new(),
         })
     }
 
@@ -165,7 +173,29 @@ impl Tunnel {
                 self.nl.replace_route(r).await?;
             }
         }
+        self.warn_unexpected_sources();
         Ok(())
+    }
+
+    /// Logs, once per peer, that the engine delivered packets from the
+    /// peer's subnet that came from another outer source than the peer's
+    /// published address (anti-spoofing `subnet`), and how to fix it.
+    fn warn_unexpected_sources(&mut self) {
+        let Some(e) = &self.engine else { return };
+        let Some(stats) = e.peer_stats() else { return };
+        for (subnet, s) in stats {
+            if s.unexpected_source == 0 || !self.warned.insert(subnet) {
+                continue;
+            }
+            let published = self.peers.get(&subnet).map(|p| p.endpoint);
+            tracing::warn!(
+                "{}",
+                unexpected_source_message(subnet, published, s.unexpected_from)
+            );
+        }
+        // A peer that left and comes back is reported again.
+        let peers = &self.peers;
+        self.warned.retain(|s| peers.contains_key(s));
     }
 
     /// Stops the engine; closing the TUN removes the device and its routes.
@@ -194,5 +224,42 @@ impl Tunnel {
 impl Drop for Tunnel {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// The warning for a peer whose packets arrive from `from` although it
+/// publishes `published` (see [`Tunnel::reconcile`]).
+pub fn unexpected_source_message(
+    subnet: IpNet,
+    published: Option<IpAddr>,
+    from: Option<IpAddr>,
+) -> String {
+    let published = published.map_or_else(|| "?".to_string(), |a| a.to_string());
+    let from = from.map_or_else(|| "another address".to_string(), |a| a.to_string());
+    format!(
+        "peer {subnet} publishes public IP {published} but its packets arrive from {from}; \
+         accepted because their inner sources lie in its subnet (--anti-spoofing=subnet, \
+         the default). Fix: on that node, make its overlay traffic leave from {published} \
+         (--iface of the interface owning it, or SNAT to it), or publish the address it \
+         sends from (--public-ip={from}); --anti-spoofing=strict drops these packets"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_unexpected_source_warning_names_the_peer_and_the_fix() {
+        let m = unexpected_source_message(
+            "10.244.2.0/24".parse().expect("net"),
+            Some("198.51.100.2".parse().expect("ip")),
+            Some("192.0.2.2".parse().expect("ip")),
+        );
+        assert!(m.starts_with("peer 10.244.2.0/24 publishes public IP 198.51.100.2 but its packets arrive from 192.0.2.2;"), "{m}");
+        assert!(m.contains("--public-ip=192.0.2.2"), "{m}");
+        assert!(m.contains("--anti-spoofing=strict"), "{m}");
+        let m = unexpected_source_message("10.244.2.0/24".parse().expect("net"), None, None);
+        assert!(m.contains("arrive from another address"), "{m}");
     }
 }

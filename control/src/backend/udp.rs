@@ -97,11 +97,11 @@ impl Backend for Udp {
             mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
             workers: self.tuning.workers,
             offload: self.tuning.offload,
-            anti_spoof: self.tuning.anti_spoof,
+            anti_spoof: self.tuning.anti_spoof != weft_engine::AntiSpoofing::Off,
         };
         let addr = IpNet::new(subnet.network().into(), 32)
             .map_err(|e| BackendError::Config(e.to_string()))?;
-        let mut t = Tunnel::start(&self.nl, cfg, addr, mtu).await?;
+        let mut t = Tunnel::start(&self.nl, cfg, addr, mtu, self.tuning.anti_spoof).await?;
         t.add_route(IpNet::V4(self.network), true).await?;
         self.tunnel = Some(t);
         Ok(mtu)

@@ -218,7 +218,7 @@ impl Backend for Vxlan {
             mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
             workers: tuning.workers,
             offload: tuning.offload,
-            anti_spoof: tuning.anti_spoof,
+            anti_spoof: tuning.anti_spoof != weft_engine::AntiSpoofing::Off,
         };
         if let (Some(f), Some(sn)) = (self.v4.as_mut(), lease.subnet) {
             let local = ext
@@ -228,7 +228,7 @@ impl Backend for Vxlan {
             let cfg = engine(format!("flannel.{vni}"), f.mac, local, sn.network().into());
             let addr = IpNet::new(sn.network().into(), 32)
                 .map_err(|e| BackendError::Config(e.to_string()))?;
-            f.tunnel = Some(Tunnel::start(&self.nl, cfg, addr, mtu).await?);
+            f.tunnel = Some(Tunnel::start(&self.nl, cfg, addr, mtu, tuning.anti_spoof).await?);
         }
         if let (Some(f), Some(sn)) = (self.v6.as_mut(), lease.ipv6_subnet) {
             let local = ext
@@ -243,7 +243,7 @@ impl Backend for Vxlan {
             );
             let addr = IpNet::new(sn.network().into(), 128)
                 .map_err(|e| BackendError::Config(e.to_string()))?;
-            f.tunnel = Some(Tunnel::start(&self.nl, cfg, addr, mtu).await?);
+            f.tunnel = Some(Tunnel::start(&self.nl, cfg, addr, mtu, tuning.anti_spoof).await?);
         }
         Ok(mtu)
     }

@@ -187,12 +187,12 @@ impl Wireguard {
             mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
             workers: self.tuning.workers,
             offload: self.tuning.offload,
-            anti_spoof: self.tuning.anti_spoof,
+            anti_spoof: self.tuning.anti_spoof != weft_engine::AntiSpoofing::Off,
         };
         let first = *addrs
             .first()
             .ok_or_else(|| BackendError::Config("no device address".into()))?;
-        let mut tunnel = Tunnel::start(&self.nl, cfg, first, mtu).await?;
+        let mut tunnel = Tunnel::start(&self.nl, cfg, first, mtu, self.tuning.anti_spoof).await?;
         for a in &addrs[1..] {
             self.nl.replace_addr(tunnel.index(), *a).await?;
         }

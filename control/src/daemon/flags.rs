@@ -1,9 +1,15 @@
 //! flanneld's command line (flannel-compat spec §9.1), plus weft's own flags.
 //!
 //! Go's `flag` package accepts `-name` as well as `--name`, `-name=value` and
-//! `-name value`, and booleans only as `-name` or `-name=false`. Every flag not
-//! given on the command line may come from `FLANNELD_<NAME>` (upper case, `-`
-//! and `.` as `_`). [`Flags::parse_from_env_and_args`] reproduces all of that.
+//! `-name value` (`-v 2`, `--v=2`, ...), and booleans only as `-name` or
+//! `-name=false` (`-name false` is not a value: Go stops parsing there, weftd
+//! refuses it). Every flag not given on the command line may come from
+//! `FLANNELD_<NAME>` (upper case, `-` and `.` as `_`); weft's own flags from
+//! `WEFT_<NAME>`. [`Flags::parse_from_env_and_args`] reproduces all of that.
+//!
+//! No flag is accepted and then ignored: klog's `-vmodule` and
+//! `-log_backtrace_at`, which have no counterpart here, are refused when
+//! given a value.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
@@ -39,6 +45,48 @@ pub enum Dataplane {
     Kernel,
     /// Only the userspace engine.
     Userspace,
+}
+
+/// How the userspace engine checks the sources of decapsulated packets
+/// (`weft_engine::antispoof`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AntiSpoofingMode {
+    /// The outer source must be the peer's published public IP and the inner
+    /// source must lie in that peer's subnet.
+    Strict,
+    /// As strict, except that a packet from another outer source is still
+    /// accepted when its inner source lies in a peer's subnet (a node with
+    /// `--public-ip` behind NAT, a multi-homed host); counted and logged
+    /// once per peer.
+    Subnet,
+    /// No source checks (flannel's backends check none).
+    Off,
+}
+
+impl AntiSpoofingMode {
+    /// The engine's mode.
+    pub fn engine(self) -> weft_engine::AntiSpoofing {
+        match self {
+            AntiSpoofingMode::Strict => weft_engine::AntiSpoofing::Strict,
+            AntiSpoofingMode::Subnet => weft_engine::AntiSpoofing::Subnet,
+            AntiSpoofingMode::Off => weft_engine::AntiSpoofing::Off,
+        }
+    }
+}
+
+/// Refuses any value of a klog flag weftd cannot honour (`name`: the flag,
+/// `instead`: what to use).
+fn unsupported(
+    name: &'static str,
+    instead: &'static str,
+) -> impl Fn(&str) -> Result<String, String> + Clone {
+    move |s: &str| {
+        if s.is_empty() {
+            Ok(String::new())
+        } else {
+            Err(format!("weftd does not support klog's -{name}; {instead}"))
+        }
+    }
 }
 
 /// Which host firewall manager weftd runs.
@@ -162,17 +210,19 @@ pub struct Flags {
     /// Set the NetworkUnavailable node condition to False after setup.
     #[arg(long, env = "FLANNELD_SET_NODE_NETWORK_UNAVAILABLE", default_value = "true", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
     pub set_node_network_unavailable: bool,
-    /// klog verbosity (accepted for compatibility; mapped to log levels).
+    /// klog verbosity: 0-3 info, 4-9 debug, 10 and more trace (RUST_LOG overrides it).
     #[arg(long = "v", env = "FLANNELD_V", default_value_t = 0)]
     pub verbosity: u32,
-    /// klog option, accepted and ignored.
-    #[arg(long = "vmodule", env = "FLANNELD_VMODULE", default_value = "")]
+    /// klog per-file verbosity: not supported, refused unless empty (use -v or RUST_LOG).
+    #[arg(long = "vmodule", env = "FLANNELD_VMODULE", default_value = "",
+        value_parser = unsupported("vmodule", "use -v=N, or RUST_LOG (e.g. RUST_LOG=info,weft_control::backend=debug) for per-module levels"))]
     pub vmodule: String,
-    /// klog option, accepted and ignored.
+    /// klog stack trace at file:line: not supported, refused unless empty (use RUST_BACKTRACE=1).
     #[arg(
         long = "log_backtrace_at",
         env = "FLANNELD_LOG_BACKTRACE_AT",
-        default_value = ""
+        default_value = "",
+        value_parser = unsupported("log_backtrace_at", "set RUST_BACKTRACE=1 for backtraces of errors")
     )]
     pub log_backtrace_at: String,
 
@@ -197,8 +247,17 @@ pub struct Flags {
     #[arg(long, env = "WEFT_TRAFFIC_MANAGER", value_enum, default_value = "auto")]
     pub traffic_manager: TrafficManagerKind,
     /// Log format: text or json.
-    #[arg(long, env = "WEFT_LOG_FORMAT", default_value = "text")]
+    #[arg(long, env = "WEFT_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
+    /// How the userspace engine checks decapsulated packets: `strict` (the
+    /// outer source must be the sending node's published public IP and the
+    /// inner source in its subnet), `subnet` (as strict, but a packet from
+    /// another outer source is accepted when its inner source lies in a
+    /// node's subnet: nodes whose `--public-ip` is not the address their
+    /// packets leave from, behind NAT or multi-homed; counted and logged once
+    /// per node) or `off`. Kernel dataplanes check nothing, as flannel's.
+    #[arg(long, env = "WEFT_ANTI_SPOOFING", value_enum, default_value = "subnet")]
+    pub anti_spoofing: AntiSpoofingMode,
     /// Unix socket of the pod IPAM API (CNI routed mode), mode 0600.
     /// Default: `weft.sock` next to --subnet-file; empty disables the API.
     #[arg(long, env = "WEFT_IPAM_SOCKET")]
@@ -243,22 +302,53 @@ pub fn etcd_explicit(args: &[String]) -> bool {
             .any(|a| a.trim_start_matches('-').starts_with("etcd-endpoints"))
 }
 
-/// Rewrites Go-style `-name[=v]` into `--name[=v]`; leaves `--`, `-` and values alone.
+/// Rewrites Go `flag` syntax into clap's: `-name`, `--name`, `-name=v`,
+/// `--name=v`, and `-name v` / `--name v` for flags that take a value,
+/// become `--name` / `--name=v` (a separate value is joined with `=`, so a
+/// value that starts with `-` stays a value, as in Go). `-h` and `-help` are
+/// `--help`. Booleans never take the next argument (Go's rule), `--` and
+/// everything after it, a lone `-`, and other arguments are left alone.
 pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
+    use clap::CommandFactory;
+    let cmd = Flags::command();
+    // Flags that take a value and may be given it as the next argument
+    // (Go's booleans are the `require_equals` ones).
+    let separate_value = |name: &str| {
+        cmd.get_arguments().any(|a| {
+            a.get_long() == Some(name)
+                && a.get_action().takes_values()
+                && !a.is_require_equals_set()
+        })
+    };
     let mut out = Vec::new();
-    let mut rest_is_positional = false;
-    for (i, a) in args.into_iter().enumerate() {
-        if i == 0 || rest_is_positional {
+    let mut it = args.into_iter();
+    out.extend(it.next());
+    while let Some(a) = it.next() {
+        if a == "--" {
+            out.push(a);
+            out.extend(it);
+            break;
+        }
+        let body = a
+            .strip_prefix("--")
+            .or_else(|| a.strip_prefix('-'))
+            .filter(|b| !b.is_empty() && !b.starts_with(['-', '=']));
+        let Some(body) = body else {
             out.push(a);
             continue;
-        }
-        if a == "--" {
-            rest_is_positional = true;
-            out.push(a);
-        } else if a.len() > 2 && a.starts_with('-') && !a.starts_with("--") {
-            out.push(format!("-{a}"));
-        } else {
-            out.push(a);
+        };
+        let (name, value) = match body.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (body, None),
+        };
+        match (name, value) {
+            ("h" | "help", None) => out.push("--help".into()),
+            (_, Some(v)) => out.push(format!("--{name}={v}")),
+            (_, None) if separate_value(name) => match it.next() {
+                Some(v) => out.push(format!("--{name}={v}")),
+                None => out.push(format!("--{name}")),
+            },
+            (_, None) => out.push(format!("--{name}")),
         }
     }
     out
@@ -315,6 +405,150 @@ mod tests {
         assert!(!f.ip_masq && f.kube_subnet_mgr);
         assert!(parse(&["--ip-masq=maybe"]).is_err());
         assert!(parse(&["--no-such-flag"]).is_err());
+    }
+
+    /// klog's `-v` in each of Go's four spellings, and a value that starts
+    /// with a dash stays a value.
+    #[test]
+    fn verbosity_in_every_go_form() {
+        for args in [&["-v", "2"][..], &["-v=2"], &["--v", "2"], &["--v=2"]] {
+            let f = parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            assert_eq!(f.verbosity, 2, "{args:?}");
+        }
+        assert_eq!(
+            parse(&["-v", "10", "-ip-masq"]).expect("parse").verbosity,
+            10
+        );
+        assert!(parse(&["-v", "x"]).is_err());
+        assert!(parse(&["-v"]).is_err(), "-v needs a value");
+        let f = parse(&["-etcd-prefix", "-odd", "-v", "3"]).expect("parse");
+        assert_eq!((f.etcd_prefix.as_str(), f.verbosity), ("-odd", 3));
+        assert!(parse(&["-healthz-port", "-1"]).is_err());
+    }
+
+    /// Every flag: one that takes a value takes it in all four forms, a
+    /// boolean only as `-x` or `-x=v`, never from the next argument.
+    #[test]
+    fn every_flag_in_every_form() {
+        use clap::CommandFactory;
+        let cmd = Flags::command();
+        let norm = |a: &[&str]| {
+            normalize_args(
+                std::iter::once("weftd")
+                    .chain(a.iter().copied())
+                    .map(String::from),
+            )[1..]
+                .to_vec()
+        };
+        let mut seen = (0, 0);
+        for arg in cmd.get_arguments() {
+            let Some(name) = arg.get_long() else { continue };
+            if name == "help" {
+                continue;
+            }
+            let (one, two) = (format!("-{name}"), format!("--{name}"));
+            let joined = format!("--{name}=VAL");
+            if arg.is_require_equals_set() {
+                seen.1 += 1;
+                for f in [&one, &two] {
+                    assert_eq!(norm(&[f]), vec![two.clone()], "{f}");
+                    assert_eq!(norm(&[&format!("{f}=false")]), vec![format!("{two}=false")]);
+                    // The next argument is not the boolean's value.
+                    assert_eq!(norm(&[f, "false"]), vec![two.clone(), "false".into()]);
+                }
+            } else {
+                seen.0 += 1;
+                for f in [&one, &two] {
+                    assert_eq!(norm(&[f, "VAL"]), vec![joined.clone()], "{f} VAL");
+                    assert_eq!(
+                        norm(&[&format!("{f}=VAL")]),
+                        vec![joined.clone()],
+                        "{f}=VAL"
+                    );
+                }
+            }
+        }
+        // flanneld's 7 booleans; its 20 value flags and weft's own.
+        assert!(seen.0 >= 30 && seen.1 == 7, "{seen:?}");
+        // `--` ends the flags; a lone `-` and non-flags are left alone.
+        assert_eq!(norm(&["--", "-v", "2"]), vec!["--", "-v", "2"]);
+        assert_eq!(norm(&["-", "x"]), vec!["-", "x"]);
+        assert_eq!(norm(&["-h"]), vec!["--help"]);
+        assert_eq!(norm(&["-help"]), vec!["--help"]);
+    }
+
+    #[test]
+    fn booleans_take_no_separate_value() {
+        for args in [
+            &["-ip-masq"][..],
+            &["--ip-masq"],
+            &["-ip-masq=true"],
+            &["--ip-masq=1"],
+        ] {
+            assert!(parse(args).expect("parse").ip_masq, "{args:?}");
+        }
+        assert!(!parse(&["-ip-masq=false"]).expect("parse").ip_masq);
+        // Go stops at `false` and ignores the rest; weftd refuses instead.
+        assert!(parse(&["-ip-masq", "false"]).is_err());
+        assert!(parse(&["--ip-masq", "true"]).is_err());
+        let f = parse(&["-ip-blackhole-route", "-iptables-forward-rules=false"]).expect("parse");
+        assert!(f.ip_blackhole_route && !f.iptables_forward_rules);
+    }
+
+    #[test]
+    fn help_exits_zero_with_usage() {
+        for h in ["-h", "-help", "--help"] {
+            let e = parse(&[h]).expect_err("help is an early exit");
+            assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp, "{h}");
+            assert_eq!(e.exit_code(), 0);
+            assert!(
+                e.to_string().contains("--anti-spoofing"),
+                "the help documents it"
+            );
+        }
+    }
+
+    /// Flags weftd cannot honour are refused, not accepted and ignored.
+    #[test]
+    fn unsupported_values_are_refused() {
+        let e = parse(&["-vmodule=vxlan=5"]).expect_err("refused");
+        assert!(
+            e.to_string().contains("does not support klog's -vmodule"),
+            "{e}"
+        );
+        let e = parse(&["-log_backtrace_at", "main.go:10"]).expect_err("refused");
+        assert!(e.to_string().contains("RUST_BACKTRACE"), "{e}");
+        // Empty values (the defaults) are fine.
+        let f = parse(&["-vmodule=", "--log_backtrace_at="]).expect("parse");
+        assert!(f.vmodule.is_empty() && f.log_backtrace_at.is_empty());
+        assert!(parse(&["--log-format=xml"]).is_err());
+        assert_eq!(
+            parse(&["--log-format", "json"]).expect("parse").log_format,
+            "json"
+        );
+    }
+
+    #[test]
+    fn anti_spoofing_modes() {
+        use weft_engine::AntiSpoofing;
+        assert_eq!(
+            parse(&[]).expect("parse").anti_spoofing.engine(),
+            AntiSpoofing::Subnet
+        );
+        for (v, m) in [
+            ("strict", AntiSpoofing::Strict),
+            ("subnet", AntiSpoofing::Subnet),
+            ("off", AntiSpoofing::Off),
+        ] {
+            assert_eq!(
+                parse(&["-anti-spoofing", v])
+                    .expect("parse")
+                    .anti_spoofing
+                    .engine(),
+                m
+            );
+        }
+        assert!(parse(&["--anti-spoofing=loose"]).is_err());
     }
 
     #[test]

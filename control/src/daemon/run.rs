@@ -6,7 +6,7 @@ use anyhow::{Context, bail};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
-use super::flags::{Dataplane, Flags, StoreKind, TrafficManagerKind};
+use super::flags::{AntiSpoofingMode, Dataplane, Flags, StoreKind, TrafficManagerKind};
 use super::healthz::{self, Readiness};
 use crate::backend::{self, Backend, BackendError};
 use crate::config::{Config, parse_config};
@@ -135,7 +135,7 @@ pub async fn run_with<M: SubnetManager>(
     let tuning = backend::EngineTuning {
         workers: flags.engine_workers,
         offload: true,
-        anti_spoof: true,
+        anti_spoof: flags.anti_spoofing.engine(),
     };
     let dataplane = match flags.dataplane {
         Dataplane::Auto => backend::DataplaneChoice::Auto,
@@ -168,6 +168,14 @@ pub async fn run_with<M: SubnetManager>(
         .setup(&lease)
         .await
         .context("Error registering network")?;
+    if flags.anti_spoofing != AntiSpoofingMode::Subnet && backend.dataplane() != "userspace" {
+        tracing::warn!(
+            "--anti-spoofing={} applies to the userspace engine only; the {} dataplane of the {} backend checks no sources (as flannel's)",
+            flags.anti_spoofing.engine(),
+            backend.dataplane(),
+            backend.name()
+        );
+    }
     let _resync = host_rules(flags, &cfg, &lease, prev_env.as_ref()).await?;
     let _ipam = crate::ipam::start(
         &flags.subnet_file,

@@ -21,6 +21,7 @@
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use weft_control::lease::{Lease, LeaseAttrs, SubnetKey};
+use weft_control::logging::error_chain;
 use weft_control::store::Registry;
 use weft_control::store::embedded::EmbeddedStore;
 use weft_control::store::etcd::{EtcdOptions, EtcdStore};
@@ -184,7 +185,7 @@ fn main() {
                 std::process::exit(1);
             }
             Err(e) => {
-                eprintln!("weft demo: {e:#}");
+                eprintln!("weft demo: {}", error_chain(e.as_ref()));
                 std::process::exit(1);
             }
         }
@@ -224,7 +225,7 @@ fn main() {
         }
     });
     if let Err(e) = res {
-        eprintln!("weft: {e:#}");
+        eprintln!("weft: {}", error_chain(e.as_ref()));
         std::process::exit(1);
     }
 }
@@ -232,14 +233,8 @@ fn main() {
 fn dataplane(action: Option<DataplaneAction>, subnet_file: &std::path::Path) -> anyhow::Result<()> {
     use weft_control::backend::dataplane_ctl::{Status, request};
     let st = match action {
-        None => {
-            Status::query(subnet_file, std::time::Duration::from_secs(10)).with_context(|| {
-                format!(
-                    "is weftd running with --subnet-file={}?",
-                    subnet_file.display()
-                )
-            })?
-        }
+        None => Status::query(subnet_file, std::time::Duration::from_secs(10))
+            .with_context(|| no_daemon(subnet_file))?,
         Some(DataplaneAction::Set { mode, timeout }) => {
             let want = weft_control::backend::DataplaneChoice::parse(&mode)
                 .with_context(|| format!("{mode:?}: expected auto, kernel or userspace"))?;
@@ -253,6 +248,14 @@ fn dataplane(action: Option<DataplaneAction>, subnet_file: &std::path::Path) -> 
     Ok(())
 }
 
+/// The context of a failed query of the node's weftd.
+fn no_daemon(subnet_file: &std::path::Path) -> String {
+    format!(
+        "cannot reach weftd (is it running with --subnet-file={}?)",
+        subnet_file.display()
+    )
+}
+
 fn status(
     subnet_file: &std::path::Path,
     socket: Option<std::path::PathBuf>,
@@ -263,16 +266,11 @@ fn status(
     let timeout = std::time::Duration::from_secs(10);
     let st = match http {
         Some(addr) => server::query_http(&addr, timeout).with_context(|| {
-            format!("is weftd running with --healthz-port (and --healthz-ip) for {addr}?")
+            format!("cannot reach weftd (is it running with --healthz-port and --healthz-ip for {addr}?)")
         })?,
         None => {
             let socket = socket.unwrap_or_else(|| server::socket_path(subnet_file));
-            server::query(&socket, timeout).with_context(|| {
-                format!(
-                    "is weftd running with --subnet-file={}?",
-                    subnet_file.display()
-                )
-            })?
+            server::query(&socket, timeout).with_context(|| no_daemon(subnet_file))?
         }
     };
     let out = if json {

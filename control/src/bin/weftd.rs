@@ -28,7 +28,8 @@ fn main() {
     let code = match rt.block_on(daemon::run(flags, daemon::flags::etcd_explicit(&args))) {
         Ok(code) => code,
         Err(e) => {
-            tracing::error!("{e:#}");
+            // Each cause once (see `error_chain`), not anyhow's `{:#}`.
+            tracing::error!("{}", weft_control::logging::error_chain(e.as_ref()));
             1
         }
     };

@@ -236,3 +236,24 @@ async fn the_socket_is_root_only_and_answers_from_the_main_loop() {
     drop(srv);
     assert!(!sock.exists());
 }
+
+/// `weft status` without weftd: the socket's path and the OS error, each
+/// once (the error's message includes its source, which a chain printer
+/// then repeated: `...(os error 2): No such file or directory (os error 2)`).
+#[test]
+fn a_missing_socket_says_its_cause_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("weft-status.sock");
+    let e = server::query(&sock, Duration::from_millis(200)).expect_err("no weftd");
+    let e = anyhow::Error::new(e).context("cannot reach weftd");
+    assert_eq!(
+        crate::logging::error_chain(e.as_ref()),
+        format!(
+            "cannot reach weftd: {}: No such file or directory (os error 2)",
+            sock.display()
+        )
+    );
+    let e = server::query_http("127.0.0.1:1", Duration::from_millis(200)).expect_err("no weftd");
+    let text = crate::logging::error_chain(&e);
+    assert_eq!(text.matches("Connection refused").count(), 1, "{text}");
+}

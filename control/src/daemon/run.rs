@@ -155,8 +155,18 @@ pub async fn run_with<M: SubnetManager>(
     let prev_env = read_prev_env(flags);
 
     if flags.traffic_manager == TrafficManagerKind::Auto && !cfg.enable_nftables {
-        traffic::check_br_netfilter(std::path::Path::new("/proc"), cfg.enable_ipv6)
-            .map_err(|e| anyhow::anyhow!("Failed to check br_netfilter: {e}"))?;
+        // flannel only checks; weftd loads the module if it can (see traffic::br_netfilter
+        // for why a missing module stays fatal whatever the backend).
+        let proc_root = std::path::Path::new("/proc");
+        let loaded = traffic::ensure_br_netfilter(
+            proc_root,
+            cfg.enable_ipv6,
+            &mut traffic::modprobe_br_netfilter,
+        )
+        .map_err(|e| anyhow::anyhow!("Failed to check br_netfilter: {e}"))?;
+        if loaded {
+            tracing::info!("Loaded the br_netfilter module (bridge-nf-call-iptables was missing)");
+        }
     }
 
     let Some(lease) = stop.until(acquire(&mgr, &attrs)).await else {

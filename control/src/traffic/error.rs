@@ -36,13 +36,17 @@ pub enum Error {
         network: IpNet,
     },
     /// A `bridge-nf-call-*` file is absent: `br_netfilter` is not loaded. The daemon logs this
-    /// as `Failed to check br_netfilter: <this>`, which gives flannel's exact line.
-    #[error("stat {}: {reason}", path.display())]
+    /// as `Failed to check br_netfilter: <this>`, which starts with flannel's exact line; when
+    /// loading the module was tried ([`super::ensure_br_netfilter`]), why that failed and the
+    /// fix follow.
+    #[error("stat {}: {reason}{}", path.display(), br_netfilter_fix(.load.as_deref()))]
     BrNetfilter {
         /// The `/proc/sys/net/bridge/...` path that was checked.
         path: PathBuf,
         /// Go-style reason, e.g. `no such file or directory`.
         reason: String,
+        /// Why loading `br_netfilter` failed, if it was tried.
+        load: Option<String>,
     },
     /// Several independent steps failed (best-effort cleanup and resync keep going).
     #[error("{}", join(.0))]
@@ -71,4 +75,17 @@ fn join(errors: &[Error]) -> String {
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// The tail of [`Error::BrNetfilter`] once loading the module was tried.
+fn br_netfilter_fix(load: Option<&str>) -> String {
+    let Some(why) = load else {
+        return String::new();
+    };
+    format!(
+        ": the br_netfilter module is not loaded and weftd could not load it ({why}). \
+         Without it, traffic between pods on the node's bridge bypasses iptables and \
+         Services break. Fix on the node: `modprobe br_netfilter`, and to load it at every \
+         boot `echo br_netfilter > /etc/modules-load.d/br_netfilter.conf`"
+    )
 }

@@ -18,8 +18,9 @@
 //!
 //! flannel's order (fl:main.go), which weftd must keep:
 //!
-//! 1. If nftables is off: [`check_br_netfilter`] (`/proc`, v6 flag); an error is fatal and is
-//!    logged as `Failed to check br_netfilter: <error>`.
+//! 1. If nftables is off: [`ensure_br_netfilter`] (`/proc`, v6 flag; [`check_br_netfilter`]
+//!    after trying `modprobe br_netfilter`); an error is fatal and is logged as
+//!    `Failed to check br_netfilter: <error>`.
 //! 2. Acquire the lease (backend registration).
 //! 3. `let mgr = new_manager(Kind::from_config(enable_nftables), flags.random_fully_disable,
 //!    Runner::new())`; log `Cleaning-up unused traffic manager rules`; `mgr.cleanup_other()`
@@ -54,7 +55,10 @@ use std::{fmt, sync::Arc, time::Duration};
 use ipnet::{Ipv4Net, Ipv6Net};
 
 pub use self::{
-    br_netfilter::{BRIDGE_NF_CALL_IP6TABLES, BRIDGE_NF_CALL_IPTABLES, check_br_netfilter},
+    br_netfilter::{
+        BRIDGE_NF_CALL_IP6TABLES, BRIDGE_NF_CALL_IPTABLES, check_br_netfilter, ensure_br_netfilter,
+        modprobe_br_netfilter,
+    },
     error::Error,
     iptables::IptablesManager,
     nftables::NftablesManager,

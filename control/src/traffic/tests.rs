@@ -378,3 +378,51 @@ fn br_netfilter_check_reports_flannels_text() {
     std::fs::write(bridge.join("bridge-nf-call-ip6tables"), "1\n").expect("write");
     check_br_netfilter(dir.path(), true).expect("both present");
 }
+
+#[test]
+fn br_netfilter_is_loaded_when_missing_and_else_the_error_says_how_to_fix_it() {
+    use super::ensure_br_netfilter;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bridge = dir.path().join("sys/net/bridge");
+    // Missing: the loader runs once, and the files it brings make the check pass.
+    let mut calls = 0;
+    let loaded = ensure_br_netfilter(dir.path(), true, &mut || {
+        calls += 1;
+        std::fs::create_dir_all(&bridge).map_err(|e| e.to_string())?;
+        for f in ["bridge-nf-call-iptables", "bridge-nf-call-ip6tables"] {
+            std::fs::write(bridge.join(f), "1\n").map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    })
+    .expect("loaded");
+    assert!(loaded);
+    assert_eq!(calls, 1);
+    // Present: nothing is loaded.
+    let present = ensure_br_netfilter(dir.path(), true, &mut || panic!("loader called"));
+    assert!(!present.expect("present"));
+
+    // Loading fails: flannel's line, why loading failed, and the fix.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join(BRIDGE_NF_CALL_IPTABLES);
+    let why = "`/sbin/modprobe br_netfilter`: modprobe: FATAL: Module br_netfilter not found in directory /lib/modules/6.1.0-9-amd64";
+    let err = ensure_br_netfilter(dir.path(), false, &mut || Err(why.to_string()))
+        .expect_err("still missing");
+    assert_eq!(
+        format!("Failed to check br_netfilter: {err}"),
+        format!(
+            "Failed to check br_netfilter: stat {}: no such file or directory: the br_netfilter \
+             module is not loaded and weftd could not load it ({why}). Without it, traffic \
+             between pods on the node's bridge bypasses iptables and Services break. Fix on \
+             the node: `modprobe br_netfilter`, and to load it at every boot \
+             `echo br_netfilter > /etc/modules-load.d/br_netfilter.conf`",
+            path.display()
+        )
+    );
+    // A loader that succeeds without the files appearing is reported as such.
+    let err = ensure_br_netfilter(dir.path(), false, &mut || Ok(())).expect_err("still missing");
+    assert!(
+        err.to_string()
+            .contains("(modprobe succeeded but the files did not appear)"),
+        "{err}"
+    );
+}

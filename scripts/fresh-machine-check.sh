@@ -68,7 +68,8 @@ ls -l /tmp/target/debug/weftd /tmp/target/debug/weft /tmp/target/debug/flannel >
 echo "==> scripts/tools/build-cnitool.sh" >&2
 WEFT_TOOLS=/tmp/tools scripts/tools/build-cnitool.sh >/tmp/cnitool.log 2>&1 ||
   { rc=$?; echo "build-cnitool.sh failed (exit $rc):" >&2; cat /tmp/cnitool.log >&2; exit 1; }
-/tmp/tools/bin/cnitool 2>&1 | grep -q "cnitool" || { echo "cnitool does not run" >&2; exit 1; }'
+usage=$(/tmp/tools/bin/cnitool 2>&1 || true)   # no arguments: usage, exit 1
+grep -q "cnitool add" <<<"$usage" || { echo "cnitool does not run: $usage" >&2; exit 1; }'
 
 mounts="set -euo pipefail
 mount -t proc proc '$ROOT/proc'

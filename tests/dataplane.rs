@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use weft_control::demo::cluster::{Cluster, ClusterSpec};
+use weft_testenv::require_root;
 use weft_tests::proc::wait_for;
-use weft_tests::require_root;
 
 fn cluster(tag: &str, backend: &str, nodes: u8) -> (tempfile::TempDir, Cluster) {
     let work = tempfile::tempdir().expect("tempdir");

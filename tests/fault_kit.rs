@@ -445,16 +445,6 @@ pub fn duplicates(lines: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// Whether `etcd` (Debian's etcd-server) is installed; tests needing it
-/// skip with a message otherwise.
-pub fn etcd_available() -> bool {
-    if weft_tests::etcd::available() {
-        return true;
-    }
-    eprintln!("skipped: no etcd binary");
-    false
-}
-
 /// Runs `cmd` to completion, returning (success, stdout+stderr).
 pub fn run(cmd: &mut Command) -> (bool, String) {
     let out = cmd.output().expect("spawn");

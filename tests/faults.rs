@@ -24,13 +24,14 @@ mod fault_kit;
 use std::time::{Duration, Instant};
 
 use fault_kit::{
-    NsProxy, PingFlood, UdpStream, cluster, duplicates, env_var, etcd_available, lease_key,
-    node_state, running, tcp_bytes, wait_exit, wait_ping,
+    NsProxy, PingFlood, UdpStream, cluster, duplicates, env_var, lease_key, node_state, running,
+    tcp_bytes, wait_exit, wait_ping,
 };
 use weft_control::demo::cluster::{Cluster, ClusterSpec, ClusterStore};
+use weft_testenv::require_root;
 use weft_tests::etcd::Etcd;
 use weft_tests::proc::wait_for;
-use weft_tests::require_root;
+use weft_tests::require_etcd;
 
 /// The userspace dataplane with one worker (the machine is small and shared).
 const USERSPACE: &[&str] = &[
@@ -91,9 +92,7 @@ fn fake_lease(ip: &str) -> String {
 #[test]
 fn etcd_outage_loses_no_packets_and_resyncs() {
     require_root!();
-    if !etcd_available() {
-        return;
-    }
+    require_etcd!();
     let (mut etcd, _proxies, work, mut c) = etcd_cluster("fe", 3, &[0, 1], USERSPACE);
     c.add_pod(0, "a").expect("pod a");
     c.add_pod(1, "b").expect("pod b");
@@ -264,9 +263,7 @@ fn sigkill_restart_kernel() {
 #[test]
 fn own_lease_deleted_in_etcd_exits_and_retakes_subnet() {
     require_root!();
-    if !etcd_available() {
-        return;
-    }
+    require_etcd!();
     let (etcd, _proxies, _work, mut c) = etcd_cluster("fo", 2, &[0, 1], USERSPACE);
     c.add_pod(0, "a").expect("pod a");
     c.add_pod(1, "b").expect("pod b");
@@ -309,9 +306,7 @@ fn own_lease_deleted_in_etcd_exits_and_retakes_subnet() {
 #[test]
 fn garbage_lease_json_in_etcd_is_skipped() {
     require_root!();
-    if !etcd_available() {
-        return;
-    }
+    require_etcd!();
     let (etcd, _proxies, _work, mut c) = etcd_cluster("fg", 2, &[0, 1], USERSPACE);
     c.add_pod(0, "a").expect("pod a");
     c.add_pod(1, "b").expect("pod b");

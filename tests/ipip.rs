@@ -16,7 +16,7 @@ use std::time::Duration;
 use weft_control::demo::cluster::{Cluster, ClusterSpec};
 use weft_control::status::model::Drops;
 use weft_control::status::server::{query, socket_path};
-use weft_tests::require_root;
+use weft_testenv::{require_root, skip_unless};
 
 fn cluster(tag: &str, nodes: u8) -> (tempfile::TempDir, Cluster) {
     let work = tempfile::tempdir().expect("tempdir");
@@ -267,10 +267,11 @@ for outer, inner_src, kind in [{list}]:
 fn ipip_spoofed_and_malformed_packets_are_dropped_and_counted() {
     require_root!();
     let (_w, mut c) = cluster("is", 2);
-    if kernel_has_ipip(&c) {
-        eprintln!("skipped: this kernel has ipip, auto runs the kernel path (no engine counters)");
-        return;
-    }
+    skip_unless!(
+        !kernel_has_ipip(&c),
+        "needs a kernel without the ipip driver (this one has it, so --dataplane=auto takes \
+         the kernel path, which has no engine counters): modprobe -r ipip, or another kernel"
+    );
     c.add_pod(0, "a").expect("pod a");
     c.add_pod(1, "b").expect("pod b");
     assert!(

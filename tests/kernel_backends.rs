@@ -10,8 +10,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use weft_control::demo::cluster::{Cluster, ClusterSpec};
+use weft_testenv::require_root;
 use weft_tests::proc::wait_for;
-use weft_tests::require_root;
 
 fn spec(tag: &str, backend_json: &str, nodes: u8, work: &std::path::Path) -> ClusterSpec {
     ClusterSpec {

@@ -1,8 +1,9 @@
 //! weftd's Kubernetes subnet manager against a real kube-apiserver v1.20 on
 //! a real etcd (see kube_cluster.rs), and the deploy/ manifests and image.
 //!
-//! The root tests skip with "skipped" when the cached kube-apiserver is
-//! missing; build it with `scripts/tools/build-kube-apiserver.sh`.
+//! Without root or the cached kube-apiserver (build it with
+//! `scripts/tools/build-kube-apiserver.sh`) the root tests skip, logged, or
+//! fail under CI (see `weft_testenv`).
 //! Every daemon runs the userspace vxlan backend in its own namespace on
 //! the underlay 192.0.2.0/24, pods in 10.244.0.0/16.
 
@@ -14,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use kube_cluster::{ControlPlane, apiserver_bin, node_yaml};
+use kube_cluster::{ControlPlane, node_yaml, require_apiserver};
 use serde_json::Value;
 use weft_tests::netns::Netns;
 use weft_tests::proc::{Proc, wait_for};
@@ -31,17 +32,16 @@ fn repo() -> PathBuf {
         .to_path_buf()
 }
 
-/// Root + a built kube-apiserver, else "skipped".
+/// Root, etcd and a built kube-apiserver (its path), else the test returns:
+/// skipped, or failed under CI (see `weft_testenv`).
 macro_rules! require_apiserver {
     () => {{
-        weft_tests::require_root!();
-        match apiserver_bin() {
-            Some(b) => b,
-            None => {
-                eprintln!("skipped: no kube-apiserver; run scripts/tools/build-kube-apiserver.sh");
-                return;
-            }
-        }
+        weft_testenv::require_root!();
+        weft_tests::require_etcd!();
+        let Some(bin) = require_apiserver() else {
+            return;
+        };
+        bin
     }};
 }
 

@@ -19,13 +19,23 @@ use weft_tests::proc::{Proc, wait_for};
 pub const APISERVER: &str = "https://192.0.2.100:6443";
 const ETCD: &str = "http://127.0.0.1:2379";
 
-/// The cached kube-apiserver, if built.
-pub fn apiserver_bin() -> Option<PathBuf> {
-    let tools = std::env::var_os("WEFT_TOOLS")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/weft-tools")))?;
-    let p = tools.join("bin/kube-apiserver");
-    p.exists().then_some(p)
+/// The cached kube-apiserver, when built; `None` when it is not and the
+/// calling test is to skip (under CI the `weft_testenv` guard fails it).
+#[track_caller]
+pub fn require_apiserver() -> Option<PathBuf> {
+    let tools = std::env::var_os("WEFT_TOOLS").map_or_else(
+        || {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                .join(".cache/weft-tools")
+        },
+        PathBuf::from,
+    );
+    let bin = tools.join("bin/kube-apiserver");
+    let what = format!(
+        "kube-apiserver not built ({}): run scripts/tools/build-kube-apiserver.sh",
+        bin.display()
+    );
+    weft_testenv::require(bin.exists(), &what).then_some(bin)
 }
 
 /// The control plane and its underlay.

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use weft_control::demo::cluster::{Cluster, ClusterSpec};
+use weft_testenv::require_root;
 use weft_tests::proc::wait_for;
-use weft_tests::require_root;
 
 const HEALTHZ_PORT: u16 = 9099;
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use weft_control::demo::cluster::{Cluster, ClusterSpec, CniMode};
 use weft_control::demo::netns::Netns;
-use weft_tests::require_root;
+use weft_testenv::require_root;
 
 fn cluster(tag: &str, nodes: u8) -> (tempfile::TempDir, Cluster) {
     let work = tempfile::tempdir().expect("tempdir");

@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use fault_kit::{in_netns, lease_key, wait_ping};
 use weft_control::demo::cluster::{Cluster, ClusterSpec, ClusterStore};
+use weft_testenv::{require_root, require_tool};
 use weft_tests::proc::wait_for;
-use weft_tests::require_root;
 
 /// CAP_NET_ADMIN (12) and CAP_NET_RAW (13), as /proc/<pid>/status shows them.
 const NET_ADMIN_RAW: u64 = (1 << 12) | (1 << 13);
@@ -88,10 +88,7 @@ fn caps(pid: u32, field: &str) -> u64 {
 #[test]
 fn weftd_needs_only_net_admin_and_net_raw() {
     require_root!();
-    if !Path::new("/usr/bin/setpriv").exists() {
-        eprintln!("skipped: setpriv (util-linux) not installed");
-        return;
-    }
+    require_tool!("setpriv", "/usr/bin/setpriv", "util-linux");
     // Host rules on (the default traffic manager: iptables in the node namespace).
     let cases: [(&str, &[&str]); 4] = [
         ("udp", &["--engine-workers=1"]),

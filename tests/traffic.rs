@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
+use weft_testenv::require_root;
 use weft_tests::netns::{Netns, Underlay};
 use weft_tests::proc::wait_for;
-use weft_tests::require_root;
 use weft_tests::weftd::Weftd;
 
 const READY: Duration = Duration::from_secs(60);

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use weft_control::demo::cluster::{Cluster, ClusterSpec};
 use weft_control::demo::netns::Netns;
+use weft_testenv::{require_root, require_tool};
 use weft_tests::proc::wait_for;
-use weft_tests::require_root;
 
 fn cluster(tag: &str, nodes: u8) -> (tempfile::TempDir, Cluster) {
     cluster_with(
@@ -162,6 +162,8 @@ fn wireguard_three_nodes() {
 #[test]
 fn interoperates_with_wireguard_go() {
     require_root!();
+    require_tool!("wireguard-go", "wireguard-go", "wireguard-go");
+    require_tool!("wg", "wg", "wireguard-tools");
     let (_w, mut c) = cluster("wgi", 2);
     c.stop_weftd(1);
     let n1 = lease_of(&c, "192.0.2.1");

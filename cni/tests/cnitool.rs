@@ -9,15 +9,14 @@ mod common;
 use common::fake_ipam::FakeIpam;
 use common::{Netns, Run, World, in_subnet, result_ip};
 use serde_json::{Value, json};
+use weft_testenv::require_root;
 
 /// ADD gives the pod an address in FLANNEL_SUBNET, a route to the flannel
 /// network and a reachable gateway; CHECK passes (and fails once the route
 /// is gone); DEL removes everything and a second DEL succeeds.
 #[test]
 fn lifecycle_add_check_del_with_cnitool() {
-    if !common::root_or_skip() {
-        return;
-    }
+    require_root!();
     let w = World::new("life", 31);
     w.write_subnet_env();
     w.write_conflist("1.0.0");
@@ -302,18 +301,14 @@ fn every_version(mode: Mode, first_n: u8) {
 /// succeeds.
 #[test]
 fn every_cni_version_bridge() {
-    if !common::root_or_skip() {
-        return;
-    }
+    require_root!();
     every_version(Mode::Bridge, 40);
 }
 
 /// The same in routed mode, where the plugin builds the result itself.
 #[test]
 fn every_cni_version_routed() {
-    if !common::root_or_skip() {
-        return;
-    }
+    require_root!();
     every_version(Mode::Routed, 50);
 }
 
@@ -436,9 +431,7 @@ fn version_round_trip(case: &Case, mode: Mode, n: u8) {
 /// 64 parallel ADDs give 64 distinct addresses; 64 parallel DELs free them all.
 #[test]
 fn parallel_64_add_then_64_del() {
-    if !common::root_or_skip() {
-        return;
-    }
+    require_root!();
     const N: usize = 64;
     let w = World::new("par", 33);
     w.write_subnet_env();

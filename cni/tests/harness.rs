@@ -6,6 +6,7 @@ mod common;
 
 use common::{Netns, World, in_subnet, result_ip};
 use serde_json::{Value, json};
+use weft_testenv::require_root;
 
 fn bytes(v: &Value) -> Vec<u8> {
     serde_json::to_vec(v).expect("json")
@@ -15,9 +16,7 @@ fn bytes(v: &Value) -> Vec<u8> {
 /// either key, and leaves the valid pods working.
 #[test]
 fn gc_removes_only_stale_attachments() {
-    if !common::root_or_skip() {
-        return;
-    }
+    require_root!();
     let w = World::new("gc", 41);
     w.write_subnet_env();
     let conf = w.net_conf("1.1.0");
@@ -91,9 +90,7 @@ fn gc_removes_only_stale_attachments() {
 /// the delegate is not installed; then it succeeds.
 #[test]
 fn status_before_and_after_subnet_env() {
-    if !common::root_or_skip() {
-        return;
-    }
+    require_root!();
     let w = World::new("status", 42);
     let conf = bytes(&w.net_conf("1.1.0"));
     let e = w.plugin("STATUS", &[], &conf).cni_error();
@@ -137,9 +134,7 @@ fn status_before_and_after_subnet_env() {
 /// relabelled 1.1.0), CHECK with the 1.1.0 prevResult, DEL.
 #[test]
 fn cni_1_1_network_add_check_del() {
-    if !common::root_or_skip() {
-        return;
-    }
+    require_root!();
     let w = World::new("v110", 43);
     w.write_subnet_env();
     let pod = Netns::new(&format!("{}-pod", w.tag));
@@ -181,9 +176,7 @@ fn cni_1_1_network_add_check_del() {
 /// flannel network, both gateways reachable; CHECK and DEL work.
 #[test]
 fn dual_stack_add_check_del() {
-    if !common::root_or_skip() {
-        return;
-    }
+    require_root!();
     let w = World::new("dual", 49);
     w.write_subnet_env_dual();
     let pod = Netns::new(&format!("{}-pod", w.tag));
@@ -244,9 +237,7 @@ fn dual_stack_add_check_del() {
 /// or missing saved config.
 #[test]
 fn del_is_idempotent() {
-    if !common::root_or_skip() {
-        return;
-    }
+    require_root!();
     let w = World::new("del", 44);
     w.write_subnet_env();
     let conf = bytes(&w.net_conf("1.0.0"));
@@ -292,9 +283,7 @@ fn del_is_idempotent() {
 /// ADD without subnet.env fails with flannel's text, and nothing is left.
 #[test]
 fn missing_subnet_env_gives_flannel_error() {
-    if !common::root_or_skip() {
-        return;
-    }
+    require_root!();
     let w = World::new("nosub", 45);
     let pod = Netns::new(&format!("{}-pod", w.tag));
     let path = pod.path();
@@ -342,9 +331,7 @@ fn missing_subnet_env_gives_flannel_error() {
 /// a panic, for every verb.
 #[test]
 fn malformed_input_gives_cni_errors() {
-    if !common::root_or_skip() {
-        return;
-    }
+    require_root!();
     let w = World::new("bad", 46);
     w.write_subnet_env();
     let deep = "[".repeat(100_000);
@@ -433,9 +420,7 @@ fn malformed_input_gives_cni_errors() {
 /// VERSION lists 0.1.0 through 1.1.0 and echoes a supported request.
 #[test]
 fn version_reply() {
-    if !common::root_or_skip() {
-        return;
-    }
+    require_root!();
     let w = World::new("ver", 47);
     let v = w.plugin("VERSION", &[], br#"{"cniVersion":"0.4.0"}"#).ok();
     assert_eq!(

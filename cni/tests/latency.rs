@@ -16,6 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Netns, World};
+use weft_testenv::require_root;
 
 const CALLS: usize = 200;
 const WARMUP: usize = 10;
@@ -70,9 +71,7 @@ fn ms(d: Duration) -> f64 {
 #[test]
 #[ignore = "measurement; run with --ignored --nocapture (root)"]
 fn add_del_latency_vs_direct_bridge() {
-    if !common::root_or_skip() {
-        return;
-    }
+    require_root!();
     let w = World::new("lat", 48);
     w.write_subnet_env();
     let pod = Netns::new(&format!("{}-pod", w.tag));

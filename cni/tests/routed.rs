@@ -10,6 +10,7 @@ mod common;
 use common::fake_ipam::FakeIpam;
 use common::{Netns, World};
 use serde_json::{Value, json};
+use weft_testenv::require_root;
 
 fn routed_conf(w: &World, cni_version: &str) -> Value {
     let mut c = w.net_conf(cni_version);
@@ -35,9 +36,7 @@ fn host_veths(w: &World) -> Vec<String> {
 /// cnitool ADD → CHECK → tamper → CHECK fails → DEL ×2, with portmap chained.
 #[test]
 fn cnitool_add_check_del() {
-    if !common::root_or_skip() {
-        return;
-    }
+    require_root!();
     let w = World::new("rt", 61);
     w.write_subnet_env();
     let ipam = FakeIpam::start(&w);
@@ -99,9 +98,7 @@ fn cnitool_add_check_del() {
 /// failure; DEL without a netns; GC; DEL with the API down fails with 11.
 #[test]
 fn status_rollback_gc_and_del_errors() {
-    if !common::root_or_skip() {
-        return;
-    }
+    require_root!();
     let w = World::new("rs", 62);
     w.write_subnet_env();
     let conf = bytes(&routed_conf(&w, "1.1.0"));

@@ -112,10 +112,7 @@ async fn bench_embedded_1000() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark; run with --ignored --nocapture"]
 async fn bench_etcd_1000() {
-    if !weft_tests::etcd::available() {
-        eprintln!("skipped: etcd not installed");
-        return;
-    }
+    weft_tests::require_etcd!();
     let etcd = weft_tests::etcd::Etcd::start();
     let opts = EtcdOptions {
         endpoints: etcd.endpoint(),

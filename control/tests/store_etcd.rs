@@ -10,21 +10,13 @@ use tokio::sync::mpsc;
 use weft_control::lease::{Lease, LeaseAttrs, LeaseEvent, SubnetKey};
 use weft_control::store::etcd::{EtcdOptions, EtcdStore};
 use weft_control::store::{Registry, StoreError};
+use weft_testenv::require_tool;
 use weft_tests::etcd::Etcd;
+use weft_tests::require_etcd;
 
 const WAIT: Duration = Duration::from_secs(30);
 const PREFIX: &str = "/coreos.com/network";
 const FLANNEL_JSON: &str = r#"{"PublicIP":"192.168.64.3","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}}"#;
-
-/// Skips the test when etcd is not installed.
-macro_rules! require_etcd {
-    () => {
-        if !weft_tests::etcd::available() {
-            eprintln!("skipped: /usr/bin/etcd not installed");
-            return;
-        }
-    };
-}
 
 fn subnet(i: u32) -> SubnetKey {
     format!("10.{}.{}.0-24", 16 + i / 256, i % 256)
@@ -437,14 +429,7 @@ async fn unreachable_etcd_is_retryable_and_auth_works() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_with_client_certificates() {
     require_etcd!();
-    if std::process::Command::new("openssl")
-        .arg("version")
-        .output()
-        .is_err()
-    {
-        eprintln!("skipped: openssl not installed");
-        return;
-    }
+    require_tool!("openssl", "openssl", "openssl");
     let etcd = tokio::task::block_in_place(Etcd::start_tls);
     let t = etcd.tls().expect("tls files").clone();
     let path = |p: &std::path::Path| p.display().to_string();

@@ -10,6 +10,7 @@ use traffic_util::{Netns, count, wait_for};
 use weft_control::traffic::{
     IptablesManager, Kind, Networks, Previous, TrafficManager, new_manager, spawn_resync,
 };
+use weft_testenv::require_root;
 
 const N4: &str = "10.244.0.0/16";
 const N6: &str = "2001:db8:42::/56";

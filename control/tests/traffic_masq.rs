@@ -23,6 +23,7 @@ use std::{
 
 use traffic_util::Netns;
 use weft_control::traffic::{Kind, Networks, new_manager};
+use weft_testenv::require_root;
 
 struct Topology {
     pod: Netns,

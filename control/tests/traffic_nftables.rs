@@ -8,6 +8,7 @@ use traffic_util::{Netns, count};
 use weft_control::traffic::{
     Kind, Networks, NftablesManager, Previous, TrafficManager, new_manager,
 };
+use weft_testenv::require_root;
 
 const N4: &str = "10.244.0.0/16";
 const N6: &str = "2001:db8:42::/56";

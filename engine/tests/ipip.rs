@@ -19,15 +19,6 @@ use weft_engine::{Encap, Engine, EngineConfig, Stats};
 const DEV: &str = "flannel.ipip";
 const MTU: u16 = 1480;
 
-macro_rules! require_root {
-    () => {
-        if !root() {
-            eprintln!("skipped: needs root and /dev/net/tun");
-            return;
-        }
-    };
-}
-
 fn ipip_cfg(n: usize, offload: bool) -> EngineConfig {
     EngineConfig {
         tun_name: DEV.into(),
@@ -122,13 +113,17 @@ fn traffic(test: &str, offload: bool) {
 
 #[test]
 fn ipip_ping_and_tcp_with_offloads() {
-    require_root!();
+    if !require_root_and_tun() {
+        return;
+    }
     traffic("ii", true);
 }
 
 #[test]
 fn ipip_ping_and_tcp_without_offloads() {
-    require_root!();
+    if !require_root_and_tun() {
+        return;
+    }
     traffic("in", false);
 }
 
@@ -136,7 +131,9 @@ fn ipip_ping_and_tcp_without_offloads() {
 /// outer TTL = inner TTL, and the inner ICMP packet right behind the outer header.
 #[test]
 fn ipip_wire_format() {
-    require_root!();
+    if !require_root_and_tun() {
+        return;
+    }
     let (t, _engines) = two_nodes("iw", true);
     assert!(t.ping_eventually(1, "10.244.2.2", &[]));
     let node2 = t.node(2);
@@ -208,7 +205,9 @@ fn ipip_wire_format() {
 /// `mtu` drops and never leave (the kernel does not fragment them).
 #[test]
 fn ipip_oversize_outer_packets_are_not_sent() {
-    require_root!();
+    if !require_root_and_tun() {
+        return;
+    }
     let (t, engines) = two_nodes("im", false);
     assert!(t.ping_eventually(1, "10.244.2.2", &[]));
     t.ip(1, &["link", "set", DEV, "mtu", "1500"]);
@@ -238,7 +237,9 @@ fn ipip_oversize_outer_packets_are_not_sent() {
 /// `IPPROTO_RAW` socket (any outer source).
 #[test]
 fn ipip_bad_packets_are_dropped_and_counted() {
-    require_root!();
+    if !require_root_and_tun() {
+        return;
+    }
     let (t, engines) = two_nodes("ib", true);
     assert!(t.ping_eventually(2, "10.244.1.2", &[]));
     let e = &engines[0];

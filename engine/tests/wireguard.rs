@@ -91,8 +91,7 @@ fn wait_stats(e: &Engine, what: &str, f: impl Fn(&Stats) -> bool) {
 
 #[test]
 fn wireguard_engine_talks_to_boringtun_and_counts_drops() {
-    if !common::root() {
-        eprintln!("skipped: needs root");
+    if !common::require_root_and_tun() {
         return;
     }
     let mut topo = common::Topo::new("wge", 0);

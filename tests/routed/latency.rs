@@ -68,7 +68,7 @@ fn ms(d: Duration) -> f64 {
 #[test]
 #[ignore = "measurement; run with --ignored --nocapture (root)"]
 fn add_del_latency_routed_vs_bridge() {
-    weft_tests::require_root!();
+    weft_testenv::require_root!();
     let (_w, c) = cluster("rl", 1);
     let pod = Netns::new(&format!("{}-pod", weft_tests::unique("rlp")));
     let routed = c.cni_conf(0, CniMode::Routed).into_bytes();

@@ -145,9 +145,17 @@ fn bin(env: &str, default: &str) -> PathBuf {
     std::env::var_os(env).map_or_else(|| PathBuf::from(default), PathBuf::from)
 }
 
-/// Whether an etcd binary is installed (tests may skip without one).
+/// Whether an etcd binary is installed (for tools; tests use [`require`]).
 pub fn available() -> bool {
     bin("WEFT_ETCD", ETCD_BIN).exists()
+}
+
+/// The `weft_testenv` guard for etcd: `true` when installed; otherwise the
+/// calling test is to skip (or, under CI, this fails it).
+#[must_use = "return from the test when this is false (or use require_etcd!)"]
+#[track_caller]
+pub fn require() -> bool {
+    weft_testenv::require_tool("etcd", bin("WEFT_ETCD", ETCD_BIN), "etcd-server")
 }
 
 impl Etcd {

@@ -4,6 +4,17 @@
 //!
 //! Every helper cleans up in `Drop`, so a failing (panicking) test still
 //! removes what it made.
+//!
+//! What a test needs from the machine is checked by the workspace's one
+//! guard, `weft_testenv`: `weft_testenv::require_root!()`,
+//! `weft_testenv::require_tool!(..)`, `weft_testenv::skip_unless!(..)`, and
+//! [`require_etcd!`] here. When everything is there the test runs. When
+//! something is missing the test skips (returns early, passing) and prints
+//! `skipped: <test> (<file>): <what is missing and how to get it>`, also
+//! appended to the file named by `WEFT_SKIP_LOG` (scripts/test.sh lists
+//! them at the end); under `CI` (set, not empty/`0`/`false`) or
+//! `WEFT_REQUIRE_ALL=1` it fails with that message instead, so CI never
+//! passes without the integration tests having run.
 
 pub mod bins;
 pub mod etcd;
@@ -11,21 +22,15 @@ pub mod netns;
 pub mod proc;
 pub mod weftd;
 
-/// Skips the calling test (returns from it) unless running as root.
+/// Returns from the calling test unless etcd is installed (see
+/// [`etcd::require`]; fails under CI).
 #[macro_export]
-macro_rules! require_root {
+macro_rules! require_etcd {
     () => {
-        if !$crate::is_root() {
-            eprintln!("skipped: needs root");
+        if !$crate::etcd::require() {
             return;
         }
     };
-}
-
-/// Whether the process runs as root.
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
 }
 
 /// A short prefix unique to this test process and `tag`, for names of

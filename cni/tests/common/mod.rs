@@ -27,15 +27,6 @@ pub const SYSTEM_PLUGINS: &str = "/usr/lib/cni";
 /// A PATH for plugins (bridge may call iptables).
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// Whether we can run root tests; prints why not.
-pub fn root_or_skip() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("skipped: needs root (network namespaces)");
-    false
-}
-
 /// A short name unique to this process and `tag`.
 pub fn unique(tag: &str) -> String {
     format!("wt-{tag}-{}", std::process::id())

@@ -1,5 +1,6 @@
-//! The ipsec backend against a real strongSwan charon (root; skipped with
-//! "skipped" when not root or charon / swanctl are not installed). Each
+//! The ipsec backend against a real strongSwan charon (root; without root or
+//! charon / swanctl the tests skip, logged, or fail under CI: see
+//! `weft_testenv`). Each
 //! charon runs in its own network namespace (`wt-ch<tag>-<pid>`) and mount
 //! namespace (a private `/run`, since charon's pid file is fixed at
 //! `/var/run/charon.pid`), with its own `STRONGSWAN_CONF` naming a VICI
@@ -14,18 +15,19 @@ use super::*;
 use crate::backend::charon::{Launch, find_exec, look_path};
 use crate::backend::test_util::{ext, fake, lease};
 
+/// charon, when the test can run (root, charon and swanctl installed); `None`
+/// when it is to skip (under CI the guard fails the test instead).
 fn ready() -> Option<PathBuf> {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root");
+    if !weft_testenv::require_root() {
         return None;
     }
-    let (Ok(charon), Some(_)) = (find_exec(), look_path("swanctl")) else {
-        eprintln!(
-            "skipped: charon/swanctl not installed (Debian: strongswan-charon strongswan-swanctl)"
-        );
-        return None;
-    };
-    Some(charon)
+    let charon = find_exec().ok();
+    let swanctl = look_path("swanctl").is_some();
+    let ok = weft_testenv::require(
+        charon.is_some() && swanctl,
+        "charon/swanctl not found: apt-get install strongswan-charon strongswan-swanctl",
+    );
+    charon.filter(|_| ok)
 }
 
 fn sh(args: &[&str]) -> String {

@@ -12,22 +12,6 @@ use std::{
 use nix::sched::{CloneFlags, setns};
 use weft_control::traffic::Runner;
 
-/// True when the tests can create namespaces; otherwise they print "skipped" and pass.
-pub fn is_root() -> bool {
-    nix::unistd::Uid::effective().is_root()
-}
-
-/// Returns from the test (passing) when not root.
-#[macro_export]
-macro_rules! require_root {
-    () => {
-        if !traffic_util::is_root() {
-            eprintln!("skipped: needs root");
-            return;
-        }
-    };
-}
-
 /// A network namespace `wt-<tag>-<pid>`, deleted on drop (also on panic).
 #[derive(Debug)]
 pub struct Netns {

@@ -11,9 +11,15 @@ use std::time::{Duration, Instant};
 
 use weft_engine::{Engine, EngineConfig, Peer};
 
-/// Whether we can run root netns tests.
-pub fn root() -> bool {
-    nix::unistd::geteuid().is_root() && std::path::Path::new("/dev/net/tun").exists()
+/// Whether we can run root netns tests (root and `/dev/net/tun`); skips or,
+/// under CI, fails the test otherwise (see `weft_testenv`).
+#[track_caller]
+pub fn require_root_and_tun() -> bool {
+    weft_testenv::require_root()
+        && weft_testenv::require(
+            std::path::Path::new("/dev/net/tun").exists(),
+            "/dev/net/tun missing: load the tun module (modprobe tun)",
+        )
 }
 
 /// Runs a command, panicking with its output on failure.

@@ -20,6 +20,7 @@ pub mod bins;
 pub mod etcd;
 pub mod netns;
 pub mod proc;
+pub mod vm;
 pub mod weftd;
 
 /// Returns from the calling test unless etcd is installed (see

@@ -9,6 +9,7 @@
 //! (DaemonSet, systemd) restarts it and it takes a lease again, preferring
 //! the subnet in subnet.env.
 
+mod blackhole;
 pub mod flags;
 pub mod healthz;
 mod run;

@@ -1,11 +1,13 @@
 //! The daemon's start-up and main loop; see the module docs of `daemon`.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, bail};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
+use super::blackhole;
 use super::flags::{AntiSpoofingMode, Dataplane, Flags, StoreKind, TrafficManagerKind};
 use super::healthz::{self, Readiness};
 use crate::backend::{self, Backend, BackendError};
@@ -13,7 +15,7 @@ use crate::config::{Config, parse_config};
 use crate::iface::{self, ExternalInterface, IfaceOptions};
 use crate::lease::watcher::{Change, LeaseWatcher};
 use crate::lease::{Lease, LeaseEvent};
-use crate::netlink::Netlink;
+use crate::netlink::{Client, Netlink};
 use crate::store::Registry;
 use crate::store::embedded::EmbeddedStore;
 use crate::subnet::{LocalManager, Previous, SubnetManager, renew_at};
@@ -187,6 +189,7 @@ pub async fn run_with<M: SubnetManager>(
         );
     }
     let _resync = host_rules(flags, &cfg, &lease, prev_env.as_ref()).await?;
+    let _blackhole = blackhole_routes(flags, &nl, &lease, prev_env.as_ref()).await?;
     let _ipam = crate::ipam::start(
         &flags.subnet_file,
         flags.ipam_socket.as_deref(),
@@ -231,6 +234,37 @@ pub async fn run_with<M: SubnetManager>(
     backend.teardown().await;
     tracing::info!("Exiting cleanly...");
     code
+}
+
+/// `--ip-blackhole-route`: the own subnet's blackhole routes, installed
+/// before subnet.env is written and re-checked every `--iptables-resync`
+/// seconds (see [`super::blackhole`]); first drops the blackhole of a
+/// previous subnet this node no longer holds, with or without the flag.
+async fn blackhole_routes(
+    flags: &Flags,
+    nl: &Netlink,
+    lease: &Lease,
+    prev: Option<&SubnetEnv>,
+) -> anyhow::Result<Option<blackhole::Keeper>> {
+    let client: Arc<dyn Client> = Arc::new(nl.clone());
+    match blackhole::remove_stale(&*client, prev, lease).await {
+        Ok(gone) => {
+            for n in gone {
+                tracing::info!("removed the blackhole route of previous subnet {n}");
+            }
+        }
+        Err(e) => tracing::warn!("failed to remove a stale blackhole route: {e}"),
+    }
+    if !flags.ip_blackhole_route {
+        return Ok(None);
+    }
+    let nets = blackhole::wanted(lease);
+    blackhole::ensure(&*client, &nets)
+        .await
+        .context("Failed to add blackhole route")?;
+    tracing::info!("blackhole route for {nets:?} in place");
+    let period = Duration::from_secs(flags.iptables_resync);
+    Ok(Some(blackhole::Keeper::spawn(client, nets, period)))
 }
 
 /// Installs flannel's masquerade and forward rules (before subnet.env is

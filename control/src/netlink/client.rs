@@ -48,6 +48,16 @@ pub trait Client: Send + Sync + std::fmt::Debug {
     /// `ip route get IP`: the route(s) the kernel would use.
     async fn route_get(&self, ip: IpAddr) -> Result<Vec<Route>, NetlinkError>;
 
+    /// `ip [-6] route show table main type blackhole`: each route's
+    /// destination and metric.
+    async fn blackholes(&self, v6: bool) -> Result<Vec<(IpNet, u32)>, NetlinkError>;
+
+    /// `ip route add blackhole DST metric METRIC` (main table).
+    async fn blackhole_add(&self, dst: IpNet, metric: u32) -> Result<(), NetlinkError>;
+
+    /// `ip route del blackhole DST metric METRIC`; a missing route is not an error.
+    async fn blackhole_del(&self, dst: IpNet, metric: u32) -> Result<(), NetlinkError>;
+
     /// `ip neigh replace IP lladdr MAC dev INDEX nud permanent`.
     async fn neigh_replace(&self, n: &Neigh) -> Result<(), NetlinkError>;
 

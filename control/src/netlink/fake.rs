@@ -33,6 +33,10 @@ pub enum Op {
     RouteReplace(Route),
     /// `ip route del`.
     RouteDel(Route),
+    /// `ip route add blackhole DST metric METRIC`.
+    BlackholeAdd(IpNet, u32),
+    /// `ip route del blackhole DST metric METRIC`.
+    BlackholeDel(IpNet, u32),
     /// `ip neigh replace`.
     NeighReplace(Neigh),
     /// `ip neigh del`.
@@ -58,6 +62,7 @@ struct State {
     next_index: u32,
     addrs: Vec<Addr>,
     routes: Vec<Route>,
+    blackholes: Vec<(IpNet, u32)>,
     neighs: BTreeSet<Neigh>,
     fdbs: BTreeSet<Fdb>,
     policies: BTreeSet<XfrmPolicy>,
@@ -168,6 +173,21 @@ impl FakeNetlink {
     /// All XFRM policies.
     pub fn policies(&self) -> Vec<XfrmPolicy> {
         self.lock().policies.iter().cloned().collect()
+    }
+
+    /// The blackhole routes (main table): destination and metric.
+    pub fn blackhole_routes(&self) -> Vec<(IpNet, u32)> {
+        self.lock().blackholes.clone()
+    }
+
+    /// Adds a blackhole route by hand (e.g. one another daemon left).
+    pub fn insert_blackhole(&self, dst: IpNet, metric: u32) {
+        self.lock().blackholes.push((dst, metric));
+    }
+
+    /// Deletes the blackhole routes to `dst` behind the daemon's back.
+    pub fn forget_blackhole(&self, dst: IpNet) {
+        self.lock().blackholes.retain(|b| b.0 != dst);
     }
 
     /// Deletes routes to `dst` behind the backend's back (`ip route del`).
@@ -387,6 +407,36 @@ impl Client for FakeNetlink {
             })
             .into_iter()
             .collect())
+    }
+
+    async fn blackholes(&self, v6: bool) -> Result<Vec<(IpNet, u32)>, NetlinkError> {
+        Ok(self
+            .lock()
+            .blackholes
+            .iter()
+            .filter(|b| matches!(b.0, IpNet::V6(_)) == v6)
+            .copied()
+            .collect())
+    }
+
+    async fn blackhole_add(&self, dst: IpNet, metric: u32) -> Result<(), NetlinkError> {
+        let mut s = self.lock();
+        s.ops.push(Op::BlackholeAdd(dst, metric));
+        if s.blackholes.contains(&(dst, metric)) {
+            return Err(errno(
+                &format!("ip route add blackhole {dst} metric {metric}"),
+                libc::EEXIST,
+            ));
+        }
+        s.blackholes.push((dst, metric));
+        Ok(())
+    }
+
+    async fn blackhole_del(&self, dst: IpNet, metric: u32) -> Result<(), NetlinkError> {
+        let mut s = self.lock();
+        s.ops.push(Op::BlackholeDel(dst, metric));
+        s.blackholes.retain(|b| *b != (dst, metric));
+        Ok(())
     }
 
     async fn neigh_replace(&self, n: &Neigh) -> Result<(), NetlinkError> {

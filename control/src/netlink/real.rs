@@ -7,7 +7,8 @@ use async_trait::async_trait;
 use futures::TryStreamExt;
 use ipnet::IpNet;
 use rtnetlink::packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkMessage,
+    NetlinkPayload,
 };
 use rtnetlink::packet_route::address::{AddressAttribute, AddressHeaderFlags, AddressMessage};
 use rtnetlink::packet_route::link::{
@@ -17,7 +18,7 @@ use rtnetlink::packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
 };
 use rtnetlink::packet_route::route::{
-    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteScope,
+    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
 use rtnetlink::packet_route::{AddressFamily, RouteNetlinkMessage};
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
@@ -212,6 +213,37 @@ impl Netlink {
             .collect())
     }
 
+    /// Sends one RTM_NEWROUTE (with `flags`) or RTM_DELROUTE.
+    async fn route_request(
+        &self,
+        m: RouteMessage,
+        add: Option<u16>,
+        op: String,
+    ) -> Result<(), NetlinkError> {
+        let mut handle = self.handle.clone();
+        let mut req = NetlinkMessage::from(match add {
+            Some(_) => RouteNetlinkMessage::NewRoute(m),
+            None => RouteNetlinkMessage::DelRoute(m),
+        });
+        req.header.flags = NLM_F_REQUEST | NLM_F_ACK | add.unwrap_or(0);
+        let mut resp = handle
+            .request(req)
+            .map_err(|source| NetlinkError::Request {
+                op: op.clone(),
+                source,
+            })?;
+        while let Some(msg) = futures::StreamExt::next(&mut resp).await {
+            if let NetlinkPayload::Error(e) = msg.payload {
+                let source = rtnetlink::Error::NetlinkError(e);
+                if add.is_none() && errno_of(&source) == Some(libc::ESRCH) {
+                    return Ok(());
+                }
+                return Err(NetlinkError::Request { op, source });
+            }
+        }
+        Ok(())
+    }
+
     /// Sends one RTM_NEWNEIGH / RTM_DELNEIGH.
     async fn neigh_request(
         &self,
@@ -372,6 +404,51 @@ impl Client for Netlink {
         Ok(routes.iter().filter_map(route_from).collect())
     }
 
+    async fn blackholes(&self, v6: bool) -> Result<Vec<(IpNet, u32)>, NetlinkError> {
+        let routes = self.route_dump(v6).await?;
+        Ok(routes
+            .iter()
+            .filter(|r| r.header.table == 254 && r.header.kind == RouteType::BlackHole)
+            .filter_map(|r| {
+                let dst = route_dst(r).unwrap_or(if v6 {
+                    IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+                } else {
+                    IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+                });
+                let metric = r
+                    .attributes
+                    .iter()
+                    .find_map(|a| match a {
+                        RouteAttribute::Priority(p) => Some(*p),
+                        _ => None,
+                    })
+                    .unwrap_or(0);
+                Some((
+                    IpNet::new(dst, r.header.destination_prefix_length).ok()?,
+                    metric,
+                ))
+            })
+            .collect())
+    }
+
+    async fn blackhole_add(&self, dst: IpNet, metric: u32) -> Result<(), NetlinkError> {
+        self.route_request(
+            blackhole_message(dst, metric),
+            Some(NLM_F_CREATE | NLM_F_EXCL),
+            format!("ip route add blackhole {dst} metric {metric}"),
+        )
+        .await
+    }
+
+    async fn blackhole_del(&self, dst: IpNet, metric: u32) -> Result<(), NetlinkError> {
+        self.route_request(
+            blackhole_message(dst, metric),
+            None,
+            format!("ip route del blackhole {dst} metric {metric}"),
+        )
+        .await
+    }
+
     async fn neigh_replace(&self, n: &Neigh) -> Result<(), NetlinkError> {
         let op = format!(
             "ip neigh replace {} lladdr {} dev #{} nud permanent",
@@ -446,6 +523,25 @@ impl Client for Netlink {
         let path = format!("/proc/sys/{key}");
         std::fs::write(&path, value).map_err(|source| NetlinkError::Sysctl { path, source })
     }
+}
+
+/// A main-table blackhole route to `dst` at `metric` (`proto boot`, as
+/// flannel's netlink library sends it).
+fn blackhole_message(dst: IpNet, metric: u32) -> RouteMessage {
+    let mut m = match dst {
+        IpNet::V4(d) => RouteMessageBuilder::<std::net::Ipv4Addr>::new()
+            .destination_prefix(d.network(), d.prefix_len())
+            .priority(metric)
+            .build(),
+        IpNet::V6(d) => RouteMessageBuilder::<std::net::Ipv6Addr>::new()
+            .destination_prefix(d.network(), d.prefix_len())
+            .priority(metric)
+            .build(),
+    };
+    m.header.kind = RouteType::BlackHole;
+    m.header.scope = RouteScope::Universe;
+    m.header.protocol = RouteProtocol::Boot;
+    m
 }
 
 pub(super) fn mac_str(m: &[u8; 6]) -> String {

@@ -308,7 +308,9 @@ fn ipip_spoofed_and_malformed_packets_are_dropped_and_counted() {
         "192.0.2.1",
         &pod,
         &[
-            ("192.0.2.77", &good_src, "valid"),
+            // No peer's address, no peer's subnet (a source in node 2's
+            // subnet would pass --anti-spoofing=subnet, the default).
+            ("192.0.2.77", &foreign_src, "valid"),
             ("192.0.2.2", &foreign_src, "valid"),
             ("192.0.2.2", &good_src, "truncated"),
             ("192.0.2.2", &good_src, "inner6"),

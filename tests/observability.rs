@@ -416,11 +416,14 @@ fn userspace_counters_drops_status_and_metrics() {
     let before = status(&c, 0);
     const K: u64 = 10;
     let k = usize::try_from(K).expect("k");
+    // From an address that is no peer, with an inner source in no peer's
+    // subnet (one in node 2's would be delivered by --anti-spoofing=subnet,
+    // the default).
     send(
         &ns1,
         "192.0.2.77",
         to,
-        &vxlan_datagram(1, mac0, legit_src, pod_a),
+        &vxlan_datagram(1, mac0, ipv4("10.244.251.7"), pod_a),
         k,
     );
     send(

@@ -207,16 +207,22 @@ fn send_flannel_udp(
     });
 }
 
-/// flannel-UDP on weft's engine: a packet from a real peer with an inner
-/// source in its subnet is delivered (the control); one with an inner source
-/// outside it, or from an address that is no peer, is not.
+/// flannel-UDP on weft's engine with `--anti-spoofing=strict`: a packet
+/// from a real peer with an inner source in its subnet is delivered (the
+/// control); one with an inner source outside it, or from an address that
+/// is no peer, is not. (The default, `subnet`, would deliver the last one:
+/// its inner source is in node 1's subnet; tests/flags.rs covers that.)
 #[test]
 fn spoofed_and_unknown_peer_packets_are_dropped() {
     require_root!();
     let (_w, mut c) = wrapped_cluster(
         "ss",
         "udp",
-        &["--engine-workers=1", "--traffic-manager=none"],
+        &[
+            "--engine-workers=1",
+            "--traffic-manager=none",
+            "--anti-spoofing=strict",
+        ],
         false,
     );
     c.add_pod(0, "a").expect("pod a");

@@ -22,13 +22,14 @@ use std::io::Write;
 use std::path::Path;
 
 use serde_json::{Map, Value};
+use weft_compat::subnet_env::plugin as subnet_env;
 
 use crate::command::Request;
 use crate::config::Mode;
 use crate::error::Error;
 use crate::exec::{self, ExecError};
 use crate::store::Store;
-use crate::{delegate, log, routed, subnet_env, version};
+use crate::{delegate, log, routed, version};
 
 /// Runs ADD; the result goes to `out`.
 pub fn add(req: &Request, out: &mut dyn Write) -> Result<(), Error> {

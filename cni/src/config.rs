@@ -13,7 +13,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::gocompat::{self, json_kind};
+use weft_compat::gojson::{self, kind as json_kind};
 
 /// Default `subnetFile`.
 pub const DEFAULT_SUBNET_FILE: &str = "/run/flannel/subnet.env";
@@ -165,7 +165,7 @@ impl NetConf {
     pub fn gc_attachments(&self) -> Result<Vec<Attachment>, ConfigError> {
         let mut out = Vec::new();
         for key in [VALID_ATTACHMENTS, ATTACHMENTS] {
-            let Some(list) = gocompat::lookup_fold(&self.raw, key) else {
+            let Some(list) = gojson::lookup_fold(&self.raw, key) else {
                 continue;
             };
             let bad = |reason: String| ConfigError::Attachments { key, reason };
@@ -186,7 +186,7 @@ impl NetConf {
                         json_kind(item)
                     )));
                 };
-                let get = |field: &str| match gocompat::lookup_fold(obj, field) {
+                let get = |field: &str| match gojson::lookup_fold(obj, field) {
                     None | Some(Value::Null) => Ok(String::new()),
                     Some(Value::String(s)) => Ok(s.clone()),
                     Some(other) => Err(bad(format!(
@@ -233,7 +233,7 @@ fn map_field(
     raw: &Map<String, Value>,
     field: &'static str,
 ) -> Result<Option<Map<String, Value>>, ConfigError> {
-    match gocompat::lookup_fold(raw, field) {
+    match gojson::lookup_fold(raw, field) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Object(m)) => Ok(Some(m.clone())),
         Some(other) => Err(ConfigError::FieldType {

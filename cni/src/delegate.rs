@@ -20,10 +20,11 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use serde_json::{Map, Value, json};
+use weft_compat::gojson::{self, kind as json_kind};
+use weft_compat::gonet::{self, CidrError};
+use weft_compat::subnet_env::plugin::SubnetEnv;
 
 use crate::config::NetConf;
-use crate::gocompat::{self, CidrError, json_kind};
-use crate::subnet_env::SubnetEnv;
 
 /// Why the delegate configuration could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -94,15 +95,15 @@ impl Route {
                 json_kind(v)
             ));
         };
-        let dst = match gocompat::lookup_fold(obj, "dst") {
+        let dst = match gojson::lookup_fold(obj, "dst") {
             Some(Value::String(s)) => {
-                let (ip, net) = gocompat::parse_cidr(s).map_err(|e: CidrError| e.to_string())?;
+                let (ip, net) = gonet::parse_cidr(s).map_err(|e: CidrError| e.to_string())?;
                 IpNet::new(ip, net.prefix_len()).map_err(|e| e.to_string())?
             }
             None | Some(Value::Null) => return Err("route has no dst".to_string()),
             Some(other) => return Err(field_type(other, "dst", "string")),
         };
-        let gw = match gocompat::lookup_fold(obj, "gw") {
+        let gw = match gojson::lookup_fold(obj, "gw") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if s.is_empty() => None,
             Some(Value::String(s)) => Some(
@@ -112,7 +113,7 @@ impl Route {
             Some(other) => return Err(field_type(other, "gw", "net.IP")),
         };
         let int = |field: &str| -> Result<Option<i64>, String> {
-            match gocompat::lookup_fold(obj, field) {
+            match gojson::lookup_fold(obj, field) {
                 None | Some(Value::Null) => Ok(None),
                 Some(Value::Number(n)) => n
                     .as_i64()
@@ -190,13 +191,13 @@ pub fn validate(conf: &NetConf) -> Result<(), DelegateError> {
 pub fn build(conf: &NetConf, env: &SubnetEnv) -> Result<Map<String, Value>, DelegateError> {
     validate(conf)?;
     let mut d: Map<String, Value> = match conf.delegate.clone() {
-        Some(m) => into_map(gocompat::sorted(Value::Object(m))),
+        Some(m) => into_map(gojson::sorted(Value::Object(m))),
         None => Map::new(),
     };
     if let Some(rc) = &conf.runtime_config {
         d.insert(
             "runtimeConfig".into(),
-            gocompat::sorted(Value::Object(rc.clone())),
+            gojson::sorted(Value::Object(rc.clone())),
         );
     }
     d.insert("name".into(), Value::String(conf.name.clone()));
@@ -211,13 +212,13 @@ pub fn build(conf: &NetConf, env: &SubnetEnv) -> Result<Map<String, Value>, Dele
         d.insert("cniVersion".into(), Value::String(conf.cni_version.clone()));
     }
     d.insert("ipam".into(), Value::Object(ipam(conf, env)?));
-    Ok(gocompat::sort_top(d))
+    Ok(gojson::sort_top(d))
 }
 
 /// flannel's `getDelegateIPAM`.
 fn ipam(conf: &NetConf, env: &SubnetEnv) -> Result<Map<String, Value>, DelegateError> {
     let mut ipam: Map<String, Value> = match conf.ipam.clone() {
-        Some(m) => into_map(gocompat::sorted(Value::Object(m))),
+        Some(m) => into_map(gojson::sorted(Value::Object(m))),
         None => Map::new(),
     };
     ipam.entry("type")
@@ -261,12 +262,12 @@ fn ipam(conf: &NetConf, env: &SubnetEnv) -> Result<Map<String, Value>, DelegateE
         "routes".into(),
         Value::Array(routes.iter().map(Route::to_json).collect()),
     );
-    Ok(gocompat::sort_top(ipam))
+    Ok(gojson::sort_top(ipam))
 }
 
 /// Serializes a delegate configuration as flannel saves and sends it.
 pub fn to_bytes(d: &Map<String, Value>) -> Vec<u8> {
-    gocompat::marshal(&Value::Object(d.clone()))
+    gojson::marshal(&Value::Object(d.clone()))
 }
 
 /// A saved delegate config, decoded enough to replay it: the object and its
@@ -277,7 +278,7 @@ pub fn parse_saved(bytes: &[u8]) -> Result<(Map<String, Value>, String), String>
     let Value::Object(map) = value else {
         return Err(format!("expected an object, found {}", json_kind(&value)));
     };
-    match gocompat::lookup_fold(&map, "type") {
+    match gojson::lookup_fold(&map, "type") {
         Some(Value::String(t)) if !t.is_empty() => {
             let t = t.clone();
             Ok((map, t))

@@ -32,13 +32,14 @@ use std::io;
 
 use serde::Serialize;
 use serde_json::Value;
+use weft_compat::ipam::ErrorKind;
+use weft_compat::subnet_env::plugin::SubnetEnvError;
 
 use crate::config::ConfigError;
 use crate::delegate::DelegateError;
 use crate::exec::ExecError;
 use crate::routed::{ClientError, RoutedError};
 use crate::store::StoreError;
-use crate::subnet_env::SubnetEnvError;
 use crate::version::VersionError;
 
 /// Plugin-specific code: CHECK found no usable saved delegate config.
@@ -230,10 +231,10 @@ fn routed_code(e: &RoutedError) -> u32 {
     match e {
         RoutedError::Ipam(ClientError::Unreachable { .. }) => 11,
         RoutedError::Ipam(ClientError::Protocol { .. }) => CODE_INTERNAL,
-        RoutedError::Ipam(ClientError::Refused { kind, .. }) => match kind.as_str() {
-            "exhausted" => CODE_NO_ADDRESS,
-            "invalid" => 7,
-            _ => 11,
+        RoutedError::Ipam(ClientError::Refused { kind, .. }) => match kind {
+            ErrorKind::Exhausted => CODE_NO_ADDRESS,
+            ErrorKind::Invalid => 7,
+            ErrorKind::Unavailable | ErrorKind::Unknown => 11,
         },
         RoutedError::Netns { .. } | RoutedError::Netlink(_) | RoutedError::Sysctl { .. } => 5,
         RoutedError::Exists(_) => CODE_EXISTS,

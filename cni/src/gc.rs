@@ -17,12 +17,13 @@
 //! - Failures do not stop the sweep; all of them are reported together.
 
 use serde_json::{Value, json};
+use weft_compat::subnet_env::plugin as subnet_env;
 
 use crate::command::{self, Request};
 use crate::config::{ATTACHMENTS, Attachment, Mode, VALID_ATTACHMENTS};
 use crate::error::Error;
 use crate::store::Store;
-use crate::{delegate, exec, log, routed, subnet_env, version};
+use crate::{delegate, exec, log, routed, version};
 
 /// Runs GC.
 pub fn gc(req: &Request) -> Result<(), Error> {

@@ -25,14 +25,18 @@ pub mod delegate;
 pub mod error;
 mod exec;
 mod gc;
-pub mod gocompat;
 pub mod routed;
 mod status;
 mod store;
-pub mod subnet_env;
 pub mod version;
 
 use std::io::{self, Write};
+
+/// The flannel and Go contracts the plugin shares with weftd
+/// (`weft-compat`: Go's CIDR and JSON rules, the `subnet.env` reader in
+/// [`compat::subnet_env::plugin`], the IPAM wire types), re-exported so that
+/// users of this crate's API (fuzz targets, tests) name the same types.
+pub use weft_compat as compat;
 
 pub use crate::command::Command;
 pub use crate::error::Error;

@@ -11,11 +11,12 @@
 //!   (50/51) is passed through. Pre-1.1 delegates have no STATUS.
 
 use serde_json::Value;
+use weft_compat::subnet_env::plugin as subnet_env;
 
 use crate::command::Request;
 use crate::config::Mode;
 use crate::error::Error;
-use crate::{delegate, exec, routed, subnet_env, version};
+use crate::{delegate, exec, routed, version};
 
 /// Runs STATUS.
 pub fn status(req: &Request) -> Result<(), Error> {

@@ -20,7 +20,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::gocompat;
+use weft_compat::goio::io_error_text;
 
 const LOCK_FILE: &str = ".weft.lock";
 const IFNAME_DIR: &str = ".weft-ifnames";
@@ -29,7 +29,7 @@ pub const DEFAULT_IFNAME: &str = "eth0";
 
 /// A filesystem operation on the data dir failed.
 #[derive(Debug, thiserror::Error)]
-#[error("{op} {}: {}", .path.display(), gocompat::io_error_text(.source))]
+#[error("{op} {}: {}", .path.display(), io_error_text(.source))]
 pub struct StoreError {
     /// The operation (`open`, `write`, `rename`, ...).
     pub op: &'static str,

@@ -13,7 +13,6 @@ pub mod backend;
 pub mod config;
 pub mod daemon;
 pub mod demo;
-pub mod gojson;
 pub mod iface;
 pub mod ipam;
 pub mod kube;
@@ -24,5 +23,11 @@ pub mod netlink;
 pub mod status;
 pub mod store;
 pub mod subnet;
-pub mod subnet_env;
 pub mod traffic;
+
+/// The flannel and Go contracts this crate shares with the CNI plugin
+/// (`weft-compat`), re-exported so that users of this crate's API (tests,
+/// fuzz targets) name the same types.
+pub use weft_compat as compat;
+/// Go-rules JSON decoding, at its former path (`crate::gojson`).
+pub use weft_compat::gojson;

@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 
 use serde_json::Value;
+use weft_cni::compat::subnet_env::plugin as subnet_env;
 use weft_cni::config::NetConf;
-use weft_cni::{Command, delegate, subnet_env, version};
+use weft_cni::{Command, delegate, version};
 
 /// A subnet.env as weftd writes it for a dual-stack node.
 const SUBNET_ENV: &str = "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.1.1/24\n\

@@ -10,12 +10,12 @@ use serde_json::Value;
 
 use weft_control::backend::vici;
 use weft_control::backend::vxlan::{backend_data, fmt_mac, parse_backend_data};
+use weft_control::compat::subnet_env::SubnetEnv;
 use weft_control::config::{BackendOptions, parse_config};
 use weft_control::kube::Annotations;
 use weft_control::kube::node;
 use weft_control::lease::{LeaseAttrs, SubnetKey};
 use weft_control::store::embedded::file;
-use weft_control::subnet_env::SubnetEnv;
 
 /// net-conf.json / the etcd config value, then what weftd derives from it:
 /// the backend's options and MTU, and (etcd and embedded modes)

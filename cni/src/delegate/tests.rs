@@ -1,5 +1,6 @@
+use weft_compat::subnet_env::plugin as subnet_env;
+
 use super::*;
-use crate::subnet_env;
 
 fn env(text: &str) -> SubnetEnv {
     subnet_env::parse("subnet.env", text.as_bytes()).expect("test subnet.env")

@@ -1,8 +1,8 @@
 use serde_json::json;
+use weft_compat::subnet_env::plugin as subnet_env;
 
 use super::*;
 use crate::exec::PluginError;
-use crate::subnet_env;
 
 fn code(e: Error) -> u32 {
     e.to_cni(None).code

@@ -1,5 +1,6 @@
-//! The client side of weftd's IPAM API (control `ipam::proto`): one JSON
-//! line out, one JSON line back, over the daemon's unix socket.
+//! The client side of weftd's IPAM API ([`weft_compat::ipam`], the wire
+//! types the daemon uses too): one JSON line out, one JSON line back, over
+//! the daemon's unix socket.
 //!
 //! Contract: every call has a timeout ([`TIMEOUT`]); a daemon that cannot be
 //! reached is [`ClientError::Unreachable`] (the runtime should retry), a
@@ -7,52 +8,14 @@
 //! error reply keeps its kind and message.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
-use serde_json::json;
+use weft_compat::ipam::{Allocation, ErrorKind, MAX_REPLY, Request, Response};
 
 /// Longest wait for connect + reply.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
-/// Largest reply accepted (a `list` of a /16 fits easily).
-const MAX_REPLY: u64 = 16 * 1024 * 1024;
-
-/// The addresses of one attachment.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct Allocation {
-    /// `CNI_CONTAINERID`.
-    #[serde(rename = "containerID")]
-    pub container_id: String,
-    /// `CNI_IFNAME`.
-    pub ifname: String,
-    /// The IPv4 address.
-    #[serde(default)]
-    pub ipv4: Option<Ipv4Addr>,
-    /// The IPv6 address.
-    #[serde(default)]
-    pub ipv6: Option<Ipv6Addr>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ErrorReply {
-    kind: String,
-    message: String,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Reply {
-    ok: bool,
-    #[serde(default)]
-    error: Option<ErrorReply>,
-    #[serde(default)]
-    allocation: Option<Allocation>,
-    #[serde(default)]
-    allocations: Option<Vec<Allocation>>,
-}
 
 /// A failed API call.
 #[derive(Debug, thiserror::Error)]
@@ -77,8 +40,8 @@ pub enum ClientError {
     /// The daemon refused the request.
     #[error("weftd ipam: {message}")]
     Refused {
-        /// `invalid`, `exhausted` or `unavailable`.
-        kind: String,
+        /// Why.
+        kind: ErrorKind,
         /// The daemon's message.
         message: String,
     },
@@ -102,8 +65,10 @@ impl Client {
 
     /// Allocates (or returns) the addresses of `(container_id, ifname)`.
     pub fn allocate(&self, container_id: &str, ifname: &str) -> Result<Allocation, ClientError> {
-        let r =
-            self.call(&json!({"op": "allocate", "containerID": container_id, "ifname": ifname}))?;
+        let r = self.call(&Request::Allocate {
+            container_id: container_id.to_string(),
+            ifname: ifname.to_string(),
+        })?;
         r.allocation
             .ok_or_else(|| self.protocol("allocate reply has no allocation"))
     }
@@ -114,21 +79,23 @@ impl Client {
         container_id: &str,
         ifname: &str,
     ) -> Result<Option<Allocation>, ClientError> {
-        Ok(self
-            .call(&json!({"op": "release", "containerID": container_id, "ifname": ifname}))?
-            .allocation)
+        let r = self.call(&Request::Release {
+            container_id: container_id.to_string(),
+            ifname: ifname.to_string(),
+        })?;
+        Ok(r.allocation)
     }
 
     /// Every allocation.
     pub fn list(&self) -> Result<Vec<Allocation>, ClientError> {
-        let r = self.call(&json!({"op": "list"}))?;
+        let r = self.call(&Request::List {})?;
         r.allocations
             .ok_or_else(|| self.protocol("list reply has no allocations"))
     }
 
     /// Whether the API can serve.
     pub fn status(&self) -> Result<(), ClientError> {
-        self.call(&json!({"op": "status"})).map(|_| ())
+        self.call(&Request::Status {}).map(|_| ())
     }
 
     fn protocol(&self, reason: impl Into<String>) -> ClientError {
@@ -138,7 +105,7 @@ impl Client {
         }
     }
 
-    fn call(&self, req: &serde_json::Value) -> Result<Reply, ClientError> {
+    fn call(&self, req: &Request) -> Result<Response, ClientError> {
         let unreachable = |source| ClientError::Unreachable {
             socket: self.socket.clone(),
             source,
@@ -150,9 +117,7 @@ impl Client {
         stream
             .set_write_timeout(Some(TIMEOUT))
             .map_err(unreachable)?;
-        let mut line = req.to_string().into_bytes();
-        line.push(b'\n');
-        stream.write_all(&line).map_err(unreachable)?;
+        stream.write_all(&req.to_line()).map_err(unreachable)?;
         let mut reply = Vec::new();
         BufReader::new(stream.take(MAX_REPLY))
             .read_until(b'\n', &mut reply)
@@ -160,7 +125,7 @@ impl Client {
         if reply.last() != Some(&b'\n') {
             return Err(self.protocol("connection closed before a complete reply"));
         }
-        let r: Reply = serde_json::from_slice(&reply).map_err(|e| self.protocol(e.to_string()))?;
+        let r = Response::parse(&reply).map_err(|e| self.protocol(e.to_string()))?;
         if r.ok {
             return Ok(r);
         }

@@ -31,14 +31,16 @@ mod result;
 use std::fs::File;
 use std::io::Write;
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use weft_compat::ipam::{self, Allocation};
+use weft_compat::subnet_env::plugin::{self as subnet_env, SubnetEnv};
 
 pub use client::ClientError;
 pub use nl::NlError;
 
 use crate::command::Request;
 use crate::error::Error;
-use crate::subnet_env::{self, SubnetEnv};
 use client::Client;
 
 /// Why a routed-mode verb failed.
@@ -84,20 +86,10 @@ fn socket(req: &Request) -> PathBuf {
     if let Some(s) = &req.conf.ipam_socket {
         return PathBuf::from(s);
     }
-    let subnet_file = PathBuf::from(&req.conf.subnet_file);
-    let stem = subnet_file
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let name = if stem.is_empty() || stem == "subnet" {
-        "weft.sock".to_string()
-    } else {
-        format!("{stem}.weft.sock")
-    };
-    subnet_file.with_file_name(name)
+    ipam::default_socket(Path::new(&req.conf.subnet_file))
 }
 
-fn ips_of(a: &client::Allocation) -> Vec<IpAddr> {
+fn ips_of(a: &Allocation) -> Vec<IpAddr> {
     a.ipv4
         .map(IpAddr::V4)
         .into_iter()

@@ -16,12 +16,12 @@ use std::net::IpAddr;
 
 use async_trait::async_trait;
 use ipnet::IpNet;
+use weft_compat::gojson;
 use weft_engine::{Encap, EngineConfig};
 
 use super::tunnel::Tunnel;
 use super::{Backend, BackendError, EngineTuning};
 use crate::config::backend::VxlanOptions;
-use crate::gojson;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};

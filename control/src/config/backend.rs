@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::value::RawValue;
 
-use super::decode::{Field, FieldTypeError, JsonDoc, for_each_member, parse_doc};
+use weft_compat::gojson::{Field, FieldTypeError, JsonDoc, for_each_member, parse_doc};
 
 /// Errors from selecting a backend and decoding its options.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

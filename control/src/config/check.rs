@@ -7,8 +7,9 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::{Ipv4Net, Ipv6Net};
+use weft_compat::gonet::go_ip6_string;
 
-use super::{Config, ConfigError, go_ip6_string};
+use super::{Config, ConfigError};
 
 /// The enabled address families (flannel `ipmatch.GetIPFamily`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,19 +24,18 @@
 
 pub mod backend;
 mod check;
-pub(crate) mod decode;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde_json::value::RawValue;
+use weft_compat::gojson::{
+    Field, FieldTypeError, JsonDoc, for_each_member, parse_doc, unmarshaler_text,
+};
+use weft_compat::gonet::{CidrError, parse_cidr, parse_ip};
 
 pub use backend::{BackendError, BackendKind, BackendOptions};
 pub use check::IpStack;
-pub use decode::{FieldTypeError, InvalidCidr, go_ip6_string};
-
-pub(crate) use decode::parse_cidr;
-use decode::{Field, JsonDoc, for_each_member, parse_doc, parse_ip, unmarshaler_text};
 
 /// Errors from [`parse_config`] and [`Config::check_network_config`]. The texts
 /// are flannel's (or Go's) own.
@@ -53,7 +52,7 @@ pub enum ConfigError {
     FieldType(#[from] FieldTypeError),
     /// `Network`/`IPv6Network` is not a CIDR (Go's `net.ParseCIDR` error).
     #[error(transparent)]
-    InvalidCidr(#[from] InvalidCidr),
+    InvalidCidr(#[from] CidrError),
     /// `Network` is an IPv6 CIDR.
     #[error("invalid IPv4 CIDR format")]
     NotIpv4Cidr,
@@ -212,18 +211,16 @@ fn decode_members(
             // Non-pointer fields with an UnmarshalJSON method: Go passes `null`
             // to the method, which fails to parse it.
             "network" => {
-                let (ip, len) = parse_cidr(unmarshaler_text(v))?;
-                let IpAddr::V4(ip) = ip else {
+                let IpNet::V4(net) = parse_cidr(unmarshaler_text(v))?.1 else {
                     return Err(ConfigError::NotIpv4Cidr);
                 };
-                cfg.network = Some(Ipv4Net::new_assert(ip, len).trunc());
+                cfg.network = Some(net);
             }
             "ipv6network" => {
-                let (ip, len) = parse_cidr(unmarshaler_text(v))?;
-                let IpAddr::V6(ip) = ip else {
+                let IpNet::V6(net) = parse_cidr(unmarshaler_text(v))?.1 else {
                     return Err(ConfigError::NotIpv6Cidr);
                 };
-                cfg.ipv6_network = Some(Ipv6Net::new_assert(ip, len).trunc());
+                cfg.ipv6_network = Some(net);
             }
             "subnetmin" => cfg.subnet_min = parse_ip4_field(v)?,
             "subnetmax" => cfg.subnet_max = parse_ip4_field(v)?,

@@ -22,10 +22,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
+use weft_compat::subnet_env::SubnetEnv;
 
 use crate::lease::Lease;
 use crate::netlink::{Client, NetlinkError};
-use crate::subnet_env::SubnetEnv;
 
 /// The metric of weftd's blackhole routes: after every other route.
 pub const METRIC: u32 = u32::MAX;

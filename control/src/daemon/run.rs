@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Context, bail};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
+use weft_compat::subnet_env::SubnetEnv;
 
 use super::blackhole;
 use super::flags::{AntiSpoofingMode, Dataplane, Flags, StoreKind, TrafficManagerKind};
@@ -19,7 +20,6 @@ use crate::netlink::{Client, Netlink};
 use crate::store::Registry;
 use crate::store::embedded::EmbeddedStore;
 use crate::subnet::{LocalManager, Previous, SubnetManager, renew_at};
-use crate::subnet_env::SubnetEnv;
 use crate::traffic;
 
 /// How often backends re-check kernel state.

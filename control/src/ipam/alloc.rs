@@ -24,43 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::{Ipv4Net, Ipv6Net};
-use serde::{Deserialize, Serialize};
-
-/// The key of one pod attachment.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Key {
-    /// `CNI_CONTAINERID`.
-    pub container_id: String,
-    /// `CNI_IFNAME`.
-    pub ifname: String,
-}
-
-/// The addresses held by one attachment.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Allocation {
-    /// `CNI_CONTAINERID`.
-    #[serde(rename = "containerID")]
-    pub container_id: String,
-    /// `CNI_IFNAME`.
-    pub ifname: String,
-    /// The IPv4 address, when the lease has an IPv4 subnet.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ipv4: Option<Ipv4Addr>,
-    /// The IPv6 address, when the lease has an IPv6 subnet.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ipv6: Option<Ipv6Addr>,
-}
-
-impl Allocation {
-    /// The allocation's key.
-    pub fn key(&self) -> Key {
-        Key {
-            container_id: self.container_id.clone(),
-            ifname: self.ifname.clone(),
-        }
-    }
-}
+use weft_compat::ipam::{Allocation, Key};
 
 /// Why an allocation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -4,7 +4,8 @@
 //!
 //! - [`alloc`]: the allocator (which addresses, idempotency, cursors);
 //! - [`state`]: the allocations on disk (atomic, fsynced, strict reading);
-//! - [`proto`]: the line-delimited JSON protocol;
+//! - the line-delimited JSON protocol: [`weft_compat::ipam`], shared with
+//!   the CNI plugin's client;
 //! - [`server`]: the socket and the single owner thread that serialises
 //!   allocation (no file lock around a CNI ADD is needed).
 //!
@@ -17,11 +18,13 @@
 //! weftd restarts, and goes away on reboot together with every pod.
 
 pub mod alloc;
-pub mod proto;
 pub mod server;
 pub mod state;
 
 use std::path::{Path, PathBuf};
+
+use weft_compat::ipam::default_socket;
+use weft_compat::subnet_env::beside;
 
 pub use server::IpamServer;
 
@@ -42,29 +45,12 @@ pub fn paths(subnet_file: &Path, socket: Option<&Path>, state: Option<&Path>) ->
     if socket.is_some_and(|s| s.as_os_str().is_empty()) {
         return None;
     }
-    let beside = |name: &str| beside(subnet_file, name);
     Some(Paths {
-        socket: socket.map_or_else(|| beside("weft.sock"), Path::to_path_buf),
+        socket: socket.map_or_else(|| default_socket(subnet_file), Path::to_path_buf),
         state: state
             .filter(|s| !s.as_os_str().is_empty())
-            .map_or_else(|| beside("weft-ipam.json"), Path::to_path_buf),
+            .map_or_else(|| beside(subnet_file, "weft-ipam.json"), Path::to_path_buf),
     })
-}
-
-/// The file `name` next to `subnet_file`, prefixed with the subnet file's
-/// stem unless that is `subnet` (see the module docs); other weftd sockets
-/// (the status socket) follow the same rule.
-pub fn beside(subnet_file: &Path, name: &str) -> PathBuf {
-    let stem = subnet_file
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let file = if stem.is_empty() || stem == "subnet" {
-        name.to_string()
-    } else {
-        format!("{stem}.{name}")
-    };
-    subnet_file.with_file_name(file)
 }
 
 /// Starts the API for the node's lease (weftd's start-up hook); failures are

@@ -1,4 +1,4 @@
-//! The IPAM API server: a unix stream socket speaking [`super::proto`], and
+//! The IPAM API server: a unix stream socket speaking [`weft_compat::ipam`], and
 //! one owner thread that holds the allocator and the state file.
 //!
 //! Contract:
@@ -24,9 +24,9 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
+use weft_compat::ipam::{ErrorKind, MAX_REQUEST, Request, Response};
 
 use super::alloc::{AllocError, Allocator};
-use super::proto::{ErrorKind, MAX_REQUEST, Request, Response};
 use super::state::StateFile;
 
 /// How long a connection may stay silent before it is closed.

@@ -31,8 +31,9 @@ use std::path::{Path, PathBuf};
 
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
+use weft_compat::ipam::Allocation;
 
-use super::alloc::{Allocation, Allocator};
+use super::alloc::Allocator;
 
 /// The only format version.
 const VERSION: u32 = 1;
@@ -206,7 +207,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ipam::alloc::Key;
+    use weft_compat::ipam::Key;
 
     fn key(id: &str) -> Key {
         Key {

@@ -5,8 +5,8 @@ use std::path::Path;
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
+use weft_compat::ipam::{self as proto, ErrorKind, Response};
 
-use super::proto::{ErrorKind, Response};
 use super::*;
 
 async fn call(socket: &Path, line: &str) -> Response {

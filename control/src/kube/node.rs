@@ -10,9 +10,10 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
+use weft_compat::gonet::{self, go_ip6_string};
 
 use super::{Annotations, KubeError};
-use crate::config::{Config, go_ip6_string};
+use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
 
 /// A node's pod networks, one per family at most.
@@ -78,11 +79,9 @@ pub fn pod_cidrs(node: &Node) -> Result<PodCidrs, KubeError> {
 
 /// Go's `net.ParseCIDR` (network part) with its error text.
 fn parse_cidr(s: &str) -> Result<IpNet, KubeError> {
-    let n: IpNet = s
-        .parse()
-        .map_err(|_| KubeError::Node(format!("invalid CIDR address: {s}")))?;
-    // Go returns IPv4-mapped IPv6 CIDRs as IPv4; ipnet rejects them at parse.
-    Ok(n.trunc())
+    gonet::parse_cidr(s)
+        .map(|(_, net)| net)
+        .map_err(|e| KubeError::Node(e.to_string()))
 }
 
 /// A peer node as a lease (`nodeToLease`): `None` when the node is not

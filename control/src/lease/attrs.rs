@@ -9,13 +9,12 @@
 //! when unset), `PublicIPv6` is written as `null` when unset, `BackendType`,
 //! `BackendData` and `BackendV6Data` are omitted when empty. Backend data is
 //! kept as compact raw JSON text so it round-trips byte for byte.
-//! Decoding follows Go's rules ([`crate::gojson`]).
+//! Decoding follows Go's rules ([`weft_compat::gojson`]).
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use serde_json::Value;
-
-use crate::gojson::{self, GoJsonError};
+use weft_compat::gojson::{self, GoJsonError};
 
 /// What a node publishes about itself in its lease.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -58,7 +58,7 @@ pub enum StatusError {
 
 /// The status socket path for `subnet_file`.
 pub fn socket_path(subnet_file: &Path) -> PathBuf {
-    crate::ipam::beside(subnet_file, SOCKET_NAME)
+    weft_compat::subnet_env::beside(subnet_file, SOCKET_NAME)
 }
 
 /// A running status socket; dropping it stops accepting and removes the socket.

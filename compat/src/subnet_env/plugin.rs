@@ -22,7 +22,8 @@ use std::io::{self, BufRead, BufReader, Read};
 
 use ipnet::IpNet;
 
-use crate::gocompat::{self, CidrError};
+use crate::goio::io_error_text;
+use crate::gonet::{self, CidrError};
 
 /// Go's `bufio.MaxScanTokenSize`: the longest line the scanner accepts.
 const MAX_LINE: u64 = 64 * 1024;
@@ -48,7 +49,7 @@ pub struct SubnetEnv {
 #[derive(Debug, thiserror::Error)]
 pub enum SubnetEnvError {
     /// The file could not be opened.
-    #[error("open {path}: {}", gocompat::io_error_text(.source))]
+    #[error("open {path}: {}", io_error_text(.source))]
     Open {
         /// The path as configured.
         path: String,
@@ -57,7 +58,7 @@ pub enum SubnetEnvError {
         source: io::Error,
     },
     /// The file could not be read.
-    #[error("read {path}: {}", gocompat::io_error_text(.source))]
+    #[error("read {path}: {}", io_error_text(.source))]
     Read {
         /// The path as configured.
         path: String,
@@ -179,8 +180,8 @@ impl Accumulator {
         match key {
             "FLANNEL_NETWORK" => self.networks = Some(network_list(value)?),
             "FLANNEL_IPV6_NETWORK" => self.ipv6_networks = Some(network_list(value)?),
-            "FLANNEL_SUBNET" => self.subnet = Some(gocompat::parse_cidr(value)?.1),
-            "FLANNEL_IPV6_SUBNET" => self.ipv6_subnet = Some(gocompat::parse_cidr(value)?.1),
+            "FLANNEL_SUBNET" => self.subnet = Some(gonet::parse_cidr(value)?.1),
+            "FLANNEL_IPV6_SUBNET" => self.ipv6_subnet = Some(gonet::parse_cidr(value)?.1),
             "FLANNEL_MTU" => self.mtu = Some(parse_mtu(value)?),
             _ => self.ipmasq = Some(value == "true"),
         }
@@ -224,7 +225,7 @@ impl Accumulator {
 fn network_list(value: &str) -> Result<Vec<IpNet>, CidrError> {
     let mut out: Vec<IpNet> = Vec::new();
     for item in value.split(',') {
-        let (_, net) = gocompat::parse_cidr(item)?;
+        let (_, net) = gonet::parse_cidr(item)?;
         if !out.contains(&net) {
             out.push(net);
         }

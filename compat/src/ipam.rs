@@ -1,5 +1,7 @@
-//! The IPAM API's wire format: one JSON object per line each way, one reply
-//! per request, in order, on a unix stream socket.
+//! The IPAM API's wire format, spoken by weftd (control `ipam::server`) and
+//! the CNI plugin's routed mode (cni `routed::client`): one JSON object per
+//! line each way, one reply per request, in order, on a unix stream socket
+//! ([`default_socket`] unless configured).
 //!
 //! Requests (`op` selects the operation; unknown keys are errors):
 //!
@@ -18,16 +20,70 @@
 //! IDs follow CNI's `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$` (at most 256 bytes) and
 //! interface names Linux's rules (1-15 bytes, no `/`, `:`, whitespace, not
 //! `.`/`..`). Parsing never panics. `allocate` and `release` are idempotent.
+//! A reply line is at most [`MAX_REPLY`] bytes. Replies may gain fields:
+//! clients ignore the keys (and error kinds) they do not know; the daemon
+//! refuses unknown request keys.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
 
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
-use super::alloc::{Allocation, Key};
-
 /// Longest request line accepted, in bytes (without the newline).
 pub const MAX_REQUEST: usize = 4096;
+/// Largest reply a client accepts (a `list` of a /16 fits easily).
+pub const MAX_REPLY: u64 = 16 * 1024 * 1024;
 /// Longest container ID accepted.
 const MAX_CONTAINER_ID: usize = 256;
+/// The socket's file name next to the subnet file ([`default_socket`]).
+pub const SOCKET_NAME: &str = "weft.sock";
+
+/// The socket both sides use unless told otherwise: `weft.sock` next to
+/// the subnet file, named after its stem ([`crate::subnet_env::beside`]):
+/// `/run/flannel/subnet.env` → `/run/flannel/weft.sock`.
+pub fn default_socket(subnet_file: &Path) -> PathBuf {
+    crate::subnet_env::beside(subnet_file, SOCKET_NAME)
+}
+
+/// The key of one pod attachment.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Key {
+    /// `CNI_CONTAINERID`.
+    pub container_id: String,
+    /// `CNI_IFNAME`.
+    pub ifname: String,
+}
+
+/// The addresses held by one attachment (in replies, and in weftd's state
+/// file, which is read strictly: unknown keys are refused).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Allocation {
+    /// `CNI_CONTAINERID`.
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    /// `CNI_IFNAME`.
+    pub ifname: String,
+    /// The IPv4 address, when the lease has an IPv4 subnet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv4: Option<Ipv4Addr>,
+    /// The IPv6 address, when the lease has an IPv6 subnet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<Ipv6Addr>,
+}
+
+// === impl Allocation ===
+
+impl Allocation {
+    /// The allocation's key.
+    pub fn key(&self) -> Key {
+        Key {
+            container_id: self.container_id.clone(),
+            ifname: self.ifname.clone(),
+        }
+    }
+}
 
 /// One request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,11 +122,13 @@ pub enum ErrorKind {
     Exhausted,
     /// The allocator cannot serve (corrupt state file, failed write).
     Unavailable,
+    /// A kind this client does not know (a newer daemon); never sent.
+    #[serde(other)]
+    Unknown,
 }
 
 /// The error part of a reply.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ErrorReply {
     /// The failure class.
     pub kind: ErrorKind,
@@ -80,7 +138,7 @@ pub struct ErrorReply {
 
 /// One reply.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Response {
     /// Whether the request succeeded.
     pub ok: bool,
@@ -131,11 +189,24 @@ impl Response {
         out.push(b'\n');
         out
     }
+
+    /// Parses one reply line (with or without its newline).
+    pub fn parse(line: &[u8]) -> Result<Response, serde_json::Error> {
+        serde_json::from_slice(line)
+    }
 }
 
 // === impl Request ===
 
 impl Request {
+    /// The request as one line, newline included.
+    pub fn to_line(&self) -> Vec<u8> {
+        // Plain strings: encoding cannot fail.
+        let mut out = serde_json::to_vec(self).unwrap_or_else(|_| b"{}".to_vec());
+        out.push(b'\n');
+        out
+    }
+
     /// Parses and validates one request line (without its newline).
     pub fn parse(line: &[u8]) -> Result<Request, String> {
         if line.len() > MAX_REQUEST {
@@ -205,6 +276,47 @@ fn validate_ifname(name: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requests_are_the_lines_the_daemon_parses() {
+        let a = Request::Allocate {
+            container_id: "abc".into(),
+            ifname: "eth0".into(),
+        };
+        assert_eq!(
+            a.to_line(),
+            b"{\"op\":\"allocate\",\"containerID\":\"abc\",\"ifname\":\"eth0\"}\n"
+        );
+        assert_eq!(Request::List {}.to_line(), b"{\"op\":\"list\"}\n");
+        assert_eq!(Request::Status {}.to_line(), b"{\"op\":\"status\"}\n");
+        for r in [a, Request::List {}] {
+            let line = r.to_line();
+            assert_eq!(Request::parse(&line[..line.len() - 1]), Ok(r));
+        }
+    }
+
+    #[test]
+    fn clients_ignore_what_they_do_not_know() {
+        let r = Response::parse(
+            br#"{"ok":false,"error":{"kind":"throttled","message":"m","hint":1},"x":2}"#,
+        )
+        .expect("newer reply");
+        assert_eq!(r.error.map(|e| e.kind), Some(ErrorKind::Unknown));
+        let r = Response::parse(br#"{"ok":true,"subnet":"10.244.1.0/24"}"#).expect("status");
+        assert_eq!(r.subnet, Some("10.244.1.0/24".parse().expect("net")));
+    }
+
+    #[test]
+    fn default_socket_follows_the_subnet_file() {
+        assert_eq!(
+            default_socket(Path::new("/run/flannel/subnet.env")),
+            Path::new("/run/flannel/weft.sock")
+        );
+        assert_eq!(
+            default_socket(Path::new("/tmp/x/n1.env")),
+            Path::new("/tmp/x/n1.weft.sock")
+        );
+    }
 
     #[test]
     fn parses_every_op() {
@@ -297,7 +409,7 @@ mod tests {
             std::str::from_utf8(&line).expect("utf8"),
             "{\"ok\":true,\"allocation\":{\"containerID\":\"a\",\"ifname\":\"eth0\",\"ipv4\":\"10.244.1.2\"}}\n"
         );
-        let back: Response = serde_json::from_slice(&line).expect("parse");
+        let back = Response::parse(&line).expect("parse");
         assert_eq!(back, r);
         let e = Response::error(
             ErrorKind::Exhausted,

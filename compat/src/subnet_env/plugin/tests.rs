@@ -131,3 +131,27 @@ fn garbage_never_panics() {
         let _ = p(text);
     }
 }
+
+#[test]
+fn reads_what_weftd_writes() {
+    let written = crate::subnet_env::SubnetEnv {
+        network: Some("10.244.0.0/16".parse().expect("net")),
+        subnet: Some("10.244.1.0/24".parse().expect("net")),
+        ipv6_network: Some("fc00::/48".parse().expect("net")),
+        ipv6_subnet: Some("fc00:0:0:1::/64".parse().expect("net")),
+        mtu: 1450,
+        ipmasq: true,
+    };
+    let text = written.render().expect("complete");
+    assert_eq!(
+        p(&text).expect("the plugin reads weftd's file"),
+        SubnetEnv {
+            networks: vec![net("10.244.0.0/16")],
+            subnet: Some(net("10.244.1.0/24")),
+            ipv6_networks: vec![net("fc00::/48")],
+            ipv6_subnet: Some(net("fc00:0:0:1::/64")),
+            mtu: 1450,
+            ipmasq: true,
+        }
+    );
+}

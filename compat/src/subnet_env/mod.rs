@@ -2,6 +2,10 @@
 //! it) about the node's network (flannel pkg/subnet/subnet.go `WriteSubnetFile`,
 //! main.go `ReadCIDRsFromSubnetFile`; spec §7).
 //!
+//! flannel reads the file in two ways, and so does weft: flanneld at
+//! start-up (this module's [`SubnetEnv::parse`], forgiving) and the CNI
+//! plugin on every call ([`plugin`], strict, with Go's error texts).
+//!
 //! Writing is exactly flannel's: the directory is created with mode 0755, the
 //! file is written to a temporary file in the same directory, fsynced, renamed
 //! over the target (readers see the old or the new file, never a torn one) and
@@ -26,17 +30,24 @@
 //! CIDR of the right family must remain, otherwise the field is `None`. CIDRs are
 //! masked, so `FLANNEL_SUBNET=10.244.1.1/24` reads back as the lease subnet
 //! `10.244.1.0/24`. Reading never fails on content, only on I/O.
+//!
+//! Files next to it ([`beside`]): weftd's sockets and the IPAM state live in
+//! the subnet file's directory, named after its stem.
+
+pub mod plugin;
 
 use std::collections::HashMap;
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use crate::config::go_ip6_string;
+use crate::gonet::{self, go_ip6_string};
 
 /// Errors writing or reading subnet.env.
 #[derive(Debug, thiserror::Error)]
@@ -159,8 +170,8 @@ pub fn lease_ipv6_subnet_from_env(value: &str) -> Option<Ipv6Net> {
 /// valid IPv4 CIDR must remain.
 fn single_ipv4_cidr(value: &str) -> Option<Ipv4Net> {
     let mut found = value.split(',').filter_map(|item| match parse_cidr(item)? {
-        (IpAddr::V4(ip), len) => Ipv4Net::new(ip, len).ok().map(|n| n.trunc()),
-        _ => None,
+        IpNet::V4(net) => Some(net),
+        IpNet::V6(_) => None,
     });
     let first = found.next()?;
     found.next().is_none().then_some(first)
@@ -169,16 +180,33 @@ fn single_ipv4_cidr(value: &str) -> Option<Ipv4Net> {
 /// Like [`single_ipv4_cidr`] for IPv6.
 fn single_ipv6_cidr(value: &str) -> Option<Ipv6Net> {
     let mut found = value.split(',').filter_map(|item| match parse_cidr(item)? {
-        (IpAddr::V6(ip), len) => Ipv6Net::new(ip, len).ok().map(|n| n.trunc()),
-        _ => None,
+        IpNet::V6(net) => Some(net),
+        IpNet::V4(_) => None,
     });
     let first = found.next()?;
     found.next().is_none().then_some(first)
 }
 
-/// Go's `net.ParseCIDR`, `None` on error.
-fn parse_cidr(s: &str) -> Option<(IpAddr, u8)> {
-    crate::config::parse_cidr(s).ok()
+/// Go's `net.ParseCIDR` (the network part), `None` on error.
+fn parse_cidr(s: &str) -> Option<IpNet> {
+    gonet::parse_cidr(s).ok().map(|(_, net)| net)
+}
+
+/// The file `name` next to `subnet_file`, prefixed with the subnet file's
+/// stem unless that is `subnet`: `/run/flannel/subnet.env` → `/run/flannel/<name>`,
+/// `/tmp/x/n1.env` → `/tmp/x/n1.<name>`, so that daemons sharing a
+/// directory do not collide.
+pub fn beside(subnet_file: &Path, name: &str) -> PathBuf {
+    let stem = subnet_file
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let file = if stem.is_empty() || stem == "subnet" {
+        name.to_string()
+    } else {
+        format!("{stem}.{name}")
+    };
+    subnet_file.with_file_name(file)
 }
 
 /// A godotenv-style reader: `KEY=VALUE` or `KEY: VALUE`, optional `export `,
@@ -234,6 +262,16 @@ fn parse_value(raw: &str) -> Option<String> {
     Some(value.trim_end().to_string())
 }
 
+/// A suffix that no other write of this process uses, and that a leftover
+/// file of an earlier process with the same pid is unlikely to have.
+fn tmp_suffix() -> u64 {
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    (u64::from(SEQ.fetch_add(1, Ordering::Relaxed)) << 32) | u64::from(nanos)
+}
+
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> SubnetEnvError + use<> {
     let path = path.to_path_buf();
     move |source| SubnetEnvError::Io { op, path, source }
@@ -257,7 +295,7 @@ fn write_atomic(path: &Path, content: &[u8], mode: u32) -> Result<(), SubnetEnvE
     let tmp = dir.join(format!(
         ".{name}.tmp{}.{}",
         std::process::id(),
-        rand::random::<u32>()
+        tmp_suffix()
     ));
     let result = (|| {
         let mut f = OpenOptions::new()
@@ -285,5 +323,4 @@ fn write_atomic(path: &Path, content: &[u8], mode: u32) -> Result<(), SubnetEnvE
 }
 
 #[cfg(test)]
-#[path = "subnet_env_tests.rs"]
 mod tests;

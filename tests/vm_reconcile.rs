@@ -18,12 +18,19 @@ use weft_tests::vm::{Kit, LabSpec, Node, Output, Pod};
 /// One reconcile period plus slack for TCG.
 const WITHIN: Duration = Duration::from_secs(15);
 
-fn two_nodes(kit: &Kit, tag: &str, backend: &str, args: &[&str]) -> (common::Cluster, Vec<Pod>) {
+fn two_nodes(
+    kit: &Kit,
+    tag: &str,
+    name: &str,
+    backend: &str,
+    args: &[&str],
+) -> (common::Cluster, Vec<Pod>) {
     let conf = format!(r#"{{"Network":"10.244.0.0/16","Backend":{backend}}}"#);
     let c = common::cluster(kit, &LabSpec::new(tag, 2), &conf, args, &[]);
     let pods = c.pods();
     let first = c.first_packet(&pods[0], &pods[1]);
-    c.report(&format!("{backend} {args:?} (2 nodes)"), first);
+    common::df_ping(&pods[0], &pods[1].ip.to_string(), c.mtu(0));
+    c.report(&format!("{name} (2 nodes)"), first);
     (c, pods)
 }
 
@@ -46,7 +53,13 @@ fn traffic_back(pods: &[Pod], what: &str) {
 #[test]
 fn kernel_vxlan_restores_route_neighbour_fdb_and_device() {
     let kit = weft_tests::require_vm!();
-    let (c, pods) = two_nodes(&kit, "rv", r#"{"Type":"vxlan"}"#, &["--dataplane=kernel"]);
+    let (c, pods) = two_nodes(
+        &kit,
+        "rv",
+        "kernel vxlan",
+        r#"{"Type":"vxlan"}"#,
+        &["--dataplane=kernel"],
+    );
     let n = c.lab.node(0);
     let sn = c.lab.node(1).pod_subnet();
     let gw = sn.trim_end_matches("/24").to_string();
@@ -86,7 +99,7 @@ fn kernel_vxlan_restores_route_neighbour_fdb_and_device() {
 #[test]
 fn host_gw_restores_its_route() {
     let kit = weft_tests::require_vm!();
-    let (c, pods) = two_nodes(&kit, "rh", r#"{"Type":"host-gw"}"#, &[]);
+    let (c, pods) = two_nodes(&kit, "rh", "host-gw", r#"{"Type":"host-gw"}"#, &[]);
     let n = c.lab.node(0);
     let sn = c.lab.node(1).pod_subnet();
     n.ok(&format!("ip route del {sn}"));
@@ -100,7 +113,13 @@ fn host_gw_restores_its_route() {
 #[test]
 fn kernel_ipip_restores_route_and_device() {
     let kit = weft_tests::require_vm!();
-    let (c, pods) = two_nodes(&kit, "ri", r#"{"Type":"ipip"}"#, &["--dataplane=kernel"]);
+    let (c, pods) = two_nodes(
+        &kit,
+        "ri",
+        "kernel ipip",
+        r#"{"Type":"ipip"}"#,
+        &["--dataplane=kernel"],
+    );
     let n = c.lab.node(0);
     let sn = c.lab.node(1).pod_subnet();
     let route = format!("{sn} via 192.0.2.2 dev flannel.ipip onlink");
@@ -125,6 +144,7 @@ fn kernel_wireguard_restores_route_and_device() {
     let (c, pods) = two_nodes(
         &kit,
         "rw",
+        "kernel wireguard",
         r#"{"Type":"wireguard"}"#,
         &["--dataplane=kernel"],
     );
@@ -165,6 +185,7 @@ fn kernel_wireguard_restores_a_removed_peer() {
     let (c, pods) = two_nodes(
         &kit,
         "rp",
+        "kernel wireguard",
         r#"{"Type":"wireguard"}"#,
         &["--dataplane=kernel"],
     );
@@ -188,6 +209,7 @@ fn ipsec_pair(kit: &Kit, tag: &str) -> (common::Cluster, Vec<Pod>) {
     two_nodes(
         kit,
         tag,
+        "ipsec",
         &format!(r#"{{"Type":"ipsec","PSK":"{psk}"}}"#),
         &[],
     )

@@ -721,6 +721,7 @@ pub struct Lab {
     hub: Option<Hub>,
     dir: PathBuf,
     boot: Duration,
+    lock_wait: Duration,
     _slot: File,
 }
 
@@ -733,7 +734,8 @@ impl Lab {
         let slot = File::create(kit.home.join("labs.lock")).expect("labs.lock");
         let waited = Instant::now();
         slot.lock().expect("lock labs.lock");
-        if waited.elapsed() > Duration::from_secs(1) {
+        let lock_wait = waited.elapsed();
+        if lock_wait > Duration::from_secs(1) {
             println!(
                 "vm lab {}: waited {:?} for another lab to finish",
                 spec.tag,
@@ -757,10 +759,11 @@ impl Lab {
             hub: Some(hub),
             dir: dir.clone(),
             boot: Duration::ZERO,
+            lock_wait,
             _slot: slot,
         };
         // Spawned from this thread: PR_SET_PDEATHSIG follows the spawning thread.
-        for i in 0..spec.nodes {
+        for (i, port) in ports.iter().enumerate() {
             let host = format!("{name}-n{}", i + 1);
             let run = dir.join(format!("n{}", i + 1));
             for d in ["q", "o"] {
@@ -783,7 +786,7 @@ impl Lab {
             std::fs::write(run.join("stage2.sh"), stage2(&host, &run, addr, addr6))
                 .expect("write stage2");
             std::fs::write(run.join("agent.sh"), AGENT).expect("write agent");
-            let child = qemu_command(kit, spec, &run, &ports[i], &hub_path, i)
+            let child = qemu_command(kit, spec, &run, port, &hub_path, i)
                 .spawn()
                 .unwrap_or_else(|e| panic!("start qemu {}: {e}", kit.qemu.display()));
             lab.nodes.push(Node(Arc::new(Guest {
@@ -835,6 +838,11 @@ impl Lab {
     /// How long the guests took to answer.
     pub fn boot_time(&self) -> Duration {
         self.boot
+    }
+
+    /// How long [`Lab::start`] waited for another lab on this machine.
+    pub fn lock_wait(&self) -> Duration {
+        self.lock_wait
     }
 
     /// The guests, in order.

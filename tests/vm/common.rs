@@ -154,13 +154,14 @@ impl Cluster {
     pub fn report(&self, what: &str, first_packet: Duration) {
         let pods = self.pods_after.lock().expect("lock").unwrap_or_default();
         println!(
-            "figures {what}: boot {:.1?}, from weftd start: all subnet.env {:.1?}, pods attached {:.1?} (CNI ADD {:.1?}), first pod packet across nodes {:.1?}; test wall time {:.1?}",
+            "figures {what}: boot {:.1?}, from weftd start: all subnet.env {:.1?}, pods attached {:.1?} (CNI ADD {:.1?}), first pod packet across nodes {:.1?}; test wall time {:.1?} (plus {:.1?} waiting for another lab)",
             self.lab.boot_time(),
             self.ready_after,
             pods.0,
             pods.1,
             first_packet,
-            self.t0.elapsed()
+            self.t0.elapsed().saturating_sub(self.lab.lock_wait()),
+            self.lab.lock_wait()
         );
     }
 }

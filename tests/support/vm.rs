@@ -751,7 +751,13 @@ impl Lab {
             .map(|i| dir.join(format!("n{i}.sock")))
             .collect();
         let hub = Hub::start(&hub_path, ports.clone());
-        let hide = hidden_mounts();
+        let needed = needed_dirs(kit);
+        let hide = hidden_mounts(&needed);
+        let shares = shared_dirs(&needed);
+        let share_list: String = shares
+            .iter()
+            .map(|d| format!("{}\n", d.display()))
+            .collect();
         let t0 = Instant::now();
         let mut lab = Lab {
             name: name.clone(),
@@ -783,10 +789,11 @@ impl Lab {
                 )
             });
             std::fs::write(run.join("hide"), &hide).expect("write hide");
+            std::fs::write(run.join("shares"), &share_list).expect("write shares");
             std::fs::write(run.join("stage2.sh"), stage2(&host, &run, addr, addr6))
                 .expect("write stage2");
             std::fs::write(run.join("agent.sh"), AGENT).expect("write agent");
-            let child = qemu_command(kit, spec, &run, port, &hub_path, i)
+            let child = qemu_command(kit, spec, &run, port, &hub_path, i, &shares)
                 .spawn()
                 .unwrap_or_else(|e| panic!("start qemu {}: {e}", kit.qemu.display()));
             lab.nodes.push(Node(Arc::new(Guest {
@@ -1049,6 +1056,7 @@ fn qemu_command(
     port: &Path,
     hub: &Path,
     i: usize,
+    shares: &[PathBuf],
 ) -> Command {
     let h = &kit.home;
     let q = h.join("qemu");
@@ -1094,6 +1102,15 @@ fn qemu_command(
             "local,path={},mount_tag=vmtrun,security_model=none",
             run.display()
         ))
+        .args(shares.iter().enumerate().flat_map(|(n, d)| {
+            [
+                "-virtfs".to_string(),
+                format!(
+                    "local,path={},mount_tag=share{n},security_model=none,readonly=on",
+                    d.display()
+                ),
+            ]
+        }))
         .arg("-netdev")
         .arg(format!(
             "dgram,id=n0,local.type=unix,local.path={},remote.type=unix,remote.path={}",
@@ -1122,9 +1139,25 @@ fn qemu_command(
     cmd
 }
 
+/// Directories the guests must see as on the host: the workspace's
+/// binaries and the kit (busybox, the kernel's modules).
+fn needed_dirs(kit: &Kit) -> Vec<PathBuf> {
+    let canon = |p: PathBuf| std::fs::canonicalize(&p).unwrap_or(p);
+    vec![canon(crate::bins::dir()), canon(kit.home.clone())]
+}
+
+/// The guest mounts its own tmpfs on these: host paths under them are not
+/// visible through the shared root.
+const GUEST_OWN: [&str; 5] = ["/proc", "/sys", "/dev", "/run", "/tmp"];
+
+fn under(p: &Path, dir: &str) -> bool {
+    p.starts_with(dir)
+}
+
 /// Host mounts other than the ones the guest replaces: hidden in the guest
-/// (the initramfs mounts an empty read-only tmpfs on each).
-fn hidden_mounts() -> String {
+/// (the initramfs mounts an empty read-only tmpfs on each), except those
+/// holding a [`needed_dirs`] path.
+fn hidden_mounts(needed: &[PathBuf]) -> String {
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
     let mut v: Vec<String> = mounts
         .lines()
@@ -1132,14 +1165,23 @@ fn hidden_mounts() -> String {
         .map(|m| m.replace("\\040", " "))
         .filter(|m| {
             m != "/"
-                && !["/proc", "/sys", "/dev", "/run", "/tmp"]
-                    .iter()
-                    .any(|p| m == p || m.starts_with(&format!("{p}/")))
+                && !GUEST_OWN.iter().any(|p| under(Path::new(m), p))
+                && !needed.iter().any(|n| n.starts_with(m))
         })
         .collect();
     v.sort();
     v.dedup();
     v.into_iter().map(|m| m + "\n").collect()
+}
+
+/// [`needed_dirs`] the guest's own /tmp or /run would hide (e.g. a checkout
+/// under /tmp): shared read-only over 9p at the same path instead.
+fn shared_dirs(needed: &[PathBuf]) -> Vec<PathBuf> {
+    needed
+        .iter()
+        .filter(|n| GUEST_OWN.iter().any(|p| under(n, p)))
+        .cloned()
+        .collect()
 }
 
 /// PID 1 in the guest's final root (run by /bin/sh after switch_root).

@@ -13,6 +13,8 @@ scripts/deps.sh
 # (cnitool: seconds; kube-apiserver: ~15 min once per machine).
 scripts/tools/build-cnitool.sh
 scripts/tools/build-kube-apiserver.sh
+# The VM kit's stock Debian kernel, qemu and busybox (download + dpkg -x, ~1-3 min once).
+scripts/tools/setup-vm.sh
 export RUST_BACKTRACE=1
 # A full disk shows up as a linker killed by SIGBUS: say so up front.
 avail_kb=$(df -Pk . | awk 'NR==2 {print $4}')

@@ -121,6 +121,21 @@ fn kernel_wireguard_three_dual_stack_nodes_as_flannel() {
         }
     }
 
+    // The key file as flannel writes it (spec §5): 44 base64 characters
+    // without a newline, mode 0400, and the devices' private key.
+    for n in c.lab.nodes() {
+        let out = n.ok(
+            "stat -c '%a %s' /run/flannel/wgkey; cat /run/flannel/wgkey; echo; wg show flannel-wg private-key; wg show flannel-wg-v6 private-key",
+        );
+        let l: Vec<&str> = out.lines().collect();
+        assert_eq!(l.first(), Some(&"400 44"), "{}: key file: {out}", n.name());
+        assert!(
+            l.len() == 4 && l[1] == l[2] && l[2] == l[3],
+            "{}: {out}",
+            n.name()
+        );
+    }
+
     // Devices, addresses, routes, MTU on node 1.
     let n = c.lab.node(0);
     let link = n.ok("ip -d link show flannel-wg; ip -d link show flannel-wg-v6");

@@ -3,8 +3,10 @@
 //! back within one reconcile period of
 //! weftd's main loop (10 s, `RECONCILE_PERIOD` in control/src/daemon/run.rs;
 //! no flag shortens it), and pod traffic works again. Two nodes each; the
-//! restore times are printed. Each wait allows one period plus 5 s for the
-//! slow software CPU: a backend that does not restore fails. Two known gaps
+//! restore times are printed (3-10 s here). Each wait allows one period
+//! plus 10 s for the slow software CPU under a loaded CI machine (a restore
+//! is one tick plus the backend's own work, which TCG slows): a backend
+//! that does not restore fails. Two known gaps
 //! are `#[ignore]`d tests (a WireGuard peer removed by hand, ESP SAs deleted
 //! by hand): run them with `--ignored`.
 
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant};
 use weft_tests::vm::{Kit, LabSpec, Node, Output, Pod};
 
 /// One reconcile period plus slack for TCG.
-const WITHIN: Duration = Duration::from_secs(15);
+const WITHIN: Duration = Duration::from_secs(20);
 
 fn two_nodes(
     kit: &Kit,

@@ -449,12 +449,12 @@ fn userspace_counters_drops_status_and_metrics() {
     );
     let after = wait_for("the drop counters", Duration::from_secs(20), || {
         let v = status(&c, 0);
-        let done = ["unknown_peer", "spoofed_source", "bad_vni", "bad_mac"]
+        let done = ["unknown_peer", "spoofed_source", "bad_vni", "wrong_dst_mac"]
             .iter()
             .all(|r| drop_count(&v, r) - drop_count(&before, r) >= K);
         done.then_some(v)
     });
-    for r in ["unknown_peer", "spoofed_source", "bad_vni", "bad_mac"] {
+    for r in ["unknown_peer", "spoofed_source", "bad_vni", "wrong_dst_mac"] {
         assert_eq!(
             drop_count(&after, r) - drop_count(&before, r),
             K,
@@ -480,7 +480,7 @@ fn userspace_counters_drops_status_and_metrics() {
             && tx <= dev_counter(&now, "tx_packets") as f64,
         "{tx}"
     );
-    for r in ["unknown_peer", "spoofed_source", "bad_vni", "bad_mac"] {
+    for r in ["unknown_peer", "spoofed_source", "bad_vni", "wrong_dst_mac"] {
         let d = get(format!(
             r#"weft_drops_total{{backend="vxlan",device="flannel.1",reason="{r}"}}"#
         ));

@@ -11,41 +11,8 @@
 
 use std::ops::Range;
 
+pub use crate::stats::DropReason;
 use crate::wire::{ethernet, ipv4, ipv6, vxlan};
-
-/// Why a packet was dropped. Each reason has its own counter in [`crate::Stats`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DropReason {
-    /// Not a well-formed IP / Ethernet / VXLAN packet (too short, bad lengths, wrong version).
-    Malformed,
-    /// A VXLAN header carrying a VNI other than ours.
-    BadVni,
-    /// The inner Ethernet destination is not our VTEP MAC.
-    WrongDstMac,
-    /// Anti-spoofing: the outer source address is not a known peer.
-    UnknownPeer,
-    /// Anti-spoofing: the inner source address is outside the sending peer's subnet.
-    SpoofedSource,
-    /// No peer subnet contains the destination.
-    NoRoute,
-    /// flannel-UDP: the TTL reached zero.
-    TtlExpired,
-    /// The packet cannot be carried at this size.
-    Mtu,
-    /// WireGuard: a handshake MAC or a data packet's AEAD tag did not verify
-    /// (forged, corrupted, or encrypted for another key).
-    BadMac,
-    /// WireGuard: a handshake from a static key that is not a peer, or a
-    /// packet for a receiver index no peer owns.
-    UnknownKey,
-    /// WireGuard: a data packet whose counter was already seen or is too old.
-    Replay,
-    /// WireGuard: no session yet / handshake state does not fit (a stray or
-    /// expired message), or a handshake refused (rate limit, old timestamp).
-    Handshake,
-    /// The cross-worker handoff had no free buffer.
-    Backlog,
-}
 
 /// flannel-UDP (flannel's `udp` backend): the UDP payload is exactly one bare
 /// IPv4 packet. TTL is decremented on send and on receive; packets shorter than

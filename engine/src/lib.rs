@@ -99,10 +99,11 @@ use std::thread::JoinHandle;
 use arc_swap::ArcSwap;
 
 pub use antispoof::AntiSpoofing;
-pub use encap::DropReason;
 pub use ipnet;
 pub use peers::{Peer, PeerTable, WgPeer};
-pub use stats::{Drops, PeerStats, Stats};
+pub use stats::{
+    Batching, Counter, CounterSet, DropReason, Drops, PeerReport, PeerStats, Report, Stats,
+};
 pub use wg::WgSecret;
 
 use crate::encap::{Codec, Vxlan};
@@ -424,15 +425,33 @@ impl Engine {
         Some(
             t.entries()
                 .iter()
-                .map(|e| {
-                    let mut s = e.counters.sum();
-                    s.last_handshake =
-                        e.wg.and_then(|i| t.wg_peers().get(i))
-                            .and_then(|w| w.last_handshake());
-                    (e.subnet, s)
-                })
+                .map(|e| (e.subnet, peer_sum(&t, e)))
                 .collect(),
         )
+    }
+
+    /// Everything the engine counts, read at once: the totals, the offloads
+    /// and each entry of the current peer table with its own counters (one
+    /// pass over one table snapshot, so peers and counters always match).
+    /// Reads the counters; nothing is asked of the workers.
+    pub fn report(&self) -> Report {
+        let blocks = || self.counters.iter().map(|c| &**c);
+        let counting = stats::counts_peers(blocks());
+        let t = self.peers.load();
+        let peers = t
+            .entries()
+            .iter()
+            .map(|e| PeerReport {
+                subnet: e.subnet,
+                endpoint: e.dst,
+                stats: counting.then(|| peer_sum(&t, e)),
+            })
+            .collect();
+        Report {
+            stats: Stats::sum(blocks()),
+            offloads: self.offloads(),
+            peers,
+        }
     }
 
     fn start_wireguard(cfg: EngineConfig, port: u16, key: WgSecret) -> Result<Engine, EngineError> {
@@ -564,6 +583,16 @@ impl Engine {
     pub fn stop(self) {
         drop(self);
     }
+}
+
+/// Entry `e`'s counters summed over workers (WireGuard: with the peer's
+/// last handshake).
+fn peer_sum(t: &PeerTable, e: &peers::Entry) -> PeerStats {
+    let mut s = e.counters.sum();
+    s.last_handshake =
+        e.wg.and_then(|i| t.wg_peers().get(i))
+            .and_then(|w| w.last_handshake());
+    s
 }
 
 impl Drop for Engine {

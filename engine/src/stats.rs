@@ -1,13 +1,23 @@
 //! Counters: one cache-line-aligned block per worker, written only by that
 //! worker (plain relaxed stores once per loop iteration, no read-modify-write
-//! on shared memory), summed on read by [`crate::Engine::stats`].
+//! on shared memory), summed on read by [`crate::Engine::stats`] and
+//! [`crate::Engine::report`].
+//!
+//! Every counter is defined once, in the table at [`counters!`]'s call
+//! below: its slot ([`Ctr`], what workers write), its field in [`Stats`],
+//! [`Batching`] or [`Drops`] (what readers get), and for the last two its
+//! name and help text ([`Counter`], iterated with [`CounterSet`]; the names
+//! are the keys of `weft status --json` and the `reason` label of
+//! `weft_drops_total`, the help texts those of `/metrics`). Readers iterate
+//! the sets instead of naming their fields.
 //!
 //! Shape of [`Stats`] (what the daemon exports):
 //! `tx_packets/tx_bytes` = inner packets/bytes encapsulated and handed to UDP,
 //! `rx_packets/rx_bytes` = inner packets/bytes decapsulated and written to TUN,
-//! plus syscall and offload counters and one drop counter per [`DropReason`].
+//! plus syscall and offload counters ([`Batching`]) and one drop counter per
+//! [`DropReason`] ([`Drops`]).
 //!
-//! Per-peer counters ([`PeerStats`], read with [`crate::Engine::peer_stats`])
+//! Per-peer counters ([`PeerStats`], read with [`crate::Engine::report`])
 //! live in each peer-table entry: one cache-line slot per worker, written
 //! only by that worker (a relaxed load and store, no read-modify-write, no
 //! allocation) and summed on read. The slots move to the next table for an
@@ -15,69 +25,210 @@
 //! the packets anti-spoofing let in from an unexpected outer source
 //! ([`crate::antispoof`]) and keep the last such source.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::encap::DropReason;
+use ipnet::IpNet;
 
-/// Counter slots.
-#[derive(Debug, Clone, Copy)]
-#[repr(usize)]
-pub(crate) enum Ctr {
-    TxPackets,
-    TxBytes,
-    UdpSends,
-    RxPackets,
-    RxBytes,
-    UdpRecvs,
-    TunReads,
-    TunWrites,
-    GsoSuperPackets,
-    GroCoalesced,
-    IcmpSent,
-    UnexpectedSource,
-    Malformed,
-    BadVni,
-    WrongDstMac,
-    UnknownPeer,
-    SpoofedSource,
-    NoRoute,
-    TtlExpired,
-    Mtu,
-    BadMac,
-    UnknownKey,
-    Replay,
-    Handshake,
-    Backlog,
-    Handoffs,
-    UdpSendErrors,
-    TunWriteErrors,
-    IoErrors,
-    /// Set to 1 by workers that keep per-peer counters.
-    PeerCounting,
+use crate::OffloadState;
+
+/// What one counter of a [`CounterSet`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counter {
+    /// Its name: the key in `weft status --json`; for a drop reason also the
+    /// `reason` label of `weft_drops_total`.
+    pub name: &'static str,
+    /// Its Prometheus family (without the `weft_` prefix and `_total`
+    /// suffix); for drop reasons `drops`.
+    pub metric: &'static str,
+    /// What it counts, one line without a final period (also its HELP text
+    /// in `/metrics`).
+    pub help: &'static str,
+}
+
+/// A group of counters that readers iterate instead of naming each field.
+pub trait CounterSet: Copy + Default {
+    /// Every counter of the set, in table order.
+    const COUNTERS: &'static [Counter];
+    /// The values, in the order of [`Self::COUNTERS`].
+    fn values(&self) -> impl Iterator<Item = u64>;
+    /// Sets the counter named `name`; `false` when the set has none.
+    fn set(&mut self, name: &str, value: u64) -> bool;
+    /// `(counter, value)` pairs in table order.
+    fn iter(&self) -> impl Iterator<Item = (&'static Counter, u64)> {
+        Self::COUNTERS.iter().zip(self.values())
+    }
+}
+
+/// `impl CounterSet for $set`: its fields, each with its Prometheus family
+/// and help text.
+macro_rules! counter_set {
+    ($set:ident { $( $name:ident / $metric:literal => $help:literal ),* }) => {
+        impl CounterSet for $set {
+            const COUNTERS: &'static [Counter] = &[$(
+                Counter { name: stringify!($name), metric: $metric, help: $help },
+            )*];
+            fn values(&self) -> impl Iterator<Item = u64> {
+                [$( self.$name ),*].into_iter()
+            }
+            fn set(&mut self, name: &str, value: u64) -> bool {
+                match name {
+                    $( stringify!($name) => self.$name = value, )*
+                    _ => return false,
+                }
+                true
+            }
+        }
+    };
+}
+
+/// Generates, from one table, the slot enum [`Ctr`], the structs [`Stats`],
+/// [`Batching`] and [`Drops`], the enum [`DropReason`] and the sets'
+/// [`Counter`]s; the help text is also each item's doc comment.
+macro_rules! counters {
+    (
+        stats { $( $s_var:ident $s_name:ident = $s_help:literal; )* }
+        batching { $( $b_var:ident $b_name:ident / $b_metric:literal = $b_help:literal; )* }
+        drops { $( $d_var:ident $d_name:ident = $d_help:literal; )* }
+    ) => {
+        /// Counter slots of a worker's block.
+        #[derive(Debug, Clone, Copy)]
+        #[repr(usize)]
+        pub(crate) enum Ctr {
+            $( #[doc = $s_help] $s_var, )*
+            $( #[doc = $b_help] $b_var, )*
+            $( #[doc = $d_help] $d_var, )*
+            /// Set to 1 by workers that keep per-peer counters.
+            PeerCounting,
+        }
+
+        /// Engine counters, summed over workers.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct Stats {
+            $( #[doc = $s_help] pub $s_name: u64, )*
+            /// Syscall and offload counters.
+            pub batching: Batching,
+            /// Drops by reason.
+            pub drops: Drops,
+        }
+
+        /// Syscall and offload counters of an engine (packets per call =
+        /// batch size).
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct Batching {
+            $( #[doc = $b_help] pub $b_name: u64, )*
+        }
+
+        /// Why a packet was dropped. Each reason has its own counter in [`Drops`].
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum DropReason {
+            $( #[doc = $d_help] $d_var, )*
+        }
+
+        /// Drop counters by reason (packets).
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct Drops {
+            $( #[doc = $d_help] pub $d_name: u64, )*
+        }
+
+        counter_set!(Batching { $( $b_name / $b_metric => $b_help ),* });
+        counter_set!(Drops { $( $d_name / "drops" => $d_help ),* });
+
+        impl DropReason {
+            /// Every reason, in table order.
+            pub const ALL: &'static [DropReason] = &[$( DropReason::$d_var ),*];
+
+            /// The reason's name and help text.
+            pub fn counter(self) -> &'static Counter {
+                &<Drops as CounterSet>::COUNTERS[self as usize]
+            }
+
+            /// The reason's count in `drops`.
+            pub fn count(self, drops: &Drops) -> u64 {
+                match self {
+                    $( DropReason::$d_var => drops.$d_name, )*
+                }
+            }
+        }
+
+        impl From<DropReason> for Ctr {
+            #[inline]
+            fn from(r: DropReason) -> Self {
+                match r {
+                    $( DropReason::$d_var => Ctr::$d_var, )*
+                }
+            }
+        }
+
+        impl Stats {
+            pub(crate) fn sum<'a>(blocks: impl IntoIterator<Item = &'a Shared>) -> Stats {
+                let mut t = [0u64; N];
+                for b in blocks {
+                    for (d, s) in t.iter_mut().zip(b.0.iter()) {
+                        *d += s.load(Ordering::Relaxed);
+                    }
+                }
+                Stats {
+                    $( $s_name: t[Ctr::$s_var as usize], )*
+                    batching: Batching { $( $b_name: t[Ctr::$b_var as usize], )* },
+                    drops: Drops { $( $d_name: t[Ctr::$d_var as usize], )* },
+                }
+            }
+        }
+    };
+}
+
+counters! {
+    stats {
+        TxPackets tx_packets = "Inner packets sent to peers (after segmentation)";
+        TxBytes tx_bytes = "Inner bytes sent to peers";
+        RxPackets rx_packets = "Inner packets written to the TUN (before coalescing)";
+        RxBytes rx_bytes = "Inner bytes written to the TUN";
+        UnexpectedSource unexpected_source = "Packets delivered although their outer source is no \
+            peer's published address (anti-spoofing subnet: the inner source lies in a peer's \
+            subnet)";
+    }
+    batching {
+        UdpSends udp_sends / "udp_send_calls" = "sendmmsg calls (tx packets per call = batch size)";
+        UdpRecvs udp_recvs / "udp_recv_calls" = "recvmmsg calls that returned data";
+        TunReads tun_reads / "tun_reads" = "TUN reads that returned a packet or super-packet";
+        TunWrites tun_writes / "tun_writes" = "TUN writes (after GRO)";
+        GsoSuperPackets gso_super_packets / "gso_super_packets" = "TUN super-packets segmented in \
+            userspace (GSO)";
+        GroCoalesced gro_coalesced / "gro_coalesced" = "Received segments merged into a previous \
+            one (userspace GRO)";
+        Handoffs handoffs / "handoffs" = "Packets passed to another worker (WireGuard: the peer's \
+            owner)";
+        IcmpSent icmp_sent / "icmp_sent" = "ICMP net-unreachable messages written to the TUN \
+            (flannel-UDP)";
+    }
+    drops {
+        Malformed malformed = "Not a well-formed IP / Ethernet / VXLAN packet (too short, bad \
+            lengths, wrong version)";
+        BadVni bad_vni = "A VXLAN header carrying a VNI other than ours";
+        WrongDstMac wrong_dst_mac = "VXLAN: the inner Ethernet destination is not our VTEP MAC";
+        UnknownPeer unknown_peer = "Anti-spoofing: the outer source address is not a known peer";
+        SpoofedSource spoofed_source = "Anti-spoofing: the inner source address is outside the \
+            sending peer's subnet";
+        NoRoute no_route = "No peer subnet contains the destination";
+        TtlExpired ttl_expired = "flannel-UDP: the TTL reached zero";
+        Mtu mtu = "The packet cannot be carried at this size";
+        DecryptFailure decrypt_failure = "WireGuard: a handshake MAC or a data packet's AEAD tag \
+            did not verify (forged, corrupted, or encrypted for another key)";
+        UnknownKey unknown_key = "WireGuard: a handshake from a static key that is not a peer, or \
+            a packet for a receiver index no peer owns";
+        Replay replay = "WireGuard: a data packet whose counter was already seen or is too old";
+        Handshake handshake = "WireGuard: no session yet / handshake state does not fit (a stray \
+            or expired message), or a handshake refused (rate limit, old timestamp)";
+        Backlog backlog = "The cross-worker handoff had no free buffer";
+        UdpSendError udp_send_error = "Datagrams (or GSO trains) that sendmmsg failed to send";
+        TunWriteError tun_write_error = "TUN writes that failed";
+        IoError io_error = "Other I/O errors (TUN reads, UDP receives, socket options)";
+    }
 }
 
 const N: usize = Ctr::PeerCounting as usize + 1;
-
-impl From<DropReason> for Ctr {
-    fn from(r: DropReason) -> Self {
-        match r {
-            DropReason::Malformed => Ctr::Malformed,
-            DropReason::BadVni => Ctr::BadVni,
-            DropReason::WrongDstMac => Ctr::WrongDstMac,
-            DropReason::UnknownPeer => Ctr::UnknownPeer,
-            DropReason::SpoofedSource => Ctr::SpoofedSource,
-            DropReason::NoRoute => Ctr::NoRoute,
-            DropReason::TtlExpired => Ctr::TtlExpired,
-            DropReason::Mtu => Ctr::Mtu,
-            DropReason::BadMac => Ctr::BadMac,
-            DropReason::UnknownKey => Ctr::UnknownKey,
-            DropReason::Replay => Ctr::Replay,
-            DropReason::Handshake => Ctr::Handshake,
-            DropReason::Backlog => Ctr::Backlog,
-        }
-    }
-}
 
 /// The published block of one worker.
 #[repr(align(128))]
@@ -103,43 +254,6 @@ impl Local {
             d.store(*s, Ordering::Relaxed);
         }
     }
-}
-
-/// Drop counters by reason (packets).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Drops {
-    /// Not a valid IP/Ethernet/VXLAN packet, or a truncated one.
-    pub malformed: u64,
-    /// VXLAN VNI other than ours.
-    pub bad_vni: u64,
-    /// Inner Ethernet destination is not our VTEP MAC.
-    pub wrong_dst_mac: u64,
-    /// Anti-spoofing: outer source is not a peer.
-    pub unknown_peer: u64,
-    /// Anti-spoofing: inner source outside the sending peer's subnet.
-    pub spoofed_source: u64,
-    /// No peer for the destination.
-    pub no_route: u64,
-    /// TTL reached zero (flannel-UDP).
-    pub ttl_expired: u64,
-    /// Too large to carry.
-    pub mtu: u64,
-    /// WireGuard: MAC / AEAD tag did not verify.
-    pub bad_mac: u64,
-    /// WireGuard: unknown static key or receiver index.
-    pub unknown_key: u64,
-    /// WireGuard: replayed or too old counter.
-    pub replay: u64,
-    /// WireGuard: handshake state mismatch or refused handshake.
-    pub handshake: u64,
-    /// Cross-worker handoff had no free buffer.
-    pub backlog: u64,
-    /// `sendmmsg` failures (messages).
-    pub udp_send_errors: u64,
-    /// TUN write failures.
-    pub tun_write_errors: u64,
-    /// Other I/O errors (reads, receives).
-    pub io_errors: u64,
 }
 
 /// Whether any worker of `blocks` keeps per-peer counters.
@@ -285,88 +399,84 @@ fn read_addr(s: &PeerSlot) -> Option<std::net::IpAddr> {
     bits_addr((u128::from(hi) << 64) | u128::from(lo))
 }
 
-/// Engine counters, summed over workers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Inner packets sent to peers (after segmentation).
-    pub tx_packets: u64,
-    /// Inner bytes sent to peers.
-    pub tx_bytes: u64,
-    /// `sendmmsg` calls.
-    pub udp_sends: u64,
-    /// Inner packets written to the TUN (before coalescing).
-    pub rx_packets: u64,
-    /// Inner bytes written to the TUN.
-    pub rx_bytes: u64,
-    /// `recvmmsg` calls that returned data.
-    pub udp_recvs: u64,
-    /// TUN reads that returned a packet.
-    pub tun_reads: u64,
-    /// TUN writes.
-    pub tun_writes: u64,
-    /// TUN super-packets segmented in userspace.
-    pub gso_super_packets: u64,
-    /// Received segments merged into a previous one (userspace GRO).
-    pub gro_coalesced: u64,
-    /// ICMP net-unreachable messages written to the TUN (flannel-UDP).
-    pub icmp_sent: u64,
-    /// Packets delivered although their outer source is no peer's published
-    /// address (anti-spoofing `subnet`: the inner source lies in a peer's subnet).
-    pub unexpected_source: u64,
-    /// Packets passed to another worker (WireGuard: the peer's owner).
-    pub handoffs: u64,
-    /// Drops by reason.
-    pub drops: Drops,
+/// Everything an engine counts, read at once by [`crate::Engine::report`]:
+/// the totals, the offloads, and every entry of the current peer table
+/// with its own counters (one pass over one table snapshot).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// Counters summed over workers.
+    pub stats: Stats,
+    /// Active offloads.
+    pub offloads: OffloadState,
+    /// The peer table's entries, in table order.
+    pub peers: Vec<PeerReport>,
 }
 
-impl Stats {
-    pub(crate) fn sum<'a>(blocks: impl IntoIterator<Item = &'a Shared>) -> Stats {
-        let mut t = [0u64; N];
-        for b in blocks {
-            for (d, s) in t.iter_mut().zip(b.0.iter()) {
-                *d += s.load(Ordering::Relaxed);
-            }
-        }
-        let g = |c: Ctr| t[c as usize];
-        Stats {
-            tx_packets: g(Ctr::TxPackets),
-            tx_bytes: g(Ctr::TxBytes),
-            udp_sends: g(Ctr::UdpSends),
-            rx_packets: g(Ctr::RxPackets),
-            rx_bytes: g(Ctr::RxBytes),
-            udp_recvs: g(Ctr::UdpRecvs),
-            tun_reads: g(Ctr::TunReads),
-            tun_writes: g(Ctr::TunWrites),
-            gso_super_packets: g(Ctr::GsoSuperPackets),
-            gro_coalesced: g(Ctr::GroCoalesced),
-            icmp_sent: g(Ctr::IcmpSent),
-            unexpected_source: g(Ctr::UnexpectedSource),
-            handoffs: g(Ctr::Handoffs),
-            drops: Drops {
-                malformed: g(Ctr::Malformed),
-                bad_vni: g(Ctr::BadVni),
-                wrong_dst_mac: g(Ctr::WrongDstMac),
-                unknown_peer: g(Ctr::UnknownPeer),
-                spoofed_source: g(Ctr::SpoofedSource),
-                no_route: g(Ctr::NoRoute),
-                ttl_expired: g(Ctr::TtlExpired),
-                mtu: g(Ctr::Mtu),
-                bad_mac: g(Ctr::BadMac),
-                unknown_key: g(Ctr::UnknownKey),
-                replay: g(Ctr::Replay),
-                handshake: g(Ctr::Handshake),
-                backlog: g(Ctr::Backlog),
-                udp_send_errors: g(Ctr::UdpSendErrors),
-                tun_write_errors: g(Ctr::TunWriteErrors),
-                io_errors: g(Ctr::IoErrors),
-            },
-        }
-    }
+/// One peer-table entry and its counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerReport {
+    /// The subnet behind the peer.
+    pub subnet: IpNet,
+    /// Where its packets go.
+    pub endpoint: SocketAddr,
+    /// Its counters; `None` while no worker keeps per-peer counters.
+    pub stats: Option<PeerStats>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_drop_reason_counts_into_its_own_field() {
+        for (i, &r) in DropReason::ALL.iter().enumerate() {
+            let n = i as u64 + 1;
+            let mut l = Local::default();
+            l.drop(r, n);
+            let shared = Shared::default();
+            l.publish(&shared);
+            let s = Stats::sum([&shared]);
+            assert_eq!(r.count(&s.drops), n, "{r:?}");
+            assert_eq!(
+                s.drops.values().sum::<u64>(),
+                n,
+                "{r:?} counted elsewhere too"
+            );
+            assert_eq!(r.counter(), &Drops::COUNTERS[i]);
+            assert_eq!(s.batching, Batching::default());
+        }
+        assert_eq!(DropReason::ALL.len(), Drops::COUNTERS.len());
+    }
+
+    #[test]
+    fn counter_names_are_unique_and_settable_by_name() {
+        let mut seen = std::collections::HashSet::new();
+        for c in Batching::COUNTERS.iter().chain(Drops::COUNTERS) {
+            assert!(seen.insert(c.name), "{} twice", c.name);
+            assert!(
+                c.name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{}",
+                c.name
+            );
+            assert!(!c.help.is_empty() && !c.metric.is_empty(), "{}", c.name);
+        }
+        let mut d = Drops::default();
+        assert!(d.set("wrong_dst_mac", 3) && d.set("decrypt_failure", 4));
+        assert!(!d.set("bad_mac", 1), "the old, ambiguous name is gone");
+        assert_eq!((d.wrong_dst_mac, d.decrypt_failure), (3, 4));
+        let names: Vec<_> = d
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(c, _)| c.name)
+            .collect();
+        assert_eq!(names, ["wrong_dst_mac", "decrypt_failure"]);
+        let mut b = Batching::default();
+        assert!(b.set("udp_sends", 2));
+        assert_eq!(
+            b.iter().next().map(|(c, n)| (c.metric, n)),
+            Some(("udp_send_calls", 2))
+        );
+    }
 
     #[test]
     fn unexpected_sources_are_counted_per_worker_with_the_last_address() {

@@ -65,7 +65,7 @@ impl TunOut {
             Err(_) => err += 1,
         });
         ctr.add(Ctr::TunWrites, ok);
-        ctr.add(Ctr::TunWriteErrors, err);
+        ctr.add(Ctr::TunWriteError, err);
         ctr.add(Ctr::GroCoalesced, self.gro.take_coalesced());
     }
 
@@ -74,7 +74,7 @@ impl TunOut {
     fn write_plain(&mut self, tun: &Queue, pkt: &mut [u8], ctr: &mut Local) {
         let mut write = |s: &[u8]| match tun.writev(&[IoSlice::new(s)]) {
             Ok(_) => ctr.add(Ctr::TunWrites, 1),
-            Err(_) => ctr.add(Ctr::TunWriteErrors, 1),
+            Err(_) => ctr.add(Ctr::TunWriteError, 1),
         };
         if pkt.len() > self.mtu
             && let Some(hdrs) = gso::tcp_headers_len(pkt)

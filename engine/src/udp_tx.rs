@@ -63,7 +63,7 @@ pub(crate) fn send_all(
         ctr.add(Ctr::UdpSends, 1);
         match sock.send_batch(&msgs[i..], arena) {
             Ok(0) => {
-                ctr.add(Ctr::UdpSendErrors, (msgs.len() - i) as u64);
+                ctr.add(Ctr::UdpSendError, (msgs.len() - i) as u64);
                 return;
             }
             Ok(k) => i += k,
@@ -75,7 +75,7 @@ pub(crate) fn send_all(
                 } else if e.raw_os_error() == Some(libc::EMSGSIZE) {
                     ctr.drop(DropReason::Mtu, 1);
                 } else {
-                    ctr.add(Ctr::UdpSendErrors, 1);
+                    ctr.add(Ctr::UdpSendError, 1);
                 }
                 i += 1;
             }
@@ -96,7 +96,7 @@ fn resend_split(sock: &Udp, m: TxMsg, arena: &[u8], ctr: &mut Local) {
             segment: 0,
         }];
         if sock.send_batch(&one, arena).is_err() {
-            ctr.add(Ctr::UdpSendErrors, 1);
+            ctr.add(Ctr::UdpSendError, 1);
         }
         off += len;
     }

@@ -128,7 +128,7 @@ pub(crate) fn read_tun(
             Ok(Some(n)) => n,
             Ok(None) => break,
             Err(_) => {
-                ctr.add(Ctr::IoErrors, 1);
+                ctr.add(Ctr::IoError, 1);
                 break;
             }
         };
@@ -345,7 +345,7 @@ impl Worker {
         };
         match self.tun.writev(iov) {
             Ok(_) => ctr.add(Ctr::IcmpSent, 1),
-            Err(_) => ctr.add(Ctr::TunWriteErrors, 1),
+            Err(_) => ctr.add(Ctr::TunWriteError, 1),
         }
     }
 
@@ -356,7 +356,7 @@ impl Worker {
             Ok(0) => return false,
             Ok(g) => g,
             Err(_) => {
-                ctr.add(Ctr::IoErrors, 1);
+                ctr.add(Ctr::IoError, 1);
                 return false;
             }
         };

@@ -86,18 +86,13 @@ fn traffic(test: &str, offload: bool) {
         assert!(s.tx_packets > 1000 && s.rx_packets > 1000, "{s:?}");
         let d = s.drops;
         assert_eq!(
-            d.malformed
-                + d.unknown_peer
-                + d.spoofed_source
-                + d.mtu
-                + d.udp_send_errors
-                + d.io_errors,
+            d.malformed + d.unknown_peer + d.spoofed_source + d.mtu + d.udp_send_error + d.io_error,
             0,
             "{s:?}"
         );
         if offload && e.offloads().tun_tso {
             assert!(
-                s.gso_super_packets > 0,
+                s.batching.gso_super_packets > 0,
                 "TSO super-packets were segmented: {s:?}"
             );
         }

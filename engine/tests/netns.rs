@@ -105,10 +105,20 @@ fn three_nodes(test: &str, vxlan: bool, offload: bool) {
     assert!(s.tx_packets > 1000 && s.rx_packets > 1000, "{s:?}");
     if offload && engines[0].offloads().tun_tso {
         assert!(
-            s.gso_super_packets > 0,
+            s.batching.gso_super_packets > 0,
             "TSO super-packets were segmented: {s:?}"
         );
     }
+
+    // One report: the totals and every peer joined to its own counters.
+    let r = engines[0].report();
+    assert_eq!(r.peers.len(), 2, "{r:?}");
+    let peer_tx: u64 = r
+        .peers
+        .iter()
+        .map(|p| p.stats.expect("per-peer counters").tx_packets)
+        .sum();
+    assert!(peer_tx > 1000 && peer_tx <= r.stats.tx_packets, "{r:?}");
 
     // Node 3's lease goes away on node 1: pod 1 can no longer reach pod 3.
     engines[0].set_peers(peers_for(1, 3, &[3], vxlan));
@@ -179,7 +189,7 @@ fn udp_icmp_net_unreachable() {
             let s = UdpSocket::bind("10.244.1.2:0").expect("bind");
             s.send_to(b"probe", "10.244.77.1:9").map(drop)
         });
-        e.stats().icmp_sent > 0
+        e.stats().batching.icmp_sent > 0
     });
     assert!(got, "no ICMP generated: {:?}", e.stats());
     assert!(e.stats().drops.no_route > 0);
@@ -554,7 +564,7 @@ fn uso_super_packets_are_cut_for_a_kernel_vxlan_peer() {
         c
     };
     let data: Vec<u8> = (0..SEGS).flat_map(chunk).collect();
-    let before = e.stats().gso_super_packets;
+    let before = e.stats().batching.gso_super_packets;
     assert_eq!(
         tx.send_to(&data, "10.244.2.2:5555")
             .expect("send a UDP super-packet"),
@@ -574,7 +584,7 @@ fn uso_super_packets_are_cut_for_a_kernel_vxlan_peer() {
     if e.offloads().tun_uso {
         // Workers publish their counters after each step: wait for it.
         assert!(
-            wait_for(5, || e.stats().gso_super_packets > before),
+            wait_for(5, || e.stats().batching.gso_super_packets > before),
             "the TUN handed over a UDP super-packet: {:?}",
             e.stats()
         );

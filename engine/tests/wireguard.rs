@@ -227,7 +227,7 @@ fn wireguard_engine_talks_to_boringtun_and_counts_drops() {
         let mut bad = p.seal(&echo([10, 244, 2, 2], [10, 244, 1, 0], 2));
         bad[20] ^= 0x55;
         p.send(&bad);
-        wait_stats(&e, "bad tag counted", |s| s.drops.bad_mac >= 1);
+        wait_stats(&e, "bad tag counted", |s| s.drops.decrypt_failure >= 1);
 
         // A handshake initiation with a broken MAC1.
         let mut other = tunn(PEER_KEY, engine_pub, 0x43);
@@ -238,7 +238,7 @@ fn wireguard_engine_talks_to_boringtun_and_counts_drops() {
         };
         init2[120] ^= 1;
         p.send(&init2);
-        wait_stats(&e, "bad mac1 counted", |s| s.drops.bad_mac >= 2);
+        wait_stats(&e, "bad mac1 counted", |s| s.drops.decrypt_failure >= 2);
 
         // A valid initiation from a key that is not a peer.
         let mut stranger = tunn(STRANGER_KEY, engine_pub, 0x44);
@@ -278,7 +278,7 @@ fn wireguard_engine_talks_to_boringtun_and_counts_drops() {
     eprintln!("{s:?}");
     assert!(
         s.drops.replay >= 1
-            && s.drops.bad_mac >= 2
+            && s.drops.decrypt_failure >= 2
             && s.drops.unknown_key >= 1
             && s.drops.spoofed_source >= 1
     );

@@ -21,7 +21,8 @@
 //! may be absent or null) decodes like Go would; [`lookup_fold`] finds one
 //! field in an already decoded object.
 //!
-//! Writing: [`marshal`] is `json.Marshal`'s output (see [`encode`]).
+//! Writing: [`marshal`] is `json.Marshal`'s output, with Go's HTML escaping and
+//! number formatting; [`sorted`] orders keys as Go marshals a map.
 
 mod encode;
 mod field;

@@ -7,8 +7,10 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
+use weft_engine::{Batching, CounterSet};
+
 use crate::status::Status;
-use crate::status::model::{Batching, Counters, DeviceStatus, Offloads, PeerCounters};
+use crate::status::model::{Counters, DeviceStatus, Offloads, PeerCounters};
 
 /// The snapshot to encode.
 #[derive(Debug)]
@@ -126,11 +128,13 @@ impl PromCollector for Collector {
             .iter()
             .filter_map(|d| d.drops.map(|dr| (d, dr)))
             .flat_map(|(d, dr)| {
-                dr.reasons().into_iter().map(move |(r, n)| {
-                    let mut l = short(d);
-                    l.push(("reason", r.to_string()));
-                    (l, n)
-                })
+                dr.iter()
+                    .map(|(c, n)| {
+                        let mut l = short(d);
+                        l.push(("reason", c.name.to_string()));
+                        (l, n)
+                    })
+                    .collect::<Vec<_>>()
             })
             .collect();
         counter(
@@ -140,54 +144,15 @@ impl PromCollector for Collector {
         )
         .encode(&mut enc)?;
 
-        let batch = |f: fn(&Batching) -> u64| -> Vec<_> {
-            b.devices
+        // One family per engine batching counter, named and explained by the engine.
+        for (i, c) in Batching::COUNTERS.iter().enumerate() {
+            let samples = b
+                .devices
                 .iter()
-                .filter_map(|d| d.batching.as_ref().map(|x| (short(d), f(x))))
-                .collect()
-        };
-        counter(
-            "udp_send_calls",
-            "sendmmsg calls (tx packets per call = batch size)",
-            batch(|x| x.udp_sends),
-        )
-        .encode(&mut enc)?;
-        counter(
-            "udp_recv_calls",
-            "recvmmsg calls that returned data",
-            batch(|x| x.udp_recvs),
-        )
-        .encode(&mut enc)?;
-        counter(
-            "tun_reads",
-            "TUN reads that returned a packet or super-packet",
-            batch(|x| x.tun_reads),
-        )
-        .encode(&mut enc)?;
-        counter(
-            "tun_writes",
-            "TUN writes (after GRO)",
-            batch(|x| x.tun_writes),
-        )
-        .encode(&mut enc)?;
-        counter(
-            "gso_super_packets",
-            "TUN super-packets segmented in userspace",
-            batch(|x| x.gso_super_packets),
-        )
-        .encode(&mut enc)?;
-        counter(
-            "gro_coalesced",
-            "Received segments merged by userspace GRO",
-            batch(|x| x.gro_coalesced),
-        )
-        .encode(&mut enc)?;
-        counter(
-            "handoffs",
-            "Packets passed between workers (WireGuard)",
-            batch(|x| x.handoffs),
-        )
-        .encode(&mut enc)?;
+                .filter_map(|d| Some((short(d), d.batching?.values().nth(i)?)))
+                .collect();
+            counter(c.metric, c.help, samples).encode(&mut enc)?;
+        }
 
         let offloads = b
             .devices

@@ -15,11 +15,14 @@
 //! weft_lease_expiry_timestamp_seconds                 gauge
 //! weft_{tx,rx}_{packets,bytes}_total{backend,dataplane,device}     counter
 //! weft_drops_total{backend,device,reason}             counter  reason = unknown_peer, spoofed_source,
-//!                                                       bad_vni, bad_mac, decrypt_failure, no_route, mtu, ...
+//!                                                       bad_vni, wrong_dst_mac, decrypt_failure, no_route, mtu, ...
+//!                                                       (every weft_engine::DropReason, by its name)
 //! weft_udp_send_calls_total / weft_udp_recv_calls_total /
 //! weft_tun_reads_total / weft_tun_writes_total /
-//! weft_gso_super_packets_total / weft_gro_coalesced_total{backend,device}   counter
-//!                                                       (packets per syscall = packets / calls)
+//! weft_gso_super_packets_total / weft_gro_coalesced_total /
+//! weft_handoffs_total / weft_icmp_sent_total{backend,device}   counter
+//!                                                       (every weft_engine::Batching counter, by its
+//!                                                       metric name; packets per syscall = packets / calls)
 //! weft_offload_enabled{backend,device,offload="tun_vnet_hdr|tun_tso|tun_uso|tun_csum|udp_gso|udp_gro"} gauge 0|1
 //! weft_engine_workers{backend,device}                 gauge
 //! weft_peer_{tx,rx}_{packets,bytes}_total{backend,device,subnet,endpoint}  counter

@@ -135,6 +135,22 @@ fn dataplane_metrics_come_from_the_status() {
         s.get(r#"weft_udp_send_calls_total{backend="vxlan",device="flannel.1"}"#),
         Some(&2.0)
     );
+    // Every drop reason and batching counter of the engine, by its name.
+    for c in <weft_engine::Drops as weft_engine::CounterSet>::COUNTERS {
+        let series = format!(
+            r#"weft_drops_total{{backend="vxlan",device="flannel.1",reason="{}"}}"#,
+            c.name
+        );
+        assert!(s.contains_key(&series), "{series} missing");
+    }
+    for c in <weft_engine::Batching as weft_engine::CounterSet>::COUNTERS {
+        let family = format!("weft_{}_total", c.metric);
+        assert_eq!(
+            t.get(&family).map(String::as_str),
+            Some("counter"),
+            "{family}"
+        );
+    }
     assert_eq!(
         s.get(r#"weft_backend_info{backend="vxlan",dataplane="userspace"}"#),
         Some(&1.0)

@@ -5,15 +5,18 @@
 
 use std::path::Path;
 
-use weft_engine::Engine;
+use weft_engine::{Engine, Report};
 
-use super::model::{Batching, Counters, DeviceStatus, Drops, Offloads, PeerCounters};
+use super::model::{Counters, DeviceStatus, Offloads, PeerCounters};
 
-/// The status of the engine running TUN `name`, and its peer table.
+/// The status of an engine's TUN device, and its peer table, from one
+/// [`Engine::report`] (peers come already joined to their counters).
 pub fn engine_device(engine: &Engine) -> (DeviceStatus, Vec<PeerCounters>) {
-    let s = engine.stats();
-    let o = engine.offloads();
-    let d = &s.drops;
+    let Report {
+        stats: s,
+        offloads: o,
+        peers,
+    } = engine.report();
     let name = engine.tun_name().to_string();
     let dev = DeviceStatus {
         name: name.clone(),
@@ -33,62 +36,26 @@ pub fn engine_device(engine: &Engine) -> (DeviceStatus, Vec<PeerCounters>) {
             rx_packets: s.rx_packets,
             rx_bytes: s.rx_bytes,
         },
-        batching: Some(Batching {
-            udp_sends: s.udp_sends,
-            udp_recvs: s.udp_recvs,
-            tun_reads: s.tun_reads,
-            tun_writes: s.tun_writes,
-            gso_super_packets: s.gso_super_packets,
-            gro_coalesced: s.gro_coalesced,
-            handoffs: s.handoffs,
-            icmp_sent: s.icmp_sent,
-        }),
-        drops: Some(Drops {
-            malformed: d.malformed,
-            bad_vni: d.bad_vni,
-            bad_mac: d.wrong_dst_mac,
-            unknown_peer: d.unknown_peer,
-            spoofed_source: d.spoofed_source,
-            no_route: d.no_route,
-            ttl_expired: d.ttl_expired,
-            mtu: d.mtu,
-            decrypt_failure: d.bad_mac,
-            unknown_key: d.unknown_key,
-            replay: d.replay,
-            handshake: d.handshake,
-            backlog: d.backlog,
-            udp_send_error: d.udp_send_errors,
-            tun_write_error: d.tun_write_errors,
-            io_error: d.io_errors,
-        }),
+        batching: Some(s.batching),
+        drops: Some(s.drops),
     };
-    let counted = engine.peer_stats();
-    let peers = engine
-        .peers()
-        .entries()
-        .iter()
-        .map(|e| {
-            // Same table order; matched by subnet in case the table was swapped in between.
-            let stats = counted
-                .as_ref()
-                .and_then(|c| c.iter().find(|(s, _)| *s == e.subnet));
-            let last_handshake = stats
-                .and_then(|(_, p)| p.last_handshake)
+    let peers = peers
+        .into_iter()
+        .map(|p| PeerCounters {
+            subnet: p.subnet,
+            endpoint: p.endpoint.ip(),
+            device: name.clone(),
+            counters: p.stats.map(|c| Counters {
+                tx_packets: c.tx_packets,
+                tx_bytes: c.tx_bytes,
+                rx_packets: c.rx_packets,
+                rx_bytes: c.rx_bytes,
+            }),
+            last_handshake: p
+                .stats
+                .and_then(|c| c.last_handshake)
                 .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                .map(|d| d.as_secs());
-            let counters = stats.map(|(_, p)| Counters {
-                tx_packets: p.tx_packets,
-                tx_bytes: p.tx_bytes,
-                rx_packets: p.rx_packets,
-                rx_bytes: p.rx_bytes,
-            });
-            PeerCounters {
-                subnet: e.subnet,
-                endpoint: e.dst.ip(),
-                device: name.clone(),
-                counters,
-                last_handshake,
-            }
+                .map(|d| d.as_secs()),
         })
         .collect();
     (dev, peers)

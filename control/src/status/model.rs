@@ -13,7 +13,7 @@
 //!                               "offloads": { "tun_vnet_hdr": true, ... },
 //!                               "counters": { "tx_packets": 10, ... },
 //!                               "batching": { "udp_sends": 3, ... },
-//!                               "drops": { "unknown_peer": 0, ... } } ] },
+//!                               "drops": { "malformed": 0, ... } } ] },
 //!   "peers": [ { "subnet": "10.244.2.0/24", "ipv6_subnet": null, "public_ip": "192.0.2.2",
 //!                "public_ipv6": null, "backend_type": "vxlan", "device": "flannel.1",
 //!                "counters": { "tx_packets": 5, "tx_bytes": 420, "rx_packets": 5, "rx_bytes": 420 },
@@ -28,12 +28,19 @@
 //! per-peer counters (the kernel) or does not carry that peer; a peer's
 //! `last_handshake` unless it is a userspace WireGuard peer that has
 //! completed a handshake.
+//!
+//! `batching` and `drops` are the engine's counter sets ([`Batching`],
+//! [`Drops`]): their keys are the engine's counter names, in the engine's
+//! table order, and nothing here lists them again. Reading, a key this
+//! build does not know (a newer weftd) is ignored and a missing one is 0.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
+pub use weft_engine::{Batching, Drops};
 
 use crate::lease::Lease;
 
@@ -102,8 +109,10 @@ pub struct DeviceStatus {
     /// Packets and bytes (engine: inner packets; kernel: the device's statistics).
     pub counters: Counters,
     /// Syscalls against packets (engine).
+    #[serde(default, with = "counter_set")]
     pub batching: Option<Batching>,
     /// Drops by reason (engine).
+    #[serde(default, with = "counter_set")]
     pub drops: Option<Drops>,
 }
 
@@ -136,88 +145,6 @@ pub struct Counters {
     pub rx_packets: u64,
     /// Bytes received.
     pub rx_bytes: u64,
-}
-
-/// Syscall counts of an engine device (packets per call = batch size).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Batching {
-    /// `sendmmsg` calls.
-    pub udp_sends: u64,
-    /// `recvmmsg` calls that returned data.
-    pub udp_recvs: u64,
-    /// TUN reads that returned a packet.
-    pub tun_reads: u64,
-    /// TUN writes.
-    pub tun_writes: u64,
-    /// TUN super-packets segmented in userspace (GSO).
-    pub gso_super_packets: u64,
-    /// Received segments merged into another (GRO).
-    pub gro_coalesced: u64,
-    /// Packets handed to another worker (WireGuard).
-    pub handoffs: u64,
-    /// ICMP errors written back to the TUN (flannel-UDP).
-    pub icmp_sent: u64,
-}
-
-/// Drops by reason (packets); the names are the metrics' `reason` labels.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Drops {
-    /// Not a valid packet.
-    pub malformed: u64,
-    /// VXLAN VNI other than ours.
-    pub bad_vni: u64,
-    /// VXLAN inner destination MAC not ours.
-    pub bad_mac: u64,
-    /// Outer source is not a peer.
-    pub unknown_peer: u64,
-    /// Inner source outside the sending peer's subnet.
-    pub spoofed_source: u64,
-    /// No peer for the destination.
-    pub no_route: u64,
-    /// TTL reached zero.
-    pub ttl_expired: u64,
-    /// Too large to carry.
-    pub mtu: u64,
-    /// WireGuard: authentication (decryption) failed.
-    pub decrypt_failure: u64,
-    /// WireGuard: unknown key or receiver index.
-    pub unknown_key: u64,
-    /// WireGuard: replayed counter.
-    pub replay: u64,
-    /// WireGuard: handshake refused or out of state.
-    pub handshake: u64,
-    /// No free buffer for a cross-worker handoff.
-    pub backlog: u64,
-    /// `sendmmsg` failures.
-    pub udp_send_error: u64,
-    /// TUN write failures.
-    pub tun_write_error: u64,
-    /// Other I/O errors.
-    pub io_error: u64,
-}
-
-impl Drops {
-    /// `(reason, count)` pairs in a fixed order.
-    pub fn reasons(&self) -> [(&'static str, u64); 16] {
-        [
-            ("malformed", self.malformed),
-            ("bad_vni", self.bad_vni),
-            ("bad_mac", self.bad_mac),
-            ("unknown_peer", self.unknown_peer),
-            ("spoofed_source", self.spoofed_source),
-            ("no_route", self.no_route),
-            ("ttl_expired", self.ttl_expired),
-            ("mtu", self.mtu),
-            ("decrypt_failure", self.decrypt_failure),
-            ("unknown_key", self.unknown_key),
-            ("replay", self.replay),
-            ("handshake", self.handshake),
-            ("backlog", self.backlog),
-            ("udp_send_error", self.udp_send_error),
-            ("tun_write_error", self.tun_write_error),
-            ("io_error", self.io_error),
-        ]
-    }
 }
 
 /// Counters of one peer as a dataplane device keeps them.
@@ -315,20 +242,27 @@ impl Status {
         backend: BackendStatus,
         peers: impl IntoIterator<Item = &'a Lease>,
     ) -> Status {
+        // Each subnet's counters in report order, so that a peer is joined
+        // with one lookup per subnet (not a scan of every device's peers).
+        let mut by_subnet: HashMap<IpNet, Vec<(usize, &PeerCounters)>> = HashMap::new();
+        for (i, p) in backend.peer_counters.iter().enumerate() {
+            by_subnet.entry(p.subnet.trunc()).or_default().push((i, p));
+        }
         let peers = peers
             .into_iter()
             .map(|l| {
-                let nets: Vec<IpNet> = l
+                let nets = l
                     .subnet
                     .map(IpNet::V4)
                     .into_iter()
-                    .chain(l.ipv6_subnet.map(IpNet::V6))
+                    .chain(l.ipv6_subnet.map(IpNet::V6));
+                let mut mine: Vec<(usize, &PeerCounters)> = nets
+                    .filter_map(|n| by_subnet.get(&n))
+                    .flatten()
+                    .copied()
                     .collect();
-                let mine: Vec<&PeerCounters> = backend
-                    .peer_counters
-                    .iter()
-                    .filter(|p| nets.contains(&p.subnet.trunc()))
-                    .collect();
+                mine.sort_unstable_by_key(|(i, _)| *i);
+                let mine: Vec<&PeerCounters> = mine.into_iter().map(|(_, p)| p).collect();
                 let device = mine.first().map(|p| p.device.clone());
                 let counters = mine
                     .iter()
@@ -370,5 +304,45 @@ impl Status {
         let at = self.lease.as_ref()?.expires?;
         let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_secs();
         Some(i64::try_from(at).ok()? - i64::try_from(now).ok()?)
+    }
+}
+
+/// Serde for an engine counter set as a JSON object `{name: count}` in the
+/// engine's table order (see the module docs).
+mod counter_set {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use weft_engine::CounterSet;
+
+    struct AsMap<'a, T>(&'a T);
+
+    impl<T: CounterSet> Serialize for AsMap<'_, T> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.collect_map(self.0.iter().map(|(c, n)| (c.name, n)))
+        }
+    }
+
+    pub(super) fn serialize<S: Serializer, T: CounterSet>(
+        v: &Option<T>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => s.serialize_some(&AsMap(v)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>, T: CounterSet>(
+        d: D,
+    ) -> Result<Option<T>, D::Error> {
+        let map = Option::<BTreeMap<String, u64>>::deserialize(d)?;
+        Ok(map.map(|m| {
+            let mut set = T::default();
+            for (name, n) in m {
+                set.set(&name, n);
+            }
+            set
+        }))
     }
 }

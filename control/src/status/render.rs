@@ -4,6 +4,8 @@
 use std::fmt::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use weft_engine::CounterSet;
+
 use super::model::{Counters, Status};
 
 /// Renders `s` for a terminal.
@@ -87,10 +89,9 @@ pub fn text(s: &Status) -> String {
         }
         if let Some(dr) = &d.drops {
             let nz: Vec<String> = dr
-                .reasons()
                 .iter()
                 .filter(|(_, n)| *n > 0)
-                .map(|(r, n)| format!("{r} {n}"))
+                .map(|(c, n)| format!("{} {n}", c.name))
                 .collect();
             let _ = writeln!(
                 o,

@@ -257,3 +257,60 @@ fn a_missing_socket_says_its_cause_once() {
     let text = crate::logging::error_chain(&e);
     assert_eq!(text.matches("Connection refused").count(), 1, "{text}");
 }
+
+#[test]
+fn counter_sets_are_the_engines_in_its_order_and_read_leniently() {
+    use weft_engine::CounterSet;
+    let mut v = serde_json::to_value(full()).expect("json");
+    let keys: Vec<&str> = v["backend"]["devices"][0]["drops"]
+        .as_object()
+        .expect("drops")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let names: Vec<&str> = Drops::COUNTERS.iter().map(|c| c.name).collect();
+    assert_eq!(keys, names);
+    // A newer weftd's extra counter is ignored, a missing one reads as 0.
+    let drops = v["backend"]["devices"][0]["drops"]
+        .as_object_mut()
+        .expect("drops");
+    drops.remove("unknown_peer");
+    drops.insert("from_a_newer_weftd".into(), 7.into());
+    v["backend"]["devices"][0]["drops"]["malformed"] = 2.into();
+    let back: Status = serde_json::from_value(v).expect("lenient");
+    let d = back.backend.devices[0].drops.expect("drops");
+    assert_eq!((d.malformed, d.unknown_peer), (2, 0));
+    assert_eq!(
+        back.backend.devices[0].batching.map(|b| b.udp_recvs),
+        Some(3)
+    );
+}
+
+#[test]
+fn thousands_of_peers_are_joined_by_subnet() {
+    let n = 5000u32;
+    let net = |i: u32| format!("10.{}.{}.0/24", 100 + i / 256, i % 256);
+    let leases: Vec<Lease> = (0..n).map(|i| lease(&net(i), "192.0.2.9")).collect();
+    let mut backend = BackendStatus::new("vxlan", "userspace");
+    // Reported in reverse order, one peer without counters.
+    backend.peer_counters = (0..n)
+        .rev()
+        .map(|i| PeerCounters {
+            subnet: net(i).parse().expect("net"),
+            endpoint: "192.0.2.9".parse().expect("ip"),
+            device: "flannel.1".into(),
+            counters: (i != 7).then_some(Counters {
+                tx_packets: u64::from(i),
+                ..Default::default()
+            }),
+            last_handshake: None,
+        })
+        .collect();
+    let s = Status::build(None, backend, leases.iter());
+    assert_eq!(s.peers.len(), 5000);
+    for (i, p) in s.peers.iter().enumerate() {
+        let want = (i != 7).then_some(i as u64);
+        assert_eq!(p.counters.map(|c| c.tx_packets), want, "{:?}", p.subnet);
+        assert_eq!(p.device.as_deref(), Some("flannel.1"));
+    }
+}

@@ -219,7 +219,7 @@ impl IpipWorker {
                 continue;
             }
             if self.sock.set_df(df).is_err() {
-                ctr.add(Ctr::IoErrors, 1);
+                ctr.add(Ctr::IoError, 1);
             }
             let mut n = 0;
             for q in b.msgs.iter().filter(|q| q.df == df) {
@@ -244,7 +244,7 @@ impl IpipWorker {
             ctr.add(Ctr::UdpSends, 1);
             match self.sock.send_batch(&msgs[i..], arena) {
                 Ok(0) => {
-                    ctr.add(Ctr::UdpSendErrors, (msgs.len() - i) as u64);
+                    ctr.add(Ctr::UdpSendError, (msgs.len() - i) as u64);
                     return;
                 }
                 Ok(k) => i += k,
@@ -252,7 +252,7 @@ impl IpipWorker {
                     if e.raw_os_error() == Some(libc::EMSGSIZE) {
                         ctr.drop(DropReason::Mtu, 1);
                     } else {
-                        ctr.add(Ctr::UdpSendErrors, 1);
+                        ctr.add(Ctr::UdpSendError, 1);
                     }
                     i += 1;
                 }
@@ -267,7 +267,7 @@ impl IpipWorker {
             Ok(0) => return false,
             Ok(g) => g,
             Err(_) => {
-                ctr.add(Ctr::IoErrors, 1);
+                ctr.add(Ctr::IoError, 1);
                 return false;
             }
         };

@@ -124,7 +124,7 @@ enum Decap {
 pub fn classify(e: &WireGuardError) -> DropReason {
     match e {
         WireGuardError::InvalidMac | WireGuardError::InvalidAeadTag | WireGuardError::WrongKey => {
-            DropReason::BadMac
+            DropReason::DecryptFailure
         }
         WireGuardError::DuplicateCounter | WireGuardError::InvalidCounter => DropReason::Replay,
         WireGuardError::WrongIndex => DropReason::UnknownKey,
@@ -514,7 +514,7 @@ impl WgWorker {
             Ok(0) => return false,
             Ok(g) => g,
             Err(_) => {
-                ctr.add(Ctr::IoErrors, 1);
+                ctr.add(Ctr::IoError, 1);
                 return false;
             }
         };

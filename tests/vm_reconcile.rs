@@ -6,9 +6,10 @@
 //! restore times are printed (3-10 s here). Each wait allows one period
 //! plus 10 s for the slow software CPU under a loaded CI machine (a restore
 //! is one tick plus the backend's own work, which TCG slows): a backend
-//! that does not restore fails. Two known gaps
-//! are `#[ignore]`d tests (a WireGuard peer removed by hand, ESP SAs deleted
-//! by hand): run them with `--ignored`.
+//! that does not restore fails. A WireGuard peer removed by hand comes back
+//! because reconciliation reads the device's peers (`WgClient::wg_get`);
+//! ESP SAs deleted by hand because it reads the kernel's SAs
+//! (`XfrmClient::states`) and has charon rekey the child.
 
 #[path = "vm/common.rs"]
 mod common;
@@ -176,12 +177,9 @@ fn kernel_wireguard_restores_route_and_device() {
     traffic_back(&pods, "flannel-wg deleted");
 }
 
-/// Known gap: reconciliation restores the device, its address and routes,
-/// not a peer removed by hand (`wg set DEV peer K remove`): the backend has
-/// no way to read the device's peers back (`WgClient` has only `wg_set`).
-/// Run with `--ignored` once `WgClient` can read a device.
+/// A peer removed by hand (`wg set DEV peer K remove`) is configured again:
+/// reconciliation reads the device's peers back (`WgClient::wg_get`).
 #[test]
-#[ignore = "known gap: a WireGuard peer removed by hand is not restored (WgClient cannot read peers)"]
 fn kernel_wireguard_restores_a_removed_peer() {
     let kit = weft_tests::require_vm!();
     let (c, pods) = two_nodes(
@@ -240,15 +238,13 @@ fn ipsec_restores_its_policies() {
     traffic_back(&pods, "the out and fwd policies deleted");
 }
 
-/// Known gap: ESP SAs deleted in the kernel (`ip xfrm state deleteall`) are
-/// not restored: charon is not told (it keeps the CHILD_SA as installed and
-/// has no trap for the kernel's ACQUIRE, since weft installs the policies),
-/// so traffic stops until the 1 h rekey. A fix needs the kernel's SAs in
-/// reconciliation (an `XfrmClient` state query in control/src/netlink/) and
-/// a VICI `initiate` of the child for a peer whose SAs are gone. flannel
-/// has the same gap (it reconciles nothing).
+/// ESP SAs deleted in the kernel (`ip xfrm state deleteall`) come back:
+/// charon is not told (it keeps the CHILD_SA as installed and has no trap
+/// for the kernel's ACQUIRE, since weft installs the policies), so
+/// reconciliation reads the kernel's SAs (`XfrmClient::states`) and asks
+/// charon over VICI to `rekey` the child (new SAs on both nodes). flannel has this gap
+/// (it reconciles nothing; traffic stops until the 1 h rekey).
 #[test]
-#[ignore = "known gap: ESP SAs deleted by hand are not restored until charon rekeys (1 h)"]
 fn ipsec_restores_deleted_sas() {
     let kit = weft_tests::require_vm!();
     let (c, pods) = ipsec_pair(&kit, "rt");

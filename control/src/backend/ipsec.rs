@@ -23,7 +23,17 @@
 //!   sends them (charon reads them as `%any` and 0);
 //! - peer removed: `unload-conn`, then the policies go (the key stays, as in flannel).
 //! - reconciliation: missing policies are restored; connections charon no
-//!   longer lists (`get-conns`, e.g. after a charon restart) are loaded again.
+//!   longer lists (`get-conns`, e.g. after a charon restart) are loaded again;
+//!   a peer whose ESP SAs (`ip xfrm state`, either direction, reqid 11) are
+//!   missing gets its child renewed over VICI: `rekey` child + ike (new SAs
+//!   on both sides, the stale ones dropped; charon answers at once), and
+//!   when charon has no such child, `initiate` (timeout −1: in the
+//!   background): when the SAs were seen before (deleted by hand, a flush),
+//!   at most once per [`REINITIATE_EVERY`]; when they were never seen, once,
+//!   [`SA_SETTLE`] after the connection was loaded (they may have been
+//!   deleted before a reconcile saw them); otherwise charon's own start and
+//!   retries (keyingtries 0) are left alone. charon itself would not notice
+//!   before the 1 h rekey (flannel has this gap).
 //! - teardown stops charon if weft started it; policies stay, as in flannel.
 //!
 //! No devices, no routes. `FLANNEL_MTU` is ext − 77 (− 85 with UDPEncap).
@@ -53,6 +63,31 @@ use crate::netlink::{XfrmClient, XfrmDir, XfrmPolicy};
 pub const REQID: u32 = 11;
 /// flannel's IKE proposal.
 pub const IKE_PROPOSAL: &str = "aes256-sha256-modp4096";
+/// The least time between two renewals (`rekey`) of one peer's child.
+pub const REINITIATE_EVERY: Duration = Duration::from_secs(60);
+/// How long after loading a connection its SAs may take to appear.
+pub const SA_SETTLE: Duration = Duration::from_secs(15);
+
+/// What reconciliation knows about one peer's SAs.
+#[derive(Debug, Clone, Copy)]
+struct SaWatch {
+    /// Its SAs were in the kernel at some reconcile.
+    seen: bool,
+    /// When its connection was loaded.
+    loaded: std::time::Instant,
+    /// When reconciliation last renewed its child.
+    kicked: Option<std::time::Instant>,
+}
+
+impl SaWatch {
+    fn new() -> SaWatch {
+        SaWatch {
+            seen: false,
+            loaded: std::time::Instant::now(),
+            kicked: None,
+        }
+    }
+}
 
 /// The IKE daemon as the backend uses it (real: [`CharonIke`]).
 #[async_trait]
@@ -223,6 +258,10 @@ pub struct Ipsec {
     ext: Option<ExternalInterface>,
     own: Option<(Ipv4Net, IpAddr)>,
     peers: BTreeMap<Ipv4Net, PeerState>,
+    /// Per peer subnet: what reconciliation knows about its SAs.
+    sa_watch: BTreeMap<Ipv4Net, SaWatch>,
+    /// [`SA_SETTLE`] (shorter in tests).
+    sa_settle: Duration,
 }
 
 impl Ipsec {
@@ -236,7 +275,15 @@ impl Ipsec {
             ext: None,
             own: None,
             peers: BTreeMap::new(),
+            sa_watch: BTreeMap::new(),
+            sa_settle: SA_SETTLE,
         }
+    }
+
+    /// Waits `d` instead of [`SA_SETTLE`] for a new connection's SAs (tests).
+    pub fn with_sa_settle(mut self, d: Duration) -> Ipsec {
+        self.sa_settle = d;
+        self
     }
 
     /// Uses `ike` instead of charon on `/var/run/charon.vici`.
@@ -288,6 +335,57 @@ impl Ipsec {
             "Loaded connection: {}",
             conn_name(local, local_pub, remote, public)
         );
+        Ok(())
+    }
+}
+
+impl Ipsec {
+    /// Renews the child of every peer whose SAs are missing from the
+    /// kernel (see the module docs).
+    async fn reconcile_sas(
+        &mut self,
+        local: Ipv4Net,
+        local_pub: IpAddr,
+    ) -> Result<(), BackendError> {
+        let sas = self.xfrm.states().await?;
+        let has = |src: IpAddr, dst: IpAddr| {
+            sas.iter()
+                .any(|sa| sa.src == src && sa.dst == dst && sa.reqid == REQID)
+        };
+        let now = std::time::Instant::now();
+        let mut kick = Vec::new();
+        for (remote, st) in &self.peers {
+            let w = self.sa_watch.entry(*remote).or_insert_with(SaWatch::new);
+            if has(local_pub, st.public) && has(st.public, local_pub) {
+                w.seen = true;
+                continue;
+            }
+            let due = if w.seen {
+                w.kicked
+                    .is_none_or(|t| now.duration_since(t) >= REINITIATE_EVERY)
+            } else {
+                w.kicked.is_none() && now.duration_since(w.loaded) >= self.sa_settle
+            };
+            if due {
+                w.kicked = Some(now);
+                kick.push((*remote, st.public));
+            }
+        }
+        for (remote, public) in kick {
+            let ike = conn_name(local, local_pub, remote, public);
+            let child = format!("{local}-{remote}");
+            tracing::warn!(
+                "ESP SAs to {public} ({remote}) are gone from the kernel; rekeying CHILD_SA {child}"
+            );
+            let args = Section::new().kv("child", &child).kv("ike", &ike);
+            if let Err(e) = self.ike.call("rekey", args.clone()).await {
+                tracing::warn!("rekeying CHILD_SA {child} failed ({e}); initiating it");
+                let args = args.kv("timeout", "-1");
+                if let Err(e) = self.ike.call("initiate", args).await {
+                    tracing::error!("error initiating CHILD_SA {child}: {e}");
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -364,6 +462,7 @@ impl Backend for Ipsec {
         if add {
             let policies = Ipsec::policies(local, local_pub, remote, public);
             let st = PeerState { public, policies };
+            self.sa_watch.insert(remote, SaWatch::new());
             if let Some(old) = self.peers.insert(remote, st.clone())
                 && old != st
             {
@@ -384,6 +483,7 @@ impl Backend for Ipsec {
             }
             self.load_peer(remote, public).await?;
         } else if let Some(st) = self.peers.remove(&remote) {
+            self.sa_watch.remove(&remote);
             let name = conn_name(local, local_pub, remote, st.public);
             match self
                 .ike
@@ -436,9 +536,10 @@ impl Backend for Ipsec {
         }
         for (remote, public) in missing {
             tracing::info!("charon lost the connection to {remote}; loading it again");
+            self.sa_watch.insert(remote, SaWatch::new());
             self.load_peer(remote, public).await?;
         }
-        Ok(())
+        self.reconcile_sas(local, local_pub).await
     }
 
     async fn teardown(&mut self) {

@@ -212,3 +212,97 @@ fn missing_charon_names_the_searched_paths() {
         "{text}"
     );
 }
+
+/// Issue 18: SAs deleted in the kernel get the peer's child rekeyed
+/// (once per REINITIATE_EVERY); a peer never seen with SAs is charon's
+/// until SA_SETTLE has passed (next test).
+#[test]
+fn deleted_sas_get_the_child_rekeyed() {
+    use crate::netlink::XfrmSa;
+    let f = fake(&[], true);
+    let ike = RecordingIke::default();
+    let mut b = Ipsec::new(opts(false), f.clone()).with_ike(Box::new(ike.clone()));
+    let log = |ike: &RecordingIke| -> Vec<(String, Section)> {
+        ike.log
+            .lock()
+            .expect("log")
+            .drain(..)
+            .filter(|(c, _)| c == "rekey" || c == "initiate")
+            .collect()
+    };
+    block_on(async {
+        let own = lease("10.244.1.0/24", "192.0.2.1", "ipsec", None);
+        b.lease_attrs(&ext(), None).await.expect("attrs");
+        b.setup(&own).await.expect("setup");
+        let p = lease("10.244.2.0/24", "192.0.2.2", "ipsec", None);
+        b.apply(&Change::Add(p.clone())).await.expect("add");
+
+        // Not negotiated yet: charon's business.
+        b.reconcile().await.expect("reconcile");
+        assert!(log(&ike).is_empty());
+
+        let sa = |src: &str, dst: &str, spi| XfrmSa {
+            src: ip(src),
+            dst: ip(dst),
+            spi,
+            reqid: REQID,
+        };
+        f.insert_sa(sa("192.0.2.1", "192.0.2.2", 0xc1));
+        f.insert_sa(sa("192.0.2.2", "192.0.2.1", 0xc2));
+        b.reconcile().await.expect("reconcile");
+        assert!(log(&ike).is_empty(), "SAs in place");
+
+        // One direction deleted by hand: initiated again, once.
+        f.forget_sas(|s| s.spi == 0xc2);
+        b.reconcile().await.expect("reconcile");
+        assert_eq!(
+            log(&ike),
+            vec![(
+                "rekey".to_string(),
+                Section::new()
+                    .kv("child", "10.244.1.0/24-10.244.2.0/24")
+                    .kv("ike", "192.0.2.1-10.244.1.0/24-10.244.2.0/24-192.0.2.2")
+            )]
+        );
+        b.reconcile().await.expect("reconcile");
+        assert!(log(&ike).is_empty(), "not again within REINITIATE_EVERY");
+
+        // Other SAs (another reqid) do not count.
+        f.forget_sas(|_| true);
+        f.insert_sa(XfrmSa {
+            reqid: 7,
+            ..sa("192.0.2.1", "192.0.2.2", 0xd1)
+        });
+        b.apply(&Change::Remove(p)).await.expect("remove");
+        b.reconcile().await.expect("reconcile");
+        assert!(log(&ike).is_empty(), "a removed peer is not initiated");
+    });
+}
+
+#[test]
+fn sas_never_seen_are_renewed_once_after_the_settle_time() {
+    let f = fake(&[], true);
+    let ike = RecordingIke::default();
+    let mut b = Ipsec::new(opts(false), f.clone())
+        .with_ike(Box::new(ike.clone()))
+        .with_sa_settle(Duration::ZERO);
+    let initiates = |ike: &RecordingIke| {
+        ike.log
+            .lock()
+            .expect("log")
+            .drain(..)
+            .filter(|(c, _)| c == "rekey" || c == "initiate")
+            .count()
+    };
+    block_on(async {
+        let own = lease("10.244.1.0/24", "192.0.2.1", "ipsec", None);
+        b.lease_attrs(&ext(), None).await.expect("attrs");
+        b.setup(&own).await.expect("setup");
+        let p = lease("10.244.2.0/24", "192.0.2.2", "ipsec", None);
+        b.apply(&Change::Add(p)).await.expect("add");
+        b.reconcile().await.expect("reconcile");
+        assert_eq!(initiates(&ike), 1, "settled without SAs: initiated");
+        b.reconcile().await.expect("reconcile");
+        assert_eq!(initiates(&ike), 0, "only once: charon retries by itself");
+    });
+}

@@ -21,7 +21,11 @@
 //!   `auto` mode flannel's `selectPublicEndpoint`. Another key we configured
 //!   at the same endpoint IP is removed (flannel's `cleanupEndpointPeers`,
 //!   tracked here instead of read back). Lease removal removes the peer by key.
-//! - Reconciliation restores the device address, link state and routes; a
+//! - Reconciliation restores the device address, link state and routes, and
+//!   reads the peers back (`wg show`, [`WgClient::wg_get`]): a missing peer
+//!   is configured again (greeted like a new one), a present one only gets
+//!   what differs (allowed-ips, keepalive), never its endpoint, which may
+//!   have roamed. Peers we did not configure are left alone. A
 //!   deleted device is reported as [`BackendError::DeviceGone`] (the daemon
 //!   rebuilds the backend, which re-applies every peer).
 
@@ -60,6 +64,8 @@ struct Device {
     routes: Vec<Route>,
     /// Peers configured: endpoint IP → public key.
     peers: BTreeMap<IpAddr, [u8; 32]>,
+    /// Peers configured, as last set: public key → request.
+    want: BTreeMap<[u8; 32], WgPeerSet>,
 }
 
 /// See the module docs.
@@ -178,6 +184,7 @@ impl KernelWireguard {
             addrs,
             routes: Vec::new(),
             peers: BTreeMap::new(),
+            want: BTreeMap::new(),
         };
         for net in [self.network.map(IpNet::V4), self.network_v6.map(IpNet::V6)]
             .into_iter()
@@ -307,6 +314,56 @@ impl KernelWireguard {
         }
     }
 
+    /// Reads device `d`'s peers back and restores what differs from what
+    /// we set (see the module docs).
+    async fn reconcile_peers(&self, d: &Device) -> Result<(), BackendError> {
+        if d.want.is_empty() {
+            return Ok(());
+        }
+        let have = self.wg.wg_get(d.name).await?;
+        for (key, want) in &d.want {
+            let b64 = weft_engine::wg::key_to_base64(key);
+            let Some(got) = have.peer(key) else {
+                tracing::info!(
+                    "WireGuard peer {b64} missing on {}; adding it again",
+                    d.name
+                );
+                if want.keepalive == Some(0) {
+                    // Greeted like a new peer: a 1 s keepalive starts a handshake.
+                    let greet = WgPeerSet {
+                        keepalive: Some(1),
+                        ..want.clone()
+                    };
+                    self.set(d, vec![greet]).await?;
+                }
+                self.set(d, vec![want.clone()]).await?;
+                continue;
+            };
+            let mut ips = got.allowed_ips.clone();
+            let mut wanted = want.allowed_ips.clone();
+            ips.sort();
+            wanted.sort();
+            let keepalive = want.keepalive.filter(|k| *k != got.keepalive);
+            if ips != wanted || keepalive.is_some() {
+                tracing::info!(
+                    "WireGuard peer {b64} on {}: allowed-ips {:?} (want {:?}), keepalive {}; fixing",
+                    d.name,
+                    got.allowed_ips,
+                    want.allowed_ips,
+                    got.keepalive
+                );
+                let fix = WgPeerSet {
+                    psk: None,
+                    endpoint: None,
+                    keepalive,
+                    ..want.clone()
+                };
+                self.set(d, vec![fix]).await?;
+            }
+        }
+        Ok(())
+    }
+
     async fn set(&self, d: &Device, peers: Vec<WgPeerSet>) -> Result<(), BackendError> {
         let set = WgSet {
             ifname: d.name.into(),
@@ -415,6 +472,7 @@ impl Backend for KernelWireguard {
                 self.set(d, vec![WgPeerSet::removal(key)]).await?;
                 let d = &mut self.devices[i];
                 d.peers.retain(|_, k| *k != key);
+                d.want.remove(&key);
                 continue;
             }
             let Some(peer) = self.peer_for(lease, d) else {
@@ -432,11 +490,13 @@ impl Backend for KernelWireguard {
                 peer.endpoint,
                 d.name
             );
-            self.set(d, vec![peer]).await?;
+            self.set(d, vec![peer.clone()]).await?;
+            self.devices[i].want.insert(key, peer);
             if let Some(ip) = ip {
                 let d = &mut self.devices[i];
                 let stale = d.peers.insert(ip, key).filter(|old| *old != key);
                 if let Some(old) = stale {
+                    d.want.remove(&old);
                     let d = &self.devices[i];
                     self.set(d, vec![WgPeerSet::removal(old)]).await?;
                 }
@@ -452,6 +512,7 @@ impl Backend for KernelWireguard {
                 Some(l) if l.link.index == d.index => self.ensure(i).await?,
                 _ => return Err(BackendError::DeviceGone(d.name.into())),
             }
+            self.reconcile_peers(&self.devices[i]).await?;
         }
         Ok(())
     }

@@ -516,3 +516,92 @@ fn live_switch_between_kernel_and_userspace_keeps_the_lease() {
     assert_eq!(peers.len(), 1, "the known peer is applied again");
     assert_eq!(peers[0].public_key, key(PEER_KEY));
 }
+
+/// Issue 18: reconciliation reads the peers back: a peer removed by hand
+/// is configured again (greeted), wrong allowed-ips are replaced without
+/// touching a roamed endpoint, and a device in order gets no request.
+#[test]
+fn reconcile_restores_a_removed_peer_and_fixes_allowed_ips_only() {
+    let mut r = rig(WireguardMode::Separate, PSK, 0);
+    let own = lease("10.244.1.0/24", "192.0.2.1", "wireguard", None);
+    block_on(async {
+        r.b.lease_attrs(&ext(), None).await.expect("attrs");
+        r.b.setup(&own).await.expect("setup");
+    });
+    let p = peer_lease("10.244.2.0/24", "192.0.2.2", PEER_KEY, Some(51000));
+    block_on(r.b.apply(&Change::Add(p))).expect("add");
+    let want_peer = WgPeerSet {
+        public_key: key(PEER_KEY),
+        remove: false,
+        psk: Some(key(PSK)),
+        endpoint: Some("192.0.2.2:51000".parse().expect("ep")),
+        keepalive: Some(0),
+        allowed_ips: vec!["10.244.2.0/24".parse().expect("net")],
+    };
+    let set = |peers| {
+        Op::WgSet(WgSet {
+            ifname: "flannel-wg".into(),
+            private_key: Some(r.secret),
+            listen_port: Some(51820),
+            replace_peers: false,
+            peers,
+        })
+    };
+    r.nl.take_ops();
+
+    // In order: nothing is set.
+    block_on(r.b.reconcile()).expect("reconcile");
+    assert!(
+        !r.nl.take_ops().iter().any(|o| matches!(o, Op::WgSet(_))),
+        "no wg set for a device in order"
+    );
+
+    // `wg set flannel-wg peer K remove`: back, greeted like a new peer.
+    r.nl.edit_wg_peers("flannel-wg", |p| p.clear());
+    block_on(r.b.reconcile()).expect("reconcile");
+    let greet = WgPeerSet {
+        keepalive: Some(1),
+        ..want_peer.clone()
+    };
+    let wg_ops: Vec<Op> =
+        r.nl.take_ops()
+            .into_iter()
+            .filter(|o| matches!(o, Op::WgSet(_)))
+            .collect();
+    assert_eq!(wg_ops, vec![set(vec![greet]), set(vec![want_peer.clone()])]);
+    let dev = r.nl.wg_device("flannel-wg").expect("device");
+    assert_eq!(dev.peers.len(), 1);
+    assert_eq!(dev.peers[0].allowed_ips, want_peer.allowed_ips);
+
+    // The peer roamed and someone changed its allowed-ips: only those are
+    // set again (no endpoint, no PSK, keepalive unchanged).
+    let roamed: std::net::SocketAddr = "198.51.100.7:40000".parse().expect("ep");
+    r.nl.edit_wg_peers("flannel-wg", |p| {
+        p[0].endpoint = Some(roamed);
+        p[0].allowed_ips = vec!["10.99.0.0/16".parse().expect("net")];
+    });
+    block_on(r.b.reconcile()).expect("reconcile");
+    let fix = WgPeerSet {
+        psk: None,
+        endpoint: None,
+        keepalive: None,
+        ..want_peer.clone()
+    };
+    let wg_ops: Vec<Op> =
+        r.nl.take_ops()
+            .into_iter()
+            .filter(|o| matches!(o, Op::WgSet(_)))
+            .collect();
+    assert_eq!(wg_ops, vec![set(vec![fix])]);
+    let dev = r.nl.wg_device("flannel-wg").expect("device");
+    assert_eq!(dev.peers[0].endpoint, Some(roamed), "roamed endpoint kept");
+    assert_eq!(dev.peers[0].allowed_ips, want_peer.allowed_ips);
+
+    // A removed lease is not restored.
+    let p = peer_lease("10.244.2.0/24", "192.0.2.2", PEER_KEY, Some(51000));
+    block_on(r.b.apply(&Change::Remove(p))).expect("remove");
+    r.nl.take_ops();
+    block_on(r.b.reconcile()).expect("reconcile");
+    assert!(r.nl.wg_device("flannel-wg").expect("dev").peers.is_empty());
+    assert!(!r.nl.take_ops().iter().any(|o| matches!(o, Op::WgSet(_))));
+}

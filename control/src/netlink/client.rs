@@ -6,7 +6,10 @@ use std::net::IpAddr;
 use async_trait::async_trait;
 use ipnet::IpNet;
 
-use super::{Addr, Fdb, LinkDetail, LinkSpec, Neigh, NetlinkError, Route, WgSet, XfrmPolicy};
+use super::{
+    Addr, Fdb, LinkDetail, LinkSpec, Neigh, NetlinkError, Route, WgDevice, WgSet, XfrmPolicy,
+    XfrmSa,
+};
 
 /// Links, addresses, routes, neighbours and fdb entries in one network
 /// namespace. Every method mirrors one `ip` / `bridge` command.
@@ -81,7 +84,7 @@ pub trait Client: Send + Sync + std::fmt::Debug {
     async fn sysctl(&self, key: &str, value: &str) -> Result<(), NetlinkError>;
 }
 
-/// IPsec policies (and the ESP capability probe).
+/// IPsec policies, the kernel's SAs (read only) and the ESP capability probe.
 #[async_trait]
 pub trait XfrmClient: Send + Sync + std::fmt::Debug {
     /// `ip xfrm policy update ...` (adds or replaces).
@@ -96,6 +99,9 @@ pub trait XfrmClient: Send + Sync + std::fmt::Debug {
     /// Whether the kernel can hold ESP states (adds and removes a throwaway
     /// SA between two loopback addresses).
     async fn esp_supported(&self) -> Result<bool, NetlinkError>;
+
+    /// `ip xfrm state list` (ESP only): one `XFRM_MSG_GETSA` dump.
+    async fn states(&self) -> Result<Vec<XfrmSa>, NetlinkError>;
 }
 
 /// Kernel WireGuard devices over generic netlink (`wg set`).
@@ -103,4 +109,7 @@ pub trait XfrmClient: Send + Sync + std::fmt::Debug {
 pub trait WgClient: Send + Sync + std::fmt::Debug {
     /// `wg set DEV ...`: one `WG_CMD_SET_DEVICE` request.
     async fn wg_set(&self, set: &WgSet) -> Result<(), NetlinkError>;
+
+    /// `wg show DEV`: one `WG_CMD_GET_DEVICE` dump (ENODEV: no such device).
+    async fn wg_get(&self, ifname: &str) -> Result<WgDevice, NetlinkError>;
 }

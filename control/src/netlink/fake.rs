@@ -13,7 +13,7 @@ use ipnet::IpNet;
 
 use super::{
     Addr, Client, Fdb, Link, LinkDetail, LinkKind, LinkSpec, Neigh, NetlinkError, Route,
-    VxlanAttrs, WgClient, WgSet, XfrmClient, XfrmPolicy,
+    VxlanAttrs, WgClient, WgDevice, WgPeer, WgSet, XfrmClient, XfrmPolicy, XfrmSa,
 };
 
 /// One request a backend made, in order.
@@ -66,6 +66,10 @@ struct State {
     neighs: BTreeSet<Neigh>,
     fdbs: BTreeSet<Fdb>,
     policies: BTreeSet<XfrmPolicy>,
+    /// ESP SAs (charon's in a real kernel; tests add them by hand).
+    sas: BTreeSet<XfrmSa>,
+    /// WireGuard devices' state by name, as `wg_set` leaves it.
+    wg: BTreeMap<String, WgDevice>,
     /// Link kinds `add_link` accepts ("vxlan", "ipip", "wireguard").
     kinds: BTreeSet<&'static str>,
     esp: bool,
@@ -210,6 +214,30 @@ impl FakeNetlink {
         self.lock().policies.remove(p);
     }
 
+    /// Adds an ESP SA by hand (what charon would install).
+    pub fn insert_sa(&self, sa: XfrmSa) {
+        self.lock().sas.insert(sa);
+    }
+
+    /// Deletes the SAs matching `pred` behind the backend's back
+    /// (`ip xfrm state delete` / `deleteall`).
+    pub fn forget_sas(&self, pred: impl Fn(&XfrmSa) -> bool) {
+        self.lock().sas.retain(|sa| !pred(sa));
+    }
+
+    /// The WireGuard device `ifname` as `wg show` would read it.
+    pub fn wg_device(&self, ifname: &str) -> Option<WgDevice> {
+        self.lock().wg.get(ifname).cloned()
+    }
+
+    /// Changes a WireGuard device's peers behind the backend's back (`wg
+    /// set DEV peer K remove`, a roamed endpoint, ...).
+    pub fn edit_wg_peers(&self, ifname: &str, edit: impl FnOnce(&mut Vec<WgPeer>)) {
+        if let Some(d) = self.lock().wg.get_mut(ifname) {
+            edit(&mut d.peers);
+        }
+    }
+
     /// Adds a link by hand (e.g. a leftover device of another kind).
     pub fn insert_link(&self, name: &str, kind: LinkKind, mtu: u32, mac: Option<[u8; 6]>) -> u32 {
         let mut s = self.lock();
@@ -289,9 +317,10 @@ impl Client for FakeNetlink {
     async fn delete_link(&self, index: u32) -> Result<(), NetlinkError> {
         let mut s = self.lock();
         s.ops.push(Op::DelLink(index));
-        if s.links.remove(&index).is_none() {
+        let Some(gone) = s.links.remove(&index) else {
             return Err(errno(&format!("ip link del {index}"), libc::ENODEV));
-        }
+        };
+        s.wg.remove(&gone.link.name);
         s.addrs.retain(|a| a.index != index);
         s.routes.retain(|r| r.oif != Some(index));
         s.neighs.retain(|n| n.index != index);
@@ -495,21 +524,68 @@ impl Client for FakeNetlink {
     }
 }
 
-/// The genl recorder: a set request needs an existing wireguard link of
-/// that name (ENODEV otherwise, as the kernel answers).
+/// The genl recorder: a request needs an existing wireguard link of that
+/// name (ENODEV otherwise, as the kernel answers). A set is applied to the
+/// device's peers as the kernel applies it, so `wg_get` reads it back.
 #[async_trait]
 impl WgClient for FakeNetlink {
     async fn wg_set(&self, set: &WgSet) -> Result<(), NetlinkError> {
         let mut s = self.lock();
         s.ops.push(Op::WgSet(set.clone()));
-        if !s
-            .links
-            .values()
-            .any(|d| d.link.name == set.ifname && d.kind == LinkKind::Wireguard)
-        {
+        if !s.has_wg(&set.ifname) {
             return Err(errno(&set.describe(), libc::ENODEV));
         }
+        let d = s.wg.entry(set.ifname.clone()).or_default();
+        if let Some(p) = set.listen_port {
+            d.listen_port = p;
+        }
+        if set.replace_peers {
+            d.peers.clear();
+        }
+        for p in &set.peers {
+            let at = d.peers.iter().position(|x| x.public_key == p.public_key);
+            if p.remove {
+                if let Some(i) = at {
+                    d.peers.remove(i);
+                }
+                continue;
+            }
+            let i = at.unwrap_or_else(|| {
+                d.peers.push(WgPeer {
+                    public_key: p.public_key,
+                    endpoint: None,
+                    keepalive: 0,
+                    allowed_ips: Vec::new(),
+                });
+                d.peers.len() - 1
+            });
+            let x = &mut d.peers[i];
+            if p.endpoint.is_some() {
+                x.endpoint = p.endpoint;
+            }
+            if let Some(k) = p.keepalive {
+                x.keepalive = k;
+            }
+            // Every request carries REPLACE_ALLOWEDIPS.
+            x.allowed_ips = p.allowed_ips.clone();
+        }
         Ok(())
+    }
+
+    async fn wg_get(&self, ifname: &str) -> Result<WgDevice, NetlinkError> {
+        let s = self.lock();
+        if !s.has_wg(ifname) {
+            return Err(errno(&format!("wg show {ifname}"), libc::ENODEV));
+        }
+        Ok(s.wg.get(ifname).cloned().unwrap_or_default())
+    }
+}
+
+impl State {
+    fn has_wg(&self, ifname: &str) -> bool {
+        self.links
+            .values()
+            .any(|d| d.link.name == ifname && d.kind == LinkKind::Wireguard)
     }
 }
 
@@ -538,5 +614,9 @@ impl XfrmClient for FakeNetlink {
 
     async fn esp_supported(&self) -> Result<bool, NetlinkError> {
         Ok(self.lock().esp)
+    }
+
+    async fn states(&self) -> Result<Vec<XfrmSa>, NetlinkError> {
+        Ok(self.lock().sas.iter().copied().collect())
     }
 }

@@ -37,8 +37,8 @@ pub use types::{
     Addr, Fdb, IpipLink, Link, LinkDetail, LinkKind, LinkSpec, Neigh, Route, VxlanAttrs, VxlanLink,
     WireguardLink,
 };
-pub use wg::{WgNetlink, WgPeerSet, WgSet};
-pub use xfrm::{XfrmDir, XfrmNetlink, XfrmPolicy};
+pub use wg::{WgDevice, WgNetlink, WgPeer, WgPeerSet, WgSet};
+pub use xfrm::{XfrmDir, XfrmNetlink, XfrmPolicy, XfrmSa};
 
 /// A netlink failure.
 #[derive(Debug, thiserror::Error)]

@@ -3,6 +3,8 @@
 //! `WG_CMD_SET_DEVICE` request (`wg set DEV ...`), built into its message by
 //! the pure [`WgSet::message`], shared by the real client ([`WgNetlink`]) and
 //! the unit tests; [`super::FakeNetlink`] records it as [`super::Op::WgSet`].
+//! [`WgDevice`] is what a `WG_CMD_GET_DEVICE` dump answers (`wg show DEV`),
+//! parsed from the answer messages by the pure [`WgDevice::from_messages`].
 //!
 //! wgctrl (and so flannel) sends, per `ConfigureDevice`: `IFNAME`, then
 //! `PRIVATE_KEY` and `LISTEN_PORT` when set, `FLAGS` = REPLACE_PEERS when
@@ -22,7 +24,9 @@ use netlink_packet_wireguard::{
     WireguardCmd, WireguardDeviceFlags, WireguardMessage, WireguardPeer, WireguardPeerAttribute,
     WireguardPeerFlags,
 };
-use rtnetlink::packet_core::{NLM_F_ACK, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
+use rtnetlink::packet_core::{
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
+};
 use tokio::sync::OnceCell;
 
 use super::{NetlinkError, WgClient};
@@ -154,6 +158,111 @@ impl WgSet {
     }
 }
 
+/// One peer as the kernel reports it (`wg show DEV`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WgPeer {
+    /// The peer's public key.
+    pub public_key: [u8; 32],
+    /// The current endpoint (roams with the peer's packets).
+    pub endpoint: Option<SocketAddr>,
+    /// `persistent-keepalive` in seconds (0: off).
+    pub keepalive: u16,
+    /// `allowed-ips`.
+    pub allowed_ips: Vec<IpNet>,
+}
+
+/// A device's state from one `WG_CMD_GET_DEVICE` dump (`wg show DEV`;
+/// private and preshared keys are not kept).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WgDevice {
+    /// `listen-port`.
+    pub listen_port: u16,
+    /// The peers, in the kernel's order.
+    pub peers: Vec<WgPeer>,
+}
+
+impl WgDevice {
+    /// The `WG_CMD_GET_DEVICE` dump request for `ifname`.
+    pub fn request(ifname: &str) -> WireguardMessage {
+        WireguardMessage {
+            cmd: WireguardCmd::GetDevice,
+            attributes: vec![WireguardAttribute::IfName(ifname.into())],
+        }
+    }
+
+    /// The device from the dump's answers: the kernel splits a big device
+    /// over several messages, continuing a peer (same key) with more
+    /// allowed-ips in the next one.
+    pub fn from_messages(msgs: &[WireguardMessage]) -> WgDevice {
+        let mut dev = WgDevice::default();
+        for m in msgs {
+            for a in &m.attributes {
+                match a {
+                    WireguardAttribute::ListenPort(p) => dev.listen_port = *p,
+                    WireguardAttribute::Peers(peers) => {
+                        for p in peers {
+                            dev.merge_peer(&p.0);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        dev
+    }
+
+    fn merge_peer(&mut self, attrs: &[WireguardPeerAttribute]) {
+        let Some(key) = attrs.iter().find_map(|a| match a {
+            WireguardPeerAttribute::PublicKey(k) => Some(*k),
+            _ => None,
+        }) else {
+            return;
+        };
+        let i = match self.peers.iter().position(|p| p.public_key == key) {
+            Some(i) => i,
+            None => {
+                self.peers.push(WgPeer {
+                    public_key: key,
+                    endpoint: None,
+                    keepalive: 0,
+                    allowed_ips: Vec::new(),
+                });
+                self.peers.len() - 1
+            }
+        };
+        let peer = &mut self.peers[i];
+        for a in attrs {
+            match a {
+                WireguardPeerAttribute::Endpoint(e) => peer.endpoint = Some(*e),
+                WireguardPeerAttribute::PersistentKeepalive(k) => peer.keepalive = *k,
+                WireguardPeerAttribute::AllowedIps(ips) => {
+                    for ip in ips {
+                        let (mut addr, mut cidr) = (None, None);
+                        for x in &ip.0 {
+                            match x {
+                                WireguardAllowedIpAttr::IpAddr(a) => addr = Some(*a),
+                                WireguardAllowedIpAttr::Cidr(c) => cidr = Some(*c),
+                                _ => {}
+                            }
+                        }
+                        if let (Some(a), Some(c)) = (addr, cidr)
+                            && let Ok(n) = IpNet::new(a, c)
+                        {
+                            peer.allowed_ips.push(n);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The peer with `key`.
+    pub fn peer(&self, key: &[u8; 32]) -> Option<&WgPeer> {
+        self.peers.iter().find(|p| p.public_key == *key)
+    }
+}
+
 /// The real [`WgClient`]: a NETLINK_GENERIC socket opened on first use.
 #[derive(Debug, Clone, Default)]
 pub struct WgNetlink {
@@ -228,11 +337,96 @@ impl WgClient for WgNetlink {
         }
         Ok(())
     }
+
+    async fn wg_get(&self, ifname: &str) -> Result<WgDevice, NetlinkError> {
+        let op = format!("wg show {ifname}");
+        let mut h = self.handle().await?;
+        let mut msg = NetlinkMessage::from(GenlMessage::from_payload(WgDevice::request(ifname)));
+        msg.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+        let mut answers = h.request(msg).await.map_err(|e| genl_err(&op, e))?;
+        let mut msgs = Vec::new();
+        while let Some(answer) = answers.next().await {
+            let answer = answer.map_err(|e| NetlinkError::Genl {
+                op: op.clone(),
+                msg: e.to_string(),
+            })?;
+            match answer.payload {
+                NetlinkPayload::InnerMessage(genl) => msgs.push(genl.payload),
+                NetlinkPayload::Error(e) => {
+                    if let Some(code) = e.code {
+                        return Err(NetlinkError::Errno {
+                            op,
+                            errno: -code.get(),
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(WgDevice::from_messages(&msgs))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn allowed(n: IpNet) -> WireguardAllowedIp {
+        WireguardAllowedIp(vec![
+            WireguardAllowedIpAttr::Family(WireguardAddressFamily::Ipv4),
+            WireguardAllowedIpAttr::IpAddr(n.network()),
+            WireguardAllowedIpAttr::Cidr(n.prefix_len()),
+        ])
+    }
+
+    /// A dump split over two messages (the second continues peer 2's
+    /// allowed-ips) parses into one device with both peers whole.
+    #[test]
+    fn a_split_dump_parses_into_one_device() {
+        let ep: SocketAddr = "192.0.2.2:51820".parse().expect("parse");
+        let n = |s: &str| s.parse::<IpNet>().expect("peer");
+        let first = WireguardMessage {
+            cmd: WireguardCmd::GetDevice,
+            attributes: vec![
+                WireguardAttribute::IfName("flannel-wg".into()),
+                WireguardAttribute::ListenPort(51820),
+                WireguardAttribute::Peers(vec![
+                    WireguardPeer(vec![
+                        WireguardPeerAttribute::PublicKey([1; 32]),
+                        WireguardPeerAttribute::Endpoint(ep),
+                        WireguardPeerAttribute::PersistentKeepalive(25),
+                        WireguardPeerAttribute::AllowedIps(vec![allowed(n("10.244.1.0/24"))]),
+                    ]),
+                    WireguardPeer(vec![
+                        WireguardPeerAttribute::PublicKey([2; 32]),
+                        WireguardPeerAttribute::AllowedIps(vec![allowed(n("10.244.2.0/24"))]),
+                    ]),
+                ]),
+            ],
+        };
+        let second = WireguardMessage {
+            cmd: WireguardCmd::GetDevice,
+            attributes: vec![WireguardAttribute::Peers(vec![WireguardPeer(vec![
+                WireguardPeerAttribute::PublicKey([2; 32]),
+                WireguardPeerAttribute::AllowedIps(vec![allowed(n("10.245.2.0/24"))]),
+            ])])],
+        };
+        let d = WgDevice::from_messages(&[first, second]);
+        assert_eq!(d.listen_port, 51820);
+        assert_eq!(d.peers.len(), 2);
+        let p1 = d.peer(&[1; 32]).expect("peer");
+        assert_eq!(
+            (p1.endpoint, p1.keepalive, p1.allowed_ips.clone()),
+            (Some(ep), 25, vec![n("10.244.1.0/24")])
+        );
+        let p2 = d.peer(&[2; 32]).expect("peer");
+        assert_eq!(p2.endpoint, None);
+        assert_eq!(p2.allowed_ips, vec![n("10.244.2.0/24"), n("10.245.2.0/24")]);
+        assert_eq!(
+            WgDevice::request("flannel-wg").attributes,
+            vec![WireguardAttribute::IfName("flannel-wg".into())]
+        );
+    }
 
     /// Against the real kernel: this one has no wireguard module, so the genl
     /// family lookup fails and the error says "not supported" (what the

@@ -1,8 +1,10 @@
 //! IPsec (XFRM) policies as flannel's ipsec backend installs them
 //! (fl:pkg/backend/ipsec/handle_xfrm.go): per peer an `out`, an `in` and a
 //! `fwd` policy, ESP in tunnel mode between the two public IPs, reqid 11.
+//! The SAs are charon's; weft only reads them back ([`XfrmSa`], one
+//! `XFRM_MSG_GETSA` dump) to find a peer whose SAs were deleted.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use async_trait::async_trait;
 use futures::TryStreamExt;
@@ -80,6 +82,42 @@ impl std::fmt::Display for XfrmPolicy {
             "src {} dst {} dir {dir} tmpl src {} dst {} proto esp reqid {} mode tunnel",
             self.src, self.dst, self.tmpl_src, self.tmpl_dst, self.reqid
         )
+    }
+}
+
+/// One SA as `ip xfrm state list` shows it (the fields reconciliation needs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct XfrmSa {
+    /// Outer source.
+    pub src: IpAddr,
+    /// Outer destination.
+    pub dst: IpAddr,
+    /// SPI (host order).
+    pub spi: u32,
+    /// reqid.
+    pub reqid: u32,
+}
+
+impl XfrmSa {
+    /// The ESP SA in one `XFRM_MSG_NEWSA` dump answer (`None`: another protocol).
+    pub fn from_message(m: &netlink_packet_xfrm::state::ModifyMessage) -> Option<XfrmSa> {
+        let i = &m.user_sa_info;
+        if i.id.proto != IPPROTO_ESP {
+            return None;
+        }
+        let ip = |a: &netlink_packet_xfrm::Address| -> Option<IpAddr> {
+            match i32::from(i.family) {
+                libc::AF_INET => Some(IpAddr::V4(a.to_ipv4())),
+                libc::AF_INET6 => Some(IpAddr::V6(Ipv6Addr::from(a.addr))),
+                _ => None,
+            }
+        };
+        Some(XfrmSa {
+            src: ip(&i.saddr)?,
+            dst: ip(&i.id.daddr)?,
+            spi: i.id.spi,
+            reqid: i.reqid,
+        })
     }
 }
 
@@ -215,5 +253,49 @@ impl XfrmClient for XfrmNetlink {
             Err(e) if e.is_unsupported() => Ok(false),
             Err(e) => Err(e),
         }
+    }
+
+    async fn states(&self) -> Result<Vec<XfrmSa>, NetlinkError> {
+        let msgs: Vec<_> = self
+            .handle()
+            .await?
+            .state()
+            .get_dump()
+            .execute()
+            .try_collect()
+            .await
+            .map_err(xerr("ip xfrm state list".into()))?;
+        Ok(msgs.iter().filter_map(XfrmSa::from_message).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use netlink_packet_xfrm::state::ModifyMessage;
+
+    #[test]
+    fn an_esp_sa_is_read_from_its_dump_answer() {
+        let mut m = ModifyMessage::default();
+        let (src, dst): (IpAddr, IpAddr) = (
+            "192.0.2.1".parse().expect("ip"),
+            "192.0.2.2".parse().expect("ip"),
+        );
+        m.user_sa_info.source(&src);
+        m.user_sa_info.destination(&dst);
+        m.user_sa_info.id.proto = IPPROTO_ESP;
+        m.user_sa_info.id.spi = 0xc0ff_ee01;
+        m.user_sa_info.reqid = 11;
+        assert_eq!(
+            XfrmSa::from_message(&m),
+            Some(XfrmSa {
+                src,
+                dst,
+                spi: 0xc0ff_ee01,
+                reqid: 11
+            })
+        );
+        m.user_sa_info.id.proto = 51; // AH
+        assert_eq!(XfrmSa::from_message(&m), None);
     }
 }

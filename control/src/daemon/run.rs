@@ -180,13 +180,8 @@ pub async fn run_with<M: SubnetManager>(
         .setup(&lease)
         .await
         .context("Error registering network")?;
-    if flags.anti_spoofing != AntiSpoofingMode::Subnet && backend.dataplane() != "userspace" {
-        tracing::warn!(
-            "--anti-spoofing={} applies to the userspace engine only; the {} dataplane of the {} backend checks no sources (as flannel's)",
-            flags.anti_spoofing.engine(),
-            backend.dataplane(),
-            backend.name()
-        );
+    for w in config_warnings(flags, backend.name(), backend.dataplane()) {
+        tracing::warn!("{w}");
     }
     let _resync = host_rules(flags, &cfg, &lease, prev_env.as_ref()).await?;
     let _blackhole = blackhole_routes(flags, &nl, &lease, prev_env.as_ref()).await?;
@@ -438,6 +433,33 @@ async fn main_loop<M: SubnetManager>(
     }
 }
 
+/// Flag combinations that start but do not do what a user expects, each as
+/// one warning with the fix.
+fn config_warnings(flags: &Flags, backend: &str, dataplane: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    if flags.anti_spoofing != AntiSpoofingMode::Subnet && dataplane != "userspace" {
+        out.push(format!(
+            "--anti-spoofing={} applies to the userspace engine only; the {dataplane} dataplane of the {backend} backend checks no sources (as flannel's)",
+            flags.anti_spoofing.engine(),
+        ));
+    }
+    // Without --ip-masq, subnet.env says FLANNEL_IPMASQ=false and the CNI
+    // plugin asks the bridge plugin to masquerade pod traffic leaving the
+    // node's subnet, so it leaves with the node's address: no XFRM policy
+    // (pod subnet -> pod subnet) matches and it is never encrypted or carried.
+    // flannel behaves the same (its DaemonSet always passes --ip-masq); weft
+    // says so once instead of dropping pod traffic silently.
+    if backend == "ipsec" && !flags.ip_masq {
+        out.push(
+            "ipsec without --ip-masq: the CNI bridge plugin then masquerades pod-to-pod traffic to the node's address, \
+             which no IPsec policy matches, so pods on different nodes cannot reach each other; start weftd with --ip-masq \
+             (as kube-flannel.yml does)"
+                .to_string(),
+        );
+    }
+    out
+}
+
 fn own_lease_gone(ev: &LeaseEvent, own: &crate::lease::SubnetKey) -> bool {
     match ev {
         LeaseEvent::Removed(l) => l.key() == *own,
@@ -621,5 +643,42 @@ impl Stop {
             v = f => Some(v),
             _ = self.wait() => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn flags(args: &[&str]) -> Flags {
+        Flags::try_parse_from(std::iter::once("weftd").chain(args.iter().copied())).expect("flags")
+    }
+
+    #[test]
+    fn ipsec_without_ip_masq_is_warned_about_with_the_fix() {
+        let w = config_warnings(&flags(&[]), "ipsec", "kernel");
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("--ip-masq") && w[0].contains("masquerades"),
+            "{}",
+            w[0]
+        );
+        assert!(config_warnings(&flags(&["--ip-masq"]), "ipsec", "kernel").is_empty());
+        assert!(config_warnings(&flags(&[]), "vxlan", "kernel").is_empty());
+    }
+
+    #[test]
+    fn a_non_default_anti_spoofing_mode_on_a_kernel_dataplane_is_warned_about() {
+        let w = config_warnings(
+            &flags(&["--anti-spoofing=strict", "--ip-masq"]),
+            "vxlan",
+            "kernel",
+        );
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("userspace engine only"), "{}", w[0]);
+        assert!(
+            config_warnings(&flags(&["--anti-spoofing=strict"]), "vxlan", "userspace").is_empty()
+        );
     }
 }

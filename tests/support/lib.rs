@@ -18,6 +18,7 @@
 
 pub mod bins;
 pub mod etcd;
+pub mod k8s;
 pub mod netns;
 pub mod proc;
 pub mod vm;

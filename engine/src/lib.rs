@@ -415,8 +415,9 @@ impl Engine {
     }
 
     /// Per-peer counters of the current table, by subnet, in table order
-    /// (WireGuard: with the peer's last handshake); `None` before a worker
-    /// has started counting. Reads the counters; nothing is asked of the workers.
+    /// (WireGuard: with the peer's last handshake and our last initiation
+    /// to it); `None` before a worker has started counting. Reads the
+    /// counters; nothing is asked of the workers.
     pub fn peer_stats(&self) -> Option<Vec<(ipnet::IpNet, PeerStats)>> {
         if !stats::counts_peers(self.counters.iter().map(|c| &**c)) {
             return None;
@@ -586,12 +587,12 @@ impl Engine {
 }
 
 /// Entry `e`'s counters summed over workers (WireGuard: with the peer's
-/// last handshake).
+/// last handshake and our last initiation to it).
 fn peer_sum(t: &PeerTable, e: &peers::Entry) -> PeerStats {
     let mut s = e.counters.sum();
-    s.last_handshake =
-        e.wg.and_then(|i| t.wg_peers().get(i))
-            .and_then(|w| w.last_handshake());
+    let w = e.wg.and_then(|i| t.wg_peers().get(i));
+    s.last_handshake = w.and_then(|w| w.last_handshake());
+    s.last_initiation = w.and_then(|w| w.last_initiation());
     s
 }
 

@@ -69,6 +69,10 @@ pub struct WgEntry {
     /// Unix time (seconds) of the last completed handshake, 0 = none yet;
     /// written by the owner worker on its timer tick, kept across tables.
     pub(crate) handshake: Arc<AtomicU64>,
+    /// Unix time (milliseconds) of the last handshake initiation we sent,
+    /// 0 = none yet; written by the owner worker when it sends one (control
+    /// pace: greetings, retries, rekeys), kept across tables.
+    pub(crate) initiated: Arc<AtomicU64>,
 }
 
 impl WgEntry {
@@ -77,6 +81,16 @@ impl WgEntry {
         match self.handshake.load(Ordering::Relaxed) {
             0 => None,
             s => Some(UNIX_EPOCH + Duration::from_secs(s)),
+        }
+    }
+
+    /// When we last sent the peer a handshake initiation. The peer keeps its
+    /// TAI64N timestamp and refuses initiations from our key that carry an
+    /// older one (see [`crate::wg::BORINGTUN_TAI64_AHEAD`]).
+    pub fn last_initiation(&self) -> Option<SystemTime> {
+        match self.initiated.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(UNIX_EPOCH + Duration::from_millis(ms)),
         }
     }
 }
@@ -194,6 +208,7 @@ impl PeerTable {
                             endpoint: SocketAddr::new(p.endpoint, port),
                             allowed: vec![subnet],
                             handshake: Arc::default(),
+                            initiated: Arc::default(),
                         });
                         t.wg_by_id.insert(id, i);
                         i
@@ -243,12 +258,13 @@ impl PeerTable {
 
     /// Gives every entry per-peer counters for `workers` workers, taking
     /// over those of `prev`'s entry with the same subnet, and every
-    /// WireGuard peer the handshake time of `prev`'s peer with the same key
-    /// (control path only).
+    /// WireGuard peer the handshake and initiation times of `prev`'s peer
+    /// with the same key (control path only).
     pub(crate) fn attach_counters(&mut self, prev: &PeerTable, workers: usize) {
         for w in &mut self.wg {
             if let Some(o) = prev.wg_by_key(&w.params.public_key) {
                 w.handshake = Arc::clone(&o.handshake);
+                w.initiated = Arc::clone(&o.initiated);
             }
         }
         let old: HashMap<IpNet, &Arc<PeerSlots>> = prev
@@ -415,6 +431,38 @@ mod tests {
         let c = t2.wg_by_key(&[4; 32]).expect("peer 4").id;
         assert!(c != idb && c != ida && c <= MAX_WG_ID && c > 0);
         assert!(t2.wg_by_id(ida).is_none());
+    }
+
+    #[test]
+    fn handshake_and_initiation_times_follow_the_key_across_tables() {
+        let mut ids = WgIds::default();
+        let t = PeerTable::with_ids(&[wg("10.244.2.0/24", "192.0.2.2", 2, 0)], 51820, &mut ids);
+        let w = t.wg_by_key(&[2; 32]).expect("peer 2");
+        assert_eq!((w.last_handshake(), w.last_initiation()), (None, None));
+        w.handshake.store(1_700_000_000, Ordering::Relaxed);
+        w.initiated.store(1_700_000_000_250, Ordering::Relaxed);
+        // The peer moves (new endpoint, a second subnet): same key, same slots.
+        let mut t2 = PeerTable::with_ids(
+            &[
+                wg("10.244.2.0/24", "192.0.2.22", 2, 0),
+                wg("fd00:2::/64", "192.0.2.22", 2, 0),
+                wg("10.244.3.0/24", "192.0.2.3", 3, 0),
+            ],
+            51820,
+            &mut ids,
+        );
+        t2.attach_counters(&t, 1);
+        let w2 = t2.wg_by_key(&[2; 32]).expect("peer 2");
+        assert_eq!(
+            w2.last_handshake(),
+            Some(UNIX_EPOCH + Duration::from_secs(1_700_000_000))
+        );
+        assert_eq!(
+            w2.last_initiation(),
+            Some(UNIX_EPOCH + Duration::from_millis(1_700_000_000_250))
+        );
+        let w3 = t2.wg_by_key(&[3; 32]).expect("peer 3");
+        assert_eq!((w3.last_handshake(), w3.last_initiation()), (None, None));
     }
 
     #[test]

@@ -274,6 +274,9 @@ pub struct PeerStats {
     pub unexpected_from: Option<std::net::IpAddr>,
     /// WireGuard: when the last handshake with the peer completed.
     pub last_handshake: Option<std::time::SystemTime>,
+    /// WireGuard: when we last sent the peer a handshake initiation (see
+    /// [`crate::wg::BORINGTUN_TAI64_AHEAD`]).
+    pub last_initiation: Option<std::time::SystemTime>,
     /// Inner packets sent to the peer.
     pub tx_packets: u64,
     /// Inner bytes sent to the peer.
@@ -376,6 +379,7 @@ impl PeerSlots {
             unexpected_source: t[UNEXPECTED],
             unexpected_from: from,
             last_handshake: None,
+            last_initiation: None,
             tx_packets: t[0],
             tx_bytes: t[1],
             rx_packets: t[2],

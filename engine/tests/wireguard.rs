@@ -178,6 +178,16 @@ fn wireguard_engine_talks_to_boringtun_and_counts_drops() {
             (1, 51820),
             "initiation from the listen port"
         );
+        // ... and noted: the peer now refuses older handshake timestamps
+        // from our key (a kernel WireGuard taking over must wait for it).
+        let noted = e
+            .peer_stats()
+            .and_then(|v| v.first().and_then(|(_, s)| s.last_initiation))
+            .expect("last initiation noted");
+        let age = std::time::SystemTime::now()
+            .duration_since(noted)
+            .expect("not in the future");
+        assert!(age < Duration::from_secs(10), "noted {age:?} ago");
         let resp = match p.tunn.decapsulate(Some(from.ip()), &rx[..n], &mut p.buf) {
             TunnResult::WriteToNetwork(r) => r.to_vec(),
             other => panic!("not an initiation: {other:?}"),

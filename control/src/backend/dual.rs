@@ -16,10 +16,16 @@
 //!   the same UDP port and device name, so this is break-before-make; the
 //!   gap is one engine stop (≤ 100 ms) plus a few netlink round trips per
 //!   peer, and is logged. A failed setup rolls back to the old path.
+//! - Before that, the old path may ask for time ([`Backend::handover_at`]):
+//!   peers that got handshake initiations from weft's userspace WireGuard
+//!   refuse the kernel's for 27 s after the last one (boringtun's TAI64N
+//!   timestamps run 27 s ahead of the kernel's, and a peer only accepts
+//!   newer ones), so a userspace → kernel switch keeps the engine running
+//!   until then instead of cutting the node off for up to that long.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 
@@ -284,6 +290,10 @@ impl Backend for Dual {
         self.active.as_ref().map_or("none", |(p, _)| p.as_str())
     }
 
+    fn handover_at(&self) -> Option<SystemTime> {
+        self.active.as_ref().and_then(|(_, b)| b.handover_at())
+    }
+
     fn status(&self) -> crate::status::BackendStatus {
         match &self.active {
             Some((_, b)) => crate::status::BackendStatus {
@@ -388,6 +398,9 @@ impl Backend for Dual {
         }
         // Refused here, before anything is touched, if the lease would change.
         let next = self.core.prepare(path).await?;
+        if let Some((_, old)) = self.active.as_mut() {
+            wait_handover(&mut **old, self.core.name, path).await;
+        }
         let t0 = Instant::now();
         tracing::info!(
             "dataplane: switching the {} backend from {} to {} ({why})",
@@ -430,6 +443,58 @@ impl Backend for Dual {
                 Err(e)
             }
         }
+    }
+}
+
+/// The longest a switch waits for [`Backend::handover_at`] (more than
+/// boringtun's 27 s lead plus a rekey during the wait).
+const MAX_HANDOVER_WAIT: Duration = Duration::from_secs(40);
+
+/// Keeps `old` (still carrying traffic) until its [`Backend::handover_at`],
+/// re-read every half second (a rekey during the wait moves it), at most
+/// [`MAX_HANDOVER_WAIT`]. Blocks the switch, which the operator asked for
+/// and waits on; lease events queue meanwhile. (`&mut`: a `Backend` is
+/// `Send`, not `Sync`.)
+async fn wait_handover(old: &mut dyn Backend, name: &str, to: Path) {
+    let start = Instant::now();
+    let mut logged = false;
+    loop {
+        let Some(left) = old
+            .handover_at()
+            .and_then(|at| at.duration_since(SystemTime::now()).ok())
+            .filter(|d| !d.is_zero())
+        else {
+            if logged {
+                tracing::info!(
+                    "dataplane: waited {} ms; the {} path takes over",
+                    start.elapsed().as_millis(),
+                    to.as_str()
+                );
+            }
+            return;
+        };
+        if start.elapsed() >= MAX_HANDOVER_WAIT {
+            tracing::warn!(
+                "dataplane: still {} ms to wait after {} s; the {} path takes over now and \
+                 some peers may refuse its handshakes until then",
+                left.as_millis(),
+                MAX_HANDOVER_WAIT.as_secs(),
+                to.as_str()
+            );
+            return;
+        }
+        if !logged {
+            logged = true;
+            tracing::info!(
+                "dataplane: the {} path of the {name} backend takes over in {} ms, until then \
+                 the current path carries the traffic: the peers hold handshake timestamps from \
+                 weft's userspace WireGuard (boringtun's run 27 s ahead of the kernel's) and \
+                 would refuse the kernel's handshakes until then",
+                to.as_str(),
+                left.as_millis()
+            );
+        }
+        tokio::time::sleep(left.min(Duration::from_millis(500))).await;
     }
 }
 

@@ -312,3 +312,107 @@ fn switching_is_refused_when_the_lease_would_change_and_rolled_back_on_failure()
         );
     });
 }
+
+/// A userspace stand-in whose peers accept the other path only from
+/// `handover` on; records when it was removed.
+#[derive(Debug)]
+struct Handing {
+    attrs: LeaseAttrs,
+    handover: Arc<Mutex<Option<SystemTime>>>,
+    removed: Arc<Mutex<Vec<SystemTime>>>,
+}
+
+#[async_trait]
+impl Backend for Handing {
+    fn name(&self) -> &'static str {
+        "vxlan"
+    }
+    fn dataplane(&self) -> &'static str {
+        "userspace"
+    }
+    fn handover_at(&self) -> Option<SystemTime> {
+        *self.handover.lock().expect("lock")
+    }
+    async fn lease_attrs(
+        &mut self,
+        _: &ExternalInterface,
+        _: Option<&Lease>,
+    ) -> Result<LeaseAttrs, BackendError> {
+        Ok(self.attrs.clone())
+    }
+    async fn setup(&mut self, _: &Lease) -> Result<u32, BackendError> {
+        Ok(1450)
+    }
+    async fn apply(&mut self, _: &Change) -> Result<(), BackendError> {
+        Ok(())
+    }
+    async fn teardown(&mut self) {}
+    async fn remove_all(&mut self) {
+        self.removed.lock().expect("lock").push(SystemTime::now());
+    }
+}
+
+#[test]
+fn switching_away_keeps_the_old_path_until_its_peers_accept_the_new_one() {
+    block_on(async {
+        let attrs = kernel_attrs().await;
+        let f = fake(&["vxlan"], false);
+        let handover = Arc::new(Mutex::new(None));
+        let removed = Arc::new(Mutex::new(Vec::new()));
+        let (c, a, h, r) = (f.clone(), attrs.clone(), handover.clone(), removed.clone());
+        let mut d = Dual::new("vxlan", DataplaneChoice::Userspace, f.clone(), f.clone())
+            .kernel(
+                Some(Capability::Vxlan),
+                Box::new(move || Box::new(KernelVxlan::new(vx_opts(), true, false, c.clone()))),
+            )
+            .userspace(Box::new(move || {
+                Box::new(Handing {
+                    attrs: a.clone(),
+                    handover: h.clone(),
+                    removed: r.clone(),
+                })
+            }));
+        d.lease_attrs(&ext(), None).await.expect("attrs");
+        let mut own = lease("10.244.1.0/24", "192.0.2.1", "vxlan", None);
+        own.attrs = attrs.clone();
+        d.setup(&own).await.expect("setup");
+        assert_eq!(d.dataplane(), "userspace");
+
+        // Peers accept the kernel path in 600 ms: the userspace path runs until then.
+        let at = SystemTime::now() + Duration::from_millis(600);
+        *handover.lock().expect("lock") = Some(at);
+        assert_eq!(d.handover_at(), Some(at));
+        let t = Instant::now();
+        assert_eq!(
+            d.switch_dataplane(DataplaneChoice::Kernel)
+                .await
+                .expect("switch"),
+            "kernel"
+        );
+        assert!(
+            t.elapsed() >= Duration::from_millis(550),
+            "{:?}",
+            t.elapsed()
+        );
+        let gone = removed.lock().expect("lock").clone();
+        assert_eq!(gone.len(), 1);
+        assert!(gone[0] >= at, "removed {:?} before {at:?}", gone[0]);
+        assert!(f.links().values().any(|l| l.link.name == "flannel.1"));
+        // The kernel path asks for no wait; a time already past means none either.
+        assert_eq!(d.handover_at(), None);
+        d.switch_dataplane(DataplaneChoice::Userspace)
+            .await
+            .expect("back");
+        *handover.lock().expect("lock") = Some(SystemTime::now() - Duration::from_secs(5));
+        let t = Instant::now();
+        d.switch_dataplane(DataplaneChoice::Kernel)
+            .await
+            .expect("again");
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(removed.lock().expect("lock").len(), 2);
+    });
+}

@@ -149,6 +149,15 @@ impl Backend for Ipip {
         "kernel"
     }
 
+    fn status(&self) -> crate::status::BackendStatus {
+        let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
+        if self.index != 0 {
+            st.devices
+                .extend(crate::status::devices::kernel_device(DEVICE));
+        }
+        st
+    }
+
     async fn lease_attrs(
         &mut self,
         ext: &ExternalInterface,

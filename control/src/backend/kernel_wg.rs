@@ -21,6 +21,9 @@
 //!   `auto` mode flannel's `selectPublicEndpoint`. Another key we configured
 //!   at the same endpoint IP is removed (flannel's `cleanupEndpointPeers`,
 //!   tracked here instead of read back). Lease removal removes the peer by key.
+//! - A peer new on a device is greeted: unless it has a keepalive, it is
+//!   first configured with a keepalive of 1 s, then with 0, so that the
+//!   kernel initiates a handshake at once (see `greeting`).
 //! - Reconciliation restores the device address, link state and routes, and
 //!   reads the peers back (`wg show`, [`WgClient::wg_get`]): a missing peer
 //!   is configured again (greeted like a new one), a present one only gets
@@ -81,6 +84,23 @@ pub struct KernelWireguard {
     nl: Arc<dyn Client>,
     wg: Arc<dyn WgClient>,
     devices: Vec<Device>,
+}
+
+/// `peer` with a persistent keepalive of 1 s: configured on an up device
+/// over a peer without one, the kernel sends the peer a keepalive at once,
+/// which starts a handshake (netlink.c `set_peer`); [`KernelWireguard`]
+/// then sets the configured 0 again. A new peer (on a new device: start-up,
+/// a restart, a switch from the userspace engine) thus gets a handshake
+/// initiation right away, as the engine's `greet` does: a peer that still
+/// holds a session with our previous incarnation (same key) keeps
+/// encrypting into it, and we can decrypt nothing, until we initiate (or
+/// its own 15 s timer does, if it has traffic for us). With a configured
+/// keepalive the kernel does this by itself.
+fn greeting(peer: &WgPeerSet) -> WgPeerSet {
+    WgPeerSet {
+        keepalive: Some(1),
+        ..peer.clone()
+    }
 }
 
 /// flannel's `selectPublicEndpoint` (auto mode): IPv4 unless only IPv6
@@ -386,6 +406,16 @@ impl Backend for KernelWireguard {
         "kernel"
     }
 
+    fn status(&self) -> crate::status::BackendStatus {
+        let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
+        st.devices.extend(
+            self.devices
+                .iter()
+                .filter_map(|d| crate::status::devices::kernel_device(d.name)),
+        );
+        st
+    }
+
     async fn lease_attrs(
         &mut self,
         ext: &ExternalInterface,
@@ -490,6 +520,10 @@ impl Backend for KernelWireguard {
                 peer.endpoint,
                 d.name
             );
+            let greet = peer.keepalive == Some(0) && !d.peers.values().any(|k| *k == key);
+            if greet {
+                self.set(d, vec![greeting(&peer)]).await?;
+            }
             self.set(d, vec![peer.clone()]).await?;
             self.devices[i].want.insert(key, peer);
             if let Some(ip) = ip {

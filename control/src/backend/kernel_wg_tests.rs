@@ -513,8 +513,79 @@ fn live_switch_between_kernel_and_userspace_keeps_the_lease() {
         })
         .flatten()
         .collect();
-    assert_eq!(peers.len(), 1, "the known peer is applied again");
-    assert_eq!(peers[0].public_key, key(PEER_KEY));
+    assert_eq!(
+        peers.len(),
+        2,
+        "the known peer is applied again, greeted first: {peers:?}"
+    );
+    assert!(peers.iter().all(|p| p.public_key == key(PEER_KEY)));
+    assert_eq!(
+        (peers[0].keepalive, peers[1].keepalive),
+        (Some(1), Some(0)),
+        "a keepalive that starts a handshake, then the configured none"
+    );
+}
+
+#[test]
+fn a_new_peer_is_greeted_with_a_handshake_unless_it_has_a_keepalive() {
+    let mut r = rig(WireguardMode::Separate, "", 0);
+    let own = lease("10.244.1.0/24", "192.0.2.1", "wireguard", None);
+    block_on(async {
+        r.b.lease_attrs(&ext(), None).await.expect("attrs");
+        r.b.setup(&own).await.expect("setup");
+    });
+    r.nl.take_ops();
+    let set = |peers| {
+        Op::WgSet(WgSet {
+            ifname: "flannel-wg".into(),
+            private_key: Some(r.secret),
+            listen_port: Some(51820),
+            replace_peers: false,
+            peers,
+        })
+    };
+    let peer = |k: &str, keepalive| WgPeerSet {
+        public_key: key(k),
+        remove: false,
+        psk: None,
+        endpoint: Some("192.0.2.2:51820".parse().expect("ep")),
+        keepalive: Some(keepalive),
+        allowed_ips: vec!["10.244.2.0/24".parse().expect("net")],
+    };
+    // New: keepalive 1 s (the kernel sends a keepalive, so a handshake
+    // initiation, at once), then the configured 0.
+    let p = peer_lease("10.244.2.0/24", "192.0.2.2", PEER_KEY, Some(51820));
+    block_on(r.b.apply(&Change::Add(p.clone()))).expect("add");
+    assert_eq!(
+        r.nl.take_ops(),
+        vec![set(vec![peer(PEER_KEY, 1)]), set(vec![peer(PEER_KEY, 0)])]
+    );
+    // Known (a lease event for the same peer): configured, not greeted again.
+    block_on(r.b.apply(&Change::Add(p))).expect("again");
+    assert_eq!(r.nl.take_ops(), vec![set(vec![peer(PEER_KEY, 0)])]);
+    // A new key at the same address is new: greeted, and the old key goes.
+    let p2 = peer_lease("10.244.2.0/24", "192.0.2.2", PEER_KEY2, Some(51820));
+    block_on(r.b.apply(&Change::Add(p2))).expect("new key");
+    assert_eq!(
+        r.nl.take_ops(),
+        vec![
+            set(vec![peer(PEER_KEY2, 1)]),
+            set(vec![peer(PEER_KEY2, 0)]),
+            set(vec![WgPeerSet::removal(key(PEER_KEY))]),
+        ]
+    );
+    // After a device is recreated (teardown, setup), every peer is new again.
+    block_on(async {
+        r.b.teardown().await;
+        r.b.setup(&own).await.expect("setup again");
+    });
+    r.nl.take_ops();
+    let p3 = peer_lease("10.244.2.0/24", "192.0.2.2", PEER_KEY2, Some(51820));
+    block_on(r.b.apply(&Change::Add(p3))).expect("re-add");
+    assert_eq!(
+        r.nl.take_ops(),
+        vec![set(vec![peer(PEER_KEY2, 1)]), set(vec![peer(PEER_KEY2, 0)])]
+    );
 }
 
 /// Issue 18: reconciliation reads the peers back: a peer removed by hand

@@ -135,6 +135,16 @@ pub trait Backend: Send {
         crate::status::BackendStatus::new(self.name(), self.dataplane())
     }
 
+    /// When another implementation of this backend can take over this one's
+    /// peers without the peers refusing it; `None` (the default) or a past
+    /// time: at once. [`dual::Dual`] keeps this implementation running until
+    /// then when it switches away from it. The userspace WireGuard engine's
+    /// peers hold its handshake timestamps, which run 27 s ahead of the
+    /// kernel's ([`weft_engine::wg::BORINGTUN_TAI64_AHEAD`]).
+    fn handover_at(&self) -> Option<std::time::SystemTime> {
+        None
+    }
+
     /// Moves the running node to the `to` implementation of this backend,
     /// keeping its lease; returns the dataplane that runs afterwards.
     async fn switch_dataplane(

@@ -13,7 +13,7 @@ use ipnet::IpNet;
 use weft_engine::{AntiSpoofing, Engine, EngineConfig, Peer};
 
 use super::BackendError;
-use crate::netlink::{Netlink, Route};
+use crate::netlink::{Client, Netlink, Route};
 
 /// A running engine with its TUN device configured.
 pub struct Tunnel {
@@ -53,10 +53,12 @@ impl Tunnel {
             Engine::start(cfg).map_err(|e| BackendError::Engine(super::probe::engine_error(&e)))?;
         engine.set_anti_spoofing(anti);
         let name = engine.tun_name().to_string();
-        let link = nl
-            .link_by_name(&name)
+        // One RTM_GETLINK by name, not a dump of every link: this runs while
+        // a dataplane switch has the node cut off.
+        let link = Client::link_detail(nl, &name)
             .await?
-            .ok_or_else(|| BackendError::Engine(format!("tun {name} vanished")))?;
+            .ok_or_else(|| BackendError::Engine(format!("tun {name} vanished")))?
+            .link;
         nl.set_link_up(link.index, Some(mtu)).await?;
         nl.replace_addr(link.index, addr).await?;
         let o = engine.offloads();

@@ -21,6 +21,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -33,7 +34,7 @@ use crate::gojson;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
-use crate::netlink::Netlink;
+use crate::netlink::{Client, Netlink};
 
 /// Which families a device carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +64,20 @@ pub struct Wireguard {
     tuning: EngineTuning,
     nl: Netlink,
     devices: Vec<Device>,
+}
+
+/// Margin on top of [`weft_engine::wg::BORINGTUN_TAI64_AHEAD`]: the kernel
+/// rounds its timestamps down to 1/64 s, and ours are noted just after
+/// boringtun made its.
+const HANDOVER_MARGIN: Duration = Duration::from_millis(500);
+
+/// When the kernel's WireGuard, with our key, can start sessions with every
+/// peer that got the engine's initiations at `sent`: each peer refuses an
+/// initiation whose timestamp is not newer than the newest it accepted, and
+/// boringtun's run 27 s ahead of the kernel's.
+pub(super) fn kernel_handover_at(sent: impl Iterator<Item = SystemTime>) -> Option<SystemTime> {
+    sent.max()
+        .map(|t| t + weft_engine::wg::BORINGTUN_TAI64_AHEAD + HANDOVER_MARGIN)
 }
 
 /// flannel's lease text: exactly `{"PublicKey":"<base64>","Port":<port>}`.
@@ -172,9 +187,9 @@ impl Wireguard {
         let key = self
             .key
             .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        if let Some(old) = self.nl.link_by_name(name).await? {
+        if let Some(old) = Client::link_detail(&self.nl, name).await? {
             tracing::info!("deleting existing device {name}");
-            self.nl.del_link(old.index).await?;
+            self.nl.del_link(old.link.index).await?;
         }
         let cfg = EngineConfig {
             tun_name: name.to_string(),
@@ -432,6 +447,16 @@ impl Backend for Wireguard {
         }
     }
 
+    fn handover_at(&self) -> Option<SystemTime> {
+        let last = self
+            .devices
+            .iter()
+            .filter_map(|d| d.tunnel.engine()?.peer_stats())
+            .flatten()
+            .filter_map(|(_, s)| s.last_initiation);
+        kernel_handover_at(last)
+    }
+
     async fn reconcile(&mut self) -> Result<(), BackendError> {
         for d in &mut self.devices {
             d.tunnel.reconcile().await?;
@@ -449,6 +474,17 @@ impl Backend for Wireguard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kernel_takes_over_27_s_after_the_last_initiation() {
+        use std::time::UNIX_EPOCH;
+        let t = |ms| UNIX_EPOCH + Duration::from_millis(ms);
+        assert_eq!(kernel_handover_at(std::iter::empty()), None);
+        assert_eq!(
+            kernel_handover_at([t(1_000_000), t(1_004_000), t(1_002_000)].into_iter()),
+            Some(t(1_004_000 + 27_500))
+        );
+    }
 
     #[test]
     fn backend_data_is_flannels_bytes() {

@@ -72,6 +72,17 @@ pub const TIMER_TICK: Duration = Duration::from_millis(250);
 pub const OVERHEAD: usize = 32;
 /// Smallest output buffer boringtun accepts (a handshake initiation).
 pub const MIN_DST: usize = 148;
+/// How far ahead of the kernel's (and wireguard-go's) boringtun's handshake
+/// timestamps run: boringtun stamps TAI64N as `2^62 + 37 + unix seconds`,
+/// the kernel and wireguard-go as `2^62 + 10 + unix seconds`. A peer keeps
+/// the newest timestamp it accepted from a key and refuses initiations
+/// carrying an older one (replay protection), so after this engine sent a
+/// peer an initiation at time T, the kernel's WireGuard with the same key
+/// cannot start a session with that peer before T + 27 s: only the peer can
+/// (its 15 s timer, if it has traffic for us). Switching a node from this
+/// engine to the kernel waits for that (`control`'s `dual.rs`); each peer's
+/// last initiation is [`crate::PeerStats::last_initiation`].
+pub const BORINGTUN_TAI64_AHEAD: Duration = Duration::from_secs(27);
 /// Handshakes per second before the rate limiter asks for cookies. Every
 /// handshake message is verified twice (once to find its owner), so this is
 /// twice boringtun's device default of 100.

@@ -99,6 +99,21 @@ struct Owned {
     greet: bool,
     /// The table's last-handshake slot for this peer (unix seconds).
     handshake: Arc<AtomicU64>,
+    /// The table's last-initiation slot for this peer (unix milliseconds).
+    initiated: Arc<AtomicU64>,
+}
+
+impl Owned {
+    /// Records when `pkt`, about to be sent to the peer, is a handshake
+    /// initiation (type 1): the peer remembers its timestamp.
+    fn note_sent(&self, pkt: &[u8]) {
+        if pkt.len() == MIN_DST && pkt[0] == 1 {
+            let ms = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+            self.initiated.store(ms.max(1), Ordering::Relaxed);
+        }
+    }
 }
 
 struct Buffers {
@@ -231,6 +246,7 @@ impl WgWorker {
             match owned.get_mut(&w.id) {
                 Some(o) if o.psk == w.params.psk && o.keepalive == w.params.keepalive => {
                     o.handshake = Arc::clone(&w.handshake);
+                    o.initiated = Arc::clone(&w.initiated);
                     if o.configured != w.endpoint {
                         o.configured = w.endpoint;
                         o.endpoint = w.endpoint;
@@ -262,6 +278,7 @@ impl WgWorker {
             endpoint: w.endpoint,
             greet: true,
             handshake: Arc::clone(&w.handshake),
+            initiated: Arc::clone(&w.initiated),
         }
     }
 
@@ -284,6 +301,7 @@ impl WgWorker {
                 .format_handshake_initiation(&mut b.tx[start..end], false)
             {
                 let len = p.len();
+                o.note_sent(p);
                 self.queue(b, o.endpoint, start, len);
                 b.tx_pos += len;
                 any = true;
@@ -454,6 +472,8 @@ impl WgWorker {
         if out == len + OVERHEAD {
             ctr.add(Ctr::TxPackets, 1);
             ctr.add(Ctr::TxBytes, len as u64);
+        } else {
+            peer.note_sent(&b.tx[start..start + out]);
         }
         self.queue(b, peer.endpoint, start, out);
         b.tx_pos += out;
@@ -494,6 +514,7 @@ impl WgWorker {
             let start = b.tx_pos;
             if let TunnResult::WriteToNetwork(p) = o.tunn.update_timers(&mut b.tx[start..]) {
                 let len = p.len();
+                o.note_sent(p);
                 self.queue(b, o.endpoint, start, len);
                 b.tx_pos += len;
             }

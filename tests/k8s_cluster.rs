@@ -73,6 +73,91 @@ fn link(c: &Cluster, node: &str, dev: &str) -> String {
         .sh(&format!("ip -d link show {dev} 2>&1 || true"))
 }
 
+/// weftd on `node` runs without privileged mode: NET_ADMIN but not
+/// SYS_ADMIN in its effective capabilities, and a device cgroup that allows
+/// the TUN device (`c 10:200`) but not every device (`a *:* rwm`, what
+/// privileged containers get). Returns the capability names.
+fn weftd_unprivileged(c: &Cluster, node: &str) -> String {
+    const NAMES: [&str; 41] = [
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "DAC_READ_SEARCH",
+        "FOWNER",
+        "FSETID",
+        "KILL",
+        "SETGID",
+        "SETUID",
+        "SETPCAP",
+        "LINUX_IMMUTABLE",
+        "NET_BIND_SERVICE",
+        "NET_BROADCAST",
+        "NET_ADMIN",
+        "NET_RAW",
+        "IPC_LOCK",
+        "IPC_OWNER",
+        "SYS_MODULE",
+        "SYS_RAWIO",
+        "SYS_CHROOT",
+        "SYS_PTRACE",
+        "SYS_PACCT",
+        "SYS_ADMIN",
+        "SYS_BOOT",
+        "SYS_NICE",
+        "SYS_RESOURCE",
+        "SYS_TIME",
+        "SYS_TTY_CONFIG",
+        "MKNOD",
+        "LEASE",
+        "AUDIT_WRITE",
+        "AUDIT_CONTROL",
+        "SETFCAP",
+        "MAC_OVERRIDE",
+        "MAC_ADMIN",
+        "SYSLOG",
+        "WAKE_ALARM",
+        "BLOCK_SUSPEND",
+        "AUDIT_READ",
+        "PERFMON",
+        "BPF",
+        "CHECKPOINT_RESTORE",
+    ];
+    let pid = weftd_pid(c, node);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+        .expect("CapEff");
+    let caps: Vec<&str> = (0..NAMES.len())
+        .filter(|b| eff & (1 << b) != 0)
+        .map(|b| NAMES[b])
+        .collect();
+    assert!(
+        caps.contains(&"NET_ADMIN"),
+        "{node}: weftd lacks NET_ADMIN: {caps:?}"
+    );
+    assert!(
+        !caps.contains(&"SYS_ADMIN"),
+        "{node}: weftd runs privileged: {caps:?}"
+    );
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    let devices = cgroup
+        .lines()
+        .find_map(|l| l.split_once(":devices:").map(|(_, p)| p.to_string()))
+        .expect("devices cgroup");
+    let list = std::fs::read_to_string(format!("/sys/fs/cgroup/devices{devices}/devices.list"))
+        .expect("devices.list");
+    assert!(
+        list.lines().any(|l| l == "c 10:200 rwm"),
+        "{node}: weftd's device cgroup does not allow /dev/net/tun:\n{list}"
+    );
+    assert!(
+        !list.lines().any(|l| l == "a *:* rwm"),
+        "{node}: weftd's device cgroup allows every device (privileged):\n{list}"
+    );
+    caps.join(",")
+}
+
 fn backend_case(c: &mut SharedCluster, backend: &str, dataplane: &str, dev: &str, kind: &str) {
     let t0 = Instant::now();
     let tag = if dataplane.is_empty() {
@@ -101,6 +186,13 @@ fn backend_case(c: &mut SharedCluster, backend: &str, dataplane: &str, dev: &str
             l.contains(kind),
             "{n}: {dev} should be a {kind} device for {tag}:\n{l}\n{}",
             c.weft_logs(20)
+        );
+    }
+    if kind == "tun" {
+        let caps = weftd_unprivileged(c, "node1");
+        figure(
+            &format!("{tag}: weftd's capabilities on its TUN device (not privileged)"),
+            caps,
         );
     }
     let (ns, pods, sum) = two_pods(c, &format!("t-{tag}"));

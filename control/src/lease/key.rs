@@ -76,7 +76,11 @@ impl FromStr for SubnetKey {
                 Some(Ipv6Net::new(ip6, len6).map_err(|_| bad())?)
             }
         };
-        Ok(SubnetKey { v4: Some(v4), v6 })
+        // flannel writes an absent IPv4 subnet (an IPv6-only lease) as
+        // 0.0.0.0-0; read it back as absent, so the node's own IPv6-only
+        // lease (v4 None) matches its key.
+        let v4 = (v4.prefix_len() != 0 || !v4.addr().is_unspecified()).then_some(v4);
+        Ok(SubnetKey { v4, v6 })
     }
 }
 
@@ -106,6 +110,15 @@ mod tests {
         ] {
             assert_eq!(key(s).expect(s).to_string(), s);
         }
+    }
+
+    #[test]
+    fn an_ipv6_only_key_has_no_ipv4_subnet() {
+        let k = key("0.0.0.0-0&fd00:10:244:100::-64").expect("v6-only key");
+        assert_eq!(k.v4, None);
+        assert_eq!(k.v6, Some("fd00:10:244:100::/64".parse().unwrap()));
+        let own = SubnetKey { v4: None, v6: k.v6 };
+        assert_eq!(k, own, "the node's own IPv6-only lease matches its key");
     }
 
     #[test]

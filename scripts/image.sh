@@ -53,7 +53,16 @@ in_root() {  # COMMAND... run inside the image root $R
 fetch_debs() {
   mkdir -p "$DEBS"
   local list pv name ver file
-  list=$(python3 "$REPO/scripts/image/debs.py" --skip "$SKIP" "$@")
+  # The closure, resolved once per package set and state of the apt lists (apt-cache is slow).
+  local key
+  key=$( { printf '%s\n' "$SKIP" "$@"; stat -c '%n %Y %s' /var/lib/apt/lists/*Packages* 2>/dev/null; } | sha256sum | cut -c1-16)
+  if [[ -s $DEBS/.closure-$key ]]; then
+    list=$(cat "$DEBS/.closure-$key")
+  else
+    list=$(python3 "$REPO/scripts/image/debs.py" --skip "$SKIP" "$@") && [[ -n $list ]] || return 1
+    local tmpf; tmpf=$(mktemp "$DEBS/.closure.XXXXXX")
+    printf '%s\n' "$list" > "$tmpf" && mv "$tmpf" "$DEBS/.closure-$key"
+  fi
   (
     flock 9
     cd "$DEBS"

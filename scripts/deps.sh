@@ -35,6 +35,10 @@ DEPS=(
   "libstrongswan-standard-plugins /usr/lib/ipsec/plugins/libstrongswan-gcm.so"
   "util-linux                    /usr/bin/setpriv"                 # capability tests, charon pdeathsig
   "xz-utils                      /usr/bin/xz"                      # unpacking Debian source tarballs
+  "containerd                    /usr/bin/containerd-shim-runc-v2" # the real-cluster tests' runtime (tests/support/k8s)
+  "runc                          /usr/sbin/runc"
+  "conntrack                     /usr/sbin/conntrack"              # kube-proxy
+  "binutils                      /usr/bin/strip"                   # scripts/image.sh
 )
 
 check() {

@@ -13,6 +13,8 @@ scripts/deps.sh
 # (cnitool: seconds; kube-apiserver: ~15 min once per machine).
 scripts/tools/build-cnitool.sh
 scripts/tools/build-kube-apiserver.sh
+# kubelet, kube-controller-manager, kube-scheduler, kube-proxy from the same source (~8 min once).
+scripts/tools/build-kube.sh
 # The VM kit's stock Debian kernel, qemu and busybox (download + dpkg -x, ~1-3 min once).
 scripts/tools/setup-vm.sh
 export RUST_BACKTRACE=1

@@ -39,6 +39,9 @@ DEPS=(
   "runc                          /usr/sbin/runc"
   "conntrack                     /usr/sbin/conntrack"              # kube-proxy
   "binutils                      /usr/bin/strip"                   # scripts/image.sh
+  "gcc                           /usr/bin/gcc"                     # the static pause image (scripts/image.sh)
+  "libc6-dev                     /usr/lib/x86_64-linux-gnu/libc.a"
+  "python3                       /usr/bin/python3"                 # scripts/image/mkimg.py, debs.py
 )
 
 check() {

@@ -116,7 +116,7 @@ mod tests {
     fn an_ipv6_only_key_has_no_ipv4_subnet() {
         let k = key("0.0.0.0-0&fd00:10:244:100::-64").expect("v6-only key");
         assert_eq!(k.v4, None);
-        assert_eq!(k.v6, Some("fd00:10:244:100::/64".parse().unwrap()));
+        assert_eq!(k.v6, Some("fd00:10:244:100::/64".parse().expect("v6 net")));
         let own = SubnetKey { v4: None, v6: k.v6 };
         assert_eq!(k, own, "the node's own IPv6-only lease matches its key");
     }

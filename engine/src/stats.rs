@@ -248,6 +248,10 @@ impl Local {
     pub(crate) fn drop(&mut self, r: DropReason, n: u64) {
         self.add(Ctr::from(r), n);
     }
+    #[cfg(test)]
+    pub(crate) fn get(&self, c: Ctr) -> u64 {
+        self.0[c as usize]
+    }
     /// Publishes the totals (single writer: plain stores are enough).
     pub(crate) fn publish(&self, to: &Shared) {
         for (d, s) in to.0.iter().zip(self.0.iter()) {

@@ -50,7 +50,12 @@ pub(crate) fn single(dst: std::net::SocketAddr, start: usize, len: usize) -> TxM
 /// Sends `msgs` (pointing into `arena`) through `sock`, `sendmmsg` batch by
 /// batch, counting calls and errors. A GSO train the egress device cannot
 /// checksum (`EIO`) turns UDP GSO off for the engine (`udp_gso`) and is
-/// resent datagram by datagram; `EMSGSIZE` counts as an MTU drop.
+/// resent datagram by datagram. A train whose segments exceed the path MTU
+/// (`EMSGSIZE`, or `EINVAL` on some kernels: GSO segments are never
+/// fragmented) is resent datagram by datagram too, which the kernel fragments like any other oversized
+/// datagram; GSO stays on, as the next peer's path may be wider (a TUN MTU
+/// set above what the underlay carries, e.g. flannel's −50 on an IPv6
+/// underlay). `EMSGSIZE` for a lone datagram counts as an MTU drop.
 pub(crate) fn send_all(
     sock: &Udp,
     msgs: &[TxMsg],
@@ -69,8 +74,11 @@ pub(crate) fn send_all(
             Ok(k) => i += k,
             Err(e) => {
                 let m = msgs[i];
-                if e.raw_os_error() == Some(libc::EIO) && usize::from(m.segment) < m.len {
+                let train = usize::from(m.segment) < m.len;
+                if e.raw_os_error() == Some(libc::EIO) && train {
                     udp_gso.store(false, Ordering::Relaxed);
+                    resend_split(sock, m, arena, ctr);
+                } else if matches!(e.raw_os_error(), Some(libc::EMSGSIZE | libc::EINVAL)) && train {
                     resend_split(sock, m, arena, ctr);
                 } else if e.raw_os_error() == Some(libc::EMSGSIZE) {
                     ctr.drop(DropReason::Mtu, 1);
@@ -108,6 +116,54 @@ mod tests {
 
     fn dst(port: u16) -> std::net::SocketAddr {
         std::net::SocketAddr::from(([192, 0, 2, 1], port))
+    }
+
+    /// A train of 1400-byte segments on a path of MTU 1280 (`lo` in a
+    /// private namespace): the kernel refuses it with `EINVAL`; every
+    /// datagram must still arrive (fragmented), and GSO stays on.
+    #[test]
+    fn trains_wider_than_the_path_mtu_are_resent_one_by_one() {
+        if !weft_testenv::require_root() {
+            return;
+        }
+        let got = std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare netns");
+            let ok = std::process::Command::new("ip")
+                .args(["link", "set", "lo", "up", "mtu", "1280"])
+                .status()
+                .expect("ip");
+            assert!(ok.success(), "ip link set lo");
+            let lo = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+            let rx = std::net::UdpSocket::bind(lo).expect("bind rx");
+            rx.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+                .expect("timeout");
+            let tx = Udp::bind(lo, false, false, 1 << 20).expect("bind tx");
+            let arena: Vec<u8> = (0..4 * 1400).map(|i| (i / 1400) as u8).collect();
+            let to = rx.local_addr().expect("addr");
+            let mut m = single(to, 0, 1400);
+            for i in 1..4 {
+                assert!(extend_train(&mut m, to, i * 1400, 1400));
+            }
+            let gso = AtomicBool::new(true);
+            let mut ctr = Local::default();
+            send_all(&tx, &[m], &arena, &gso, &mut ctr);
+            let mut lens = Vec::new();
+            let mut buf = [0u8; 2000];
+            for _ in 0..4 {
+                let n = rx.recv(&mut buf).expect("datagram");
+                lens.push((n, buf[0]));
+            }
+            (
+                lens,
+                gso.load(Ordering::Relaxed),
+                ctr.get(Ctr::UdpSendError),
+            )
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(got.0, vec![(1400, 0), (1400, 1), (1400, 2), (1400, 3)]);
+        assert!(got.1, "GSO turned off");
+        assert_eq!(got.2, 0, "send errors counted");
     }
 
     #[test]

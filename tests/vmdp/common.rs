@@ -307,6 +307,16 @@ pub fn tcp(client: &P, server: &P, dst: &str) -> Duration {
     took
 }
 
+/// The MTU of `dev` on `n`.
+pub fn mtu(n: &Node, dev: &str) -> u32 {
+    let v: serde_json::Value =
+        serde_json::from_str(&n.ok(&format!("ip -j link show {dev}"))).expect("ip -j link");
+    v[0]["mtu"]
+        .as_u64()
+        .and_then(|m| u32::try_from(m).ok())
+        .unwrap_or_else(|| panic!("{dev}: no MTU in {v}"))
+}
+
 /// The links of `n`: name → kind (`ip -d -j link`: `tun`, `vxlan`,
 /// `wireguard`, `ipip`, `veth`, `bridge`; `""` for plain devices).
 pub fn links(n: &Node) -> BTreeMap<String, String> {

@@ -3,7 +3,7 @@
 //!
 //! - device `flannel.<VNI>` / `flannel-v6.<VNI>`: nolearning, `dev <ext
 //!   iface>`, `local <public IP>`, `dstport` only when `Port` is set, MTU
-//!   cfg.MTU − 50, the persisted VTEP MAC, `accept_ra=0`, address `<subnet
+//!   cfg.MTU − 50 (− 70 for IPv6: [`super::vxlan::Mtus`]), the persisted VTEP MAC, `accept_ra=0`, address `<subnet
 //!   IP>/32` (`/128`), up. An existing device is reused when compatible
 //!   (flannel's `vxlanLinksIncompat`, plus the MAC), else recreated.
 //! - per peer, in this order, with rollback on failure: a permanent neighbour
@@ -29,7 +29,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ipnet::IpNet;
 
-use super::vxlan::{backend_data, derive_mac, fmt_mac, parse_backend_data};
+use super::vxlan::{Mtus, backend_data, derive_mac, fmt_mac, parse_backend_data};
 use super::{Backend, BackendError};
 use crate::config::backend::VxlanOptions;
 use crate::iface::ExternalInterface;
@@ -88,13 +88,13 @@ impl KernelVxlan {
         }
     }
 
-    fn mtu(&self, ext: &ExternalInterface) -> u32 {
+    fn mtus(&self, ext: &ExternalInterface) -> Mtus {
         let cfg = if self.opts.mtu == 0 {
             ext.iface.mtu
         } else {
             self.opts.mtu
         };
-        cfg.saturating_sub(50)
+        Mtus::new(cfg, self.want_v6)
     }
 
     /// flannel's `ensureLink`: create, or reuse a compatible device, or recreate.
@@ -364,8 +364,8 @@ impl Backend for KernelVxlan {
                 .filter(|(v, _)| *v == vni)
                 .map(|(_, m)| m)
         };
-        let mtu = self.mtu(ext);
-        let spec = |name: String, local: IpAddr, mac: [u8; 6]| VxlanLink {
+        let mtus = self.mtus(ext);
+        let spec = |name: String, local: IpAddr, mac: [u8; 6], mtu: u32| VxlanLink {
             name,
             vni,
             vtep_index: ext.iface.index,
@@ -389,7 +389,7 @@ impl Backend for KernelVxlan {
             attrs.public_ip = ip;
             attrs.backend_data = Some(backend_data(vni, mac));
             self.v4 = Some(Dev {
-                spec: spec(format!("flannel.{vni}"), ip.into(), mac),
+                spec: spec(format!("flannel.{vni}"), ip.into(), mac, mtus.v4),
                 addr: None,
                 index: 0,
             });
@@ -403,7 +403,7 @@ impl Backend for KernelVxlan {
             attrs.public_ipv6 = Some(ip);
             attrs.backend_v6_data = Some(backend_data(vni, mac));
             self.v6 = Some(Dev {
-                spec: spec(format!("flannel-v6.{vni}"), ip.into(), mac),
+                spec: spec(format!("flannel-v6.{vni}"), ip.into(), mac, mtus.v6),
                 addr: None,
                 index: 0,
             });
@@ -434,7 +434,7 @@ impl Backend for KernelVxlan {
             self.v6 = Some(d);
             r?;
         }
-        Ok(self.mtu(&ext))
+        Ok(self.mtus(&ext).env)
     }
 
     async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {

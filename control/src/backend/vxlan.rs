@@ -4,8 +4,8 @@
 //! VTEP MAC to the peer's, lease BackendData `{"VNI":1,"VtepMAC":"..."}`.
 //!
 //! Devices are TUNs named like flannel's: `flannel.<VNI>` (IPv4) and
-//! `flannel-v6.<VNI>` (IPv6), each with `<subnet IP>/32` (`/128`), MTU
-//! cfg.MTU − 50, and one route per peer subnet. With DirectRouting, a peer on
+//! `flannel-v6.<VNI>` (IPv6), each with `<subnet IP>/32` (`/128`), the MTUs
+//! of [`Mtus`] (cfg.MTU − 50 for IPv4, − 70 for IPv6), and one route per peer subnet. With DirectRouting, a peer on
 //! the same link is reached by a plain route via its public IP, as flannel does.
 //!
 //! The VTEP MAC persists across restarts (flannel loses it in etcd mode): it
@@ -69,6 +69,45 @@ impl Vxlan {
 
     fn port(&self) -> u16 {
         self.opts.effective_port()
+    }
+}
+
+/// VXLAN's overhead on an IPv4 underlay: outer IPv4 20 + UDP 8 + VXLAN 8 +
+/// inner Ethernet 14 (flannel's `encapOverhead`).
+pub const OVERHEAD_V4: u32 = 50;
+/// On an IPv6 underlay: the outer header is 40 bytes, not 20.
+pub const OVERHEAD_V6: u32 = 70;
+
+/// The MTUs of a vxlan network whose configured MTU (Backend `MTU`, else the
+/// external interface's) is `cfg`, for both dataplanes.
+///
+/// flannel subtracts 50 for the IPv6 device too (spec §14), so a full-size
+/// IPv6 pod packet leaves as a 1520-byte datagram on a 1500-byte underlay:
+/// kernel vxlan answers every such packet with a Packet Too Big (pods recover
+/// only where ICMPv6 gets through, after a lost round trip), and a UDP GSO
+/// train of such segments is refused by the kernel outright (`EINVAL`). weft
+/// subtracts 70 for `flannel-v6.<VNI>`, and `FLANNEL_MTU`, the MTU of the
+/// pods' one interface for both families, is the smaller of the devices in
+/// use. A peer still on −50 is unaffected: what it sends is its own PMTU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mtus {
+    /// `flannel.<VNI>`.
+    pub v4: u32,
+    /// `flannel-v6.<VNI>`.
+    pub v6: u32,
+    /// `FLANNEL_MTU`.
+    pub env: u32,
+}
+
+impl Mtus {
+    pub fn new(cfg: u32, v6: bool) -> Mtus {
+        let v4 = cfg.saturating_sub(OVERHEAD_V4);
+        let v6_mtu = cfg.saturating_sub(OVERHEAD_V6);
+        Mtus {
+            v4,
+            v6: v6_mtu,
+            env: if v6 { v6_mtu } else { v4 },
+        }
     }
 }
 
@@ -204,28 +243,36 @@ impl Backend for Vxlan {
         } else {
             self.opts.mtu
         };
-        let mtu = cfg_mtu.saturating_sub(50);
+        let mtus = Mtus::new(cfg_mtu, self.v6.is_some());
         let (vni, port, tuning) = (self.opts.vni, self.port(), self.tuning);
-        let engine = |name: String, mac: [u8; 6], local: IpAddr, tun_addr: IpAddr| EngineConfig {
-            tun_name: name,
-            encap: Encap::Vxlan {
-                vni,
-                port,
-                local_mac: mac,
-            },
-            local_addr: local,
-            tun_addr: Some(tun_addr),
-            mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
-            workers: tuning.workers,
-            offload: tuning.offload,
-            anti_spoof: tuning.anti_spoof != weft_engine::AntiSpoofing::Off,
-        };
+        let engine =
+            |name: String, mac: [u8; 6], local: IpAddr, tun_addr: IpAddr, mtu: u32| EngineConfig {
+                tun_name: name,
+                encap: Encap::Vxlan {
+                    vni,
+                    port,
+                    local_mac: mac,
+                },
+                local_addr: local,
+                tun_addr: Some(tun_addr),
+                mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
+                workers: tuning.workers,
+                offload: tuning.offload,
+                anti_spoof: tuning.anti_spoof != weft_engine::AntiSpoofing::Off,
+            };
         if let (Some(f), Some(sn)) = (self.v4.as_mut(), lease.subnet) {
             let local = ext
                 .ext_addr
                 .map(IpAddr::V4)
                 .ok_or_else(|| BackendError::Config("no IPv4 address".into()))?;
-            let cfg = engine(format!("flannel.{vni}"), f.mac, local, sn.network().into());
+            let mtu = mtus.v4;
+            let cfg = engine(
+                format!("flannel.{vni}"),
+                f.mac,
+                local,
+                sn.network().into(),
+                mtu,
+            );
             let addr = IpNet::new(sn.network().into(), 32)
                 .map_err(|e| BackendError::Config(e.to_string()))?;
             f.tunnel = Some(Tunnel::start(&self.nl, cfg, addr, mtu, tuning.anti_spoof).await?);
@@ -240,12 +287,13 @@ impl Backend for Vxlan {
                 f.mac,
                 local,
                 sn.network().into(),
+                mtus.v6,
             );
             let addr = IpNet::new(sn.network().into(), 128)
                 .map_err(|e| BackendError::Config(e.to_string()))?;
-            f.tunnel = Some(Tunnel::start(&self.nl, cfg, addr, mtu, tuning.anti_spoof).await?);
+            f.tunnel = Some(Tunnel::start(&self.nl, cfg, addr, mtus.v6, tuning.anti_spoof).await?);
         }
-        Ok(mtu)
+        Ok(mtus.env)
     }
 
     async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
@@ -374,6 +422,38 @@ fn on_link(ext: &ExternalInterface, ip: IpAddr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ipv6_devices_leave_room_for_the_ipv6_outer_header() {
+        // IPv4 only: flannel's figures.
+        assert_eq!(
+            Mtus::new(1500, false),
+            Mtus {
+                v4: 1450,
+                v6: 1430,
+                env: 1450
+            }
+        );
+        // IPv6 only or dual stack: a 1430-byte pod packet is a 1500-byte
+        // datagram on the IPv6 underlay; the pods' MTU is the smaller one.
+        assert_eq!(
+            Mtus::new(1500, true),
+            Mtus {
+                v4: 1450,
+                v6: 1430,
+                env: 1430
+            }
+        );
+        assert_eq!(Mtus::new(9001, true).env, 9001 - 70);
+        assert_eq!(
+            Mtus::new(40, true),
+            Mtus {
+                v4: 0,
+                v6: 0,
+                env: 0
+            }
+        );
+    }
 
     #[test]
     fn backend_data_is_flannels_bytes() {

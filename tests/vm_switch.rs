@@ -20,7 +20,8 @@
 //! old session. weftd now keeps the engine running until the peer accepts
 //! the kernel's timestamps (`Backend::handover_at`, so that command takes
 //! up to ~28 s) and the kernel path greets every new peer; the gap is
-//! asserted like the others.
+//! asserted like the others. The switch is pending meanwhile, not blocking
+//! weftd: `weft status` answers throughout and shows it.
 
 #[path = "vmdp/common.rs"]
 mod common;
@@ -94,7 +95,11 @@ fn switch_case(c: &Case) {
     let mut report = Vec::new();
     for (to, kind) in [("userspace", "tun"), ("kernel", c.kernel_kind)] {
         let stream = PingStream::start(p2, &p1.ip(false));
-        let took = common::switch(n1, to);
+        let took = if c.dev == "flannel-wg" && to == "kernel" {
+            pending_switch(&net)
+        } else {
+            common::switch(n1, to)
+        };
         // The stream must carry on: 100 more replies (about 1 s of it).
         let at = stream.replies();
         stream.wait_more(at, 100, Duration::from_secs(60));
@@ -163,6 +168,55 @@ fn switch_case(c: &Case) {
         println!("  {r}");
     }
     println!("  test wall time {:.1?}", net.t0.elapsed());
+}
+
+/// WireGuard userspace → kernel on node 1: the switch waits for the peers
+/// to accept the kernel's handshakes (about 27 s), and meanwhile weftd goes
+/// on serving: `weft status` answers at once, showing the kernel requested
+/// and the userspace path still running. Returns how long the command took.
+fn pending_switch(net: &common::Net) -> Duration {
+    let n1 = net.node(0);
+    let weft = weft_tests::bins::path("weft");
+    let t = std::time::Instant::now();
+    let cmd = n1.spawn(
+        "switch",
+        &format!(
+            "exec {} dataplane set kernel --timeout 90 --subnet-file {}",
+            weft_tests::vm::quote(&weft.to_string_lossy()),
+            weft_tests::vm::SUBNET_ENV
+        ),
+    );
+    let mut seen_pending = false;
+    while cmd.exit_code().is_none() && t.elapsed() < Duration::from_secs(90) {
+        let asked = std::time::Instant::now();
+        let st = net.status(0);
+        let answered = asked.elapsed();
+        assert!(
+            answered < Duration::from_secs(5),
+            "weft status took {answered:?} during the switch"
+        );
+        if st["backend"]["requested"] == "kernel" && st["backend"]["dataplane"] == "userspace" {
+            seen_pending = true;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let took = t.elapsed();
+    assert_eq!(cmd.exit_code(), Some(0), "{}", cmd.log());
+    assert!(cmd.log().contains("runs in the kernel"), "{}", cmd.log());
+    assert!(
+        seen_pending,
+        "weftd never reported the pending switch (userspace running, kernel requested); \
+         command took {took:?}:\n{}",
+        net.weftd[0].log()
+    );
+    assert!(
+        net.weftd[0]
+            .log()
+            .contains("runs in the userspace until the pending switch is due"),
+        "{}",
+        net.weftd[0].log()
+    );
+    took
 }
 
 #[test]

@@ -105,11 +105,24 @@ impl DataplaneControl {
             want.as_str(),
             backend.name()
         );
-        match backend.switch_dataplane(want).await {
+        self.requested = want;
+        self.switch(backend).await;
+    }
+
+    /// A pending switch is due ([`Backend::switch_pending`]): completes it.
+    pub async fn on_due(&mut self, backend: &mut dyn Backend) {
+        self.switch(backend).await;
+    }
+
+    async fn switch(&self, backend: &mut dyn Backend) {
+        match backend.switch_dataplane(self.requested).await {
+            Ok(now) if backend.switch_pending().is_some() => tracing::info!(
+                "dataplane: {} runs in the {now} until the pending switch is due",
+                backend.name()
+            ),
             Ok(now) => tracing::info!("dataplane: {} runs in the {now}", backend.name()),
             Err(e) => tracing::error!("dataplane switch failed: {e}"),
         }
-        self.requested = want;
     }
 }
 

@@ -21,7 +21,14 @@
 //!   refuse the kernel's for 27 s after the last one (boringtun's TAI64N
 //!   timestamps run 27 s ahead of the kernel's, and a peer only accepts
 //!   newer ones), so a userspace → kernel switch keeps the engine running
-//!   until then instead of cutting the node off for up to that long.
+//!   until then instead of cutting the node off for up to that long. The
+//!   switch is then *pending* ([`Backend::switch_pending`]): the call returns
+//!   at once with the old path still running, the daemon's main loop goes on
+//!   applying lease events, answering status and handling signals, and calls
+//!   [`Backend::switch_dataplane`] again when it is due (at the handover
+//!   time, at most [`MAX_HANDOVER_WAIT`] after the request). Peers added
+//!   meanwhile are in the new path's replay. Asking for the running path
+//!   cancels a pending switch.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -62,6 +69,17 @@ impl Path {
 pub struct Dual {
     core: Core,
     active: Option<(Path, Box<dyn Backend>)>,
+    pending: Option<Pending>,
+}
+
+/// A switch waiting for the old path's [`Backend::handover_at`].
+struct Pending {
+    path: Path,
+    why: String,
+    /// The prepared (not set up) implementation.
+    next: Box<dyn Backend>,
+    /// [`MAX_HANDOVER_WAIT`] after the request.
+    latest: SystemTime,
 }
 
 /// Everything but the running implementation (kept `Sync` so that it can be
@@ -117,7 +135,11 @@ impl Dual {
             mtu: None,
             peers: BTreeMap::new(),
         };
-        Dual { core, active: None }
+        Dual {
+            core,
+            active: None,
+            pending: None,
+        }
     }
 
     /// Adds the kernel implementation, which needs `cap` (`None`: nothing to probe).
@@ -294,6 +316,11 @@ impl Backend for Dual {
         self.active.as_ref().and_then(|(_, b)| b.handover_at())
     }
 
+    fn switch_pending(&self) -> Option<SystemTime> {
+        let p = self.pending.as_ref()?;
+        Some(self.handover_at().map_or(p.latest, |at| at.min(p.latest)))
+    }
+
     fn status(&self) -> crate::status::BackendStatus {
         match &self.active {
             Some((_, b)) => crate::status::BackendStatus {
@@ -369,12 +396,14 @@ impl Backend for Dual {
     }
 
     async fn teardown(&mut self) {
+        self.pending = None;
         if let Some((_, b)) = self.active.as_mut() {
             b.teardown().await;
         }
     }
 
     async fn remove_all(&mut self) {
+        self.pending = None;
         if let Some((_, b)) = self.active.as_mut() {
             b.remove_all().await;
         }
@@ -389,6 +418,12 @@ impl Backend for Dual {
             return Err(BackendError::Config("switching before setup".into()));
         };
         if path == cur {
+            if let Some(p) = self.pending.take() {
+                tracing::info!(
+                    "dataplane: the pending switch to the {} is cancelled",
+                    p.path.as_str()
+                );
+            }
             tracing::info!(
                 "dataplane: the {} backend already runs in the {}",
                 self.core.name,
@@ -396,11 +431,51 @@ impl Backend for Dual {
             );
             return Ok(path.as_str());
         }
-        // Refused here, before anything is touched, if the lease would change.
-        let next = self.core.prepare(path).await?;
-        if let Some((_, old)) = self.active.as_mut() {
-            wait_handover(&mut **old, self.core.name, path).await;
-        }
+        let (next, why) = match self.pending.take() {
+            Some(p) if p.path == path => {
+                if let Some(left) = handover_left(self.handover_at(), p.latest) {
+                    tracing::debug!(
+                        "dataplane: switch still pending for {} ms",
+                        left.as_millis()
+                    );
+                    self.pending = Some(p);
+                    return Ok(cur.as_str());
+                }
+                if self.handover_at().is_some_and(|at| at > SystemTime::now()) {
+                    tracing::warn!(
+                        "dataplane: the {} path takes over after waiting {} s; some peers may                          refuse its handshakes for a while",
+                        path.as_str(),
+                        MAX_HANDOVER_WAIT.as_secs()
+                    );
+                }
+                (p.next, p.why)
+            }
+            _ => {
+                // Refused here, before anything is touched, if the lease would change.
+                let next = self.core.prepare(path).await?;
+                let latest = SystemTime::now() + MAX_HANDOVER_WAIT;
+                if let Some(left) = handover_left(self.handover_at(), latest) {
+                    tracing::info!(
+                        "dataplane: the {} path of the {} backend takes over in {} ms, until then \
+                         the {} path carries the traffic: the peers hold handshake timestamps from \
+                         weft's userspace WireGuard (boringtun's run 27 s ahead of the kernel's) \
+                         and would refuse the kernel's handshakes until then",
+                        path.as_str(),
+                        self.core.name,
+                        left.as_millis(),
+                        cur.as_str()
+                    );
+                    self.pending = Some(Pending {
+                        path,
+                        why,
+                        next,
+                        latest,
+                    });
+                    return Ok(cur.as_str());
+                }
+                (next, why)
+            }
+        };
         let t0 = Instant::now();
         tracing::info!(
             "dataplane: switching the {} backend from {} to {} ({why})",
@@ -446,56 +521,17 @@ impl Backend for Dual {
     }
 }
 
-/// The longest a switch waits for [`Backend::handover_at`] (more than
-/// boringtun's 27 s lead plus a rekey during the wait).
+/// The longest a switch stays pending for [`Backend::handover_at`] (more
+/// than boringtun's 27 s lead plus a rekey during the wait).
 const MAX_HANDOVER_WAIT: Duration = Duration::from_secs(40);
 
-/// Keeps `old` (still carrying traffic) until its [`Backend::handover_at`],
-/// re-read every half second (a rekey during the wait moves it), at most
-/// [`MAX_HANDOVER_WAIT`]. Blocks the switch, which the operator asked for
-/// and waits on; lease events queue meanwhile. (`&mut`: a `Backend` is
-/// `Send`, not `Sync`.)
-async fn wait_handover(old: &mut dyn Backend, name: &str, to: Path) {
-    let start = Instant::now();
-    let mut logged = false;
-    loop {
-        let Some(left) = old
-            .handover_at()
-            .and_then(|at| at.duration_since(SystemTime::now()).ok())
-            .filter(|d| !d.is_zero())
-        else {
-            if logged {
-                tracing::info!(
-                    "dataplane: waited {} ms; the {} path takes over",
-                    start.elapsed().as_millis(),
-                    to.as_str()
-                );
-            }
-            return;
-        };
-        if start.elapsed() >= MAX_HANDOVER_WAIT {
-            tracing::warn!(
-                "dataplane: still {} ms to wait after {} s; the {} path takes over now and \
-                 some peers may refuse its handshakes until then",
-                left.as_millis(),
-                MAX_HANDOVER_WAIT.as_secs(),
-                to.as_str()
-            );
-            return;
-        }
-        if !logged {
-            logged = true;
-            tracing::info!(
-                "dataplane: the {} path of the {name} backend takes over in {} ms, until then \
-                 the current path carries the traffic: the peers hold handshake timestamps from \
-                 weft's userspace WireGuard (boringtun's run 27 s ahead of the kernel's) and \
-                 would refuse the kernel's handshakes until then",
-                to.as_str(),
-                left.as_millis()
-            );
-        }
-        tokio::time::sleep(left.min(Duration::from_millis(500))).await;
-    }
+/// How long until `handover` (the old path's [`Backend::handover_at`]), no
+/// later than `latest`; `None` when it has passed.
+fn handover_left(handover: Option<SystemTime>, latest: SystemTime) -> Option<Duration> {
+    let at = handover?.min(latest);
+    at.duration_since(SystemTime::now())
+        .ok()
+        .filter(|d| !d.is_zero())
 }
 
 #[cfg(test)]

@@ -378,21 +378,57 @@ fn switching_away_keeps_the_old_path_until_its_peers_accept_the_new_one() {
         d.setup(&own).await.expect("setup");
         assert_eq!(d.dataplane(), "userspace");
 
-        // Peers accept the kernel path in 600 ms: the userspace path runs until then.
+        // Peers accept the kernel path in 600 ms: the userspace path runs
+        // until then, and the switch is pending instead of blocking.
         let at = SystemTime::now() + Duration::from_millis(600);
         *handover.lock().expect("lock") = Some(at);
         assert_eq!(d.handover_at(), Some(at));
+        assert_eq!(d.switch_pending(), None);
         let t = Instant::now();
         assert_eq!(
             d.switch_dataplane(DataplaneChoice::Kernel)
                 .await
                 .expect("switch"),
-            "kernel"
+            "userspace"
         );
         assert!(
-            t.elapsed() >= Duration::from_millis(550),
+            t.elapsed() < Duration::from_millis(300),
             "{:?}",
             t.elapsed()
+        );
+        assert_eq!(d.switch_pending(), Some(at));
+        // Peers arriving meanwhile reach the running path and the next one.
+        let mac = crate::backend::vxlan::backend_data(1, [2, 0, 0, 0, 0, 9]);
+        d.apply(&Change::Add(lease(
+            "10.244.9.0/24",
+            "192.0.2.9",
+            "vxlan",
+            Some(&mac),
+        )))
+        .await
+        .expect("apply while pending");
+        // Called early (a SIGHUP repeating the request): still pending.
+        assert_eq!(
+            d.switch_dataplane(DataplaneChoice::Kernel)
+                .await
+                .expect("early"),
+            "userspace"
+        );
+        assert!(removed.lock().expect("lock").is_empty());
+        tokio::time::sleep(at.duration_since(SystemTime::now()).unwrap_or_default()).await;
+        assert_eq!(
+            d.switch_dataplane(DataplaneChoice::Kernel)
+                .await
+                .expect("due"),
+            "kernel"
+        );
+        assert_eq!(d.switch_pending(), None);
+        assert!(
+            f.routes()
+                .iter()
+                .any(|r| r.dst.to_string() == "10.244.9.0/24"),
+            "the peer added while pending is in the kernel path: {:?}",
+            f.routes()
         );
         let gone = removed.lock().expect("lock").clone();
         assert_eq!(gone.len(), 1);

@@ -145,8 +145,16 @@ pub trait Backend: Send {
         None
     }
 
+    /// A [`Backend::switch_dataplane`] that is waiting for the running
+    /// path's [`Backend::handover_at`]: when to call it again (with the same
+    /// choice) to complete it. `None` (the default): nothing pending.
+    fn switch_pending(&self) -> Option<std::time::SystemTime> {
+        None
+    }
+
     /// Moves the running node to the `to` implementation of this backend,
-    /// keeping its lease; returns the dataplane that runs afterwards.
+    /// keeping its lease; returns the dataplane that runs afterwards (the old
+    /// one while the switch is pending, see [`Backend::switch_pending`]).
     async fn switch_dataplane(
         &mut self,
         to: DataplaneChoice,

@@ -99,8 +99,9 @@ enum DataplaneAction {
     Set {
         /// auto, kernel or userspace.
         mode: String,
-        /// Seconds to wait for weftd.
-        #[arg(long, default_value_t = 30)]
+        /// Seconds to wait for weftd (a WireGuard switch to the kernel waits
+        /// up to 40 s for the peers to accept the kernel's handshakes).
+        #[arg(long, default_value_t = 60)]
         timeout: u64,
     },
 }

@@ -410,6 +410,7 @@ async fn main_loop<M: SubnetManager>(
                 }
             }
             Some(()) = recv_hup(&mut hup) => ctl.on_hup(backend).await,
+            _ = sleep_until(backend.switch_pending()) => ctl.on_due(backend).await,
             _ = reconcile.tick() => {
                 match backend.reconcile().await {
                     Ok(()) => {}

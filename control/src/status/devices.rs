@@ -38,6 +38,7 @@ pub fn engine_device(engine: &Engine) -> (DeviceStatus, Vec<PeerCounters>) {
         },
         batching: Some(s.batching),
         drops: Some(s.drops),
+        peers: u32::try_from(peers.len()).ok(),
     };
     let peers = peers
         .into_iter()
@@ -91,6 +92,7 @@ pub fn kernel_device_in(root: &Path, name: &str) -> Option<DeviceStatus> {
         },
         batching: None,
         drops: None,
+        peers: None,
     })
 }
 

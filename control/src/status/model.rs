@@ -114,6 +114,10 @@ pub struct DeviceStatus {
     /// Drops by reason (engine).
     #[serde(default, with = "counter_set")]
     pub drops: Option<Drops>,
+    /// Entries in the engine's peer table (engine): what it forwards to, as
+    /// opposed to the leases weftd knows ([`Status::peers`]).
+    #[serde(default)]
+    pub peers: Option<u32>,
 }
 
 /// Active offloads of an engine device.

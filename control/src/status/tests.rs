@@ -50,6 +50,7 @@ pub(crate) fn full() -> Status {
                 unknown_peer: 4,
                 ..Default::default()
             }),
+            peers: Some(2),
         }],
         peer_counters: vec![
             PeerCounters {

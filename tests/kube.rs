@@ -71,8 +71,19 @@ impl Node {
 
     /// Starts weftd with `kubeconfig` and extra environment.
     fn start(&mut self, cp: &ControlPlane, kubeconfig: &Path, env: &[(&str, &str)]) {
+        self.start_with(cp, kubeconfig, env, NET_CONF);
+    }
+
+    /// [`Node::start`] with net-conf.json `net_conf`.
+    fn start_with(
+        &mut self,
+        cp: &ControlPlane,
+        kubeconfig: &Path,
+        env: &[(&str, &str)],
+        net_conf: &str,
+    ) {
         let conf = cp.dir.path().join("net-conf.json");
-        std::fs::write(&conf, NET_CONF).expect("net-conf");
+        std::fs::write(&conf, net_conf).expect("net-conf");
         let mut c = Command::new("ip");
         c.args(["netns", "exec", self.ns.name(), "env"]);
         for (k, v) in env {
@@ -120,7 +131,11 @@ impl Node {
 
     /// The VTEP MAC of the own vxlan device.
     fn vtep_mac(&self) -> String {
-        let out = self.ns.exec(&["ip", "-j", "link", "show", "flannel.1"]);
+        self.mac_of("flannel.1")
+    }
+
+    fn mac_of(&self, dev: &str) -> String {
+        let out = self.ns.exec(&["ip", "-j", "link", "show", dev]);
         let v: Value = serde_json::from_str(&out).expect("ip -j link");
         v[0]["address"].as_str().expect("address").to_string()
     }
@@ -265,6 +280,88 @@ fn nodes_take_pod_cidrs_and_see_peers() {
         1,
         "{}",
         nodes[0].log()
+    );
+}
+
+/// Dual stack through the Kubernetes subnet manager: Node objects with an
+/// IPv4 and an IPv6 podCIDR, nodes with an IPv6 underlay address too. The
+/// v6 podCIDR is the v6 subnet (subnet.env), flannel's v6 annotations
+/// (`public-ipv6`, `backend-v6-data`) are published byte for byte beside
+/// the v4 ones, each node sees the other's v6 subnet and their
+/// `flannel-v6.1` devices reach each other over the IPv6 underlay.
+#[test]
+fn dual_stack_nodes_publish_flannels_ipv6_annotations() {
+    let bin = require_apiserver!();
+    let pfx = weft_tests::unique("k6");
+    let mut cp = ControlPlane::start(&pfx, bin);
+    let conf = r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10:244::/56","Backend":{"Type":"vxlan"}}"#;
+    for i in 1..=2 {
+        cp.apply(&format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: n{i}\nspec:\n  podCIDR: 10.244.{i}.0/24\n  podCIDRs: [10.244.{i}.0/24, \"fd00:10:244:{i}::/64\"]\n"
+        ));
+    }
+    let mut nodes: Vec<Node> = (1..=2)
+        .map(|i| Node::new(&mut cp, &pfx, &format!("n{i}"), i))
+        .collect();
+    for (i, n) in nodes.iter_mut().enumerate() {
+        n.ns.exec(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("fd00::{}/64", i + 1),
+            "dev",
+            "eth0",
+            "nodad",
+        ]);
+        let name = n.name.clone();
+        n.start_with(&cp, &cp.admin(), &[("NODE_NAME", &name)], conf);
+    }
+    for (i, n) in nodes.iter_mut().enumerate() {
+        let env = n.wait_ready();
+        let i = i + 1;
+        assert_eq!(env["FLANNEL_SUBNET"], format!("10.244.{i}.1/24"));
+        assert_eq!(env["FLANNEL_IPV6_NETWORK"], "fd00:10:244::/56");
+        assert_eq!(
+            env["FLANNEL_IPV6_SUBNET"],
+            format!("fd00:10:244:{i}::1/64"),
+            "the v6 podCIDR is the v6 subnet"
+        );
+        // Room for the IPv6 outer header (see control/src/backend/vxlan.rs).
+        assert_eq!(env["FLANNEL_MTU"], "1430");
+    }
+    for (i, n) in nodes.iter().enumerate() {
+        let a = flannel_annotations(&cp.node_json(&n.name));
+        assert_eq!(a["public-ip"], format!("192.0.2.{}", i + 1), "{a:?}");
+        assert_eq!(a["public-ipv6"], format!("fd00::{}", i + 1), "{a:?}");
+        assert_eq!(
+            a["backend-v6-data"],
+            format!(r#"{{"VNI":1,"VtepMAC":"{}"}}"#, n.mac_of("flannel-v6.1")),
+            "{a:?}"
+        );
+        assert_eq!(
+            a["backend-data"],
+            format!(r#"{{"VNI":1,"VtepMAC":"{}"}}"#, n.vtep_mac()),
+            "{a:?}"
+        );
+    }
+    nodes[0].wait_log("Subnet added: 10.244.2.0-24&fd00:10:244:2::-64");
+    nodes[1].wait_log("Subnet added: 10.244.1.0-24&fd00:10:244:1::-64");
+    let route = nodes[0]
+        .ns
+        .exec(&["ip", "-6", "route", "show", "fd00:10:244:2::/64"]);
+    assert!(route.contains("flannel-v6.1"), "n1's v6 route: {route}");
+    let ok = (0..20).any(|_| {
+        nodes[0]
+            .ns
+            .try_exec(&["ping", "-6", "-c", "1", "-W", "1", "fd00:10:244:2::"])
+            .status
+            .success()
+    });
+    assert!(
+        ok,
+        "n1 cannot reach n2's flannel-v6.1 over IPv6; logs:\n{}\n{}",
+        nodes[0].log(),
+        nodes[1].log()
     );
 }
 

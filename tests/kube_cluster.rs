@@ -136,7 +136,10 @@ impl ControlPlane {
                 "--service-cluster-ip-range=10.96.0.0/16",
                 "--enable-priority-and-fairness=false",
             ])
-            .args(["--endpoint-reconciler-type=none"]);
+            .args(["--endpoint-reconciler-type=none"])
+            // Dual stack is alpha in 1.20: without the gate the apiserver
+            // keeps only a Node's first podCIDR (tests/kube.rs dual stack).
+            .args(["--feature-gates=IPv6DualStack=true"]);
         let log = d.join(format!("apiserver.{}.log", self.starts));
         self.apiserver = Some(Proc::spawn("kube-apiserver", c, &log));
         wait_for("kube-apiserver /readyz", Duration::from_secs(120), || {

@@ -12,8 +12,9 @@
 //! (`0.0.0.0-0&<v6>-64`) reads back as no IPv4 subnet: weftd once took its
 //! own lease for revoked there and exited at once.
 //!
-//! The Kubernetes side of IPv6 (the `public-ipv6` and `backend-v6-data`
-//! node annotations) is covered by control/src/kube's unit tests, not here.
+//! The Kubernetes side of IPv6 (v6 podCIDRs, the `public-ipv6` and
+//! `backend-v6-data` node annotations) runs against a real kube-apiserver in
+//! tests/kube.rs (`dual_stack_nodes_publish_flannels_ipv6_annotations`).
 
 #[path = "vmdp/common.rs"]
 mod common;

@@ -543,16 +543,9 @@ fn rolling_update_to_a_new_image_under_traffic() {
         std::thread::sleep(Duration::from_secs(2));
         let t = Instant::now();
         // The manifest's strategy: one node at a time.
-        c.kubectl(&[
-            "-n",
-            WEFT_NS,
-            "patch",
-            "daemonset",
-            WEFT_DS,
-            "--type=strategic",
-            "-p",
+        c.patch_weft_ds(
             r#"{"spec":{"updateStrategy":{"type":"RollingUpdate","rollingUpdate":{"maxUnavailable":1}}}}"#,
-        ]);
+        );
         c.kubectl(&[
             "-n",
             WEFT_NS,

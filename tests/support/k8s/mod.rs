@@ -461,6 +461,20 @@ impl Cluster {
         t.elapsed()
     }
 
+    /// A strategic-merge `patch` of weft's DaemonSet.
+    pub fn patch_weft_ds(&self, patch: &str) {
+        self.kubectl(&[
+            "-n",
+            WEFT_NS,
+            "patch",
+            "daemonset",
+            WEFT_DS,
+            "--type=strategic",
+            "-p",
+            patch,
+        ]);
+    }
+
     /// Waits until the DaemonSet's rollout is complete on every node.
     pub fn wait_weft_rollout(&self) {
         let out = self.kubectl_with(
@@ -565,16 +579,7 @@ impl Cluster {
             },
         }})
         .to_string();
-        self.kubectl(&[
-            "-n",
-            WEFT_NS,
-            "patch",
-            "daemonset",
-            WEFT_DS,
-            "--type=strategic",
-            "-p",
-            &patch,
-        ]);
+        self.patch_weft_ds(&patch);
         self.wait_weft_rollout();
         self.weft = Some((net_conf.to_string(), dataplane.to_string()));
         true

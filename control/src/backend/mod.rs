@@ -60,9 +60,10 @@ use crate::netlink::{Client, Netlink, NetlinkError, WgClient, WgNetlink, XfrmCli
 /// Errors from a backend.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
-    /// flannel's message for a type it does not know.
-    #[error("unknown backend type: {0}")]
-    Unknown(String),
+    /// The `Backend` object of net-conf.json: an unknown type (flannel's
+    /// message) or an option of the wrong type or range.
+    #[error(transparent)]
+    Options(#[from] crate::config::OptionsError),
     /// A backend flannel knows but weft does not implement (yet).
     #[error("backend type {0:?} is not supported by weft")]
     Unsupported(String),
@@ -249,12 +250,7 @@ pub fn build(
     kernel: Kernel,
 ) -> Result<Box<dyn Backend>, BackendError> {
     let Kernel { client, xfrm, wg } = kernel;
-    let opts = BackendOptions::from_config(&cfg.backend_type, cfg.backend.as_deref()).map_err(
-        |e| match e {
-            crate::config::backend::BackendError::UnknownType(t) => BackendError::Unknown(t),
-            other => BackendError::Config(other.to_string()),
-        },
-    )?;
+    let opts = BackendOptions::from_config(&cfg.backend_type, cfg.backend.as_deref())?;
     let (v4, v6) = (cfg.enable_ipv4, cfg.enable_ipv6);
     let dual = |name| dual::Dual::new(name, dataplane, client.clone(), xfrm.clone());
     let c = client.clone();

@@ -16,7 +16,7 @@ use weft_compat::gojson::{Field, FieldTypeError, JsonDoc, for_each_member, parse
 
 /// Errors from selecting a backend and decoding its options.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BackendError {
+pub enum OptionsError {
     /// No backend is registered under this (lower-cased) name.
     #[error("unknown backend type: {0}")]
     UnknownType(String),
@@ -95,7 +95,7 @@ impl fmt::Display for BackendKind {
 }
 
 impl FromStr for BackendKind {
-    type Err = BackendError;
+    type Err = OptionsError;
 
     /// Case-insensitive, like flannel's `strings.ToLower` lookup.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -110,7 +110,7 @@ impl FromStr for BackendKind {
             "alloc" => BackendKind::Alloc,
             "extension" => BackendKind::Extension,
             "tencent-vpc" => BackendKind::TencentVpc,
-            _ => return Err(BackendError::UnknownType(lower)),
+            _ => return Err(OptionsError::UnknownType(lower)),
         })
     }
 }
@@ -221,7 +221,7 @@ pub enum BackendOptions {
 impl BackendOptions {
     /// Selects the backend named `backend_type` (case-insensitive) and decodes its
     /// options from the raw `Backend` value (`Config::backend`).
-    pub fn from_config(backend_type: &str, backend: Option<&str>) -> Result<Self, BackendError> {
+    pub fn from_config(backend_type: &str, backend: Option<&str>) -> Result<Self, OptionsError> {
         Self::parse(backend_type.parse()?, backend)
     }
 
@@ -229,7 +229,7 @@ impl BackendOptions {
     /// (`Config::backend`). An absent or `null` value gives the defaults (Go
     /// leaves the struct untouched). `parse_config` has already rejected
     /// non-object values; here they also give the defaults.
-    pub fn parse(kind: BackendKind, backend: Option<&str>) -> Result<Self, BackendError> {
+    pub fn parse(kind: BackendKind, backend: Option<&str>) -> Result<Self, OptionsError> {
         let members = match backend.map(|b| parse_doc(b.as_bytes())) {
             Some(Ok(JsonDoc::Object(m))) => m,
             _ => Vec::new(),
@@ -295,9 +295,9 @@ fn decode(
     obj: &Members,
     ctx: &'static str,
     mut apply: impl FnMut(&str, &RawValue, &dyn Fn(&'static str) -> Field) -> Result<(), FieldTypeError>,
-) -> Result<(), BackendError> {
+) -> Result<(), OptionsError> {
     let f = |name| Field { strukt: "", name };
-    for_each_member(obj, |k, v| apply(k, v, &f)).map_err(|source| BackendError::Decode {
+    for_each_member(obj, |k, v| apply(k, v, &f)).map_err(|source| OptionsError::Decode {
         context: ctx,
         source,
     })
@@ -307,8 +307,8 @@ fn ranged<T: TryFrom<i64>>(
     ctx: &'static str,
     field: &'static str,
     v: i64,
-) -> Result<T, BackendError> {
-    T::try_from(v).map_err(|_| BackendError::OutOfRange {
+) -> Result<T, OptionsError> {
+    T::try_from(v).map_err(|_| OptionsError::OutOfRange {
         context: ctx,
         field,
         value: v,
@@ -327,7 +327,7 @@ const IPIP_CTX: &str = "error decoding IPIP backend config";
 const IPSEC_CTX: &str = "error decoding IPSEC backend config";
 const WG_CTX: &str = "error decoding backend config";
 
-fn parse_udp(obj: &Members) -> Result<UdpOptions, BackendError> {
+fn parse_udp(obj: &Members) -> Result<UdpOptions, OptionsError> {
     let mut port = 8285i64;
     decode(obj, UDP_CTX, |k, v, f| {
         if k == "port" {
@@ -340,7 +340,7 @@ fn parse_udp(obj: &Members) -> Result<UdpOptions, BackendError> {
     })
 }
 
-fn parse_vxlan(obj: &Members) -> Result<VxlanOptions, BackendError> {
+fn parse_vxlan(obj: &Members) -> Result<VxlanOptions, OptionsError> {
     let (mut vni, mut port, mut mtu) = (1i64, 0i64, 0i64);
     let (mut gbp, mut learning, mut direct_routing) = (false, false, false);
     decode(obj, VXLAN_CTX, |k, v, f| {
@@ -357,7 +357,7 @@ fn parse_vxlan(obj: &Members) -> Result<VxlanOptions, BackendError> {
     })?;
     let vni: u32 = ranged(VXLAN_CTX, "VNI", vni)?;
     if vni >= 1 << 24 {
-        return Err(BackendError::OutOfRange {
+        return Err(OptionsError::OutOfRange {
             context: VXLAN_CTX,
             field: "VNI",
             value: i64::from(vni),
@@ -373,7 +373,7 @@ fn parse_vxlan(obj: &Members) -> Result<VxlanOptions, BackendError> {
     })
 }
 
-fn parse_ipip(obj: &Members) -> Result<IpipOptions, BackendError> {
+fn parse_ipip(obj: &Members) -> Result<IpipOptions, OptionsError> {
     let mut o = IpipOptions::default();
     decode(obj, IPIP_CTX, |k, v, f| {
         if k == "directrouting" {
@@ -384,7 +384,7 @@ fn parse_ipip(obj: &Members) -> Result<IpipOptions, BackendError> {
     Ok(o)
 }
 
-fn parse_ipsec(obj: &Members) -> Result<IpsecOptions, BackendError> {
+fn parse_ipsec(obj: &Members) -> Result<IpsecOptions, OptionsError> {
     let mut o = IpsecOptions {
         psk: String::new(),
         udp_encap: false,
@@ -400,12 +400,12 @@ fn parse_ipsec(obj: &Members) -> Result<IpsecOptions, BackendError> {
         Ok(())
     })?;
     if o.psk.len() < 96 {
-        return Err(BackendError::PasswordTooShort);
+        return Err(OptionsError::PasswordTooShort);
     }
     Ok(o)
 }
 
-fn parse_wireguard(obj: &Members) -> Result<WireguardOptions, BackendError> {
+fn parse_wireguard(obj: &Members) -> Result<WireguardOptions, OptionsError> {
     let (mut port, mut port6, mut mtu, mut keepalive) = (51820i64, 51821i64, 0i64, 0i64);
     let (mut psk, mut mode) = (String::new(), "separate".to_string());
     decode(obj, WG_CTX, |k, v, f| {
@@ -428,7 +428,7 @@ fn parse_wireguard(obj: &Members) -> Result<WireguardOptions, BackendError> {
         "auto" => WireguardMode::Auto,
         "ipv4" => WireguardMode::Ipv4,
         "ipv6" => WireguardMode::Ipv6,
-        _ => return Err(BackendError::InvalidMode),
+        _ => return Err(OptionsError::InvalidMode),
     };
     let keepalive: u64 = ranged(WG_CTX, "PersistentKeepaliveInterval", keepalive)?;
     Ok(WireguardOptions {

@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::*;
 use crate::config::parse_config;
 
-fn opts(json: &str) -> Result<BackendOptions, BackendError> {
+fn opts(json: &str) -> Result<BackendOptions, OptionsError> {
     let c = parse_config(json.as_bytes()).unwrap_or_else(|e| panic!("{json}: {e}"));
     BackendOptions::from_config(&c.backend_type, c.backend.as_deref())
 }
@@ -341,6 +341,6 @@ fn kind_round_trips_through_options() {
     }
     assert_eq!(
         BackendOptions::parse(BackendKind::Ipsec, None),
-        Err(BackendError::PasswordTooShort)
+        Err(OptionsError::PasswordTooShort)
     );
 }

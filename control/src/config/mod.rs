@@ -34,7 +34,7 @@ use weft_compat::gojson::{
 };
 use weft_compat::gonet::{CidrError, parse_cidr, parse_ip};
 
-pub use backend::{BackendError, BackendKind, BackendOptions};
+pub use backend::{BackendKind, BackendOptions, OptionsError};
 pub use check::IpStack;
 
 /// Errors from [`parse_config`] and [`Config::check_network_config`]. The texts

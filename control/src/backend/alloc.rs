@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 
-use super::{Backend, BackendError};
+use super::{Backend, BackendError, Dataplane};
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
@@ -27,8 +27,8 @@ impl Backend for Alloc {
         "alloc"
     }
 
-    fn dataplane(&self) -> &'static str {
-        "none"
+    fn dataplane(&self) -> Option<Dataplane> {
+        None
     }
 
     async fn lease_attrs(

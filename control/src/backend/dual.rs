@@ -37,7 +37,7 @@ use std::time::{Duration, Instant, SystemTime};
 use async_trait::async_trait;
 
 use super::probe::{self, Capability};
-use super::{Backend, BackendError, DataplaneChoice};
+use super::{Backend, BackendError, Dataplane, DataplaneChoice};
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs, SubnetKey};
@@ -46,35 +46,16 @@ use crate::netlink::{Client, LinkKind, XfrmClient};
 /// Makes a fresh, not yet set up, implementation.
 pub type Make = Box<dyn Fn() -> Box<dyn Backend> + Send + Sync>;
 
-/// Which implementation runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Path {
-    /// The kernel's drivers.
-    Kernel,
-    /// weft's userspace engine.
-    Userspace,
-}
-
-impl Path {
-    /// "kernel" or "userspace".
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Path::Kernel => "kernel",
-            Path::Userspace => "userspace",
-        }
-    }
-}
-
 /// See the module docs.
 pub struct Dual {
     core: Core,
-    active: Option<(Path, Box<dyn Backend>)>,
+    active: Option<(Dataplane, Box<dyn Backend>)>,
     pending: Option<Pending>,
 }
 
 /// A switch waiting for the old path's [`Backend::handover_at`].
 struct Pending {
-    path: Path,
+    path: Dataplane,
     why: String,
     /// The prepared (not set up) implementation.
     next: Box<dyn Backend>,
@@ -161,13 +142,16 @@ impl Dual {
     }
 
     /// Which path `choice` gives on this kernel, and why.
-    pub async fn resolve(&self, choice: DataplaneChoice) -> Result<(Path, String), BackendError> {
+    pub async fn resolve(
+        &self,
+        choice: DataplaneChoice,
+    ) -> Result<(Dataplane, String), BackendError> {
         self.core.resolve(choice).await
     }
 }
 
 impl Core {
-    async fn resolve(&self, choice: DataplaneChoice) -> Result<(Path, String), BackendError> {
+    async fn resolve(&self, choice: DataplaneChoice) -> Result<(Dataplane, String), BackendError> {
         let name = self.name;
         let kernel_ok = match &self.kernel {
             None => None,
@@ -187,21 +171,21 @@ impl Core {
                 Some(Err(m)) => Err(BackendError::Config(format!(
                     "--dataplane=kernel: this kernel cannot run the {name} backend: no {m} support"
                 ))),
-                Some(Ok(())) => Ok((Path::Kernel, "--dataplane=kernel".into())),
+                Some(Ok(())) => Ok((Dataplane::Kernel, "--dataplane=kernel".into())),
             },
             DataplaneChoice::Userspace => match self.userspace {
-                Some(_) => Ok((Path::Userspace, "--dataplane=userspace".into())),
+                Some(_) => Ok((Dataplane::Userspace, "--dataplane=userspace".into())),
                 None => Err(BackendError::Unsupported(format!(
                     "{name} with --dataplane=userspace (weft has no userspace {name} engine)"
                 ))),
             },
             DataplaneChoice::Auto => match (kernel_ok, &self.userspace) {
-                (Some(Ok(())), _) => Ok((Path::Kernel, "auto: the kernel supports it".into())),
+                (Some(Ok(())), _) => Ok((Dataplane::Kernel, "auto: the kernel supports it".into())),
                 (Some(Err(m)), Some(_)) => Ok((
-                    Path::Userspace,
+                    Dataplane::Userspace,
                     format!("auto: the kernel has no {m} support; same wire format in userspace"),
                 )),
-                (None, Some(_)) => Ok((Path::Userspace, "auto: userspace only".into())),
+                (None, Some(_)) => Ok((Dataplane::Userspace, "auto: userspace only".into())),
                 (Some(Err(m)), None) => Err(BackendError::Config(format!(
                     "this kernel cannot run the {name} backend (no {m} support) and weft has no userspace {name} engine yet"
                 ))),
@@ -212,10 +196,10 @@ impl Core {
         }
     }
 
-    fn make(&self, path: Path) -> Option<Box<dyn Backend>> {
+    fn make(&self, path: Dataplane) -> Option<Box<dyn Backend>> {
         match path {
-            Path::Kernel => self.kernel.as_ref().map(|(_, m)| m()),
-            Path::Userspace => self.userspace.as_ref().map(|m| m()),
+            Dataplane::Kernel => self.kernel.as_ref().map(|(_, m)| m()),
+            Dataplane::Userspace => self.userspace.as_ref().map(|m| m()),
         }
     }
 
@@ -237,7 +221,7 @@ impl Core {
 
     /// A fresh `path` implementation that publishes exactly the current
     /// lease attributes (given the current lease as its previous one).
-    async fn prepare(&self, path: Path) -> Result<Box<dyn Backend>, BackendError> {
+    async fn prepare(&self, path: Dataplane) -> Result<Box<dyn Backend>, BackendError> {
         let (Some(ext), Some(lease)) = (&self.ext, &self.lease) else {
             return Err(BackendError::Config("switching before setup".into()));
         };
@@ -260,14 +244,14 @@ impl Core {
     async fn start(
         &self,
         mut b: Box<dyn Backend>,
-        path: Path,
+        path: Dataplane,
         deadline: Instant,
     ) -> Result<Box<dyn Backend>, BackendError> {
         let lease = self
             .lease
             .clone()
             .ok_or_else(|| BackendError::Config("switching before setup".into()))?;
-        if path == Path::Userspace {
+        if path == Dataplane::Userspace {
             self.clear_kernel_links().await;
         }
         // The old path's UDP socket may take a moment to go; retry briefly.
@@ -308,8 +292,8 @@ impl Backend for Dual {
         self.core.name
     }
 
-    fn dataplane(&self) -> &'static str {
-        self.active.as_ref().map_or("none", |(p, _)| p.as_str())
+    fn dataplane(&self) -> Option<Dataplane> {
+        self.active.as_ref().map(|(p, _)| *p)
     }
 
     fn handover_at(&self) -> Option<SystemTime> {
@@ -327,7 +311,7 @@ impl Backend for Dual {
                 name: self.core.name.into(),
                 ..b.status()
             },
-            None => crate::status::BackendStatus::new(self.core.name, "none"),
+            None => crate::status::BackendStatus::new(self.core.name, None),
         }
     }
 
@@ -357,7 +341,7 @@ impl Backend for Dual {
         if self
             .active
             .as_ref()
-            .is_some_and(|(p, _)| *p == Path::Userspace)
+            .is_some_and(|(p, _)| *p == Dataplane::Userspace)
         {
             self.core.clear_kernel_links().await;
         }
@@ -409,10 +393,7 @@ impl Backend for Dual {
         }
     }
 
-    async fn switch_dataplane(
-        &mut self,
-        to: DataplaneChoice,
-    ) -> Result<&'static str, BackendError> {
+    async fn switch_dataplane(&mut self, to: DataplaneChoice) -> Result<Dataplane, BackendError> {
         let (path, why) = self.core.resolve(to).await?;
         let Some(cur) = self.active.as_ref().map(|(p, _)| *p) else {
             return Err(BackendError::Config("switching before setup".into()));
@@ -429,7 +410,7 @@ impl Backend for Dual {
                 self.core.name,
                 path.as_str()
             );
-            return Ok(path.as_str());
+            return Ok(path);
         }
         let (next, why) = match self.pending.take() {
             Some(p) if p.path == path => {
@@ -439,7 +420,7 @@ impl Backend for Dual {
                         left.as_millis()
                     );
                     self.pending = Some(p);
-                    return Ok(cur.as_str());
+                    return Ok(cur);
                 }
                 if self.handover_at().is_some_and(|at| at > SystemTime::now()) {
                     tracing::warn!(
@@ -471,7 +452,7 @@ impl Backend for Dual {
                         next,
                         latest,
                     });
-                    return Ok(cur.as_str());
+                    return Ok(cur);
                 }
                 (next, why)
             }
@@ -501,7 +482,7 @@ impl Backend for Dual {
                     gap.as_millis(),
                     self.core.peers.len()
                 );
-                Ok(path.as_str())
+                Ok(path)
             }
             Err(e) => {
                 tracing::error!(

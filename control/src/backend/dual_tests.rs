@@ -22,8 +22,8 @@ impl Backend for Recorder {
     fn name(&self) -> &'static str {
         "vxlan"
     }
-    fn dataplane(&self) -> &'static str {
-        "userspace"
+    fn dataplane(&self) -> Option<Dataplane> {
+        Some(Dataplane::Userspace)
     }
     async fn lease_attrs(
         &mut self,
@@ -112,7 +112,7 @@ fn auto_prefers_the_kernel_and_falls_back_to_userspace() {
         let (d, _) = vxlan_dual(DataplaneChoice::Auto, &with, attrs.clone(), false);
         assert_eq!(
             d.resolve(DataplaneChoice::Auto).await.expect("resolve").0,
-            Path::Kernel
+            Dataplane::Kernel
         );
         // The probe left nothing behind.
         assert_eq!(with.links().len(), 2);
@@ -120,10 +120,10 @@ fn auto_prefers_the_kernel_and_falls_back_to_userspace() {
         let (mut d, _) = vxlan_dual(DataplaneChoice::Auto, &without, attrs, false);
         assert_eq!(
             d.resolve(DataplaneChoice::Auto).await.expect("resolve").0,
-            Path::Userspace
+            Dataplane::Userspace
         );
         d.lease_attrs(&ext(), None).await.expect("attrs");
-        assert_eq!(d.dataplane(), "userspace");
+        assert_eq!(d.dataplane(), Some(Dataplane::Userspace));
         let err = d
             .resolve(DataplaneChoice::Kernel)
             .await
@@ -146,7 +146,7 @@ fn kernel_only_and_userspace_only_backends_refuse_the_other_path() {
         );
         assert_eq!(
             hg.resolve(DataplaneChoice::Auto).await.expect("auto").0,
-            Path::Kernel
+            Dataplane::Kernel
         );
         let e = hg
             .resolve(DataplaneChoice::Userspace)
@@ -232,9 +232,9 @@ fn switching_keeps_the_lease_and_reapplies_every_peer() {
             d.switch_dataplane(DataplaneChoice::Userspace)
                 .await
                 .expect("switch"),
-            "userspace"
+            Dataplane::Userspace
         );
-        assert_eq!(d.dataplane(), "userspace");
+        assert_eq!(d.dataplane(), Some(Dataplane::Userspace));
         // The kernel device went with all its entries; userspace got the lease and the live peer.
         assert!(f.links().values().all(|l| l.link.name != "flannel.1"));
         assert!(f.routes().is_empty() && f.all_fdbs().is_empty());
@@ -247,7 +247,7 @@ fn switching_keeps_the_lease_and_reapplies_every_peer() {
             d.switch_dataplane(DataplaneChoice::Kernel)
                 .await
                 .expect("back"),
-            "kernel"
+            Dataplane::Kernel
         );
         assert!(log.lock().expect("log").contains(&"remove_all".to_string()));
         assert_eq!(f.routes().len(), 1);
@@ -258,7 +258,7 @@ fn switching_keeps_the_lease_and_reapplies_every_peer() {
             d.switch_dataplane(DataplaneChoice::Kernel)
                 .await
                 .expect("noop"),
-            "kernel"
+            Dataplane::Kernel
         );
         let touched: Vec<Op> = f
             .take_ops()
@@ -290,7 +290,7 @@ fn switching_is_refused_when_the_lease_would_change_and_rolled_back_on_failure()
             .await
             .expect_err("refused");
         assert!(e.to_string().contains("different lease attributes"), "{e}");
-        assert_eq!(d.dataplane(), "kernel");
+        assert_eq!(d.dataplane(), Some(Dataplane::Kernel));
         assert!(
             f.links().values().any(|l| l.link.name == "flannel.1"),
             "the kernel path was left alone"
@@ -305,7 +305,7 @@ fn switching_is_refused_when_the_lease_would_change_and_rolled_back_on_failure()
                 .await
                 .is_err()
         );
-        assert_eq!(d.dataplane(), "kernel");
+        assert_eq!(d.dataplane(), Some(Dataplane::Kernel));
         assert!(
             f.links().values().any(|l| l.link.name == "flannel.1"),
             "rolled back to the kernel device"
@@ -327,8 +327,8 @@ impl Backend for Handing {
     fn name(&self) -> &'static str {
         "vxlan"
     }
-    fn dataplane(&self) -> &'static str {
-        "userspace"
+    fn dataplane(&self) -> Option<Dataplane> {
+        Some(Dataplane::Userspace)
     }
     fn handover_at(&self) -> Option<SystemTime> {
         *self.handover.lock().expect("lock")
@@ -376,7 +376,7 @@ fn switching_away_keeps_the_old_path_until_its_peers_accept_the_new_one() {
         let mut own = lease("10.244.1.0/24", "192.0.2.1", "vxlan", None);
         own.attrs = attrs.clone();
         d.setup(&own).await.expect("setup");
-        assert_eq!(d.dataplane(), "userspace");
+        assert_eq!(d.dataplane(), Some(Dataplane::Userspace));
 
         // Peers accept the kernel path in 600 ms: the userspace path runs
         // until then, and the switch is pending instead of blocking.
@@ -389,7 +389,7 @@ fn switching_away_keeps_the_old_path_until_its_peers_accept_the_new_one() {
             d.switch_dataplane(DataplaneChoice::Kernel)
                 .await
                 .expect("switch"),
-            "userspace"
+            Dataplane::Userspace
         );
         assert!(
             t.elapsed() < Duration::from_millis(300),
@@ -412,7 +412,7 @@ fn switching_away_keeps_the_old_path_until_its_peers_accept_the_new_one() {
             d.switch_dataplane(DataplaneChoice::Kernel)
                 .await
                 .expect("early"),
-            "userspace"
+            Dataplane::Userspace
         );
         assert!(removed.lock().expect("lock").is_empty());
         tokio::time::sleep(at.duration_since(SystemTime::now()).unwrap_or_default()).await;
@@ -420,7 +420,7 @@ fn switching_away_keeps_the_old_path_until_its_peers_accept_the_new_one() {
             d.switch_dataplane(DataplaneChoice::Kernel)
                 .await
                 .expect("due"),
-            "kernel"
+            Dataplane::Kernel
         );
         assert_eq!(d.switch_pending(), None);
         assert!(

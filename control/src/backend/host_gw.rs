@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use ipnet::IpNet;
 
 use super::route_set::RouteSet;
-use super::{Backend, BackendError};
+use super::{Backend, BackendError, Dataplane};
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
@@ -60,8 +60,8 @@ impl Backend for HostGw {
         "host-gw"
     }
 
-    fn dataplane(&self) -> &'static str {
-        "kernel"
+    fn dataplane(&self) -> Option<Dataplane> {
+        Some(Dataplane::Kernel)
     }
 
     async fn lease_attrs(

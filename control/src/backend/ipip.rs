@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use ipnet::IpNet;
 
 use super::route_set::RouteSet;
-use super::{Backend, BackendError};
+use super::{Backend, BackendError, Dataplane};
 use crate::config::backend::IpipOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -145,8 +145,8 @@ impl Backend for Ipip {
         "ipip"
     }
 
-    fn dataplane(&self) -> &'static str {
-        "kernel"
+    fn dataplane(&self) -> Option<Dataplane> {
+        Some(Dataplane::Kernel)
     }
 
     fn status(&self) -> crate::status::BackendStatus {

@@ -26,7 +26,7 @@ use ipnet::IpNet;
 use weft_engine::{Encap, EngineConfig};
 
 use super::tunnel::Tunnel;
-use super::{Backend, BackendError, EngineTuning};
+use super::{Backend, BackendError, Dataplane, EngineTuning};
 use crate::config::backend::IpipOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -99,8 +99,8 @@ impl Backend for IpipUser {
         "ipip"
     }
 
-    fn dataplane(&self) -> &'static str {
-        "userspace"
+    fn dataplane(&self) -> Option<Dataplane> {
+        Some(Dataplane::Userspace)
     }
 
     fn status(&self) -> crate::status::BackendStatus {
@@ -290,7 +290,7 @@ mod tests {
                 let mut b = build(&cfg, choice, tuning(), &nl, kernel).expect("backend");
                 let r = b.lease_attrs(&ext(), None).await;
                 assert_eq!(
-                    r.is_ok().then(|| b.dataplane()),
+                    r.is_ok().then(|| Dataplane::name(b.dataplane())),
                     want,
                     "{kinds:?} {choice:?}"
                 );

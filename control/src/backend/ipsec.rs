@@ -52,7 +52,7 @@ use ipnet::{IpNet, Ipv4Net};
 
 use super::charon::{Charon, CharonError, DEFAULT_VICI, Launch};
 use super::vici::{Section, Value, ViciError};
-use super::{Backend, BackendError};
+use super::{Backend, BackendError, Dataplane};
 use crate::config::backend::IpsecOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -396,8 +396,8 @@ impl Backend for Ipsec {
         "ipsec"
     }
 
-    fn dataplane(&self) -> &'static str {
-        "kernel"
+    fn dataplane(&self) -> Option<Dataplane> {
+        Some(Dataplane::Kernel)
     }
 
     async fn lease_attrs(

@@ -30,7 +30,7 @@ use async_trait::async_trait;
 use ipnet::IpNet;
 
 use super::vxlan::{Mtus, backend_data, derive_mac, fmt_mac, parse_backend_data};
-use super::{Backend, BackendError};
+use super::{Backend, BackendError, Dataplane};
 use crate::config::backend::VxlanOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -329,8 +329,8 @@ impl Backend for KernelVxlan {
         "vxlan"
     }
 
-    fn dataplane(&self) -> &'static str {
-        "kernel"
+    fn dataplane(&self) -> Option<Dataplane> {
+        Some(Dataplane::Kernel)
     }
 
     fn status(&self) -> crate::status::BackendStatus {

@@ -42,7 +42,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use weft_engine::WgSecret;
 
 use super::wireguard::parse_backend_data;
-use super::{Backend, BackendError, wgkey};
+use super::{Backend, BackendError, Dataplane, wgkey};
 use crate::config::backend::{WireguardMode, WireguardOptions};
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -402,8 +402,8 @@ impl Backend for KernelWireguard {
         "wireguard"
     }
 
-    fn dataplane(&self) -> &'static str {
-        "kernel"
+    fn dataplane(&self) -> Option<Dataplane> {
+        Some(Dataplane::Kernel)
     }
 
     fn status(&self) -> crate::status::BackendStatus {

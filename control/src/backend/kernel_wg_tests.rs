@@ -13,11 +13,11 @@ use netlink_packet_wireguard::{
 use rtnetlink::packet_core::{Emitable, NetlinkMessage, ParseableParametrized};
 
 use super::*;
-use crate::backend::DataplaneChoice;
 use crate::backend::dual::Dual;
 use crate::backend::probe::Capability;
 use crate::backend::test_util::{block_on, ext, fake, lease};
 use crate::backend::wireguard::backend_data;
+use crate::backend::{Dataplane, DataplaneChoice};
 use crate::netlink::{FakeNetlink, LinkKind, Op, WgPeerSet, WgSet};
 
 const PEER_KEY: &str = "hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=";
@@ -380,8 +380,8 @@ impl Backend for UserspaceStandIn {
     fn name(&self) -> &'static str {
         "wireguard"
     }
-    fn dataplane(&self) -> &'static str {
-        "userspace"
+    fn dataplane(&self) -> Option<Dataplane> {
+        Some(Dataplane::Userspace)
     }
     async fn lease_attrs(
         &mut self,
@@ -460,7 +460,7 @@ fn kernel_without_wireguard_fails_clearly_and_auto_picks_userspace() {
     );
     let mut d = dual(&nl, DataplaneChoice::Auto, dir.path(), log);
     block_on(d.lease_attrs(&ext(), None)).expect("auto");
-    assert_eq!(d.dataplane(), "userspace");
+    assert_eq!(d.dataplane(), Some(Dataplane::Userspace));
     // With the module, auto takes the kernel.
     let nl = fake(&["wireguard"], false);
     let mut d = dual(
@@ -470,7 +470,7 @@ fn kernel_without_wireguard_fails_clearly_and_auto_picks_userspace() {
         Arc::new(Mutex::new(Vec::new())),
     );
     block_on(d.lease_attrs(&ext(), None)).expect("auto");
-    assert_eq!(d.dataplane(), "kernel");
+    assert_eq!(d.dataplane(), Some(Dataplane::Kernel));
 }
 
 #[test]
@@ -486,12 +486,12 @@ fn live_switch_between_kernel_and_userspace_keeps_the_lease() {
         d.setup(&own).await.expect("setup");
         d.apply(&Change::Add(p.clone())).await.expect("add");
     });
-    assert_eq!(d.dataplane(), "kernel");
+    assert_eq!(d.dataplane(), Some(Dataplane::Kernel));
     let has_dev = |nl: &FakeNetlink| nl.links().values().any(|l| l.link.name == "flannel-wg");
     assert!(has_dev(&nl));
     assert_eq!(
         block_on(d.switch_dataplane(DataplaneChoice::Userspace)).expect("to userspace"),
-        "userspace"
+        Dataplane::Userspace
     );
     assert!(!has_dev(&nl), "kernel device removed");
     assert_eq!(
@@ -501,7 +501,7 @@ fn live_switch_between_kernel_and_userspace_keeps_the_lease() {
     nl.take_ops();
     assert_eq!(
         block_on(d.switch_dataplane(DataplaneChoice::Kernel)).expect("to kernel"),
-        "kernel"
+        Dataplane::Kernel
     );
     assert!(has_dev(&nl));
     let peers: Vec<_> = nl

@@ -91,8 +91,8 @@ pub trait Backend: Send {
     /// The backend's name as logged and shown in status.
     fn name(&self) -> &'static str;
 
-    /// Which dataplane runs it ("kernel", "userspace" or "none").
-    fn dataplane(&self) -> &'static str;
+    /// Which dataplane runs it (`None`: nothing forwards, e.g. `alloc`).
+    fn dataplane(&self) -> Option<Dataplane>;
 
     /// The attributes this node publishes in its lease. `prev` is the lease
     /// the store still holds for this node's public IP, if any (to keep
@@ -156,10 +156,7 @@ pub trait Backend: Send {
     /// Moves the running node to the `to` implementation of this backend,
     /// keeping its lease; returns the dataplane that runs afterwards (the old
     /// one while the switch is pending, see [`Backend::switch_pending`]).
-    async fn switch_dataplane(
-        &mut self,
-        to: DataplaneChoice,
-    ) -> Result<&'static str, BackendError> {
+    async fn switch_dataplane(&mut self, to: DataplaneChoice) -> Result<Dataplane, BackendError> {
         let _ = to;
         Err(BackendError::Unsupported(format!(
             "switching the dataplane of {}",
@@ -178,6 +175,36 @@ pub struct EngineTuning {
     /// How the engine checks the sources of decapsulated packets
     /// (`--anti-spoofing`; see [`weft_engine::antispoof`]).
     pub anti_spoof: weft_engine::AntiSpoofing,
+}
+
+/// Which implementation carries a backend's traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dataplane {
+    /// The kernel's drivers.
+    Kernel,
+    /// weft's userspace engine.
+    Userspace,
+}
+
+impl std::fmt::Display for Dataplane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Dataplane {
+    /// "kernel" or "userspace" (status, logs, `--dataplane`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dataplane::Kernel => "kernel",
+            Dataplane::Userspace => "userspace",
+        }
+    }
+
+    /// [`Dataplane::as_str`], "none" for a backend that forwards nothing.
+    pub fn name(d: Option<Dataplane>) -> &'static str {
+        d.map_or("none", Dataplane::as_str)
+    }
 }
 
 /// Which dataplane to use where both exist.

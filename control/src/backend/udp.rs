@@ -11,7 +11,7 @@ use ipnet::{IpNet, Ipv4Net};
 use weft_engine::{Encap, EngineConfig};
 
 use super::tunnel::Tunnel;
-use super::{Backend, BackendError, EngineTuning};
+use super::{Backend, BackendError, Dataplane, EngineTuning};
 use crate::config::backend::UdpOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -49,8 +49,8 @@ impl Backend for Udp {
         "udp"
     }
 
-    fn dataplane(&self) -> &'static str {
-        "userspace"
+    fn dataplane(&self) -> Option<Dataplane> {
+        Some(Dataplane::Userspace)
     }
 
     fn status(&self) -> crate::status::BackendStatus {

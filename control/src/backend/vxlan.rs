@@ -20,7 +20,7 @@ use weft_compat::gojson;
 use weft_engine::{Encap, EngineConfig};
 
 use super::tunnel::Tunnel;
-use super::{Backend, BackendError, EngineTuning};
+use super::{Backend, BackendError, Dataplane, EngineTuning};
 use crate::config::backend::VxlanOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -167,8 +167,8 @@ impl Backend for Vxlan {
         "vxlan"
     }
 
-    fn dataplane(&self) -> &'static str {
-        "userspace"
+    fn dataplane(&self) -> Option<Dataplane> {
+        Some(Dataplane::Userspace)
     }
 
     fn status(&self) -> crate::status::BackendStatus {

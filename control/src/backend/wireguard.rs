@@ -28,7 +28,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use weft_engine::{Encap, EngineConfig, Peer, WgPeer, WgSecret};
 
 use super::tunnel::Tunnel;
-use super::{Backend, BackendError, EngineTuning, wgkey};
+use super::{Backend, BackendError, Dataplane, EngineTuning, wgkey};
 use crate::config::backend::{WireguardMode, WireguardOptions};
 use crate::gojson;
 use crate::iface::ExternalInterface;
@@ -304,8 +304,8 @@ impl Backend for Wireguard {
         "wireguard"
     }
 
-    fn dataplane(&self) -> &'static str {
-        "userspace"
+    fn dataplane(&self) -> Option<Dataplane> {
+        Some(Dataplane::Userspace)
     }
 
     fn status(&self) -> crate::status::BackendStatus {

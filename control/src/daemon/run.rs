@@ -180,7 +180,11 @@ pub async fn run_with<M: SubnetManager>(
         .setup(&lease)
         .await
         .context("Error registering network")?;
-    for w in config_warnings(flags, backend.name(), backend.dataplane()) {
+    for w in config_warnings(
+        flags,
+        backend.name(),
+        backend::Dataplane::name(backend.dataplane()),
+    ) {
         tracing::warn!("{w}");
     }
     let _resync = host_rules(flags, &cfg, &lease, prev_env.as_ref()).await?;

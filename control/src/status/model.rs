@@ -212,10 +212,10 @@ impl LeaseStatus {
 
 impl BackendStatus {
     /// A backend with no devices.
-    pub fn new(name: &str, dataplane: &str) -> BackendStatus {
+    pub fn new(name: &str, dataplane: Option<crate::backend::Dataplane>) -> BackendStatus {
         BackendStatus {
             name: name.to_string(),
-            dataplane: dataplane.to_string(),
+            dataplane: crate::backend::Dataplane::name(dataplane).to_string(),
             ..Default::default()
         }
     }

@@ -112,7 +112,7 @@ fn json_matches_the_shape_snapshot_full_and_empty() {
     shape::check(&full, &shape()).unwrap_or_else(|e| panic!("{e}\n{full:#}"));
     let empty = serde_json::to_value(Status::build(
         None,
-        BackendStatus::new("alloc", "none"),
+        BackendStatus::new("alloc", None),
         [].iter(),
     ))
     .expect("json");
@@ -292,7 +292,7 @@ fn thousands_of_peers_are_joined_by_subnet() {
     let n = 5000u32;
     let net = |i: u32| format!("10.{}.{}.0/24", 100 + i / 256, i % 256);
     let leases: Vec<Lease> = (0..n).map(|i| lease(&net(i), "192.0.2.9")).collect();
-    let mut backend = BackendStatus::new("vxlan", "userspace");
+    let mut backend = BackendStatus::new("vxlan", Some(crate::backend::Dataplane::Userspace));
     // Reported in reverse order, one peer without counters.
     backend.peer_counters = (0..n)
         .rev()

@@ -25,13 +25,13 @@ use async_trait::async_trait;
 use ipnet::IpNet;
 use weft_engine::{Encap, EngineConfig};
 
-use super::tunnel::Tunnel;
+use super::tunnel::{Tunnel, Userspace};
 use super::{Backend, BackendError, Dataplane, EngineTuning};
 use crate::config::backend::IpipOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
-use crate::netlink::{Netlink, Route};
+use crate::netlink::Route;
 
 /// The device name (the kernel path's, so routes and tools see the same name).
 pub const DEVICE: &str = super::ipip::DEVICE;
@@ -41,7 +41,7 @@ pub const DEVICE: &str = super::ipip::DEVICE;
 pub struct IpipUser {
     opts: IpipOptions,
     tuning: EngineTuning,
-    nl: Netlink,
+    us: Userspace,
     ext: Option<ExternalInterface>,
     tunnel: Option<Tunnel>,
     /// Direct routes installed for on-link peers (DirectRouting).
@@ -50,11 +50,11 @@ pub struct IpipUser {
 
 impl IpipUser {
     /// A userspace ipip backend.
-    pub fn new(opts: IpipOptions, tuning: EngineTuning, nl: Netlink) -> IpipUser {
+    pub fn new(opts: IpipOptions, tuning: EngineTuning, us: Userspace) -> IpipUser {
         IpipUser {
             opts,
             tuning,
-            nl,
+            us,
             ext: None,
             tunnel: None,
             direct: Vec::new(),
@@ -86,7 +86,7 @@ impl IpipUser {
     async fn remove_direct(&mut self, subnet: IpNet) {
         if let Some(i) = self.direct.iter().position(|r| r.dst == subnet) {
             let r = self.direct.remove(i);
-            if let Err(e) = self.nl.del_route(&r).await {
+            if let Err(e) = self.us.nl.route_del(&r).await {
                 tracing::error!("Error deleting route to {subnet}: {e}");
             }
         }
@@ -149,7 +149,7 @@ impl Backend for IpipUser {
         };
         let addr =
             IpNet::new(sn.network().into(), 32).map_err(|e| BackendError::Config(e.to_string()))?;
-        self.tunnel = Some(Tunnel::start(&self.nl, cfg, addr, mtu, self.tuning.anti_spoof).await?);
+        self.tunnel = Some(Tunnel::start(&self.us, cfg, addr, mtu, self.tuning.anti_spoof).await?);
         Ok(mtu)
     }
 
@@ -171,7 +171,7 @@ impl Backend for IpipUser {
                 match direct {
                     Some(r) => {
                         t.del_route(subnet).await?;
-                        self.nl.replace_route(&r).await?;
+                        self.us.nl.route_replace(&r).await?;
                         self.direct.retain(|d| d.dst != subnet);
                         self.direct.push(r);
                     }
@@ -209,9 +209,9 @@ impl Backend for IpipUser {
             t.reconcile().await?;
         }
         for r in &self.direct {
-            if self.nl.routes_to(r.dst).await?.is_empty() {
+            if self.us.nl.routes_exact(r.dst).await?.is_empty() {
                 tracing::info!("Route recovered {}", r.dst);
-                self.nl.replace_route(r).await?;
+                self.us.nl.route_replace(r).await?;
             }
         }
         Ok(())
@@ -226,7 +226,7 @@ impl Backend for IpipUser {
     async fn remove_all(&mut self) {
         self.teardown().await;
         for r in std::mem::take(&mut self.direct) {
-            let _ = self.nl.del_route(&r).await;
+            let _ = self.us.nl.route_del(&r).await;
         }
     }
 }
@@ -235,6 +235,7 @@ impl Backend for IpipUser {
 mod tests {
     use super::*;
     use crate::backend::test_util::{block_on, ext, fake};
+    use crate::backend::tunnel::fake::FakeEngines;
 
     fn tuning() -> EngineTuning {
         EngineTuning {
@@ -249,11 +250,8 @@ mod tests {
         block_on(async {
             let mut e = ext();
             e.ext_addr = Some(Ipv4Addr::new(198, 51, 100, 1));
-            let mut u = IpipUser::new(
-                IpipOptions::default(),
-                tuning(),
-                Netlink::connect().expect("netlink"),
-            );
+            let (_, us) = FakeEngines::new(&fake(&[], false));
+            let mut u = IpipUser::new(IpipOptions::default(), tuning(), us);
             let mut k =
                 super::super::ipip::Ipip::new(IpipOptions::default(), fake(&["ipip"], false));
             let a = u.lease_attrs(&e, None).await.expect("attrs");
@@ -273,7 +271,6 @@ mod tests {
                 br#"{"Network":"10.244.0.0/16","Backend":{"Type":"ipip"}}"#,
             )
             .expect("config");
-            let nl = Netlink::connect().expect("netlink");
             let cases: [(&[&'static str], DataplaneChoice, Option<&str>); 4] = [
                 (&[], DataplaneChoice::Auto, Some("userspace")),
                 (&["ipip"], DataplaneChoice::Auto, Some("kernel")),
@@ -287,7 +284,8 @@ mod tests {
                     xfrm: f.clone(),
                     wg: f.clone(),
                 };
-                let mut b = build(&cfg, choice, tuning(), &nl, kernel).expect("backend");
+                let (_, us) = FakeEngines::new(&f);
+                let mut b = build(&cfg, choice, tuning(), &us, kernel).expect("backend");
                 let r = b.lease_attrs(&ext(), None).await;
                 assert_eq!(
                     r.is_ok().then(|| Dataplane::name(b.dataplane())),
@@ -301,13 +299,13 @@ mod tests {
     #[test]
     fn direct_routing_only_for_on_link_peers() {
         block_on(async {
-            let nl = Netlink::connect().expect("netlink");
+            let (_, us) = FakeEngines::new(&fake(&[], false));
             let mut u = IpipUser::new(
                 IpipOptions {
                     direct_routing: true,
                 },
                 tuning(),
-                nl.clone(),
+                us.clone(),
             );
             let _ = u.lease_attrs(&ext(), None).await.expect("attrs");
             let sn: IpNet = "10.244.2.0/24".parse().expect("cidr");
@@ -323,7 +321,7 @@ mod tests {
                 None,
                 "off-link peer"
             );
-            let mut plain = IpipUser::new(IpipOptions::default(), tuning(), nl);
+            let mut plain = IpipUser::new(IpipOptions::default(), tuning(), us);
             let _ = plain.lease_attrs(&ext(), None).await.expect("attrs");
             assert_eq!(
                 plain.direct_route(sn, Ipv4Addr::new(192, 0, 2, 2)),

@@ -6,7 +6,7 @@ use super::*;
 use crate::backend::EngineTuning;
 use crate::backend::test_util::{block_on, ext, fake, lease};
 use crate::backend::vxlan::Vxlan;
-use crate::netlink::{FakeNetlink, Netlink, Op, VxlanAttrs};
+use crate::netlink::{FakeNetlink, Op, VxlanAttrs};
 
 fn opts(direct: bool) -> VxlanOptions {
     VxlanOptions {
@@ -74,14 +74,14 @@ fn device_is_created_as_flannel_does() {
 fn lease_is_byte_identical_to_the_userspace_backend() {
     block_on(async {
         let f = fake(&["vxlan"], false);
-        let nl = Netlink::connect().expect("netlink socket");
+        let (_, us) = crate::backend::tunnel::fake::FakeEngines::new(&fake(&[], false));
         let tuning = EngineTuning {
             workers: 1,
             offload: false,
             anti_spoof: weft_engine::AntiSpoofing::Strict,
         };
         let mut k = KernelVxlan::new(opts(false), true, false, f.clone());
-        let mut u = Vxlan::new(opts(false), true, false, tuning, nl);
+        let mut u = Vxlan::new(opts(false), true, false, tuning, us);
         let (ka, ua) = (
             k.lease_attrs(&ext(), None).await.expect("k"),
             u.lease_attrs(&ext(), None).await.expect("u"),

@@ -41,6 +41,8 @@ pub mod route_set;
 mod test_util;
 pub mod tunnel;
 pub mod udp;
+#[cfg(test)]
+mod userspace_tests;
 pub mod vici;
 pub mod vxlan;
 pub mod wgkey;
@@ -252,7 +254,7 @@ pub fn new(
         xfrm: Arc::new(XfrmNetlink::new()),
         wg: Arc::new(WgNetlink::new()),
     };
-    build(cfg, dataplane, tuning, nl, kernel)
+    build(cfg, dataplane, tuning, &tunnel::Userspace::real(nl), kernel)
 }
 
 /// The kernel clients the kernel paths program through (real ones in
@@ -267,13 +269,13 @@ pub struct Kernel {
     pub wg: Arc<dyn WgClient>,
 }
 
-/// [`new`] with explicit kernel clients for the kernel paths; `nl` is what
-/// the userspace engine's TUN devices are configured with.
+/// [`new`] with explicit kernel clients for the kernel paths and what the
+/// userspace paths run on (engines and their devices' netlink).
 pub fn build(
     cfg: &Config,
     dataplane: DataplaneChoice,
     tuning: EngineTuning,
-    nl: &Netlink,
+    us: &tunnel::Userspace,
     kernel: Kernel,
 ) -> Result<Box<dyn Backend>, BackendError> {
     let Kernel { client, xfrm, wg } = kernel;
@@ -287,13 +289,13 @@ pub fn build(
             let network = cfg.network.filter(|_| cfg.enable_ipv4).ok_or_else(|| {
                 BackendError::Config("the udp backend needs an IPv4 Network".into())
             })?;
-            let nl = nl.clone();
+            let us = us.clone();
             Box::new(dual("udp").userspace(Box::new(move || {
-                Box::new(udp::Udp::new(o.clone(), network, tuning, nl.clone()))
+                Box::new(udp::Udp::new(o.clone(), network, tuning, us.clone()))
             })))
         }
         BackendOptions::Vxlan(o) => {
-            let (ok, ou, nl) = (o.clone(), o.clone(), nl.clone());
+            let (ok, ou, us) = (o.clone(), o.clone(), us.clone());
             let names = vec![
                 format!("flannel.{}", o.vni),
                 format!("flannel-v6.{}", o.vni),
@@ -312,7 +314,7 @@ pub fn build(
                         }),
                     )
                     .userspace(Box::new(move || {
-                        Box::new(vxlan::Vxlan::new(ou.clone(), v4, v6, tuning, nl.clone()))
+                        Box::new(vxlan::Vxlan::new(ou.clone(), v4, v6, tuning, us.clone()))
                     }))
                     .kernel_links(names),
             )
@@ -322,7 +324,7 @@ pub fn build(
             Box::new(move || Box::new(host_gw::HostGw::new(v4, v6, c.clone()))),
         )),
         BackendOptions::Ipip(o) => {
-            let (ok, nl) = (o.clone(), nl.clone());
+            let (ok, us) = (o.clone(), us.clone());
             Box::new(
                 dual("ipip")
                     .kernel(
@@ -330,7 +332,7 @@ pub fn build(
                         Box::new(move || Box::new(ipip::Ipip::new(ok.clone(), c.clone()))),
                     )
                     .userspace(Box::new(move || {
-                        Box::new(ipip_user::IpipUser::new(o.clone(), tuning, nl.clone()))
+                        Box::new(ipip_user::IpipUser::new(o.clone(), tuning, us.clone()))
                     }))
                     .kernel_links(vec![ipip::DEVICE.into()]),
             )
@@ -345,7 +347,7 @@ pub fn build(
         BackendOptions::Wireguard(o) => {
             let (n4, n6) = (cfg.network.filter(|_| v4), cfg.ipv6_network.filter(|_| v6));
             wireguard::Wireguard::validate(&o, n4, n6)?;
-            let (nl, ok) = (nl.clone(), o.clone());
+            let (us, ok) = (us.clone(), o.clone());
             Box::new(
                 dual("wireguard")
                     .kernel(
@@ -366,7 +368,7 @@ pub fn build(
                             n4,
                             n6,
                             tuning,
-                            nl.clone(),
+                            us.clone(),
                         ))
                     }))
                     .kernel_links(vec!["flannel-wg".into(), "flannel-wg-v6".into()]),

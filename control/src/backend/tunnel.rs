@@ -1,26 +1,136 @@
 //! The userspace tunnel shared by the engine-backed backends (flannel-UDP,
-//! userspace VXLAN): one `weft_engine::Engine` per TUN device, the device's
-//! address, MTU and routes over netlink, and the engine's peer table kept in
-//! step with the lease changes.
+//! userspace VXLAN, WireGuard and IPIP): one engine per TUN device, the
+//! device's address, MTU and routes over netlink, and the engine's peer
+//! table kept in step with the lease changes.
 //!
-//! The engine only ever sees a complete new peer table ([`Engine::set_peers`]);
-//! it never waits on this code.
+//! The engine only ever sees a complete new peer table
+//! ([`TunnelEngine::set_peers`]); it never waits on this code.
+//!
+//! The engine and netlink sit behind [`Userspace`]: the real
+//! `weft_engine::Engine` and kernel netlink in weftd, a recording
+//! [`fake::FakeEngines`] and [`crate::netlink::FakeNetlink`] in unit tests,
+//! so every userspace backend's lease → peer translation is tested without
+//! root (as the kernel backends are with the fake netlink alone).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
-use weft_engine::{AntiSpoofing, Engine, EngineConfig, Peer};
+use weft_engine::{AntiSpoofing, Engine, EngineConfig, Peer, PeerStats};
 
 use super::BackendError;
-use crate::netlink::{Client, Netlink, Route};
+use crate::netlink::{Client, Route};
+
+/// The engine under a [`Tunnel`].
+pub trait TunnelEngine: Send + Sync {
+    /// The TUN device's name.
+    fn tun_name(&self) -> &str;
+    /// Replaces the peer table.
+    fn set_peers(&self, peers: Vec<Peer>);
+    /// Per-peer counters, when the engine keeps them.
+    fn peer_stats(&self) -> Option<Vec<(IpNet, PeerStats)>>;
+    /// The device and peer table as status shows them.
+    fn report(&self, st: &mut crate::status::BackendStatus);
+    /// One line for the log: workers, anti-spoofing, offloads.
+    fn describe(&self) -> String;
+    /// Stops the workers; the TUN device goes with them.
+    fn stop(self: Box<Self>);
+}
+
+/// Starts engines: [`RealEngines`] in weftd.
+pub trait StartEngine: Send + Sync {
+    /// Starts an engine for `cfg` (which creates the TUN) in anti-spoofing mode `anti`.
+    fn start(
+        &self,
+        cfg: EngineConfig,
+        anti: AntiSpoofing,
+    ) -> Result<Box<dyn TunnelEngine>, BackendError>;
+}
+
+/// What the userspace backends run on: engines and the netlink that
+/// configures their devices.
+#[derive(Clone)]
+pub struct Userspace {
+    /// Device addresses, MTU and routes.
+    pub nl: Arc<dyn Client>,
+    /// The engine starter.
+    pub engines: Arc<dyn StartEngine>,
+}
+
+impl std::fmt::Debug for Userspace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Userspace").finish_non_exhaustive()
+    }
+}
+
+impl Userspace {
+    /// weft's engine and the kernel's netlink.
+    pub fn real(nl: &crate::netlink::Netlink) -> Userspace {
+        Userspace {
+            nl: Arc::new(nl.clone()),
+            engines: Arc::new(RealEngines),
+        }
+    }
+}
+
+/// `weft_engine::Engine`.
+#[derive(Debug, Clone, Copy)]
+pub struct RealEngines;
+
+impl StartEngine for RealEngines {
+    fn start(
+        &self,
+        cfg: EngineConfig,
+        anti: AntiSpoofing,
+    ) -> Result<Box<dyn TunnelEngine>, BackendError> {
+        let engine =
+            Engine::start(cfg).map_err(|e| BackendError::Engine(super::probe::engine_error(&e)))?;
+        engine.set_anti_spoofing(anti);
+        Ok(Box::new(engine))
+    }
+}
+
+impl TunnelEngine for Engine {
+    fn tun_name(&self) -> &str {
+        Engine::tun_name(self)
+    }
+    fn set_peers(&self, peers: Vec<Peer>) {
+        Engine::set_peers(self, peers);
+    }
+    fn peer_stats(&self) -> Option<Vec<(IpNet, PeerStats)>> {
+        Engine::peer_stats(self)
+    }
+    fn report(&self, st: &mut crate::status::BackendStatus) {
+        let (dev, peers) = crate::status::devices::engine_device(self);
+        st.devices.push(dev);
+        st.peer_counters.extend(peers);
+    }
+    fn describe(&self) -> String {
+        let o = self.offloads();
+        format!(
+            "{} workers, anti-spoofing {}, offloads: tun vnet_hdr={} tso={} uso={} csum={}, udp gso={} gro={}",
+            self.workers(),
+            self.anti_spoofing(),
+            o.tun_vnet_hdr,
+            o.tun_tso,
+            o.tun_uso,
+            o.tun_csum,
+            o.udp_gso,
+            o.udp_gro
+        )
+    }
+    fn stop(self: Box<Self>) {
+        Engine::stop(*self);
+    }
+}
 
 /// A running engine with its TUN device configured.
 pub struct Tunnel {
     /// Peers changed since the last flush.
     dirty: bool,
-    engine: Option<Engine>,
-    nl: Netlink,
+    engine: Option<Box<dyn TunnelEngine>>,
+    nl: Arc<dyn Client>,
     index: u32,
     peers: BTreeMap<IpNet, Peer>,
     /// Routes this tunnel owns (re-added by `reconcile` if they go missing).
@@ -43,36 +153,25 @@ impl Tunnel {
     /// `anti`, then gives the device `addr` (a /32 or /128), `mtu`, and sets
     /// it up.
     pub async fn start(
-        nl: &Netlink,
+        us: &Userspace,
         cfg: EngineConfig,
         addr: IpNet,
         mtu: u32,
         anti: AntiSpoofing,
     ) -> Result<Tunnel, BackendError> {
-        let engine =
-            Engine::start(cfg).map_err(|e| BackendError::Engine(super::probe::engine_error(&e)))?;
-        engine.set_anti_spoofing(anti);
+        let engine = us.engines.start(cfg, anti)?;
         let name = engine.tun_name().to_string();
+        let nl = &us.nl;
         // One RTM_GETLINK by name, not a dump of every link: this runs while
         // a dataplane switch has the node cut off.
-        let link = Client::link_detail(nl, &name)
+        let link = nl
+            .link_detail(&name)
             .await?
             .ok_or_else(|| BackendError::Engine(format!("tun {name} vanished")))?
             .link;
-        nl.set_link_up(link.index, Some(mtu)).await?;
-        nl.replace_addr(link.index, addr).await?;
-        let o = engine.offloads();
-        tracing::info!(
-            "userspace engine on {name}: {} workers, anti-spoofing {}, offloads: tun vnet_hdr={} tso={} uso={} csum={}, udp gso={} gro={}",
-            engine.workers(),
-            engine.anti_spoofing(),
-            o.tun_vnet_hdr,
-            o.tun_tso,
-            o.tun_uso,
-            o.tun_csum,
-            o.udp_gso,
-            o.udp_gro
-        );
+        nl.link_up(link.index, Some(mtu)).await?;
+        nl.add_addr(link.index, addr).await?;
+        tracing::info!("userspace engine on {name}: {}", engine.describe());
         Ok(Tunnel {
             dirty: false,
             engine: Some(engine),
@@ -91,7 +190,7 @@ impl Tunnel {
 
     /// The TUN device's name.
     pub fn name(&self) -> &str {
-        self.engine.as_ref().map_or("", Engine::tun_name)
+        self.engine.as_ref().map_or("", |e| e.tun_name())
     }
 
     /// `ip route replace DST dev <tun>` (scope link unless `universe`), remembered for reconcile.
@@ -103,7 +202,7 @@ impl Tunnel {
             onlink: false,
             scope_link: !universe,
         };
-        self.nl.replace_route(&r).await?;
+        self.nl.route_replace(&r).await?;
         self.routes.insert(dst, r);
         Ok(())
     }
@@ -111,7 +210,7 @@ impl Tunnel {
     /// Removes a route added with [`Tunnel::add_route`].
     pub async fn del_route(&mut self, dst: IpNet) -> Result<(), BackendError> {
         if let Some(r) = self.routes.remove(&dst) {
-            self.nl.del_route(&r).await?;
+            self.nl.route_del(&r).await?;
         }
         Ok(())
     }
@@ -160,19 +259,18 @@ impl Tunnel {
     pub async fn reconcile(&mut self) -> Result<(), BackendError> {
         self.flush();
         let name = self.name().to_string();
-        if !self
+        if self
             .nl
-            .links()
+            .link_detail(&name)
             .await?
-            .iter()
-            .any(|l| l.index == self.index && l.name == name)
+            .is_none_or(|l| l.link.index != self.index)
         {
             return Err(BackendError::DeviceGone(name));
         }
         for r in self.routes.values() {
-            if self.nl.routes_to(r.dst).await?.is_empty() {
+            if self.nl.routes_exact(r.dst).await?.is_empty() {
                 tracing::info!("Route recovered {}", r.dst);
-                self.nl.replace_route(r).await?;
+                self.nl.route_replace(r).await?;
             }
         }
         self.warn_unexpected_sources();
@@ -211,15 +309,13 @@ impl Tunnel {
     /// from the engine's per-worker blocks; see [`crate::status::devices`]).
     pub fn report(&self, st: &mut crate::status::BackendStatus) {
         if let Some(e) = &self.engine {
-            let (dev, peers) = crate::status::devices::engine_device(e);
-            st.devices.push(dev);
-            st.peer_counters.extend(peers);
+            e.report(st);
         }
     }
 
-    /// The engine, while running.
-    pub fn engine(&self) -> Option<&Engine> {
-        self.engine.as_ref()
+    /// The engine's per-peer counters, while it runs.
+    pub fn peer_stats(&self) -> Option<Vec<(IpNet, PeerStats)>> {
+        self.engine.as_ref()?.peer_stats()
     }
 }
 
@@ -246,6 +342,10 @@ pub fn unexpected_source_message(
          sends from (--public-ip={from}); --anti-spoofing=strict drops these packets"
     )
 }
+
+#[cfg(test)]
+#[path = "tunnel_fake.rs"]
+pub mod fake;
 
 #[cfg(test)]
 mod tests {

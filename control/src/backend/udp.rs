@@ -10,13 +10,12 @@ use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net};
 use weft_engine::{Encap, EngineConfig};
 
-use super::tunnel::Tunnel;
+use super::tunnel::{Tunnel, Userspace};
 use super::{Backend, BackendError, Dataplane, EngineTuning};
 use crate::config::backend::UdpOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
-use crate::netlink::Netlink;
 
 /// See the module docs.
 #[derive(Debug)]
@@ -25,19 +24,19 @@ pub struct Udp {
     network: Ipv4Net,
     ext: Option<ExternalInterface>,
     tuning: EngineTuning,
-    nl: Netlink,
+    us: Userspace,
     tunnel: Option<Tunnel>,
 }
 
 impl Udp {
     /// A udp backend for the IPv4 `network`.
-    pub fn new(opts: UdpOptions, network: Ipv4Net, tuning: EngineTuning, nl: Netlink) -> Udp {
+    pub fn new(opts: UdpOptions, network: Ipv4Net, tuning: EngineTuning, us: Userspace) -> Udp {
         Udp {
             opts,
             network,
             ext: None,
             tuning,
-            nl,
+            us,
             tunnel: None,
         }
     }
@@ -101,7 +100,7 @@ impl Backend for Udp {
         };
         let addr = IpNet::new(subnet.network().into(), 32)
             .map_err(|e| BackendError::Config(e.to_string()))?;
-        let mut t = Tunnel::start(&self.nl, cfg, addr, mtu, self.tuning.anti_spoof).await?;
+        let mut t = Tunnel::start(&self.us, cfg, addr, mtu, self.tuning.anti_spoof).await?;
         t.add_route(IpNet::V4(self.network), true).await?;
         self.tunnel = Some(t);
         Ok(mtu)

@@ -19,13 +19,13 @@ use ipnet::IpNet;
 use weft_compat::gojson;
 use weft_engine::{Encap, EngineConfig};
 
-use super::tunnel::Tunnel;
+use super::tunnel::{Tunnel, Userspace};
 use super::{Backend, BackendError, Dataplane, EngineTuning};
 use crate::config::backend::VxlanOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
-use crate::netlink::{Netlink, Route};
+use crate::netlink::Route;
 
 /// One address family's device.
 #[derive(Debug)]
@@ -42,14 +42,20 @@ pub struct Vxlan {
     v6: Option<Family>,
     ext: Option<ExternalInterface>,
     tuning: EngineTuning,
-    nl: Netlink,
+    us: Userspace,
     /// Direct routes installed for on-link peers (DirectRouting).
     direct: Vec<Route>,
 }
 
 impl Vxlan {
     /// A userspace vxlan backend for the enabled families.
-    pub fn new(opts: VxlanOptions, v4: bool, v6: bool, tuning: EngineTuning, nl: Netlink) -> Vxlan {
+    pub fn new(
+        opts: VxlanOptions,
+        v4: bool,
+        v6: bool,
+        tuning: EngineTuning,
+        us: Userspace,
+    ) -> Vxlan {
         let fam = |on: bool| {
             on.then_some(Family {
                 mac: [0; 6],
@@ -62,7 +68,7 @@ impl Vxlan {
             v6: fam(v6),
             ext: None,
             tuning,
-            nl,
+            us,
             direct: Vec::new(),
         }
     }
@@ -275,7 +281,7 @@ impl Backend for Vxlan {
             );
             let addr = IpNet::new(sn.network().into(), 32)
                 .map_err(|e| BackendError::Config(e.to_string()))?;
-            f.tunnel = Some(Tunnel::start(&self.nl, cfg, addr, mtu, tuning.anti_spoof).await?);
+            f.tunnel = Some(Tunnel::start(&self.us, cfg, addr, mtu, tuning.anti_spoof).await?);
         }
         if let (Some(f), Some(sn)) = (self.v6.as_mut(), lease.ipv6_subnet) {
             let local = ext
@@ -291,7 +297,7 @@ impl Backend for Vxlan {
             );
             let addr = IpNet::new(sn.network().into(), 128)
                 .map_err(|e| BackendError::Config(e.to_string()))?;
-            f.tunnel = Some(Tunnel::start(&self.nl, cfg, addr, mtus.v6, tuning.anti_spoof).await?);
+            f.tunnel = Some(Tunnel::start(&self.us, cfg, addr, mtus.v6, tuning.anti_spoof).await?);
         }
         Ok(mtus.env)
     }
@@ -363,7 +369,7 @@ impl Backend for Vxlan {
                         onlink: false,
                         scope_link: false,
                     };
-                    self.nl.replace_route(&r).await?;
+                    self.us.nl.route_replace(&r).await?;
                     self.direct.push(r);
                 }
                 None => {
@@ -374,7 +380,7 @@ impl Backend for Vxlan {
                         onlink: false,
                         scope_link: false,
                     };
-                    let _ = self.nl.del_route(&r).await;
+                    let _ = self.us.nl.route_del(&r).await;
                 }
             }
         }
@@ -396,9 +402,9 @@ impl Backend for Vxlan {
             }
         }
         for r in &self.direct {
-            if self.nl.routes_to(r.dst).await?.is_empty() {
+            if self.us.nl.routes_exact(r.dst).await?.is_empty() {
                 tracing::info!("Route recovered {}", r.dst);
-                self.nl.replace_route(r).await?;
+                self.us.nl.route_replace(r).await?;
             }
         }
         Ok(())

@@ -27,14 +27,13 @@ use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use weft_engine::{Encap, EngineConfig, Peer, WgPeer, WgSecret};
 
-use super::tunnel::Tunnel;
+use super::tunnel::{Tunnel, Userspace};
 use super::{Backend, BackendError, Dataplane, EngineTuning, wgkey};
 use crate::config::backend::{WireguardMode, WireguardOptions};
 use crate::gojson;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
-use crate::netlink::{Client, Netlink};
 
 /// Which families a device carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +61,7 @@ pub struct Wireguard {
     psk: Option<[u8; 32]>,
     ext: Option<ExternalInterface>,
     tuning: EngineTuning,
-    nl: Netlink,
+    us: Userspace,
     devices: Vec<Device>,
 }
 
@@ -154,7 +153,7 @@ impl Wireguard {
         network: Option<Ipv4Net>,
         network_v6: Option<Ipv6Net>,
         tuning: EngineTuning,
-        nl: Netlink,
+        us: Userspace,
     ) -> Wireguard {
         let psk = weft_engine::wg::key_from_base64(&opts.psk);
         Wireguard {
@@ -166,9 +165,15 @@ impl Wireguard {
             psk,
             ext: None,
             tuning,
-            nl,
+            us,
             devices: Vec::new(),
         }
+    }
+
+    /// Uses `path` instead of `$WIREGUARD_KEY_FILE` / `/run/flannel/wgkey` (tests).
+    pub fn with_key_file(mut self, path: std::path::PathBuf) -> Wireguard {
+        self.key_file = path;
+        self
     }
 
     fn keepalive(&self) -> u16 {
@@ -187,9 +192,9 @@ impl Wireguard {
         let key = self
             .key
             .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        if let Some(old) = Client::link_detail(&self.nl, name).await? {
+        if let Some(old) = self.us.nl.link_detail(name).await? {
             tracing::info!("deleting existing device {name}");
-            self.nl.del_link(old.link.index).await?;
+            self.us.nl.delete_link(old.link.index).await?;
         }
         let cfg = EngineConfig {
             tun_name: name.to_string(),
@@ -207,9 +212,9 @@ impl Wireguard {
         let first = *addrs
             .first()
             .ok_or_else(|| BackendError::Config("no device address".into()))?;
-        let mut tunnel = Tunnel::start(&self.nl, cfg, first, mtu, self.tuning.anti_spoof).await?;
+        let mut tunnel = Tunnel::start(&self.us, cfg, first, mtu, self.tuning.anti_spoof).await?;
         for a in &addrs[1..] {
-            self.nl.replace_addr(tunnel.index(), *a).await?;
+            self.us.nl.add_addr(tunnel.index(), *a).await?;
         }
         for net in [self.network.map(IpNet::V4), self.network_v6.map(IpNet::V6)]
             .into_iter()
@@ -451,7 +456,7 @@ impl Backend for Wireguard {
         let last = self
             .devices
             .iter()
-            .filter_map(|d| d.tunnel.engine()?.peer_stats())
+            .filter_map(|d| d.tunnel.peer_stats())
             .flatten()
             .filter_map(|(_, s)| s.last_initiation);
         kernel_handover_at(last)

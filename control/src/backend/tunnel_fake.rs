@@ -1,0 +1,125 @@
+//! A recording [`StartEngine`] for unit tests: each "engine" is a TUN link
+//! in a [`FakeNetlink`] and a peer table the test reads back, so a userspace
+//! backend's lease → peer translation runs without root or a real engine.
+//! (A fake exists only here: the real engine is exercised end to end by the
+//! root tests in tests/.)
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ipnet::IpNet;
+use weft_engine::{AntiSpoofing, EngineConfig, Peer, PeerStats};
+
+use super::{StartEngine, TunnelEngine, Userspace};
+use crate::backend::BackendError;
+use crate::netlink::{FakeNetlink, LinkKind};
+
+/// One started fake engine.
+#[derive(Debug)]
+pub struct FakeEngine {
+    /// What it was started with.
+    pub cfg: EngineConfig,
+    /// Its anti-spoofing mode.
+    pub anti: AntiSpoofing,
+    /// The last peer table it was given.
+    pub peers: Mutex<Vec<Peer>>,
+    /// How many tables it was given.
+    pub tables: Mutex<usize>,
+    /// Whether it was stopped.
+    pub stopped: AtomicBool,
+}
+
+impl FakeEngine {
+    /// The current peer table.
+    pub fn peers(&self) -> Vec<Peer> {
+        self.peers.lock().expect("lock").clone()
+    }
+}
+
+/// Starts [`FakeEngine`]s on a [`FakeNetlink`].
+#[derive(Debug)]
+pub struct FakeEngines {
+    nl: Arc<FakeNetlink>,
+    started: Mutex<Vec<Arc<FakeEngine>>>,
+    /// Makes the next starts fail (as a missing /dev/net/tun would).
+    pub fail: AtomicBool,
+}
+
+impl FakeEngines {
+    /// The fake engines and the [`Userspace`] that starts them on `nl`.
+    pub fn new(nl: &Arc<FakeNetlink>) -> (Arc<FakeEngines>, Userspace) {
+        let e = Arc::new(FakeEngines {
+            nl: nl.clone(),
+            started: Mutex::new(Vec::new()),
+            fail: AtomicBool::new(false),
+        });
+        let us = Userspace {
+            nl: nl.clone(),
+            engines: e.clone(),
+        };
+        (e, us)
+    }
+
+    /// Every engine started so far, oldest first.
+    pub fn started(&self) -> Vec<Arc<FakeEngine>> {
+        self.started.lock().expect("lock").clone()
+    }
+
+    /// The running engine of TUN `name`.
+    pub fn running(&self, name: &str) -> Arc<FakeEngine> {
+        self.started()
+            .into_iter()
+            .rev()
+            .find(|e| e.cfg.tun_name == name && !e.stopped.load(Ordering::Relaxed))
+            .unwrap_or_else(|| panic!("no running engine on {name}"))
+    }
+}
+
+struct Handle(Arc<FakeEngine>);
+
+impl StartEngine for FakeEngines {
+    fn start(
+        &self,
+        cfg: EngineConfig,
+        anti: AntiSpoofing,
+    ) -> Result<Box<dyn TunnelEngine>, BackendError> {
+        if self.fail.load(Ordering::Relaxed) {
+            return Err(BackendError::Engine(
+                "cannot open /dev/net/tun (fake)".into(),
+            ));
+        }
+        self.nl
+            .insert_link(&cfg.tun_name, LinkKind::Tun, u32::from(cfg.mtu), None);
+        let e = Arc::new(FakeEngine {
+            cfg,
+            anti,
+            peers: Mutex::new(Vec::new()),
+            tables: Mutex::new(0),
+            stopped: AtomicBool::new(false),
+        });
+        self.started.lock().expect("lock").push(e.clone());
+        Ok(Box::new(Handle(e)))
+    }
+}
+
+impl TunnelEngine for Handle {
+    fn tun_name(&self) -> &str {
+        &self.0.cfg.tun_name
+    }
+    fn set_peers(&self, peers: Vec<Peer>) {
+        *self.0.peers.lock().expect("lock") = peers;
+        *self.0.tables.lock().expect("lock") += 1;
+    }
+    fn peer_stats(&self) -> Option<Vec<(IpNet, PeerStats)>> {
+        None
+    }
+    fn report(&self, st: &mut crate::status::BackendStatus) {
+        let _ = st;
+    }
+    fn describe(&self) -> String {
+        "fake engine".into()
+    }
+    fn stop(self: Box<Self>) {
+        self.0.stopped.store(true, Ordering::Relaxed);
+    }
+}

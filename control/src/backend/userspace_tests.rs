@@ -1,0 +1,296 @@
+//! The userspace backends' lease → peer translation, without root: each
+//! runs on [`FakeEngines`] (a recording engine per TUN) and the fake
+//! netlink, so what they hand the engine and which routes they program is
+//! checked per lease change, as the kernel backends' tests do with the fake
+//! netlink alone. The real engine is exercised end to end by tests/.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use ipnet::IpNet;
+use weft_engine::{AntiSpoofing, Encap, Peer};
+
+use super::test_util::{block_on, ext, fake, lease};
+use super::tunnel::fake::FakeEngines;
+use super::{Backend, Change, EngineTuning};
+use crate::config::backend::{BackendOptions, IpipOptions, VxlanOptions, WireguardOptions};
+
+fn tuning() -> EngineTuning {
+    EngineTuning {
+        workers: 1,
+        offload: false,
+        anti_spoof: AntiSpoofing::Subnet,
+    }
+}
+
+/// `type`'s options decoded from `json` (flannel's defaults for what it omits).
+fn options(ty: &str, json: &str) -> BackendOptions {
+    BackendOptions::from_config(ty, Some(json)).expect("options")
+}
+
+fn vxlan_opts(json: &str) -> VxlanOptions {
+    match options("vxlan", json) {
+        BackendOptions::Vxlan(o) => o,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn wg_opts(json: &str) -> WireguardOptions {
+    match options("wireguard", json) {
+        BackendOptions::Wireguard(o) => o,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn net(s: &str) -> IpNet {
+    s.parse().expect("net")
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("ip")
+}
+
+fn own() -> super::Lease {
+    lease("10.244.1.0/24", "192.0.2.1", "", None)
+}
+
+/// The routes of the fake kernel to `dst`, as (gateway, oif).
+fn routes_to(f: &crate::netlink::FakeNetlink, dst: &str) -> Vec<(Option<IpAddr>, Option<u32>)> {
+    f.routes()
+        .into_iter()
+        .filter(|r| r.dst == net(dst))
+        .map(|r| (r.gateway, r.oif))
+        .collect()
+}
+
+#[test]
+fn vxlan_peers_carry_the_vtep_mac_and_get_a_route_each() {
+    block_on(async {
+        let f = fake(&[], false);
+        let (engines, us) = FakeEngines::new(&f);
+        let mut b = super::vxlan::Vxlan::new(vxlan_opts("{}"), true, false, tuning(), us);
+        b.lease_attrs(&ext(), None).await.expect("attrs");
+        assert_eq!(b.setup(&own()).await.expect("setup"), 1450);
+        let e = engines.running("flannel.1");
+        assert!(
+            matches!(
+                e.cfg.encap,
+                Encap::Vxlan {
+                    vni: 1,
+                    port: 8472,
+                    ..
+                }
+            ),
+            "{:?}",
+            e.cfg.encap
+        );
+        assert_eq!((e.cfg.mtu, e.anti), (1450, AntiSpoofing::Subnet));
+        let tun = f
+            .links()
+            .into_values()
+            .find(|l| l.link.name == "flannel.1")
+            .expect("tun link");
+        assert!(tun.link.up && tun.link.mtu == 1450, "{tun:?}");
+
+        let mac = [0x02, 0, 0, 0, 0, 2];
+        let data = super::vxlan::backend_data(1, mac);
+        let peer = lease("10.244.2.0/24", "192.0.2.2", "vxlan", Some(&data));
+        b.apply(&Change::Add(peer.clone())).await.expect("add");
+        // Leases the engine cannot use are skipped, not half-applied.
+        let broken = lease("10.244.3.0/24", "192.0.2.3", "vxlan", Some("{\"VNI\":1}"));
+        b.apply(&Change::Add(broken)).await.expect("bad data");
+        let other = lease("10.244.4.0/24", "192.0.2.4", "udp", None);
+        b.apply(&Change::Add(other)).await.expect("other type");
+        b.flush();
+        assert_eq!(
+            e.peers(),
+            vec![Peer {
+                subnet: net("10.244.2.0/24"),
+                endpoint: ip("192.0.2.2"),
+                vtep_mac: Some(mac),
+                wireguard: None,
+            }]
+        );
+        assert_eq!(*e.tables.lock().expect("lock"), 1, "one table per batch");
+        assert_eq!(
+            routes_to(&f, "10.244.2.0/24"),
+            vec![(None, Some(tun.link.index))]
+        );
+        assert!(routes_to(&f, "10.244.3.0/24").is_empty());
+        assert!(routes_to(&f, "10.244.4.0/24").is_empty());
+
+        b.apply(&Change::Remove(peer)).await.expect("remove");
+        b.flush();
+        assert!(e.peers().is_empty());
+        assert!(routes_to(&f, "10.244.2.0/24").is_empty());
+        b.teardown().await;
+        assert!(e.stopped.load(std::sync::atomic::Ordering::Relaxed));
+    });
+}
+
+#[test]
+fn vxlan_direct_routing_sends_on_link_peers_around_the_engine() {
+    block_on(async {
+        let f = fake(&[], false);
+        let (engines, us) = FakeEngines::new(&f);
+        let opts = vxlan_opts(r#"{"DirectRouting":true}"#);
+        let mut b = super::vxlan::Vxlan::new(opts, true, false, tuning(), us);
+        b.lease_attrs(&ext(), None).await.expect("attrs");
+        b.setup(&own()).await.expect("setup");
+        let data = super::vxlan::backend_data(1, [2, 0, 0, 0, 0, 9]);
+        for (sn, pub_ip) in [
+            ("10.244.2.0/24", "192.0.2.2"),
+            ("10.244.3.0/24", "203.0.113.3"),
+        ] {
+            let l = lease(sn, pub_ip, "vxlan", Some(&data));
+            b.apply(&Change::Add(l)).await.expect("add");
+        }
+        b.flush();
+        let e = engines.running("flannel.1");
+        let peers: Vec<IpNet> = e.peers().iter().map(|p| p.subnet).collect();
+        assert_eq!(peers, vec![net("10.244.3.0/24")], "only the off-link peer");
+        assert_eq!(
+            routes_to(&f, "10.244.2.0/24"),
+            vec![(Some(ip("192.0.2.2")), None)]
+        );
+    });
+}
+
+#[test]
+fn udp_peers_are_public_ips_behind_one_network_route() {
+    block_on(async {
+        let f = fake(&[], false);
+        let (engines, us) = FakeEngines::new(&f);
+        let mut b = super::udp::Udp::new(
+            match options("udp", "{}") {
+                BackendOptions::Udp(o) => o,
+                other => panic!("{other:?}"),
+            },
+            "10.244.0.0/16".parse().expect("net"),
+            tuning(),
+            us,
+        );
+        b.lease_attrs(&ext(), None).await.expect("attrs");
+        assert_eq!(b.setup(&own()).await.expect("setup"), 1472);
+        let e = engines.running("flannel%d");
+        assert!(
+            matches!(e.cfg.encap, Encap::FlannelUdp { port: 8285 }),
+            "{:?}",
+            e.cfg.encap
+        );
+        assert_eq!(routes_to(&f, "10.244.0.0/16").len(), 1, "{:?}", f.routes());
+        let peer = lease("10.244.2.0/24", "192.0.2.2", "udp", None);
+        b.apply(&Change::Add(peer.clone())).await.expect("add");
+        b.flush();
+        assert_eq!(
+            e.peers(),
+            vec![Peer {
+                subnet: net("10.244.2.0/24"),
+                endpoint: ip("192.0.2.2"),
+                vtep_mac: None,
+                wireguard: None,
+            }]
+        );
+        b.apply(&Change::Remove(peer)).await.expect("remove");
+        b.flush();
+        assert!(e.peers().is_empty());
+    });
+}
+
+#[test]
+fn ipip_peers_get_a_route_through_the_tun() {
+    block_on(async {
+        let f = fake(&[], false);
+        let (engines, us) = FakeEngines::new(&f);
+        let mut b = super::ipip_user::IpipUser::new(IpipOptions::default(), tuning(), us);
+        b.lease_attrs(&ext(), None).await.expect("attrs");
+        assert_eq!(b.setup(&own()).await.expect("setup"), 1480);
+        let e = engines.running("flannel.ipip");
+        let peer = lease("10.244.2.0/24", "203.0.113.2", "ipip", None);
+        b.apply(&Change::Add(peer.clone())).await.expect("add");
+        b.flush();
+        let peers = e.peers();
+        assert_eq!(peers.len(), 1, "{peers:?}");
+        assert_eq!(
+            (peers[0].subnet, peers[0].endpoint),
+            (net("10.244.2.0/24"), ip("203.0.113.2"))
+        );
+        assert_eq!(routes_to(&f, "10.244.2.0/24").len(), 1, "{:?}", f.routes());
+        b.apply(&Change::Remove(peer)).await.expect("remove");
+        b.flush();
+        assert!(e.peers().is_empty());
+        assert!(routes_to(&f, "10.244.2.0/24").is_empty());
+    });
+}
+
+#[test]
+fn wireguard_peers_carry_key_port_psk_and_keepalive() {
+    block_on(async {
+        let f = fake(&[], false);
+        let (engines, us) = FakeEngines::new(&f);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let psk = "GJ7tuWF3o36o0zY0Xx3jyMxXoxEpuMWpAO5D0fTvmD4=";
+        let opts = wg_opts(&format!(
+            r#"{{"PSK":"{psk}","PersistentKeepaliveInterval":25}}"#
+        ));
+        let mut b = super::wireguard::Wireguard::new(
+            opts,
+            Some("10.244.0.0/16".parse().expect("net")),
+            None,
+            tuning(),
+            us,
+        )
+        .with_key_file(dir.path().join("wgkey"));
+        let attrs = b.lease_attrs(&ext(), None).await.expect("attrs");
+        assert!(
+            attrs
+                .backend_data
+                .is_some_and(|d| d.contains("\"Port\":51820"))
+        );
+        assert_eq!(b.setup(&own()).await.expect("setup"), 1420);
+        let e = engines.running("flannel-wg");
+        assert!(
+            matches!(e.cfg.encap, Encap::WireGuard { port: 51820, .. }),
+            "{:?}",
+            e.cfg.encap
+        );
+        assert_eq!(routes_to(&f, "10.244.0.0/16").len(), 1, "{:?}", f.routes());
+        let key = [7u8; 32];
+        let data = super::wireguard::backend_data(&key, 51999);
+        let peer = lease("10.244.2.0/24", "192.0.2.2", "wireguard", Some(&data));
+        b.apply(&Change::Add(peer.clone())).await.expect("add");
+        // No usable key: no peer.
+        let keyless = lease("10.244.3.0/24", "192.0.2.3", "wireguard", Some("{}"));
+        b.apply(&Change::Add(keyless)).await.expect("keyless");
+        b.flush();
+        let peers = e.peers();
+        assert_eq!(peers.len(), 1, "{peers:?}");
+        let wg = peers[0].wireguard.clone().expect("wireguard parameters");
+        assert_eq!(
+            (peers[0].subnet, peers[0].endpoint),
+            (
+                net("10.244.2.0/24"),
+                IpAddr::V4(Ipv4Addr::new(192, 0, 2, 2))
+            )
+        );
+        assert_eq!((wg.public_key, wg.port, wg.keepalive), (key, 51999, 25));
+        assert_eq!(wg.psk, weft_engine::wg::key_from_base64(psk));
+        b.apply(&Change::Remove(peer)).await.expect("remove");
+        b.flush();
+        assert!(e.peers().is_empty());
+    });
+}
+
+#[test]
+fn an_engine_that_cannot_start_fails_setup_with_its_reason() {
+    block_on(async {
+        let f = fake(&[], false);
+        let (engines, us) = FakeEngines::new(&f);
+        engines
+            .fail
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut b = super::vxlan::Vxlan::new(vxlan_opts("{}"), true, false, tuning(), us);
+        b.lease_attrs(&ext(), None).await.expect("attrs");
+        let e = b.setup(&own()).await.expect_err("no engine");
+        assert!(e.to_string().contains("/dev/net/tun"), "{e}");
+    });
+}

@@ -62,6 +62,13 @@ fn routes_to(f: &crate::netlink::FakeNetlink, dst: &str) -> Vec<(Option<IpAddr>,
         .collect()
 }
 
+/// Removes `peer`'s lease: the engine's table is empty again.
+async fn remove(b: &mut dyn Backend, e: &super::tunnel::fake::FakeEngine, peer: super::Lease) {
+    b.apply(&Change::Remove(peer)).await.expect("remove");
+    b.flush();
+    assert!(e.peers().is_empty(), "{:?}", e.peers());
+}
+
 #[test]
 fn vxlan_peers_carry_the_vtep_mac_and_get_a_route_each() {
     block_on(async {
@@ -118,9 +125,7 @@ fn vxlan_peers_carry_the_vtep_mac_and_get_a_route_each() {
         assert!(routes_to(&f, "10.244.3.0/24").is_empty());
         assert!(routes_to(&f, "10.244.4.0/24").is_empty());
 
-        b.apply(&Change::Remove(peer)).await.expect("remove");
-        b.flush();
-        assert!(e.peers().is_empty());
+        remove(&mut b, &e, peer).await;
         assert!(routes_to(&f, "10.244.2.0/24").is_empty());
         b.teardown().await;
         assert!(e.stopped.load(std::sync::atomic::Ordering::Relaxed));
@@ -190,9 +195,7 @@ fn udp_peers_are_public_ips_behind_one_network_route() {
                 wireguard: None,
             }]
         );
-        b.apply(&Change::Remove(peer)).await.expect("remove");
-        b.flush();
-        assert!(e.peers().is_empty());
+        remove(&mut b, &e, peer).await;
     });
 }
 
@@ -215,9 +218,7 @@ fn ipip_peers_get_a_route_through_the_tun() {
             (net("10.244.2.0/24"), ip("203.0.113.2"))
         );
         assert_eq!(routes_to(&f, "10.244.2.0/24").len(), 1, "{:?}", f.routes());
-        b.apply(&Change::Remove(peer)).await.expect("remove");
-        b.flush();
-        assert!(e.peers().is_empty());
+        remove(&mut b, &e, peer).await;
         assert!(routes_to(&f, "10.244.2.0/24").is_empty());
     });
 }
@@ -274,9 +275,7 @@ fn wireguard_peers_carry_key_port_psk_and_keepalive() {
         );
         assert_eq!((wg.public_key, wg.port, wg.keepalive), (key, 51999, 25));
         assert_eq!(wg.psk, weft_engine::wg::key_from_base64(psk));
-        b.apply(&Change::Remove(peer)).await.expect("remove");
-        b.flush();
-        assert!(e.peers().is_empty());
+        remove(&mut b, &e, peer).await;
     });
 }
 

@@ -41,21 +41,13 @@ use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use weft_engine::WgSecret;
 
-use super::wireguard::parse_backend_data;
+use super::wireguard::{Carries, device_plan, log_config, parse_backend_data};
 use super::{Backend, BackendError, Dataplane, wgkey};
 use crate::config::backend::{WireguardMode, WireguardOptions};
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
 use crate::netlink::{Client, LinkSpec, Route, WgClient, WgPeerSet, WgSet, WireguardLink};
-
-/// Which families a device carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Carries {
-    V4,
-    V6,
-    Both,
-}
 
 #[derive(Debug)]
 struct Device {
@@ -426,14 +418,12 @@ impl Backend for KernelWireguard {
         let public = key.public_key();
         self.key = Some(key);
         self.ext = Some(ext.clone());
-        tracing::info!(
-            "WireGuard config: ListenPort={} ListenPortV6={} Mode={:?} PersistentKeepaliveInterval={}s PSK={}; public key {} (kernel module)",
-            self.opts.listen_port,
-            self.opts.listen_port_v6,
-            self.opts.mode,
+        log_config(
+            &self.opts,
             self.keepalive(),
-            if self.psk.is_some() { "set" } else { "none" },
-            weft_engine::wg::key_to_base64(&public)
+            self.psk.is_some(),
+            &public,
+            " (kernel module)",
         );
         super::wireguard::lease_attrs(
             &public,
@@ -449,33 +439,15 @@ impl Backend for KernelWireguard {
             .ext
             .clone()
             .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        let cfg_mtu = if self.opts.mtu == 0 {
-            ext.iface.mtu
-        } else {
-            self.opts.mtu
-        };
-        let mtu = cfg_mtu.saturating_sub(80);
-        let a4 = lease
-            .subnet
-            .and_then(|s| Ipv4Net::new(s.network(), 32).ok())
-            .map(IpNet::V4);
-        let a6 = lease
-            .ipv6_subnet
-            .and_then(|s| Ipv6Net::new(s.network(), 128).ok())
-            .map(IpNet::V6);
-        let (p4, p6) = (self.opts.listen_port, self.opts.listen_port_v6);
-        if self.opts.mode == WireguardMode::Separate {
-            if let (Some(_), Some(a)) = (self.network, a4) {
-                self.create_device("flannel-wg", Carries::V4, p4, vec![a], mtu)
-                    .await?;
-            }
-            if let (Some(_), Some(a)) = (self.network_v6, a6) {
-                self.create_device("flannel-wg-v6", Carries::V6, p6, vec![a], mtu)
-                    .await?;
-            }
-        } else {
-            let addrs = [a4, a6].into_iter().flatten().collect();
-            self.create_device("flannel-wg", Carries::Both, p4, addrs, mtu)
+        let (mtu, plan) = device_plan(
+            &self.opts,
+            &ext,
+            self.network.is_some(),
+            self.network_v6.is_some(),
+            lease,
+        );
+        for d in plan {
+            self.create_device(d.name, d.carries, d.port, d.addrs, mtu)
                 .await?;
         }
         Ok(mtu)

@@ -37,10 +37,99 @@ use crate::lease::{Lease, LeaseAttrs};
 
 /// Which families a device carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Carries {
+pub(super) enum Carries {
     V4,
     V6,
     Both,
+}
+
+/// One device of a WireGuard node as flannel lays them out (spec §5), for
+/// both dataplanes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct DevicePlan {
+    pub name: &'static str,
+    pub carries: Carries,
+    pub port: u16,
+    /// `<subnet IP>/32` and/or `/128`.
+    pub addrs: Vec<IpNet>,
+    /// Where the userspace engine binds its socket (the kernel device binds all).
+    pub bind: IpAddr,
+}
+
+/// The devices of a node holding `lease`, and their MTU (cfg.MTU − 80):
+/// `Separate` mode gives `flannel-wg` (IPv4, `ListenPort`) and
+/// `flannel-wg-v6` (IPv6, `ListenPortV6`) for the enabled networks; the
+/// other modes one `flannel-wg` carrying both on `ListenPort`.
+pub(super) fn device_plan(
+    opts: &WireguardOptions,
+    ext: &ExternalInterface,
+    v4: bool,
+    v6: bool,
+    lease: &Lease,
+) -> (u32, Vec<DevicePlan>) {
+    let cfg_mtu = if opts.mtu == 0 {
+        ext.iface.mtu
+    } else {
+        opts.mtu
+    };
+    let a4 = lease
+        .subnet
+        .and_then(|s| Ipv4Net::new(s.network(), 32).ok())
+        .map(IpNet::V4);
+    let a6 = lease
+        .ipv6_subnet
+        .and_then(|s| Ipv6Net::new(s.network(), 128).ok())
+        .map(IpNet::V6);
+    let any4 = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+    let any6 = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
+    let (p4, p6) = (opts.listen_port, opts.listen_port_v6);
+    let dev = |name, carries, port, addrs: Vec<IpNet>, bind| DevicePlan {
+        name,
+        carries,
+        port,
+        addrs,
+        bind,
+    };
+    let plan = match opts.mode {
+        WireguardMode::Separate => [
+            a4.filter(|_| v4)
+                .map(|a| dev("flannel-wg", Carries::V4, p4, vec![a], any4)),
+            a6.filter(|_| v6)
+                .map(|a| dev("flannel-wg-v6", Carries::V6, p6, vec![a], any6)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
+        mode => {
+            let bind = if mode == WireguardMode::Ipv6 || !v4 {
+                any6
+            } else {
+                any4
+            };
+            let addrs = [a4, a6].into_iter().flatten().collect();
+            vec![dev("flannel-wg", Carries::Both, p4, addrs, bind)]
+        }
+    };
+    (cfg_mtu.saturating_sub(80), plan)
+}
+
+/// flannel's `WireGuard config: ...` log line, with the public key and `path`.
+pub(super) fn log_config(
+    opts: &WireguardOptions,
+    keepalive: u16,
+    psk: bool,
+    public: &[u8; 32],
+    path: &str,
+) {
+    tracing::info!(
+        "WireGuard config: ListenPort={} ListenPortV6={} Mode={:?} PersistentKeepaliveInterval={}s PSK={}; public key {}{path}",
+        opts.listen_port,
+        opts.listen_port_v6,
+        opts.mode,
+        keepalive,
+        if psk { "set" } else { "none" },
+        weft_engine::wg::key_to_base64(public)
+    );
 }
 
 #[derive(Debug)]
@@ -331,14 +420,12 @@ impl Backend for Wireguard {
         let public = key.public_key();
         self.key = Some(key);
         self.ext = Some(ext.clone());
-        tracing::info!(
-            "WireGuard config: ListenPort={} ListenPortV6={} Mode={:?} PersistentKeepaliveInterval={}s PSK={}; public key {}",
-            self.opts.listen_port,
-            self.opts.listen_port_v6,
-            self.opts.mode,
+        log_config(
+            &self.opts,
             self.keepalive(),
-            if self.psk.is_some() { "set" } else { "none" },
-            weft_engine::wg::key_to_base64(&public)
+            self.psk.is_some(),
+            &public,
+            "",
         );
         lease_attrs(
             &public,
@@ -354,42 +441,16 @@ impl Backend for Wireguard {
             .ext
             .clone()
             .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        let cfg_mtu = if self.opts.mtu == 0 {
-            ext.iface.mtu
-        } else {
-            self.opts.mtu
-        };
-        let mtu = cfg_mtu.saturating_sub(80);
-        let a4 = lease
-            .subnet
-            .map(|s| IpNet::V4(Ipv4Net::new(s.network(), 32).unwrap_or_default()));
-        let a6 = lease
-            .ipv6_subnet
-            .map(|s| IpNet::V6(Ipv6Net::new(s.network(), 128).unwrap_or_default()));
-        let any4 = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
-        let any6 = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
-        let (p4, p6) = (self.opts.listen_port, self.opts.listen_port_v6);
-        match self.opts.mode {
-            WireguardMode::Separate => {
-                if let (Some(_), Some(a)) = (self.network, a4) {
-                    self.start_device("flannel-wg", Carries::V4, p4, any4, &[a], mtu)
-                        .await?;
-                }
-                if let (Some(_), Some(a)) = (self.network_v6, a6) {
-                    self.start_device("flannel-wg-v6", Carries::V6, p6, any6, &[a], mtu)
-                        .await?;
-                }
-            }
-            mode => {
-                let local = if mode == WireguardMode::Ipv6 || self.network.is_none() {
-                    any6
-                } else {
-                    any4
-                };
-                let addrs: Vec<IpNet> = [a4, a6].into_iter().flatten().collect();
-                self.start_device("flannel-wg", Carries::Both, p4, local, &addrs, mtu)
-                    .await?;
-            }
+        let (mtu, plan) = device_plan(
+            &self.opts,
+            &ext,
+            self.network.is_some(),
+            self.network_v6.is_some(),
+            lease,
+        );
+        for d in plan {
+            self.start_device(d.name, d.carries, d.port, d.bind, &d.addrs, mtu)
+                .await?;
         }
         Ok(mtu)
     }

@@ -94,3 +94,54 @@ fn chaos_long() {
         bounds: BOUNDS,
     });
 }
+
+/// Regression (found by the chaos run): a weftd (re)started while the
+/// embedded store's disk is full waits for space, as it waits for an
+/// unreachable etcd, instead of exiting 1.
+#[test]
+fn full_store_disk_at_start_waits_for_space() {
+    use std::time::Duration;
+    use weft_control::demo::cluster::{Cluster, ClusterSpec, ClusterStore};
+    require_root!();
+    let work = tempfile::tempdir().expect("tempdir");
+    let store = work.path().join("store");
+    let _tmpfs = chaos_kit::rig::Tmpfs::mount(&store, "1m");
+    let spec = ClusterSpec {
+        prefix: weft_tests::unique("df"),
+        nodes: 1,
+        net_conf: fault_kit::net_conf("vxlan"),
+        weftd_args: [
+            "--dataplane=userspace",
+            "--engine-workers=1",
+            "--traffic-manager=none",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        bin_dir: weft_tests::bins::dir(),
+        work: work.path().to_path_buf(),
+        store: ClusterStore::Embedded,
+    };
+    let mut c = Cluster::start(spec).unwrap_or_else(|e| panic!("cluster: {e}"));
+    let mut child = c.nodes[0].weftd.take().expect("weftd");
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    let _ = std::fs::remove_file(c.nodes[0].dir.join("subnet.env"));
+    let fill = store.join("fill");
+    let _ = std::process::Command::new("dd")
+        .args(["if=/dev/zero", "bs=64k"])
+        .arg(format!("of={}", fill.display()))
+        .output();
+    c.start_weftd(0).expect("restart");
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        fault_kit::running(&mut c, 0),
+        "weftd exited on a full store disk; log:\n{}",
+        c.log(0)
+    );
+    assert!(c.log(0).contains("retrying"), "log:\n{}", c.log(0));
+    std::fs::remove_file(&fill).expect("free the disk");
+    c.wait_ready(0, Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{e}"));
+    drop(c);
+}

@@ -78,8 +78,12 @@ pub struct Records {
 pub struct Workload {
     /// What was recorded.
     pub rec: Arc<Mutex<Records>>,
+    /// Stops the request loops and streams (first, so that no request is
+    /// in flight when the servers go).
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
+    stop_servers: Arc<AtomicBool>,
+    servers: Vec<JoinHandle<()>>,
 }
 
 fn enter(ns: &str) {
@@ -96,11 +100,13 @@ impl Workload {
     /// Starts servers, request loops and streams for `pods`.
     pub fn start(pods: &[PodRef]) -> Workload {
         let stop = Arc::new(AtomicBool::new(false));
+        let stop_servers = Arc::new(AtomicBool::new(false));
         let rec = Arc::new(Mutex::new(Records::default()));
         let mut threads = Vec::new();
+        let mut servers = Vec::new();
         for p in pods {
             for port in [REQ_PORT, STREAM_PORT] {
-                threads.push(serve(p, port, stop.clone()));
+                servers.push(serve(p, port, stop_servers.clone()));
             }
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -140,7 +146,13 @@ impl Workload {
                 }
             }
         }
-        Workload { rec, stop, threads }
+        Workload {
+            rec,
+            stop,
+            threads,
+            stop_servers,
+            servers,
+        }
     }
 
     /// Stops every thread and returns what was recorded.
@@ -152,6 +164,10 @@ impl Workload {
     fn halt(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        self.stop_servers.store(true, Ordering::Relaxed);
+        for t in self.servers.drain(..) {
             let _ = t.join();
         }
     }

@@ -226,9 +226,35 @@ impl Scheduler {
 
     fn try_start(&mut self, rig: &mut Rig) -> bool {
         let kind = KINDS[self.rng.below(KINDS.len())];
-        let ci = self.rng.below(rig.clusters.len());
-        let n = rig.clusters[ci].c.nodes.len();
-        let ni = self.rng.below(n);
+        let ci = match kind {
+            "etcd-kill" | "etcd-compact" | "lease-garbage" | "iptables-del"
+            | "dataplane-switch" | "fdb-del" | "neigh-del" | "device-del" => rig
+                .clusters
+                .iter()
+                .position(|c| c.store == StoreKind::Etcd)
+                .unwrap_or(0),
+            "disk-full" => rig
+                .clusters
+                .iter()
+                .position(|c| c.store == StoreKind::Embedded)
+                .unwrap_or(0),
+            _ => self.rng.below(rig.clusters.len()),
+        };
+        let c = &rig.clusters[ci];
+        let n = c.c.nodes.len();
+        // The nodes a kind can touch: kernel-device kinds need a kernel node.
+        let eligible: Vec<usize> = (0..n)
+            .filter(|&i| match kind {
+                "fdb-del" | "neigh-del" | "device-del" => c.dataplane[i] == "kernel",
+                "tun-del" => c.dataplane[i] != "kernel",
+                "dataplane-switch" => c.switchable[i],
+                _ => true,
+            })
+            .collect();
+        if eligible.is_empty() {
+            return false;
+        }
+        let ni = eligible[self.rng.below(eligible.len())];
         let store_wide = matches!(kind, "etcd-kill" | "etcd-compact" | "disk-full");
         if self.busy(ci, (!store_wide).then_some(ni)) {
             return false;

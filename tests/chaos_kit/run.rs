@@ -177,6 +177,13 @@ pub fn run(cfg: Config) -> Outcome {
     }
     summary(&cfg, &sched, &sampler, &mut report);
     drop(rig);
+    let _ = writeln!(
+        report,
+        "CPU (this process and every reaped child: weftd, etcd, tools): {:.0} core-seconds over {:.0} s, {:.2} cores",
+        cpu_secs(),
+        now(),
+        cpu_secs() / now()
+    );
     leftovers(&before, &prefixes, &mut violations);
     eprintln!("chaos report (seed {}):\n{report}", cfg.seed);
     Outcome { violations, report }
@@ -200,8 +207,8 @@ fn summary(cfg: &Config, s: &Scheduler, sm: &Sampler, out: &mut String) {
     );
     let _ = writeln!(
         out,
-        "documented exits (own lease deleted → exit 0): {}",
-        sm.documented_exits
+        "documented exits: own lease deleted → exit 0: {}; started on a garbage own lease → exit 1: {}",
+        sm.documented_exits, sm.garbage_exits
     );
     let conv: Vec<f64> = sm.converge.iter().map(|c| c.1).collect();
     let _ = writeln!(
@@ -241,4 +248,19 @@ fn leftovers(before: &BTreeSet<String>, prefixes: &[String], v: &mut Vec<String>
     {
         v.push(format!("left behind: mount {l}"));
     }
+}
+
+/// User + system CPU seconds of this process and its reaped children.
+fn cpu_secs() -> f64 {
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    [libc::RUSAGE_SELF, libc::RUSAGE_CHILDREN]
+        .into_iter()
+        .map(|who| {
+            // SAFETY: getrusage writes one rusage into the zeroed value we pass.
+            let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: as above; `u` is a valid, writable rusage.
+            unsafe { libc::getrusage(who, &mut u) };
+            tv(u.ru_utime) + tv(u.ru_stime)
+        })
+        .sum()
 }

@@ -1,8 +1,10 @@
 //! What is sampled every tick:
 //!
 //! - daemon exits: a weftd that exits on its own is a violation unless its
-//!   lease was just deleted and it exited 0 (flannel's documented exit); it
-//!   is restarted either way, as a kubelet would;
+//!   lease was just deleted and it exited 0 (flannel's documented exit), or
+//!   it was starting while its own lease key held garbage and exited 1 after
+//!   flannel's race retries (documented too); it is restarted either way,
+//!   as a kubelet would;
 //! - convergence: every node's routes to 10.244.0.0/16 /24s equal the
 //!   store's parsable leases minus its own (phantoms changed in the last
 //!   [`CHURN_GRACE`] s are left out of both sides; on WireGuard, whose one
@@ -57,6 +59,8 @@ pub struct Sampler {
     pub violations: Vec<String>,
     /// Documented exits seen (own lease deleted → exit 0).
     pub documented_exits: u32,
+    /// Documented exits seen (started while its own lease key held garbage → exit 1).
+    pub garbage_exits: u32,
     /// Last mismatch per cluster (for messages).
     pub last_mismatch: BTreeMap<usize, String>,
     seen_faults: usize,
@@ -127,10 +131,19 @@ impl Sampler {
             };
             cc.c.nodes[ni].weftd = None;
             let log = cc.c.log(ni);
-            let expected = s.expect_exit.contains(&(ci, ni)) && st.code() == Some(0);
-            if expected {
+            let lease_gone = s.expect_exit.contains(&(ci, ni)) && st.code() == Some(0);
+            // Starting while its previous subnet's key holds a non-lease: flannel's
+            // 10 race retries, then exit 1 (flannel does the same); restarted.
+            let garbage = st.code() == Some(1)
+                && log.contains("max retries reached trying to acquire a subnet")
+                && s.active().any(|f| {
+                    f.kind == "lease-garbage" && f.scope.cluster == ci && f.scope.nodes == [ni]
+                });
+            if lease_gone {
                 self.documented_exits += 1;
                 s.lease_exit_seen(ci, ni);
+            } else if garbage {
+                self.garbage_exits += 1;
             } else {
                 let tail: Vec<&str> = log.lines().rev().take(8).collect();
                 self.violations.push(format!(

@@ -18,7 +18,7 @@ mod chaos_kit;
 mod fault_kit;
 
 use chaos_kit::run::{Config, parse_duration, run};
-use chaos_kit::verdict::BOUNDS;
+use chaos_kit::verdict::{BOUNDS, Bounds, TIGHT};
 use weft_testenv::{require_root, require_tool};
 use weft_tests::require_etcd;
 
@@ -37,6 +37,16 @@ fn gap(default: f64) -> f64 {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(default)
+}
+
+/// The real bounds, or with `CHAOS_TIGHT=1` bounds no run can meet (to
+/// see every check fail once).
+fn bounds() -> Bounds {
+    if weft_testenv::truthy(std::env::var("CHAOS_TIGHT").ok().as_deref()) {
+        TIGHT
+    } else {
+        BOUNDS
+    }
 }
 
 fn check(cfg: Config) {
@@ -72,7 +82,7 @@ fn chaos_ci() {
         seed: seed(CI_SEED),
         duration,
         mean_gap: gap(4.0),
-        bounds: BOUNDS,
+        bounds: bounds(),
     });
 }
 
@@ -91,7 +101,7 @@ fn chaos_long() {
         seed: seed(clock),
         duration,
         mean_gap: gap(6.0),
-        bounds: BOUNDS,
+        bounds: bounds(),
     });
 }
 

@@ -107,7 +107,7 @@ pub fn run(cfg: Config) -> Outcome {
     for (k, why) in &sched.skipped {
         eprintln!("chaos: fault kind {k} skipped: {why}");
     }
-    let mut sampler = Sampler::default();
+    let mut sampler = Sampler::new(cfg.bounds.converge);
     for ci in 0..rig.clusters.len() {
         let ok = (0..120).any(|_| {
             std::thread::sleep(Duration::from_millis(500));

@@ -43,7 +43,7 @@ pub struct Res {
 }
 
 /// What the sampler accumulates.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Sampler {
     /// Convergence times after faults: (kind, seconds).
     pub converge: Vec<(&'static str, f64)>,
@@ -64,9 +64,28 @@ pub struct Sampler {
     /// Last mismatch per cluster (for messages).
     pub last_mismatch: BTreeMap<usize, String>,
     seen_faults: usize,
+    /// The convergence bound judged ([`CONVERGE_BOUND`] unless tightened on purpose).
+    pub converge_bound: f64,
 }
 
 impl Sampler {
+    /// A sampler judging convergence by `converge_bound` seconds.
+    pub fn new(converge_bound: f64) -> Sampler {
+        Sampler {
+            converge: Vec::new(),
+            waiting: Vec::new(),
+            reported: BTreeMap::new(),
+            res: BTreeMap::new(),
+            subnets: BTreeMap::new(),
+            violations: Vec::new(),
+            documented_exits: 0,
+            garbage_exits: 0,
+            last_mismatch: BTreeMap::new(),
+            seen_faults: 0,
+            converge_bound,
+        }
+    }
+
     /// One tick over every cluster.
     pub fn tick(&mut self, rig: &mut Rig, s: &mut Scheduler) {
         for rec in &s.done[self.seen_faults..] {
@@ -99,7 +118,7 @@ impl Sampler {
                 Some(m) => {
                     let t = now();
                     if !active
-                        && t - quiet_since > CONVERGE_BOUND
+                        && t - quiet_since > self.converge_bound
                         && self.reported.get(&ci) != Some(&quiet_since)
                     {
                         self.reported.insert(ci, quiet_since);
@@ -192,16 +211,17 @@ impl Sampler {
     }
 
     fn subnets(&mut self, cc: &ChaosCluster, ci: usize) {
-        let mut held: BTreeMap<String, usize> = BTreeMap::new();
-        for ni in 0..cc.c.nodes.len() {
-            let Some(sub) = cc.subnet(ni) else { continue };
-            if let Some(other) = held.insert(sub.clone(), ni) {
-                self.violations.push(format!(
-                    "{:.1}s: {} n{other} and n{ni} both hold {sub}",
-                    now(),
-                    cc.name
-                ));
-            }
+        let held: Vec<(usize, String)> = (0..cc.c.nodes.len())
+            .filter_map(|ni| cc.subnet(ni).map(|s| (ni, s)))
+            .collect();
+        for (a, b, sub) in shared_subnets(&held) {
+            self.violations.push(format!(
+                "{:.1}s: {} n{a} and n{b} both hold {sub}",
+                now(),
+                cc.name
+            ));
+        }
+        for (ni, sub) in held {
             let first = self.subnets.entry((ci, ni)).or_insert_with(|| sub.clone());
             if *first != sub {
                 self.violations.push(format!(
@@ -213,6 +233,20 @@ impl Sampler {
             }
         }
     }
+}
+
+/// Pairs of nodes holding the same subnet: (node, node, subnet).
+pub fn shared_subnets(held: &[(usize, String)]) -> Vec<(usize, usize, String)> {
+    let mut first: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut out = Vec::new();
+    for (ni, sub) in held {
+        if let Some(&other) = first.get(sub.as_str()) {
+            out.push((other, *ni, sub.clone()));
+        } else {
+            first.insert(sub, *ni);
+        }
+    }
+    out
 }
 
 /// Why cluster `ci` is not converged now, or `None` when it is.

@@ -137,3 +137,21 @@ fn durations_parse() {
     assert_eq!(parse_duration("45"), Some(45.0));
     assert_eq!(parse_duration("x"), None);
 }
+
+#[test]
+fn two_nodes_on_one_subnet_are_caught() {
+    use super::sample::shared_subnets;
+    let ok = [
+        (0, "10.244.1.0/24".to_string()),
+        (1, "10.244.2.0/24".to_string()),
+    ];
+    assert!(shared_subnets(&ok).is_empty());
+    let bad = [
+        (0, "10.244.1.0/24".to_string()),
+        (1, "10.244.1.0/24".to_string()),
+    ];
+    assert_eq!(
+        shared_subnets(&bad),
+        vec![(0, 1, "10.244.1.0/24".to_string())]
+    );
+}

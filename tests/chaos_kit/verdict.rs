@@ -30,6 +30,8 @@ pub const MIN_LIFE: f64 = 90.0;
 pub struct Bounds {
     /// Seconds after a fault's end by which requests must succeed again.
     pub request: f64,
+    /// Seconds after a cluster's last fault by which it must have converged.
+    pub converge: f64,
     /// RSS growth allowed, KiB.
     pub rss_kib: i64,
     /// Open-fd growth allowed.
@@ -41,9 +43,19 @@ pub struct Bounds {
 /// The bounds of the real runs: two reconcile periods (10 s) for requests.
 pub const BOUNDS: Bounds = Bounds {
     request: 20.0,
+    converge: super::sample::CONVERGE_BOUND,
     rss_kib: 16 * 1024,
     fds: 12,
     threads: 6,
+};
+
+/// Bounds nothing can meet: `CHAOS_TIGHT=1` proves each check can fail.
+pub const TIGHT: Bounds = Bounds {
+    request: 0.0,
+    converge: 0.5,
+    rss_kib: -1,
+    fds: -1,
+    threads: -1,
 };
 
 /// Input to [`judge`].

@@ -42,6 +42,22 @@ pub struct Outcome {
     pub report: String,
 }
 
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// SIGINT/SIGTERM end the fault phase early; the run still undoes its
+/// faults, judges, reports and tears down (a Ctrl-C on a long run leaves
+/// nothing behind).
+fn catch_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic (async-signal-safe).
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+}
+
 /// Parses `1h`, `30m`, `90s` or plain seconds.
 pub fn parse_duration(s: &str) -> Option<f64> {
     let s = s.trim();
@@ -84,6 +100,7 @@ pub fn run(cfg: Config) -> Outcome {
         cfg.seed, cfg.seed, cfg.duration, cfg.mean_gap
     );
     let before = host_state();
+    catch_signals();
     let mut rig = Rig::start();
     let prefixes: Vec<String> = rig
         .clusters
@@ -124,7 +141,7 @@ pub fn run(cfg: Config) -> Outcome {
     std::thread::sleep(Duration::from_secs(3));
     let t0 = now();
     let mut next_report = t0 + 60.0;
-    while now() - t0 < cfg.duration {
+    while now() - t0 < cfg.duration && !STOP.load(std::sync::atomic::Ordering::Relaxed) {
         let t = now();
         sched.step(&mut rig, TICK);
         sampler.tick(&mut rig, &mut sched);
@@ -142,6 +159,7 @@ pub fn run(cfg: Config) -> Outcome {
         }
         std::thread::sleep(Duration::from_secs_f64((TICK - (now() - t)).max(0.05)));
     }
+    let faulted = now() - t0;
     sched.drain(&mut rig);
     sched.clear_phantoms(&mut rig);
     let quiet = now();
@@ -175,7 +193,7 @@ pub fn run(cfg: Config) -> Outcome {
             sampler.last_mismatch.get(ci)
         ));
     }
-    summary(&cfg, &sched, &sampler, &mut report);
+    summary(&cfg, faulted, &sched, &sampler, &mut report);
     drop(rig);
     let _ = writeln!(
         report,
@@ -189,8 +207,12 @@ pub fn run(cfg: Config) -> Outcome {
     Outcome { violations, report }
 }
 
-fn summary(cfg: &Config, s: &Scheduler, sm: &Sampler, out: &mut String) {
-    let _ = writeln!(out, "seed {}, {:.0} s of faults", cfg.seed, cfg.duration);
+fn summary(cfg: &Config, faulted: f64, s: &Scheduler, sm: &Sampler, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "seed {}, {faulted:.0} s of faults ({:.0} s asked for)",
+        cfg.seed, cfg.duration
+    );
     let mut by: Vec<(&str, usize)> = KINDS
         .iter()
         .map(|k| (*k, s.done.iter().filter(|f| f.kind == *k).count()))

@@ -368,6 +368,13 @@ impl Backend for Dual {
         }
     }
 
+    async fn prune(&mut self) -> Result<(), BackendError> {
+        match self.active.as_mut() {
+            Some((_, b)) => b.prune().await,
+            None => Ok(()),
+        }
+    }
+
     async fn teardown(&mut self) {
         if let Some((_, b)) = self.active.as_mut() {
             b.teardown().await;

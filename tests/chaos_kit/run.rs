@@ -194,6 +194,12 @@ pub fn run(cfg: Config) -> Outcome {
         ));
     }
     summary(&cfg, faulted, &sched, &sampler, &mut report);
+    // Mounts live under the clusters' work dirs (tmpfs, read-only binds).
+    let dirs: Vec<String> = rig
+        .clusters
+        .iter()
+        .map(|c| c.c.work().display().to_string())
+        .collect();
     drop(rig);
     let _ = writeln!(
         report,
@@ -202,7 +208,7 @@ pub fn run(cfg: Config) -> Outcome {
         now(),
         cpu_secs() / now()
     );
-    leftovers(&before, &prefixes, &mut violations);
+    leftovers(&before, &prefixes, &dirs, &mut violations);
     eprintln!("chaos report (seed {}):\n{report}", cfg.seed);
     Outcome { violations, report }
 }
@@ -243,7 +249,7 @@ fn summary(cfg: &Config, faulted: f64, s: &Scheduler, sm: &Sampler, out: &mut St
     );
 }
 
-fn leftovers(before: &BTreeSet<String>, prefixes: &[String], v: &mut Vec<String>) {
+fn leftovers(before: &BTreeSet<String>, prefixes: &[String], dirs: &[String], v: &mut Vec<String>) {
     std::thread::sleep(Duration::from_millis(500));
     let ns = Command::new("ip")
         .args(["netns", "list"])
@@ -264,11 +270,10 @@ fn leftovers(before: &BTreeSet<String>, prefixes: &[String], v: &mut Vec<String>
         }
     }
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    if let Some(l) = mounts
-        .lines()
-        .find(|l| l.contains("tmpfs") && l.contains("/.tmp") && l.contains("/store"))
-    {
-        v.push(format!("left behind: mount {l}"));
+    for l in mounts.lines() {
+        if dirs.iter().any(|d| l.contains(d.as_str())) {
+            v.push(format!("left behind: mount {l}"));
+        }
     }
 }
 

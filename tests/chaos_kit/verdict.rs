@@ -7,7 +7,7 @@
 //!   reset one: none changes a pod's address; a subnet change is itself a
 //!   violation) and must have moved in the last [`FINAL_QUIET`] s.
 //! - No weftd log may contain a panic.
-//! - Per node, the longest-lived weftd (≥ [`MIN_LIFE`] s) must stay flat:
+//! - Per node, the longest-lived weftd (≥ [`Bounds::min_life`] s) must stay flat:
 //!   median of the last fifth minus median of the first fifth (after a
 //!   30 s warm-up) within [`Bounds`].
 
@@ -22,8 +22,6 @@ use super::workload::{PodRef, Records};
 pub const LEAD: f64 = 3.5;
 /// Every stream must have echoed within this many seconds of the end.
 pub const FINAL_QUIET: f64 = 10.0;
-/// A weftd must live this long for its drift to count.
-pub const MIN_LIFE: f64 = 90.0;
 
 /// The bounds a run is judged by (tests break them on purpose once).
 #[derive(Debug, Clone, Copy)]
@@ -38,6 +36,8 @@ pub struct Bounds {
     pub fds: i64,
     /// Thread-count growth allowed.
     pub threads: i64,
+    /// Seconds (after a 30 s warm-up) a weftd must live for its drift to count.
+    pub min_life: f64,
 }
 
 /// The bounds of the real runs: two reconcile periods (10 s) for requests.
@@ -47,15 +47,17 @@ pub const BOUNDS: Bounds = Bounds {
     rss_kib: 16 * 1024,
     fds: 12,
     threads: 6,
+    min_life: 90.0,
 };
 
 /// Bounds nothing can meet: `CHAOS_TIGHT=1` proves each check can fail.
 pub const TIGHT: Bounds = Bounds {
     request: 0.0,
-    converge: 0.5,
+    converge: 0.0,
     rss_kib: -1,
     fds: -1,
     threads: -1,
+    min_life: 5.0,
 };
 
 /// Input to [`judge`].
@@ -212,7 +214,7 @@ fn drift(r: &Run<'_>, b: Bounds, v: &mut Vec<String>, out: &mut String) {
         let t0 = s.first().map_or(0.0, |f| f.t) + 30.0;
         let s: Vec<Res> = s.iter().copied().filter(|x| x.t >= t0).collect();
         let life = s.last().map_or(0.0, |l| l.t) - s.first().map_or(0.0, |f| f.t);
-        if life < MIN_LIFE {
+        if life < b.min_life {
             let _ = writeln!(
                 out,
                 "drift c{c} n{n}: not measured (longest weftd lived {life:.0} s after warm-up)"

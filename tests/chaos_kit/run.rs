@@ -238,6 +238,21 @@ fn summary(cfg: &Config, faulted: f64, s: &Scheduler, sm: &Sampler, out: &mut St
         "documented exits: own lease deleted → exit 0: {}; started on a garbage own lease → exit 1: {}",
         sm.documented_exits, sm.garbage_exits
     );
+    let mut by_kind: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    for (k, t) in &sm.converge {
+        by_kind.entry(k).or_default().push(*t);
+    }
+    let per: Vec<String> = by_kind
+        .iter()
+        .map(|(k, v)| {
+            format!(
+                "{k} {:.1}/{:.1}",
+                verdict::pct(v, 0.5),
+                verdict::pct(v, 0.99)
+            )
+        })
+        .collect();
+    let _ = writeln!(out, "convergence p50/p99 by kind (s): {}", per.join(", "));
     let conv: Vec<f64> = sm.converge.iter().map(|c| c.1).collect();
     let _ = writeln!(
         out,

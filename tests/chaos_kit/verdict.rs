@@ -11,7 +11,7 @@
 //!   median of the last fifth minus median of the first fifth (after a
 //!   30 s warm-up) within [`Bounds`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use super::FaultRecord;
@@ -172,7 +172,9 @@ fn outages(r: &Run<'_>, b: Bounds, out: &mut String) {
     for q in &r.rec.reqs {
         by_pair.entry((q.from, q.to)).or_default().push((q.t, q.ok));
     }
+    // Every kind overlapping an outage, and (alone) outages one kind explains.
     let mut longest: BTreeMap<&str, f64> = BTreeMap::new();
+    let mut alone: BTreeMap<&str, f64> = BTreeMap::new();
     for ((from, to), reqs) in &by_pair {
         let mut run: Option<(f64, f64)> = None;
         for &(t, ok) in reqs.iter().chain(std::iter::once(&(f64::MAX, true))) {
@@ -181,12 +183,22 @@ fn outages(r: &Run<'_>, b: Bounds, out: &mut String) {
                 (false, Some((s, _))) => run = Some((s, t)),
                 (true, Some((s, e))) => {
                     let len = e - s + 0.25;
-                    for f in r.faults.iter().filter(|f| {
-                        (touches(f, &r.pods[*from]) || touches(f, &r.pods[*to]))
-                            && f.start - LEAD <= e
-                            && s <= f.end + b.request
-                    }) {
-                        let l = longest.entry(f.kind).or_default();
+                    let kinds: BTreeSet<&str> = r
+                        .faults
+                        .iter()
+                        .filter(|f| {
+                            (touches(f, &r.pods[*from]) || touches(f, &r.pods[*to]))
+                                && f.start - LEAD <= e
+                                && s <= f.end + b.request
+                        })
+                        .map(|f| f.kind)
+                        .collect();
+                    for k in &kinds {
+                        let l = longest.entry(k).or_default();
+                        *l = l.max(len);
+                    }
+                    if let [k] = kinds.iter().collect::<Vec<_>>()[..] {
+                        let l = alone.entry(k).or_default();
                         *l = l.max(len);
                     }
                     run = None;

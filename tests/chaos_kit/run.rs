@@ -138,7 +138,7 @@ pub fn run(cfg: Config) -> Outcome {
         );
     }
     let work = Workload::start(&pods);
-    std::thread::sleep(Duration::from_secs(3));
+    let from = warm_up(&work, &pods);
     let t0 = now();
     let mut next_report = t0 + 60.0;
     while now() - t0 < cfg.duration && !STOP.load(std::sync::atomic::Ordering::Relaxed) {
@@ -182,6 +182,7 @@ pub fn run(cfg: Config) -> Outcome {
         res: &sampler.res,
         logs,
         end,
+        from,
     };
     let (mut violations, mut report) = verdict::judge(&r, cfg.bounds);
     violations.append(&mut sched.violations);
@@ -305,4 +306,41 @@ fn cpu_secs() -> f64 {
             tv(u.ru_utime) + tv(u.ru_stime)
         })
         .sum()
+}
+
+/// Waits (up to 60 s) until every pod pair has had one request through,
+/// then 3 s more; returns when judging starts.
+fn warm_up(work: &Workload, pods: &[PodRef]) -> f64 {
+    let pairs = pods
+        .iter()
+        .enumerate()
+        .flat_map(|(a, pa)| {
+            pods.iter()
+                .enumerate()
+                .filter(move |(b, pb)| *b != a && pb.cluster == pa.cluster)
+                .map(move |(b, _)| (a, b))
+        })
+        .collect::<BTreeSet<_>>();
+    let start = now();
+    while now() - start < 60.0 {
+        let g = work.rec.lock().expect("records");
+        let ok: BTreeSet<(usize, usize)> = g
+            .reqs
+            .iter()
+            .filter(|q| q.ok)
+            .map(|q| (q.from, q.to))
+            .collect();
+        drop(g);
+        if pairs.is_subset(&ok) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    eprintln!(
+        "chaos {:8.1}s warm-up done ({:.1} s): every pod pair answered",
+        now(),
+        now() - start - 3.0
+    );
+    now()
 }

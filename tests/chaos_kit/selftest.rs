@@ -56,6 +56,7 @@ fn judge_with(
         res,
         logs: vec![("etcd".into(), 0, log.into())],
         end: 100.0,
+        from: 0.0,
     };
     judge(&r, BOUNDS).0
 }

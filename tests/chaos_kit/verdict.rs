@@ -74,6 +74,9 @@ pub struct Run<'a> {
     pub logs: Vec<(String, usize, String)>,
     /// When the run ended.
     pub end: f64,
+    /// Requests before this (the warm-up: every pair's first contact,
+    /// WireGuard handshakes) are not judged.
+    pub from: f64,
 }
 
 fn touches(f: &FaultRecord, p: &PodRef) -> bool {
@@ -101,11 +104,12 @@ pub fn judge(r: &Run<'_>, b: Bounds) -> (Vec<String>, String) {
     let mut v = Vec::new();
     let mut out = String::new();
     // Requests.
-    let failed: Vec<_> = r.rec.reqs.iter().filter(|q| !q.ok).collect();
+    let reqs: Vec<_> = r.rec.reqs.iter().filter(|q| q.t >= r.from).collect();
+    let failed: Vec<_> = reqs.iter().filter(|q| !q.ok).collect();
     let _ = writeln!(
         out,
         "requests: {} sent, {} failed",
-        r.rec.reqs.len(),
+        reqs.len(),
         failed.len()
     );
     let mut unexcused = 0;
@@ -169,7 +173,7 @@ pub fn judge(r: &Run<'_>, b: Bounds) -> (Vec<String>, String) {
 /// pair, blamed on every fault overlapping them.
 fn outages(r: &Run<'_>, b: Bounds, out: &mut String) {
     let mut by_pair: BTreeMap<(usize, usize), Vec<(f64, bool)>> = BTreeMap::new();
-    for q in &r.rec.reqs {
+    for q in r.rec.reqs.iter().filter(|q| q.t >= r.from) {
         by_pair.entry((q.from, q.to)).or_default().push((q.t, q.ok));
     }
     // Every kind overlapping an outage, and (alone) outages one kind explains.
@@ -209,7 +213,11 @@ fn outages(r: &Run<'_>, b: Bounds, out: &mut String) {
     }
     let _ = writeln!(
         out,
-        "longest request outage by fault kind (s): {longest:.1?}"
+        "longest request outage by fault kind, any overlap (s): {longest:.1?}"
+    );
+    let _ = writeln!(
+        out,
+        "longest request outage by fault kind, that kind alone (s): {alone:.1?}"
     );
 }
 

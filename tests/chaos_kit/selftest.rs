@@ -67,13 +67,14 @@ fn req(t: f64, ok: bool) -> Req {
         to: 1,
         t,
         ok,
+        why: (!ok).then_some("connect"),
     }
 }
 
 #[test]
 fn a_clean_record_passes() {
     let rec = Records {
-        reqs: vec![req(10.0, true), req(12.0, false), req(99.0, true)],
+        reqs: vec![req(10.0, true), req(8.0, false), req(99.0, true)],
         streams: vec![stream(99.5)],
     };
     let v = judge_with(&rec, &[fault(11.0, 14.0)], &BTreeMap::new(), "info: ok");
@@ -89,7 +90,7 @@ fn each_invariant_can_fail() {
     };
     let v = judge_with(&rec, &[fault(11.0, 14.0)], &BTreeMap::new(), "");
     assert!(
-        v.iter().any(|v| v.contains("failed with no fault")),
+        v.iter().any(|v| v.contains("with no fault touching")),
         "{v:?}"
     );
     // A stream that broke, and one that went silent.

@@ -2,7 +2,7 @@
 //!
 //! - A failed request between pods is excused only while a fault touches
 //!   one of their nodes: from [`LEAD`] s before it started (a request takes
-//!   up to 3 s to fail) to [`Bounds::request`] s after it ended.
+//!   up to 6 s to fail) to [`Bounds::request`] s after it ended.
 //! - A long-lived stream must never break (no fault here may legitimately
 //!   reset one: none changes a pod's address; a subnet change is itself a
 //!   violation) and must have moved in the last [`FINAL_QUIET`] s.
@@ -19,7 +19,7 @@ use super::sample::Res;
 use super::workload::{PodRef, Records};
 
 /// A request that fails this long before a fault is blamed on it.
-pub const LEAD: f64 = 3.5;
+pub const LEAD: f64 = 6.5;
 /// Every stream must have echoed within this many seconds of the end.
 pub const FINAL_QUIET: f64 = 10.0;
 
@@ -122,8 +122,12 @@ pub fn judge(r: &Run<'_>, b: Bounds) -> (Vec<String>, String) {
             unexcused += 1;
             if unexcused <= 10 {
                 v.push(format!(
-                    "{:.1}s: request pod {} → pod {} failed with no fault touching their nodes within {} s",
-                    q.t, q.from, q.to, b.request
+                    "{:.1}s: request pod {} → pod {} failed ({}) with no fault touching their nodes within {} s",
+                    q.t,
+                    q.from,
+                    q.to,
+                    q.why.unwrap_or("?"),
+                    b.request
                 ));
             }
         }

@@ -3,8 +3,9 @@
 //!
 //! - an echo server in every pod (`:7000` request/response, `:7001` streams);
 //! - per ordered pod pair in a cluster, a request loop: every 250 ms a new
-//!   TCP connection (1 s connect timeout), 16 bytes out, the same 16 back
-//!   (2 s timeout); each outcome recorded with its time;
+//!   TCP connection (3 s connect timeout, so one lost SYN, retransmitted
+//!   after 1 s, is not a failure), 16 bytes out, the same 16 back (3 s
+//!   timeout); each outcome recorded with its time and, if it failed, the step;
 //! - per unordered pod pair, one long-lived TCP stream: a 64-byte frame every
 //!   100 ms, echoed; a reset or EOF is recorded as a break (and the stream
 //!   reconnects so the run goes on), the longest time without an echo as a stall.
@@ -48,6 +49,8 @@ pub struct Req {
     pub t: f64,
     /// Whether the echo came back intact.
     pub ok: bool,
+    /// The step that failed (`connect`, `write`, `reply`, `corrupt reply`).
+    pub why: Option<&'static str>,
 }
 
 /// A long-lived stream's record.
@@ -219,17 +222,22 @@ fn echo(mut s: TcpStream, stop: &AtomicBool) {
     }
 }
 
-fn one_request(to: SocketAddr, n: u64) -> bool {
-    let Ok(mut s) = TcpStream::connect_timeout(&to, Duration::from_secs(1)) else {
-        return false;
+/// One exchange: `None` when it succeeded, else the step that failed.
+fn one_request(to: SocketAddr, n: u64) -> Option<&'static str> {
+    let Ok(mut s) = TcpStream::connect_timeout(&to, Duration::from_secs(3)) else {
+        return Some("connect");
     };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = s.set_read_timeout(Some(Duration::from_secs(3)));
     let msg = [n.to_be_bytes(), (!n).to_be_bytes()].concat();
     if s.write_all(&msg).is_err() {
-        return false;
+        return Some("write");
     }
     let mut back = [0u8; 16];
-    s.read_exact(&mut back).is_ok() && back[..] == msg[..]
+    match s.read_exact(&mut back) {
+        Ok(()) if back[..] == msg[..] => None,
+        Ok(()) => Some("corrupt reply"),
+        Err(_) => Some("reply"),
+    }
 }
 
 fn request_loop(
@@ -244,13 +252,14 @@ fn request_loop(
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let t = now();
-        let ok = one_request(to, n);
+        let why = one_request(to, n);
         n += 1;
         rec.lock().expect("records").reqs.push(Req {
             from,
             to: dst,
             t,
-            ok,
+            ok: why.is_none(),
+            why,
         });
         let spent = now() - t;
         std::thread::sleep(Duration::from_secs_f64((0.25 - spent).max(0.0)));

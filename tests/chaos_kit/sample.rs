@@ -153,11 +153,15 @@ impl Sampler {
             let lease_gone = s.expect_exit.contains(&(ci, ni)) && st.code() == Some(0);
             // Starting while its previous subnet's key holds a non-lease: flannel's
             // 10 race retries, then exit 1 (flannel does the same); restarted.
+            // (or within 5 s of its end: the exit may precede the restore by a tick).
+            let t = now();
             let garbage = st.code() == Some(1)
                 && log.contains("max retries reached trying to acquire a subnet")
-                && s.active().any(|f| {
-                    f.kind == "lease-garbage" && f.scope.cluster == ci && f.scope.nodes == [ni]
-                });
+                && s.active()
+                    .chain(s.done.iter().filter(|f| t - f.end < 5.0))
+                    .any(|f| {
+                        f.kind == "lease-garbage" && f.scope.cluster == ci && f.scope.nodes == [ni]
+                    });
             if lease_gone {
                 self.documented_exits += 1;
                 s.lease_exit_seen(ci, ni);

@@ -379,6 +379,13 @@ impl Backend for Dual {
         }
     }
 
+    async fn prune(&mut self) -> Result<(), BackendError> {
+        match self.active.as_mut() {
+            Some((_, b)) => b.prune().await,
+            None => Ok(()),
+        }
+    }
+
     async fn teardown(&mut self) {
         self.pending = None;
         if let Some((_, b)) = self.active.as_mut() {

@@ -574,6 +574,48 @@ impl Backend for KernelVxlan {
         Ok(())
     }
 
+    /// Routes, fdb entries and neighbours on weft's vxlan devices that no
+    /// known peer accounts for (left by an earlier weftd: the devices outlive
+    /// it, flannel never cleans them) are deleted.
+    async fn prune(&mut self) -> Result<(), BackendError> {
+        let (mut dsts, mut fdb_dsts, mut neigh_ips) = (Vec::new(), Vec::new(), Vec::new());
+        for e in self.peers.values() {
+            if let Entry::Encap { neigh, fdb, route } = e {
+                dsts.push(route.dst);
+                fdb_dsts.push((fdb.index, fdb.dst));
+                neigh_ips.push((neigh.index, neigh.ip));
+            }
+        }
+        for (dev, v6) in [(self.v4.as_ref(), false), (self.v6.as_ref(), true)] {
+            let Some(dev) = dev.filter(|d| d.index > 0) else {
+                continue;
+            };
+            for r in self.nl.routes_main(v6).await? {
+                if r.oif == Some(dev.index) && !dsts.contains(&r.dst) {
+                    tracing::info!("Removing stale route {r} (no such lease)");
+                    self.nl.route_del(&r).await?;
+                }
+            }
+            for f in self.nl.fdbs(dev.index).await? {
+                if !fdb_dsts.contains(&(f.index, f.dst)) {
+                    tracing::info!("Removing stale FDB entry {} dst {}", fmt_mac(f.mac), f.dst);
+                    self.nl.fdb_del(&f).await?;
+                }
+            }
+            for n in self.nl.neighs(dev.index).await? {
+                if !neigh_ips.contains(&(n.index, n.ip)) {
+                    tracing::info!(
+                        "Removing stale neighbour {} lladdr {}",
+                        n.ip,
+                        fmt_mac(n.mac)
+                    );
+                    self.nl.neigh_del(&n).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     async fn teardown(&mut self) {}
 
     async fn remove_all(&mut self) {

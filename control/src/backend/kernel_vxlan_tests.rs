@@ -308,3 +308,54 @@ fn remove_all_deletes_the_device_but_teardown_keeps_it() {
         assert!(!f.links().contains_key(&idx));
     });
 }
+
+/// Regression (chaos run, issue 22): a weftd SIGKILLed and restarted kept
+/// the routes, fdb entries and neighbours of leases deleted while it was
+/// down (the device outlives the process; only known peers were touched).
+/// After the first snapshot, `prune` removes them and keeps the rest.
+#[test]
+fn prune_removes_state_of_peers_that_went_while_no_weftd_ran() {
+    block_on(async {
+        let (mut old, f, idx) = up(false).await;
+        let other = lease(
+            "10.244.3.0/24",
+            "192.0.2.3",
+            "vxlan",
+            Some(&backend_data(1, [0x0e, 0xaa, 0xbb, 0xcc, 0xdd, 0x03])),
+        );
+        for l in [peer("10.244.2.0/24", "192.0.2.2"), other] {
+            old.apply(&Change::Add(l)).await.expect("add");
+        }
+        drop(old); // SIGKILL: the device and its entries stay.
+        let mut b = KernelVxlan::new(opts(false), true, false, f.clone());
+        let attrs = b.lease_attrs(&ext(), None).await.expect("attrs");
+        let mut own = lease("10.244.1.0/24", "192.0.2.1", "vxlan", None);
+        own.attrs = attrs;
+        b.setup(&own).await.expect("setup");
+        // The snapshot holds 10.244.2.0/24 only: 10.244.3.0/24 went meanwhile.
+        b.apply(&Change::Add(peer("10.244.2.0/24", "192.0.2.2")))
+            .await
+            .expect("add");
+        f.take_ops();
+        b.prune().await.expect("prune");
+        let gone: IpAddr = "10.244.3.0".parse().expect("ip");
+        let routes: Vec<String> = f.routes().iter().map(|r| r.dst.to_string()).collect();
+        assert_eq!(routes, ["10.244.2.0/24"]);
+        let fdbs: Vec<String> = f.all_fdbs().iter().map(|x| x.dst.to_string()).collect();
+        assert_eq!(fdbs, ["192.0.2.2"]);
+        assert!(
+            f.all_neighs()
+                .iter()
+                .all(|n| n.ip != gone && n.index == idx)
+        );
+        assert_eq!(f.all_neighs().len(), 1);
+        // Nothing known is touched; a second prune does nothing.
+        b.prune().await.expect("prune again");
+        let ops = f.take_ops();
+        assert_eq!(
+            ops.len(),
+            3,
+            "one delete each for route, fdb, neighbour: {ops:?}"
+        );
+    });
+}

@@ -121,6 +121,15 @@ pub trait Backend: Send {
         Ok(())
     }
 
+    /// Removes dataplane state of peers the backend does not know: what an
+    /// earlier weftd left in kernel devices that outlive it (routes, fdb
+    /// entries, neighbours of leases that went while no weftd ran). The
+    /// daemon calls it after applying each lease snapshot, so "known" is the
+    /// store's full view, never a partial one.
+    async fn prune(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
     /// Removes what `setup` made that must not outlive the daemon.
     async fn teardown(&mut self);
 

@@ -380,6 +380,7 @@ async fn main_loop<M: SubnetManager>(
                     tracing::info!("Waiting for {} to renew lease", own);
                     lease.expiration = l.expiration;
                 }
+                let snapshot = matches!(ev, LeaseEvent::Snapshot(_));
                 let mut applied = Vec::new();
                 for change in watcher.apply(ev) {
                     match &change {
@@ -393,6 +394,9 @@ async fn main_loop<M: SubnetManager>(
                 }
                 // One dataplane update for the whole batch (a snapshot can hold thousands).
                 backend.flush();
+                if snapshot && let Err(e) = backend.prune().await {
+                    tracing::warn!("pruning state of unknown peers: {e}");
+                }
                 for add in applied {
                     obs.metrics().peer_applied(add, received.elapsed());
                 }

@@ -251,8 +251,16 @@ fn corrupt(paths: &Paths, why: &str) -> StoreError {
     ))
 }
 
+/// A full disk (or quota) passes once space is freed, so it is
+/// [`StoreError::Unavailable`] and callers retry (weftd starting on a full
+/// disk waits, as it waits for an unreachable etcd, instead of exiting 1);
+/// every other I/O failure is [`StoreError::Other`].
 fn io_err(what: &str, path: &Path, e: io::Error) -> StoreError {
-    StoreError::Other(format!("{what} {}: {e}", path.display()))
+    let msg = format!("{what} {}: {e}", path.display());
+    match e.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT) => StoreError::Unavailable(msg),
+        _ => StoreError::Other(msg),
+    }
 }
 
 /// Reads the current generation with its file identity (`None` when the
@@ -344,6 +352,20 @@ fn publish(paths: &Paths, bytes: &[u8]) -> Result<(), StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression (chaos run, issue 22): a weftd restarted while the
+    /// embedded store's disk was full exited 1 ("failed to acquire lease:
+    /// ... No space left on device") instead of waiting for space.
+    #[test]
+    fn a_full_disk_is_retryable_other_io_errors_are_not() {
+        let p = Path::new("/s/leases.db.tmp");
+        for errno in [libc::ENOSPC, libc::EDQUOT] {
+            let e = io_err("write", p, io::Error::from_raw_os_error(errno));
+            assert!(e.is_retryable(), "{e}");
+        }
+        let e = io_err("open", p, io::Error::from_raw_os_error(libc::EACCES));
+        assert!(!e.is_retryable(), "{e}");
+    }
 
     fn sample() -> Data {
         let mut d = Data {

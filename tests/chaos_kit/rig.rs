@@ -1,0 +1,381 @@
+//! The clusters a chaos run drives. One flannel network has one backend, so
+//! the mix of backends and stores needs two clusters side by side (each has
+//! its own underlay bridge and namespaces, so their addresses never meet):
+//!
+//! - `etcd`: a real etcd (reached from every node namespace through an
+//!   [`NsProxy`]), vxlan, 3 nodes: userspace, kernel, and a userspace node
+//!   that the scheduler switches live between the dataplanes; the default
+//!   iptables traffic manager with `--ip-masq` (so hand-deleted chains matter);
+//! - `embedded`: the embedded store in a 4 MiB tmpfs (so the disk can be
+//!   filled), WireGuard (userspace: this kernel has no WireGuard module),
+//!   2 nodes.
+//!
+//! Dropping a [`ChaosCluster`] stops its daemons, deletes its namespaces,
+//! stops etcd and unmounts the tmpfs (field order).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use weft_control::demo::cluster::{Cluster, ClusterSpec, ClusterStore};
+use weft_tests::etcd::Etcd;
+
+use crate::fault_kit::{self, NsProxy};
+
+/// Where weftd inside a node namespace finds etcd.
+const ETCD_IN_NS: &str = "http://127.0.0.1:2379";
+/// The etcd key prefix of the leases.
+pub const SUBNETS: &str = "/coreos.com/network/subnets/";
+
+/// A tmpfs mounted for the run, unmounted on drop.
+#[derive(Debug)]
+pub struct Tmpfs {
+    path: PathBuf,
+}
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (e.g. `4m`) at `path` (created).
+    pub fn mount(path: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(path).expect("tmpfs mount point");
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(path)
+            .status()
+            .expect("spawn mount")
+            .success();
+        assert!(ok, "mount tmpfs at {}", path.display());
+        Tmpfs {
+            path: path.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}
+
+/// Which store a cluster uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    /// A real etcd.
+    Etcd,
+    /// The embedded store on a tmpfs.
+    Embedded,
+}
+
+/// One cluster of the run. Field order is drop order.
+pub struct ChaosCluster {
+    /// The cluster (daemons, namespaces, pods).
+    pub c: Cluster,
+    /// Proxies to etcd inside the node namespaces (etcd cluster only).
+    pub proxies: Vec<NsProxy>,
+    /// The etcd (etcd cluster only).
+    pub etcd: Option<Etcd>,
+    /// The tmpfs under the embedded store.
+    pub _tmpfs: Option<Tmpfs>,
+    /// Short name for logs (`etcd`, `embedded`).
+    pub name: &'static str,
+    /// The store kind.
+    pub store: StoreKind,
+    /// The backend type (`vxlan`, `wireguard`).
+    pub backend: &'static str,
+    /// Per node: whether it may be switched between dataplanes live.
+    pub switchable: Vec<bool>,
+    /// Per node: the dataplane it runs now (`userspace`, `kernel`).
+    pub dataplane: Vec<&'static str>,
+    /// Per node: weftd starts so far (for archived logs).
+    pub starts: Vec<u32>,
+    _work: tempfile::TempDir,
+}
+
+/// Every cluster of the run.
+pub struct Rig {
+    /// The clusters.
+    pub clusters: Vec<ChaosCluster>,
+}
+
+fn args(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+impl Rig {
+    /// Builds both clusters, one pod per node; panics (cleaning up) on failure.
+    pub fn start() -> Rig {
+        Rig {
+            clusters: vec![etcd_cluster(), embedded_cluster()],
+        }
+    }
+}
+
+fn spec(
+    tag: &str,
+    backend: &str,
+    work: &Path,
+    store: ClusterStore,
+    common: &[&str],
+) -> ClusterSpec {
+    ClusterSpec {
+        prefix: weft_tests::unique(tag),
+        nodes: 0,
+        net_conf: fault_kit::net_conf(backend),
+        weftd_args: args(common),
+        bin_dir: weft_tests::bins::dir(),
+        work: work.to_path_buf(),
+        store,
+    }
+}
+
+fn etcd_cluster() -> ChaosCluster {
+    let etcd = Etcd::start();
+    etcd.etcdctl_ok(&[
+        "put",
+        "/coreos.com/network/config",
+        &fault_kit::net_conf("vxlan"),
+    ]);
+    let work = tempfile::tempdir().expect("tempdir");
+    let common = ["--ip-masq", "--iptables-resync=2", "--engine-workers=1"];
+    let mut s = spec(
+        "ce",
+        "vxlan",
+        work.path(),
+        ClusterStore::Etcd(ETCD_IN_NS.into()),
+        &common,
+    );
+    s.nodes = 3;
+    let node_args = vec![
+        args(&["--dataplane=userspace"]),
+        args(&["--dataplane=kernel"]),
+        args(&["--dataplane=userspace"]),
+    ];
+    let mut c = Cluster::create(s, node_args).unwrap_or_else(|e| panic!("etcd cluster: {e}"));
+    let proxies = c
+        .nodes
+        .iter()
+        .map(|n| NsProxy::start(&n.ns.path(), 2379, etcd.port()))
+        .collect();
+    c.start_all()
+        .unwrap_or_else(|e| panic!("etcd cluster: {e}"));
+    let mut cc = ChaosCluster {
+        c,
+        proxies,
+        etcd: Some(etcd),
+        _tmpfs: None,
+        name: "etcd",
+        store: StoreKind::Etcd,
+        backend: "vxlan",
+        switchable: vec![false, false, true],
+        dataplane: vec!["userspace", "kernel", "userspace"],
+        starts: vec![1; 3],
+        _work: work,
+    };
+    cc.add_pods();
+    cc
+}
+
+fn embedded_cluster() -> ChaosCluster {
+    let work = tempfile::tempdir().expect("tempdir");
+    let tmpfs = Tmpfs::mount(&work.path().join("store"), "4m");
+    let common = [
+        "--dataplane=userspace",
+        "--engine-workers=1",
+        "--traffic-manager=none",
+    ];
+    let mut s = spec(
+        "cw",
+        "wireguard",
+        work.path(),
+        ClusterStore::Embedded,
+        &common,
+    );
+    s.nodes = 2;
+    let c = Cluster::start(s).unwrap_or_else(|e| panic!("embedded cluster: {e}"));
+    let mut cc = ChaosCluster {
+        c,
+        proxies: Vec::new(),
+        etcd: None,
+        _tmpfs: Some(tmpfs),
+        name: "embedded",
+        store: StoreKind::Embedded,
+        backend: "wireguard",
+        switchable: vec![false, false],
+        dataplane: vec!["userspace", "userspace"],
+        starts: vec![1; 2],
+        _work: work,
+    };
+    cc.add_pods();
+    cc
+}
+
+/// A lease as the store holds it: key (`10.244.5.0-24`) and, when it parses,
+/// its public IP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredLease {
+    /// The subnet key.
+    pub key: String,
+    /// `PublicIP`, `None` for a value that is not a lease (garbage).
+    pub public_ip: Option<String>,
+}
+
+impl ChaosCluster {
+    fn add_pods(&mut self) {
+        for i in 0..self.c.nodes.len() {
+            self.c
+                .add_pod(i, &format!("p{i}"))
+                .unwrap_or_else(|e| panic!("{} pod on node {i}: {e}", self.name));
+        }
+    }
+
+    /// The store's leases, or `None` when the store cannot be read now.
+    pub fn leases(&self) -> Option<Vec<StoredLease>> {
+        match self.store {
+            StoreKind::Etcd => {
+                let etcd = self.etcd.as_ref()?;
+                let out = etcd.etcdctl(&[
+                    "get",
+                    "--prefix",
+                    SUBNETS,
+                    "--dial-timeout=1s",
+                    "--command-timeout=2s",
+                ]);
+                if !out.status.success() {
+                    return None;
+                }
+                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                let lines: Vec<&str> = text.lines().collect();
+                Some(
+                    lines
+                        .chunks(2)
+                        .filter_map(|kv| {
+                            let key = kv.first()?.strip_prefix(SUBNETS)?.to_string();
+                            let v: Option<serde_json::Value> =
+                                kv.get(1).and_then(|v| serde_json::from_str(v).ok());
+                            let public_ip =
+                                v.and_then(|v| v["PublicIP"].as_str().map(str::to_string));
+                            Some(StoredLease { key, public_ip })
+                        })
+                        .collect(),
+                )
+            }
+            StoreKind::Embedded => {
+                let out = self.weft_leases(&["--json"]).ok()?;
+                let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+                Some(
+                    v.as_array()?
+                        .iter()
+                        .filter_map(|l| {
+                            Some(StoredLease {
+                                key: l["key"].as_str()?.to_string(),
+                                public_ip: l["value"]["PublicIP"].as_str().map(str::to_string),
+                            })
+                        })
+                        .collect(),
+                )
+            }
+        }
+    }
+
+    /// Runs `weft leases <args> --store-path=<store>`; stdout or the error text.
+    pub fn weft_leases(&self, a: &[&str]) -> Result<String, String> {
+        let store = format!("--store-path={}", self.c.work().join("store").display());
+        let out = Command::new(weft_tests::bins::path("weft"))
+            .arg("leases")
+            .args(a)
+            .arg(store)
+            .output()
+            .map_err(|e| format!("spawn weft: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// Writes lease `key` = `value` (JSON; raw for etcd, parsed for the embedded store).
+    pub fn put_lease(&self, key: &str, value: &str) -> Result<(), String> {
+        match (&self.etcd, self.store) {
+            (Some(etcd), StoreKind::Etcd) => {
+                let k = format!("{SUBNETS}{key}");
+                let out = etcd.etcdctl(&[
+                    "put",
+                    &k,
+                    value,
+                    "--dial-timeout=1s",
+                    "--command-timeout=2s",
+                ]);
+                out.status
+                    .success()
+                    .then_some(())
+                    .ok_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned())
+            }
+            _ => self
+                .weft_leases(&["put", key, value, "--ttl=0"])
+                .map(|_| ()),
+        }
+    }
+
+    /// Deletes lease `key`.
+    pub fn rm_lease(&self, key: &str) -> Result<(), String> {
+        match (&self.etcd, self.store) {
+            (Some(etcd), StoreKind::Etcd) => {
+                let k = format!("{SUBNETS}{key}");
+                let out = etcd.etcdctl(&["del", &k, "--dial-timeout=1s", "--command-timeout=2s"]);
+                out.status
+                    .success()
+                    .then_some(())
+                    .ok_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned())
+            }
+            _ => self.weft_leases(&["rm", key]).map(|_| ()),
+        }
+    }
+
+    /// Node `i`'s subnet (`10.244.5.0/24`) from its subnet.env, if written.
+    pub fn subnet(&self, i: usize) -> Option<String> {
+        let env = self.c.subnet_env(i)?;
+        let s = env
+            .lines()
+            .find_map(|l| l.strip_prefix("FLANNEL_SUBNET="))?;
+        let (ip, len) = s.split_once('/')?;
+        let base = ip.rsplit_once('.')?.0;
+        Some(format!("{base}.0/{len}"))
+    }
+
+    /// Node `i`'s weftd pid, if one runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.c.nodes[i].weftd.as_ref().map(std::process::Child::id)
+    }
+
+    /// Node `i`'s subnet.env path.
+    pub fn subnet_file(&self, i: usize) -> PathBuf {
+        self.c.nodes[i].dir.join("subnet.env")
+    }
+
+    /// Keeps node `i`'s current log (a restart truncates `weftd.log`) and
+    /// starts its weftd again.
+    pub fn restart(&mut self, i: usize) {
+        self.archive_log(i);
+        self.starts[i] += 1;
+        if let Err(e) = self.c.start_weftd(i) {
+            panic!("{} node {i}: restart: {e}", self.name);
+        }
+    }
+
+    /// Copies node `i`'s log to `weftd.<start>.log` next to it.
+    pub fn archive_log(&self, i: usize) {
+        let dir = &self.c.nodes[i].dir;
+        let _ = std::fs::copy(
+            dir.join("weftd.log"),
+            dir.join(format!("weftd.{}.log", self.starts[i])),
+        );
+    }
+
+    /// Every log node `i` has written (archived starts, then the current one).
+    pub fn all_logs(&self, i: usize) -> String {
+        let dir = &self.c.nodes[i].dir;
+        let mut s = String::new();
+        for n in 1..self.starts[i] {
+            s += &std::fs::read_to_string(dir.join(format!("weftd.{n}.log"))).unwrap_or_default();
+        }
+        s + &self.c.log(i)
+    }
+}

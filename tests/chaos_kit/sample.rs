@@ -1,0 +1,350 @@
+//! What is sampled every tick:
+//!
+//! - daemon exits: a weftd that exits on its own is a violation unless its
+//!   lease was just deleted and it exited 0 (flannel's documented exit), or
+//!   it was starting while its own lease key held garbage and exited 1 after
+//!   flannel's race retries (documented too); it is restarted either way,
+//!   as a kubelet would;
+//! - convergence: every node's routes to 10.244.0.0/16 /24s equal the
+//!   store's parsable leases minus its own (phantoms changed in the last
+//!   [`CHURN_GRACE`] s are left out of both sides; on WireGuard, whose one
+//!   route covers the network, the userspace peer table instead), on the etcd cluster
+//!   also flannel's iptables chains non-empty and, on kernel vxlan nodes, an
+//!   fdb entry for every remote lease. After each fault the time to the
+//!   first converged tick is recorded; a cluster that stays unconverged
+//!   [`CONVERGE_BOUND`] s after its last fault ended is a violation;
+//! - subnets: no two nodes of a cluster hold the same subnet, and a node's
+//!   subnet never changes;
+//! - RSS, open fds and threads of every weftd.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::faults::Scheduler;
+use super::now;
+use super::rig::{ChaosCluster, Rig, StoreKind};
+
+/// Phantom leases changed this recently are not judged.
+pub const CHURN_GRACE: f64 = 8.0;
+/// A cluster must converge this many seconds after its last fault ended:
+/// two reconcile periods (10 s each) plus a weftd start.
+pub const CONVERGE_BOUND: f64 = 30.0;
+
+/// One resource sample of one weftd process.
+#[derive(Debug, Clone, Copy)]
+pub struct Res {
+    /// When.
+    pub t: f64,
+    /// VmRSS in KiB.
+    pub rss_kib: u64,
+    /// Open fds.
+    pub fds: u64,
+    /// Threads.
+    pub threads: u64,
+}
+
+/// What the sampler accumulates.
+#[derive(Debug)]
+pub struct Sampler {
+    /// Convergence times after faults: (kind, seconds).
+    pub converge: Vec<(&'static str, f64)>,
+    /// Faults ended but not yet followed by a converged tick: (cluster, kind, end).
+    waiting: Vec<(usize, &'static str, f64)>,
+    /// Per cluster: the quiet period already reported as unconverged.
+    reported: BTreeMap<usize, f64>,
+    /// Per (cluster, node, pid): resource samples.
+    pub res: BTreeMap<(usize, usize, u32), Vec<Res>>,
+    /// First subnet seen per (cluster, node).
+    subnets: BTreeMap<(usize, usize), String>,
+    /// Violations.
+    pub violations: Vec<String>,
+    /// Documented exits seen (own lease deleted → exit 0).
+    pub documented_exits: u32,
+    /// Documented exits seen (started while its own lease key held garbage → exit 1).
+    pub garbage_exits: u32,
+    /// Last mismatch per cluster (for messages).
+    pub last_mismatch: BTreeMap<usize, String>,
+    seen_faults: usize,
+    /// The convergence bound judged ([`CONVERGE_BOUND`] unless tightened on purpose).
+    pub converge_bound: f64,
+}
+
+impl Sampler {
+    /// A sampler judging convergence by `converge_bound` seconds.
+    pub fn new(converge_bound: f64) -> Sampler {
+        Sampler {
+            converge: Vec::new(),
+            waiting: Vec::new(),
+            reported: BTreeMap::new(),
+            res: BTreeMap::new(),
+            subnets: BTreeMap::new(),
+            violations: Vec::new(),
+            documented_exits: 0,
+            garbage_exits: 0,
+            last_mismatch: BTreeMap::new(),
+            seen_faults: 0,
+            converge_bound,
+        }
+    }
+
+    /// One tick over every cluster.
+    pub fn tick(&mut self, rig: &mut Rig, s: &mut Scheduler) {
+        for rec in &s.done[self.seen_faults..] {
+            self.waiting.push((rec.scope.cluster, rec.kind, rec.end));
+        }
+        self.seen_faults = s.done.len();
+        for ci in 0..rig.clusters.len() {
+            self.exits(rig, s, ci);
+            let cc = &rig.clusters[ci];
+            self.resources(cc, ci);
+            self.subnets(cc, ci);
+            let active = s.active().any(|f| f.scope.cluster == ci);
+            let quiet_since = s
+                .done
+                .iter()
+                .filter(|f| f.scope.cluster == ci)
+                .map(|f| f.end)
+                .fold(0.0, f64::max);
+            match mismatch(cc, ci, s) {
+                None => {
+                    let t = now();
+                    self.waiting.retain(|(c, kind, end)| {
+                        if *c == ci {
+                            self.converge.push((kind, t - end));
+                        }
+                        *c != ci
+                    });
+                    self.last_mismatch.remove(&ci);
+                }
+                Some(m) => {
+                    let t = now();
+                    if !active
+                        && t - quiet_since > self.converge_bound
+                        && self.reported.get(&ci) != Some(&quiet_since)
+                    {
+                        self.reported.insert(ci, quiet_since);
+                        self.violations.push(format!(
+                            "{t:.1}s: {} not converged {:.0} s after its last fault: {m}",
+                            cc.name,
+                            t - quiet_since
+                        ));
+                    }
+                    self.last_mismatch.insert(ci, m);
+                }
+            }
+        }
+    }
+
+    /// Faults still waiting for convergence (end of run: each is a violation).
+    pub fn unconverged(&self) -> &[(usize, &'static str, f64)] {
+        &self.waiting
+    }
+
+    fn exits(&mut self, rig: &mut Rig, s: &mut Scheduler, ci: usize) {
+        let cc = &mut rig.clusters[ci];
+        for ni in 0..cc.c.nodes.len() {
+            let Some(child) = cc.c.nodes[ni].weftd.as_mut() else {
+                continue;
+            };
+            let Ok(Some(st)) = child.try_wait() else {
+                continue;
+            };
+            cc.c.nodes[ni].weftd = None;
+            let log = cc.c.log(ni);
+            let lease_gone = s.expect_exit.contains(&(ci, ni)) && st.code() == Some(0);
+            // Starting while its previous subnet's key holds a non-lease: flannel's
+            // 10 race retries, then exit 1 (flannel does the same); restarted.
+            // (or within 5 s of its end: the exit may precede the restore by a tick).
+            let t = now();
+            let garbage = st.code() == Some(1)
+                && log.contains("max retries reached trying to acquire a subnet")
+                && s.active()
+                    .chain(s.done.iter().filter(|f| t - f.end < 5.0))
+                    .any(|f| {
+                        f.kind == "lease-garbage" && f.scope.cluster == ci && f.scope.nodes == [ni]
+                    });
+            if lease_gone {
+                self.documented_exits += 1;
+                s.lease_exit_seen(ci, ni);
+            } else if garbage {
+                self.garbage_exits += 1;
+            } else {
+                let tail: Vec<&str> = log.lines().rev().take(8).collect();
+                self.violations.push(format!(
+                    "{:.1}s: {} n{ni}'s weftd exited on its own ({st}); last lines:\n{}",
+                    now(),
+                    cc.name,
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                ));
+            }
+            eprintln!(
+                "chaos {:8.1}s {} n{ni} weftd exited ({st}), restarting",
+                now(),
+                cc.name
+            );
+            cc.restart(ni);
+        }
+    }
+
+    fn resources(&mut self, cc: &ChaosCluster, ci: usize) {
+        for ni in 0..cc.c.nodes.len() {
+            let Some(pid) = cc.pid(ni) else { continue };
+            let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+                continue;
+            };
+            let field = |name: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .and_then(|v| v.split_whitespace().next())
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            // A stopped process still answers; a zombie has no RSS: skip it.
+            let rss_kib = field("VmRSS:");
+            if rss_kib == 0 {
+                continue;
+            }
+            let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count() as u64);
+            self.res.entry((ci, ni, pid)).or_default().push(Res {
+                t: now(),
+                rss_kib,
+                fds,
+                threads: field("Threads:"),
+            });
+        }
+    }
+
+    fn subnets(&mut self, cc: &ChaosCluster, ci: usize) {
+        let held: Vec<(usize, String)> = (0..cc.c.nodes.len())
+            .filter_map(|ni| cc.subnet(ni).map(|s| (ni, s)))
+            .collect();
+        for (a, b, sub) in shared_subnets(&held) {
+            self.violations.push(format!(
+                "{:.1}s: {} n{a} and n{b} both hold {sub}",
+                now(),
+                cc.name
+            ));
+        }
+        for (ni, sub) in held {
+            let first = self.subnets.entry((ci, ni)).or_insert_with(|| sub.clone());
+            if *first != sub {
+                self.violations.push(format!(
+                    "{:.1}s: {} n{ni}'s subnet changed from {first} to {sub}",
+                    now(),
+                    cc.name
+                ));
+                *first = sub;
+            }
+        }
+    }
+}
+
+/// Pairs of nodes holding the same subnet: (node, node, subnet).
+pub fn shared_subnets(held: &[(usize, String)]) -> Vec<(usize, usize, String)> {
+    let mut first: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut out = Vec::new();
+    for (ni, sub) in held {
+        if let Some(&other) = first.get(sub.as_str()) {
+            out.push((other, *ni, sub.clone()));
+        } else {
+            first.insert(sub, *ni);
+        }
+    }
+    out
+}
+
+/// Why cluster `ci` is not converged now, or `None` when it is.
+pub fn mismatch(cc: &ChaosCluster, ci: usize, s: &Scheduler) -> Option<String> {
+    let Some(leases) = cc.leases() else {
+        return Some("store unreadable".into());
+    };
+    let t = now();
+    let fresh = |key: &str| {
+        s.phantom_changed
+            .get(&(ci, key.to_string()))
+            .is_some_and(|&c| t - c < CHURN_GRACE)
+    };
+    let mut problems = Vec::new();
+    for ni in 0..cc.c.nodes.len() {
+        if cc.pid(ni).is_none() {
+            problems.push(format!("n{ni} has no weftd"));
+            continue;
+        }
+        let own = cc.subnet(ni).unwrap_or_default();
+        let want: BTreeSet<String> = leases
+            .iter()
+            .filter(|l| l.public_ip.is_some() && !fresh(&l.key))
+            .map(|l| l.key.replace('-', "/"))
+            .filter(|k| *k != own)
+            .collect();
+        let ns = &cc.c.nodes[ni].ns;
+        let (what, have) = if cc.backend == "wireguard" {
+            ("peers", wg_peers(cc, ni))
+        } else {
+            ("routes", routes(ns))
+        };
+        let have: BTreeSet<String> = have
+            .into_iter()
+            .filter(|k| *k != own && !fresh(&k.replace('/', "-")))
+            .collect();
+        if want != have {
+            let missing: Vec<_> = want.difference(&have).collect();
+            let extra: Vec<_> = have.difference(&want).collect();
+            problems.push(format!("n{ni} {what} missing {missing:?} extra {extra:?}"));
+        }
+        if cc.store == StoreKind::Etcd {
+            let nat = ns.try_exec(&["iptables", "-t", "nat", "-S", "FLANNEL-POSTRTG"]);
+            let fwd = ns.try_exec(&["iptables", "-S", "FLANNEL-FWD"]);
+            if !String::from_utf8_lossy(&nat.stdout).contains("-A FLANNEL-POSTRTG")
+                || !String::from_utf8_lossy(&fwd.stdout).contains("-A FLANNEL-FWD")
+            {
+                problems.push(format!("n{ni} iptables chains empty"));
+            }
+        }
+        if cc.dataplane[ni] == "kernel" {
+            let fdb = ns.try_exec(&["bridge", "fdb", "show", "dev", "flannel.1"]);
+            let fdb = String::from_utf8_lossy(&fdb.stdout).into_owned();
+            let own_ip = &cc.c.nodes[ni].addr;
+            for l in &leases {
+                let Some(ip) = &l.public_ip else { continue };
+                if ip != own_ip && !fresh(&l.key) && !fdb.contains(&format!("dst {ip} ")) {
+                    problems.push(format!("n{ni} no fdb entry for {ip}"));
+                }
+            }
+        }
+    }
+    (!problems.is_empty()).then(|| problems.join("; "))
+}
+
+/// A node's /24 routes into the pod network, other than its own bridge's.
+fn routes(ns: &weft_tests::netns::Netns) -> Vec<String> {
+    let out = ns.try_exec(&["ip", "route", "show"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("10.244.") && !l.contains("cni0"))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|k| k.ends_with("/24"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The subnets in a WireGuard node's userspace peer table (`weft status`:
+/// peers with a device). One route covers the whole network there, so the
+/// peer table is what follows the leases.
+fn wg_peers(cc: &ChaosCluster, ni: usize) -> Vec<String> {
+    let out = std::process::Command::new("timeout")
+        .arg("3")
+        .arg(weft_tests::bins::path("weft"))
+        .args(["status", "--json", "--subnet-file"])
+        .arg(cc.subnet_file(ni))
+        .output();
+    let Ok(out) = out else { return Vec::new() };
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["peers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| !p["device"].is_null())
+        .filter_map(|p| p["subnet"].as_str().map(str::to_string))
+        .collect()
+}

@@ -97,6 +97,9 @@ def row(argv):
         except OSError:
             pass
         value = rr["value"]
+    elif test == "idle":
+        unit, gbps, retr, loss = "%core/node", nan(), nan(), nan()
+        value = daemon * 100 / 2
     else:
         unit = "kpps" if test.startswith("udp") else "Gbit/s"
         value, gbps, retr, loss = iperf(path, test)
@@ -139,7 +142,7 @@ def summary(argv):
             rr_table(rows, cases, t)
             continue
         udp = t.startswith("udp")
-        unit = "kpps" if udp else "Gbit/s"
+        unit = {"idle": "%core/node"}.get(t, "kpps" if udp else "Gbit/s")
         extra = "loss%  rcvbuf_err" if udp else "retr  rcvbuf_err  ceiling"
         print()
         cpu = ("us/pkt", "daemon_us") if udp else ("cores/Gb", "daemon/Gb")
@@ -231,9 +234,9 @@ def chart(argv):
             if v and ref and ref[0] > 0:
                 txt += "\n(%.2fx)" % (v / ref[0])
             ax.annotate(txt, (i, v + hi[i]), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=7)
-        unit = "delivered kpps" if t.startswith("udp") else "Gbit/s"
+        unit = {"idle": "% of a core per node"}.get(t, "delivered kpps" if t.startswith("udp") else "Gbit/s")
         name = {"tcp1": "iperf3 TCP, 1 stream", "tcp4": "iperf3 TCP, 4 streams",
-                "udp64": "iperf3 UDP flood, 64-byte payload"}.get(t, t)
+                "udp64": "iperf3 UDP flood, 64-byte payload", "idle": "daemon CPU with no traffic"}.get(t, t)
         ax.set_title("%s (median, min-max bars; ratio to kernel vxlan)" % name, fontsize=9)
         ax.set_ylabel(unit)
         ax.set_xticks(list(x))

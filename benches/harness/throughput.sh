@@ -19,7 +19,8 @@
 # UDP then TCP, one-way p50/p99/p99.9 in us): rr-idle, rr-busy (beside a fixed
 # background load: one `nice -n 19` shell busy loop per node, two in all, one
 # per vCPU here, as other pods using a node's CPU) and rr-bulk (beside one
-# iperf3 TCP stream between the same pods). Every round runs every case once (rounds are
+# iperf3 TCP stream between the same pods); idle: no traffic, the daemons' CPU
+# over DUR seconds (% of a core per node). Every round runs every case once (rounds are
 # interleaved, the case order rotates each round); REPS rounds. Per test the
 # harness records machine CPU (/proc/stat) and the forwarding daemons' CPU
 # (/proc/PID/stat of weftd or wireguard-go, both nodes), TCP retransmits and
@@ -33,7 +34,7 @@
 # A-B: a case name with a suffix, weft-udp@new, runs that case with the
 # binaries in $BIN_new (BIN_new=/tmp/new CASES="kvxlan weft-udp weft-udp@new").
 #
-# Env: REPS, DUR, CASES, TESTS (tcp1 tcp4 udp64 rr-idle rr-busy rr-bulk), OUT (results directory,
+# Env: REPS, DUR, CASES, TESTS (tcp1 tcp4 udp64 rr-idle rr-busy rr-bulk idle), OUT (results directory,
 # default a new /tmp/weft-throughput.*), BIN (directory with weftd and flannel;
 # default $CARGO_TARGET_DIR/release, built with cargo unless NO_BUILD=1),
 # WEFTD_ARGS (extra weftd flags for every weft case), RR_TRACE=1 (rr tests:
@@ -67,6 +68,11 @@ fi
 for b in weftd flannel; do
     [ -x "$BIN/$b" ] || { echo "no $b in $BIN: cargo build --release -p weft-control -p weft-cni --bins" >&2; exit 1; }
 done
+
+# One run at a time on a machine (the namespace prefix is fixed): wait for any other.
+exec 9>/run/lock/weft-throughput.lock
+flock 9
+while ip netns list | grep -q "^$P-"; do sleep 5; done
 
 mkdir -p "$OUT/logs"
 for n in 1 2; do
@@ -279,6 +285,12 @@ run_rr() { # rr-idle|rr-busy|rr-bulk -> one row per protocol (rr-idle/udp, rr-id
 
 run_test() { # test -> appends one row (rr tests: two) to results.tsv
     case $1 in rr-*) run_rr "$1"; return ;; esac
+    if [ "$1" = idle ]; then # no traffic: the daemons' CPU over DUR seconds
+        local s0 s1 t0 t1
+        sleep 2; s0=$(snap); t0=$(date +%s.%N); sleep "$DUR"; s1=$(snap); t1=$(date +%s.%N)
+        row /dev/null idle "$s0" "$s1" "$t0" "$t1"
+        return
+    fi
     local args=(-t "$DUR")
     case $1 in
     tcp1) ;;

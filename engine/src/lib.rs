@@ -77,6 +77,7 @@
 
 pub mod antispoof;
 pub mod encap;
+mod idle;
 pub mod ipip;
 pub mod offload;
 pub mod peers;

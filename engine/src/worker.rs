@@ -23,6 +23,7 @@ use arc_swap::ArcSwap;
 
 use crate::antispoof::{self, Verdict};
 use crate::encap::{Codec, DropReason};
+use crate::idle::Idle;
 use crate::offload::gso::{self, Segments};
 use crate::offload::uso;
 use crate::peers::PeerTable;
@@ -154,13 +155,12 @@ impl Worker {
         };
         let mut ctr = Local::default();
         ctr.add(Ctr::PeerCounting, 1);
+        let mut idle = Idle::new();
         while !self.stop.load(Ordering::Relaxed) {
             let a = self.tun_step(&mut tun_buf, &mut b, &mut ctr);
             let r = self.udp_step(&mut b, &mut ctr);
             ctr.publish(&self.shared);
-            if !a && !r {
-                self.wait();
-            }
+            idle.end_round(a || r, || self.wait());
         }
     }
 

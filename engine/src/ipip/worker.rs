@@ -22,6 +22,7 @@ use arc_swap::ArcSwap;
 
 use crate::antispoof::{self, Verdict};
 use crate::encap::DropReason;
+use crate::idle::Idle;
 use crate::offload::gso;
 use crate::peers::PeerTable;
 use crate::stats::{Ctr, Local, Shared};
@@ -88,13 +89,12 @@ impl IpipWorker {
         };
         let mut ctr = Local::default();
         ctr.add(Ctr::PeerCounting, 1);
+        let mut idle = Idle::new();
         while !self.stop.load(Ordering::Relaxed) {
             let a = self.tun_step(&mut tun_buf, &mut b, &mut ctr);
             let r = self.raw_step(&mut b, &mut ctr);
             ctr.publish(&self.shared);
-            if !a && !r {
-                self.wait();
-            }
+            idle.end_round(a || r, || self.wait());
         }
     }
 

@@ -20,6 +20,7 @@ use super::handoff::{Hub, Inbox, Kind};
 use super::seg::{segment_in_place, trust_tcp_checksum};
 use super::{MIN_DST, OVERHEAD, TIMER_TICK, owner};
 use crate::encap::DropReason;
+use crate::idle::Idle;
 use crate::offload::gso;
 use crate::peers::{PeerTable, WgEntry};
 use crate::stats::{Ctr, Local, Shared};
@@ -194,6 +195,7 @@ impl WgWorker {
         self.greet(&mut owned, &mut b, &mut ctr);
         let mut next_tick = Instant::now() + TIMER_TICK;
         let mut next_reset = Instant::now();
+        let mut idle = Idle::new();
         while !self.stop.load(Ordering::Relaxed) {
             let cur = self.peers.load();
             if !Arc::ptr_eq(&cur, &table) {
@@ -214,9 +216,7 @@ impl WgWorker {
                 self.rate_limiter.reset_count();
             }
             ctr.publish(&self.shared);
-            if !a && !r && !h {
-                self.wait();
-            }
+            idle.end_round(a || r || h, || self.wait());
         }
     }
 

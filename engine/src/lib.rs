@@ -79,6 +79,7 @@ pub mod antispoof;
 pub mod encap;
 pub mod ipip;
 pub mod offload;
+pub mod path;
 pub mod peers;
 mod stats;
 mod steer;

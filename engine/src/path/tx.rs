@@ -130,7 +130,7 @@ pub struct Plan<'t> {
     pub headroom: usize,
     /// Arena bytes [`write`] fills.
     pub need: usize,
-    /// At most this many datagrams (messages) come out (with a margin of one).
+    /// At most this many datagrams (messages) come out (for a super-packet, with a margin).
     pub datagrams: usize,
 }
 

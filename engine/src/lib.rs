@@ -16,10 +16,16 @@
 //! (the engine only lengthens its transmit queue, [`TUN_TXQUEUELEN`]).
 //!
 //! Code map: [`wire`] (zero-copy header views, checksums), [`encap`] (sans-IO
-//! flannel-UDP and VXLAN), [`offload`] (userspace GSO and GRO), [`peers`]
-//! (the snapshot), `sys` (the only `unsafe`: TUN ioctls, `sendmmsg`/`recvmmsg`,
-//! the AVX2 checksum loop), `steer` (the flow steering program), `worker`
-//! (the loop), [`Stats`] (per-worker counters, summed on read).
+//! flannel-UDP and VXLAN), [`offload`] (userspace GSO, USO and GRO),
+//! [`path`] (every per-packet decision, sans-IO: the transmit step from a
+//! TUN read to datagrams in the caller's arena, the receive step from a
+//! datagram to the inner packet to deliver, or a drop reason), [`peers`]
+//! (the snapshot), `builder` (the one start-up every encapsulation shares),
+//! `udp` + `worker` (the flannel-UDP/VXLAN engine's sockets and its worker
+//! loop, an I/O shell around [`path`]), [`wg`] and [`ipip`] (the other two
+//! encapsulations), `sys` (the only `unsafe`: TUN ioctls,
+//! `sendmmsg`/`recvmmsg`, the AVX2 checksum loop), `steer` (the flow
+//! steering program), [`Stats`] (per-worker counters, summed on read).
 //!
 //! # One packet's walk (pod A on node 1 -> pod B on node 2, VXLAN)
 //!
@@ -29,7 +35,8 @@
 //!    checksum). The TUN sends a flow to the queue the engine last wrote it
 //!    on, and `steer.rs` steers received datagrams by a symmetric hash of the
 //!    inner flow, so both directions of a flow meet one worker per node.
-//! 2. The worker looks the destination up in the peer snapshot (longest prefix),
+//! 2. The worker's transmit step ([`path::tx::udp_plan`], then
+//!    [`path::tx::udp_write`]) looks the destination up in the peer snapshot (longest prefix),
 //!    cuts the super-packet into MSS-sized IP packets directly into its TX arena,
 //!    leaving 22 bytes of headroom in front of each (userspace GSO: IPv4 length,
 //!    ID and checksum, TCP seq/flags/checksum fixed per segment), and writes the
@@ -39,7 +46,7 @@
 //!    control message (UDP GSO); the kernel adds outer UDP/IP headers once per
 //!    segment, to `peer:8472`.
 //! 4. On node 2 the receive socket (with `UDP_GRO`) returns the train as one
-//!    buffer; the worker checks the VNI, the inner destination MAC, and the
+//!    buffer; the receive step ([`path::rx::udp`]) checks the VNI, the inner destination MAC, and the
 //!    outer and inner sources against the peer table ([`antispoof`]: in
 //!    strict mode the outer source must be a peer and the inner source must
 //!    lie in that peer's subnet), and strips the 22 bytes.
@@ -68,8 +75,10 @@
 //! - The hot path does not allocate, lock, block on the control plane, log
 //!   above `trace`, or make a syscall per packet (only per batch / per TUN
 //!   packet or super-packet).
-//! - Encapsulation code ([`encap`], [`offload`], [`wire`]) does no I/O and
-//!   never panics on any input; untrusted bytes go through `new_checked`.
+//! - Encapsulation code and the packet path ([`encap`], [`offload`],
+//!   [`wire`], [`path`]) do no I/O and never panic on any input; untrusted
+//!   bytes go through `new_checked`. Workers make no per-packet decision of
+//!   their own: they read, write, flush and count around [`path`].
 //! - Per-flow order is kept: a flow maps to one TUN queue, one worker, one
 //!   send socket; GRO emits in arrival order.
 //! - `unsafe` lives only in `sys/`, each block with a `SAFETY` comment.

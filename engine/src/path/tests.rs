@@ -263,30 +263,27 @@ fn received_datagrams_are_checked_by_their_sources() {
             .map(|d: Delivery<'_>| (d.from.map(|e| e.subnet), d.unexpected))
     };
     let n1 = Some("10.244.1.0/24".parse().expect("net"));
-    assert_eq!(
-        check(AntiSpoofing::Strict, node1, [10, 244, 1, 9]),
-        Ok((n1, false))
+    let (strict, subnet, off) = (
+        AntiSpoofing::Strict,
+        AntiSpoofing::Subnet,
+        AntiSpoofing::Off,
     );
-    assert_eq!(
-        check(AntiSpoofing::Strict, node1, [10, 244, 2, 9]),
-        Err(DropReason::SpoofedSource)
-    );
-    assert_eq!(
-        check(AntiSpoofing::Strict, stranger, [10, 244, 1, 9]),
-        Err(DropReason::UnknownPeer)
-    );
-    assert_eq!(
-        check(AntiSpoofing::Subnet, stranger, [10, 244, 1, 9]),
-        Ok((n1, true))
-    );
-    assert_eq!(
-        check(AntiSpoofing::Subnet, stranger, [10, 9, 9, 9]),
-        Err(DropReason::UnknownPeer)
-    );
-    assert_eq!(
-        check(AntiSpoofing::Off, stranger, [10, 9, 9, 9]),
-        Ok((None, false))
-    );
+    let (spoofed, unknown) = (DropReason::SpoofedSource, DropReason::UnknownPeer);
+    let cases = [
+        (strict, node1, [10, 244, 1, 9], Ok((n1, false))),
+        (strict, node1, [10, 244, 2, 9], Err(spoofed)),
+        (strict, stranger, [10, 244, 1, 9], Err(unknown)),
+        (subnet, stranger, [10, 244, 1, 9], Ok((n1, true))),
+        (subnet, stranger, [10, 9, 9, 9], Err(unknown)),
+        (off, stranger, [10, 9, 9, 9], Ok((None, false))),
+    ];
+    for (mode, outer, src, want) in cases {
+        assert_eq!(
+            check(mode, outer, src),
+            want,
+            "{mode}, inner source {src:?}"
+        );
+    }
     let mut empty = [];
     assert_eq!(
         rx::udp(&codec, AntiSpoofing::Strict, &t, stranger, &mut empty).err(),

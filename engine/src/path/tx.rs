@@ -4,7 +4,7 @@
 //! step doing I/O: a `*_plan` function parses, routes and prepares the read
 //! in place (TTL, checksum completion) and says how many arena bytes and
 //! messages it will take ([`Plan::need`], [`Plan::datagrams`]); the caller
-//! flushes if they do not fit, then [`write`] (or [`udp_write`]) cuts the
+//! flushes if they do not fit, then [`write()`] (or [`udp_write`]) cuts the
 //! packet into the arena and [`Datagrams`] says where each datagram lies.
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -117,7 +117,7 @@ pub fn single(
     Ok(())
 }
 
-/// A TUN read routed and prepared: what [`write`] needs and the room it takes.
+/// A TUN read routed and prepared: what [`write()`] needs and the room it takes.
 #[derive(Debug, Clone, Copy)]
 pub struct Plan<'t> {
     /// The peer it goes to.
@@ -128,7 +128,7 @@ pub struct Plan<'t> {
     pub shape: Shape,
     /// Bytes in front of each datagram for the encapsulation's header.
     pub headroom: usize,
-    /// Arena bytes [`write`] fills.
+    /// Arena bytes [`write()`] fills.
     pub need: usize,
     /// At most this many datagrams (messages) come out (for a super-packet, with a margin).
     pub datagrams: usize,
@@ -260,7 +260,7 @@ pub fn ipip_plan<'t>(
     Ok((plan, dst, outer))
 }
 
-/// Where [`write`] put the datagrams in the arena.
+/// Where [`write()`] put the datagrams in the arena.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Datagrams {
     /// Their layout (headroom included).
@@ -277,7 +277,7 @@ impl Datagrams {
         self.segs.count
     }
 
-    /// Where datagram `i` lies in the arena passed to [`write`].
+    /// Where datagram `i` lies in the arena passed to [`write()`].
     pub fn range(&self, i: usize) -> std::ops::Range<usize> {
         self.segs.range(i)
     }
@@ -316,7 +316,7 @@ pub fn write(plan: &Plan<'_>, read: &[u8], arena: &mut [u8]) -> Result<Datagrams
     })
 }
 
-/// [`write`], then `codec`'s header in front of every datagram.
+/// [`write()`], then `codec`'s header in front of every datagram.
 pub fn udp_write(
     codec: &Codec,
     plan: &Plan<'_>,

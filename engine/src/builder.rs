@@ -146,12 +146,12 @@ impl<'c> Builder<'c> {
 
 // === impl Run ===
 
-impl Run for crate::worker::Worker {
+impl Run for crate::udp::worker::Worker {
     fn counters(&self) -> Arc<Shared> {
         self.shared.clone()
     }
     fn run(self) {
-        crate::worker::Worker::run(self);
+        crate::udp::worker::Worker::run(self);
     }
 }
 

@@ -21,7 +21,7 @@
 //! TUN read to datagrams in the caller's arena, the receive step from a
 //! datagram to the inner packet to deliver, or a drop reason), [`peers`]
 //! (the snapshot), `builder` (the one start-up every encapsulation shares),
-//! `udp` + `worker` (the flannel-UDP/VXLAN engine's sockets and its worker
+//! `udp` (the flannel-UDP/VXLAN engine: its sockets and its worker
 //! loop, an I/O shell around [`path`]), [`wg`] and [`ipip`] (the other two
 //! encapsulations), `sys` (the only `unsafe`: TUN ioctls,
 //! `sendmmsg`/`recvmmsg`, the AVX2 checksum loop), `steer` (the flow
@@ -101,7 +101,6 @@ mod udp;
 mod udp_tx;
 pub mod wg;
 pub mod wire;
-mod worker;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //!
 //! The loop alternates two budgeted steps and sleeps in `poll` only when both
 //! found nothing:
-//! - TUN -> raw: up to [`TUN_BUDGET`](crate::worker::TUN_BUDGET) reads
+//! - TUN -> raw: up to [`TUN_BUDGET`](crate::udp::worker::TUN_BUDGET) reads
 //!   ([`read_tun`]); each IPv4 packet is routed, segmented (userspace GSO;
 //!   raw IP has no kernel GSO) into the TX arena and queued as one
 //!   `sendmmsg` message per segment with its outer TTL/TOS; the queue is
@@ -28,8 +28,8 @@ use crate::sys::event::wait_readable;
 use crate::sys::raw::{BATCH, Raw, RawTx};
 use crate::sys::tun::Queue;
 use crate::tun_out::TunOut;
+use crate::udp::worker::read_tun;
 use crate::wire::vnet;
-use crate::worker::read_tun;
 
 const TUN_BUF: usize = vnet::HEADER_LEN + 65536;
 const TX_ARENA: usize = 1 << 20;

@@ -12,7 +12,7 @@
 //!
 //! Contract: functions over the peer table and caller-owned buffers only.
 //! No I/O, no clock, no allocation, no lock, no logging; counting is the
-//! caller's (they return what to count). The workers (`worker.rs`,
+//! caller's (they return what to count). The workers (`udp/worker.rs`,
 //! `wg/worker.rs`, `ipip/worker.rs`) are I/O shells around them, and the
 //! fuzz targets, `tests/pipeline.rs` and the criterion benches call the
 //! same functions.

@@ -28,9 +28,9 @@ use crate::sys::event::wait_readable;
 use crate::sys::tun::Queue;
 use crate::sys::udp::{BATCH, RxMeta, TxMsg, Udp};
 use crate::tun_out::TunOut;
+use crate::udp::worker::{FLUSH_AT, read_tun};
 use crate::udp_tx::{self, MAX_UDP_PAYLOAD};
 use crate::wire::vnet;
-use crate::worker::{FLUSH_AT, read_tun};
 
 /// Handed-off packets processed per step.
 const INBOX_BUDGET: usize = 32;

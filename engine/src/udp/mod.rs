@@ -1,5 +1,5 @@
-//! The flannel-UDP and VXLAN engine's start-up (its worker is
-//! [`crate::worker`]): per worker a receive socket on the shared port
+//! The flannel-UDP and VXLAN engine: its start-up here, its worker in
+//! [`worker`]: per worker a receive socket on the shared port
 //! (`SO_REUSEPORT`, `UDP_GRO`) and [`SEND_SOCKETS`] send sockets on
 //! ephemeral ports, and the flow steering program on the group
 //! ([`crate::steer`]). What all engines share is [`crate::builder`].
@@ -10,8 +10,11 @@ use crate::builder::Builder;
 use crate::encap::{Codec, Vxlan};
 use crate::stats::Shared;
 use crate::sys::udp::Udp;
-use crate::worker::{SEND_SOCKETS, Worker};
 use crate::{Encap, Engine, EngineError, SOCKET_BUFFER, steer, wire};
+
+pub(crate) mod worker;
+
+use worker::{SEND_SOCKETS, Worker};
 
 /// The codec `encap` (flannel-UDP or VXLAN) runs, validated.
 pub(crate) fn codec(encap: Encap, local_addr: IpAddr) -> Result<Codec, EngineError> {

@@ -245,7 +245,7 @@ def chart(argv):
     fig.suptitle("weft pod-to-pod, two nodes in netns on one host: %s x %s, kernel %s\nrounds: %s; load average at start %s" % (
         info.get("nproc", "?"), info.get("cpu", "?"), info.get("kernel", "?"), info.get("rounds", "?"),
         info.get("load average at start", "?")), fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
     fig.savefig(out, dpi=110)
     print("chart: %s" % out)
 

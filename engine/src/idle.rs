@@ -17,8 +17,8 @@
 //!   that a task waiting for this CPU, such as the application the reply
 //!   comes from, runs first) until 20 us have passed since its last packet,
 //!   long enough for a local application's reply, shorter than a round
-//!   trip. With no traffic a worker sleeps as before: idle, 0.03-0.08 % of a
-//!   core per node. Alone, spinning took the busy-node p50 from 42-59 to
+//!   trip. With no traffic a worker sleeps as before: idle, 0.08-0.10 % of a
+//!   core per node over 30 s (0.03-0.08 % before). Alone, spinning took the busy-node p50 from 42-59 to
 //!   25-29 us but its p99 to 0.9-1.2 ms: each `sched_yield` pushes the
 //!   spinner's deadline a whole slice (1.4 ms here) later, so a spinner that
 //!   yields a few dozen times loses the CPU to the node's other tasks for a

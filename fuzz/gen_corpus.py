@@ -99,6 +99,12 @@ def udp4(src, dst, payload, mode="valid", sport=53211, dport=53):
     return ipv4(s, d, 17, l4(s, d, 17, hdr, payload, 6, mode))
 
 
+def udp6(src, dst, payload, mode="valid", sport=53211, dport=53):
+    s, d = ip6(src), ip6(dst)
+    hdr = struct.pack("!HHHH", sport, dport, 8 + len(payload), 0)
+    return ipv6(s, d, 17, l4(s, d, 17, hdr, payload, 6, mode))
+
+
 def icmp4_echo(src, dst, seq=1):
     body = bytearray(struct.pack("!BBHHH", 8, 0, 0, 0x1234, seq) + bytes(range(56)))
     body[2:4] = struct.pack("!H", csum(bytes(body)))
@@ -164,6 +170,17 @@ def engine():
     write("tun_tx", "gso-tcpv4-ecn-flannel", b"\x01" + vnet(1, 0x81, 40, 1400, 20, 16) + sp)
     write("tun_tx", "needs-csum-udp", b"\0" + vnet(1, 0, 0, 0, 20, 6) + udp4(A, B, payload(300), mode="partial"))
     write("tun_tx", "plain-icmp-flannel", b"\x01" + vnet() + icmp4_echo(A, B))
+    # USO: UDP super-packets (GSO_UDP_L4) with the partial checksum the kernel leaves.
+    usp = udp4(A, B, payload(3500), mode="partial")
+    write("tun_tx", "gso-udpv4-uso-vxlan", b"\0" + vnet(1, 5, 28, 1000, 20, 6) + usp)
+    write("tun_tx", "gso-udpv4-uso-flannel", b"\x01" + vnet(1, 5, 28, 1472, 20, 6) + usp)
+    usp6 = udp6(A6, B6, payload(2500), mode="partial")
+    write("tun_tx", "gso-udpv6-uso-vxlan", b"\0" + vnet(1, 5, 48, 1200, 40, 6) + usp6)
+    write("tun_tx", "gso-udpv4-uso-last-short", b"\0" + vnet(1, 5, 28, 999, 20, 6) + udp4(A, B, payload(1000), mode="partial"))
+    # IPIP (mode bit 1): TCP super-packet, a plain packet; flannel-UDP without a route.
+    write("tun_tx", "ipip-gso-tcpv4", b"\x02" + vnet(1, 1, 40, 1398, 20, 16) + sp)
+    write("tun_tx", "ipip-plain-icmp", b"\x02" + vnet() + icmp4_echo(A, B))
+    write("tun_tx", "unreachable-flannel", b"\x01" + vnet() + icmp4_echo(A, "192.168.7.7"))
 
 
 def wg_input():

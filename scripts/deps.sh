@@ -24,6 +24,7 @@ DEPS=(
   "iptables                      /usr/sbin/iptables"
   "nftables                      /usr/sbin/nft"
   "iperf3                        /usr/bin/iperf3"
+  "sockperf                      /usr/bin/sockperf"                # the throughput harness latency tests (rr-*)
   "tcpdump                       /usr/bin/tcpdump"
   "curl                          /usr/bin/curl"
   "openssl                       /usr/bin/openssl"

@@ -4,14 +4,21 @@
 //! TCP super-packet into segments of that size, userspace coalescing (GRO) of
 //! such segments, checksum completion of a packet the TUN hands over with a
 //! partial checksum (and the detection of such packets arriving from the
-//! wire), and the checksum kernel underneath them all.
+//! wire), and the checksum kernel underneath them all. The `path_*` groups
+//! time the workers' own per-packet steps (`weft_engine::path`): a 64 KiB
+//! TUN super-packet (TCP for GSO, UDP for USO) routed, cut and headed into
+//! the arena, and the train it becomes decapsulated, checked and coalesced.
 
 use std::hint::black_box;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use weft_benches::{LOCAL, PEER, SIZES, tcp_packet, udp_packet};
+use weft_benches::{
+    LOCAL, PEER, SIZES, peer_tables, tcp_packet, tcp_super_read, udp_packet, udp_super_read,
+};
+use weft_engine::AntiSpoofing;
 use weft_engine::encap::{Codec, VXLAN_HEADROOM, Vxlan};
 use weft_engine::offload::{self, gro::Gro, gso};
+use weft_engine::path::{rx, tx};
 use weft_engine::wire::checksum;
 
 fn flannel_udp(c: &mut Criterion) {
@@ -126,6 +133,77 @@ fn coalescing(c: &mut Criterion) {
     g.finish();
 }
 
+fn vxlan_codecs() -> (Codec, Codec) {
+    let v = |local_mac| Codec::Vxlan(Vxlan { vni: 1, local_mac });
+    (v(LOCAL), v(PEER))
+}
+
+/// The transmit step of a 64 KiB super-packet read: `udp_plan` + `udp_write`.
+fn path_tx(c: &mut Criterion) {
+    let mut g = c.benchmark_group("path_tx_64k");
+    let (peers, _) = peer_tables();
+    let (vxlan, _) = vxlan_codecs();
+    let mut arena = vec![0; 1 << 20];
+    for size in SIZES {
+        let cases = [
+            ("vxlan_tcp", vxlan, tcp_super_read(size)),
+            ("flannel_tcp", Codec::FlannelUdp, tcp_super_read(size)),
+            ("vxlan_udp", vxlan, udp_super_read(size)),
+        ];
+        for (name, codec, read) in cases {
+            g.throughput(Throughput::Bytes(read.len() as u64));
+            g.bench_function(BenchmarkId::new(name, size), |b| {
+                let mut read = read.clone();
+                b.iter(|| {
+                    read[10 + 8] = 64; // keep flannel-UDP's TTL from running out
+                    let plan =
+                        tx::udp_plan(&codec, &peers, black_box(&mut read), true, arena.len())
+                            .expect("plan");
+                    black_box(tx::udp_write(&codec, &plan, &read, &mut arena).expect("write"))
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+/// The receive step of the train a 64 KiB super-packet became: `rx::udp`
+/// (strict anti-spoofing) per segment, GRO push, one flush.
+fn path_rx(c: &mut Criterion) {
+    let mut g = c.benchmark_group("path_rx_train");
+    let (peers1, peers2) = peer_tables();
+    let (tx_codec, rx_codec) = vxlan_codecs();
+    let from = peers2.endpoint_entries([192, 0, 2, 1].into());
+    for mss in SIZES {
+        let mut read = tcp_super_read(mss);
+        let plan = tx::udp_plan(&tx_codec, &peers1, &mut read, true, 1 << 20).expect("plan");
+        let mut train = vec![0; plan.need];
+        let out = tx::udp_write(&tx_codec, &plan, &read, &mut train).expect("write");
+        train.truncate(out.segs.total_len());
+        let mut gro = Gro::new(9100);
+        g.throughput(Throughput::Bytes(out.inner_bytes() as u64));
+        g.bench_function(BenchmarkId::new("vxlan_strict", mss), |b| {
+            b.iter_batched_ref(
+                || train.clone(),
+                |a| {
+                    for seg in rx::train(a.len(), out.segs.stride) {
+                        let off = seg.start;
+                        let d =
+                            rx::udp(&rx_codec, AntiSpoofing::Strict, &peers2, from, &mut a[seg])
+                                .expect("decap");
+                        let _ = gro.push(a, off + d.inner.start, d.inner.len());
+                    }
+                    let mut writes = 0;
+                    gro.flush(a, |_| writes += 1);
+                    black_box(writes)
+                },
+                BatchSize::LargeInput,
+            );
+        });
+    }
+    g.finish();
+}
+
 fn checksum_offload(c: &mut Criterion) {
     let mut g = c.benchmark_group("checksum_offload");
     for size in SIZES {
@@ -161,6 +239,8 @@ criterion_group!(
     vxlan,
     segmentation,
     coalescing,
+    path_tx,
+    path_rx,
     checksum_offload,
     checksums
 );

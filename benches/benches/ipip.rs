@@ -3,16 +3,20 @@
 //! inner packets: the outer header parameters (encap side: the kernel
 //! writes the header), decap of a received packet (outer header stripped,
 //! checks, ECN), the steering hash the workers' BPF filters compute, and the
-//! two batch paths: a 64 KiB TCP super-packet segmented for the raw socket
-//! (headroom 0, raw IP has no GSO), and one `recvmmsg` worth of IPIP
-//! segments decapsulated and coalesced (GRO).
+//! two batch paths as the workers run them (`weft_engine::path`): a 64 KiB
+//! TCP super-packet read routed and segmented for the raw socket
+//! (`tx::ipip_plan` + `tx::write`: headroom 0, raw IP has no GSO), and one
+//! `recvmmsg` worth of IPIP segments through the receive step (`rx::ipip`,
+//! strict anti-spoofing) and coalesced (GRO).
 
 use std::hint::black_box;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use weft_benches::{SIZES, ipip_packet, tcp_packet, udp_packet};
+use weft_benches::{SIZES, ipip_packet, peer_tables, tcp_packet, tcp_super_read, udp_packet};
+use weft_engine::AntiSpoofing;
 use weft_engine::ipip;
-use weft_engine::offload::{gro::Gro, gso};
+use weft_engine::offload::gro::Gro;
+use weft_engine::path::{rx, tx};
 
 fn encap_decap(c: &mut Criterion) {
     let mut g = c.benchmark_group("ipip");
@@ -41,15 +45,16 @@ fn encap_decap(c: &mut Criterion) {
 
 fn tx_super_packet(c: &mut Criterion) {
     let mut g = c.benchmark_group("ipip_tx_gso_64k");
-    let sp = tcp_packet(1, 65535 - 52 - ipip::OVERHEAD);
+    let (peers, _) = peer_tables();
     let mut out = vec![0; 1 << 20];
     for mss in SIZES {
-        g.throughput(Throughput::Bytes(sp.len() as u64));
-        g.bench_function(BenchmarkId::new("segment_and_params", mss), |b| {
+        let mut read = tcp_super_read(mss);
+        g.throughput(Throughput::Bytes(read.len() as u64));
+        g.bench_function(BenchmarkId::new("plan_and_segment", mss), |b| {
             b.iter(|| {
-                let o = ipip::outer_params(black_box(&sp));
-                let s = gso::tcp_segment(black_box(&sp), mss, 0, &mut out);
-                black_box((o, s))
+                let (plan, dst, o) =
+                    tx::ipip_plan(&peers, black_box(&mut read), true, out.len()).expect("plan");
+                black_box((dst, o, tx::write(&plan, &read, &mut out)))
             })
         });
     }
@@ -69,14 +74,16 @@ fn rx_batch(c: &mut Criterion) {
         }
         let bytes: usize = pos.iter().map(|p| p.1 - ipip::OVERHEAD).sum();
         let mut gro = Gro::new(9100);
+        let (_, peers) = peer_tables();
         g.throughput(Throughput::Bytes(bytes as u64));
         g.bench_function(BenchmarkId::new("decap_push_flush", mss), |b| {
             b.iter_batched_ref(
                 || arena.clone(),
                 |a| {
                     for &(s, l) in &pos {
-                        let r = ipip::decap(&mut a[s..s + l]).expect("decap");
-                        let _ = gro.push(a, s + r.start, r.end - r.start);
+                        let (_, d) = rx::ipip(AntiSpoofing::Strict, &peers, &mut a[s..s + l])
+                            .expect("decap");
+                        let _ = gro.push(a, s + d.inner.start, d.inner.len());
                     }
                     let mut writes = 0;
                     gro.flush(a, |iov| writes += iov.len());

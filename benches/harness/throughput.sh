@@ -15,7 +15,12 @@
 #   weft-hostgw   weftd, backend host-gw (kernel routes)
 #
 # Tests: tcp1 / tcp4 (iperf3 TCP, 1 and 4 streams, Gbit/s) and udp64 (64-byte
-# UDP flood, delivered kpps). Every round runs every case once (rounds are
+# UDP flood, delivered kpps); latency (sockperf ping-pong, 64-byte messages,
+# UDP then TCP, one-way p50/p99/p99.9 in us): rr-idle, rr-busy (beside a fixed
+# background load: one `nice -n 19` shell busy loop per node, two in all, one
+# per vCPU here, as other pods using a node's CPU) and rr-bulk (beside one
+# iperf3 TCP stream between the same pods); idle: no traffic, the daemons' CPU
+# over DUR seconds (% of a core per node). Every round runs every case once (rounds are
 # interleaved, the case order rotates each round); REPS rounds. Per test the
 # harness records machine CPU (/proc/stat) and the forwarding daemons' CPU
 # (/proc/PID/stat of weftd or wireguard-go, both nodes), TCP retransmits and
@@ -26,10 +31,15 @@
 #   sudo benches/harness/throughput.sh                       # REPS=3 DUR=10, builds release binaries
 #   REPS=1 DUR=3 CASES="kvxlan weft-vxlan" TESTS=tcp1 sudo -E benches/harness/throughput.sh
 #
-# Env: REPS, DUR, CASES, TESTS (tcp1 tcp4 udp64), OUT (results directory,
+# A-B: a case name with a suffix, weft-udp@new, runs that case with the
+# binaries in $BIN_new (BIN_new=/tmp/new CASES="kvxlan weft-udp weft-udp@new").
+#
+# Env: REPS, DUR, CASES, TESTS (tcp1 tcp4 udp64 rr-idle rr-busy rr-bulk idle), OUT (results directory,
 # default a new /tmp/weft-throughput.*), BIN (directory with weftd and flannel;
 # default $CARGO_TARGET_DIR/release, built with cargo unless NO_BUILD=1),
-# WEFTD_ARGS (extra weftd flags for every weft case), PYTHON (default /usr/bin/python3).
+# WEFTD_ARGS (extra weftd flags for every weft case), RR_TRACE=1 (rr tests:
+# a 1 s tracefs capture per ping-pong and rrtrace.py's per-hop breakdown of it
+# in $OUT/logs/*.wakeups), PYTHON (default /usr/bin/python3).
 set -euo pipefail
 
 REPS=${REPS:-3}
@@ -39,6 +49,7 @@ TESTS=${TESTS:-"tcp1 tcp4 udp64"}
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 BIN=${BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release}
+BIN0=$BIN
 OUT=${OUT:-$(mktemp -d /tmp/weft-throughput.XXXXXX)}
 WEFTD_ARGS=${WEFTD_ARGS:-}
 P=wth
@@ -47,7 +58,7 @@ CNI_DIR=/usr/lib/cni
 PY=${PYTHON:-$([ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3)}
 
 [ "$(id -u)" = 0 ] || { echo "run as root" >&2; exit 1; }
-for t in iperf3 wireguard-go wg python3 ip bridge; do
+for t in iperf3 sockperf wireguard-go wg python3 ip bridge; do
     command -v $t >/dev/null || { echo "missing $t (scripts/deps.sh installs it)" >&2; exit 1; }
 done
 [ -x $CNI_DIR/bridge ] && [ -x $CNI_DIR/host-local ] || { echo "missing CNI plugins in $CNI_DIR (containernetworking-plugins)" >&2; exit 1; }
@@ -57,6 +68,11 @@ fi
 for b in weftd flannel; do
     [ -x "$BIN/$b" ] || { echo "no $b in $BIN: cargo build --release -p weft-control -p weft-cni --bins" >&2; exit 1; }
 done
+
+# One run at a time on a machine (the namespace prefix is fixed): wait for any other.
+exec 9>/run/lock/weft-throughput.lock
+flock 9
+while ip netns list | grep -q "^$P-"; do sleep 5; done
 
 mkdir -p "$OUT/logs"
 for n in 1 2; do
@@ -129,10 +145,15 @@ start_weftd() { # backend-json dataplane
     done
 }
 
-setup() { # case
+setup() { # case[@variant]
     base
     SRC_NS=$P-p1; DST_NS=$P-p2
-    case $1 in
+    BIN=$BIN0
+    if [[ $1 == *@* ]]; then
+        local v="BIN_${1#*@}"
+        BIN=${!v:?"case $1 needs \$$v"}
+    fi
+    case ${1%@*} in
     veth) SRC_NS=$P-n1; DST_NS=$P-n2; POD_IP1=192.0.2.1; POD_IP2=192.0.2.2; return 0 ;;
     kvxlan)
         for n in 1 2; do
@@ -191,7 +212,85 @@ snap() { # prints: machine_busy_ticks machine_total_ticks daemon_ticks rcvbuf_er
     echo "$busy $total $d $r"
 }
 
-run_test() { # test -> appends one row to results.tsv
+BURNERS=()
+burn() { # start|stop: rr-busy's background load, one `nice -n 19` busy loop per node
+    local n p
+    if [ "$1" = start ]; then
+        for n in 1 2; do
+            ip netns exec $P-n$n nice -n 19 sh -c 'while :; do :; done' &
+            BURNERS+=($!)
+        done
+    else
+        for p in "${BURNERS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null && { wait "$p" 2>/dev/null || true; }; done
+        BURNERS=()
+    fi
+}
+
+row() { # file test s0 s1 t0 t1 -> appends one row to results.tsv and prints it
+    "$PY" "$HERE/analyze.py" row "$1" "$CASE" "$2" "$ROUND" "$(nproc)" "$(getconf CLK_TCK)" "$5 $6" "$3" "$4" \
+        "$(cut -d' ' -f1 /proc/loadavg)" >>"$OUT/results.tsv"
+    tail -1 "$OUT/results.tsv" | awk -F'\t' '{printf "round %s %-15s %-12s %8s %s, machine %s cores, daemons %s cores, load %s\n", $3, $1, $2, $4, $5, $7, $8, $NF}' >&2
+}
+
+TR=/sys/kernel/tracing/instances/weft-rr
+rr_trace() { # client-pid server-pid log: 1 s of scheduler and syscall events mid-test (RR_TRACE=1)
+    local n t p
+    mkdir -p $TR
+    for e in sched/sched_waking sched/sched_switch raw_syscalls/sys_enter raw_syscalls/sys_exit; do
+        [[ $e == raw* ]] && echo 'comm ~ "weft*" || comm == "sockperf"' >$TR/events/$e/filter
+        echo 1 >$TR/events/$e/enable
+    done
+    { echo "$1 client"; echo "$2 server"
+      for n in 1 2; do
+          p=${DAEMON_PIDS[$((n - 1))]:-}
+          [ -n "$p" ] && for t in /proc/$p/task/*; do echo "${t##*/} n$n"; done
+      done; } >"$3.threads"
+    sleep 1.5; echo >$TR/trace; echo 1 >$TR/tracing_on; sleep 1; echo 0 >$TR/tracing_on
+    cp $TR/trace "$3.trace"
+    echo 0 >$TR/events/enable
+    "$PY" "$HERE/rrtrace.py" "$3.trace" "$3.threads" >"$3.wakeups" 2>&1 || true
+}
+
+run_rr() { # rr-idle|rr-busy|rr-bulk -> one row per protocol (rr-idle/udp, rr-idle/tcp)
+    local su st srv= bulk= proto flag port log s0 s1 t0 t1 cl
+    ip netns exec $DST_NS sockperf server -i "$POD_IP2" -p 11111 >/dev/null 2>&1 &
+    su=$!
+    ip netns exec $DST_NS sockperf server --tcp -i "$POD_IP2" -p 11112 >/dev/null 2>&1 &
+    st=$!
+    sleep 0.3
+    [ "$1" = rr-busy ] && burn start
+    if [ "$1" = rr-bulk ]; then
+        ip netns exec $DST_NS iperf3 -s -1 -B "$POD_IP2" >/dev/null 2>&1 &
+        srv=$!
+        sleep 0.3
+        ip netns exec $SRC_NS iperf3 -c "$POD_IP2" -B "$POD_IP1" -t $((2 * DUR + 10)) >"$OUT/logs/$CASE-$1-$ROUND-bulk.txt" 2>&1 &
+        bulk=$!
+        sleep 1
+    fi
+    for proto in udp tcp; do
+        flag=; port=11111
+        [ $proto = tcp ] && { flag=--tcp; port=11112; }
+        log="$OUT/logs/$CASE-$1-$proto-$ROUND.txt"
+        s0=$(snap); t0=$(date +%s.%N)
+        ip netns exec $SRC_NS sockperf ping-pong $flag -i "$POD_IP2" -p $port -m 64 -t "$DUR" >"$log" 2>&1 &
+        cl=$!
+        [ -n "${RR_TRACE:-}" ] && rr_trace $cl "$([ $proto = udp ] && echo $su || echo $st)" "$log"
+        wait $cl || true
+        s1=$(snap); t1=$(date +%s.%N)
+        row "$log" "$1/$proto" "$s0" "$s1" "$t0" "$t1"
+    done
+    for p in $bulk $srv $su $st; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+    burn stop
+}
+
+run_test() { # test -> appends one row (rr tests: two) to results.tsv
+    case $1 in rr-*) run_rr "$1"; return ;; esac
+    if [ "$1" = idle ]; then # no traffic: the daemons' CPU over DUR seconds
+        local s0 s1 t0 t1
+        sleep 2; s0=$(snap); t0=$(date +%s.%N); sleep "$DUR"; s1=$(snap); t1=$(date +%s.%N)
+        row /dev/null idle "$s0" "$s1" "$t0" "$t1"
+        return
+    fi
     local args=(-t "$DUR")
     case $1 in
     tcp1) ;;
@@ -207,9 +306,7 @@ run_test() { # test -> appends one row to results.tsv
     ip netns exec $SRC_NS iperf3 -c "$POD_IP2" -B "$POD_IP1" -J "${args[@]}" >"$json" 2>/dev/null || true
     s1=$(snap); t1=$(date +%s.%N)
     wait $srv 2>/dev/null || true
-    "$PY" "$HERE/analyze.py" row "$json" "$CASE" "$1" "$ROUND" "$(nproc)" "$(getconf CLK_TCK)" "$t0 $t1" "$s0" "$s1" \
-        >>"$OUT/results.tsv"
-    tail -1 "$OUT/results.tsv" | awk -F'\t' '{printf "round %s %-12s %-6s %8s %s, machine %s cores, daemons %s cores\n", $3, $1, $2, $4, $5, $7, $8}' >&2
+    row "$json" "$1" "$s0" "$s1" "$t0" "$t1"
 }
 
 {
@@ -219,6 +316,7 @@ run_test() { # test -> appends one row to results.tsv
     echo "kernel: $(uname -r)"
     echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "iperf3: $(iperf3 --version | head -1)"
+    echo "sockperf: $(sockperf --version 2>&1 | head -1)"
     echo "rounds: $REPS, $DUR s per test"
 } | tee "$OUT/machine.txt" >&2
 "$PY" "$HERE/analyze.py" header >"$OUT/results.tsv"

@@ -4,8 +4,12 @@
 //! only: it allocates and panics on impossible input, never inside a
 //! measured loop.
 
+use std::net::IpAddr;
+
 use boringtun::noise::{Tunn, TunnResult};
 use boringtun::x25519::{PublicKey, StaticSecret};
+use weft_engine::peers::{Peer, PeerTable};
+use weft_engine::wire::vnet::{self, VnetHdr};
 
 /// Packet sizes every per-packet bench and check covers.
 pub const SIZES: [usize; 3] = [64, 1400, 8950];
@@ -45,6 +49,50 @@ pub fn ipip_packet(inner: &[u8]) -> Vec<u8> {
         .write(&mut v, etherparse::IpNumber::IPV4, inner)
         .expect("build outer");
     v
+}
+
+/// Node 1's peer table (the packets' sender): node 2, 10.244.2.0/24 at
+/// 192.0.2.2 with VTEP MAC [`PEER`]; and node 2's: node 1, 10.244.1.0/24 at
+/// 192.0.2.1 with [`LOCAL`].
+pub fn peer_tables() -> (PeerTable, PeerTable) {
+    let table = |subnet: &str, endpoint: [u8; 4], mac| {
+        let p = Peer {
+            subnet: subnet.parse().expect("subnet"),
+            endpoint: IpAddr::from(endpoint),
+            vtep_mac: Some(mac),
+            wireguard: None,
+        };
+        PeerTable::new(&[p], 8472)
+    };
+    (
+        table("10.244.2.0/24", [192, 0, 2, 2], PEER),
+        table("10.244.1.0/24", [192, 0, 2, 1], LOCAL),
+    )
+}
+
+/// A TUN read: a virtio-net header (a super-packet of `gso_type` cut at
+/// `gso_size`, or `GSO_NONE`), then `pkt`.
+pub fn tun_read(gso_type: u8, gso_size: u16, pkt: &[u8]) -> Vec<u8> {
+    let hdr = VnetHdr {
+        gso_type,
+        gso_size,
+        ..VnetHdr::default()
+    };
+    let mut v = hdr.to_bytes().to_vec();
+    v.extend_from_slice(pkt);
+    v
+}
+
+/// A TCP super-packet read of 64 KiB cut at `mss`.
+pub fn tcp_super_read(mss: usize) -> Vec<u8> {
+    let mss = u16::try_from(mss).expect("mss");
+    tun_read(vnet::GSO_TCPV4, mss, &tcp_packet(1, 65535 - 52 - 20))
+}
+
+/// A UDP super-packet read of ~64 KiB cut at `size` (USO).
+pub fn udp_super_read(size: usize) -> Vec<u8> {
+    let size = u16::try_from(size).expect("size");
+    tun_read(vnet::GSO_UDP_L4, size, &udp_packet(65000))
 }
 
 /// Two boringtun tunnels with an established session (a full handshake

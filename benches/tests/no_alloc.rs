@@ -1,7 +1,8 @@
 //! The per-packet path allocates nothing: a counting global allocator around
 //! every encapsulation, decapsulation, segmentation and coalescing call the
 //! engine's workers make per packet (flannel-UDP, VXLAN, IPIP, WireGuard's
-//! `Tunn`, userspace GSO/GRO and checksum completion), in the steady state
+//! `Tunn`, userspace GSO/GRO and checksum completion, and the packet path's
+//! steps that call them, `weft_engine::path`), in the steady state
 //! (after one warm-up call, with the caller-owned buffers the workers keep).
 //!
 //! Counting is per thread (a thread-local switch and a thread-local count),
@@ -11,9 +12,14 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use boringtun::noise::TunnResult;
-use weft_benches::{LOCAL, PEER, SIZES, ipip_packet, tcp_packet, udp_packet, wg_pair};
+use weft_benches::{
+    LOCAL, PEER, SIZES, ipip_packet, peer_tables, tcp_packet, tcp_super_read, udp_packet,
+    udp_super_read, wg_pair,
+};
+use weft_engine::AntiSpoofing;
 use weft_engine::encap::{Codec, VXLAN_HEADROOM, Vxlan};
 use weft_engine::offload::{self, gro::Gro, gso};
+use weft_engine::path::{rx, tx};
 
 struct Counting;
 
@@ -182,6 +188,52 @@ fn wireguard_encap_decap_allocate_nothing() {
             }
         });
         assert_eq!(n, 0, "wireguard, {size}-byte packets");
+    }
+}
+
+/// The workers' own per-packet steps (`weft_engine::path`): route, cut and
+/// head a TCP (GSO) or UDP (USO) super-packet into the arena, then receive,
+/// check and coalesce the train it became; IPIP's transmit and receive steps.
+#[test]
+fn packet_path_steps_allocate_nothing() {
+    let (peers1, peers2) = peer_tables();
+    let v = |local_mac| Codec::Vxlan(Vxlan { vni: 1, local_mac });
+    let (tx_codec, rx_codec) = (v(LOCAL), v(PEER));
+    let from = peers2.endpoint_entries([192, 0, 2, 1].into());
+    let mut arena = vec![0u8; 1 << 20];
+    let mut gro = Gro::new(9100);
+    for size in [1400, 8950] {
+        for mut read in [tcp_super_read(size), udp_super_read(size)] {
+            let n = allocations(10, || {
+                let plan =
+                    tx::udp_plan(&tx_codec, &peers1, &mut read, true, arena.len()).expect("plan");
+                let out = tx::udp_write(&tx_codec, &plan, &read, &mut arena).expect("write");
+                let train = &mut arena[..out.segs.total_len()];
+                for seg in rx::train(train.len(), out.segs.stride) {
+                    let off = seg.start;
+                    let d = rx::udp(
+                        &rx_codec,
+                        AntiSpoofing::Strict,
+                        &peers2,
+                        from,
+                        &mut train[seg],
+                    )
+                    .expect("decap");
+                    let _ = gro.push(train, off + d.inner.start, d.inner.len());
+                }
+                gro.flush(train, |_| {});
+            });
+            assert_eq!(n, 0, "vxlan path, {size}-byte segments");
+        }
+        let mut read = tcp_super_read(size);
+        let inner = tcp_packet(1, size);
+        let mut pkt = ipip_packet(&inner);
+        let n = allocations(10, || {
+            let (plan, _, _) = tx::ipip_plan(&peers1, &mut read, true, arena.len()).expect("plan");
+            tx::write(&plan, &read, &mut arena).expect("write");
+            rx::ipip(AntiSpoofing::Strict, &peers2, &mut pkt).expect("ipip rx");
+        });
+        assert_eq!(n, 0, "ipip path, {size}-byte segments");
     }
 }
 

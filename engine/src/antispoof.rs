@@ -140,7 +140,7 @@ pub fn check<'a>(
     match mode {
         AntiSpoofing::Off => Verdict::Accept(own),
         _ if from.is_empty() => match mode {
-            AntiSpoofing::Subnet => match lookup(table, inner_src) {
+            AntiSpoofing::Subnet => match table.lookup(inner_src) {
                 Some(e) => Verdict::Unexpected(e),
                 None => Verdict::Drop(DropReason::UnknownPeer),
             },
@@ -150,13 +150,6 @@ pub fn check<'a>(
             Some(e) => Verdict::Accept(Some(e)),
             None => Verdict::Drop(DropReason::SpoofedSource),
         },
-    }
-}
-
-fn lookup(table: &PeerTable, ip: IpAddr) -> Option<&Entry> {
-    match ip {
-        IpAddr::V4(a) => table.lookup_v4(a.octets()),
-        IpAddr::V6(a) => table.lookup_v6(a.octets()),
     }
 }
 

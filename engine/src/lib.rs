@@ -16,10 +16,18 @@
 //! (the engine only lengthens its transmit queue, [`TUN_TXQUEUELEN`]).
 //!
 //! Code map: [`wire`] (zero-copy header views, checksums), [`encap`] (sans-IO
-//! flannel-UDP and VXLAN), [`offload`] (userspace GSO and GRO), [`peers`]
-//! (the snapshot), `sys` (the only `unsafe`: TUN ioctls, `sendmmsg`/`recvmmsg`,
-//! the AVX2 checksum loop), `steer` (the flow steering program), `worker`
-//! (the loop), [`Stats`] (per-worker counters, summed on read).
+//! flannel-UDP and VXLAN), [`offload`] (userspace GSO, USO and GRO),
+//! [`path`] (every per-packet decision, sans-IO: the transmit step from a
+//! TUN read to datagrams in the caller's arena, the receive step from a
+//! datagram to the inner packet to deliver, or a drop reason), [`peers`]
+//! (the snapshot), `builder` (the one start-up every encapsulation shares),
+//! `udp` (the flannel-UDP/VXLAN engine: its sockets and its worker
+//! loop, an I/O shell around [`path`]), [`wg`] and [`ipip`] (the other two
+//! encapsulations), `idle` (how every worker waits between packets: a
+//! short poll-on window, then `poll`; its scheduler slice), `sys` (the
+//! only `unsafe`: TUN ioctls, `sendmmsg`/`recvmmsg`, `sched_setattr`, the
+//! AVX2 checksum loop), `steer` (the flow
+//! steering program), [`Stats`] (per-worker counters, summed on read).
 //!
 //! # One packet's walk (pod A on node 1 -> pod B on node 2, VXLAN)
 //!
@@ -29,7 +37,8 @@
 //!    checksum). The TUN sends a flow to the queue the engine last wrote it
 //!    on, and `steer.rs` steers received datagrams by a symmetric hash of the
 //!    inner flow, so both directions of a flow meet one worker per node.
-//! 2. The worker looks the destination up in the peer snapshot (longest prefix),
+//! 2. The worker's transmit step ([`path::tx::udp_plan`], then
+//!    [`path::tx::udp_write`]) looks the destination up in the peer snapshot (longest prefix),
 //!    cuts the super-packet into MSS-sized IP packets directly into its TX arena,
 //!    leaving 22 bytes of headroom in front of each (userspace GSO: IPv4 length,
 //!    ID and checksum, TCP seq/flags/checksum fixed per segment), and writes the
@@ -39,7 +48,7 @@
 //!    control message (UDP GSO); the kernel adds outer UDP/IP headers once per
 //!    segment, to `peer:8472`.
 //! 4. On node 2 the receive socket (with `UDP_GRO`) returns the train as one
-//!    buffer; the worker checks the VNI, the inner destination MAC, and the
+//!    buffer; the receive step ([`path::rx::udp`]) checks the VNI, the inner destination MAC, and the
 //!    outer and inner sources against the peer table ([`antispoof`]: in
 //!    strict mode the outer source must be a peer and the inner source must
 //!    lie in that peer's subnet), and strips the 22 bytes.
@@ -68,17 +77,22 @@
 //! - The hot path does not allocate, lock, block on the control plane, log
 //!   above `trace`, or make a syscall per packet (only per batch / per TUN
 //!   packet or super-packet).
-//! - Encapsulation code ([`encap`], [`offload`], [`wire`]) does no I/O and
-//!   never panics on any input; untrusted bytes go through `new_checked`.
+//! - Encapsulation code and the packet path ([`encap`], [`offload`],
+//!   [`wire`], [`path`]) do no I/O and never panic on any input; untrusted
+//!   bytes go through `new_checked`. Workers make no per-packet decision of
+//!   their own: they read, write, flush and count around [`path`].
 //! - Per-flow order is kept: a flow maps to one TUN queue, one worker, one
 //!   send socket; GRO emits in arrival order.
 //! - `unsafe` lives only in `sys/`, each block with a `SAFETY` comment.
 //! - The engine never talks to etcd or the apiserver.
 
 pub mod antispoof;
+mod builder;
 pub mod encap;
+mod idle;
 pub mod ipip;
 pub mod offload;
+pub mod path;
 pub mod peers;
 mod stats;
 mod steer;
@@ -86,10 +100,10 @@ mod sys;
 #[cfg(test)]
 mod test_util;
 mod tun_out;
+mod udp;
 mod udp_tx;
 pub mod wg;
 pub mod wire;
-mod worker;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -106,11 +120,8 @@ pub use stats::{
 };
 pub use wg::WgSecret;
 
-use crate::encap::{Codec, Vxlan};
 use crate::peers::WgIds;
 use crate::stats::Shared;
-use crate::sys::udp::Udp;
-use crate::worker::{SEND_SOCKETS, Worker};
 
 /// flannel's default udp backend port.
 pub const FLANNEL_UDP_PORT: u16 = 8285;
@@ -269,129 +280,15 @@ impl Engine {
     /// Creates the TUN device (all queues), binds the sockets and starts the workers.
     /// The peer table starts empty.
     pub fn start(cfg: EngineConfig) -> Result<Engine, EngineError> {
-        if let Encap::WireGuard { port, private_key } = cfg.encap {
-            return Self::start_wireguard(cfg, port, private_key);
-        }
-        if cfg.encap == Encap::Ipip {
-            return ipip::start(cfg);
-        }
-        let codec = match cfg.encap {
-            Encap::FlannelUdp { .. } => Codec::FlannelUdp,
-            Encap::Vxlan { vni, local_mac, .. } => {
-                if vni > wire::vxlan::MAX_VNI {
-                    return Err(EngineError::Config("vni does not fit in 24 bits"));
-                }
-                if local_mac[0] & 1 != 0 {
-                    return Err(EngineError::Config("vtep mac must be unicast"));
-                }
-                Codec::Vxlan(Vxlan { vni, local_mac })
+        let b = builder::Builder::new(&cfg)?;
+        match cfg.encap {
+            Encap::WireGuard { port, private_key } => wg::start(b, port, private_key),
+            Encap::Ipip => ipip::start(b),
+            Encap::FlannelUdp { .. } | Encap::Vxlan { .. } => {
+                let codec = udp::codec(cfg.encap, cfg.local_addr)?;
+                udp::start(b, codec)
             }
-            Encap::WireGuard { .. } | Encap::Ipip => {
-                return Err(EngineError::Config("unreachable"));
-            }
-        };
-        if cfg.mtu < 68 {
-            return Err(EngineError::Config("mtu below 68"));
         }
-        if matches!(cfg.encap, Encap::FlannelUdp { .. }) && cfg.local_addr.is_ipv6() {
-            return Err(EngineError::Config("flannel-udp is ipv4 only"));
-        }
-        let workers = match cfg.workers {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n,
-        }
-        .min(64);
-        let port = cfg.encap.port();
-        // The UDP worker segments UDP super-packets too (offload::uso).
-        let dev = sys::tun::open(&cfg.tun_name, workers, cfg.offload, true).map_err(|source| {
-            EngineError::Tun {
-                name: cfg.tun_name.clone(),
-                source,
-            }
-        })?;
-        let tun_tso = dev.offload & (sys::tun::TUN_F_TSO4 | sys::tun::TUN_F_TSO6) != 0;
-        let mut offloads = OffloadState {
-            tun_vnet_hdr: dev.vnet_hdr,
-            tun_tso,
-            tun_uso: dev.offload & sys::tun::TUN_F_USO4 != 0,
-            tun_csum: dev.offload & sys::tun::TUN_F_CSUM != 0,
-            udp_gso: cfg.offload,
-            udp_gro: cfg.offload,
-        };
-        let udp_gso = Arc::new(AtomicBool::new(cfg.offload));
-        let peers = Arc::new(ArcSwap::from_pointee(PeerTable::default()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let icmp_src = match cfg.tun_addr {
-            Some(IpAddr::V4(a)) => Some(a),
-            _ => None,
-        };
-        let anti_spoofing = Arc::new(antispoof::Mode::new(AntiSpoofing::from_flag(
-            cfg.anti_spoof,
-        )));
-        let mut built = Vec::with_capacity(workers);
-        for q in dev.queues {
-            let addr = SocketAddr::new(cfg.local_addr, port);
-            let rx = Udp::bind(addr, true, true, SOCKET_BUFFER)
-                .map_err(|source| EngineError::Socket { addr, source })?;
-            if cfg.offload && !rx.enable_gro() {
-                offloads.udp_gro = false;
-            }
-            let mut tx = Vec::with_capacity(SEND_SOCKETS);
-            for _ in 0..SEND_SOCKETS {
-                let a = SocketAddr::new(cfg.local_addr, 0);
-                tx.push(
-                    Udp::bind(a, false, false, SOCKET_BUFFER)
-                        .map_err(|source| EngineError::Socket { addr: a, source })?,
-                );
-            }
-            built.push(Worker {
-                codec,
-                tun: q,
-                vnet_hdr: dev.vnet_hdr,
-                rx,
-                tx,
-                peers: peers.clone(),
-                anti_spoof: anti_spoofing.clone(),
-                mtu: usize::from(cfg.mtu),
-                icmp_src,
-                udp_gso: udp_gso.clone(),
-                stop: stop.clone(),
-                shared: Arc::new(Shared::default()),
-                index: built.len(),
-            });
-        }
-        // Both directions of a flow to one worker (see `steer`); the workers bound in order.
-        if built.len() > 1
-            && let Err(e) = built[0]
-                .rx
-                .attach_reuseport_cbpf(&steer::program(codec.headroom(), built.len()))
-        {
-            tracing::debug!(
-                "reuseport flow steering unavailable ({e}); the kernel hashes outer ports"
-            );
-        }
-        let counters: Vec<_> = built.iter().map(|w| w.shared.clone()).collect();
-        let mut engine = Engine {
-            tun_name: dev.name,
-            port,
-            peers,
-            stop,
-            threads: Vec::with_capacity(workers),
-            counters,
-            offloads,
-            udp_gso,
-            wg_ids: Default::default(),
-            anti_spoofing,
-        };
-        for (i, w) in built.into_iter().enumerate() {
-            let h = std::thread::Builder::new()
-                .name(format!("weft-w{i}"))
-                .spawn(move || w.run())
-                .map_err(EngineError::Spawn)?;
-            engine.threads.push(h);
-        }
-        tracing::debug!(tun = %engine.tun_name, workers, ?offloads, "engine started");
-        Ok(engine)
     }
 
     /// Switches the anti-spoofing mode (see [`antispoof`]); workers apply it
@@ -453,103 +350,6 @@ impl Engine {
             offloads: self.offloads(),
             peers,
         }
-    }
-
-    fn start_wireguard(cfg: EngineConfig, port: u16, key: WgSecret) -> Result<Engine, EngineError> {
-        use boringtun::noise::rate_limiter::RateLimiter;
-        use boringtun::x25519;
-        if cfg.mtu < 68 {
-            return Err(EngineError::Config("mtu below 68"));
-        }
-        let workers = match cfg.workers {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n,
-        }
-        .min(64);
-        let dev = sys::tun::open(&cfg.tun_name, workers, cfg.offload, false).map_err(|source| {
-            EngineError::Tun {
-                name: cfg.tun_name.clone(),
-                source,
-            }
-        })?;
-        let mut offloads = OffloadState {
-            tun_vnet_hdr: dev.vnet_hdr,
-            tun_tso: dev.offload & (sys::tun::TUN_F_TSO4 | sys::tun::TUN_F_TSO6) != 0,
-            tun_uso: false,
-            tun_csum: dev.offload & sys::tun::TUN_F_CSUM != 0,
-            udp_gso: cfg.offload,
-            udp_gro: cfg.offload,
-        };
-        let udp_gso = Arc::new(AtomicBool::new(cfg.offload));
-        let peers = Arc::new(ArcSwap::from_pointee(PeerTable::default()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let public = x25519::PublicKey::from(key.public_key());
-        let rate_limiter = Arc::new(RateLimiter::new(&public, wg::HANDSHAKE_RATE_LIMIT));
-        let (hub, inboxes) =
-            wg::handoff::Hub::new(workers, wg::worker::TUN_BUF).map_err(|e| EngineError::Tun {
-                name: cfg.tun_name.clone(),
-                source: e,
-            })?;
-        let addr = SocketAddr::new(cfg.local_addr, port);
-        let anti_spoofing = Arc::new(antispoof::Mode::new(AntiSpoofing::from_flag(
-            cfg.anti_spoof,
-        )));
-        let mut socks = Vec::with_capacity(workers);
-        for _ in 0..workers {
-            let s = Udp::bind(addr, true, true, SOCKET_BUFFER)
-                .map_err(|source| EngineError::Socket { addr, source })?;
-            if cfg.offload && !s.enable_gro() {
-                offloads.udp_gro = false;
-            }
-            socks.push(s);
-        }
-        if workers > 1
-            && let Err(e) = socks[0].attach_reuseport_cbpf(&wg::steering_program(workers))
-        {
-            tracing::debug!(
-                "reuseport steering unavailable ({e}); packets are handed off between workers"
-            );
-        }
-        let mut engine = Engine {
-            tun_name: dev.name,
-            port,
-            peers: peers.clone(),
-            stop: stop.clone(),
-            threads: Vec::with_capacity(workers),
-            counters: Vec::with_capacity(workers),
-            offloads,
-            udp_gso: udp_gso.clone(),
-            wg_ids: Default::default(),
-            anti_spoofing: anti_spoofing.clone(),
-        };
-        for (i, ((q, sock), inbox)) in dev.queues.into_iter().zip(socks).zip(inboxes).enumerate() {
-            let shared = Arc::new(Shared::default());
-            engine.counters.push(shared.clone());
-            let w = wg::worker::WgWorker {
-                me: i,
-                workers,
-                tun: q,
-                vnet_hdr: dev.vnet_hdr,
-                sock,
-                peers: peers.clone(),
-                secret: key.0,
-                rate_limiter: rate_limiter.clone(),
-                anti_spoof: anti_spoofing.clone(),
-                mtu: usize::from(cfg.mtu),
-                udp_gso: udp_gso.clone(),
-                stop: stop.clone(),
-                shared,
-                hub: hub.clone(),
-                inbox,
-            };
-            let h = std::thread::Builder::new()
-                .name(format!("weft-wg{i}"))
-                .spawn(move || w.run())
-                .map_err(EngineError::Spawn)?;
-            engine.threads.push(h);
-        }
-        tracing::debug!(tun = %engine.tun_name, workers, ?offloads, "wireguard engine started");
-        Ok(engine)
     }
 
     /// The current peer snapshot.

@@ -306,10 +306,7 @@ impl PeerTable {
     #[inline]
     pub fn wg_src_entry(&self, id: u32, inner_src: IpAddr) -> Option<&Entry> {
         let i = *self.wg_by_id.get(&id)?;
-        let e = match inner_src {
-            IpAddr::V4(a) => self.lookup_v4(a.octets()),
-            IpAddr::V6(a) => self.lookup_v6(a.octets()),
-        }?;
+        let e = self.lookup(inner_src)?;
         (e.wg == Some(i)).then_some(e)
     }
 
@@ -331,6 +328,15 @@ impl PeerTable {
     /// The entries, in insertion order.
     pub fn entries(&self) -> &[Entry] {
         &self.entries
+    }
+
+    /// Longest-prefix match for a destination of either version.
+    #[inline]
+    pub fn lookup(&self, dst: IpAddr) -> Option<&Entry> {
+        match dst {
+            IpAddr::V4(a) => self.lookup_v4(a.octets()),
+            IpAddr::V6(a) => self.lookup_v6(a.octets()),
+        }
     }
 
     /// Longest-prefix match for an IPv4 destination.

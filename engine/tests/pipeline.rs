@@ -1,16 +1,28 @@
-//! Deterministic in-memory pipeline between two engines' sans-IO halves, no
-//! root needed: node 1 segments a TUN super-packet (userspace GSO), heads each
-//! segment (VXLAN or flannel-UDP), the "wire" concatenates them into one
-//! UDP-GRO train as the receiving socket would hand it over, node 2 decaps
-//! every segment and coalesces them (userspace GRO) into one TUN write that
-//! must carry exactly the original byte stream.
+//! Deterministic in-memory pipeline between two engines' packet paths, no
+//! root needed: node 1's transmit step ([`tx::udp_plan`], [`tx::udp_write`])
+//! routes a TUN super-packet, segments it (userspace GSO) and heads each
+//! segment (VXLAN or flannel-UDP) in its arena, the "wire" concatenates them
+//! into one UDP-GRO train as the receiving socket would hand it over, node 2's
+//! receive step ([`rx::udp`], strict anti-spoofing) decaps and checks every
+//! segment, and userspace GRO coalesces them into one TUN write that must
+//! carry exactly the original byte stream. The same calls the workers make,
+//! without their sockets.
 
 use std::io::IoSlice;
+use std::net::IpAddr;
 
+use weft_engine::AntiSpoofing;
 use weft_engine::encap::{Codec, Vxlan};
 use weft_engine::offload::gro::{Gro, Pushed};
 use weft_engine::offload::gso;
+use weft_engine::path::{rx, tx};
+use weft_engine::peers::{Peer, PeerTable};
 use weft_engine::wire::vnet::{self, VnetHdr};
+
+/// Node 2's VTEP MAC.
+const MAC2: [u8; 6] = [2, 0, 0, 0, 2, 1];
+const NODE1: [u8; 4] = [192, 0, 2, 1];
+const NODE2: [u8; 4] = [192, 0, 2, 2];
 
 fn super_packet(payload: &[u8]) -> Vec<u8> {
     let mut v = Vec::new();
@@ -22,43 +34,61 @@ fn super_packet(payload: &[u8]) -> Vec<u8> {
     v
 }
 
+/// A node's peer table: the other node's subnet and address.
+fn table(subnet: &str, endpoint: [u8; 4], mac: [u8; 6]) -> PeerTable {
+    let peer = Peer {
+        subnet: subnet.parse().expect("subnet"),
+        endpoint: IpAddr::from(endpoint),
+        vtep_mac: Some(mac),
+        wireguard: None,
+    };
+    PeerTable::new(&[peer], 8472)
+}
+
 fn pipeline(
-    tx: Codec,
-    rx: Codec,
+    tx_codec: Codec,
+    rx_codec: Codec,
     mtu: usize,
     payload_len: usize,
     lose: Option<usize>,
 ) -> (Vec<(VnetHdr, Vec<u8>)>, Vec<u8>) {
     let data: Vec<u8> = (0..payload_len).map(|i| (i * 7 % 251) as u8).collect();
-    let mut sp = super_packet(&data);
-    tx.prepare_inner(&mut sp).expect("prepare");
-    let mss = mtu - 40;
-    let headroom = tx.headroom();
-    let mut arena = vec![0; gso::required_len(&sp, mss, headroom).expect("len")];
-    let segs = gso::tcp_segment(&sp, mss, headroom, &mut arena).expect("segment");
-    let mut wire = Vec::new(); // the UDP GRO train: segments back to back, stride = segs.stride
-    for i in 0..segs.count {
-        let s = i * segs.stride;
-        let len = if i + 1 == segs.count {
-            segs.last_len
-        } else {
-            segs.stride
-        };
-        tx.write_header(&mut arena[s..s + headroom], [2, 0, 0, 0, 2, 1], 4);
-        if Some(i) != lose {
-            wire.extend_from_slice(&arena[s..s + len]);
-        }
+    let hdr = VnetHdr {
+        gso_type: vnet::GSO_TCPV4,
+        gso_size: u16::try_from(mtu - 40).expect("mss"),
+        ..VnetHdr::default()
+    };
+    let mut read = hdr.to_bytes().to_vec();
+    read.extend_from_slice(&super_packet(&data));
+    // Node 1.
+    let peers1 = table("10.244.2.0/24", NODE2, MAC2);
+    let plan = tx::udp_plan(&tx_codec, &peers1, &mut read, true, 1 << 20).expect("plan");
+    assert_eq!(plan.entry.dst.ip(), IpAddr::from(NODE2));
+    let mut arena = vec![0; plan.need];
+    let out = tx::udp_write(&tx_codec, &plan, &read, &mut arena).expect("segment");
+    assert!(out.cut);
+    // The UDP GRO train: segments back to back, stride = the segments' stride.
+    let mut wire = Vec::new();
+    for i in (0..out.count()).filter(|i| Some(*i) != lose) {
+        wire.extend_from_slice(&arena[out.range(i)]);
     }
+    // Node 2.
+    let peers2 = table("10.244.1.0/24", NODE1, [2, 0, 0, 0, 1, 1]);
+    let from = peers2.endpoint_entries(IpAddr::from(NODE1));
     let mut gro = Gro::new(mtu);
-    let mut off = 0;
-    while off < wire.len() {
-        let len = segs.stride.min(wire.len() - off);
-        let r = rx.decap(&mut wire[off..off + len]).expect("decap");
-        assert_eq!(
-            gro.push(&wire, off + r.start, r.end - r.start),
-            Pushed::Queued
-        );
-        off += len;
+    for seg in rx::train(wire.len(), out.segs.stride) {
+        let off = seg.start;
+        let d = rx::udp(
+            &rx_codec,
+            AntiSpoofing::Strict,
+            &peers2,
+            from,
+            &mut wire[seg],
+        )
+        .expect("decap");
+        assert!(d.from.is_some() && !d.unexpected);
+        let (start, len) = (off + d.inner.start, d.inner.len());
+        assert_eq!(gro.push(&wire, start, len), Pushed::Queued);
     }
     let mut writes = Vec::new();
     gro.flush(&mut wire, |iov: &[IoSlice<'_>]| {
@@ -91,17 +121,13 @@ fn tcp_payload(h: &VnetHdr, mut pkt: Vec<u8>) -> Vec<u8> {
     t.payload().to_vec()
 }
 
+fn vxlan(local_mac: [u8; 6]) -> Codec {
+    Codec::Vxlan(Vxlan { vni: 1, local_mac })
+}
+
 #[test]
 fn vxlan_super_packet_arrives_as_one_write() {
-    let tx = Codec::Vxlan(Vxlan {
-        vni: 1,
-        local_mac: [2, 0, 0, 0, 1, 1],
-    });
-    let rx = Codec::Vxlan(Vxlan {
-        vni: 1,
-        local_mac: [2, 0, 0, 0, 2, 1],
-    });
-    let (w, data) = pipeline(tx, rx, 1450, 60000, None);
+    let (w, data) = pipeline(vxlan([2, 0, 0, 0, 1, 1]), vxlan(MAC2), 1450, 60000, None);
     assert_eq!(w.len(), 1);
     assert_eq!(w[0].0.gso_type, vnet::GSO_TCPV4);
     assert_eq!(tcp_payload(&w[0].0, w[0].1.clone()), data);
@@ -117,15 +143,7 @@ fn flannel_udp_super_packet_loses_two_ttl() {
 
 #[test]
 fn a_lost_segment_splits_the_train_but_keeps_order() {
-    let tx = Codec::Vxlan(Vxlan {
-        vni: 1,
-        local_mac: [2, 0, 0, 0, 1, 1],
-    });
-    let rx = Codec::Vxlan(Vxlan {
-        vni: 1,
-        local_mac: [2, 0, 0, 0, 2, 1],
-    });
-    let (w, data) = pipeline(tx, rx, 1450, 20000, Some(5));
+    let (w, data) = pipeline(vxlan([2, 0, 0, 0, 1, 1]), vxlan(MAC2), 1450, 20000, Some(5));
     assert_eq!(w.len(), 2, "one write before the hole, one after");
     let mut got = tcp_payload(&w[0].0, w[0].1.clone());
     assert_eq!(got.len(), 5 * 1410);

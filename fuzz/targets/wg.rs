@@ -1,5 +1,5 @@
 //! The userspace WireGuard receive path (`wg_input`): the worker's
-//! `on_datagram`, `initiator`, AllowedIPs check and `deliver` into GRO,
+//! `on_datagram`, `initiator`, AllowedIPs check (`path::rx::wg`) and `deliver` into GRO,
 //! over a fixed pair of boringtun `Tunn`s with an established session.
 //! Checks that only genuine packets decrypt, to exactly what was sent, once;
 //! that genuine handshake initiations are answered and others dropped; and
@@ -12,10 +12,11 @@ use boringtun::noise::handshake::parse_handshake_anon;
 use boringtun::noise::rate_limiter::RateLimiter;
 use boringtun::noise::{Packet, Tunn, TunnResult};
 use boringtun::x25519::{PublicKey, StaticSecret};
+use weft_engine::AntiSpoofing;
 use weft_engine::encap::DropReason;
 use weft_engine::offload::gro::{Gro, Pushed};
+use weft_engine::path::rx;
 use weft_engine::peers::{Peer, PeerTable, WgPeer};
-use weft_engine::wg::input::{holds_ip_header, source_allowed};
 use weft_engine::wg::seg::trust_tcp_checksum;
 use weft_engine::wg::{HANDSHAKE_RATE_LIMIT, MIN_DST, OVERHEAD, classify, receiver_id};
 use weft_engine::wire::{checksum, ipv4, ipv6};
@@ -460,19 +461,29 @@ fn wg_packets(wg: &mut Wg, mut rest: &[u8]) {
         };
         let start = plain_pos;
         assert!(arena[start..start + len] == p[..len], "plaintext changed");
-        if !holds_ip_header(src, len) {
-            continue; // Malformed: the worker never writes it to the TUN
+        let min = if src.is_ipv4() {
+            ipv4::HEADER_LEN
+        } else {
+            ipv6::HEADER_LEN
+        };
+        let allowed = wg.allowed.iter().any(|n| n.contains(&src));
+        let off = rx::wg(AntiSpoofing::Off, &wg.table, wg.id, src, len);
+        let strict = rx::wg(AntiSpoofing::Strict, &wg.table, wg.id, src, len);
+        if len < min {
+            // Malformed: the worker never writes it to the TUN.
+            assert_eq!(strict.err(), Some(DropReason::Malformed));
+            assert_eq!(off.err(), Some(DropReason::Malformed));
+            continue;
         }
-        let (allowed, from) = source_allowed(&wg.table, wg.id, src);
-        assert_eq!(
-            allowed,
-            wg.allowed.iter().any(|n| n.contains(&src)),
-            "AllowedIPs check wrong for {src}"
-        );
-        // No subnet of this table nests in another peer's.
-        assert_eq!(from.is_some(), allowed);
-        if !allowed {
-            continue; // SpoofedSource
+        assert!(off.is_ok(), "anti-spoofing off dropped {src}");
+        match strict {
+            // No subnet of this table nests in another peer's.
+            Ok(from) => assert!(allowed && from.is_some(), "AllowedIPs let {src} in"),
+            Err(r) => {
+                assert_eq!(r, DropReason::SpoofedSource);
+                assert!(!allowed, "AllowedIPs check refused {src}");
+                continue;
+            }
         }
         plain_pos += len;
         let before = arena[start..start + len].to_vec();

@@ -43,17 +43,13 @@ pub(crate) mod worker;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
-use arc_swap::ArcSwap;
-
+use crate::builder::Builder;
 use crate::encap::DropReason;
-use crate::peers::PeerTable;
 use crate::stats::Shared;
 use crate::sys::raw::Raw;
-use crate::sys::tun;
 use crate::wire::{be16, checksum, ipv4, put16};
-use crate::{Engine, EngineConfig, EngineError, OffloadState, SOCKET_BUFFER};
+use crate::{Engine, EngineError, SOCKET_BUFFER};
 
 /// The IP protocol number of IPv4-in-IPv4.
 pub const PROTO_IPIP: u8 = 4;
@@ -221,21 +217,15 @@ pub fn steering_filter(me: usize, workers: usize) -> [libc::sock_filter; FILTER_
     ]
 }
 
-/// Starts an IPIP engine (see [`crate::Engine::start`]): the TUN queues,
-/// one raw socket per worker bound to `cfg.local_addr` with its steering
-/// filter, and the workers.
-pub(crate) fn start(cfg: EngineConfig) -> Result<Engine, EngineError> {
+/// Starts an IPIP engine (see [`crate::Engine::start`]): one raw socket per
+/// worker bound to `cfg.local_addr` with its steering filter, the TUN
+/// queues, and the workers.
+pub(crate) fn start(b: Builder<'_>) -> Result<Engine, EngineError> {
+    let cfg = b.cfg;
     let IpAddr::V4(local) = cfg.local_addr else {
         return Err(EngineError::Config("ipip is ipv4 only"));
     };
-    if cfg.mtu < 68 {
-        return Err(EngineError::Config("mtu below 68"));
-    }
-    let workers = match cfg.workers {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => n,
-    }
-    .min(64);
+    let workers = b.workers;
     let sock_err = |source| EngineError::Socket {
         addr: SocketAddr::new(cfg.local_addr, 0),
         source,
@@ -252,59 +242,27 @@ pub(crate) fn start(cfg: EngineConfig) -> Result<Engine, EngineError> {
     }
     // Copies queued before the filters were attached would be handled twice.
     socks.iter().for_each(Raw::drain);
-    let dev = tun::open(&cfg.tun_name, workers, cfg.offload, false).map_err(|source| {
-        EngineError::Tun {
-            name: cfg.tun_name.clone(),
-            source,
-        }
-    })?;
-    let offloads = OffloadState {
-        tun_vnet_hdr: dev.vnet_hdr,
-        tun_tso: dev.offload & (tun::TUN_F_TSO4 | tun::TUN_F_TSO6) != 0,
-        tun_uso: false,
-        tun_csum: dev.offload & tun::TUN_F_CSUM != 0,
-        udp_gso: false,
-        udp_gro: false,
-    };
-    let peers = Arc::new(ArcSwap::from_pointee(PeerTable::default()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let anti_spoofing = Arc::new(crate::antispoof::Mode::new(crate::AntiSpoofing::from_flag(
-        cfg.anti_spoof,
-    )));
-    let mut engine = Engine {
-        tun_name: dev.name,
-        port: 0,
-        peers: peers.clone(),
-        stop: stop.clone(),
-        threads: Vec::with_capacity(workers),
-        counters: Vec::with_capacity(workers),
-        offloads,
-        udp_gso: Arc::new(AtomicBool::new(false)),
-        wg_ids: Default::default(),
-        anti_spoofing: anti_spoofing.clone(),
-    };
-    for (i, (q, sock)) in dev.queues.into_iter().zip(socks).enumerate() {
-        let shared = Arc::new(Shared::default());
-        engine.counters.push(shared.clone());
-        let w = worker::IpipWorker {
+    let dev = b.open_tun(false)?;
+    let offloads = b.offloads(&dev, false);
+    let s = &b.shared;
+    let built = dev
+        .queues
+        .into_iter()
+        .zip(socks)
+        .enumerate()
+        .map(|(i, (q, sock))| worker::IpipWorker {
             index: i,
             tun: q,
             vnet_hdr: dev.vnet_hdr,
             sock,
-            peers: peers.clone(),
-            anti_spoof: anti_spoofing.clone(),
+            peers: s.peers.clone(),
+            anti_spoof: s.anti_spoof.clone(),
             mtu: usize::from(cfg.mtu),
-            stop: stop.clone(),
-            shared,
-        };
-        let h = std::thread::Builder::new()
-            .name(format!("weft-ipip{i}"))
-            .spawn(move || w.run())
-            .map_err(EngineError::Spawn)?;
-        engine.threads.push(h);
-    }
-    tracing::debug!(tun = %engine.tun_name, workers, ?offloads, "ipip engine started");
-    Ok(engine)
+            stop: s.stop.clone(),
+            shared: Arc::new(Shared::default()),
+        })
+        .collect();
+    b.spawn(dev.name, 0, offloads, "weft-ipip", built)
 }
 
 #[cfg(test)]

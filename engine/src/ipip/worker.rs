@@ -3,7 +3,7 @@
 //!
 //! The loop alternates two budgeted steps and sleeps in `poll` only when both
 //! found nothing:
-//! - TUN -> raw: up to [`TUN_BUDGET`](crate::worker::TUN_BUDGET) reads
+//! - TUN -> raw: up to [`TUN_BUDGET`](crate::udp::worker::TUN_BUDGET) reads
 //!   ([`read_tun`]); each IPv4 packet is routed, segmented (userspace GSO;
 //!   raw IP has no kernel GSO) into the TX arena and queued as one
 //!   `sendmmsg` message per segment with its outer TTL/TOS; the queue is
@@ -20,20 +20,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::ArcSwap;
 
-use crate::antispoof::{self, Verdict};
 use crate::encap::DropReason;
-use crate::offload::gso;
+use crate::idle::Idle;
+use crate::path::{rx, tx};
 use crate::peers::PeerTable;
 use crate::stats::{Ctr, Local, Shared};
 use crate::sys::event::wait_readable;
 use crate::sys::raw::{BATCH, Raw, RawTx};
 use crate::sys::tun::Queue;
 use crate::tun_out::TunOut;
-use crate::wire::{ipv4, vnet};
-use crate::worker::read_tun;
+use crate::udp::worker::read_tun;
+use crate::wire::vnet;
 
-/// Largest inner packet an outer IPv4 packet can carry.
-const MAX_INNER: usize = 65535 - ipv4::HEADER_LEN;
 const TUN_BUF: usize = vnet::HEADER_LEN + 65536;
 const TX_ARENA: usize = 1 << 20;
 const TX_MSGS: usize = 1024;
@@ -88,13 +86,12 @@ impl IpipWorker {
         };
         let mut ctr = Local::default();
         ctr.add(Ctr::PeerCounting, 1);
+        let mut idle = Idle::new();
         while !self.stop.load(Ordering::Relaxed) {
             let a = self.tun_step(&mut tun_buf, &mut b, &mut ctr);
             let r = self.raw_step(&mut b, &mut ctr);
             ctr.publish(&self.shared);
-            if !a && !r {
-                self.wait();
-            }
+            idle.end_round(a || r, || self.wait());
         }
     }
 
@@ -113,6 +110,8 @@ impl IpipWorker {
         any
     }
 
+    /// One TUN read `buf[..n]`: planned by [`tx::ipip_plan`], cut into the
+    /// arena by [`tx::write`] (after a flush if it does not fit), queued.
     fn on_tun_packet(
         &self,
         b: &mut Buffers,
@@ -121,73 +120,25 @@ impl IpipWorker {
         peers: &PeerTable,
         ctr: &mut Local,
     ) -> Result<(), DropReason> {
-        let (hdr, off) =
-            vnet::VnetHdr::split(&buf[..n], self.vnet_hdr).ok_or(DropReason::Malformed)?;
-        let pkt = &mut buf[off..n];
-        let pkt_len = pkt.len();
-        match pkt.first().map(|v| v >> 4) {
-            Some(4) if pkt_len >= ipv4::HEADER_LEN => {}
-            // IPIP carries IPv4 only; the TUN has no IPv6 routes (link-local chatter ends here).
-            Some(6) => return Err(DropReason::NoRoute),
-            _ => return Err(DropReason::Malformed),
+        let read = &mut buf[..n];
+        let (plan, dst, outer) = tx::ipip_plan(peers, read, self.vnet_hdr, b.tx.len())?;
+        if b.tx_pos + plan.need > b.tx.len() || b.msgs.len() + plan.datagrams > TX_MSGS {
+            self.flush_tx(b, ctr);
         }
-        let d: [u8; 4] = [pkt[16], pkt[17], pkt[18], pkt[19]];
-        let (dst, peer_ctr) = match peers.lookup_v4(d) {
-            Some(e) => match e.dst.ip() {
-                IpAddr::V4(a) => (a, &e.counters),
-                IpAddr::V6(_) => return Err(DropReason::NoRoute),
-            },
-            None => return Err(DropReason::NoRoute),
-        };
-        let outer = super::outer_params(pkt).ok_or(DropReason::Malformed)?;
-        let gso_type = hdr.gso_type & !vnet::GSO_ECN;
-        if gso_type == vnet::GSO_TCPV4 && hdr.gso_size > 0 {
-            let gs = usize::from(hdr.gso_size);
-            let need = gso::required_len(pkt, gs, 0).ok_or(DropReason::Malformed)?;
-            if need > b.tx.len() {
-                return Err(DropReason::Mtu);
-            }
-            if b.tx_pos + need > b.tx.len() || b.msgs.len() + need / gs.max(1) + 2 > TX_MSGS {
-                self.flush_tx(b, ctr);
-            }
-            let pkt = &buf[off..n];
-            let start = b.tx_pos;
-            let segs = gso::tcp_segment(pkt, gs, 0, &mut b.tx[start..])?;
+        let start = b.tx_pos;
+        let out = tx::write(&plan, read, &mut b.tx[start..])?;
+        for i in 0..out.count() {
+            let r = out.range(i);
+            Self::queue(b, dst, outer, start + r.start, r.len());
+        }
+        b.tx_pos += out.segs.total_len();
+        if out.cut {
             ctr.add(Ctr::GsoSuperPackets, 1);
-            peer_ctr.add(self.index, true, segs.count as u64, segs.total_len() as u64);
-            for i in 0..segs.count {
-                let r = segs.range(i);
-                let len = r.len();
-                Self::queue(b, dst, outer, start + r.start, len);
-                ctr.add(Ctr::TxPackets, 1);
-                ctr.add(Ctr::TxBytes, len as u64);
-            }
-            b.tx_pos += segs.total_len();
-        } else {
-            if gso_type != vnet::GSO_NONE {
-                return Err(DropReason::Malformed);
-            }
-            if hdr.flags & vnet::F_NEEDS_CSUM != 0 {
-                gso::complete_checksum(
-                    pkt,
-                    usize::from(hdr.csum_start),
-                    usize::from(hdr.csum_offset),
-                )?;
-            }
-            if pkt_len > MAX_INNER {
-                return Err(DropReason::Mtu);
-            }
-            if b.tx_pos + pkt_len > b.tx.len() || b.msgs.len() + 1 > TX_MSGS {
-                self.flush_tx(b, ctr);
-            }
-            let s = b.tx_pos;
-            b.tx[s..s + pkt_len].copy_from_slice(&buf[off..n]);
-            Self::queue(b, dst, outer, s, pkt_len);
-            b.tx_pos += pkt_len;
-            peer_ctr.add(self.index, true, 1, pkt_len as u64);
-            ctr.add(Ctr::TxPackets, 1);
-            ctr.add(Ctr::TxBytes, pkt_len as u64);
         }
+        let (count, inner) = (out.count() as u64, out.inner_bytes() as u64);
+        plan.entry.counters.add(self.index, true, count, inner);
+        ctr.add(Ctr::TxPackets, count);
+        ctr.add(Ctr::TxBytes, inner);
         Ok(())
     }
 
@@ -276,39 +227,18 @@ impl IpipWorker {
         let mode = self.anti_spoof.get();
         for i in 0..got {
             let base = i * RX_SLOT;
-            let len = b.lens[i];
-            let pkt = &mut b.rx[base..base + len];
-            let Some(src) = super::outer_source(pkt) else {
-                ctr.drop(DropReason::Malformed, 1);
-                continue;
-            };
-            let entries = peers.endpoint_entries(IpAddr::V4(src));
-            if mode.drops_unknown_outer() && entries.is_empty() {
-                ctr.drop(DropReason::UnknownPeer, 1);
-                continue;
-            }
-            let r = match super::decap(pkt) {
-                Ok(r) => r,
-                Err(e) => {
-                    ctr.drop(e, 1);
-                    continue;
-                }
-            };
-            let (start, plen) = (base + r.start, r.end - r.start);
-            let inner = &b.rx[start..start + plen];
-            let inner_src = IpAddr::from([inner[12], inner[13], inner[14], inner[15]]);
-            match antispoof::check(mode, &peers, entries, inner_src) {
-                Verdict::Drop(r) => {
+            let pkt = &mut b.rx[base..base + b.lens[i]];
+            let (src, d) = match rx::ipip(mode, &peers, pkt) {
+                Ok(v) => v,
+                Err(r) => {
                     ctr.drop(r, 1);
                     continue;
                 }
-                Verdict::Accept(from) => {
-                    if let Some(e) = from {
-                        e.counters.add(self.index, false, 1, plen as u64);
-                    }
-                }
-                Verdict::Unexpected(e) => {
-                    e.counters.add(self.index, false, 1, plen as u64);
+            };
+            let (start, plen) = (base + d.inner.start, d.inner.len());
+            if let Some(e) = d.from {
+                e.counters.add(self.index, false, 1, plen as u64);
+                if d.unexpected {
                     e.counters.unexpected(self.index, IpAddr::V4(src));
                     ctr.add(Ctr::UnexpectedSource, 1);
                 }

@@ -62,9 +62,17 @@ pub(crate) mod worker;
 
 pub use worker::{classify, receiver_id};
 
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
+use boringtun::noise::rate_limiter::RateLimiter;
 use boringtun::x25519;
+
+use crate::builder::Builder;
+use crate::stats::Shared;
+use crate::sys::udp::Udp;
+use crate::{Engine, EngineError, SOCKET_BUFFER};
 
 /// How often each peer's timers run (boringtun's own device uses 250 ms).
 pub const TIMER_TICK: Duration = Duration::from_millis(250);
@@ -192,6 +200,66 @@ pub fn steering_program(workers: usize) -> [libc::sock_filter; 8] {
         op(libc::BPF_ALU | libc::BPF_MOD | libc::BPF_K, 0, 0, n),
         op(libc::BPF_RET | libc::BPF_A, 0, 0, 0),
     ]
+}
+
+/// Starts a WireGuard engine (see [`crate::Engine::start`]): the TUN queues,
+/// one socket per worker on the listen `port` (`SO_REUSEPORT`, steered by
+/// [`steering_program`]), the handoff hub, and the workers.
+pub(crate) fn start(b: Builder<'_>, port: u16, key: WgSecret) -> Result<Engine, EngineError> {
+    let cfg = b.cfg;
+    let workers = b.workers;
+    let dev = b.open_tun(false)?;
+    let mut offloads = b.offloads(&dev, true);
+    let public = x25519::PublicKey::from(key.public_key());
+    let rate_limiter = Arc::new(RateLimiter::new(&public, HANDSHAKE_RATE_LIMIT));
+    let (hub, inboxes) =
+        handoff::Hub::new(workers, worker::TUN_BUF).map_err(|e| EngineError::Tun {
+            name: cfg.tun_name.clone(),
+            source: e,
+        })?;
+    let addr = SocketAddr::new(cfg.local_addr, port);
+    let mut socks = Vec::with_capacity(workers);
+    for _ in 0..workers {
+        let s = Udp::bind(addr, true, true, SOCKET_BUFFER)
+            .map_err(|source| EngineError::Socket { addr, source })?;
+        if cfg.offload && !s.enable_gro() {
+            offloads.udp_gro = false;
+        }
+        socks.push(s);
+    }
+    if workers > 1
+        && let Err(e) = socks[0].attach_reuseport_cbpf(&steering_program(workers))
+    {
+        tracing::debug!(
+            "reuseport steering unavailable ({e}); packets are handed off between workers"
+        );
+    }
+    let s = &b.shared;
+    let built = dev
+        .queues
+        .into_iter()
+        .zip(socks)
+        .zip(inboxes)
+        .enumerate()
+        .map(|(i, ((q, sock), inbox))| worker::WgWorker {
+            me: i,
+            workers,
+            tun: q,
+            vnet_hdr: dev.vnet_hdr,
+            sock,
+            peers: s.peers.clone(),
+            secret: key.0,
+            rate_limiter: rate_limiter.clone(),
+            anti_spoof: s.anti_spoof.clone(),
+            mtu: usize::from(cfg.mtu),
+            udp_gso: s.udp_gso.clone(),
+            stop: s.stop.clone(),
+            shared: Arc::new(Shared::default()),
+            hub: hub.clone(),
+            inbox,
+        })
+        .collect();
+    b.spawn(dev.name, port, offloads, "weft-wg", built)
 }
 
 #[cfg(test)]

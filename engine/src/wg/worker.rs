@@ -20,16 +20,18 @@ use super::handoff::{Hub, Inbox, Kind};
 use super::seg::{segment_in_place, trust_tcp_checksum};
 use super::{MIN_DST, OVERHEAD, TIMER_TICK, owner};
 use crate::encap::DropReason;
-use crate::offload::gso;
+use crate::idle::Idle;
+use crate::path::rx;
+use crate::path::tx::{self, WgRoute};
 use crate::peers::{PeerTable, WgEntry};
 use crate::stats::{Ctr, Local, Shared};
 use crate::sys::event::wait_readable;
 use crate::sys::tun::Queue;
 use crate::sys::udp::{BATCH, RxMeta, TxMsg, Udp};
 use crate::tun_out::TunOut;
+use crate::udp::worker::{FLUSH_AT, read_tun};
 use crate::udp_tx::{self, MAX_UDP_PAYLOAD};
-use crate::wire::{ipv4, vnet};
-use crate::worker::{FLUSH_AT, read_tun};
+use crate::wire::vnet;
 
 /// Handed-off packets processed per step.
 const INBOX_BUDGET: usize = 32;
@@ -194,6 +196,7 @@ impl WgWorker {
         self.greet(&mut owned, &mut b, &mut ctr);
         let mut next_tick = Instant::now() + TIMER_TICK;
         let mut next_reset = Instant::now();
+        let mut idle = Idle::new();
         while !self.stop.load(Ordering::Relaxed) {
             let cur = self.peers.load();
             if !Arc::ptr_eq(&cur, &table) {
@@ -214,9 +217,7 @@ impl WgWorker {
                 self.rate_limiter.reset_count();
             }
             ctr.publish(&self.shared);
-            if !a && !r && !h {
-                self.wait();
-            }
+            idle.end_round(a || r || h, || self.wait());
         }
     }
 
@@ -334,11 +335,8 @@ impl WgWorker {
                     }
                 }
                 Kind::Udp { src, stride } => {
-                    let mut off = 0;
-                    while off < m.len {
-                        let l = stride.max(1).min(m.len - off);
-                        self.on_datagram(table, owned, &m.buf[off..off + l], src, b, ctr);
-                        off += l;
+                    for seg in rx::train(m.len, stride) {
+                        self.on_datagram(table, owned, &m.buf[seg], src, b, ctr);
                     }
                 }
             }
@@ -379,7 +377,8 @@ impl WgWorker {
         any
     }
 
-    /// One TUN read `buf[..n]`: route, hand off or segment + encrypt + queue.
+    /// One TUN read `buf[..n]`: routed by [`tx::wg_route`], handed off or
+    /// segmented in place + encrypted + queued.
     fn on_tun_packet(
         &self,
         table: &PeerTable,
@@ -389,64 +388,33 @@ impl WgWorker {
         b: &mut Buffers,
         ctr: &mut Local,
     ) -> Result<(), DropReason> {
-        let (hdr, off) =
-            vnet::VnetHdr::split(&buf[..n], self.vnet_hdr).ok_or(DropReason::Malformed)?;
-        let pkt = &buf[off..n];
-        let entry = match pkt.first().map(|v| v >> 4) {
-            Some(4) if pkt.len() >= ipv4::HEADER_LEN => {
-                table.lookup_v4([pkt[16], pkt[17], pkt[18], pkt[19]])
+        let (id, entry, pkt) =
+            match tx::wg_route(table, &buf[..n], self.vnet_hdr, self.me, self.workers)? {
+                WgRoute::HandOff(home) => {
+                    self.hand_off(home, Kind::Tun, &buf[..n], ctr);
+                    return Ok(());
+                }
+                WgRoute::Local { id, entry, pkt } => (id, entry, pkt),
+            };
+        let peer = owned.get_mut(&id).ok_or(DropReason::NoRoute)?;
+        let ip = &mut buf[pkt.start..n];
+        match tx::Shape::of(&pkt.hdr, tx::WG_CUTS)? {
+            tx::Shape::Tcp(size) => {
+                let (mut segs, mut bytes) = (0u64, 0u64);
+                segment_in_place(ip, size, |seg| {
+                    segs += 1;
+                    bytes += seg.len() as u64;
+                    self.encrypt(peer, seg, b, ctr);
+                })?;
+                ctr.add(Ctr::GsoSuperPackets, 1);
+                entry.counters.add(self.me, true, segs, bytes);
             }
-            Some(6) if pkt.len() >= 40 => {
-                let mut d = [0; 16];
-                d.copy_from_slice(&pkt[24..40]);
-                table.lookup_v6(d)
+            tx::Shape::Single(csum) => {
+                tx::single(ip, csum, MAX_UDP_PAYLOAD - OVERHEAD)?;
+                entry.counters.add(self.me, true, 1, ip.len() as u64);
+                self.encrypt(peer, ip, b, ctr);
             }
-            _ => return Err(DropReason::Malformed),
-        };
-        let w = entry
-            .and_then(|e| e.wg)
-            .and_then(|i| table.wg_peers().get(i))
-            .ok_or(DropReason::NoRoute)?;
-        let home = owner(w.id, self.workers);
-        if home != self.me {
-            self.hand_off(home, Kind::Tun, &buf[..n], ctr);
-            return Ok(());
-        }
-        let peer = owned.get_mut(&w.id).ok_or(DropReason::NoRoute)?;
-        // `w` came from an entry, so `entry` is `Some`.
-        let peer_ctr = entry.map(|e| &e.counters);
-        let gso_type = hdr.gso_type & !vnet::GSO_ECN;
-        if matches!(gso_type, vnet::GSO_TCPV4 | vnet::GSO_TCPV6) && hdr.gso_size > 0 {
-            let gs = usize::from(hdr.gso_size);
-            let (mut segs, mut bytes) = (0u64, 0u64);
-            segment_in_place(&mut buf[off..n], gs, |seg| {
-                segs += 1;
-                bytes += seg.len() as u64;
-                self.encrypt(peer, seg, b, ctr);
-            })?;
-            ctr.add(Ctr::GsoSuperPackets, 1);
-            if let Some(c) = peer_ctr {
-                c.add(self.me, true, segs, bytes);
-            }
-        } else {
-            if gso_type != vnet::GSO_NONE {
-                return Err(DropReason::Malformed);
-            }
-            let pkt = &mut buf[off..n];
-            if hdr.flags & vnet::F_NEEDS_CSUM != 0 {
-                gso::complete_checksum(
-                    pkt,
-                    usize::from(hdr.csum_start),
-                    usize::from(hdr.csum_offset),
-                )?;
-            }
-            if pkt.len() + OVERHEAD > MAX_UDP_PAYLOAD {
-                return Err(DropReason::Mtu);
-            }
-            if let Some(c) = peer_ctr {
-                c.add(self.me, true, 1, pkt.len() as u64);
-            }
-            self.encrypt(peer, pkt, b, ctr);
+            tx::Shape::Udp(_) => return Err(DropReason::Malformed),
         }
         Ok(())
     }
@@ -541,7 +509,7 @@ impl WgWorker {
         };
         ctr.add(Ctr::UdpRecvs, 1);
         // Take the receive arena out so that segments can be borrowed while `b` is mutated.
-        let rx = std::mem::take(&mut b.rx);
+        let arena = std::mem::take(&mut b.rx);
         for i in 0..got {
             let m = b.meta[i];
             let base = i * RX_SLOT;
@@ -551,7 +519,7 @@ impl WgWorker {
                 ctr.drop(DropReason::Malformed, 1);
                 continue;
             }
-            let first = &rx[base..base + m.stride.min(len)];
+            let first = &arena[base..base + m.stride.min(len)];
             let home = match receiver_id(first) {
                 Some(id) => owner(id, self.workers),
                 None => self.me,
@@ -563,26 +531,17 @@ impl WgWorker {
                         src,
                         stride: m.stride,
                     },
-                    &rx[base..base + len],
+                    &arena[base..base + len],
                     ctr,
                 );
                 continue;
             }
-            let mut off = 0;
-            while off < len {
-                let seg_len = m.stride.min(len - off);
-                self.on_datagram(
-                    table,
-                    owned,
-                    &rx[base + off..base + off + seg_len],
-                    src,
-                    b,
-                    ctr,
-                );
-                off += seg_len;
+            for seg in rx::train(len, m.stride) {
+                let d = &arena[base + seg.start..base + seg.end];
+                self.on_datagram(table, owned, d, src, b, ctr);
             }
         }
-        b.rx = rx;
+        b.rx = arena;
         self.flush_rx(b, ctr);
         self.flush_tx(b, ctr);
         true
@@ -638,15 +597,13 @@ impl WgWorker {
         };
         match res {
             Decap::Tunnel(len, inner_src) => {
-                if !super::input::holds_ip_header(inner_src, len) {
-                    ctr.drop(DropReason::Malformed, 1);
-                    return;
-                }
-                let (allowed, from) = super::input::source_allowed(table, id, inner_src);
-                if !allowed && self.anti_spoof.get() != crate::AntiSpoofing::Off {
-                    ctr.drop(DropReason::SpoofedSource, 1);
-                    return;
-                }
+                let from = match rx::wg(self.anti_spoof.get(), table, id, inner_src, len) {
+                    Ok(from) => from,
+                    Err(r) => {
+                        ctr.drop(r, 1);
+                        return;
+                    }
+                };
                 if let Some(e) = from {
                     e.counters.add(self.me, false, 1, len as u64);
                 }

@@ -9,6 +9,7 @@
 
 pub mod checksum;
 pub mod ethernet;
+pub mod ip;
 pub mod ipv4;
 pub mod ipv6;
 pub mod tcp;

@@ -15,29 +15,25 @@
 //! The peer table is loaded once per step. All buffers are allocated at start.
 
 use std::io::IoSlice;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::ArcSwap;
 
-use crate::antispoof::{self, Verdict};
+use crate::antispoof;
 use crate::encap::{Codec, DropReason};
-use crate::offload::gso::{self, Segments};
-use crate::offload::uso;
+use crate::idle::Idle;
+use crate::path::rx;
+use crate::path::tx::{self, Refusal};
 use crate::peers::PeerTable;
 use crate::stats::{Ctr, Local, Shared};
 use crate::sys::event::wait_readable;
 use crate::sys::tun::Queue;
 use crate::sys::udp::{BATCH, RxMeta, TxMsg, Udp};
 use crate::tun_out::TunOut;
-use crate::udp_tx::{self, MAX_UDP_PAYLOAD};
+use crate::udp_tx;
 use crate::wire::{ipv4, vnet};
-
-/// Bytes a super-packet's segments need (`gso::required_len`, `uso::udp_required_len`).
-type Required = fn(&[u8], usize, usize) -> Option<usize>;
-/// Cuts a super-packet into segments (`gso::tcp_segment`, `uso::udp_segment`).
-type Cut = fn(&[u8], usize, usize, &mut [u8]) -> Result<Segments, DropReason>;
 
 /// Send sockets (= distinct outer source ports) per worker; flows are hashed onto them.
 pub const SEND_SOCKETS: usize = 4;
@@ -94,25 +90,6 @@ struct Buffers {
     out: TunOut,
 }
 
-/// FNV-style hash of the inner flow (addresses + L4 ports), like the kernel's
-/// `udp_flow_src_port` input: stable per flow, spread across flows.
-fn flow_hash(pkt: &[u8]) -> u32 {
-    let (addrs, l4) = match pkt[0] >> 4 {
-        4 if pkt.len() >= 20 => {
-            let hl = usize::from(pkt[0] & 0x0f) * 4;
-            (&pkt[12..20], matches!(pkt[9], 6 | 17).then_some(hl))
-        }
-        6 if pkt.len() >= 40 => (&pkt[8..40], matches!(pkt[6], 6 | 17).then_some(40)),
-        _ => (&pkt[..0], None),
-    };
-    let mut h: u32 = 0x811c_9dc5;
-    let ports = l4.and_then(|o| pkt.get(o..o + 4)).unwrap_or(&[]);
-    for b in addrs.iter().chain(ports) {
-        h = (h ^ u32::from(*b)).wrapping_mul(0x0100_0193);
-    }
-    h ^ (h >> 16)
-}
-
 /// A worker's TUN step: up to [`TUN_BUDGET`] non-blocking reads into `buf`,
 /// each handed to `each(buf, len)`, which returns why the packet was dropped,
 /// if it was. Returns whether anything was read.
@@ -154,13 +131,12 @@ impl Worker {
         };
         let mut ctr = Local::default();
         ctr.add(Ctr::PeerCounting, 1);
+        let mut idle = Idle::new();
         while !self.stop.load(Ordering::Relaxed) {
             let a = self.tun_step(&mut tun_buf, &mut b, &mut ctr);
             let r = self.udp_step(&mut b, &mut ctr);
             ctr.publish(&self.shared);
-            if !a && !r {
-                self.wait();
-            }
+            idle.end_round(a || r, || self.wait());
         }
     }
 
@@ -183,6 +159,8 @@ impl Worker {
         any
     }
 
+    /// One TUN read `buf[..n]`: planned by [`tx::udp_plan`], written into
+    /// the arena by [`tx::udp_write`] (after a flush if it does not fit), queued.
     fn on_tun_packet(
         &self,
         b: &mut Buffers,
@@ -191,93 +169,34 @@ impl Worker {
         peers: &PeerTable,
         ctr: &mut Local,
     ) -> Result<(), DropReason> {
-        let (hdr, off) =
-            vnet::VnetHdr::split(&buf[..n], self.vnet_hdr).ok_or(DropReason::Malformed)?;
-        let pkt_len = n - off;
-        let pkt = &mut buf[off..n];
-        let (version, entry) = match pkt.first().map(|v| v >> 4) {
-            Some(4) if pkt.len() >= ipv4::HEADER_LEN => {
-                let mut d = [0; 4];
-                d.copy_from_slice(&pkt[16..20]);
-                (4, peers.lookup_v4(d))
+        let read = &mut buf[..n];
+        let plan = match tx::udp_plan(&self.codec, peers, read, self.vnet_hdr, b.tx.len()) {
+            Ok(p) => p,
+            Err(r) => {
+                if let Refusal::Unreachable { start } = r {
+                    self.send_unreachable(&read[start..], ctr);
+                }
+                return Err(r.reason());
             }
-            Some(6) if pkt.len() >= 40 => {
-                let mut d = [0; 16];
-                d.copy_from_slice(&pkt[24..40]);
-                (6, peers.lookup_v6(d))
-            }
-            _ => return Err(DropReason::Malformed),
         };
-        let Some(entry) = entry else {
-            if version == 4 && matches!(self.codec, Codec::FlannelUdp) {
-                self.send_unreachable(&buf[off..n], ctr);
-            }
-            return Err(DropReason::NoRoute);
-        };
-        let (dst, mac) = (entry.dst, entry.mac);
-        let peer_ctr = &entry.counters;
-        self.codec.prepare_inner(pkt)?;
-        let sock = (flow_hash(pkt) as usize) % self.tx.len().max(1);
-        let headroom = self.codec.headroom();
-        let gso_type = hdr.gso_type & !vnet::GSO_ECN;
-        let cutter: Option<(Required, Cut)> = match gso_type {
-            vnet::GSO_TCPV4 | vnet::GSO_TCPV6 => Some((gso::required_len, gso::tcp_segment)),
-            vnet::GSO_UDP_L4 => Some((uso::udp_required_len, uso::udp_segment)),
-            _ => None,
-        };
-        if let Some((required, cut)) = cutter.filter(|_| hdr.gso_size > 0) {
-            let gs = usize::from(hdr.gso_size);
-            let need = required(pkt, gs, headroom).ok_or(DropReason::Malformed)?;
-            if need > b.tx.len() {
-                return Err(DropReason::Mtu);
-            }
-            if b.tx_pos + need > b.tx.len() || b.msgs.len() + need / (headroom + gs) + 2 > TX_MSGS {
-                self.flush_tx(b, ctr);
-            }
-            let pkt = &buf[off..n];
-            let start = b.tx_pos;
-            let segs = cut(pkt, gs, headroom, &mut b.tx[start..])?;
-            ctr.add(Ctr::GsoSuperPackets, 1);
-            let inner = segs.total_len() - segs.count * headroom;
-            peer_ctr.add(self.index, true, segs.count as u64, inner as u64);
-            for i in 0..segs.count {
-                let r = segs.range(i);
-                let (s, len) = (start + r.start, r.len());
-                self.codec
-                    .write_header(&mut b.tx[s..s + headroom], mac, version);
-                self.queue(b, dst, sock, s, len);
-                ctr.add(Ctr::TxPackets, 1);
-                ctr.add(Ctr::TxBytes, (len - headroom) as u64);
-            }
-            b.tx_pos += segs.total_len();
-        } else {
-            if gso_type != vnet::GSO_NONE {
-                return Err(DropReason::Malformed);
-            }
-            if hdr.flags & vnet::F_NEEDS_CSUM != 0 {
-                gso::complete_checksum(
-                    pkt,
-                    usize::from(hdr.csum_start),
-                    usize::from(hdr.csum_offset),
-                )?;
-            }
-            let len = headroom + pkt_len;
-            if len > MAX_UDP_PAYLOAD {
-                return Err(DropReason::Mtu);
-            }
-            if b.tx_pos + len > b.tx.len() || b.msgs.len() + 1 > TX_MSGS {
-                self.flush_tx(b, ctr);
-            }
-            let s = b.tx_pos;
-            b.tx[s + headroom..s + len].copy_from_slice(&buf[off..n]);
-            self.codec
-                .write_header(&mut b.tx[s..s + headroom], mac, version);
-            self.queue(b, dst, sock, s, len);
-            b.tx_pos += len;
-            ctr.add(Ctr::TxPackets, 1);
-            ctr.add(Ctr::TxBytes, pkt_len as u64);
-            peer_ctr.add(self.index, true, 1, pkt_len as u64);
+        if b.tx_pos + plan.need > b.tx.len() || b.msgs.len() + plan.datagrams > TX_MSGS {
+            self.flush_tx(b, ctr);
         }
+        let sock = (tx::flow_hash(&read[plan.pkt.start..]) as usize) % self.tx.len().max(1);
+        let start = b.tx_pos;
+        let out = tx::udp_write(&self.codec, &plan, read, &mut b.tx[start..])?;
+        for i in 0..out.count() {
+            let r = out.range(i);
+            self.queue(b, plan.entry.dst, sock, start + r.start, r.len());
+        }
+        b.tx_pos += out.segs.total_len();
+        if out.cut {
+            ctr.add(Ctr::GsoSuperPackets, 1);
+        }
+        let (count, inner) = (out.count() as u64, out.inner_bytes() as u64);
+        plan.entry.counters.add(self.index, true, count, inner);
+        ctr.add(Ctr::TxPackets, count);
+        ctr.add(Ctr::TxBytes, inner);
         Ok(())
     }
 
@@ -368,46 +287,25 @@ impl Worker {
             let base = i * RX_SLOT;
             let len = m.len.min(RX_SLOT);
             let entries = peers.endpoint_entries(m.src);
-            let early_drop = mode.drops_unknown_outer() && entries.is_empty();
             if len == 0 {
-                let r = if early_drop {
-                    DropReason::UnknownPeer
-                } else {
-                    DropReason::Malformed
-                };
-                ctr.drop(r, 1);
+                if let Err(r) = rx::udp(&self.codec, mode, &peers, entries, &mut []) {
+                    ctr.drop(r, 1);
+                }
                 continue;
             }
-            let mut off = 0;
-            while off < len {
-                let seg_len = m.stride.min(len - off);
-                let seg_start = base + off;
-                off += seg_len;
-                if early_drop {
-                    ctr.drop(DropReason::UnknownPeer, 1);
-                    continue;
-                }
-                let r = match self.codec.decap(&mut b.rx[seg_start..seg_start + seg_len]) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        ctr.drop(e, 1);
-                        continue;
-                    }
-                };
-                let (start, plen) = (seg_start + r.start, r.end - r.start);
-                let inner = inner_src(&b.rx[start..start + plen]);
-                match antispoof::check(mode, &peers, entries, inner) {
-                    Verdict::Drop(r) => {
+            for seg in rx::train(len, m.stride) {
+                let dgram = &mut b.rx[base + seg.start..base + seg.end];
+                let d = match rx::udp(&self.codec, mode, &peers, entries, dgram) {
+                    Ok(d) => d,
+                    Err(r) => {
                         ctr.drop(r, 1);
                         continue;
                     }
-                    Verdict::Accept(from) => {
-                        if let Some(e) = from {
-                            e.counters.add(self.index, false, 1, plen as u64);
-                        }
-                    }
-                    Verdict::Unexpected(e) => {
-                        e.counters.add(self.index, false, 1, plen as u64);
+                };
+                let (start, plen) = (base + seg.start + d.inner.start, d.inner.len());
+                if let Some(e) = d.from {
+                    e.counters.add(self.index, false, 1, plen as u64);
+                    if d.unexpected {
                         e.counters.unexpected(self.index, m.src);
                         ctr.add(Ctr::UnexpectedSource, 1);
                     }
@@ -419,18 +317,5 @@ impl Worker {
         }
         b.out.flush(&self.tun, &mut b.rx, ctr);
         true
-    }
-}
-
-/// Source address of a decapsulated (already validated) IP packet.
-fn inner_src(pkt: &[u8]) -> IpAddr {
-    if pkt[0] >> 4 == 6 {
-        let mut a = [0; 16];
-        a.copy_from_slice(&pkt[8..24]);
-        IpAddr::from(a)
-    } else {
-        let mut a = [0; 4];
-        a.copy_from_slice(&pkt[12..16]);
-        IpAddr::from(a)
     }
 }

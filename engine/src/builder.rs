@@ -1,0 +1,174 @@
+//! The one engine builder: what starting any encapsulation's engine shares.
+//!
+//! [`Builder::new`] validates what every encapsulation needs (MTU) and picks
+//! the worker count; [`Builder::open_tun`] opens the multi-queue TUN device
+//! (one queue per worker) and [`Builder::offloads`] reads what it got; the
+//! encapsulation opens its sockets and builds its workers around the shared
+//! state in [`Builder::shared`]; [`Builder::spawn`] makes the [`Engine`]
+//! handle and starts one thread per worker. The encapsulations' own halves
+//! are `udp::start` (flannel-UDP, VXLAN), `wg::start` and `ipip::start`.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use arc_swap::ArcSwap;
+
+use crate::antispoof::{self, AntiSpoofing};
+use crate::peers::PeerTable;
+use crate::stats::Shared;
+use crate::sys::tun;
+use crate::{Engine, EngineConfig, EngineError, OffloadState};
+
+/// Most workers (and TUN queues) an engine runs.
+const MAX_WORKERS: usize = 64;
+
+/// The state every worker of one engine holds a clone of.
+#[derive(Clone)]
+pub(crate) struct SharedState {
+    /// The peer table snapshot (the control plane's one handoff).
+    pub peers: Arc<ArcSwap<PeerTable>>,
+    /// Set when the engine stops.
+    pub stop: Arc<AtomicBool>,
+    /// The anti-spoofing mode, read once per receive batch.
+    pub anti_spoof: Arc<antispoof::Mode>,
+    /// Whether UDP GSO is in use (turns off at runtime on `EIO`).
+    pub udp_gso: Arc<AtomicBool>,
+}
+
+/// A worker thread's body: what [`Builder::spawn`] starts.
+pub(crate) trait Run: Send + 'static {
+    /// The worker's block of engine counters.
+    fn counters(&self) -> Arc<Shared>;
+    /// The run loop; returns when the engine stops.
+    fn run(self);
+}
+
+/// An engine being started.
+pub(crate) struct Builder<'c> {
+    pub cfg: &'c EngineConfig,
+    /// Worker threads (and TUN queues).
+    pub workers: usize,
+    pub shared: SharedState,
+}
+
+impl<'c> Builder<'c> {
+    /// Checks the MTU and picks the worker count (0: one per CPU, at most [`MAX_WORKERS`]).
+    pub fn new(cfg: &'c EngineConfig) -> Result<Builder<'c>, EngineError> {
+        if cfg.mtu < 68 {
+            return Err(EngineError::Config("mtu below 68"));
+        }
+        let workers = match cfg.workers {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+        .min(MAX_WORKERS);
+        Ok(Builder {
+            cfg,
+            workers,
+            shared: SharedState {
+                peers: Arc::new(ArcSwap::from_pointee(PeerTable::default())),
+                stop: Arc::new(AtomicBool::new(false)),
+                anti_spoof: Arc::new(antispoof::Mode::new(AntiSpoofing::from_flag(
+                    cfg.anti_spoof,
+                ))),
+                udp_gso: Arc::new(AtomicBool::new(false)),
+            },
+        })
+    }
+
+    /// Opens the TUN device with one queue per worker, with offloads when
+    /// configured (`uso`: UDP super-packets too).
+    pub fn open_tun(&self, uso: bool) -> Result<tun::Device, EngineError> {
+        tun::open(&self.cfg.tun_name, self.workers, self.cfg.offload, uso).map_err(|source| {
+            EngineError::Tun {
+                name: self.cfg.tun_name.clone(),
+                source,
+            }
+        })
+    }
+
+    /// The offloads `dev` got, and UDP GSO/GRO when configured and `udp`
+    /// (the encapsulation sends through UDP sockets); turns UDP GSO on.
+    pub fn offloads(&self, dev: &tun::Device, udp: bool) -> OffloadState {
+        let udp = udp && self.cfg.offload;
+        self.shared
+            .udp_gso
+            .store(udp, std::sync::atomic::Ordering::Relaxed);
+        OffloadState {
+            tun_vnet_hdr: dev.vnet_hdr,
+            tun_tso: dev.offload & (tun::TUN_F_TSO4 | tun::TUN_F_TSO6) != 0,
+            tun_uso: dev.offload & tun::TUN_F_USO4 != 0,
+            tun_csum: dev.offload & tun::TUN_F_CSUM != 0,
+            udp_gso: udp,
+            udp_gro: udp,
+        }
+    }
+
+    /// The engine handle for the TUN device `tun_name` and UDP `port`, its
+    /// `workers` started as threads named `{thread}{index}`.
+    pub fn spawn<W: Run>(
+        self,
+        tun_name: String,
+        port: u16,
+        offloads: OffloadState,
+        thread: &str,
+        workers: Vec<W>,
+    ) -> Result<Engine, EngineError> {
+        let SharedState {
+            peers,
+            stop,
+            anti_spoof,
+            udp_gso,
+        } = self.shared;
+        let mut engine = Engine {
+            tun_name,
+            port,
+            peers,
+            stop,
+            threads: Vec::with_capacity(workers.len()),
+            counters: workers.iter().map(Run::counters).collect(),
+            offloads,
+            udp_gso,
+            wg_ids: Default::default(),
+            anti_spoofing: anti_spoof,
+        };
+        for (i, w) in workers.into_iter().enumerate() {
+            let h = std::thread::Builder::new()
+                .name(format!("{thread}{i}"))
+                .spawn(move || w.run())
+                .map_err(EngineError::Spawn)?;
+            engine.threads.push(h);
+        }
+        tracing::debug!(tun = %engine.tun_name, workers = engine.threads.len(), ?offloads, "{thread} engine started");
+        Ok(engine)
+    }
+}
+
+// === impl Run ===
+
+impl Run for crate::udp::worker::Worker {
+    fn counters(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+    fn run(self) {
+        crate::udp::worker::Worker::run(self);
+    }
+}
+
+impl Run for crate::wg::worker::WgWorker {
+    fn counters(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+    fn run(self) {
+        crate::wg::worker::WgWorker::run(self);
+    }
+}
+
+impl Run for crate::ipip::worker::IpipWorker {
+    fn counters(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+    fn run(self) {
+        crate::ipip::worker::IpipWorker::run(self);
+    }
+}

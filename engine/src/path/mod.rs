@@ -1,0 +1,26 @@
+//! The packet path's decisions, sans-IO: what every worker does with one
+//! packet between its reads and its writes.
+//!
+//! - [`tx`]: a TUN read -> its peer (longest prefix), its shape (one packet,
+//!   a TCP super-packet for userspace GSO, a UDP one for USO), checksum
+//!   completion, MTU limits, the room it needs, then its datagrams written
+//!   into the caller's transmit arena with the encapsulation's headers; or
+//!   the [`DropReason`] (flannel-UDP: an ICMP net-unreachable to answer).
+//! - [`rx`]: a received datagram (or raw IPIP packet) -> decapsulated,
+//!   sources checked ([`crate::antispoof`]), the inner range to deliver and
+//!   the peer entry to count it on; or the [`DropReason`].
+//!
+//! Contract: functions over the peer table and caller-owned buffers only.
+//! No I/O, no clock, no allocation, no lock, no logging; counting is the
+//! caller's (they return what to count). The workers (`udp/worker.rs`,
+//! `wg/worker.rs`, `ipip/worker.rs`) are I/O shells around them, and the
+//! fuzz targets, `tests/pipeline.rs` and the criterion benches call the
+//! same functions.
+
+pub mod rx;
+pub mod tx;
+
+pub use crate::stats::DropReason;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,90 @@
+//! The flannel-UDP and VXLAN engine: its start-up here, its worker in
+//! [`worker`]: per worker a receive socket on the shared port
+//! (`SO_REUSEPORT`, `UDP_GRO`) and [`SEND_SOCKETS`] send sockets on
+//! ephemeral ports, and the flow steering program on the group
+//! ([`crate::steer`]). What all engines share is [`crate::builder`].
+
+use std::net::{IpAddr, SocketAddr};
+
+use crate::builder::Builder;
+use crate::encap::{Codec, Vxlan};
+use crate::stats::Shared;
+use crate::sys::udp::Udp;
+use crate::{Encap, Engine, EngineError, SOCKET_BUFFER, steer, wire};
+
+pub(crate) mod worker;
+
+use worker::{SEND_SOCKETS, Worker};
+
+/// The codec `encap` (flannel-UDP or VXLAN) runs, validated.
+pub(crate) fn codec(encap: Encap, local_addr: IpAddr) -> Result<Codec, EngineError> {
+    match encap {
+        Encap::FlannelUdp { .. } if local_addr.is_ipv6() => {
+            Err(EngineError::Config("flannel-udp is ipv4 only"))
+        }
+        Encap::FlannelUdp { .. } => Ok(Codec::FlannelUdp),
+        Encap::Vxlan { vni, .. } if vni > wire::vxlan::MAX_VNI => {
+            Err(EngineError::Config("vni does not fit in 24 bits"))
+        }
+        Encap::Vxlan { local_mac, .. } if local_mac[0] & 1 != 0 => {
+            Err(EngineError::Config("vtep mac must be unicast"))
+        }
+        Encap::Vxlan { vni, local_mac, .. } => Ok(Codec::Vxlan(Vxlan { vni, local_mac })),
+        Encap::WireGuard { .. } | Encap::Ipip => Err(EngineError::Config("not a udp codec")),
+    }
+}
+
+/// Starts a flannel-UDP or VXLAN engine.
+pub(crate) fn start(b: Builder<'_>, codec: Codec) -> Result<Engine, EngineError> {
+    let cfg = b.cfg;
+    let port = cfg.encap.port();
+    // The UDP worker segments UDP super-packets too (offload::uso).
+    let dev = b.open_tun(true)?;
+    let mut offloads = b.offloads(&dev, true);
+    let icmp_src = match cfg.tun_addr {
+        Some(IpAddr::V4(a)) => Some(a),
+        _ => None,
+    };
+    let mut built = Vec::with_capacity(b.workers);
+    for q in dev.queues {
+        let addr = SocketAddr::new(cfg.local_addr, port);
+        let rx = Udp::bind(addr, true, true, SOCKET_BUFFER)
+            .map_err(|source| EngineError::Socket { addr, source })?;
+        if cfg.offload && !rx.enable_gro() {
+            offloads.udp_gro = false;
+        }
+        let mut tx = Vec::with_capacity(SEND_SOCKETS);
+        for _ in 0..SEND_SOCKETS {
+            let a = SocketAddr::new(cfg.local_addr, 0);
+            tx.push(
+                Udp::bind(a, false, false, SOCKET_BUFFER)
+                    .map_err(|source| EngineError::Socket { addr: a, source })?,
+            );
+        }
+        let s = &b.shared;
+        built.push(Worker {
+            codec,
+            tun: q,
+            vnet_hdr: dev.vnet_hdr,
+            rx,
+            tx,
+            peers: s.peers.clone(),
+            anti_spoof: s.anti_spoof.clone(),
+            mtu: usize::from(cfg.mtu),
+            icmp_src,
+            udp_gso: s.udp_gso.clone(),
+            stop: s.stop.clone(),
+            shared: std::sync::Arc::new(Shared::default()),
+            index: built.len(),
+        });
+    }
+    // Both directions of a flow to one worker (see `steer`); the workers bound in order.
+    if built.len() > 1
+        && let Err(e) = built[0]
+            .rx
+            .attach_reuseport_cbpf(&steer::program(codec.headroom(), built.len()))
+    {
+        tracing::debug!("reuseport flow steering unavailable ({e}); the kernel hashes outer ports");
+    }
+    b.spawn(dev.name, port, offloads, "weft-w", built)
+}

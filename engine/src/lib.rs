@@ -23,8 +23,8 @@
 //! (the snapshot), `builder` (the one start-up every encapsulation shares),
 //! `udp` (the flannel-UDP/VXLAN engine: its sockets and its worker
 //! loop, an I/O shell around [`path`]), [`wg`] and [`ipip`] (the other two
-//! encapsulations), `idle` (how every worker waits between packets: a
-//! short poll-on window, then `poll`; its scheduler slice), `sys` (the
+//! encapsulations), `idle` (how every worker waits between packets:
+//! `poll`; opt-in, a short poll-on window and scheduler slice first), `sys` (the
 //! only `unsafe`: TUN ioctls, `sendmmsg`/`recvmmsg`, `sched_setattr`, the
 //! AVX2 checksum loop), `steer` (the flow
 //! steering program), [`Stats`] (per-worker counters, summed on read).

@@ -34,6 +34,14 @@ pub struct ExternalInterface {
     pub connected: Vec<ipnet::IpNet>,
 }
 
+impl ExternalInterface {
+    /// flannel's `cfg.MTU`: a backend's `MTU` option, or this interface's
+    /// MTU when the option is 0 (unset), before the backend's overhead.
+    pub fn backend_mtu(&self, option: u32) -> u32 {
+        if option == 0 { self.iface.mtu } else { option }
+    }
+}
+
 /// What the user asked for.
 #[derive(Debug, Clone, Default)]
 pub struct IfaceOptions {

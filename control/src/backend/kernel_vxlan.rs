@@ -89,12 +89,7 @@ impl KernelVxlan {
     }
 
     fn mtus(&self, ext: &ExternalInterface) -> Mtus {
-        let cfg = if self.opts.mtu == 0 {
-            ext.iface.mtu
-        } else {
-            self.opts.mtu
-        };
-        Mtus::new(cfg, self.want_v6)
+        Mtus::new(ext.backend_mtu(self.opts.mtu), self.want_v6)
     }
 
     /// flannel's `ensureLink`: create, or reuse a compatible device, or recreate.

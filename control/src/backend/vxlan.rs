@@ -244,12 +244,7 @@ impl Backend for Vxlan {
             .ext
             .clone()
             .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        let cfg_mtu = if self.opts.mtu == 0 {
-            ext.iface.mtu
-        } else {
-            self.opts.mtu
-        };
-        let mtus = Mtus::new(cfg_mtu, self.v6.is_some());
+        let mtus = Mtus::new(ext.backend_mtu(self.opts.mtu), self.v6.is_some());
         let (vni, port, tuning) = (self.opts.vni, self.port(), self.tuning);
         let engine =
             |name: String, mac: [u8; 6], local: IpAddr, tun_addr: IpAddr, mtu: u32| EngineConfig {

@@ -67,11 +67,7 @@ pub(super) fn device_plan(
     v6: bool,
     lease: &Lease,
 ) -> (u32, Vec<DevicePlan>) {
-    let cfg_mtu = if opts.mtu == 0 {
-        ext.iface.mtu
-    } else {
-        opts.mtu
-    };
+    let cfg_mtu = ext.backend_mtu(opts.mtu);
     let a4 = lease
         .subnet
         .and_then(|s| Ipv4Net::new(s.network(), 32).ok())

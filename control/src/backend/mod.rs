@@ -258,12 +258,17 @@ pub fn new(
     tuning: EngineTuning,
     nl: &Netlink,
 ) -> Result<Box<dyn Backend>, BackendError> {
+    let client: Arc<dyn Client> = Arc::new(nl.clone());
+    let us = tunnel::Userspace {
+        nl: client.clone(),
+        engines: Arc::new(tunnel::RealEngines),
+    };
     let kernel = Kernel {
-        client: Arc::new(nl.clone()),
+        client,
         xfrm: Arc::new(XfrmNetlink::new()),
         wg: Arc::new(WgNetlink::new()),
     };
-    build(cfg, dataplane, tuning, &tunnel::Userspace::real(nl), kernel)
+    build(cfg, dataplane, tuning, &us, kernel)
 }
 
 /// The kernel clients the kernel paths program through (real ones in

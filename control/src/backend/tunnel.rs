@@ -64,16 +64,6 @@ impl std::fmt::Debug for Userspace {
     }
 }
 
-impl Userspace {
-    /// weft's engine and the kernel's netlink.
-    pub fn real(nl: &crate::netlink::Netlink) -> Userspace {
-        Userspace {
-            nl: Arc::new(nl.clone()),
-            engines: Arc::new(RealEngines),
-        }
-    }
-}
-
 /// `weft_engine::Engine`.
 #[derive(Debug, Clone, Copy)]
 pub struct RealEngines;

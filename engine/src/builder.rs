@@ -143,32 +143,3 @@ impl<'c> Builder<'c> {
         Ok(engine)
     }
 }
-
-// === impl Run ===
-
-impl Run for crate::udp::worker::Worker {
-    fn counters(&self) -> Arc<Shared> {
-        self.shared.clone()
-    }
-    fn run(self) {
-        crate::udp::worker::Worker::run(self);
-    }
-}
-
-impl Run for crate::wg::worker::WgWorker {
-    fn counters(&self) -> Arc<Shared> {
-        self.shared.clone()
-    }
-    fn run(self) {
-        crate::wg::worker::WgWorker::run(self);
-    }
-}
-
-impl Run for crate::ipip::worker::IpipWorker {
-    fn counters(&self) -> Arc<Shared> {
-        self.shared.clone()
-    }
-    fn run(self) {
-        crate::ipip::worker::IpipWorker::run(self);
-    }
-}

@@ -21,9 +21,12 @@
 //! TUN read to datagrams in the caller's arena, the receive step from a
 //! datagram to the inner packet to deliver, or a drop reason), [`peers`]
 //! (the snapshot), `builder` (the one start-up every encapsulation shares),
-//! `udp` (the flannel-UDP/VXLAN engine: its sockets and its worker
-//! loop, an I/O shell around [`path`]), [`wg`] and [`ipip`] (the other two
-//! encapsulations), `idle` (how every worker waits between packets:
+//! `worker` (the one worker run loop, generic over an `Encapsulation`:
+//! budgeted TUN reads, the receive step, counters, the idle wait, and the
+//! buffers every worker has), `udp` (the flannel-UDP/VXLAN engine: its
+//! sockets and its `Encapsulation`, an I/O shell around [`path`]), [`wg`]
+//! and [`ipip`] (the other two encapsulations, siblings of `udp`), `idle`
+//! (how the run loop waits between packets:
 //! `poll`; opt-in, a short poll-on window and scheduler slice first), `sys` (the
 //! only `unsafe`: TUN ioctls, `sendmmsg`/`recvmmsg`, `sched_setattr`, the
 //! AVX2 checksum loop), `steer` (the flow
@@ -37,7 +40,9 @@
 //!    checksum). The TUN sends a flow to the queue the engine last wrote it
 //!    on, and `steer.rs` steers received datagrams by a symmetric hash of the
 //!    inner flow, so both directions of a flow meet one worker per node.
-//! 2. The worker's transmit step ([`path::tx::udp_plan`], then
+//! 2. The worker's run loop loads the peer snapshot once per round and hands
+//!    each TUN read to its encapsulation's transmit step
+//!    ([`path::tx::udp_plan`], then
 //!    [`path::tx::udp_write`]) looks the destination up in the peer snapshot (longest prefix),
 //!    cuts the super-packet into MSS-sized IP packets directly into its TX arena,
 //!    leaving 22 bytes of headroom in front of each (userspace GSO: IPv4 length,
@@ -81,6 +86,9 @@
 //!   [`wire`], [`path`]) do no I/O and never panic on any input; untrusted
 //!   bytes go through `new_checked`. Workers make no per-packet decision of
 //!   their own: they read, write, flush and count around [`path`].
+//! - One run loop (`worker.rs`) serves every encapsulation, statically
+//!   dispatched: the round, the TUN budget, counter publishing and the idle
+//!   policy exist once.
 //! - Per-flow order is kept: a flow maps to one TUN queue, one worker, one
 //!   send socket; GRO emits in arrival order.
 //! - `unsafe` lives only in `sys/`, each block with a `SAFETY` comment.
@@ -104,6 +112,7 @@ mod udp;
 mod udp_tx;
 pub mod wg;
 pub mod wire;
+mod worker;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

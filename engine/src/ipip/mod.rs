@@ -42,14 +42,14 @@ pub(crate) mod worker;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::ops::Range;
-use std::sync::Arc;
 
 use crate::builder::Builder;
 use crate::encap::DropReason;
-use crate::stats::Shared;
 use crate::sys::raw::Raw;
 use crate::wire::{be16, checksum, ipv4, put16};
+use crate::worker::Worker;
 use crate::{Engine, EngineError, SOCKET_BUFFER};
+use worker::IpipEncap;
 
 /// The IP protocol number of IPv4-in-IPv4.
 pub const PROTO_IPIP: u8 = 4;
@@ -244,22 +244,13 @@ pub(crate) fn start(b: Builder<'_>) -> Result<Engine, EngineError> {
     socks.iter().for_each(Raw::drain);
     let dev = b.open_tun(false)?;
     let offloads = b.offloads(&dev, false);
-    let s = &b.shared;
     let built = dev
         .queues
         .into_iter()
         .zip(socks)
         .enumerate()
-        .map(|(i, (q, sock))| worker::IpipWorker {
-            index: i,
-            tun: q,
-            vnet_hdr: dev.vnet_hdr,
-            sock,
-            peers: s.peers.clone(),
-            anti_spoof: s.anti_spoof.clone(),
-            mtu: usize::from(cfg.mtu),
-            stop: s.stop.clone(),
-            shared: Arc::new(Shared::default()),
+        .map(|(i, (q, sock))| {
+            Worker::new(i, q, dev.vnet_hdr, cfg.mtu, &b.shared, IpipEncap { sock })
         })
         .collect();
     b.spawn(dev.name, 0, offloads, "weft-ipip", built)

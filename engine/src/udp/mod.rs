@@ -1,5 +1,5 @@
-//! The flannel-UDP and VXLAN engine: its start-up here, its worker in
-//! [`worker`]: per worker a receive socket on the shared port
+//! The flannel-UDP and VXLAN engine: its start-up here, its half of the
+//! worker run loop in [`worker`]: per worker a receive socket on the shared port
 //! (`SO_REUSEPORT`, `UDP_GRO`) and [`SEND_SOCKETS`] send sockets on
 //! ephemeral ports, and the flow steering program on the group
 //! ([`crate::steer`]). What all engines share is [`crate::builder`].
@@ -8,13 +8,13 @@ use std::net::{IpAddr, SocketAddr};
 
 use crate::builder::Builder;
 use crate::encap::{Codec, Vxlan};
-use crate::stats::Shared;
 use crate::sys::udp::Udp;
 use crate::{Encap, Engine, EngineError, SOCKET_BUFFER, steer, wire};
 
 pub(crate) mod worker;
 
-use worker::{SEND_SOCKETS, Worker};
+use crate::worker::Worker;
+use worker::{SEND_SOCKETS, UdpEncap};
 
 /// The codec `encap` (flannel-UDP or VXLAN) runs, validated.
 pub(crate) fn codec(encap: Encap, local_addr: IpAddr) -> Result<Codec, EngineError> {
@@ -61,26 +61,19 @@ pub(crate) fn start(b: Builder<'_>, codec: Codec) -> Result<Engine, EngineError>
                     .map_err(|source| EngineError::Socket { addr: a, source })?,
             );
         }
-        let s = &b.shared;
-        built.push(Worker {
+        let encap = UdpEncap {
             codec,
-            tun: q,
-            vnet_hdr: dev.vnet_hdr,
             rx,
             tx,
-            peers: s.peers.clone(),
-            anti_spoof: s.anti_spoof.clone(),
-            mtu: usize::from(cfg.mtu),
             icmp_src,
-            udp_gso: s.udp_gso.clone(),
-            stop: s.stop.clone(),
-            shared: std::sync::Arc::new(Shared::default()),
-            index: built.len(),
-        });
+        };
+        let i = built.len();
+        built.push(Worker::new(i, q, dev.vnet_hdr, cfg.mtu, &b.shared, encap));
     }
     // Both directions of a flow to one worker (see `steer`); the workers bound in order.
     if built.len() > 1
         && let Err(e) = built[0]
+            .encap
             .rx
             .attach_reuseport_cbpf(&steer::program(codec.headroom(), built.len()))
     {

@@ -70,8 +70,8 @@ use boringtun::noise::rate_limiter::RateLimiter;
 use boringtun::x25519;
 
 use crate::builder::Builder;
-use crate::stats::Shared;
 use crate::sys::udp::Udp;
+use crate::worker::Worker;
 use crate::{Engine, EngineError, SOCKET_BUFFER};
 
 /// How often each peer's timers run (boringtun's own device uses 250 ms).
@@ -213,7 +213,7 @@ pub(crate) fn start(b: Builder<'_>, port: u16, key: WgSecret) -> Result<Engine, 
     let public = x25519::PublicKey::from(key.public_key());
     let rate_limiter = Arc::new(RateLimiter::new(&public, HANDSHAKE_RATE_LIMIT));
     let (hub, inboxes) =
-        handoff::Hub::new(workers, worker::TUN_BUF).map_err(|e| EngineError::Tun {
+        handoff::Hub::new(workers, crate::worker::TUN_BUF).map_err(|e| EngineError::Tun {
             name: cfg.tun_name.clone(),
             source: e,
         })?;
@@ -234,29 +234,22 @@ pub(crate) fn start(b: Builder<'_>, port: u16, key: WgSecret) -> Result<Engine, 
             "reuseport steering unavailable ({e}); packets are handed off between workers"
         );
     }
-    let s = &b.shared;
     let built = dev
         .queues
         .into_iter()
         .zip(socks)
         .zip(inboxes)
         .enumerate()
-        .map(|(i, ((q, sock), inbox))| worker::WgWorker {
-            me: i,
-            workers,
-            tun: q,
-            vnet_hdr: dev.vnet_hdr,
-            sock,
-            peers: s.peers.clone(),
-            secret: key.0,
-            rate_limiter: rate_limiter.clone(),
-            anti_spoof: s.anti_spoof.clone(),
-            mtu: usize::from(cfg.mtu),
-            udp_gso: s.udp_gso.clone(),
-            stop: s.stop.clone(),
-            shared: Arc::new(Shared::default()),
-            hub: hub.clone(),
-            inbox,
+        .map(|(i, ((q, sock), inbox))| {
+            let encap = worker::WgEncap {
+                workers,
+                sock,
+                secret: key.0,
+                rate_limiter: rate_limiter.clone(),
+                hub: hub.clone(),
+                inbox,
+            };
+            Worker::new(i, q, dev.vnet_hdr, cfg.mtu, &b.shared, encap)
         })
         .collect();
     b.spawn(dev.name, port, offloads, "weft-wg", built)

@@ -1,15 +1,21 @@
-//! One WireGuard worker: a TUN queue, one socket on the listen port (receive
-//! and send: WireGuard peers learn our endpoint from the source port), the
-//! `Tunn`s of the peers it owns, and its buffers. See [`super`] for the design.
+//! The WireGuard worker's half of the run loop ([`crate::worker`]): one
+//! socket on the listen port (receive and send: WireGuard peers learn our
+//! endpoint from the source port), the `Tunn`s of the peers it owns, its
+//! inbox of packets other workers handed over, and its buffers. See
+//! [`super`] for the design.
+//!
+//! Each round begins with a table swap, if there was one (sessions
+//! reconciled, new ones greeted), and the inbox; it ends with the timers
+//! every [`TIMER_TICK`].
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::RawFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use arc_swap::ArcSwap;
 use boringtun::noise::errors::WireGuardError;
 use boringtun::noise::handshake::parse_handshake_anon;
 use boringtun::noise::rate_limiter::RateLimiter;
@@ -20,47 +26,33 @@ use super::handoff::{Hub, Inbox, Kind};
 use super::seg::{segment_in_place, trust_tcp_checksum};
 use super::{MIN_DST, OVERHEAD, TIMER_TICK, owner};
 use crate::encap::DropReason;
-use crate::idle::Idle;
 use crate::path::rx;
 use crate::path::tx::{self, WgRoute};
 use crate::peers::{PeerTable, WgEntry};
-use crate::stats::{Ctr, Local, Shared};
-use crate::sys::event::wait_readable;
-use crate::sys::tun::Queue;
+use crate::stats::{Ctr, Local};
+use crate::sys::event::Event;
 use crate::sys::udp::{BATCH, RxMeta, TxMsg, Udp};
 use crate::tun_out::TunOut;
-use crate::udp::worker::{FLUSH_AT, read_tun};
+use crate::udp::worker::FLUSH_AT;
 use crate::udp_tx::{self, MAX_UDP_PAYLOAD};
-use crate::wire::vnet;
+use crate::worker::{Encapsulation, RX_SLOT, TUN_BUF, TxQueue, Worker, received};
 
 /// Handed-off packets processed per step.
 const INBOX_BUDGET: usize = 32;
-/// A TUN read: vnet header + up to 64 KiB.
-pub(crate) const TUN_BUF: usize = vnet::HEADER_LEN + 65536;
 const TX_ARENA: usize = 1 << 20;
 const TX_MSGS: usize = 256;
-const RX_SLOT: usize = 65536;
 const RX_SLOTS: usize = 16;
 
 const _: () = assert!(TX_ARENA + 2 * RX_SLOT * RX_SLOTS + TUN_BUF <= 4 << 20);
 const _: () = assert!(RX_SLOTS <= BATCH);
 
-/// Everything a worker needs, moved into its thread.
-pub(crate) struct WgWorker {
-    pub me: usize,
+/// The WireGuard part of a worker.
+pub(crate) struct WgEncap {
+    /// Worker threads of the engine (peer owners, [`owner`]).
     pub workers: usize,
-    pub tun: Queue,
-    pub vnet_hdr: bool,
     pub sock: Udp,
-    pub peers: Arc<ArcSwap<PeerTable>>,
     pub secret: [u8; 32],
     pub rate_limiter: Arc<RateLimiter>,
-    /// The anti-spoofing mode: anything but off checks AllowedIPs.
-    pub anti_spoof: Arc<crate::antispoof::Mode>,
-    pub mtu: usize,
-    pub udp_gso: Arc<AtomicBool>,
-    pub stop: Arc<AtomicBool>,
-    pub shared: Arc<Shared>,
     pub hub: Arc<Hub>,
     pub inbox: Inbox,
 }
@@ -118,15 +110,23 @@ impl Owned {
     }
 }
 
-struct Buffers {
-    tx: Vec<u8>,
-    tx_pos: usize,
-    msgs: Vec<TxMsg>,
+pub(crate) struct Buffers {
+    tx: TxQueue<TxMsg>,
     rx: Vec<u8>,
     plain: Vec<u8>,
     plain_pos: usize,
     meta: [RxMeta; RX_SLOTS],
     out: TunOut,
+}
+
+/// A worker's state: its buffers, the table its sessions follow, the
+/// sessions of the peers it owns, and its timers.
+pub(crate) struct State {
+    b: Buffers,
+    table: Arc<PeerTable>,
+    owned: ById<Owned>,
+    next_tick: Instant,
+    next_reset: Instant,
 }
 
 /// What a `decapsulate` call produced, with the borrow of the output buffer ended.
@@ -175,63 +175,90 @@ pub fn receiver_id(d: &[u8]) -> Option<u32> {
     Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) >> 8)
 }
 
-impl WgWorker {
-    pub(crate) fn run(self) {
-        let mut tun_buf = vec![0u8; TUN_BUF];
-        let mut b = Buffers {
-            tx: vec![0; TX_ARENA],
-            tx_pos: 0,
-            msgs: Vec::with_capacity(TX_MSGS),
-            rx: vec![0; RX_SLOT * RX_SLOTS],
-            plain: vec![0; RX_SLOT * RX_SLOTS],
-            plain_pos: 0,
-            meta: [RxMeta::default(); RX_SLOTS],
-            out: TunOut::new(self.vnet_hdr, self.mtu, 2 * RX_SLOT),
-        };
-        let mut owned: ById<Owned> = ById::default();
-        let mut table = self.peers.load_full();
-        let mut ctr = Local::default();
-        ctr.add(Ctr::PeerCounting, 1);
-        self.reconcile(&table, &mut owned);
-        self.greet(&mut owned, &mut b, &mut ctr);
-        let mut next_tick = Instant::now() + TIMER_TICK;
-        let mut next_reset = Instant::now();
-        let mut idle = Idle::new();
-        while !self.stop.load(Ordering::Relaxed) {
-            let cur = self.peers.load();
-            if !Arc::ptr_eq(&cur, &table) {
-                table = arc_swap::Guard::into_inner(cur);
-                self.reconcile(&table, &mut owned);
-                self.greet(&mut owned, &mut b, &mut ctr);
-            }
-            let h = self.inbox_step(&table, &mut owned, &mut b, &mut ctr);
-            let a = self.tun_step(&table, &mut owned, &mut tun_buf, &mut b, &mut ctr);
-            let r = self.udp_step(&table, &mut owned, &mut b, &mut ctr);
-            let now = Instant::now();
-            if now >= next_tick {
-                next_tick = now + TIMER_TICK;
-                self.timers(&mut owned, &mut b, &mut ctr);
-            }
-            if self.me == 0 && now >= next_reset {
-                next_reset = now + std::time::Duration::from_secs(1);
-                self.rate_limiter.reset_count();
-            }
-            ctr.publish(&self.shared);
-            idle.end_round(a || r || h, || self.wait());
+impl Encapsulation for WgEncap {
+    type State = State;
+    const FLUSH_AT: usize = FLUSH_AT;
+
+    fn state(w: &Worker<Self>) -> State {
+        let now = Instant::now();
+        State {
+            b: Buffers {
+                tx: TxQueue::new(TX_ARENA, TX_MSGS),
+                rx: vec![0; RX_SLOT * RX_SLOTS],
+                plain: vec![0; RX_SLOT * RX_SLOTS],
+                plain_pos: 0,
+                meta: [RxMeta::default(); RX_SLOTS],
+                out: TunOut::new(w.vnet_hdr, w.mtu, 2 * RX_SLOT),
+            },
+            // No table yet: the first round reconciles with the current one.
+            table: Arc::new(PeerTable::default()),
+            owned: ById::default(),
+            next_tick: now + TIMER_TICK,
+            next_reset: now,
         }
     }
 
-    fn wait(&self) {
-        let fds = [
-            self.tun.raw_fd(),
-            self.sock.raw_fd(),
-            self.inbox.event.raw_fd(),
-        ];
-        if wait_readable(fds, 100)[2] {
-            self.inbox.event.clear();
+    /// A table swap (sessions reconciled, new ones greeted), then the inbox.
+    fn begin_round(
+        w: &Worker<Self>,
+        s: &mut State,
+        peers: &Arc<PeerTable>,
+        ctr: &mut Local,
+    ) -> bool {
+        if !Arc::ptr_eq(peers, &s.table) {
+            s.table = Arc::clone(peers);
+            w.reconcile(&s.table, &mut s.owned);
+            w.greet(&mut s.owned, &mut s.b, ctr);
+        }
+        w.inbox_step(peers, &mut s.owned, &mut s.b, ctr)
+    }
+
+    fn tun_packet(
+        w: &Worker<Self>,
+        s: &mut State,
+        peers: &PeerTable,
+        read: &mut [u8],
+        ctr: &mut Local,
+    ) -> Result<(), DropReason> {
+        w.on_tun_packet(peers, &mut s.owned, read, &mut s.b, ctr)
+    }
+
+    fn queued(s: &State) -> usize {
+        s.b.tx.pos
+    }
+
+    fn flush(w: &Worker<Self>, s: &mut State, ctr: &mut Local) {
+        w.flush_tx(&mut s.b, ctr);
+    }
+
+    fn net_step(w: &Worker<Self>, s: &mut State, peers: &PeerTable, ctr: &mut Local) -> bool {
+        w.udp_step(peers, &mut s.owned, &mut s.b, ctr)
+    }
+
+    /// Every [`TIMER_TICK`], each owned peer's timers; every second (worker
+    /// 0), the handshake rate limiter's count.
+    fn end_round(w: &Worker<Self>, s: &mut State, ctr: &mut Local) {
+        let now = Instant::now();
+        if now >= s.next_tick {
+            s.next_tick = now + TIMER_TICK;
+            w.timers(&mut s.owned, &mut s.b, ctr);
+        }
+        if w.index == 0 && now >= s.next_reset {
+            s.next_reset = now + std::time::Duration::from_secs(1);
+            w.encap.rate_limiter.reset_count();
         }
     }
 
+    fn net_fd(&self) -> RawFd {
+        self.sock.raw_fd()
+    }
+
+    fn wake(&self) -> Option<&Event> {
+        Some(&self.inbox.event)
+    }
+}
+
+impl Worker<WgEncap> {
     /// Creates, replaces or drops `Tunn`s so that `owned` matches the peers of
     /// `table` this worker owns. Runs on table swaps only (control-plane pace).
     fn reconcile(&self, table: &PeerTable, owned: &mut ById<Owned>) {
@@ -241,7 +268,7 @@ impl WgWorker {
                 .is_some_and(|w| w.params.public_key == o.key)
         });
         for w in table.wg_peers() {
-            if owner(w.id, self.workers) != self.me {
+            if owner(w.id, self.encap.workers) != self.index {
                 continue;
             }
             match owned.get_mut(&w.id) {
@@ -263,12 +290,12 @@ impl WgWorker {
     fn new_owned(&self, w: &WgEntry) -> Owned {
         let ka = (w.params.keepalive > 0).then_some(w.params.keepalive);
         let tunn = Tunn::new(
-            x25519::StaticSecret::from(self.secret),
+            x25519::StaticSecret::from(self.encap.secret),
             x25519::PublicKey::from(w.params.public_key),
             w.params.psk,
             ka,
             w.id,
-            Some(self.rate_limiter.clone()),
+            Some(self.encap.rate_limiter.clone()),
         );
         Owned {
             key: w.params.public_key,
@@ -292,19 +319,19 @@ impl WgWorker {
         let mut any = false;
         for o in owned.values_mut().filter(|o| o.greet) {
             o.greet = false;
-            if b.tx_pos + MIN_DST > b.tx.len() || b.msgs.len() + 1 > TX_MSGS {
+            if !b.tx.fits(MIN_DST, 1) {
                 self.flush_tx(b, ctr);
             }
-            let start = b.tx_pos;
+            let start = b.tx.pos;
             let end = start + MIN_DST;
             if let TunnResult::WriteToNetwork(p) = o
                 .tunn
-                .format_handshake_initiation(&mut b.tx[start..end], false)
+                .format_handshake_initiation(&mut b.tx.buf[start..end], false)
             {
                 let len = p.len();
                 o.note_sent(p);
                 self.queue(b, o.endpoint, start, len);
-                b.tx_pos += len;
+                b.tx.pos += len;
                 any = true;
             }
         }
@@ -324,13 +351,13 @@ impl WgWorker {
     ) -> bool {
         let mut any = false;
         for _ in 0..INBOX_BUDGET {
-            let Ok(mut m) = self.inbox.rx.try_recv() else {
+            let Ok(mut m) = self.encap.inbox.rx.try_recv() else {
                 break;
             };
             any = true;
             match m.kind {
                 Kind::Tun => {
-                    if let Err(r) = self.on_tun_packet(table, owned, &mut m.buf, m.len, b, ctr) {
+                    if let Err(r) = self.on_tun_packet(table, owned, &mut m.buf[..m.len], b, ctr) {
                         ctr.drop(r, 1);
                     }
                 }
@@ -340,7 +367,7 @@ impl WgWorker {
                     }
                 }
             }
-            self.hub.recycle(m.buf);
+            self.encap.hub.recycle(m.buf);
         }
         if any {
             self.flush_rx(b, ctr);
@@ -350,7 +377,7 @@ impl WgWorker {
     }
 
     fn hand_off(&self, to: usize, kind: Kind, data: &[u8], ctr: &mut Local) {
-        match self.hub.send(to, kind, data) {
+        match self.encap.hub.send(to, kind, data) {
             Ok(()) => ctr.add(Ctr::Handoffs, 1),
             Err(_) => ctr.drop(DropReason::Backlog, 1),
         }
@@ -358,46 +385,27 @@ impl WgWorker {
 
     // === TUN -> UDP ===
 
-    fn tun_step(
-        &self,
-        table: &PeerTable,
-        owned: &mut ById<Owned>,
-        tun_buf: &mut [u8],
-        b: &mut Buffers,
-        ctr: &mut Local,
-    ) -> bool {
-        let any = read_tun(&self.tun, tun_buf, ctr, |buf, n, ctr| {
-            let r = self.on_tun_packet(table, owned, buf, n, b, ctr);
-            if b.tx_pos >= FLUSH_AT {
-                self.flush_tx(b, ctr);
-            }
-            r
-        });
-        self.flush_tx(b, ctr);
-        any
-    }
-
-    /// One TUN read `buf[..n]`: routed by [`tx::wg_route`], handed off or
-    /// segmented in place + encrypted + queued.
+    /// One TUN read: routed by [`tx::wg_route`], handed off or segmented in
+    /// place + encrypted + queued.
     fn on_tun_packet(
         &self,
         table: &PeerTable,
         owned: &mut ById<Owned>,
-        buf: &mut [u8],
-        n: usize,
+        read: &mut [u8],
         b: &mut Buffers,
         ctr: &mut Local,
     ) -> Result<(), DropReason> {
-        let (id, entry, pkt) =
-            match tx::wg_route(table, &buf[..n], self.vnet_hdr, self.me, self.workers)? {
-                WgRoute::HandOff(home) => {
-                    self.hand_off(home, Kind::Tun, &buf[..n], ctr);
-                    return Ok(());
-                }
-                WgRoute::Local { id, entry, pkt } => (id, entry, pkt),
-            };
+        let workers = self.encap.workers;
+        let (id, entry, pkt) = match tx::wg_route(table, read, self.vnet_hdr, self.index, workers)?
+        {
+            WgRoute::HandOff(home) => {
+                self.hand_off(home, Kind::Tun, read, ctr);
+                return Ok(());
+            }
+            WgRoute::Local { id, entry, pkt } => (id, entry, pkt),
+        };
         let peer = owned.get_mut(&id).ok_or(DropReason::NoRoute)?;
-        let ip = &mut buf[pkt.start..n];
+        let ip = &mut read[pkt.start..];
         match tx::Shape::of(&pkt.hdr, tx::WG_CUTS)? {
             tx::Shape::Tcp(size) => {
                 let (mut segs, mut bytes) = (0u64, 0u64);
@@ -407,11 +415,11 @@ impl WgWorker {
                     self.encrypt(peer, seg, b, ctr);
                 })?;
                 ctr.add(Ctr::GsoSuperPackets, 1);
-                entry.counters.add(self.me, true, segs, bytes);
+                entry.counters.add(self.index, true, segs, bytes);
             }
             tx::Shape::Single(csum) => {
                 tx::single(ip, csum, MAX_UDP_PAYLOAD - OVERHEAD)?;
-                entry.counters.add(self.me, true, 1, ip.len() as u64);
+                entry.counters.add(self.index, true, 1, ip.len() as u64);
                 self.encrypt(peer, ip, b, ctr);
             }
             tx::Shape::Udp(_) => return Err(DropReason::Malformed),
@@ -423,11 +431,14 @@ impl WgWorker {
     fn encrypt(&self, peer: &mut Owned, plain: &[u8], b: &mut Buffers, ctr: &mut Local) {
         let len = plain.len();
         let need = (len + OVERHEAD).max(MIN_DST);
-        if b.tx_pos + need > b.tx.len() || b.msgs.len() + 1 > TX_MSGS {
+        if !b.tx.fits(need, 1) {
             self.flush_tx(b, ctr);
         }
-        let start = b.tx_pos;
-        let out = match peer.tunn.encapsulate(plain, &mut b.tx[start..start + need]) {
+        let start = b.tx.pos;
+        let out = match peer
+            .tunn
+            .encapsulate(plain, &mut b.tx.buf[start..start + need])
+        {
             TunnResult::WriteToNetwork(p) => p.len(),
             TunnResult::Done => return,
             TunnResult::Err(e) => {
@@ -441,28 +452,27 @@ impl WgWorker {
             ctr.add(Ctr::TxPackets, 1);
             ctr.add(Ctr::TxBytes, len as u64);
         } else {
-            peer.note_sent(&b.tx[start..start + out]);
+            peer.note_sent(&b.tx.buf[start..start + out]);
         }
         self.queue(b, peer.endpoint, start, out);
-        b.tx_pos += out;
+        b.tx.pos += out;
     }
 
     /// Appends `tx[start..start+len]` to the last message when it extends an
     /// equal-size train (UDP GSO), else starts a new one.
     fn queue(&self, b: &mut Buffers, dst: SocketAddr, start: usize, len: usize) {
         if self.udp_gso.load(Ordering::Relaxed)
-            && let Some(m) = b.msgs.last_mut()
+            && let Some(m) = b.tx.msgs.last_mut()
             && udp_tx::extend_train(m, dst, start, len)
         {
             return;
         }
-        b.msgs.push(udp_tx::single(dst, start, len));
+        b.tx.msgs.push(udp_tx::single(dst, start, len));
     }
 
     fn flush_tx(&self, b: &mut Buffers, ctr: &mut Local) {
-        udp_tx::send_all(&self.sock, &b.msgs, &b.tx, &self.udp_gso, ctr);
-        b.msgs.clear();
-        b.tx_pos = 0;
+        udp_tx::send_all(&self.encap.sock, &b.tx.msgs, &b.tx.buf, &self.udp_gso, ctr);
+        b.tx.clear();
     }
 
     fn timers(&self, owned: &mut ById<Owned>, b: &mut Buffers, ctr: &mut Local) {
@@ -476,15 +486,15 @@ impl WgWorker {
                 let secs = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
                 o.handshake.store(secs, Ordering::Relaxed);
             }
-            if b.tx_pos + MIN_DST > b.tx.len() || b.msgs.len() + 1 > TX_MSGS {
+            if !b.tx.fits(MIN_DST, 1) {
                 self.flush_tx(b, ctr);
             }
-            let start = b.tx_pos;
-            if let TunnResult::WriteToNetwork(p) = o.tunn.update_timers(&mut b.tx[start..]) {
+            let start = b.tx.pos;
+            if let TunnResult::WriteToNetwork(p) = o.tunn.update_timers(&mut b.tx.buf[start..]) {
                 let len = p.len();
                 o.note_sent(p);
                 self.queue(b, o.endpoint, start, len);
-                b.tx_pos += len;
+                b.tx.pos += len;
             }
         }
         self.flush_tx(b, ctr);
@@ -499,15 +509,10 @@ impl WgWorker {
         b: &mut Buffers,
         ctr: &mut Local,
     ) -> bool {
-        let got = match self.sock.recv_batch(&mut b.rx, RX_SLOT, &mut b.meta) {
-            Ok(0) => return false,
-            Ok(g) => g,
-            Err(_) => {
-                ctr.add(Ctr::IoError, 1);
-                return false;
-            }
+        let r = self.encap.sock.recv_batch(&mut b.rx, RX_SLOT, &mut b.meta);
+        let Some(got) = received(r, ctr) else {
+            return false;
         };
-        ctr.add(Ctr::UdpRecvs, 1);
         // Take the receive arena out so that segments can be borrowed while `b` is mutated.
         let arena = std::mem::take(&mut b.rx);
         for i in 0..got {
@@ -521,10 +526,10 @@ impl WgWorker {
             }
             let first = &arena[base..base + m.stride.min(len)];
             let home = match receiver_id(first) {
-                Some(id) => owner(id, self.workers),
-                None => self.me,
+                Some(id) => owner(id, self.encap.workers),
+                None => self.index,
             };
-            if home != self.me {
+            if home != self.index {
                 self.hand_off(
                     home,
                     Kind::Udp {
@@ -564,8 +569,8 @@ impl WgWorker {
                 None => return,
             },
         };
-        let home = owner(id, self.workers);
-        if home != self.me {
+        let home = owner(id, self.encap.workers);
+        if home != self.index {
             self.hand_off(
                 home,
                 Kind::Udp {
@@ -589,11 +594,11 @@ impl WgWorker {
             let s = b.plain_pos;
             decap_result(peer.tunn.decapsulate(Some(src.ip()), d, &mut b.plain[s..]))
         } else {
-            if b.tx_pos + MIN_DST.max(d.len()) > b.tx.len() || b.msgs.len() + 1 > TX_MSGS {
+            if !b.tx.fits(MIN_DST.max(d.len()), 1) {
                 self.flush_tx(b, ctr);
             }
-            let s = b.tx_pos;
-            decap_result(peer.tunn.decapsulate(Some(src.ip()), d, &mut b.tx[s..]))
+            let s = b.tx.pos;
+            decap_result(peer.tunn.decapsulate(Some(src.ip()), d, &mut b.tx.buf[s..]))
         };
         match res {
             Decap::Tunnel(len, inner_src) => {
@@ -605,22 +610,22 @@ impl WgWorker {
                     }
                 };
                 if let Some(e) = from {
-                    e.counters.add(self.me, false, 1, len as u64);
+                    e.counters.add(self.index, false, 1, len as u64);
                 }
                 peer.endpoint = src;
                 let start = b.plain_pos;
                 b.plain_pos += len;
                 ctr.add(Ctr::RxPackets, 1);
                 ctr.add(Ctr::RxBytes, len as u64);
-                self.deliver(b, start, len, ctr);
+                self.deliver_plain(b, start, len, ctr);
             }
             Decap::Network(len) => {
                 // A handshake answer (boringtun answers data with nothing).
                 peer.endpoint = src;
                 if !data {
-                    let start = b.tx_pos;
+                    let start = b.tx.pos;
                     self.queue(b, src, start, len);
-                    b.tx_pos += len;
+                    b.tx.pos += len;
                 }
                 // Then what boringtun queued while it had no session.
                 self.drain_queued(peer, b, ctr);
@@ -633,15 +638,18 @@ impl WgWorker {
     /// Sends the packets boringtun queued while it had no session.
     fn drain_queued(&self, peer: &mut Owned, b: &mut Buffers, ctr: &mut Local) {
         loop {
-            if b.tx_pos + RX_SLOT > b.tx.len() || b.msgs.len() + 1 > TX_MSGS {
+            if !b.tx.fits(RX_SLOT, 1) {
                 self.flush_tx(b, ctr);
             }
-            let s = b.tx_pos;
-            match peer.tunn.decapsulate(None, &[], &mut b.tx[s..s + RX_SLOT]) {
+            let s = b.tx.pos;
+            match peer
+                .tunn
+                .decapsulate(None, &[], &mut b.tx.buf[s..s + RX_SLOT])
+            {
                 TunnResult::WriteToNetwork(p) => {
                     let len = p.len();
                     self.queue(b, peer.endpoint, s, len);
-                    b.tx_pos += len;
+                    b.tx.pos += len;
                     ctr.add(Ctr::TxPackets, 1);
                 }
                 _ => break,
@@ -661,6 +669,7 @@ impl WgWorker {
     ) -> Option<u32> {
         let mut cookie = [0u8; 64];
         let pkt = match self
+            .encap
             .rate_limiter
             .verify_packet(Some(src.ip()), d, &mut cookie)
         {
@@ -671,13 +680,13 @@ impl WgWorker {
             }
             Err(TunnResult::WriteToNetwork(c)) => {
                 let len = c.len();
-                if b.tx_pos + len > b.tx.len() || b.msgs.len() + 1 > TX_MSGS {
+                if !b.tx.fits(len, 1) {
                     self.flush_tx(b, ctr);
                 }
-                let s = b.tx_pos;
-                b.tx[s..s + len].copy_from_slice(&cookie[..len]);
+                let s = b.tx.pos;
+                b.tx.buf[s..s + len].copy_from_slice(&cookie[..len]);
                 self.queue(b, src, s, len);
-                b.tx_pos += len;
+                b.tx.pos += len;
                 ctr.drop(DropReason::Handshake, 1);
                 return None;
             }
@@ -690,7 +699,7 @@ impl WgWorker {
                 return None;
             }
         };
-        let secret = x25519::StaticSecret::from(self.secret);
+        let secret = x25519::StaticSecret::from(self.encap.secret);
         let public = x25519::PublicKey::from(&secret);
         match parse_handshake_anon(&secret, &public, &pkt) {
             Ok(half) => match table.wg_by_key(&half.peer_static_public) {
@@ -708,7 +717,7 @@ impl WgWorker {
     }
 
     /// Hands a decrypted packet `plain[start..start+len]` to GRO (or the TUN).
-    fn deliver(&self, b: &mut Buffers, start: usize, len: usize, ctr: &mut Local) {
+    fn deliver_plain(&self, b: &mut Buffers, start: usize, len: usize, ctr: &mut Local) {
         if self.vnet_hdr {
             trust_tcp_checksum(&mut b.plain[start..start + len]);
         }

@@ -17,7 +17,7 @@
 
 use std::io::IoSlice;
 
-use crate::wire::{checksum, ipv4, ipv6, put16, tcp, vnet};
+use crate::wire::{checksum, ip, ipv4, ipv6, tcp, vnet};
 
 /// Maximum segments per coalesced packet.
 pub const MAX_SEGS: usize = 64;
@@ -80,7 +80,7 @@ fn tcp_csum_ok(pkt: &[u8], v6: bool, ip_hl: usize) -> bool {
     let seg = &pkt[ip_hl..];
     let len = u32::try_from(seg.len()).unwrap_or(0);
     let ps = super::pseudo_sum(pkt, v6, ipv4::PROTO_TCP, len);
-    if u32::from(crate::wire::be16(seg, tcp::CHECKSUM_OFFSET)) == ps {
+    if u32::from(tcp::Packet::new_unchecked(seg).checksum()) == ps {
         return true;
     }
     checksum::combine(ps, checksum::sum(seg)) == 0xffff
@@ -176,32 +176,42 @@ impl Gro {
         Pushed::Queued
     }
 
-    /// The TCP flow key of any TCP/IP packet (options-free IPv4, or IPv6 without extension headers).
+    /// The TCP flow key of any TCP/IP packet (options-free IPv4, or IPv6
+    /// without extension headers) holding a whole fixed TCP header.
     fn flow_key(pkt: &[u8]) -> Option<FlowKey> {
-        let (v6, ip_hl) = match pkt.first()? >> 4 {
-            4 if pkt.len() >= 40 && pkt[0] & 0x0f == 5 && pkt[9] == ipv4::PROTO_TCP => (false, 20),
-            6 if pkt.len() >= 60 && pkt[6] == ipv4::PROTO_TCP => (true, 40),
-            _ => return None,
+        let ip = ip::Packet::new_checked(pkt).ok()?;
+        let v6 = ip.version() == 6;
+        let ip_hl = if v6 {
+            ipv6::HEADER_LEN
+        } else {
+            ipv4::HEADER_LEN
         };
+        if ip.protocol() != ipv4::PROTO_TCP
+            || ip.header_len() != ip_hl
+            || pkt.len() < ip_hl + tcp::HEADER_LEN
+        {
+            return None;
+        }
+        let t = tcp::Packet::new_unchecked(&pkt[ip_hl..]);
         let mut key = FlowKey {
             v6,
-            ports: crate::wire::be32(pkt, ip_hl),
+            ports: u32::from(t.src_port()) << 16 | u32::from(t.dst_port()),
             ..FlowKey::default()
         };
-        if v6 {
-            key.src.copy_from_slice(&pkt[8..24]);
-            key.dst.copy_from_slice(&pkt[24..40]);
-        } else {
-            key.src[..4].copy_from_slice(&pkt[12..16]);
-            key.dst[..4].copy_from_slice(&pkt[16..20]);
-        }
+        let (src, dst) = ip.addr_bytes().split_at(if v6 { 16 } else { 4 });
+        key.src[..src.len()].copy_from_slice(src);
+        key.dst[..dst.len()].copy_from_slice(dst);
         Some(key)
     }
 
     /// `(key, ip_hl, hdrs, seq, ack, flags)` for a TCP segment that may be coalesced.
     fn candidate(pkt: &[u8]) -> Option<(FlowKey, usize, usize, u32, u32, u8)> {
         let key = Self::flow_key(pkt)?;
-        let ip_hl = if key.v6 { 40 } else { 20 };
+        let ip_hl = if key.v6 {
+            ipv6::HEADER_LEN
+        } else {
+            ipv4::HEADER_LEN
+        };
         if !key.v6 {
             let ip = ipv4::Packet::new_unchecked(pkt);
             if ip.more_frags() || ip.frag_offset() != 0 {
@@ -244,12 +254,20 @@ impl Gro {
         }
         let head = &arena[it.start..it.start + it.first_len];
         let pkt = &arena[start..start + len];
-        // IP fields the kernel compares: v4 TOS, TTL, DF (bytes 1, 6 bit 0x40, 8);
-        // v6 version/class/flow word and hop limit.
+        // IP fields the kernel compares: v4 TOS, TTL, DF; v6 version, traffic
+        // class and flow label, hop limit.
         let same_ip = if it.key.v6 {
-            head[..4] == pkt[..4] && head[7] == pkt[7]
+            let (h, p) = (
+                ipv6::Packet::new_unchecked(head),
+                ipv6::Packet::new_unchecked(pkt),
+            );
+            h.ver_tc_flow() == p.ver_tc_flow() && h.hop_limit() == p.hop_limit()
         } else {
-            head[1] == pkt[1] && head[8] == pkt[8] && (head[6] & 0x40) == (pkt[6] & 0x40)
+            let (h, p) = (
+                ipv4::Packet::new_unchecked(head),
+                ipv4::Packet::new_unchecked(pkt),
+            );
+            h.tos() == p.tos() && h.ttl() == p.ttl() && h.dont_frag() == p.dont_frag()
         };
         // TCP options (bytes 20.. of the TCP header) must be identical.
         if !same_ip || head[ip_hl + tcp::HEADER_LEN..hdrs] != pkt[ip_hl + tcp::HEADER_LEN..hdrs] {
@@ -324,10 +342,6 @@ impl Gro {
             ip.set_total_len(u16::try_from(it.total).unwrap_or(u16::MAX));
             ip.fill_checksum();
         }
-        if it.psh {
-            let f = head[it.ip_hl + 13];
-            head[it.ip_hl + 13] = f | tcp::PSH;
-        }
         // NEEDS_CSUM: the field holds the folded (not complemented) pseudo-header sum.
         let ps = super::pseudo_sum(
             head,
@@ -335,11 +349,11 @@ impl Gro {
             ipv4::PROTO_TCP,
             u32::try_from(tcp_len).unwrap_or(0),
         );
-        put16(
-            head,
-            it.ip_hl + tcp::CHECKSUM_OFFSET,
-            u16::try_from(ps).unwrap_or(0),
-        );
+        let mut t = tcp::Packet::new_unchecked(&mut head[it.ip_hl..]);
+        if it.psh {
+            t.set_flags(t.flags() | tcp::PSH);
+        }
+        t.set_checksum(u16::try_from(ps).unwrap_or(0));
         vnet::VnetHdr {
             flags: vnet::F_NEEDS_CSUM,
             gso_type: if it.key.v6 {

@@ -4,7 +4,7 @@ pub mod gro;
 pub mod gso;
 pub mod uso;
 
-use crate::wire::{be16, checksum, ipv4};
+use crate::wire::{be16, checksum, ip, ipv4};
 
 /// Pseudo-header sum (addresses, `proto`, `l4_len`) of the IPv4 or IPv6
 /// packet whose header starts `pkt` (at least 20 or 40 bytes).
@@ -25,17 +25,15 @@ pub(crate) fn pseudo_sum(pkt: &[u8], v6: bool, proto: u8, l4_len: u32) -> u32 {
 /// a `NEEDS_CSUM` TUN write, so the kernel treats it exactly as its own vxlan
 /// receive path would. Costs one pseudo-header sum, no pass over the payload.
 pub fn partial_checksum(pkt: &[u8]) -> Option<(usize, usize)> {
-    let (ip_hl, proto, v6) = match pkt.first()? >> 4 {
-        4 if pkt.len() >= 20 => {
-            let ip = ipv4::Packet::new_unchecked(pkt);
-            if ip.more_frags() || ip.frag_offset() != 0 {
-                return None;
-            }
-            (ip.header_len(), ip.protocol(), false)
+    let ip = ip::Packet::new_checked(pkt).ok()?;
+    let v6 = ip.version() == 6;
+    if !v6 {
+        let v4 = ipv4::Packet::new_unchecked(pkt);
+        if v4.more_frags() || v4.frag_offset() != 0 {
+            return None;
         }
-        6 if pkt.len() >= 40 => (40, pkt[6], true),
-        _ => return None,
-    };
+    }
+    let (ip_hl, proto) = (ip.header_len(), ip.protocol());
     let off = match proto {
         ipv4::PROTO_TCP => 16,
         ipv4::PROTO_UDP => 6,

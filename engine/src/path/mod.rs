@@ -8,7 +8,10 @@
 //!   the [`DropReason`] (flannel-UDP: an ICMP net-unreachable to answer).
 //! - [`rx`]: a received datagram (or raw IPIP packet) -> decapsulated,
 //!   sources checked ([`crate::antispoof`]), the inner range to deliver and
-//!   the peer entry to count it on; or the [`DropReason`].
+//!   the peer entry to count it on; or the [`DropReason`]. WireGuard: a
+//!   handshake initiation to the peer whose static key it carries (MAC1,
+//!   the cookie reply under load), and the AllowedIPs check of a decrypted
+//!   packet.
 //!
 //! Contract: functions over the peer table and caller-owned buffers only.
 //! No I/O, no clock, no allocation, no lock, no logging; counting is the

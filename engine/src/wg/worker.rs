@@ -17,16 +17,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use boringtun::noise::errors::WireGuardError;
-use boringtun::noise::handshake::parse_handshake_anon;
 use boringtun::noise::rate_limiter::RateLimiter;
-use boringtun::noise::{Packet, Tunn, TunnResult};
+use boringtun::noise::{Tunn, TunnResult};
 use boringtun::x25519;
 
 use super::handoff::{Hub, Inbox, Kind};
 use super::seg::{segment_in_place, trust_tcp_checksum};
 use super::{MIN_DST, OVERHEAD, TIMER_TICK, owner};
 use crate::encap::DropReason;
-use crate::path::rx;
+use crate::path::rx::{self, Initiation};
 use crate::path::tx::{self, WgRoute};
 use crate::peers::{PeerTable, WgEntry};
 use crate::stats::{Ctr, Local};
@@ -51,7 +50,10 @@ pub(crate) struct WgEncap {
     /// Worker threads of the engine (peer owners, [`owner`]).
     pub workers: usize,
     pub sock: Udp,
-    pub secret: [u8; 32],
+    /// Our static key (answering initiations, [`rx::wg_initiation`]).
+    pub secret: x25519::StaticSecret,
+    /// Its public key.
+    pub public: x25519::PublicKey,
     pub rate_limiter: Arc<RateLimiter>,
     pub hub: Arc<Hub>,
     pub inbox: Inbox,
@@ -290,7 +292,7 @@ impl Worker<WgEncap> {
     fn new_owned(&self, w: &WgEntry) -> Owned {
         let ka = (w.params.keepalive > 0).then_some(w.params.keepalive);
         let tunn = Tunn::new(
-            x25519::StaticSecret::from(self.encap.secret),
+            self.encap.secret.clone(),
             x25519::PublicKey::from(w.params.public_key),
             w.params.psk,
             ka,
@@ -657,8 +659,8 @@ impl Worker<WgEncap> {
         }
     }
 
-    /// A handshake initiation (or junk): verifies MAC1 (answering with a
-    /// cookie reply under load) and finds the initiator's id by its static key.
+    /// A handshake initiation (or junk): [`rx::wg_initiation`]; a cookie
+    /// reply it asks for is queued to `src`.
     fn initiator(
         &self,
         table: &PeerTable,
@@ -667,19 +669,20 @@ impl Worker<WgEncap> {
         b: &mut Buffers,
         ctr: &mut Local,
     ) -> Option<u32> {
+        let e = &self.encap;
         let mut cookie = [0u8; 64];
-        let pkt = match self
-            .encap
-            .rate_limiter
-            .verify_packet(Some(src.ip()), d, &mut cookie)
-        {
-            Ok(Packet::HandshakeInit(h)) => h,
-            Ok(_) => {
-                ctr.drop(DropReason::Malformed, 1);
-                return None;
-            }
-            Err(TunnResult::WriteToNetwork(c)) => {
-                let len = c.len();
+        let r = rx::wg_initiation(
+            &e.rate_limiter,
+            &e.secret,
+            &e.public,
+            table,
+            d,
+            src.ip(),
+            &mut cookie,
+        );
+        match r {
+            Ok(Initiation::Peer(id)) => return Some(id),
+            Ok(Initiation::Cookie(len)) => {
                 if !b.tx.fits(len, 1) {
                     self.flush_tx(b, ctr);
                 }
@@ -688,32 +691,10 @@ impl Worker<WgEncap> {
                 self.queue(b, src, s, len);
                 b.tx.pos += len;
                 ctr.drop(DropReason::Handshake, 1);
-                return None;
             }
-            Err(TunnResult::Err(e)) => {
-                ctr.drop(classify(&e), 1);
-                return None;
-            }
-            Err(_) => {
-                ctr.drop(DropReason::Malformed, 1);
-                return None;
-            }
-        };
-        let secret = x25519::StaticSecret::from(self.encap.secret);
-        let public = x25519::PublicKey::from(&secret);
-        match parse_handshake_anon(&secret, &public, &pkt) {
-            Ok(half) => match table.wg_by_key(&half.peer_static_public) {
-                Some(w) => Some(w.id),
-                None => {
-                    ctr.drop(DropReason::UnknownKey, 1);
-                    None
-                }
-            },
-            Err(e) => {
-                ctr.drop(classify(&e), 1);
-                None
-            }
+            Err(r) => ctr.drop(r, 1),
         }
+        None
     }
 
     /// Hands a decrypted packet `plain[start..start+len]` to GRO (or the TUN).

@@ -15,8 +15,8 @@ use arc_swap::ArcSwap;
 
 use crate::antispoof::{self, AntiSpoofing};
 use crate::peers::PeerTable;
-use crate::stats::Shared;
 use crate::sys::tun;
+use crate::worker::{Encapsulation, Worker};
 use crate::{Engine, EngineConfig, EngineError, OffloadState};
 
 /// Most workers (and TUN queues) an engine runs.
@@ -33,14 +33,6 @@ pub(crate) struct SharedState {
     pub anti_spoof: Arc<antispoof::Mode>,
     /// Whether UDP GSO is in use (turns off at runtime on `EIO`).
     pub udp_gso: Arc<AtomicBool>,
-}
-
-/// A worker thread's body: what [`Builder::spawn`] starts.
-pub(crate) trait Run: Send + 'static {
-    /// The worker's block of engine counters.
-    fn counters(&self) -> Arc<Shared>;
-    /// The run loop; returns when the engine stops.
-    fn run(self);
 }
 
 /// An engine being started.
@@ -106,13 +98,13 @@ impl<'c> Builder<'c> {
 
     /// The engine handle for the TUN device `tun_name` and UDP `port`, its
     /// `workers` started as threads named `{thread}{index}`.
-    pub fn spawn<W: Run>(
+    pub fn spawn<E: Encapsulation>(
         self,
         tun_name: String,
         port: u16,
         offloads: OffloadState,
         thread: &str,
-        workers: Vec<W>,
+        workers: Vec<Worker<E>>,
     ) -> Result<Engine, EngineError> {
         let SharedState {
             peers,
@@ -126,7 +118,7 @@ impl<'c> Builder<'c> {
             peers,
             stop,
             threads: Vec::with_capacity(workers.len()),
-            counters: workers.iter().map(Run::counters).collect(),
+            counters: workers.iter().map(|w| w.counters.clone()).collect(),
             offloads,
             udp_gso,
             wg_ids: Default::default(),

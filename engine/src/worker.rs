@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use arc_swap::ArcSwap;
 
 use crate::antispoof;
-use crate::builder::{Run, SharedState};
+use crate::builder::SharedState;
 use crate::encap::DropReason;
 use crate::idle::Idle;
 use crate::path::rx::Delivery;
@@ -252,15 +252,6 @@ impl<E: Encapsulation> Worker<E> {
         ctr.add(Ctr::RxPackets, 1);
         ctr.add(Ctr::RxBytes, len as u64);
         out.push(&self.tun, arena, start, len, ctr);
-    }
-}
-
-impl<E: Encapsulation> Run for Worker<E> {
-    fn counters(&self) -> Arc<Shared> {
-        self.counters.clone()
-    }
-    fn run(self) {
-        Worker::run(self);
     }
 }
 

@@ -1,7 +1,9 @@
 //! The workers' idle policy, opt-in: after a round that moved a packet, a
 //! worker may poll on for a short window before it sleeps, and every worker
 //! may ask the scheduler for a short slice (both off by default; see the
-//! end of these docs for why).
+//! end of these docs for why). Its one caller is the run loop every
+//! encapsulation shares (`worker.rs`): a change to how workers wait lands
+//! here and there, once.
 //!
 //! A worker asleep in `poll` is woken by the kernel when its next packet
 //! arrives, and a request/response exchange through the engine pays that

@@ -76,6 +76,7 @@ fn a_clean_record_passes() {
     let rec = Records {
         reqs: vec![req(10.0, true), req(8.0, false), req(99.0, true)],
         streams: vec![stream(99.5)],
+        stalls: Vec::new(),
     };
     let v = judge_with(&rec, &[fault(11.0, 14.0)], &BTreeMap::new(), "info: ok");
     assert!(v.is_empty(), "{v:?}");
@@ -87,10 +88,23 @@ fn each_invariant_can_fail() {
     let rec = Records {
         reqs: vec![req(50.0, false)],
         streams: vec![stream(99.5)],
+        stalls: Vec::new(),
     };
     let v = judge_with(&rec, &[fault(11.0, 14.0)], &BTreeMap::new(), "");
     assert!(
         v.iter().any(|v| v.contains("with no fault touching")),
+        "{v:?}"
+    );
+    // The same failure while this process did not run: still a violation,
+    // with the stall named.
+    let rec = Records {
+        stalls: vec![(49.0, 4.0)],
+        ..rec
+    };
+    let v = judge_with(&rec, &[fault(11.0, 14.0)], &BTreeMap::new(), "");
+    assert!(
+        v.iter()
+            .any(|v| v.contains("with no fault touching") && v.contains("stalled 4.0 s at 49.0s")),
         "{v:?}"
     );
     // A stream that broke, and one that went silent.
@@ -100,6 +114,7 @@ fn each_invariant_can_fail() {
     let rec = Records {
         reqs: vec![],
         streams: vec![s, stream(20.0)],
+        stalls: Vec::new(),
     };
     let v = judge_with(&rec, &[], &BTreeMap::new(), "");
     assert!(v.iter().any(|v| v.contains("broke")), "{v:?}");
@@ -108,6 +123,7 @@ fn each_invariant_can_fail() {
     let rec = Records {
         reqs: vec![],
         streams: vec![],
+        stalls: Vec::new(),
     };
     let v = judge_with(
         &rec,

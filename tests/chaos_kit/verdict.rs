@@ -120,12 +120,12 @@ pub fn judge(r: &Run<'_>, b: Bounds) -> (Vec<String>, String) {
         });
         if !excused {
             unexcused += 1;
-            // A stall of this process overlapping the request (it took up to 6 s).
+            // A stall of this process overlapping the request (it takes up to 6 s).
             let stall = r
                 .rec
                 .stalls
                 .iter()
-                .filter(|(t, d)| *t <= q.t + LEAD && q.t <= t + d)
+                .filter(|(t, d)| *t <= q.t + 6.0 && q.t <= t + d)
                 .map(|(t, d)| format!("; this process stalled {d:.1} s at {t:.1}s"))
                 .next()
                 .unwrap_or_default();

@@ -1,6 +1,6 @@
-//! Chaos under load (issue 22): two weft clusters side by side (etcd +
+//! Chaos under load (issue 22): three weft clusters side by side (etcd +
 //! vxlan with userspace, kernel and live-switched nodes; the embedded store
-//! on a tmpfs + userspace WireGuard), pods on every node, a workload that
+//! on a tmpfs + userspace WireGuard; etcd + udp), pods on every node, a workload that
 //! never stops and a seeded scheduler injecting faults at random, with the
 //! invariants checked all along and at the end. See `chaos_kit` and the
 //! README's "Reliability" section.

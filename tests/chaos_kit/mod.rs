@@ -1,10 +1,11 @@
-//! The chaos harness (issue 22): two weft clusters side by side under a
+//! The chaos harness (issue 22): three weft clusters side by side under a
 //! workload that never stops, a seeded fault scheduler, and invariants
 //! checked continuously and at the end. See ARCHITECTURE.md ("Tests") and
 //! README.md ("Reliability").
 //!
 //! - [`rig`]: the clusters (etcd + vxlan, embedded store on a tmpfs +
-//!   WireGuard), their daemons and stores, everything removed on drop;
+//!   WireGuard, etcd + udp), their daemons and stores, everything removed
+//!   on drop;
 //! - [`workload`]: echo servers in every pod, a request loop per ordered pod
 //!   pair, long-lived TCP streams, phantom-lease churn;
 //! - [`faults`]: the fault kinds and the scheduler;

@@ -1,6 +1,6 @@
 //! The clusters a chaos run drives. One flannel network has one backend, so
-//! the mix of backends and stores needs two clusters side by side (each has
-//! its own underlay bridge and namespaces, so their addresses never meet):
+//! the mix of backends and stores needs three clusters side by side (each
+//! has its own underlay bridge and namespaces, so their addresses never meet):
 //!
 //! - `etcd`: a real etcd (reached from every node namespace through an
 //!   [`NsProxy`]), vxlan, 3 nodes: userspace, kernel, and a userspace node
@@ -8,7 +8,10 @@
 //!   iptables traffic manager with `--ip-masq` (so hand-deleted chains matter);
 //! - `embedded`: the embedded store in a 4 MiB tmpfs (so the disk can be
 //!   filled), WireGuard (userspace: this kernel has no WireGuard module),
-//!   2 nodes.
+//!   2 nodes;
+//! - `udp`: an etcd of its own, flannel's `udp` backend (always on the
+//!   userspace engine: TUN `flannel0`, one route for the network), 2 nodes,
+//!   iptables with `--ip-masq`.
 //!
 //! Dropping a [`ChaosCluster`] stops its daemons, deletes its namespaces,
 //! stops etcd and unmounts the tmpfs (field order).
@@ -78,8 +81,11 @@ pub struct ChaosCluster {
     pub name: &'static str,
     /// The store kind.
     pub store: StoreKind,
-    /// The backend type (`vxlan`, `wireguard`).
+    /// The backend type (`vxlan`, `wireguard`, `udp`).
     pub backend: &'static str,
+    /// Whether weftd runs the iptables traffic manager (`--ip-masq`), so
+    /// that flannel's chains must exist and may be deleted by hand.
+    pub iptables: bool,
     /// Per node: whether it may be switched between dataplanes live.
     pub switchable: Vec<bool>,
     /// Per node: the dataplane it runs now (`userspace`, `kernel`).
@@ -103,7 +109,23 @@ impl Rig {
     /// Builds both clusters, one pod per node; panics (cleaning up) on failure.
     pub fn start() -> Rig {
         Rig {
-            clusters: vec![etcd_cluster(), embedded_cluster()],
+            clusters: vec![
+                etcd_cluster(EtcdSpec {
+                    name: "etcd",
+                    tag: "ce",
+                    backend: "vxlan",
+                    dataplanes: &["userspace", "kernel", "userspace"],
+                    switchable: &[false, false, true],
+                }),
+                embedded_cluster(),
+                etcd_cluster(EtcdSpec {
+                    name: "udp",
+                    tag: "cu",
+                    backend: "udp",
+                    dataplanes: &["userspace", "userspace"],
+                    switchable: &[false, false],
+                }),
+            ],
         }
     }
 }
@@ -126,47 +148,58 @@ fn spec(
     }
 }
 
-fn etcd_cluster() -> ChaosCluster {
+/// An etcd-backed cluster: its own etcd, one node per dataplane given.
+struct EtcdSpec {
+    name: &'static str,
+    tag: &'static str,
+    backend: &'static str,
+    dataplanes: &'static [&'static str],
+    switchable: &'static [bool],
+}
+
+fn etcd_cluster(e: EtcdSpec) -> ChaosCluster {
     let etcd = Etcd::start();
     etcd.etcdctl_ok(&[
         "put",
         "/coreos.com/network/config",
-        &fault_kit::net_conf("vxlan"),
+        &fault_kit::net_conf(e.backend),
     ]);
     let work = tempfile::tempdir().expect("tempdir");
     let common = ["--ip-masq", "--iptables-resync=2", "--engine-workers=1"];
     let mut s = spec(
-        "ce",
-        "vxlan",
+        e.tag,
+        e.backend,
         work.path(),
         ClusterStore::Etcd(ETCD_IN_NS.into()),
         &common,
     );
-    s.nodes = 3;
-    let node_args = vec![
-        args(&["--dataplane=userspace"]),
-        args(&["--dataplane=kernel"]),
-        args(&["--dataplane=userspace"]),
-    ];
-    let mut c = Cluster::create(s, node_args).unwrap_or_else(|e| panic!("etcd cluster: {e}"));
+    s.nodes = u8::try_from(e.dataplanes.len()).expect("nodes");
+    let node_args = e
+        .dataplanes
+        .iter()
+        .map(|d| vec![format!("--dataplane={d}")])
+        .collect();
+    let mut c =
+        Cluster::create(s, node_args).unwrap_or_else(|err| panic!("{} cluster: {err}", e.name));
     let proxies = c
         .nodes
         .iter()
         .map(|n| NsProxy::start(&n.ns.path(), 2379, etcd.port()))
         .collect();
     c.start_all()
-        .unwrap_or_else(|e| panic!("etcd cluster: {e}"));
+        .unwrap_or_else(|err| panic!("{} cluster: {err}", e.name));
     let mut cc = ChaosCluster {
         c,
         proxies,
         etcd: Some(etcd),
         _tmpfs: None,
-        name: "etcd",
+        name: e.name,
         store: StoreKind::Etcd,
-        backend: "vxlan",
-        switchable: vec![false, false, true],
-        dataplane: vec!["userspace", "kernel", "userspace"],
-        starts: vec![1; 3],
+        backend: e.backend,
+        iptables: true,
+        switchable: e.switchable.to_vec(),
+        dataplane: e.dataplanes.to_vec(),
+        starts: vec![1; e.dataplanes.len()],
         _work: work,
     };
     cc.add_pods();
@@ -198,6 +231,7 @@ fn embedded_cluster() -> ChaosCluster {
         name: "embedded",
         store: StoreKind::Embedded,
         backend: "wireguard",
+        iptables: false,
         switchable: vec![false, false],
         dataplane: vec!["userspace", "userspace"],
         starts: vec![1; 2],
@@ -218,6 +252,13 @@ pub struct StoredLease {
 }
 
 impl ChaosCluster {
+    /// Whether the backend runs one route for the whole network into the
+    /// userspace engine's TUN (WireGuard, udp), so that the engine's peer
+    /// table, not the routes, follows the leases.
+    pub fn one_route(&self) -> bool {
+        self.backend != "vxlan"
+    }
+
     fn add_pods(&mut self) {
         for i in 0..self.c.nodes.len() {
             self.c

@@ -5,11 +5,12 @@
 //!   it was starting while its own lease key held garbage and exited 1 after
 //!   flannel's race retries (documented too); it is restarted either way,
 //!   as a kubelet would;
-//! - convergence: every node's routes to 10.244.0.0/16 /24s equal the
-//!   store's parsable leases minus its own (phantoms changed in the last
-//!   [`CHURN_GRACE`] s are left out of both sides; on WireGuard, whose one
-//!   route covers the network, the userspace peer table instead), on the etcd cluster
-//!   also flannel's iptables chains non-empty and, on kernel vxlan nodes, an
+//! - convergence ([`node_problems`]): every node's routes to 10.244.0.0/16
+//!   /24s equal the store's parsable leases minus its own (phantoms changed
+//!   in the last [`CHURN_GRACE`] s are left out of both sides; on WireGuard
+//!   and udp, whose one route covers the network, the userspace engine's
+//!   peer table instead, and that one route must exist); on the iptables
+//!   clusters also flannel's chains non-empty and, on kernel vxlan nodes, an
 //!   fdb entry for every remote lease. After each fault the time to the
 //!   first converged tick is recorded; a cluster that stays unconverged
 //!   [`CONVERGE_BOUND`] s after its last fault ended is a violation;
@@ -21,7 +22,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::faults::Scheduler;
 use super::now;
-use super::rig::{ChaosCluster, Rig, StoreKind};
+use super::rig::{ChaosCluster, Rig, StoredLease};
+use crate::fault_kit::NETWORK;
 
 /// Phantom leases changed this recently are not judged.
 pub const CHURN_GRACE: f64 = 8.0;
@@ -117,6 +119,9 @@ impl Sampler {
                 }
                 Some(m) => {
                     let t = now();
+                    if self.last_mismatch.get(&ci) != Some(&m) {
+                        eprintln!("chaos {t:8.1}s {} unconverged: {m}", cc.name);
+                    }
                     if !active
                         && t - quiet_since > self.converge_bound
                         && self.reported.get(&ci) != Some(&quiet_since)
@@ -253,6 +258,75 @@ pub fn shared_subnets(held: &[(usize, String)]) -> Vec<(usize, usize, String)> {
     out
 }
 
+/// What the sampler read on one node, judged by [`node_problems`].
+#[derive(Debug, Default)]
+pub struct NodeView {
+    /// The node's own subnet (`10.244.5.0/24`).
+    pub own: String,
+    /// Its underlay address.
+    pub addr: String,
+    /// The subnets it forwards to: its /24 routes (vxlan), or the engine's
+    /// peer table (one-route backends: WireGuard, udp).
+    pub have: Vec<String>,
+    /// One-route backends: `ip route show exact <network>`, else `None`.
+    pub net_route: Option<String>,
+    /// iptables clusters: whether flannel's POSTROUTING and FORWARD chains
+    /// have rules, else `None`.
+    pub chains: Option<bool>,
+    /// Kernel vxlan nodes: `bridge fdb show dev flannel.1`, else `None`.
+    pub fdb: Option<String>,
+}
+
+/// Why one node does not match the store's `leases` (`fresh`: phantom keys
+/// changed too recently to judge). Empty when it matches.
+pub fn node_problems(
+    ni: usize,
+    v: &NodeView,
+    leases: &[StoredLease],
+    fresh: &dyn Fn(&str) -> bool,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    let want: BTreeSet<String> = leases
+        .iter()
+        .filter(|l| l.public_ip.is_some() && !fresh(&l.key))
+        .map(|l| l.key.replace('-', "/"))
+        .filter(|k| *k != v.own)
+        .collect();
+    let have: BTreeSet<String> = v
+        .have
+        .iter()
+        .filter(|k| **k != v.own && !fresh(&k.replace('/', "-")))
+        .cloned()
+        .collect();
+    if want != have {
+        let what = if v.net_route.is_some() {
+            "peers"
+        } else {
+            "routes"
+        };
+        let missing: Vec<_> = want.difference(&have).collect();
+        let extra: Vec<_> = have.difference(&want).collect();
+        problems.push(format!("n{ni} {what} missing {missing:?} extra {extra:?}"));
+    }
+    if let Some(r) = &v.net_route
+        && !r.lines().any(|l| l.starts_with(&format!("{NETWORK} dev ")))
+    {
+        problems.push(format!("n{ni} no route for {NETWORK} into the engine"));
+    }
+    if v.chains == Some(false) {
+        problems.push(format!("n{ni} iptables chains empty"));
+    }
+    if let Some(fdb) = &v.fdb {
+        for l in leases {
+            let Some(ip) = &l.public_ip else { continue };
+            if *ip != v.addr && !fresh(&l.key) && !fdb.contains(&format!("dst {ip} ")) {
+                problems.push(format!("n{ni} no fdb entry for {ip}"));
+            }
+        }
+    }
+    problems
+}
+
 /// Why cluster `ci` is not converged now, or `None` when it is.
 pub fn mismatch(cc: &ChaosCluster, ci: usize, s: &Scheduler) -> Option<String> {
     let Some(leases) = cc.leases() else {
@@ -270,48 +344,28 @@ pub fn mismatch(cc: &ChaosCluster, ci: usize, s: &Scheduler) -> Option<String> {
             problems.push(format!("n{ni} has no weftd"));
             continue;
         }
-        let own = cc.subnet(ni).unwrap_or_default();
-        let want: BTreeSet<String> = leases
-            .iter()
-            .filter(|l| l.public_ip.is_some() && !fresh(&l.key))
-            .map(|l| l.key.replace('-', "/"))
-            .filter(|k| *k != own)
-            .collect();
         let ns = &cc.c.nodes[ni].ns;
-        let (what, have) = if cc.backend == "wireguard" {
-            ("peers", wg_peers(cc, ni))
-        } else {
-            ("routes", routes(ns))
+        let stdout = |a: &[&str]| String::from_utf8_lossy(&ns.try_exec(a).stdout).into_owned();
+        let view = NodeView {
+            own: cc.subnet(ni).unwrap_or_default(),
+            addr: cc.c.nodes[ni].addr.clone(),
+            have: if cc.one_route() {
+                engine_peers(cc, ni)
+            } else {
+                routes(ns)
+            },
+            net_route: cc
+                .one_route()
+                .then(|| stdout(&["ip", "route", "show", "exact", NETWORK])),
+            chains: cc.iptables.then(|| {
+                stdout(&["iptables", "-t", "nat", "-S", "FLANNEL-POSTRTG"])
+                    .contains("-A FLANNEL-POSTRTG")
+                    && stdout(&["iptables", "-S", "FLANNEL-FWD"]).contains("-A FLANNEL-FWD")
+            }),
+            fdb: (cc.dataplane[ni] == "kernel")
+                .then(|| stdout(&["bridge", "fdb", "show", "dev", "flannel.1"])),
         };
-        let have: BTreeSet<String> = have
-            .into_iter()
-            .filter(|k| *k != own && !fresh(&k.replace('/', "-")))
-            .collect();
-        if want != have {
-            let missing: Vec<_> = want.difference(&have).collect();
-            let extra: Vec<_> = have.difference(&want).collect();
-            problems.push(format!("n{ni} {what} missing {missing:?} extra {extra:?}"));
-        }
-        if cc.store == StoreKind::Etcd {
-            let nat = ns.try_exec(&["iptables", "-t", "nat", "-S", "FLANNEL-POSTRTG"]);
-            let fwd = ns.try_exec(&["iptables", "-S", "FLANNEL-FWD"]);
-            if !String::from_utf8_lossy(&nat.stdout).contains("-A FLANNEL-POSTRTG")
-                || !String::from_utf8_lossy(&fwd.stdout).contains("-A FLANNEL-FWD")
-            {
-                problems.push(format!("n{ni} iptables chains empty"));
-            }
-        }
-        if cc.dataplane[ni] == "kernel" {
-            let fdb = ns.try_exec(&["bridge", "fdb", "show", "dev", "flannel.1"]);
-            let fdb = String::from_utf8_lossy(&fdb.stdout).into_owned();
-            let own_ip = &cc.c.nodes[ni].addr;
-            for l in &leases {
-                let Some(ip) = &l.public_ip else { continue };
-                if ip != own_ip && !fresh(&l.key) && !fdb.contains(&format!("dst {ip} ")) {
-                    problems.push(format!("n{ni} no fdb entry for {ip}"));
-                }
-            }
-        }
+        problems.extend(node_problems(ni, &view, &leases, &fresh));
     }
     (!problems.is_empty()).then(|| problems.join("; "))
 }
@@ -328,10 +382,10 @@ fn routes(ns: &weft_tests::netns::Netns) -> Vec<String> {
         .collect()
 }
 
-/// The subnets in a WireGuard node's userspace peer table (`weft status`:
-/// peers with a device). One route covers the whole network there, so the
-/// peer table is what follows the leases.
-fn wg_peers(cc: &ChaosCluster, ni: usize) -> Vec<String> {
+/// The subnets in a one-route node's userspace peer table (`weft status`:
+/// peers with a device; WireGuard, udp). One route covers the whole network
+/// there, so the peer table is what follows the leases.
+fn engine_peers(cc: &ChaosCluster, ni: usize) -> Vec<String> {
     let out = std::process::Command::new("timeout")
         .arg("3")
         .arg(weft_tests::bins::path("weft"))

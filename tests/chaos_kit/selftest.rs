@@ -76,6 +76,7 @@ fn a_clean_record_passes() {
     let rec = Records {
         reqs: vec![req(10.0, true), req(8.0, false), req(99.0, true)],
         streams: vec![stream(99.5)],
+        stalls: Vec::new(),
     };
     let v = judge_with(&rec, &[fault(11.0, 14.0)], &BTreeMap::new(), "info: ok");
     assert!(v.is_empty(), "{v:?}");
@@ -87,10 +88,23 @@ fn each_invariant_can_fail() {
     let rec = Records {
         reqs: vec![req(50.0, false)],
         streams: vec![stream(99.5)],
+        stalls: Vec::new(),
     };
     let v = judge_with(&rec, &[fault(11.0, 14.0)], &BTreeMap::new(), "");
     assert!(
         v.iter().any(|v| v.contains("with no fault touching")),
+        "{v:?}"
+    );
+    // The same failure while this process did not run: still a violation,
+    // with the stall named.
+    let rec = Records {
+        stalls: vec![(49.0, 4.0)],
+        ..rec
+    };
+    let v = judge_with(&rec, &[fault(11.0, 14.0)], &BTreeMap::new(), "");
+    assert!(
+        v.iter()
+            .any(|v| v.contains("with no fault touching") && v.contains("stalled 4.0 s at 49.0s")),
         "{v:?}"
     );
     // A stream that broke, and one that went silent.
@@ -100,6 +114,7 @@ fn each_invariant_can_fail() {
     let rec = Records {
         reqs: vec![],
         streams: vec![s, stream(20.0)],
+        stalls: Vec::new(),
     };
     let v = judge_with(&rec, &[], &BTreeMap::new(), "");
     assert!(v.iter().any(|v| v.contains("broke")), "{v:?}");
@@ -108,6 +123,7 @@ fn each_invariant_can_fail() {
     let rec = Records {
         reqs: vec![],
         streams: vec![],
+        stalls: Vec::new(),
     };
     let v = judge_with(
         &rec,
@@ -156,4 +172,54 @@ fn two_nodes_on_one_subnet_are_caught() {
         shared_subnets(&bad),
         vec![(0, 1, "10.244.1.0/24".to_string())]
     );
+}
+
+#[test]
+fn a_one_route_node_is_judged_by_its_engine_peers_and_its_network_route() {
+    use super::rig::StoredLease;
+    use super::sample::{NodeView, node_problems};
+    let lease = |key: &str, ip: Option<&str>| StoredLease {
+        key: key.into(),
+        public_ip: ip.map(str::to_string),
+    };
+    let leases = [
+        lease("10.244.1.0-24", Some("192.0.2.1")),
+        lease("10.244.2.0-24", Some("192.0.2.2")),
+        lease("10.244.70.0-24", Some("192.0.2.170")),
+        lease("10.244.3.0-24", None), // garbage: not judged
+    ];
+    let fresh = |k: &str| k == "10.244.70.0-24";
+    // A udp node (10.244.1.0/24) whose engine has every peer and whose
+    // network route goes into flannel0: converged.
+    let mut v = NodeView {
+        own: "10.244.1.0/24".into(),
+        addr: "192.0.2.1".into(),
+        have: vec!["10.244.2.0/24".into()],
+        net_route: Some("10.244.0.0/16 dev flannel0 \n".into()),
+        chains: Some(true),
+        fdb: None,
+    };
+    assert!(node_problems(0, &v, &leases, &fresh).is_empty());
+    // The peer missing from the engine, a stale one in it, the route gone,
+    // the chains flushed: each is reported.
+    v.have = vec!["10.244.9.0/24".into()];
+    v.net_route = Some(String::new());
+    v.chains = Some(false);
+    let p = node_problems(0, &v, &leases, &fresh).join("; ");
+    assert!(
+        p.contains(r#"n0 peers missing ["10.244.2.0/24"] extra ["10.244.9.0/24"]"#),
+        "{p}"
+    );
+    assert!(p.contains("no route for 10.244.0.0/16"), "{p}");
+    assert!(p.contains("iptables chains empty"), "{p}");
+    // A kernel vxlan node without an fdb entry for a remote lease.
+    let k = NodeView {
+        own: "10.244.1.0/24".into(),
+        addr: "192.0.2.1".into(),
+        have: vec!["10.244.2.0/24".into()],
+        fdb: Some("aa:bb:cc:dd:ee:ff dst 192.0.2.9 self permanent\n".into()),
+        ..NodeView::default()
+    };
+    let p = node_problems(1, &k, &leases, &fresh).join("; ");
+    assert_eq!(p, "n1 no fdb entry for 192.0.2.2", "{p}");
 }

@@ -120,18 +120,37 @@ pub fn judge(r: &Run<'_>, b: Bounds) -> (Vec<String>, String) {
         });
         if !excused {
             unexcused += 1;
+            // A stall of this process overlapping the request (it takes up to 6 s).
+            let stall = r
+                .rec
+                .stalls
+                .iter()
+                .filter(|(t, d)| *t <= q.t + 6.0 && q.t <= t + d)
+                .map(|(t, d)| format!("; this process stalled {d:.1} s at {t:.1}s"))
+                .next()
+                .unwrap_or_default();
+            let line = format!(
+                "{:.1}s: request pod {} → pod {} (cluster {}) failed ({}) with no fault touching their nodes within {} s{stall}",
+                q.t,
+                q.from,
+                q.to,
+                a.cluster,
+                q.why.unwrap_or("?"),
+                b.request
+            );
+            let _ = writeln!(out, "unexcused: {line}");
             if unexcused <= 10 {
-                v.push(format!(
-                    "{:.1}s: request pod {} → pod {} failed ({}) with no fault touching their nodes within {} s",
-                    q.t,
-                    q.from,
-                    q.to,
-                    q.why.unwrap_or("?"),
-                    b.request
-                ));
+                v.push(line);
             }
         }
     }
+    let longest = r.rec.stalls.iter().map(|s| s.1).fold(0.0, f64::max);
+    let _ = writeln!(
+        out,
+        "test process stalls (a 100 ms sleep overslept by > {} s): {}, longest {longest:.1} s",
+        super::workload::STALL,
+        r.rec.stalls.len()
+    );
     if unexcused > 10 {
         v.push(format!("... {unexcused} unexcused failed requests in all"));
     }

@@ -75,6 +75,26 @@ pub struct Records {
     pub reqs: Vec<Req>,
     /// One per stream.
     pub streams: Vec<StreamLog>,
+    /// Times this process (clients and echo servers alike) was not
+    /// scheduled: (start, seconds) of every 100 ms sleep that overslept
+    /// by more than [`STALL`] s. A diagnostic, not an excuse.
+    pub stalls: Vec<(f64, f64)>,
+}
+
+/// An oversleep this long counts as a stall of the test process.
+pub const STALL: f64 = 0.5;
+
+/// Sleeps 100 ms at a time and records every oversleep beyond [`STALL`].
+fn stall_probe(stop: &AtomicBool, rec: &Mutex<Records>) {
+    while !stop.load(Ordering::Relaxed) {
+        let t = now();
+        std::thread::sleep(Duration::from_millis(100));
+        let late = now() - t - 0.1;
+        if late > STALL {
+            eprintln!("chaos {t:8.1}s test process stalled {late:.1} s");
+            rec.lock().expect("records").stalls.push((t, late));
+        }
+    }
 }
 
 /// The running workload; stops on drop.
@@ -113,6 +133,8 @@ impl Workload {
             }
         }
         std::thread::sleep(Duration::from_millis(200));
+        let (s, r) = (stop.clone(), rec.clone());
+        threads.push(std::thread::spawn(move || stall_probe(&s, &r)));
         for (a, pa) in pods.iter().enumerate() {
             for (b, pb) in pods.iter().enumerate() {
                 if a == b || pa.cluster != pb.cluster {

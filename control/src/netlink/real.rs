@@ -551,10 +551,18 @@ pub(super) fn mac_str(m: &[u8; 6]) -> String {
     )
 }
 
-fn neigh_dst(m: &NeighbourMessage) -> Option<IpAddr> {
+/// `NDA_DST`. In an AF_BRIDGE (fdb) message the parser cannot tell the
+/// address family from the header and hands the bytes over raw (`Other`):
+/// 4 bytes are IPv4, 16 IPv6.
+pub(super) fn neigh_dst(m: &NeighbourMessage) -> Option<IpAddr> {
     m.attributes.iter().find_map(|a| match a {
         NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => Some(IpAddr::V4(*a)),
         NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => Some(IpAddr::V6(*a)),
+        NeighbourAttribute::Destination(NeighbourAddress::Other(v)) => match v.len() {
+            4 => <[u8; 4]>::try_from(v.as_slice()).ok().map(IpAddr::from),
+            16 => <[u8; 16]>::try_from(v.as_slice()).ok().map(IpAddr::from),
+            _ => None,
+        },
         _ => None,
     })
 }

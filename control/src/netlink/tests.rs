@@ -216,3 +216,29 @@ fn xfrm_policy_template_is_esp_tunnel_reqid_11() {
         "src 10.244.1.0/24 dst 10.244.2.0/24 dir out tmpl src 192.0.2.1 dst 192.0.2.2 proto esp reqid 11 mode tunnel"
     );
 }
+
+/// Regression (found by the chaos run: a kernel vxlan node logged "FDB entry
+/// recovered" for every lease at every reconcile): an fdb entry read back
+/// from the kernel (AF_BRIDGE, whose NDA_DST the parser leaves raw) still
+/// yields its destination, so `fdbs()` lists it.
+#[test]
+fn an_fdb_entry_parsed_back_from_the_wire_keeps_its_destination() {
+    use rtnetlink::packet_core::{Emitable, Parseable};
+    use rtnetlink::packet_route::neighbour::NeighbourMessage;
+    for dst in [
+        IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7)),
+        "fd00::7".parse().expect("v6"),
+    ] {
+        let f = Fdb {
+            index: 5,
+            mac: MAC,
+            dst,
+        };
+        let m = f.message();
+        let mut buf = vec![0u8; m.buffer_len()];
+        m.emit(&mut buf);
+        let back = NeighbourMessage::parse(buf.as_slice()).expect("parse");
+        assert_eq!(back.header.family, AddressFamily::Bridge);
+        assert_eq!(real::neigh_dst(&back), Some(dst), "{back:?}");
+    }
+}

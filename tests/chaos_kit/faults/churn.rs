@@ -67,6 +67,8 @@ impl Scheduler {
 fn phantom_value(cc: &ChaosCluster, k: usize) -> String {
     let ip = format!("192.0.2.{}", 100 + k % 150);
     match cc.backend {
+        // flannel's udp lease has no BackendType and no BackendData.
+        "udp" => format!(r#"{{"PublicIP":"{ip}","PublicIPv6":null}}"#),
         "wireguard" => format!(
             r#"{{"PublicIP":"{ip}","PublicIPv6":null,"BackendType":"wireguard","BackendData":{{"PublicKey":"{k:0>42}A=","Port":51820}}}}"#
         ),

@@ -227,20 +227,25 @@ impl Scheduler {
 
     fn try_start(&mut self, rig: &mut Rig) -> bool {
         let kind = KINDS[self.rng.below(KINDS.len())];
-        let ci = match kind {
-            "etcd-kill" | "etcd-compact" | "lease-garbage" | "iptables-del"
-            | "dataplane-switch" | "fdb-del" | "neigh-del" | "device-del" => rig
-                .clusters
-                .iter()
-                .position(|c| c.store == StoreKind::Etcd)
-                .unwrap_or(0),
-            "disk-full" => rig
-                .clusters
-                .iter()
-                .position(|c| c.store == StoreKind::Embedded)
-                .unwrap_or(0),
-            _ => self.rng.below(rig.clusters.len()),
-        };
+        // The clusters a kind can touch; one of them, at random.
+        let fits: Vec<usize> = (0..rig.clusters.len())
+            .filter(|&i| {
+                let c = &rig.clusters[i];
+                match kind {
+                    "etcd-kill" | "etcd-compact" | "lease-garbage" => c.store == StoreKind::Etcd,
+                    "iptables-del" => c.iptables,
+                    "disk-full" => c.store == StoreKind::Embedded,
+                    "dataplane-switch" | "fdb-del" | "neigh-del" | "device-del" => {
+                        c.backend == "vxlan"
+                    }
+                    _ => true,
+                }
+            })
+            .collect();
+        if fits.is_empty() {
+            return false;
+        }
+        let ci = fits[self.rng.below(fits.len())];
         let c = &rig.clusters[ci];
         let n = c.c.nodes.len();
         // The nodes a kind can touch: kernel-device kinds need a kernel node.
@@ -311,7 +316,7 @@ impl Scheduler {
                 self.record(
                     kind,
                     all,
-                    format!("down for {dur:.1}s"),
+                    format!("{} etcd down for {dur:.1}s", cc.name),
                     until,
                     Some(Undo::EtcdStart),
                 );
@@ -321,7 +326,7 @@ impl Scheduler {
                 self.record(
                     kind,
                     all,
-                    format!("compacted at revision {rev:?}"),
+                    format!("{} etcd compacted at revision {rev:?}", cc.name),
                     0.0,
                     None,
                 );
@@ -365,9 +370,11 @@ impl Scheduler {
                 );
             }
             "route-del" => {
+                // A /24 via flannel.1 (vxlan), or the one network route into
+                // the engine's TUN (WireGuard, udp); never the pod bridge's.
                 let (_, routes) = sh(
                     &ns,
-                    "ip route show | grep '^10\\.244\\..*/24' | grep -v cni0 | head -1",
+                    "ip route show | grep '^10\\.244\\.' | grep -v cni0 | head -1",
                 );
                 let r = routes.split_whitespace().next().unwrap_or("").to_string();
                 if r.is_empty() {
@@ -426,7 +433,7 @@ impl Scheduler {
                 sh(&ns, &format!("ip link del {tun}"));
                 self.record(kind, one, format!("{} n{ni} {tun}", cc.name), 0.0, None);
             }
-            "iptables-del" if etcd => {
+            "iptables-del" if cc.iptables => {
                 sh(
                     &ns,
                     "iptables -t nat -F FLANNEL-POSTRTG; iptables -F FLANNEL-FWD",

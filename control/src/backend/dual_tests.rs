@@ -4,8 +4,8 @@ use std::sync::Mutex;
 
 use super::*;
 use crate::backend::host_gw::HostGw;
-use crate::backend::kernel_vxlan::KernelVxlan;
 use crate::backend::test_util::{block_on, ext, fake, lease};
+use crate::backend::vxlan::kernel::KernelVxlan;
 use crate::config::backend::VxlanOptions;
 use crate::netlink::{FakeNetlink, Op};
 

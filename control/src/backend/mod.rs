@@ -16,23 +16,23 @@
 //!
 //! | type | kernel | userspace |
 //! |---|---|---|
-//! | vxlan | [`kernel_vxlan`] (probe: vxlan driver) | [`vxlan`] (engine) |
+//! | vxlan | [`vxlan::kernel`] (probe: vxlan driver) | [`vxlan::userspace`] (engine) |
 //! | host-gw | [`host_gw`] (routes only) | – |
-//! | ipip | [`ipip`] (probe: ipip driver) | [`ipip_user`] (engine, raw IPIP socket) |
+//! | ipip | [`ipip::kernel`] (probe: ipip driver) | [`ipip::userspace`] (engine, raw IPIP socket) |
 //! | ipsec | [`ipsec`] (charon over VICI + XFRM policies; probe: ESP) | – |
 //! | udp | – | [`udp`] (engine) |
-//! | wireguard | [`kernel_wg`] (probe: wireguard driver) | [`wireguard`] (engine, boringtun) |
+//! | wireguard | [`wireguard::kernel`] (probe: wireguard driver) | [`wireguard::userspace`] (engine, boringtun) |
+//!
+//! A backend with both paths has a folder: `mod.rs` holds what the two
+//! share (lease data, MTUs, device names), `kernel.rs` and `userspace.rs`
+//! the paths.
 
 pub mod alloc;
-pub mod charon;
 pub mod dataplane_ctl;
 pub mod dual;
 pub mod host_gw;
 pub mod ipip;
-pub mod ipip_user;
 pub mod ipsec;
-pub mod kernel_vxlan;
-pub mod kernel_wg;
 pub mod probe;
 #[cfg(test)]
 mod route_backends_tests;
@@ -43,9 +43,7 @@ pub mod tunnel;
 pub mod udp;
 #[cfg(test)]
 mod userspace_tests;
-pub mod vici;
 pub mod vxlan;
-pub mod wgkey;
 pub mod wireguard;
 
 use std::sync::Arc;
@@ -80,7 +78,7 @@ pub enum BackendError {
     Engine(String),
     /// The IKE daemon (charon) could not be started or refused a request.
     #[error(transparent)]
-    Ike(#[from] charon::CharonError),
+    Ike(#[from] ipsec::charon::CharonError),
     /// A device the backend runs on was deleted under it (e.g. `ip link del
     /// flannel.1`); the daemon rebuilds the backend on the same lease.
     #[error("device {0} was deleted")]
@@ -319,7 +317,7 @@ pub fn build(
                     .kernel(
                         Some(probe::Capability::Vxlan),
                         Box::new(move || {
-                            Box::new(kernel_vxlan::KernelVxlan::new(
+                            Box::new(vxlan::kernel::KernelVxlan::new(
                                 ok.clone(),
                                 v4,
                                 v6,
@@ -328,7 +326,13 @@ pub fn build(
                         }),
                     )
                     .userspace(Box::new(move || {
-                        Box::new(vxlan::Vxlan::new(ou.clone(), v4, v6, tuning, us.clone()))
+                        Box::new(vxlan::userspace::Vxlan::new(
+                            ou.clone(),
+                            v4,
+                            v6,
+                            tuning,
+                            us.clone(),
+                        ))
                     }))
                     .kernel_links(names),
             )
@@ -343,10 +347,14 @@ pub fn build(
                 dual("ipip")
                     .kernel(
                         Some(probe::Capability::Ipip),
-                        Box::new(move || Box::new(ipip::Ipip::new(ok.clone(), c.clone()))),
+                        Box::new(move || Box::new(ipip::kernel::Ipip::new(ok.clone(), c.clone()))),
                     )
                     .userspace(Box::new(move || {
-                        Box::new(ipip_user::IpipUser::new(o.clone(), tuning, us.clone()))
+                        Box::new(ipip::userspace::IpipUser::new(
+                            o.clone(),
+                            tuning,
+                            us.clone(),
+                        ))
                     }))
                     .kernel_links(vec![ipip::DEVICE.into()]),
             )
@@ -360,14 +368,14 @@ pub fn build(
         }
         BackendOptions::Wireguard(o) => {
             let (n4, n6) = (cfg.network.filter(|_| v4), cfg.ipv6_network.filter(|_| v6));
-            wireguard::Wireguard::validate(&o, n4, n6)?;
+            wireguard::userspace::Wireguard::validate(&o, n4, n6)?;
             let (us, ok) = (us.clone(), o.clone());
             Box::new(
                 dual("wireguard")
                     .kernel(
                         Some(probe::Capability::Wireguard),
                         Box::new(move || {
-                            Box::new(kernel_wg::KernelWireguard::new(
+                            Box::new(wireguard::kernel::KernelWireguard::new(
                                 ok.clone(),
                                 n4,
                                 n6,
@@ -377,7 +385,7 @@ pub fn build(
                         }),
                     )
                     .userspace(Box::new(move || {
-                        Box::new(wireguard::Wireguard::new(
+                        Box::new(wireguard::userspace::Wireguard::new(
                             o.clone(),
                             n4,
                             n6,

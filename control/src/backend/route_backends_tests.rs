@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use crate::backend::Backend;
 use crate::backend::host_gw::{HostGw, NAT_ERROR};
-use crate::backend::ipip::Ipip;
+use crate::backend::ipip::kernel::Ipip;
 use crate::backend::ipsec::Ipsec;
 use crate::backend::probe::{Capability, kernel_has};
 use crate::backend::test_util::{block_on, ext, fake, lease};

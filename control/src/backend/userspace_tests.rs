@@ -74,7 +74,8 @@ fn vxlan_peers_carry_the_vtep_mac_and_get_a_route_each() {
     block_on(async {
         let f = fake(&[], false);
         let (engines, us) = FakeEngines::new(&f);
-        let mut b = super::vxlan::Vxlan::new(vxlan_opts("{}"), true, false, tuning(), us);
+        let mut b =
+            super::vxlan::userspace::Vxlan::new(vxlan_opts("{}"), true, false, tuning(), us);
         b.lease_attrs(&ext(), None).await.expect("attrs");
         assert_eq!(b.setup(&own()).await.expect("setup"), 1450);
         let e = engines.running("flannel.1");
@@ -138,7 +139,7 @@ fn vxlan_direct_routing_sends_on_link_peers_around_the_engine() {
         let f = fake(&[], false);
         let (engines, us) = FakeEngines::new(&f);
         let opts = vxlan_opts(r#"{"DirectRouting":true}"#);
-        let mut b = super::vxlan::Vxlan::new(opts, true, false, tuning(), us);
+        let mut b = super::vxlan::userspace::Vxlan::new(opts, true, false, tuning(), us);
         b.lease_attrs(&ext(), None).await.expect("attrs");
         b.setup(&own()).await.expect("setup");
         let data = super::vxlan::backend_data(1, [2, 0, 0, 0, 0, 9]);
@@ -204,7 +205,7 @@ fn ipip_peers_get_a_route_through_the_tun() {
     block_on(async {
         let f = fake(&[], false);
         let (engines, us) = FakeEngines::new(&f);
-        let mut b = super::ipip_user::IpipUser::new(IpipOptions::default(), tuning(), us);
+        let mut b = super::ipip::userspace::IpipUser::new(IpipOptions::default(), tuning(), us);
         b.lease_attrs(&ext(), None).await.expect("attrs");
         assert_eq!(b.setup(&own()).await.expect("setup"), 1480);
         let e = engines.running("flannel.ipip");
@@ -233,7 +234,7 @@ fn wireguard_peers_carry_key_port_psk_and_keepalive() {
         let opts = wg_opts(&format!(
             r#"{{"PSK":"{psk}","PersistentKeepaliveInterval":25}}"#
         ));
-        let mut b = super::wireguard::Wireguard::new(
+        let mut b = super::wireguard::userspace::Wireguard::new(
             opts,
             Some("10.244.0.0/16".parse().expect("net")),
             None,
@@ -287,7 +288,8 @@ fn an_engine_that_cannot_start_fails_setup_with_its_reason() {
         engines
             .fail
             .store(true, std::sync::atomic::Ordering::Relaxed);
-        let mut b = super::vxlan::Vxlan::new(vxlan_opts("{}"), true, false, tuning(), us);
+        let mut b =
+            super::vxlan::userspace::Vxlan::new(vxlan_opts("{}"), true, false, tuning(), us);
         b.lease_attrs(&ext(), None).await.expect("attrs");
         let e = b.setup(&own()).await.expect_err("no engine");
         assert!(e.to_string().contains("/dev/net/tun"), "{e}");

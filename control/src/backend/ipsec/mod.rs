@@ -1,8 +1,8 @@
 //! The `ipsec` backend (fl:pkg/backend/ipsec, spec §2.5, checklist 24).
 //!
 //! **Design: flannel's own — strongSwan charon negotiates, weft owns the
-//! policies.** weft starts (or reuses) charon ([`super::charon`]) and
-//! configures it over VICI ([`super::vici`]) with exactly the shared key and
+//! policies.** weft starts (or reuses) charon ([`charon`]) and
+//! configures it over VICI ([`vici`]) with exactly the shared key and
 //! connections flannel loads, and installs flannel's XFRM policies itself.
 //! Why not program ESP SAs directly: a weft node must interoperate with
 //! flannel ipsec nodes, which only speak IKEv2 through charon with these
@@ -37,9 +37,12 @@
 //! - teardown stops charon if weft started it; policies stay, as in flannel.
 //!
 //! No devices, no routes. `FLANNEL_MTU` is ext − 77 (− 85 with UDPEncap).
-//! On a kernel without ESP (this machine) [`super::dual`] refuses to start
+//! On a kernel without ESP (this machine) [`crate::backend::dual`] refuses to start
 //! with "no esp4 (CONFIG_INET_ESP) support" before anything is installed;
 //! with ESP but charon missing, setup fails naming the searched paths.
+
+pub mod charon;
+pub mod vici;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -50,14 +53,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net};
 
-use super::charon::{Charon, CharonError, DEFAULT_VICI, Launch};
-use super::vici::{Section, Value, ViciError};
-use super::{Backend, BackendError, Dataplane};
+use crate::backend::{Backend, BackendError, Dataplane};
 use crate::config::backend::IpsecOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
 use crate::netlink::{XfrmClient, XfrmDir, XfrmPolicy};
+use charon::{Charon, CharonError, DEFAULT_VICI, Launch};
+use vici::{Section, Value, ViciError};
 
 /// flannel's reqid for every policy template.
 pub const REQID: u32 = 11;
@@ -564,7 +567,7 @@ impl Backend for Ipsec {
 }
 
 #[cfg(test)]
-#[path = "ipsec_tests.rs"]
+#[path = "tests.rs"]
 mod tests;
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //!
 //! - device `flannel.<VNI>` / `flannel-v6.<VNI>`: nolearning, `dev <ext
 //!   iface>`, `local <public IP>`, `dstport` only when `Port` is set, MTU
-//!   cfg.MTU − 50 (− 70 for IPv6: [`super::vxlan::Mtus`]), the persisted VTEP MAC, `accept_ra=0`, address `<subnet
+//!   cfg.MTU − 50 (− 70 for IPv6: [`super::Mtus`]), the persisted VTEP MAC, `accept_ra=0`, address `<subnet
 //!   IP>/32` (`/128`), up. An existing device is reused when compatible
 //!   (flannel's `vxlanLinksIncompat`, plus the MAC), else recreated.
 //! - per peer, in this order, with rollback on failure: a permanent neighbour
@@ -14,7 +14,7 @@
 //!
 //! The lease (BackendData `{"VNI":n,"VtepMAC":"..."}`) is byte-identical to
 //! the userspace vxlan backend's: the MAC comes from the previous lease, else
-//! [`super::vxlan::derive_mac`]. Nodes can therefore mix the two and a node
+//! [`super::derive_mac`]. Nodes can therefore mix the two and a node
 //! can move between them without changing its lease.
 //!
 //! Unlike flannel, `reconcile` re-adds missing neighbours, fdb entries and
@@ -29,8 +29,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ipnet::IpNet;
 
-use super::vxlan::{Mtus, backend_data, derive_mac, fmt_mac, parse_backend_data};
-use super::{Backend, BackendError, Dataplane};
+use super::{Mtus, backend_data, derive_mac, fmt_mac, parse_backend_data};
+use crate::backend::{Backend, BackendError, Dataplane};
 use crate::config::backend::VxlanOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -531,7 +531,7 @@ impl Backend for KernelVxlan {
                 Entry::Encap { route, .. } => route.dst,
             })
             .collect();
-        let present = super::route_set::main_routes(&*self.nl, &dsts).await?;
+        let present = crate::backend::route_set::main_routes(&*self.nl, &dsts).await?;
         for e in self.peers.values() {
             match e {
                 Entry::Direct(r) => {
@@ -631,5 +631,5 @@ impl Backend for KernelVxlan {
 }
 
 #[cfg(test)]
-#[path = "kernel_vxlan_tests.rs"]
+#[path = "kernel_tests.rs"]
 mod tests;

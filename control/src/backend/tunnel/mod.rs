@@ -334,7 +334,7 @@ pub fn unexpected_source_message(
 }
 
 #[cfg(test)]
-#[path = "tunnel_fake.rs"]
+#[path = "fake.rs"]
 pub mod fake;
 
 #[cfg(test)]

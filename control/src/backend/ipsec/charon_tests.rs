@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::backend::charon::{Launch, find_exec, look_path};
+use crate::backend::ipsec::charon::{Launch, find_exec, look_path};
 use crate::backend::test_util::{ext, fake, lease};
 
 /// charon, when the test can run (root, charon and swanctl installed); `None`
@@ -202,7 +202,7 @@ async fn flannels_connections_load_into_a_real_charon() {
     // The listener goes away with the process; under load that can lag the
     // process list, so wait for it (bounded) rather than sample once.
     let t0 = Instant::now();
-    while crate::backend::vici::ViciClient::connect(&sock)
+    while crate::backend::ipsec::vici::ViciClient::connect(&sock)
         .await
         .is_ok()
         && t0.elapsed() < Duration::from_secs(10)
@@ -210,7 +210,7 @@ async fn flannels_connections_load_into_a_real_charon() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(
-        crate::backend::vici::ViciClient::connect(&sock)
+        crate::backend::ipsec::vici::ViciClient::connect(&sock)
             .await
             .is_err(),
         "socket dead"
@@ -228,7 +228,7 @@ async fn flannels_connections_load_into_a_real_charon() {
     assert!(!conns.contains(name), "{conns}");
     b.teardown().await;
     assert!(
-        crate::backend::vici::ViciClient::connect(&sock)
+        crate::backend::ipsec::vici::ViciClient::connect(&sock)
             .await
             .is_err(),
         "charon stopped"

@@ -2,7 +2,7 @@
 //! `IPPROTO_IPIP` socket), wire-compatible with flannel's kernel ipip nodes
 //! (spec §2.4): IPv4-in-IPv4, outer source = this node's IfaceAddr, outer
 //! destination = the peer's PublicIP, no extra header. For kernels without
-//! the ipip driver; [`super::ipip`] is the kernel path.
+//! the ipip driver; [`super::kernel`] is the kernel path.
 //!
 //! Same lease as the kernel path (`PublicIP = ExtAddr`, BackendType
 //! `"ipip"`, no BackendData), so a node can switch between the two without
@@ -25,16 +25,14 @@ use async_trait::async_trait;
 use ipnet::IpNet;
 use weft_engine::{Encap, EngineConfig};
 
-use super::tunnel::{Tunnel, Userspace};
-use super::{Backend, BackendError, Dataplane, EngineTuning};
+use super::DEVICE;
+use crate::backend::tunnel::{Tunnel, Userspace};
+use crate::backend::{Backend, BackendError, Dataplane, EngineTuning};
 use crate::config::backend::IpipOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
 use crate::netlink::Route;
-
-/// The device name (the kernel path's, so routes and tools see the same name).
-pub const DEVICE: &str = super::ipip::DEVICE;
 
 /// See the module docs.
 #[derive(Debug)]
@@ -253,7 +251,7 @@ mod tests {
             let (_, us) = FakeEngines::new(&fake(&[], false));
             let mut u = IpipUser::new(IpipOptions::default(), tuning(), us);
             let mut k =
-                super::super::ipip::Ipip::new(IpipOptions::default(), fake(&["ipip"], false));
+                super::super::kernel::Ipip::new(IpipOptions::default(), fake(&["ipip"], false));
             let a = u.lease_attrs(&e, None).await.expect("attrs");
             assert_eq!(a, k.lease_attrs(&e, None).await.expect("kernel attrs"));
             assert_eq!(a.public_ip, Ipv4Addr::new(198, 51, 100, 1));

@@ -51,7 +51,7 @@ fn rig(mode: WireguardMode, psk: &str, keepalive: u64) -> Rig {
     let nl = fake(&["wireguard"], false);
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("wgkey");
-    let secret = wgkey::load_or_generate(&path).expect("key").0;
+    let secret = key::load_or_generate(&path).expect("key").0;
     let net = Some("10.244.0.0/16".parse().expect("net"));
     let b = KernelWireguard::new(
         opts(mode, psk, keepalive),
@@ -411,7 +411,7 @@ fn dual(
     log: Arc<Mutex<Vec<String>>>,
 ) -> Dual {
     let path = dir.join("wgkey");
-    let secret = wgkey::load_or_generate(&path).expect("key");
+    let secret = key::load_or_generate(&path).expect("key");
     let attrs = LeaseAttrs {
         public_ip: "192.0.2.1".parse().expect("ip"),
         backend_type: "wireguard".into(),

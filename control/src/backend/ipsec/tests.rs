@@ -5,9 +5,9 @@
 use super::*;
 use crate::backend::DataplaneChoice;
 use crate::backend::dual::Dual;
+use crate::backend::ipsec::vici::Packet;
 use crate::backend::probe::Capability;
 use crate::backend::test_util::{RecordingIke, block_on, ext, fake, lease};
-use crate::backend::vici::Packet;
 use crate::netlink::Op;
 
 fn opts(encap: bool) -> IpsecOptions {
@@ -201,7 +201,7 @@ fn without_esp_start_up_fails_clearly_and_charon_is_not_started() {
 #[test]
 fn missing_charon_names_the_searched_paths() {
     let e = CharonError::NotFound(
-        crate::backend::charon::SEARCH
+        crate::backend::ipsec::charon::SEARCH
             .iter()
             .map(|s| s.to_string())
             .collect(),

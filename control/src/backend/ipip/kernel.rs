@@ -9,8 +9,8 @@
 //! its remote is "any", else recreated; a non-ipip link of that name is an
 //! error (flannel's text). The device stays on exit.
 //!
-//! On a kernel without ipip, `--dataplane=auto` runs [`super::ipip_user`]
-//! (the same wire format in weft's engine) instead (see [`super::probe`]).
+//! On a kernel without ipip, `--dataplane=auto` runs [`super::userspace`]
+//! (the same wire format in weft's engine) instead (see [`crate::backend::probe`]).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -18,16 +18,14 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ipnet::IpNet;
 
-use super::route_set::RouteSet;
-use super::{Backend, BackendError, Dataplane};
+use super::DEVICE;
+use crate::backend::route_set::RouteSet;
+use crate::backend::{Backend, BackendError, Dataplane};
 use crate::config::backend::IpipOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
 use crate::netlink::{Client, IpipLink, LinkKind, LinkSpec, NetlinkError, Route};
-
-/// The device name.
-pub const DEVICE: &str = "flannel.ipip";
 
 /// See the module docs.
 #[derive(Debug)]

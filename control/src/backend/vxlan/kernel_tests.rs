@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use super::*;
 use crate::backend::EngineTuning;
 use crate::backend::test_util::{block_on, ext, fake, lease};
-use crate::backend::vxlan::Vxlan;
+use crate::backend::vxlan::userspace::Vxlan;
 use crate::netlink::{FakeNetlink, Op, VxlanAttrs};
 
 fn opts(direct: bool) -> VxlanOptions {

@@ -1,10 +1,10 @@
 //! The `wireguard` backend on the kernel's WireGuard module, as flannel runs
 //! it (fl:pkg/backend/wireguard, spec §2.6, §5, checklist 23). The factory
-//! picks it when [`super::probe`] finds the `wireguard` link kind; otherwise
-//! [`super::wireguard`] (the userspace engine) runs, and [`super::dual`]
+//! picks it when [`crate::backend::probe`] finds the `wireguard` link kind; otherwise
+//! [`super::userspace`] (the userspace engine) runs, and [`crate::backend::dual`]
 //! switches between the two live: both read the same key file
-//! ([`super::wgkey`]) and publish byte-identical lease attributes
-//! ([`super::wireguard::backend_data`]).
+//! ([`super::key`]) and publish byte-identical lease attributes
+//! ([`super::backend_data`]).
 //!
 //! - Devices: `separate` mode `flannel-wg` (IPv4, ListenPort) and
 //!   `flannel-wg-v6` (IPv6, ListenPortV6); other modes one `flannel-wg`.
@@ -41,8 +41,8 @@ use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use weft_engine::WgSecret;
 
-use super::wireguard::{Carries, device_plan, log_config, parse_backend_data};
-use super::{Backend, BackendError, Dataplane, wgkey};
+use super::{Carries, device_plan, key, log_config, parse_backend_data};
+use crate::backend::{Backend, BackendError, Dataplane};
 use crate::config::backend::{WireguardMode, WireguardOptions};
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -115,7 +115,7 @@ pub fn select_endpoint(
 }
 
 impl KernelWireguard {
-    /// A kernel wireguard backend (call [`super::wireguard::Wireguard::validate`] first).
+    /// A kernel wireguard backend (call [`super::userspace::Wireguard::validate`] first).
     pub fn new(
         opts: WireguardOptions,
         network: Option<Ipv4Net>,
@@ -124,7 +124,7 @@ impl KernelWireguard {
         wg: Arc<dyn WgClient>,
     ) -> KernelWireguard {
         let psk = weft_engine::wg::key_from_base64(&opts.psk);
-        let key_file = wgkey::key_file_path();
+        let key_file = key::key_file_path();
         KernelWireguard {
             opts,
             network,
@@ -413,7 +413,7 @@ impl Backend for KernelWireguard {
         ext: &ExternalInterface,
         _prev: Option<&Lease>,
     ) -> Result<LeaseAttrs, BackendError> {
-        let key = wgkey::load_or_generate(&self.key_file)
+        let key = key::load_or_generate(&self.key_file)
             .map_err(|e| BackendError::Config(e.to_string()))?;
         let public = key.public_key();
         self.key = Some(key);
@@ -425,7 +425,7 @@ impl Backend for KernelWireguard {
             &public,
             " (kernel module)",
         );
-        super::wireguard::lease_attrs(
+        super::lease_attrs(
             &public,
             ext,
             &self.opts,
@@ -534,5 +534,5 @@ impl Backend for KernelWireguard {
 }
 
 #[cfg(test)]
-#[path = "kernel_wg_tests.rs"]
+#[path = "kernel_tests.rs"]
 mod tests;

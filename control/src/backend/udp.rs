@@ -10,8 +10,9 @@ use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net};
 use weft_engine::{Encap, EngineConfig};
 
+use super::dual::Implementation;
 use super::tunnel::{Tunnel, Userspace};
-use super::{Backend, BackendError, Dataplane, EngineTuning};
+use super::{ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe};
 use crate::config::backend::UdpOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -42,8 +43,7 @@ impl Udp {
     }
 }
 
-#[async_trait]
-impl Backend for Udp {
+impl Observe for Udp {
     fn name(&self) -> &'static str {
         "udp"
     }
@@ -59,7 +59,10 @@ impl Backend for Udp {
         }
         st
     }
+}
 
+#[async_trait]
+impl Backend for Udp {
     async fn lease_attrs(
         &mut self,
         ext: &ExternalInterface,
@@ -106,7 +109,38 @@ impl Backend for Udp {
         Ok(mtu)
     }
 
-    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
+    async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
+        let mut out = ApplyError::default();
+        for (i, c) in batch.changes.iter().enumerate() {
+            out.record(i, self.change(c).await);
+        }
+        if let Some(t) = self.tunnel.as_mut() {
+            t.flush();
+        }
+
+        out.into_result()
+    }
+
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
+        match self.tunnel.as_mut() {
+            Some(t) => t.reconcile().await,
+            None => Ok(()),
+        }
+    }
+
+    async fn teardown(&mut self) {
+        if let Some(mut t) = self.tunnel.take() {
+            t.stop();
+        }
+    }
+}
+
+#[async_trait]
+impl Implementation for Udp {}
+
+impl Udp {
+    /// Programs (`Add`) or removes (`Remove`) one peer.
+    async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         let Some(t) = self.tunnel.as_mut() else {
             return Ok(());
         };
@@ -123,24 +157,5 @@ impl Backend for Udp {
             }
         }
         Ok(())
-    }
-
-    fn flush(&mut self) {
-        if let Some(t) = self.tunnel.as_mut() {
-            t.flush();
-        }
-    }
-
-    async fn reconcile(&mut self) -> Result<(), BackendError> {
-        match self.tunnel.as_mut() {
-            Some(t) => t.reconcile().await,
-            None => Ok(()),
-        }
-    }
-
-    async fn teardown(&mut self) {
-        if let Some(mut t) = self.tunnel.take() {
-            t.stop();
-        }
     }
 }

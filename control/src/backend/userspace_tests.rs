@@ -11,7 +11,7 @@ use weft_engine::{AntiSpoofing, Encap, Peer};
 
 use super::test_util::{block_on, ext, fake, lease};
 use super::tunnel::fake::FakeEngines;
-use super::{Backend, Change, EngineTuning};
+use super::{Backend, Batch, Change, EngineTuning};
 use crate::config::backend::{BackendOptions, IpipOptions, VxlanOptions, WireguardOptions};
 
 fn tuning() -> EngineTuning {
@@ -64,8 +64,9 @@ fn routes_to(f: &crate::netlink::FakeNetlink, dst: &str) -> Vec<(Option<IpAddr>,
 
 /// Removes `peer`'s lease: the engine's table is empty again.
 async fn remove(b: &mut dyn Backend, e: &super::tunnel::fake::FakeEngine, peer: super::Lease) {
-    b.apply(&Change::Remove(peer)).await.expect("remove");
-    b.flush();
+    b.apply(Batch::one(&Change::Remove(peer)))
+        .await
+        .expect("remove");
     assert!(e.peers().is_empty(), "{:?}", e.peers());
 }
 
@@ -102,13 +103,18 @@ fn vxlan_peers_carry_the_vtep_mac_and_get_a_route_each() {
         let mac = [0x02, 0, 0, 0, 0, 2];
         let data = super::vxlan::backend_data(1, mac);
         let peer = lease("10.244.2.0/24", "192.0.2.2", "vxlan", Some(&data));
-        b.apply(&Change::Add(peer.clone())).await.expect("add");
+        b.apply(Batch::one(&Change::Add(peer.clone())))
+            .await
+            .expect("add");
         // Leases the engine cannot use are skipped, not half-applied.
         let broken = lease("10.244.3.0/24", "192.0.2.3", "vxlan", Some("{\"VNI\":1}"));
-        b.apply(&Change::Add(broken)).await.expect("bad data");
+        b.apply(Batch::one(&Change::Add(broken)))
+            .await
+            .expect("bad data");
         let other = lease("10.244.4.0/24", "192.0.2.4", "udp", None);
-        b.apply(&Change::Add(other)).await.expect("other type");
-        b.flush();
+        b.apply(Batch::one(&Change::Add(other)))
+            .await
+            .expect("other type");
         assert_eq!(
             e.peers(),
             vec![Peer {
@@ -148,9 +154,8 @@ fn vxlan_direct_routing_sends_on_link_peers_around_the_engine() {
             ("10.244.3.0/24", "203.0.113.3"),
         ] {
             let l = lease(sn, pub_ip, "vxlan", Some(&data));
-            b.apply(&Change::Add(l)).await.expect("add");
+            b.apply(Batch::one(&Change::Add(l))).await.expect("add");
         }
-        b.flush();
         let e = engines.running("flannel.1");
         let peers: Vec<IpNet> = e.peers().iter().map(|p| p.subnet).collect();
         assert_eq!(peers, vec![net("10.244.3.0/24")], "only the off-link peer");
@@ -185,8 +190,9 @@ fn udp_peers_are_public_ips_behind_one_network_route() {
         );
         assert_eq!(routes_to(&f, "10.244.0.0/16").len(), 1, "{:?}", f.routes());
         let peer = lease("10.244.2.0/24", "192.0.2.2", "udp", None);
-        b.apply(&Change::Add(peer.clone())).await.expect("add");
-        b.flush();
+        b.apply(Batch::one(&Change::Add(peer.clone())))
+            .await
+            .expect("add");
         assert_eq!(
             e.peers(),
             vec![Peer {
@@ -210,8 +216,9 @@ fn ipip_peers_get_a_route_through_the_tun() {
         assert_eq!(b.setup(&own()).await.expect("setup"), 1480);
         let e = engines.running("flannel.ipip");
         let peer = lease("10.244.2.0/24", "203.0.113.2", "ipip", None);
-        b.apply(&Change::Add(peer.clone())).await.expect("add");
-        b.flush();
+        b.apply(Batch::one(&Change::Add(peer.clone())))
+            .await
+            .expect("add");
         let peers = e.peers();
         assert_eq!(peers.len(), 1, "{peers:?}");
         assert_eq!(
@@ -259,11 +266,14 @@ fn wireguard_peers_carry_key_port_psk_and_keepalive() {
         let key = [7u8; 32];
         let data = super::wireguard::backend_data(&key, 51999);
         let peer = lease("10.244.2.0/24", "192.0.2.2", "wireguard", Some(&data));
-        b.apply(&Change::Add(peer.clone())).await.expect("add");
+        b.apply(Batch::one(&Change::Add(peer.clone())))
+            .await
+            .expect("add");
         // No usable key: no peer.
         let keyless = lease("10.244.3.0/24", "192.0.2.3", "wireguard", Some("{}"));
-        b.apply(&Change::Add(keyless)).await.expect("keyless");
-        b.flush();
+        b.apply(Batch::one(&Change::Add(keyless)))
+            .await
+            .expect("keyless");
         let peers = e.peers();
         assert_eq!(peers.len(), 1, "{peers:?}");
         let wg = peers[0].wireguard.clone().expect("wireguard parameters");

@@ -19,8 +19,9 @@ use async_trait::async_trait;
 use ipnet::IpNet;
 
 use super::DEVICE;
+use crate::backend::dual::Implementation;
 use crate::backend::route_set::RouteSet;
-use crate::backend::{Backend, BackendError, Dataplane};
+use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, Observe};
 use crate::config::backend::IpipOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -137,8 +138,7 @@ impl Ipip {
     }
 }
 
-#[async_trait]
-impl Backend for Ipip {
+impl Observe for Ipip {
     fn name(&self) -> &'static str {
         "ipip"
     }
@@ -155,7 +155,10 @@ impl Backend for Ipip {
         }
         st
     }
+}
 
+#[async_trait]
+impl Backend for Ipip {
     async fn lease_attrs(
         &mut self,
         ext: &ExternalInterface,
@@ -183,27 +186,12 @@ impl Backend for Ipip {
         self.bring_up().await
     }
 
-    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
-        match change {
-            Change::Add(l) => {
-                if l.attrs.backend_type != "ipip" {
-                    tracing::warn!("Ignoring non-ipip subnet: type={}", l.attrs.backend_type);
-                    return Ok(());
-                }
-                if let Some(s) = l.subnet {
-                    let r = self.route_for(IpNet::V4(s), l.attrs.public_ip).await;
-                    self.routes.add(r).await?;
-                }
-            }
-            Change::Remove(l) => {
-                if let Some(s) = l.subnet
-                    && let Err(e) = self.routes.remove(IpNet::V4(s)).await
-                {
-                    tracing::error!("Error deleting route to {s}: {e}");
-                }
-            }
+    async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
+        let mut out = ApplyError::default();
+        for (i, c) in batch.changes.iter().enumerate() {
+            out.record(i, self.change(c).await);
         }
-        Ok(())
+        out.into_result()
     }
 
     async fn reconcile(&mut self) -> Result<(), BackendError> {
@@ -228,11 +216,40 @@ impl Backend for Ipip {
     }
 
     async fn teardown(&mut self) {}
+}
 
+#[async_trait]
+impl Implementation for Ipip {
     async fn remove_all(&mut self) {
         self.routes.clear().await;
         if let Ok(Some(d)) = self.nl.link_detail(DEVICE).await {
             let _ = self.nl.delete_link(d.link.index).await;
         }
+    }
+}
+
+impl Ipip {
+    /// Programs (`Add`) or removes (`Remove`) one peer.
+    async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
+        match change {
+            Change::Add(l) => {
+                if l.attrs.backend_type != "ipip" {
+                    tracing::warn!("Ignoring non-ipip subnet: type={}", l.attrs.backend_type);
+                    return Ok(());
+                }
+                if let Some(s) = l.subnet {
+                    let r = self.route_for(IpNet::V4(s), l.attrs.public_ip).await;
+                    self.routes.add(r).await?;
+                }
+            }
+            Change::Remove(l) => {
+                if let Some(s) = l.subnet
+                    && let Err(e) = self.routes.remove(IpNet::V4(s)).await
+                {
+                    tracing::error!("Error deleting route to {s}: {e}");
+                }
+            }
+        }
+        Ok(())
     }
 }

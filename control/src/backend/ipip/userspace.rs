@@ -26,8 +26,9 @@ use ipnet::IpNet;
 use weft_engine::{Encap, EngineConfig};
 
 use super::DEVICE;
+use crate::backend::dual::Implementation;
 use crate::backend::tunnel::{Tunnel, Userspace};
-use crate::backend::{Backend, BackendError, Dataplane, EngineTuning};
+use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe};
 use crate::config::backend::IpipOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -91,8 +92,7 @@ impl IpipUser {
     }
 }
 
-#[async_trait]
-impl Backend for IpipUser {
+impl Observe for IpipUser {
     fn name(&self) -> &'static str {
         "ipip"
     }
@@ -108,7 +108,10 @@ impl Backend for IpipUser {
         }
         st
     }
+}
 
+#[async_trait]
+impl Backend for IpipUser {
     async fn lease_attrs(
         &mut self,
         ext: &ExternalInterface,
@@ -151,7 +154,50 @@ impl Backend for IpipUser {
         Ok(mtu)
     }
 
-    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
+    async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
+        let mut out = ApplyError::default();
+        for (i, c) in batch.changes.iter().enumerate() {
+            out.record(i, self.change(c).await);
+        }
+        if let Some(t) = self.tunnel.as_mut() {
+            t.flush();
+        }
+        out.into_result()
+    }
+
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
+        if let Some(t) = self.tunnel.as_mut() {
+            t.reconcile().await?;
+        }
+        for r in &self.direct {
+            if self.us.nl.routes_exact(r.dst).await?.is_empty() {
+                tracing::info!("Route recovered {}", r.dst);
+                self.us.nl.route_replace(r).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn teardown(&mut self) {
+        if let Some(mut t) = self.tunnel.take() {
+            t.stop();
+        }
+    }
+}
+
+#[async_trait]
+impl Implementation for IpipUser {
+    async fn remove_all(&mut self) {
+        self.teardown().await;
+        for r in std::mem::take(&mut self.direct) {
+            let _ = self.us.nl.route_del(&r).await;
+        }
+    }
+}
+
+impl IpipUser {
+    /// Programs (`Add`) or removes (`Remove`) one peer.
+    async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         match change {
             Change::Add(l) => {
                 if l.attrs.backend_type != "ipip" {
@@ -194,38 +240,6 @@ impl Backend for IpipUser {
             }
         }
         Ok(())
-    }
-
-    fn flush(&mut self) {
-        if let Some(t) = self.tunnel.as_mut() {
-            t.flush();
-        }
-    }
-
-    async fn reconcile(&mut self) -> Result<(), BackendError> {
-        if let Some(t) = self.tunnel.as_mut() {
-            t.reconcile().await?;
-        }
-        for r in &self.direct {
-            if self.us.nl.routes_exact(r.dst).await?.is_empty() {
-                tracing::info!("Route recovered {}", r.dst);
-                self.us.nl.route_replace(r).await?;
-            }
-        }
-        Ok(())
-    }
-
-    async fn teardown(&mut self) {
-        if let Some(mut t) = self.tunnel.take() {
-            t.stop();
-        }
-    }
-
-    async fn remove_all(&mut self) {
-        self.teardown().await;
-        for r in std::mem::take(&mut self.direct) {
-            let _ = self.us.nl.route_del(&r).await;
-        }
     }
 }
 

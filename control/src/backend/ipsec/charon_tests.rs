@@ -129,7 +129,9 @@ async fn flannels_connections_load_into_a_real_charon() {
         .await
         .expect("setup starts charon");
     let p = lease("10.244.2.0/24", "192.0.2.2", "ipsec", None);
-    b.apply(&Change::Add(p.clone())).await.expect("load");
+    b.apply(Batch::one(&Change::Add(p.clone())))
+        .await
+        .expect("load");
 
     let conns = swanctl("--list-conns", &sock);
     println!("{conns}");
@@ -223,7 +225,9 @@ async fn flannels_connections_load_into_a_real_charon() {
     );
 
     // Removal unloads it.
-    b.apply(&Change::Remove(p)).await.expect("unload");
+    b.apply(Batch::one(&Change::Remove(p)))
+        .await
+        .expect("unload");
     let conns = swanctl("--list-conns", &sock);
     assert!(!conns.contains(name), "{conns}");
     b.teardown().await;
@@ -280,7 +284,7 @@ async fn two_charons_negotiate_ike_and_the_child_sa_needs_esp() {
             .with_ike(Box::new(CharonIke::new(sock.clone(), Some(launch))));
         b.lease_attrs(&e, None).await.expect("attrs");
         b.setup(&lease(sn, me, "ipsec", None)).await.expect("setup");
-        b.apply(&Change::Add(lease(psn, peer, "ipsec", None)))
+        b.apply(Batch::one(&Change::Add(lease(psn, peer, "ipsec", None))))
             .await
             .expect("add");
         nodes.push((b, sock, dir.path().join("charon.log")));

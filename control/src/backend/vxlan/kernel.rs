@@ -20,7 +20,7 @@
 //! Unlike flannel, `reconcile` re-adds missing neighbours, fdb entries and
 //! routes, and recreates a deleted device with all its peers. On exit the
 //! device stays (flannel: a restart must not interrupt traffic);
-//! [`Backend::remove_all`] deletes it (used when switching to userspace).
+//! [`Implementation::remove_all`] deletes it (used when switching to userspace).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -30,7 +30,8 @@ use async_trait::async_trait;
 use ipnet::IpNet;
 
 use super::{Mtus, backend_data, derive_mac, fmt_mac, parse_backend_data};
-use crate::backend::{Backend, BackendError, Dataplane};
+use crate::backend::dual::Implementation;
+use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, Observe};
 use crate::config::backend::VxlanOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -318,8 +319,7 @@ fn incompatible(want: &VxlanLink, have: &LinkKind, mac: Option<&[u8]>) -> Option
     None
 }
 
-#[async_trait]
-impl Backend for KernelVxlan {
+impl Observe for KernelVxlan {
     fn name(&self) -> &'static str {
         "vxlan"
     }
@@ -338,7 +338,10 @@ impl Backend for KernelVxlan {
             .extend(devs.filter_map(|d| crate::status::devices::kernel_device(&d.spec.name)));
         st
     }
+}
 
+#[async_trait]
+impl Backend for KernelVxlan {
     async fn lease_attrs(
         &mut self,
         ext: &ExternalInterface,
@@ -432,59 +435,15 @@ impl Backend for KernelVxlan {
         Ok(self.mtus(&ext).env)
     }
 
-    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
-        let (lease, add) = match change {
-            Change::Add(l) => (l, true),
-            Change::Remove(l) => (l, false),
-        };
-        if add && lease.attrs.backend_type != "vxlan" {
-            tracing::info!(
-                "ignoring non-vxlan v4Subnet({:?}) v6Subnet({:?}): type={}",
-                lease.subnet,
-                lease.ipv6_subnet,
-                lease.attrs.backend_type
-            );
-            return Ok(());
+    async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
+        let mut out = ApplyError::default();
+        for (i, c) in batch.changes.iter().enumerate() {
+            out.record(i, self.change(c).await);
         }
-        let targets = [
-            (
-                lease.subnet.map(IpNet::V4),
-                Some(IpAddr::V4(lease.attrs.public_ip)),
-                lease.attrs.backend_data.as_ref(),
-            ),
-            (
-                lease.ipv6_subnet.map(IpNet::V6),
-                lease.attrs.public_ipv6.map(IpAddr::V6),
-                lease.attrs.backend_v6_data.as_ref(),
-            ),
-        ];
-        let mut first_err = None;
-        for (subnet, public, data) in targets {
-            let Some(subnet) = subnet else { continue };
-            if self.dev_for(&subnet).is_none() {
-                continue;
-            }
-            let old = self.peers.remove(&subnet);
-            if !add {
-                if let Some(old) = old {
-                    self.unprogram(&old).await;
-                }
-                continue;
-            }
-            let Some(public) = public else { continue };
-            let Some(entry) = self.entry_for(subnet, public, data).await else {
-                continue;
-            };
-            if let Some(old) = old.filter(|o| *o != entry) {
-                self.unprogram(&old).await;
-            }
-            // Remembered even on failure: reconcile retries it.
-            self.peers.insert(subnet, entry.clone());
-            if let Err(e) = self.program(&entry).await {
-                first_err.get_or_insert(e);
-            }
+        if batch.snapshot {
+            out.prune = self.prune().await.err();
         }
-        first_err.map_or(Ok(()), Err)
+        out.into_result()
     }
 
     async fn reconcile(&mut self) -> Result<(), BackendError> {
@@ -569,6 +528,85 @@ impl Backend for KernelVxlan {
         Ok(())
     }
 
+    async fn teardown(&mut self) {}
+}
+
+#[async_trait]
+impl Implementation for KernelVxlan {
+    async fn remove_all(&mut self) {
+        for e in std::mem::take(&mut self.peers).into_values() {
+            if let Entry::Direct(r) = &e {
+                let _ = self.nl.route_del(r).await;
+            }
+        }
+        for dev in [self.v4.take(), self.v6.take()].into_iter().flatten() {
+            if let Ok(Some(d)) = self.nl.link_detail(&dev.spec.name).await
+                && matches!(d.kind, LinkKind::Vxlan(_))
+                && let Err(e) = self.nl.delete_link(d.link.index).await
+            {
+                tracing::warn!("failed to delete {}: {e}", dev.spec.name);
+            }
+        }
+    }
+}
+
+impl KernelVxlan {
+    /// Programs (`Add`) or removes (`Remove`) one peer.
+    async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
+        let (lease, add) = match change {
+            Change::Add(l) => (l, true),
+            Change::Remove(l) => (l, false),
+        };
+        if add && lease.attrs.backend_type != "vxlan" {
+            tracing::info!(
+                "ignoring non-vxlan v4Subnet({:?}) v6Subnet({:?}): type={}",
+                lease.subnet,
+                lease.ipv6_subnet,
+                lease.attrs.backend_type
+            );
+            return Ok(());
+        }
+        let targets = [
+            (
+                lease.subnet.map(IpNet::V4),
+                Some(IpAddr::V4(lease.attrs.public_ip)),
+                lease.attrs.backend_data.as_ref(),
+            ),
+            (
+                lease.ipv6_subnet.map(IpNet::V6),
+                lease.attrs.public_ipv6.map(IpAddr::V6),
+                lease.attrs.backend_v6_data.as_ref(),
+            ),
+        ];
+        let mut first_err = None;
+        for (subnet, public, data) in targets {
+            let Some(subnet) = subnet else { continue };
+            if self.dev_for(&subnet).is_none() {
+                continue;
+            }
+            let old = self.peers.remove(&subnet);
+            if !add {
+                if let Some(old) = old {
+                    self.unprogram(&old).await;
+                }
+                continue;
+            }
+            let Some(public) = public else { continue };
+            let Some(entry) = self.entry_for(subnet, public, data).await else {
+                continue;
+            };
+            if let Some(old) = old.filter(|o| *o != entry) {
+                self.unprogram(&old).await;
+            }
+            // Remembered even on failure: reconcile retries it.
+            self.peers.insert(subnet, entry.clone());
+            if let Err(e) = self.program(&entry).await {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
     /// Routes, fdb entries and neighbours on weft's vxlan devices that no
     /// known peer accounts for (left by an earlier weftd: the devices outlive
     /// it, flannel never cleans them) are deleted.
@@ -609,24 +647,6 @@ impl Backend for KernelVxlan {
             }
         }
         Ok(())
-    }
-
-    async fn teardown(&mut self) {}
-
-    async fn remove_all(&mut self) {
-        for e in std::mem::take(&mut self.peers).into_values() {
-            if let Entry::Direct(r) = &e {
-                let _ = self.nl.route_del(r).await;
-            }
-        }
-        for dev in [self.v4.take(), self.v6.take()].into_iter().flatten() {
-            if let Ok(Some(d)) = self.nl.link_detail(&dev.spec.name).await
-                && matches!(d.kind, LinkKind::Vxlan(_))
-                && let Err(e) = self.nl.delete_link(d.link.index).await
-            {
-                tracing::warn!("failed to delete {}: {e}", dev.spec.name);
-            }
-        }
     }
 }
 

@@ -19,8 +19,9 @@ use ipnet::IpNet;
 use weft_engine::{Encap, EngineConfig};
 
 use super::{Mtus, backend_data, derive_mac, parse_backend_data};
+use crate::backend::dual::Implementation;
 use crate::backend::tunnel::{Tunnel, Userspace};
-use crate::backend::{Backend, BackendError, Dataplane, EngineTuning};
+use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe};
 use crate::config::backend::VxlanOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -78,8 +79,7 @@ impl Vxlan {
     }
 }
 
-#[async_trait]
-impl Backend for Vxlan {
+impl Observe for Vxlan {
     fn name(&self) -> &'static str {
         "vxlan"
     }
@@ -99,7 +99,10 @@ impl Backend for Vxlan {
         }
         st
     }
+}
 
+#[async_trait]
+impl Backend for Vxlan {
     async fn lease_attrs(
         &mut self,
         ext: &ExternalInterface,
@@ -208,7 +211,50 @@ impl Backend for Vxlan {
         Ok(mtus.env)
     }
 
-    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
+    async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
+        let mut out = ApplyError::default();
+        for (i, c) in batch.changes.iter().enumerate() {
+            out.record(i, self.change(c).await);
+        }
+        for f in [self.v4.as_mut(), self.v6.as_mut()].into_iter().flatten() {
+            if let Some(t) = f.tunnel.as_mut() {
+                t.flush();
+            }
+        }
+
+        out.into_result()
+    }
+
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
+        for f in [self.v4.as_mut(), self.v6.as_mut()].into_iter().flatten() {
+            if let Some(t) = f.tunnel.as_mut() {
+                t.reconcile().await?;
+            }
+        }
+        for r in &self.direct {
+            if self.us.nl.routes_exact(r.dst).await?.is_empty() {
+                tracing::info!("Route recovered {}", r.dst);
+                self.us.nl.route_replace(r).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn teardown(&mut self) {
+        for f in [self.v4.as_mut(), self.v6.as_mut()].into_iter().flatten() {
+            if let Some(mut t) = f.tunnel.take() {
+                t.stop();
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Implementation for Vxlan {}
+
+impl Vxlan {
+    /// Programs (`Add`) or removes (`Remove`) one peer.
+    async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         let (lease, add) = match change {
             Change::Add(l) => (l, true),
             Change::Remove(l) => (l, false),
@@ -291,37 +337,6 @@ impl Backend for Vxlan {
             }
         }
         Ok(())
-    }
-
-    fn flush(&mut self) {
-        for f in [self.v4.as_mut(), self.v6.as_mut()].into_iter().flatten() {
-            if let Some(t) = f.tunnel.as_mut() {
-                t.flush();
-            }
-        }
-    }
-
-    async fn reconcile(&mut self) -> Result<(), BackendError> {
-        for f in [self.v4.as_mut(), self.v6.as_mut()].into_iter().flatten() {
-            if let Some(t) = f.tunnel.as_mut() {
-                t.reconcile().await?;
-            }
-        }
-        for r in &self.direct {
-            if self.us.nl.routes_exact(r.dst).await?.is_empty() {
-                tracing::info!("Route recovered {}", r.dst);
-                self.us.nl.route_replace(r).await?;
-            }
-        }
-        Ok(())
-    }
-
-    async fn teardown(&mut self) {
-        for f in [self.v4.as_mut(), self.v6.as_mut()].into_iter().flatten() {
-            if let Some(mut t) = f.tunnel.take() {
-                t.stop();
-            }
-        }
     }
 }
 

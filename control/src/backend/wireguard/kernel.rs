@@ -42,7 +42,8 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use weft_engine::WgSecret;
 
 use super::{Carries, device_plan, key, log_config, parse_backend_data};
-use crate::backend::{Backend, BackendError, Dataplane};
+use crate::backend::dual::Implementation;
+use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, Observe};
 use crate::config::backend::{WireguardMode, WireguardOptions};
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -388,8 +389,7 @@ impl KernelWireguard {
     }
 }
 
-#[async_trait]
-impl Backend for KernelWireguard {
+impl Observe for KernelWireguard {
     fn name(&self) -> &'static str {
         "wireguard"
     }
@@ -407,7 +407,10 @@ impl Backend for KernelWireguard {
         );
         st
     }
+}
 
+#[async_trait]
+impl Backend for KernelWireguard {
     async fn lease_attrs(
         &mut self,
         ext: &ExternalInterface,
@@ -453,7 +456,42 @@ impl Backend for KernelWireguard {
         Ok(mtu)
     }
 
-    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
+    async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
+        let mut out = ApplyError::default();
+        for (i, c) in batch.changes.iter().enumerate() {
+            out.record(i, self.change(c).await);
+        }
+        out.into_result()
+    }
+
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
+        for i in 0..self.devices.len() {
+            let d = &self.devices[i];
+            match self.nl.link_detail(d.name).await? {
+                Some(l) if l.link.index == d.index => self.ensure(i).await?,
+                _ => return Err(BackendError::DeviceGone(d.name.into())),
+            }
+            self.reconcile_peers(&self.devices[i]).await?;
+        }
+        Ok(())
+    }
+
+    async fn teardown(&mut self) {
+        for d in self.devices.drain(..) {
+            match self.nl.delete_link(d.index).await {
+                Ok(()) => tracing::info!("Removed wireguard device {}", d.name),
+                Err(e) => tracing::error!("Error while removing device {}: {e}", d.name),
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Implementation for KernelWireguard {}
+
+impl KernelWireguard {
+    /// Programs (`Add`) or removes (`Remove`) one peer.
+    async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         let (lease, add) = match change {
             Change::Add(l) => (l, true),
             Change::Remove(l) => (l, false),
@@ -509,27 +547,6 @@ impl Backend for KernelWireguard {
             }
         }
         Ok(())
-    }
-
-    async fn reconcile(&mut self) -> Result<(), BackendError> {
-        for i in 0..self.devices.len() {
-            let d = &self.devices[i];
-            match self.nl.link_detail(d.name).await? {
-                Some(l) if l.link.index == d.index => self.ensure(i).await?,
-                _ => return Err(BackendError::DeviceGone(d.name.into())),
-            }
-            self.reconcile_peers(&self.devices[i]).await?;
-        }
-        Ok(())
-    }
-
-    async fn teardown(&mut self) {
-        for d in self.devices.drain(..) {
-            match self.nl.delete_link(d.index).await {
-                Ok(()) => tracing::info!("Removed wireguard device {}", d.name),
-                Err(e) => tracing::error!("Error while removing device {}: {e}", d.name),
-            }
-        }
     }
 }
 

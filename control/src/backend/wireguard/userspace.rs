@@ -28,8 +28,9 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use weft_engine::{Encap, EngineConfig, Peer, WgPeer, WgSecret};
 
 use super::{Carries, device_plan, key, lease_attrs, log_config, parse_backend_data};
+use crate::backend::dual::Implementation;
 use crate::backend::tunnel::{Tunnel, Userspace};
-use crate::backend::{Backend, BackendError, Dataplane, EngineTuning};
+use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe};
 use crate::config::backend::{WireguardMode, WireguardOptions};
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -249,8 +250,7 @@ impl Wireguard {
     }
 }
 
-#[async_trait]
-impl Backend for Wireguard {
+impl Observe for Wireguard {
     fn name(&self) -> &'static str {
         "wireguard"
     }
@@ -266,7 +266,10 @@ impl Backend for Wireguard {
         }
         st
     }
+}
 
+#[async_trait]
+impl Backend for Wireguard {
     async fn lease_attrs(
         &mut self,
         ext: &ExternalInterface,
@@ -312,7 +315,48 @@ impl Backend for Wireguard {
         Ok(mtu)
     }
 
-    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
+    async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
+        let mut out = ApplyError::default();
+        for (i, c) in batch.changes.iter().enumerate() {
+            out.record(i, self.change(c).await);
+        }
+        for d in &mut self.devices {
+            d.tunnel.flush();
+        }
+
+        out.into_result()
+    }
+
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
+        for d in &mut self.devices {
+            d.tunnel.reconcile().await?;
+        }
+        Ok(())
+    }
+
+    async fn teardown(&mut self) {
+        for mut d in self.devices.drain(..) {
+            d.tunnel.stop();
+        }
+    }
+}
+
+#[async_trait]
+impl Implementation for Wireguard {
+    fn handover_at(&self) -> Option<SystemTime> {
+        let last = self
+            .devices
+            .iter()
+            .filter_map(|d| d.tunnel.peer_stats())
+            .flatten()
+            .filter_map(|(_, s)| s.last_initiation);
+        kernel_handover_at(last)
+    }
+}
+
+impl Wireguard {
+    /// Programs (`Add`) or removes (`Remove`) one peer.
+    async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         let (lease, add) = match change {
             Change::Add(l) => (l, true),
             Change::Remove(l) => (l, false),
@@ -362,35 +406,6 @@ impl Backend for Wireguard {
             }
         }
         Ok(())
-    }
-
-    fn flush(&mut self) {
-        for d in &mut self.devices {
-            d.tunnel.flush();
-        }
-    }
-
-    fn handover_at(&self) -> Option<SystemTime> {
-        let last = self
-            .devices
-            .iter()
-            .filter_map(|d| d.tunnel.peer_stats())
-            .flatten()
-            .filter_map(|(_, s)| s.last_initiation);
-        kernel_handover_at(last)
-    }
-
-    async fn reconcile(&mut self) -> Result<(), BackendError> {
-        for d in &mut self.devices {
-            d.tunnel.reconcile().await?;
-        }
-        Ok(())
-    }
-
-    async fn teardown(&mut self) {
-        for mut d in self.devices.drain(..) {
-            d.tunnel.stop();
-        }
     }
 }
 

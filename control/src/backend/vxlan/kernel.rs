@@ -29,7 +29,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ipnet::IpNet;
 
-use super::{Mtus, backend_data, derive_mac, fmt_mac, parse_backend_data};
+use super::{Mtus, Target, direct_route, fmt_mac, lease_attrs, log_config, peer_change};
 use crate::backend::dual::Implementation;
 use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, Observe};
 use crate::config::backend::VxlanOptions;
@@ -223,27 +223,13 @@ impl KernelVxlan {
         }
     }
 
-    async fn entry_for(
-        &self,
-        subnet: IpNet,
-        public: IpAddr,
-        data: Option<&String>,
-    ) -> Option<Entry> {
+    async fn entry_for(&self, t: &Target<'_>, public: IpAddr) -> Option<Entry> {
+        let subnet = t.subnet;
         if self.opts.direct_routing && self.on_link(public).await {
-            let r = Route {
-                dst: subnet,
-                gateway: Some(public),
-                oif: None,
-                onlink: false,
-                scope_link: false,
-            };
-            return Some(Entry::Direct(r));
+            return Some(Entry::Direct(direct_route(subnet, Some(public))));
         }
         let dev = self.dev_for(&subnet)?;
-        let Some((_, mac)) = data.and_then(|d| parse_backend_data(d)) else {
-            tracing::error!("error decoding subnet lease JSON for {subnet}: {data:?}");
-            return None;
-        };
+        let mac = t.vtep_mac()?;
         let gw = subnet.network();
         Some(Entry::Encap {
             neigh: Neigh {
@@ -347,21 +333,10 @@ impl Backend for KernelVxlan {
         ext: &ExternalInterface,
         prev: Option<&Lease>,
     ) -> Result<LeaseAttrs, BackendError> {
-        tracing::info!(
-            "VXLAN config: VNI={} Port={} GBP={} Learning={} DirectRouting={}",
-            self.opts.vni,
-            self.opts.port,
-            self.opts.gbp,
-            self.opts.learning,
-            self.opts.direct_routing
-        );
+        log_config(&self.opts);
         self.ext = Some(ext.clone());
         let vni = self.opts.vni;
-        let reuse = |d: Option<&String>| {
-            d.and_then(|d| parse_backend_data(d))
-                .filter(|(v, _)| *v == vni)
-                .map(|(_, m)| m)
-        };
+        let (attrs, vteps) = lease_attrs(vni, ext, prev, self.want_v4, self.want_v6)?;
         let mtus = self.mtus(ext);
         let spec = |name: String, local: IpAddr, mac: [u8; 6], mtu: u32| VxlanLink {
             name,
@@ -374,32 +349,14 @@ impl Backend for KernelVxlan {
             mtu,
             mac,
         };
-        let mut attrs = LeaseAttrs {
-            backend_type: "vxlan".into(),
-            ..Default::default()
-        };
-        if self.want_v4 {
-            let ip = ext
-                .ext_addr
-                .ok_or_else(|| BackendError::Config("vxlan: no IPv4 public address".into()))?;
-            let mac = reuse(prev.and_then(|p| p.attrs.backend_data.as_ref()))
-                .unwrap_or_else(|| derive_mac(ip.into(), vni, 4));
-            attrs.public_ip = ip;
-            attrs.backend_data = Some(backend_data(vni, mac));
+        if let (Some(mac), Some(ip)) = (vteps.v4, ext.ext_addr) {
             self.v4 = Some(Dev {
                 spec: spec(format!("flannel.{vni}"), ip.into(), mac, mtus.v4),
                 addr: None,
                 index: 0,
             });
         }
-        if self.want_v6 {
-            let ip = ext
-                .ext_v6_addr
-                .ok_or_else(|| BackendError::Config("vxlan: no IPv6 public address".into()))?;
-            let mac = reuse(prev.and_then(|p| p.attrs.backend_v6_data.as_ref()))
-                .unwrap_or_else(|| derive_mac(ip.into(), vni, 6));
-            attrs.public_ipv6 = Some(ip);
-            attrs.backend_v6_data = Some(backend_data(vni, mac));
+        if let (Some(mac), Some(ip)) = (vteps.v6, ext.ext_v6_addr) {
             self.v6 = Some(Dev {
                 spec: spec(format!("flannel-v6.{vni}"), ip.into(), mac, mtus.v6),
                 addr: None,
@@ -553,34 +510,12 @@ impl Implementation for KernelVxlan {
 impl KernelVxlan {
     /// Programs (`Add`) or removes (`Remove`) one peer.
     async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
-        let (lease, add) = match change {
-            Change::Add(l) => (l, true),
-            Change::Remove(l) => (l, false),
-        };
-        if add && lease.attrs.backend_type != "vxlan" {
-            tracing::info!(
-                "ignoring non-vxlan v4Subnet({:?}) v6Subnet({:?}): type={}",
-                lease.subnet,
-                lease.ipv6_subnet,
-                lease.attrs.backend_type
-            );
+        let Some((add, targets)) = peer_change(change) else {
             return Ok(());
-        }
-        let targets = [
-            (
-                lease.subnet.map(IpNet::V4),
-                Some(IpAddr::V4(lease.attrs.public_ip)),
-                lease.attrs.backend_data.as_ref(),
-            ),
-            (
-                lease.ipv6_subnet.map(IpNet::V6),
-                lease.attrs.public_ipv6.map(IpAddr::V6),
-                lease.attrs.backend_v6_data.as_ref(),
-            ),
-        ];
+        };
         let mut first_err = None;
-        for (subnet, public, data) in targets {
-            let Some(subnet) = subnet else { continue };
+        for t in targets {
+            let subnet = t.subnet;
             if self.dev_for(&subnet).is_none() {
                 continue;
             }
@@ -591,8 +526,8 @@ impl KernelVxlan {
                 }
                 continue;
             }
-            let Some(public) = public else { continue };
-            let Some(entry) = self.entry_for(subnet, public, data).await else {
+            let Some(public) = t.public else { continue };
+            let Some(entry) = self.entry_for(&t, public).await else {
                 continue;
             };
             if let Some(old) = old.filter(|o| *o != entry) {

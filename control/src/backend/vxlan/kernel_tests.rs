@@ -6,6 +6,7 @@ use super::*;
 use crate::backend::EngineTuning;
 use crate::backend::test_util::{block_on, ext, fake, lease};
 use crate::backend::vxlan::userspace::Vxlan;
+use crate::backend::vxlan::{backend_data, derive_mac};
 use crate::netlink::{FakeNetlink, Op, VxlanAttrs};
 
 fn opts(direct: bool) -> VxlanOptions {

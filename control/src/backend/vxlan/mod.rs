@@ -10,7 +10,15 @@ pub mod userspace;
 
 use std::net::IpAddr;
 
+use ipnet::IpNet;
 use weft_compat::gojson;
+
+use crate::backend::BackendError;
+use crate::config::backend::VxlanOptions;
+use crate::iface::ExternalInterface;
+use crate::lease::watcher::Change;
+use crate::lease::{Lease, LeaseAttrs};
+use crate::netlink::Route;
 
 /// VXLAN's overhead on an IPv4 underlay: outer IPv4 20 + UDP 8 + VXLAN 8 +
 /// inner Ethernet 14 (flannel's `encapOverhead`).
@@ -48,6 +56,138 @@ impl Mtus {
             v6: v6_mtu,
             env: if v6 { v6_mtu } else { v4 },
         }
+    }
+}
+
+/// flannel's `VXLAN config: ...` log line.
+pub(super) fn log_config(opts: &VxlanOptions) {
+    tracing::info!(
+        "VXLAN config: VNI={} Port={} GBP={} Learning={} DirectRouting={}",
+        opts.vni,
+        opts.port,
+        opts.gbp,
+        opts.learning,
+        opts.direct_routing
+    );
+}
+
+/// The VTEP MACs of a node's `flannel.<VNI>` and `flannel-v6.<VNI>`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Vteps {
+    pub v4: Option<[u8; 6]>,
+    pub v6: Option<[u8; 6]>,
+}
+
+/// The lease attributes of a vxlan node for the enabled families (`v4`,
+/// `v6`), and its VTEP MACs: each taken from `prev` (this node's previous
+/// lease) when that has one for `vni`, else derived from the public IP.
+pub(super) fn lease_attrs(
+    vni: u32,
+    ext: &ExternalInterface,
+    prev: Option<&Lease>,
+    v4: bool,
+    v6: bool,
+) -> Result<(LeaseAttrs, Vteps), BackendError> {
+    let reuse = |d: Option<&String>| {
+        d.and_then(|d| parse_backend_data(d))
+            .filter(|(v, _)| *v == vni)
+            .map(|(_, m)| m)
+    };
+    let mut attrs = LeaseAttrs {
+        backend_type: "vxlan".into(),
+        ..Default::default()
+    };
+    let mut vteps = Vteps::default();
+    if v4 {
+        let ip = ext
+            .ext_addr
+            .ok_or_else(|| BackendError::Config("vxlan: no IPv4 public address".into()))?;
+        let mac = reuse(prev.and_then(|p| p.attrs.backend_data.as_ref()))
+            .unwrap_or_else(|| derive_mac(ip.into(), vni, 4));
+        attrs.public_ip = ip;
+        attrs.backend_data = Some(backend_data(vni, mac));
+        vteps.v4 = Some(mac);
+    }
+    if v6 {
+        let ip = ext
+            .ext_v6_addr
+            .ok_or_else(|| BackendError::Config("vxlan: no IPv6 public address".into()))?;
+        let mac = reuse(prev.and_then(|p| p.attrs.backend_v6_data.as_ref()))
+            .unwrap_or_else(|| derive_mac(ip.into(), vni, 6));
+        attrs.public_ipv6 = Some(ip);
+        attrs.backend_v6_data = Some(backend_data(vni, mac));
+        vteps.v6 = Some(mac);
+    }
+    Ok((attrs, vteps))
+}
+
+/// One address family of a peer's vxlan lease.
+#[derive(Debug)]
+pub(super) struct Target<'a> {
+    pub subnet: IpNet,
+    pub public: Option<IpAddr>,
+    pub data: Option<&'a String>,
+}
+
+impl Target<'_> {
+    /// The peer's VTEP MAC from its BackendData (an undecodable one is logged).
+    pub fn vtep_mac(&self) -> Option<[u8; 6]> {
+        let mac = self
+            .data
+            .and_then(|d| parse_backend_data(d))
+            .map(|(_, m)| m);
+        if mac.is_none() {
+            tracing::error!(
+                "error decoding subnet lease JSON for {}: {:?}",
+                self.subnet,
+                self.data
+            );
+        }
+        mac
+    }
+}
+
+/// What `change` asks of a vxlan backend: whether it adds the peer, and
+/// the families of its lease that have a subnet (IPv4 first). `None` for a
+/// lease of another backend type being added (logged and ignored, as
+/// flannel does).
+pub(super) fn peer_change(change: &Change) -> Option<(bool, Vec<Target<'_>>)> {
+    let (lease, add) = match change {
+        Change::Add(l) => (l, true),
+        Change::Remove(l) => (l, false),
+    };
+    if add && lease.attrs.backend_type != "vxlan" {
+        tracing::info!(
+            "ignoring non-vxlan v4Subnet({:?}) v6Subnet({:?}): type={}",
+            lease.subnet,
+            lease.ipv6_subnet,
+            lease.attrs.backend_type
+        );
+        return None;
+    }
+    let a = &lease.attrs;
+    let v4 = lease.subnet.map(|s| Target {
+        subnet: IpNet::V4(s),
+        public: Some(IpAddr::V4(a.public_ip)),
+        data: a.backend_data.as_ref(),
+    });
+    let v6 = lease.ipv6_subnet.map(|s| Target {
+        subnet: IpNet::V6(s),
+        public: a.public_ipv6.map(IpAddr::V6),
+        data: a.backend_v6_data.as_ref(),
+    });
+    Some((add, [v4, v6].into_iter().flatten().collect()))
+}
+
+/// DirectRouting's plain route to a peer's subnet via its public IP (`gw`;
+/// `None`: any route to `subnet`, to delete it).
+pub(super) fn direct_route(subnet: IpNet, gw: Option<IpAddr>) -> Route {
+    Route {
+        dst: subnet,
+        gateway: gw,
+        oif: None,
+        onlink: false,
+        scope_link: false,
     }
 }
 

@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use ipnet::IpNet;
 use weft_engine::{Encap, EngineConfig};
 
-use super::{Mtus, backend_data, derive_mac, parse_backend_data};
+use super::{Mtus, direct_route, lease_attrs, log_config, peer_change};
 use crate::backend::dual::Implementation;
 use crate::backend::tunnel::{Tunnel, Userspace};
 use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe};
@@ -113,42 +113,14 @@ impl Backend for Vxlan {
                 "VXLAN GBP is not supported by the userspace engine".into(),
             ));
         }
-        tracing::info!(
-            "VXLAN config: VNI={} Port={} GBP={} Learning={} DirectRouting={}",
-            self.opts.vni,
-            self.opts.port,
-            self.opts.gbp,
-            self.opts.learning,
-            self.opts.direct_routing
-        );
+        log_config(&self.opts);
         self.ext = Some(ext.clone());
-        let vni = self.opts.vni;
-        let reuse = |data: Option<&String>| {
-            data.and_then(|d| parse_backend_data(d))
-                .filter(|(v, _)| *v == vni)
-                .map(|(_, m)| m)
-        };
-        let mut attrs = LeaseAttrs {
-            backend_type: "vxlan".into(),
-            ..Default::default()
-        };
-        if let Some(f) = self.v4.as_mut() {
-            let ip = ext
-                .ext_addr
-                .ok_or_else(|| BackendError::Config("vxlan: no IPv4 public address".into()))?;
-            f.mac = reuse(prev.and_then(|p| p.attrs.backend_data.as_ref()))
-                .unwrap_or_else(|| derive_mac(ip.into(), vni, 4));
-            attrs.public_ip = ip;
-            attrs.backend_data = Some(backend_data(vni, f.mac));
-        }
-        if let Some(f) = self.v6.as_mut() {
-            let ip = ext
-                .ext_v6_addr
-                .ok_or_else(|| BackendError::Config("vxlan: no IPv6 public address".into()))?;
-            f.mac = reuse(prev.and_then(|p| p.attrs.backend_v6_data.as_ref()))
-                .unwrap_or_else(|| derive_mac(ip.into(), vni, 6));
-            attrs.public_ipv6 = Some(ip);
-            attrs.backend_v6_data = Some(backend_data(vni, f.mac));
+        let (v4, v6) = (self.v4.is_some(), self.v6.is_some());
+        let (attrs, vteps) = lease_attrs(self.opts.vni, ext, prev, v4, v6)?;
+        for (f, mac) in [(self.v4.as_mut(), vteps.v4), (self.v6.as_mut(), vteps.v6)] {
+            if let (Some(f), Some(mac)) = (f, mac) {
+                f.mac = mac;
+            }
         }
         Ok(attrs)
     }
@@ -255,41 +227,19 @@ impl Implementation for Vxlan {}
 impl Vxlan {
     /// Programs (`Add`) or removes (`Remove`) one peer.
     async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
-        let (lease, add) = match change {
-            Change::Add(l) => (l, true),
-            Change::Remove(l) => (l, false),
-        };
-        if add && lease.attrs.backend_type != "vxlan" {
-            tracing::info!(
-                "ignoring non-vxlan v4Subnet({:?}) v6Subnet({:?}): type={}",
-                lease.subnet,
-                lease.ipv6_subnet,
-                lease.attrs.backend_type
-            );
+        let Some((add, targets)) = peer_change(change) else {
             return Ok(());
-        }
+        };
         let direct = self.opts.direct_routing;
         let ext = self.ext.clone();
-        let targets = [
-            (
-                self.v4.as_mut(),
-                lease.subnet.map(IpNet::V4),
-                Some(IpAddr::V4(lease.attrs.public_ip)),
-                lease.attrs.backend_data.as_ref(),
-            ),
-            (
-                self.v6.as_mut(),
-                lease.ipv6_subnet.map(IpNet::V6),
-                lease.attrs.public_ipv6.map(IpAddr::V6),
-                lease.attrs.backend_v6_data.as_ref(),
-            ),
-        ];
         let mut direct_routes = Vec::new();
-        for (fam, subnet, endpoint, data) in targets {
-            let (Some(fam), Some(subnet)) = (fam, subnet) else {
-                continue;
+        for target in targets {
+            let subnet = target.subnet;
+            let fam = match subnet {
+                IpNet::V4(_) => self.v4.as_mut(),
+                IpNet::V6(_) => self.v6.as_mut(),
             };
-            let Some(t) = fam.tunnel.as_mut() else {
+            let Some(t) = fam.and_then(|f| f.tunnel.as_mut()) else {
                 continue;
             };
             if !add {
@@ -298,13 +248,14 @@ impl Vxlan {
                 direct_routes.push((subnet, None));
                 continue;
             }
-            let Some(endpoint) = endpoint else { continue };
+            let Some(endpoint) = target.public else {
+                continue;
+            };
             if direct && ext.as_ref().is_some_and(|e| on_link(e, endpoint)) {
                 direct_routes.push((subnet, Some(endpoint)));
                 continue;
             }
-            let Some((_, mac)) = data.and_then(|d| parse_backend_data(d)) else {
-                tracing::error!("error decoding subnet lease JSON for {subnet}: {data:?}");
+            let Some(mac) = target.vtep_mac() else {
                 continue;
             };
             t.upsert_peer(subnet, endpoint, Some(mac));
@@ -312,26 +263,13 @@ impl Vxlan {
         }
         for (subnet, via) in direct_routes {
             self.direct.retain(|r| r.dst != subnet);
+            let r = direct_route(subnet, via);
             match via {
-                Some(gw) => {
-                    let r = Route {
-                        dst: subnet,
-                        gateway: Some(gw),
-                        oif: None,
-                        onlink: false,
-                        scope_link: false,
-                    };
+                Some(_) => {
                     self.us.nl.route_replace(&r).await?;
                     self.direct.push(r);
                 }
                 None => {
-                    let r = Route {
-                        dst: subnet,
-                        gateway: None,
-                        oif: None,
-                        onlink: false,
-                        scope_link: false,
-                    };
                     let _ = self.us.nl.route_del(&r).await;
                 }
             }

@@ -445,7 +445,7 @@ pub fn build(
         }
         BackendOptions::Wireguard(o) => {
             let (n4, n6) = (cfg.network.filter(|_| v4), cfg.ipv6_network.filter(|_| v6));
-            wireguard::userspace::Wireguard::validate(&o, n4, n6)?;
+            wireguard::validate(&o, n4, n6)?;
             let (us, ok) = (us.clone(), o.clone());
             Box::new(
                 dual("wireguard")

@@ -16,8 +16,9 @@ use super::*;
 use crate::backend::dual::Dual;
 use crate::backend::probe::Capability;
 use crate::backend::test_util::{block_on, ext, fake, lease};
-use crate::backend::wireguard::backend_data;
+use crate::backend::wireguard::{backend_data, key, select_endpoint};
 use crate::backend::{Dataplane, DataplaneChoice, Switch};
+use crate::config::backend::WireguardMode;
 use crate::netlink::{FakeNetlink, LinkKind, Op, WgPeerSet, WgSet};
 
 const PEER_KEY: &str = "hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=";

@@ -20,18 +20,17 @@
 //!   when IPv4 is enabled), not flannel's per-peer `selectMode`.
 
 use std::net::IpAddr;
-use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-use weft_engine::{Encap, EngineConfig, Peer, WgPeer, WgSecret};
+use weft_engine::{Encap, EngineConfig, Peer, WgPeer};
 
-use super::{Carries, device_plan, key, lease_attrs, log_config, parse_backend_data};
+use super::{Carries, Node};
 use crate::backend::dual::Implementation;
 use crate::backend::tunnel::{Tunnel, Userspace};
 use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe};
-use crate::config::backend::{WireguardMode, WireguardOptions};
+use crate::config::backend::WireguardOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
@@ -46,13 +45,7 @@ struct Device {
 /// See the module docs.
 #[derive(Debug)]
 pub struct Wireguard {
-    opts: WireguardOptions,
-    network: Option<Ipv4Net>,
-    network_v6: Option<Ipv6Net>,
-    key_file: PathBuf,
-    key: Option<WgSecret>,
-    psk: Option<[u8; 32]>,
-    ext: Option<ExternalInterface>,
+    node: Node,
     tuning: EngineTuning,
     us: Userspace,
     devices: Vec<Device>,
@@ -73,27 +66,7 @@ pub(super) fn kernel_handover_at(sent: impl Iterator<Item = SystemTime>) -> Opti
 }
 
 impl Wireguard {
-    /// Checks the options [`Wireguard::new`] relies on: a valid PSK and at least one network.
-    pub fn validate(
-        opts: &WireguardOptions,
-        network: Option<Ipv4Net>,
-        network_v6: Option<Ipv6Net>,
-    ) -> Result<(), BackendError> {
-        if !opts.psk.is_empty() && weft_engine::wg::key_from_base64(&opts.psk).is_none() {
-            return Err(BackendError::Config(format!(
-                "could not parse PSK {:?}: not a base64 wireguard key",
-                opts.psk
-            )));
-        }
-        if network.is_none() && network_v6.is_none() {
-            return Err(BackendError::Config(
-                "the wireguard backend needs a Network or IPv6Network".into(),
-            ));
-        }
-        Ok(())
-    }
-
-    /// A wireguard backend for the enabled networks (call [`Wireguard::validate`]
+    /// A wireguard backend for the enabled networks (call [`super::validate`]
     /// first: an invalid PSK is ignored here); the key is read in `lease_attrs`.
     pub fn new(
         opts: WireguardOptions,
@@ -102,15 +75,8 @@ impl Wireguard {
         tuning: EngineTuning,
         us: Userspace,
     ) -> Wireguard {
-        let psk = weft_engine::wg::key_from_base64(&opts.psk);
         Wireguard {
-            opts,
-            network,
-            network_v6,
-            key_file: key::key_file_path(),
-            key: None,
-            psk,
-            ext: None,
+            node: Node::new(opts, network, network_v6),
             tuning,
             us,
             devices: Vec::new(),
@@ -119,12 +85,8 @@ impl Wireguard {
 
     /// Uses `path` instead of `$WIREGUARD_KEY_FILE` / `/run/flannel/wgkey` (tests).
     pub fn with_key_file(mut self, path: std::path::PathBuf) -> Wireguard {
-        self.key_file = path;
+        self.node.key_file = path;
         self
-    }
-
-    fn keepalive(&self) -> u16 {
-        u16::try_from(self.opts.persistent_keepalive_interval.as_secs()).unwrap_or(u16::MAX)
     }
 
     async fn start_device(
@@ -136,9 +98,7 @@ impl Wireguard {
         addrs: &[IpNet],
         mtu: u32,
     ) -> Result<(), BackendError> {
-        let key = self
-            .key
-            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+        let key = self.node.secret()?;
         if let Some(old) = self.us.nl.link_detail(name).await? {
             tracing::info!("deleting existing device {name}");
             self.us.nl.delete_link(old.link.index).await?;
@@ -163,17 +123,8 @@ impl Wireguard {
         for a in &addrs[1..] {
             self.us.nl.add_addr(tunnel.index(), *a).await?;
         }
-        for net in [self.network.map(IpNet::V4), self.network_v6.map(IpNet::V6)]
-            .into_iter()
-            .flatten()
-        {
-            let fits = matches!(
-                (carries, net),
-                (Carries::Both, _) | (Carries::V4, IpNet::V4(_)) | (Carries::V6, IpNet::V6(_))
-            );
-            if fits {
-                tunnel.add_route(net, false).await?;
-            }
+        for net in self.node.routes(carries) {
+            tunnel.add_route(net, false).await?;
         }
         self.devices.push(Device {
             carries,
@@ -185,68 +136,24 @@ impl Wireguard {
 
     /// The peers a lease gives each device (empty when it is not usable).
     fn peers_for(&self, lease: &Lease, dev: &Device) -> Vec<Peer> {
-        let a = &lease.attrs;
-        let v4 = a.backend_data.as_deref().and_then(parse_backend_data);
-        let v6 = a.backend_v6_data.as_deref().and_then(parse_backend_data);
-        let wg = |(key, port): ([u8; 32], u16)| WgPeer {
-            public_key: key,
-            port,
-            psk: self.psk,
-            keepalive: self.keepalive(),
+        let Some(p) = self.node.peer(lease, dev.carries, false) else {
+            return Vec::new();
         };
-        let mut out = Vec::new();
-        match dev.carries {
-            Carries::V4 => {
-                if let (Some(s), Some(d)) = (lease.subnet, v4) {
-                    out.push(Peer {
-                        subnet: IpNet::V4(s),
-                        endpoint: a.public_ip.into(),
-                        vtep_mac: None,
-                        wireguard: Some(wg(d)),
-                    });
-                }
-            }
-            Carries::V6 => {
-                if let (Some(s), Some(d), Some(ip)) = (lease.ipv6_subnet, v6, a.public_ipv6) {
-                    out.push(Peer {
-                        subnet: IpNet::V6(s),
-                        endpoint: ip.into(),
-                        vtep_mac: None,
-                        wireguard: Some(wg(d)),
-                    });
-                }
-            }
-            Carries::Both => {
-                // flannel: the key from BackendV6Data when IPv6 is on, else BackendData.
-                let data = if self.network_v6.is_some() {
-                    v6.or(v4)
-                } else {
-                    v4
-                };
-                let endpoint = match self.opts.mode {
-                    WireguardMode::Ipv6 => a.public_ipv6.map(IpAddr::V6),
-                    _ => Some(IpAddr::V4(a.public_ip)),
-                };
-                let (Some((key, port)), Some(endpoint)) = (data, endpoint) else {
-                    return out;
-                };
-                // The v4 data's port is the one the peer's single device listens on.
-                let port = v4.map_or(port, |d| d.1);
-                let subnets = [
-                    lease.subnet.map(IpNet::V4),
-                    lease.ipv6_subnet.map(IpNet::V6),
-                ];
-                for s in subnets.into_iter().flatten() {
-                    out.push(Peer {
-                        subnet: s,
-                        endpoint,
-                        vtep_mac: None,
-                        wireguard: Some(wg((key, port))),
-                    });
-                }
-            }
-        }
-        out
+        let wg = WgPeer {
+            public_key: p.key,
+            port: p.port,
+            psk: self.node.psk,
+            keepalive: self.node.keepalive(),
+        };
+        p.subnets
+            .into_iter()
+            .map(|subnet| Peer {
+                subnet,
+                endpoint: p.endpoint,
+                vtep_mac: None,
+                wireguard: Some(wg.clone()),
+            })
+            .collect()
     }
 }
 
@@ -275,39 +182,11 @@ impl Backend for Wireguard {
         ext: &ExternalInterface,
         _prev: Option<&Lease>,
     ) -> Result<LeaseAttrs, BackendError> {
-        let key = key::load_or_generate(&self.key_file)
-            .map_err(|e| BackendError::Config(e.to_string()))?;
-        let public = key.public_key();
-        self.key = Some(key);
-        self.ext = Some(ext.clone());
-        log_config(
-            &self.opts,
-            self.keepalive(),
-            self.psk.is_some(),
-            &public,
-            "",
-        );
-        lease_attrs(
-            &public,
-            ext,
-            &self.opts,
-            self.network.is_some(),
-            self.network_v6.is_some(),
-        )
+        self.node.lease_attrs(ext, "")
     }
 
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        let ext = self
-            .ext
-            .clone()
-            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        let (mtu, plan) = device_plan(
-            &self.opts,
-            &ext,
-            self.network.is_some(),
-            self.network_v6.is_some(),
-            lease,
-        );
+        let (mtu, plan) = self.node.plan(lease)?;
         for d in plan {
             self.start_device(d.name, d.carries, d.port, d.bind, &d.addrs, mtu)
                 .await?;

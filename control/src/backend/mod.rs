@@ -263,6 +263,31 @@ pub struct EngineTuning {
     pub anti_spoof: weft_engine::AntiSpoofing,
 }
 
+impl EngineTuning {
+    /// The config of an engine on TUN `tun_name` with `encap`, sending from
+    /// `local`, its device at MTU `mtu` (and `tun_addr`, when the engine
+    /// answers ICMP for it), run as tuned.
+    pub fn engine(
+        &self,
+        tun_name: String,
+        encap: weft_engine::Encap,
+        local: std::net::IpAddr,
+        tun_addr: Option<std::net::IpAddr>,
+        mtu: u32,
+    ) -> weft_engine::EngineConfig {
+        weft_engine::EngineConfig {
+            tun_name,
+            encap,
+            local_addr: local,
+            tun_addr,
+            mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
+            workers: self.workers,
+            offload: self.offload,
+            anti_spoof: self.anti_spoof != weft_engine::AntiSpoofing::Off,
+        }
+    }
+}
+
 /// Which implementation carries a backend's traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dataplane {

@@ -8,10 +8,10 @@
 
 use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net};
-use weft_engine::{Encap, EngineConfig};
+use weft_engine::Encap;
 
 use super::dual::Implementation;
-use super::tunnel::{Tunnel, Userspace};
+use super::tunnel::{self, Tunnel, Userspace};
 use super::{ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe};
 use crate::config::backend::UdpOptions;
 use crate::iface::ExternalInterface;
@@ -53,11 +53,7 @@ impl Observe for Udp {
     }
 
     fn status(&self) -> crate::status::BackendStatus {
-        let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
-        if let Some(t) = &self.tunnel {
-            t.report(&mut st);
-        }
-        st
+        tunnel::status(self.name(), &self.tunnel)
     }
 }
 
@@ -89,20 +85,12 @@ impl Backend for Udp {
             BackendError::Config("udp backend needs an IPv4 interface address".into())
         })?;
         let mtu = ext.iface.mtu.saturating_sub(28);
-        let cfg = EngineConfig {
-            tun_name: "flannel%d".into(),
-            encap: Encap::FlannelUdp {
-                port: self.opts.port,
-            },
-            local_addr: local.into(),
-            tun_addr: Some(subnet.network().into()),
-            mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
-            workers: self.tuning.workers,
-            offload: self.tuning.offload,
-            anti_spoof: self.tuning.anti_spoof != weft_engine::AntiSpoofing::Off,
+        let encap = Encap::FlannelUdp {
+            port: self.opts.port,
         };
-        let addr = IpNet::new(subnet.network().into(), 32)
-            .map_err(|e| BackendError::Config(e.to_string()))?;
+        let tun_addr = Some(subnet.network().into());
+        let cfg = (self.tuning).engine("flannel%d".into(), encap, local.into(), tun_addr, mtu);
+        let addr = IpNet::from(std::net::IpAddr::V4(subnet.network()));
         let mut t = Tunnel::start(&self.us, cfg, addr, mtu, self.tuning.anti_spoof).await?;
         t.add_route(IpNet::V4(self.network), true).await?;
         self.tunnel = Some(t);

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ipnet::IpNet;
 
-use super::DEVICE;
+use super::{DEVICE, accepts, device_addr, lease_attrs, local, mtu, route};
 use crate::backend::dual::Implementation;
 use crate::backend::route_set::RouteSet;
 use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, Observe};
@@ -52,20 +52,14 @@ impl Ipip {
         }
     }
 
-    fn local(&self) -> Result<Ipv4Addr, BackendError> {
-        self.ext.as_ref().and_then(|e| e.iface_addr).ok_or_else(|| {
-            BackendError::Config("ipip: the external interface has no IPv4 address".into())
-        })
-    }
-
     /// Creates or reuses `flannel.ipip`, sets MTU, address, up; returns the MTU.
     async fn bring_up(&mut self) -> Result<u32, BackendError> {
         let ext = self
             .ext
             .clone()
             .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        let local = self.local()?;
-        let want = ext.iface.mtu.saturating_sub(20);
+        let local = local(&ext)?;
+        let want = mtu(&ext);
         let mut link = self.nl.link_detail(DEVICE).await?;
         if let Some(d) = &link {
             match d.kind {
@@ -128,13 +122,7 @@ impl Ipip {
         {
             oif = self.ext.as_ref().map_or(oif, |e| e.iface.index);
         }
-        Route {
-            dst: subnet,
-            gateway: Some(IpAddr::V4(public)),
-            oif: Some(oif),
-            onlink: true,
-            scope_link: false,
-        }
+        route(subnet, public, oif)
     }
 }
 
@@ -164,25 +152,12 @@ impl Backend for Ipip {
         ext: &ExternalInterface,
         _prev: Option<&Lease>,
     ) -> Result<LeaseAttrs, BackendError> {
-        tracing::info!("IPIP config: DirectRouting={}", self.opts.direct_routing);
         self.ext = Some(ext.clone());
-        let public_ip = ext
-            .ext_addr
-            .ok_or_else(|| BackendError::Config("ipip: no IPv4 public address".into()))?;
-        Ok(LeaseAttrs {
-            public_ip,
-            backend_type: "ipip".into(),
-            ..Default::default()
-        })
+        lease_attrs(&self.opts, ext)
     }
 
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        let sn = lease
-            .subnet
-            .ok_or_else(|| BackendError::Config("ipip backend needs an IPv4 lease".into()))?;
-        self.addr = Some(
-            IpNet::new(sn.network().into(), 32).map_err(|e| BackendError::Config(e.to_string()))?,
-        );
+        self.addr = Some(device_addr(lease)?);
         self.bring_up().await
     }
 
@@ -233,8 +208,7 @@ impl Ipip {
     async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         match change {
             Change::Add(l) => {
-                if l.attrs.backend_type != "ipip" {
-                    tracing::warn!("Ignoring non-ipip subnet: type={}", l.attrs.backend_type);
+                if !accepts(l) {
                     return Ok(());
                 }
                 if let Some(s) = l.subnet {

@@ -23,11 +23,11 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use async_trait::async_trait;
 use ipnet::IpNet;
-use weft_engine::{Encap, EngineConfig};
+use weft_engine::Encap;
 
-use super::DEVICE;
+use super::{DEVICE, accepts, device_addr, lease_attrs, local, mtu, route};
 use crate::backend::dual::Implementation;
-use crate::backend::tunnel::{Tunnel, Userspace};
+use crate::backend::tunnel::{self, Tunnel, Userspace, recover_routes};
 use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe};
 use crate::config::backend::IpipOptions;
 use crate::iface::ExternalInterface;
@@ -73,13 +73,7 @@ impl IpipUser {
             .connected
             .iter()
             .any(|n| n.contains(&IpAddr::V4(public)));
-        (self.opts.direct_routing && on_link).then_some(Route {
-            dst: subnet,
-            gateway: Some(IpAddr::V4(public)),
-            oif: Some(ext.iface.index),
-            onlink: true,
-            scope_link: false,
-        })
+        (self.opts.direct_routing && on_link).then(|| route(subnet, public, ext.iface.index))
     }
 
     async fn remove_direct(&mut self, subnet: IpNet) {
@@ -102,11 +96,7 @@ impl Observe for IpipUser {
     }
 
     fn status(&self) -> crate::status::BackendStatus {
-        let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
-        if let Some(t) = &self.tunnel {
-            t.report(&mut st);
-        }
-        st
+        tunnel::status(self.name(), &self.tunnel)
     }
 }
 
@@ -117,39 +107,17 @@ impl Backend for IpipUser {
         ext: &ExternalInterface,
         _prev: Option<&Lease>,
     ) -> Result<LeaseAttrs, BackendError> {
-        tracing::info!("IPIP config: DirectRouting={}", self.opts.direct_routing);
         self.ext = Some(ext.clone());
-        let public_ip = ext
-            .ext_addr
-            .ok_or_else(|| BackendError::Config("ipip: no IPv4 public address".into()))?;
-        Ok(LeaseAttrs {
-            public_ip,
-            backend_type: "ipip".into(),
-            ..Default::default()
-        })
+        lease_attrs(&self.opts, ext)
     }
 
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
         let ext = self.ext()?;
-        let sn = lease
-            .subnet
-            .ok_or_else(|| BackendError::Config("ipip backend needs an IPv4 lease".into()))?;
-        let local = ext.iface_addr.ok_or_else(|| {
-            BackendError::Config("ipip: the external interface has no IPv4 address".into())
-        })?;
-        let mtu = ext.iface.mtu.saturating_sub(20);
-        let cfg = EngineConfig {
-            tun_name: DEVICE.into(),
-            encap: Encap::Ipip,
-            local_addr: IpAddr::V4(local),
-            tun_addr: Some(IpAddr::V4(sn.network())),
-            mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
-            workers: self.tuning.workers,
-            offload: self.tuning.offload,
-            anti_spoof: self.tuning.anti_spoof != weft_engine::AntiSpoofing::Off,
-        };
-        let addr =
-            IpNet::new(sn.network().into(), 32).map_err(|e| BackendError::Config(e.to_string()))?;
+        let addr = device_addr(lease)?;
+        let local = local(ext)?;
+        let mtu = mtu(ext);
+        let local = IpAddr::V4(local);
+        let cfg = (self.tuning).engine(DEVICE.into(), Encap::Ipip, local, Some(addr.addr()), mtu);
         self.tunnel = Some(Tunnel::start(&self.us, cfg, addr, mtu, self.tuning.anti_spoof).await?);
         Ok(mtu)
     }
@@ -169,12 +137,7 @@ impl Backend for IpipUser {
         if let Some(t) = self.tunnel.as_mut() {
             t.reconcile().await?;
         }
-        for r in &self.direct {
-            if self.us.nl.routes_exact(r.dst).await?.is_empty() {
-                tracing::info!("Route recovered {}", r.dst);
-                self.us.nl.route_replace(r).await?;
-            }
-        }
+        recover_routes(&*self.us.nl, &self.direct).await?;
         Ok(())
     }
 
@@ -200,8 +163,7 @@ impl IpipUser {
     async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         match change {
             Change::Add(l) => {
-                if l.attrs.backend_type != "ipip" {
-                    tracing::warn!("Ignoring non-ipip subnet: type={}", l.attrs.backend_type);
+                if !accepts(l) {
                     return Ok(());
                 }
                 let Some(s) = l.subnet else { return Ok(()) };

@@ -16,11 +16,11 @@ use std::net::IpAddr;
 
 use async_trait::async_trait;
 use ipnet::IpNet;
-use weft_engine::{Encap, EngineConfig};
+use weft_engine::Encap;
 
 use super::{Mtus, direct_route, lease_attrs, log_config, peer_change};
 use crate::backend::dual::Implementation;
-use crate::backend::tunnel::{Tunnel, Userspace};
+use crate::backend::tunnel::{self, Tunnel, Userspace, recover_routes};
 use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe};
 use crate::config::backend::VxlanOptions;
 use crate::iface::ExternalInterface;
@@ -89,15 +89,8 @@ impl Observe for Vxlan {
     }
 
     fn status(&self) -> crate::status::BackendStatus {
-        let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
-        for t in [&self.v4, &self.v6]
-            .into_iter()
-            .flatten()
-            .filter_map(|f| f.tunnel.as_ref())
-        {
-            t.report(&mut st);
-        }
-        st
+        let families = [&self.v4, &self.v6].into_iter().flatten();
+        tunnel::status(self.name(), families.filter_map(|f| f.tunnel.as_ref()))
     }
 }
 
@@ -132,21 +125,14 @@ impl Backend for Vxlan {
             .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
         let mtus = Mtus::new(ext.backend_mtu(self.opts.mtu), self.v6.is_some());
         let (vni, port, tuning) = (self.opts.vni, self.port(), self.tuning);
-        let engine =
-            |name: String, mac: [u8; 6], local: IpAddr, tun_addr: IpAddr, mtu: u32| EngineConfig {
-                tun_name: name,
-                encap: Encap::Vxlan {
-                    vni,
-                    port,
-                    local_mac: mac,
-                },
-                local_addr: local,
-                tun_addr: Some(tun_addr),
-                mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
-                workers: tuning.workers,
-                offload: tuning.offload,
-                anti_spoof: tuning.anti_spoof != weft_engine::AntiSpoofing::Off,
+        let engine = |name: String, mac: [u8; 6], local: IpAddr, tun_addr: IpAddr, mtu: u32| {
+            let encap = Encap::Vxlan {
+                vni,
+                port,
+                local_mac: mac,
             };
+            tuning.engine(name, encap, local, Some(tun_addr), mtu)
+        };
         if let (Some(f), Some(sn)) = (self.v4.as_mut(), lease.subnet) {
             let local = ext
                 .ext_addr
@@ -160,8 +146,7 @@ impl Backend for Vxlan {
                 sn.network().into(),
                 mtu,
             );
-            let addr = IpNet::new(sn.network().into(), 32)
-                .map_err(|e| BackendError::Config(e.to_string()))?;
+            let addr = IpNet::from(IpAddr::V4(sn.network()));
             f.tunnel = Some(Tunnel::start(&self.us, cfg, addr, mtu, tuning.anti_spoof).await?);
         }
         if let (Some(f), Some(sn)) = (self.v6.as_mut(), lease.ipv6_subnet) {
@@ -176,8 +161,7 @@ impl Backend for Vxlan {
                 sn.network().into(),
                 mtus.v6,
             );
-            let addr = IpNet::new(sn.network().into(), 128)
-                .map_err(|e| BackendError::Config(e.to_string()))?;
+            let addr = IpNet::from(IpAddr::V6(sn.network()));
             f.tunnel = Some(Tunnel::start(&self.us, cfg, addr, mtus.v6, tuning.anti_spoof).await?);
         }
         Ok(mtus.env)
@@ -203,12 +187,7 @@ impl Backend for Vxlan {
                 t.reconcile().await?;
             }
         }
-        for r in &self.direct {
-            if self.us.nl.routes_exact(r.dst).await?.is_empty() {
-                tracing::info!("Route recovered {}", r.dst);
-                self.us.nl.route_replace(r).await?;
-            }
-        }
+        recover_routes(&*self.us.nl, &self.direct).await?;
         Ok(())
     }
 

@@ -24,11 +24,11 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-use weft_engine::{Encap, EngineConfig, Peer, WgPeer};
+use weft_engine::{Encap, Peer, WgPeer};
 
 use super::{Carries, Node};
 use crate::backend::dual::Implementation;
-use crate::backend::tunnel::{Tunnel, Userspace};
+use crate::backend::tunnel::{self, Tunnel, Userspace};
 use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe};
 use crate::config::backend::WireguardOptions;
 use crate::iface::ExternalInterface;
@@ -103,19 +103,11 @@ impl Wireguard {
             tracing::info!("deleting existing device {name}");
             self.us.nl.delete_link(old.link.index).await?;
         }
-        let cfg = EngineConfig {
-            tun_name: name.to_string(),
-            encap: Encap::WireGuard {
-                port,
-                private_key: key,
-            },
-            local_addr: local,
-            tun_addr: None,
-            mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
-            workers: self.tuning.workers,
-            offload: self.tuning.offload,
-            anti_spoof: self.tuning.anti_spoof != weft_engine::AntiSpoofing::Off,
+        let encap = Encap::WireGuard {
+            port,
+            private_key: key,
         };
+        let cfg = (self.tuning).engine(name.to_string(), encap, local, None, mtu);
         let first = *addrs
             .first()
             .ok_or_else(|| BackendError::Config("no device address".into()))?;
@@ -167,11 +159,7 @@ impl Observe for Wireguard {
     }
 
     fn status(&self) -> crate::status::BackendStatus {
-        let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
-        for d in &self.devices {
-            d.tunnel.report(&mut st);
-        }
-        st
+        tunnel::status(self.name(), self.devices.iter().map(|d| &d.tunnel))
     }
 }
 

@@ -392,6 +392,9 @@ pub fn build(
     us: &tunnel::Userspace,
     kernel: Kernel,
 ) -> Result<Box<dyn Switch>, BackendError> {
+    use ipip::{kernel::Ipip, userspace::IpipUser};
+    use vxlan::{kernel::KernelVxlan, userspace::Vxlan};
+    use wireguard::{kernel::KernelWireguard, userspace::Wireguard};
     let Kernel { client, xfrm, wg } = kernel;
     let opts = BackendOptions::from_config(&cfg.backend_type, cfg.backend.as_deref())?;
     let (v4, v6) = (cfg.enable_ipv4, cfg.enable_ipv6);
@@ -418,23 +421,10 @@ pub fn build(
                 dual("vxlan")
                     .kernel(
                         Some(probe::Capability::Vxlan),
-                        Box::new(move || {
-                            Box::new(vxlan::kernel::KernelVxlan::new(
-                                ok.clone(),
-                                v4,
-                                v6,
-                                c.clone(),
-                            ))
-                        }),
+                        Box::new(move || Box::new(KernelVxlan::new(ok.clone(), v4, v6, c.clone()))),
                     )
                     .userspace(Box::new(move || {
-                        Box::new(vxlan::userspace::Vxlan::new(
-                            ou.clone(),
-                            v4,
-                            v6,
-                            tuning,
-                            us.clone(),
-                        ))
+                        Box::new(Vxlan::new(ou.clone(), v4, v6, tuning, us.clone()))
                     }))
                     .kernel_links(names),
             )
@@ -449,14 +439,10 @@ pub fn build(
                 dual("ipip")
                     .kernel(
                         Some(probe::Capability::Ipip),
-                        Box::new(move || Box::new(ipip::kernel::Ipip::new(ok.clone(), c.clone()))),
+                        Box::new(move || Box::new(Ipip::new(ok.clone(), c.clone()))),
                     )
                     .userspace(Box::new(move || {
-                        Box::new(ipip::userspace::IpipUser::new(
-                            o.clone(),
-                            tuning,
-                            us.clone(),
-                        ))
+                        Box::new(IpipUser::new(o.clone(), tuning, us.clone()))
                     }))
                     .kernel_links(vec![ipip::DEVICE.into()]),
             )
@@ -477,7 +463,7 @@ pub fn build(
                     .kernel(
                         Some(probe::Capability::Wireguard),
                         Box::new(move || {
-                            Box::new(wireguard::kernel::KernelWireguard::new(
+                            Box::new(KernelWireguard::new(
                                 ok.clone(),
                                 n4,
                                 n6,
@@ -487,13 +473,7 @@ pub fn build(
                         }),
                     )
                     .userspace(Box::new(move || {
-                        Box::new(wireguard::userspace::Wireguard::new(
-                            o.clone(),
-                            n4,
-                            n6,
-                            tuning,
-                            us.clone(),
-                        ))
+                        Box::new(Wireguard::new(o.clone(), n4, n6, tuning, us.clone()))
                     }))
                     .kernel_links(vec!["flannel-wg".into(), "flannel-wg-v6".into()]),
             )

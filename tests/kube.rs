@@ -326,7 +326,7 @@ fn dual_stack_nodes_publish_flannels_ipv6_annotations() {
             format!("fd00:10:244:{i}::1/64"),
             "the v6 podCIDR is the v6 subnet"
         );
-        // Room for the IPv6 outer header (see control/src/backend/vxlan.rs).
+        // Room for the IPv6 outer header (see control/src/backend/vxlan/mod.rs).
         assert_eq!(env["FLANNEL_MTU"], "1430");
     }
     for (i, n) in nodes.iter().enumerate() {

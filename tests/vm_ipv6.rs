@@ -166,7 +166,7 @@ fn check_dataplane(c: &Case, net: &common::Net, i: usize) {
             assert_eq!(common::mtu(n, "flannel.1"), 1450, "node {i}");
         }
         // Room for the 40-byte IPv6 outer header (flannel: 1450, see
-        // control/src/backend/vxlan.rs `Mtus`), and pods at the smaller MTU.
+        // control/src/backend/vxlan/mod.rs `Mtus`), and pods at the smaller MTU.
         assert_eq!(common::mtu(n, "flannel-v6.1"), 1430, "node {i}");
         assert_eq!(net.env(i, "FLANNEL_MTU"), "1430", "node {i}");
         if kernel {

@@ -8,7 +8,7 @@ use std::str::FromStr;
 use k8s_openapi::api::core::v1::Node;
 use serde_json::Value;
 
-use weft_control::backend::vici;
+use weft_control::backend::ipsec::vici;
 use weft_control::backend::vxlan::{backend_data, fmt_mac, parse_backend_data};
 use weft_control::compat::subnet_env::SubnetEnv;
 use weft_control::config::{BackendOptions, parse_config};

@@ -3,9 +3,10 @@
 
 use async_trait::async_trait;
 
-use super::{Backend, BackendError, Dataplane};
+use super::{
+    ApplyError, Backend, BackendError, Batch, Dataplane, DataplaneChoice, Observe, Switch,
+};
 use crate::iface::ExternalInterface;
-use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
 
 /// See the module docs.
@@ -21,8 +22,7 @@ impl Alloc {
     }
 }
 
-#[async_trait]
-impl Backend for Alloc {
+impl Observe for Alloc {
     fn name(&self) -> &'static str {
         "alloc"
     }
@@ -30,7 +30,10 @@ impl Backend for Alloc {
     fn dataplane(&self) -> Option<Dataplane> {
         None
     }
+}
 
+#[async_trait]
+impl Backend for Alloc {
     async fn lease_attrs(
         &mut self,
         ext: &ExternalInterface,
@@ -49,9 +52,28 @@ impl Backend for Alloc {
         Ok(self.mtu)
     }
 
-    async fn apply(&mut self, _change: &Change) -> Result<(), BackendError> {
+    async fn apply(&mut self, _batch: Batch<'_>) -> Result<(), ApplyError> {
+        Ok(())
+    }
+
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
         Ok(())
     }
 
     async fn teardown(&mut self) {}
+}
+
+/// alloc has no dataplane to switch.
+#[async_trait]
+impl Switch for Alloc {
+    fn switch_pending(&self) -> Option<std::time::SystemTime> {
+        None
+    }
+
+    async fn switch_dataplane(&mut self, _to: DataplaneChoice) -> Result<Dataplane, BackendError> {
+        Err(BackendError::Unsupported(format!(
+            "switching the dataplane of {}",
+            self.name()
+        )))
+    }
 }

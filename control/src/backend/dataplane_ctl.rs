@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::{Backend, DataplaneChoice};
+use super::{DataplaneChoice, Switch};
 use crate::status::server::{self, StatusError};
 
 /// The override file's name.
@@ -98,7 +98,7 @@ impl DataplaneControl {
     /// SIGHUP: switch `backend` to what the override file (or flag) asks
     /// for, then record it as requested. Errors are logged; the backend keeps
     /// running on whichever path it ends up on.
-    pub async fn on_hup(&mut self, backend: &mut dyn Backend) {
+    pub async fn on_hup(&mut self, backend: &mut dyn Switch) {
         let want = self.wanted();
         tracing::info!(
             "SIGHUP: dataplane {} requested for the {} backend",
@@ -109,12 +109,12 @@ impl DataplaneControl {
         self.switch(backend).await;
     }
 
-    /// A pending switch is due ([`Backend::switch_pending`]): completes it.
-    pub async fn on_due(&mut self, backend: &mut dyn Backend) {
+    /// A pending switch is due ([`Switch::switch_pending`]): completes it.
+    pub async fn on_due(&mut self, backend: &mut dyn Switch) {
         self.switch(backend).await;
     }
 
-    async fn switch(&self, backend: &mut dyn Backend) {
+    async fn switch(&self, backend: &mut dyn Switch) {
         match backend.switch_dataplane(self.requested).await {
             Ok(now) if backend.switch_pending().is_some() => tracing::info!(
                 "dataplane: {} runs in the {now} until the pending switch is due",

@@ -6,8 +6,8 @@
 //!   a kernel implementation and the kernel capability ([`probe`]); `userspace`
 //!   needs weft's engine implementation; `auto` takes the kernel when it can,
 //!   else the userspace engine with the same wire format. The choice and the
-//!   reason are logged, and [`Backend::dataplane`] reports it.
-//! - [`Backend::switch_dataplane`] moves the running node to the other path
+//!   reason are logged, and [`Observe::dataplane`] reports it.
+//! - [`Switch::switch_dataplane`] moves the running node to the other path
 //!   **without changing its lease**: the new implementation must publish
 //!   byte-identical attributes (it is given the current lease as its previous
 //!   one, so it keeps e.g. the VTEP MAC), else the switch is refused and the
@@ -16,16 +16,16 @@
 //!   the same UDP port and device name, so this is break-before-make; the
 //!   gap is one engine stop (≤ 100 ms) plus a few netlink round trips per
 //!   peer, and is logged. A failed setup rolls back to the old path.
-//! - Before that, the old path may ask for time ([`Backend::handover_at`]):
+//! - Before that, the old path may ask for time ([`Implementation::handover_at`]):
 //!   peers that got handshake initiations from weft's userspace WireGuard
 //!   refuse the kernel's for 27 s after the last one (boringtun's TAI64N
 //!   timestamps run 27 s ahead of the kernel's, and a peer only accepts
 //!   newer ones), so a userspace → kernel switch keeps the engine running
 //!   until then instead of cutting the node off for up to that long. The
-//!   switch is then *pending* ([`Backend::switch_pending`]): the call returns
+//!   switch is then *pending* ([`Switch::switch_pending`]): the call returns
 //!   at once with the old path still running, the daemon's main loop goes on
 //!   applying lease events, answering status and handling signals, and calls
-//!   [`Backend::switch_dataplane`] again when it is due (at the handover
+//!   [`Switch::switch_dataplane`] again when it is due (at the handover
 //!   time, at most [`MAX_HANDOVER_WAIT`] after the request). Peers added
 //!   meanwhile are in the new path's replay. Asking for the running path
 //!   cancels a pending switch.
@@ -37,28 +37,52 @@ use std::time::{Duration, Instant, SystemTime};
 use async_trait::async_trait;
 
 use super::probe::{self, Capability};
-use super::{Backend, BackendError, Dataplane, DataplaneChoice};
+use super::{
+    ApplyError, Backend, BackendError, Batch, Dataplane, DataplaneChoice, Observe, Switch,
+};
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs, SubnetKey};
 use crate::netlink::{Client, LinkKind, XfrmClient};
 
+/// What [`Dual`] needs of each implementation beyond [`Backend`]: to be
+/// removed completely, and to say when another may take over its peers.
+#[async_trait]
+pub trait Implementation: Backend {
+    /// Removes everything `setup` and `apply` made, including what
+    /// `teardown` leaves for a restart (kernel devices, routes): the node
+    /// moves to the other implementation. Best effort.
+    async fn remove_all(&mut self) {
+        self.teardown().await;
+    }
+
+    /// When another implementation of this backend can take over this one's
+    /// peers without the peers refusing it; `None` (the default) or a past
+    /// time: at once. [`Dual`] keeps this implementation running until then
+    /// when it switches away from it. The userspace WireGuard engine's peers
+    /// hold its handshake timestamps, which run 27 s ahead of the kernel's
+    /// ([`weft_engine::wg::BORINGTUN_TAI64_AHEAD`]).
+    fn handover_at(&self) -> Option<SystemTime> {
+        None
+    }
+}
+
 /// Makes a fresh, not yet set up, implementation.
-pub type Make = Box<dyn Fn() -> Box<dyn Backend> + Send + Sync>;
+pub type Make = Box<dyn Fn() -> Box<dyn Implementation> + Send + Sync>;
 
 /// See the module docs.
 pub struct Dual {
     core: Core,
-    active: Option<(Dataplane, Box<dyn Backend>)>,
+    active: Option<(Dataplane, Box<dyn Implementation>)>,
     pending: Option<Pending>,
 }
 
-/// A switch waiting for the old path's [`Backend::handover_at`].
+/// A switch waiting for the old path's [`Implementation::handover_at`].
 struct Pending {
     path: Dataplane,
     why: String,
     /// The prepared (not set up) implementation.
-    next: Box<dyn Backend>,
+    next: Box<dyn Implementation>,
     /// [`MAX_HANDOVER_WAIT`] after the request.
     latest: SystemTime,
 }
@@ -196,7 +220,7 @@ impl Core {
         }
     }
 
-    fn make(&self, path: Dataplane) -> Option<Box<dyn Backend>> {
+    fn make(&self, path: Dataplane) -> Option<Box<dyn Implementation>> {
         match path {
             Dataplane::Kernel => self.kernel.as_ref().map(|(_, m)| m()),
             Dataplane::Userspace => self.userspace.as_ref().map(|m| m()),
@@ -221,7 +245,7 @@ impl Core {
 
     /// A fresh `path` implementation that publishes exactly the current
     /// lease attributes (given the current lease as its previous one).
-    async fn prepare(&self, path: Dataplane) -> Result<Box<dyn Backend>, BackendError> {
+    async fn prepare(&self, path: Dataplane) -> Result<Box<dyn Implementation>, BackendError> {
         let (Some(ext), Some(lease)) = (&self.ext, &self.lease) else {
             return Err(BackendError::Config("switching before setup".into()));
         };
@@ -243,10 +267,10 @@ impl Core {
     /// applies every known peer.
     async fn start(
         &self,
-        mut b: Box<dyn Backend>,
+        mut b: Box<dyn Implementation>,
         path: Dataplane,
         deadline: Instant,
-    ) -> Result<Box<dyn Backend>, BackendError> {
+    ) -> Result<Box<dyn Implementation>, BackendError> {
         let lease = self
             .lease
             .clone()
@@ -276,33 +300,23 @@ impl Core {
                 self.mtu
             );
         }
-        for peer in self.peers.values() {
-            if let Err(e) = b.apply(&Change::Add(peer.clone())).await {
-                tracing::error!("failed to apply {} after switching: {e}", peer.key());
+        let all: Vec<Change> = self.peers.values().cloned().map(Change::Add).collect();
+        if let Err(e) = b.apply(Batch::of(&all)).await {
+            for (c, e) in e.failures(&all) {
+                tracing::error!("failed to apply {} after switching: {e}", c.lease().key());
             }
         }
-        b.flush();
         Ok(b)
     }
 }
 
-#[async_trait]
-impl Backend for Dual {
+impl Observe for Dual {
     fn name(&self) -> &'static str {
         self.core.name
     }
 
     fn dataplane(&self) -> Option<Dataplane> {
         self.active.as_ref().map(|(p, _)| *p)
-    }
-
-    fn handover_at(&self) -> Option<SystemTime> {
-        self.active.as_ref().and_then(|(_, b)| b.handover_at())
-    }
-
-    fn switch_pending(&self) -> Option<SystemTime> {
-        let p = self.pending.as_ref()?;
-        Some(self.handover_at().map_or(p.latest, |at| at.min(p.latest)))
     }
 
     fn status(&self) -> crate::status::BackendStatus {
@@ -314,7 +328,10 @@ impl Backend for Dual {
             None => crate::status::BackendStatus::new(self.core.name, None),
         }
     }
+}
 
+#[async_trait]
+impl Backend for Dual {
     async fn lease_attrs(
         &mut self,
         ext: &ExternalInterface,
@@ -355,20 +372,16 @@ impl Backend for Dual {
         Ok(mtu)
     }
 
-    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
-        match change {
-            Change::Add(l) => self.core.peers.insert(l.key(), l.clone()),
-            Change::Remove(l) => self.core.peers.remove(&l.key()),
-        };
-        match self.active.as_mut() {
-            Some((_, b)) => b.apply(change).await,
-            None => Ok(()),
+    async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
+        for change in batch.changes {
+            match change {
+                Change::Add(l) => self.core.peers.insert(l.key(), l.clone()),
+                Change::Remove(l) => self.core.peers.remove(&l.key()),
+            };
         }
-    }
-
-    fn flush(&mut self) {
-        if let Some((_, b)) = self.active.as_mut() {
-            b.flush();
+        match self.active.as_mut() {
+            Some((_, b)) => b.apply(batch).await,
+            None => Ok(()),
         }
     }
 
@@ -379,25 +392,26 @@ impl Backend for Dual {
         }
     }
 
-    async fn prune(&mut self) -> Result<(), BackendError> {
-        match self.active.as_mut() {
-            Some((_, b)) => b.prune().await,
-            None => Ok(()),
-        }
-    }
-
     async fn teardown(&mut self) {
         self.pending = None;
         if let Some((_, b)) = self.active.as_mut() {
             b.teardown().await;
         }
     }
+}
 
-    async fn remove_all(&mut self) {
-        self.pending = None;
-        if let Some((_, b)) = self.active.as_mut() {
-            b.remove_all().await;
-        }
+impl Dual {
+    /// The running implementation's [`Implementation::handover_at`].
+    fn handover_at(&self) -> Option<SystemTime> {
+        self.active.as_ref().and_then(|(_, b)| b.handover_at())
+    }
+}
+
+#[async_trait]
+impl Switch for Dual {
+    fn switch_pending(&self) -> Option<SystemTime> {
+        let p = self.pending.as_ref()?;
+        Some(self.handover_at().map_or(p.latest, |at| at.min(p.latest)))
     }
 
     async fn switch_dataplane(&mut self, to: DataplaneChoice) -> Result<Dataplane, BackendError> {
@@ -509,11 +523,11 @@ impl Backend for Dual {
     }
 }
 
-/// The longest a switch stays pending for [`Backend::handover_at`] (more
+/// The longest a switch stays pending for [`Implementation::handover_at`] (more
 /// than boringtun's 27 s lead plus a rekey during the wait).
 const MAX_HANDOVER_WAIT: Duration = Duration::from_secs(40);
 
-/// How long until `handover` (the old path's [`Backend::handover_at`]), no
+/// How long until `handover` (the old path's [`Implementation::handover_at`]), no
 /// later than `latest`; `None` when it has passed.
 fn handover_left(handover: Option<SystemTime>, latest: SystemTime) -> Option<Duration> {
     let at = handover?.min(latest);

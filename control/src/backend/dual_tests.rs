@@ -4,8 +4,8 @@ use std::sync::Mutex;
 
 use super::*;
 use crate::backend::host_gw::HostGw;
-use crate::backend::kernel_vxlan::KernelVxlan;
 use crate::backend::test_util::{block_on, ext, fake, lease};
+use crate::backend::vxlan::kernel::KernelVxlan;
 use crate::config::backend::VxlanOptions;
 use crate::netlink::{FakeNetlink, Op};
 
@@ -17,14 +17,17 @@ struct Recorder {
     fail_setup: bool,
 }
 
-#[async_trait]
-impl Backend for Recorder {
+impl Observe for Recorder {
     fn name(&self) -> &'static str {
         "vxlan"
     }
     fn dataplane(&self) -> Option<Dataplane> {
         Some(Dataplane::Userspace)
     }
+}
+
+#[async_trait]
+impl Backend for Recorder {
     async fn lease_attrs(
         &mut self,
         _: &ExternalInterface,
@@ -43,17 +46,26 @@ impl Backend for Recorder {
         }
         Ok(1450)
     }
-    async fn apply(&mut self, c: &Change) -> Result<(), BackendError> {
-        let what = match c {
-            Change::Add(l) => format!("add {}", l.key()),
-            Change::Remove(l) => format!("remove {}", l.key()),
-        };
-        self.log.lock().expect("log").push(what);
+    async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
+        for c in batch.changes {
+            let what = match c {
+                Change::Add(l) => format!("add {}", l.key()),
+                Change::Remove(l) => format!("remove {}", l.key()),
+            };
+            self.log.lock().expect("log").push(what);
+        }
+        Ok(())
+    }
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
         Ok(())
     }
     async fn teardown(&mut self) {
         self.log.lock().expect("log").push("teardown".into());
     }
+}
+
+#[async_trait]
+impl Implementation for Recorder {
     async fn remove_all(&mut self) {
         self.log.lock().expect("log").push("remove_all".into());
     }
@@ -202,28 +214,28 @@ fn switching_keeps_the_lease_and_reapplies_every_peer() {
         own.attrs = attrs.clone();
         d.setup(&own).await.expect("setup");
         let mac = crate::backend::vxlan::backend_data(1, [2, 0, 0, 0, 0, 2]);
-        d.apply(&Change::Add(lease(
+        d.apply(Batch::one(&Change::Add(lease(
             "10.244.2.0/24",
             "192.0.2.2",
             "vxlan",
             Some(&mac),
-        )))
+        ))))
         .await
         .expect("add");
-        d.apply(&Change::Add(lease(
+        d.apply(Batch::one(&Change::Add(lease(
             "10.244.3.0/24",
             "192.0.2.3",
             "vxlan",
             Some(&mac),
-        )))
+        ))))
         .await
         .expect("add");
-        d.apply(&Change::Remove(lease(
+        d.apply(Batch::one(&Change::Remove(lease(
             "10.244.3.0/24",
             "192.0.2.3",
             "vxlan",
             None,
-        )))
+        ))))
         .await
         .expect("remove");
         assert_eq!(f.routes().len(), 1);
@@ -322,17 +334,17 @@ struct Handing {
     removed: Arc<Mutex<Vec<SystemTime>>>,
 }
 
-#[async_trait]
-impl Backend for Handing {
+impl Observe for Handing {
     fn name(&self) -> &'static str {
         "vxlan"
     }
     fn dataplane(&self) -> Option<Dataplane> {
         Some(Dataplane::Userspace)
     }
-    fn handover_at(&self) -> Option<SystemTime> {
-        *self.handover.lock().expect("lock")
-    }
+}
+
+#[async_trait]
+impl Backend for Handing {
     async fn lease_attrs(
         &mut self,
         _: &ExternalInterface,
@@ -343,10 +355,20 @@ impl Backend for Handing {
     async fn setup(&mut self, _: &Lease) -> Result<u32, BackendError> {
         Ok(1450)
     }
-    async fn apply(&mut self, _: &Change) -> Result<(), BackendError> {
+    async fn apply(&mut self, _: Batch<'_>) -> Result<(), ApplyError> {
+        Ok(())
+    }
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
         Ok(())
     }
     async fn teardown(&mut self) {}
+}
+
+#[async_trait]
+impl Implementation for Handing {
+    fn handover_at(&self) -> Option<SystemTime> {
+        *self.handover.lock().expect("lock")
+    }
     async fn remove_all(&mut self) {
         self.removed.lock().expect("lock").push(SystemTime::now());
     }
@@ -399,12 +421,12 @@ fn switching_away_keeps_the_old_path_until_its_peers_accept_the_new_one() {
         assert_eq!(d.switch_pending(), Some(at));
         // Peers arriving meanwhile reach the running path and the next one.
         let mac = crate::backend::vxlan::backend_data(1, [2, 0, 0, 0, 0, 9]);
-        d.apply(&Change::Add(lease(
+        d.apply(Batch::one(&Change::Add(lease(
             "10.244.9.0/24",
             "192.0.2.9",
             "vxlan",
             Some(&mac),
-        )))
+        ))))
         .await
         .expect("apply while pending");
         // Called early (a SIGHUP repeating the request): still pending.

@@ -12,8 +12,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ipnet::IpNet;
 
+use super::dual::Implementation;
 use super::route_set::RouteSet;
-use super::{Backend, BackendError, Dataplane};
+use super::{ApplyError, Backend, BackendError, Batch, Dataplane, Observe};
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
@@ -54,8 +55,7 @@ impl HostGw {
     }
 }
 
-#[async_trait]
-impl Backend for HostGw {
+impl Observe for HostGw {
     fn name(&self) -> &'static str {
         "host-gw"
     }
@@ -63,7 +63,10 @@ impl Backend for HostGw {
     fn dataplane(&self) -> Option<Dataplane> {
         Some(Dataplane::Kernel)
     }
+}
 
+#[async_trait]
+impl Backend for HostGw {
     async fn lease_attrs(
         &mut self,
         ext: &ExternalInterface,
@@ -99,7 +102,32 @@ impl Backend for HostGw {
         Ok(ext.iface.mtu)
     }
 
-    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
+    async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
+        let mut out = ApplyError::default();
+        for (i, c) in batch.changes.iter().enumerate() {
+            out.record(i, self.change(c).await);
+        }
+        out.into_result()
+    }
+
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
+        self.routes.reconcile().await?;
+        Ok(())
+    }
+
+    async fn teardown(&mut self) {}
+}
+
+#[async_trait]
+impl Implementation for HostGw {
+    async fn remove_all(&mut self) {
+        self.routes.clear().await;
+    }
+}
+
+impl HostGw {
+    /// Programs (`Add`) or removes (`Remove`) one peer.
+    async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         match change {
             Change::Add(l) => {
                 if l.attrs.backend_type != "host-gw" {
@@ -131,16 +159,5 @@ impl Backend for HostGw {
             }
         }
         Ok(())
-    }
-
-    async fn reconcile(&mut self) -> Result<(), BackendError> {
-        self.routes.reconcile().await?;
-        Ok(())
-    }
-
-    async fn teardown(&mut self) {}
-
-    async fn remove_all(&mut self) {
-        self.routes.clear().await;
     }
 }

@@ -1,38 +1,48 @@
 //! Backends: what a node does with its lease and its peers' leases.
 //!
-//! One small trait, one module per backend, and one factory ([`new`]) that is
-//! the only place naming them (style: netavark's `NetworkDriver`). The
-//! daemon calls, in order: [`Backend::lease_attrs`] (before the lease is
-//! acquired: the attributes depend on devices and keys), [`Backend::setup`]
-//! (devices for the acquired lease; returns `FLANNEL_MTU`), then
-//! [`Backend::apply`] for every peer change and [`Backend::reconcile`] every
-//! period, and [`Backend::teardown`] on exit. [`Backend::switch_dataplane`]
-//! (any time after `setup`) moves the node between the kernel and userspace
-//! implementations of its backend without changing its lease.
+//! One module per backend, one factory ([`new`]) that is the only place
+//! naming them (style: netavark's `NetworkDriver`), and three small traits,
+//! each with one consumer:
+//!
+//! - [`Backend`], what the daemon drives: [`Backend::lease_attrs`] (before
+//!   the lease is acquired: the attributes depend on devices and keys),
+//!   [`Backend::setup`] (devices for the acquired lease; returns
+//!   `FLANNEL_MTU`), then [`Backend::apply`] for every [`Batch`] of peer
+//!   changes (one dataplane update per batch; after a lease snapshot the
+//!   backend also removes state no known peer accounts for) and
+//!   [`Backend::reconcile`] every period, and [`Backend::teardown`] on exit.
+//! - [`Observe`], what `weft status`, `/metrics` and the log read: name,
+//!   dataplane, devices and counters.
+//! - [`Switch`], `weft dataplane set`: [`Switch::switch_dataplane`] (any
+//!   time after `setup`) moves the node between the kernel and userspace
+//!   implementations of its backend without changing its lease; a switch
+//!   the old path must delay is pending ([`Switch::switch_pending`]).
 //!
 //! Every backend except `alloc` is wrapped in a [`dual::Dual`], which picks
 //! the kernel or the userspace implementation (`--dataplane`, capability
-//! probing in [`probe`]) and does the switching:
+//! probing in [`probe`]) and implements [`Switch`]; what it needs of each
+//! implementation beyond [`Backend`] (complete removal, when another may
+//! take over its peers) is [`dual::Implementation`]:
 //!
 //! | type | kernel | userspace |
 //! |---|---|---|
-//! | vxlan | [`kernel_vxlan`] (probe: vxlan driver) | [`vxlan`] (engine) |
+//! | vxlan | [`vxlan::kernel`] (probe: vxlan driver) | [`vxlan::userspace`] (engine) |
 //! | host-gw | [`host_gw`] (routes only) | – |
-//! | ipip | [`ipip`] (probe: ipip driver) | [`ipip_user`] (engine, raw IPIP socket) |
+//! | ipip | [`ipip::kernel`] (probe: ipip driver) | [`ipip::userspace`] (engine, raw IPIP socket) |
 //! | ipsec | [`ipsec`] (charon over VICI + XFRM policies; probe: ESP) | – |
 //! | udp | – | [`udp`] (engine) |
-//! | wireguard | [`kernel_wg`] (probe: wireguard driver) | [`wireguard`] (engine, boringtun) |
+//! | wireguard | [`wireguard::kernel`] (probe: wireguard driver) | [`wireguard::userspace`] (engine, boringtun) |
+//!
+//! A backend with both paths has a folder: `mod.rs` holds what the two
+//! share (lease data, MTUs, device names), `kernel.rs` and `userspace.rs`
+//! the paths.
 
 pub mod alloc;
-pub mod charon;
 pub mod dataplane_ctl;
 pub mod dual;
 pub mod host_gw;
 pub mod ipip;
-pub mod ipip_user;
 pub mod ipsec;
-pub mod kernel_vxlan;
-pub mod kernel_wg;
 pub mod probe;
 #[cfg(test)]
 mod route_backends_tests;
@@ -43,12 +53,11 @@ pub mod tunnel;
 pub mod udp;
 #[cfg(test)]
 mod userspace_tests;
-pub mod vici;
 pub mod vxlan;
-pub mod wgkey;
 pub mod wireguard;
 
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use async_trait::async_trait;
 
@@ -80,22 +89,18 @@ pub enum BackendError {
     Engine(String),
     /// The IKE daemon (charon) could not be started or refused a request.
     #[error(transparent)]
-    Ike(#[from] charon::CharonError),
+    Ike(#[from] ipsec::charon::CharonError),
     /// A device the backend runs on was deleted under it (e.g. `ip link del
     /// flannel.1`); the daemon rebuilds the backend on the same lease.
     #[error("device {0} was deleted")]
     DeviceGone(String),
 }
 
-/// What a backend does. See the module docs for the call order.
+/// What a backend does; the daemon calls these in order (see the module
+/// docs). Every backend implements it, and so does [`dual::Dual`], which
+/// forwards to the implementation that runs.
 #[async_trait]
-pub trait Backend: Send {
-    /// The backend's name as logged and shown in status.
-    fn name(&self) -> &'static str;
-
-    /// Which dataplane runs it (`None`: nothing forwards, e.g. `alloc`).
-    fn dataplane(&self) -> Option<Dataplane>;
-
+pub trait Backend: Observe + Send {
     /// The attributes this node publishes in its lease. `prev` is the lease
     /// the store still holds for this node's public IP, if any (to keep
     /// identities such as the VTEP MAC across restarts).
@@ -108,73 +113,143 @@ pub trait Backend: Send {
     /// Creates what the node needs for `lease`; returns `FLANNEL_MTU`.
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError>;
 
-    /// Programs (`Add`) or removes (`Remove`) one peer.
-    async fn apply(&mut self, change: &Change) -> Result<(), BackendError>;
+    /// Programs (`Add`) or removes (`Remove`) the batch's peers in order,
+    /// then hands the dataplane the result in one step (the userspace
+    /// engine gets one new peer table per batch: a snapshot can hold
+    /// thousands). A change that fails does not stop the others. After a
+    /// [`Batch::snapshot`], "known" is the store's full view, and the
+    /// backend also removes dataplane state that no known peer accounts for
+    /// (what an earlier weftd left in kernel devices that outlive it).
+    async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError>;
 
-    /// Hands the changes of the `apply` calls since the last flush to the
-    /// dataplane in one step (the userspace engine's peer table). The daemon
-    /// calls it after every batch of changes.
-    fn flush(&mut self) {}
+    /// Restores state that went missing (deleted routes, ...). Called every
+    /// period; a deleted device is [`BackendError::DeviceGone`], on which the
+    /// daemon tears the backend down, sets it up again and replays its peers.
+    async fn reconcile(&mut self) -> Result<(), BackendError>;
 
-    /// Restores state that went missing (deleted routes, ...). Called every period.
-    async fn reconcile(&mut self) -> Result<(), BackendError> {
-        Ok(())
-    }
-
-    /// Removes dataplane state of peers the backend does not know: what an
-    /// earlier weftd left in kernel devices that outlive it (routes, fdb
-    /// entries, neighbours of leases that went while no weftd ran). The
-    /// daemon calls it after applying each lease snapshot, so "known" is the
-    /// store's full view, never a partial one.
-    async fn prune(&mut self) -> Result<(), BackendError> {
-        Ok(())
-    }
-
-    /// Removes what `setup` made that must not outlive the daemon.
+    /// Removes what `setup` made that must not outlive the daemon (kernel
+    /// devices and routes stay, so that a restart does not interrupt pods).
     async fn teardown(&mut self);
+}
 
-    /// Removes everything `setup` and `apply` made, including what
-    /// `teardown` leaves for a restart (kernel devices, routes); used when
-    /// the node moves to another dataplane. Best effort.
-    async fn remove_all(&mut self) {
-        self.teardown().await;
-    }
+/// What a backend shows of itself to `weft status`, `/metrics` and the log.
+/// Reads only: no kernel round trips, no per-packet cost.
+pub trait Observe {
+    /// The backend's name as logged and shown in status.
+    fn name(&self) -> &'static str;
 
-    /// What `weft status` and `/metrics` show of this backend: its devices
-    /// and per-peer counters. Called by the daemon's main loop on request;
-    /// reads counters only (no per-packet cost, no kernel round trips).
+    /// Which dataplane runs it (`None`: nothing forwards, e.g. `alloc`).
+    fn dataplane(&self) -> Option<Dataplane>;
+
+    /// Its devices and per-peer counters.
     fn status(&self) -> crate::status::BackendStatus {
         crate::status::BackendStatus::new(self.name(), self.dataplane())
     }
+}
 
-    /// When another implementation of this backend can take over this one's
-    /// peers without the peers refusing it; `None` (the default) or a past
-    /// time: at once. [`dual::Dual`] keeps this implementation running until
-    /// then when it switches away from it. The userspace WireGuard engine's
-    /// peers hold its handshake timestamps, which run 27 s ahead of the
-    /// kernel's ([`weft_engine::wg::BORINGTUN_TAI64_AHEAD`]).
-    fn handover_at(&self) -> Option<std::time::SystemTime> {
-        None
+/// Moving a running node between the kernel and userspace implementations
+/// of its backend without changing its lease (`weft dataplane set`):
+/// [`dual::Dual`] does it; `alloc`, which forwards nothing, refuses.
+#[async_trait]
+pub trait Switch: Backend {
+    /// A [`Switch::switch_dataplane`] that is waiting for the running
+    /// implementation's [`dual::Implementation::handover_at`]: when to call
+    /// it again (with the same choice) to complete it. `None`: nothing pending.
+    fn switch_pending(&self) -> Option<SystemTime>;
+
+    /// Moves the node to the `to` implementation (any time after `setup`);
+    /// returns the dataplane that runs afterwards (the old one while the
+    /// switch is pending, see [`Switch::switch_pending`]).
+    async fn switch_dataplane(&mut self, to: DataplaneChoice) -> Result<Dataplane, BackendError>;
+}
+
+/// The peer changes of one [`Backend::apply`].
+#[derive(Debug, Clone, Copy)]
+pub struct Batch<'a> {
+    /// The changes, applied in this order.
+    pub changes: &'a [Change],
+    /// Applying them brings the backend to a lease snapshot: afterwards it
+    /// knows every peer the store has.
+    pub snapshot: bool,
+}
+
+impl<'a> Batch<'a> {
+    /// Changes to what the backend already has.
+    pub fn of(changes: &'a [Change]) -> Batch<'a> {
+        Batch {
+            changes,
+            snapshot: false,
+        }
     }
 
-    /// A [`Backend::switch_dataplane`] that is waiting for the running
-    /// path's [`Backend::handover_at`]: when to call it again (with the same
-    /// choice) to complete it. `None` (the default): nothing pending.
-    fn switch_pending(&self) -> Option<std::time::SystemTime> {
-        None
+    /// The changes that bring the backend to a lease snapshot.
+    pub fn snapshot(changes: &'a [Change]) -> Batch<'a> {
+        Batch {
+            changes,
+            snapshot: true,
+        }
     }
 
-    /// Moves the running node to the `to` implementation of this backend,
-    /// keeping its lease; returns the dataplane that runs afterwards (the old
-    /// one while the switch is pending, see [`Backend::switch_pending`]).
-    async fn switch_dataplane(&mut self, to: DataplaneChoice) -> Result<Dataplane, BackendError> {
-        let _ = to;
-        Err(BackendError::Unsupported(format!(
-            "switching the dataplane of {}",
-            self.name()
-        )))
+    /// One change.
+    pub fn one(change: &'a Change) -> Batch<'a> {
+        Batch::of(std::slice::from_ref(change))
     }
 }
+
+/// What [`Backend::apply`] could not do; the rest of the batch was applied.
+#[derive(Debug, Default)]
+pub struct ApplyError {
+    /// The changes that failed, by position in the batch, and why.
+    pub failed: Vec<(usize, BackendError)>,
+    /// Why removing the state of unknown peers after a snapshot failed.
+    pub prune: Option<BackendError>,
+}
+
+impl ApplyError {
+    /// Notes how the batch's change `i` went.
+    pub fn record(&mut self, i: usize, r: Result<(), BackendError>) {
+        if let Err(e) = r {
+            self.failed.push((i, e));
+        }
+    }
+
+    /// `Err(self)` if anything failed.
+    pub fn into_result(self) -> Result<(), ApplyError> {
+        match self.failed.is_empty() && self.prune.is_none() {
+            true => Ok(()),
+            false => Err(self),
+        }
+    }
+
+    /// Whether the batch's change `i` failed.
+    pub fn is_failed(&self, i: usize) -> bool {
+        self.failed.iter().any(|(j, _)| *j == i)
+    }
+
+    /// The failed changes of `changes` (the batch) and why.
+    pub fn failures<'a>(
+        &'a self,
+        changes: &'a [Change],
+    ) -> impl Iterator<Item = (&'a Change, &'a BackendError)> {
+        self.failed.iter().map(move |(i, e)| (&changes[*i], e))
+    }
+}
+
+impl std::fmt::Display for ApplyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut sep = "";
+        for (i, e) in &self.failed {
+            write!(f, "{sep}change {i}: {e}")?;
+            sep = "; ";
+        }
+        if let Some(e) = &self.prune {
+            write!(f, "{sep}pruning: {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ApplyError {}
 
 /// How the daemon wants the userspace engine run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,6 +261,31 @@ pub struct EngineTuning {
     /// How the engine checks the sources of decapsulated packets
     /// (`--anti-spoofing`; see [`weft_engine::antispoof`]).
     pub anti_spoof: weft_engine::AntiSpoofing,
+}
+
+impl EngineTuning {
+    /// The config of an engine on TUN `tun_name` with `encap`, sending from
+    /// `local`, its device at MTU `mtu` (and `tun_addr`, when the engine
+    /// answers ICMP for it), run as tuned.
+    pub fn engine(
+        &self,
+        tun_name: String,
+        encap: weft_engine::Encap,
+        local: std::net::IpAddr,
+        tun_addr: Option<std::net::IpAddr>,
+        mtu: u32,
+    ) -> weft_engine::EngineConfig {
+        weft_engine::EngineConfig {
+            tun_name,
+            encap,
+            local_addr: local,
+            tun_addr,
+            mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
+            workers: self.workers,
+            offload: self.offload,
+            anti_spoof: self.anti_spoof != weft_engine::AntiSpoofing::Off,
+        }
+    }
 }
 
 /// Which implementation carries a backend's traffic.
@@ -257,7 +357,7 @@ pub fn new(
     dataplane: DataplaneChoice,
     tuning: EngineTuning,
     nl: &Netlink,
-) -> Result<Box<dyn Backend>, BackendError> {
+) -> Result<Box<dyn Switch>, BackendError> {
     let client: Arc<dyn Client> = Arc::new(nl.clone());
     let us = tunnel::Userspace {
         nl: client.clone(),
@@ -291,13 +391,16 @@ pub fn build(
     tuning: EngineTuning,
     us: &tunnel::Userspace,
     kernel: Kernel,
-) -> Result<Box<dyn Backend>, BackendError> {
+) -> Result<Box<dyn Switch>, BackendError> {
+    use ipip::{kernel::Ipip, userspace::IpipUser};
+    use vxlan::{kernel::KernelVxlan, userspace::Vxlan};
+    use wireguard::{kernel::KernelWireguard, userspace::Wireguard};
     let Kernel { client, xfrm, wg } = kernel;
     let opts = BackendOptions::from_config(&cfg.backend_type, cfg.backend.as_deref())?;
     let (v4, v6) = (cfg.enable_ipv4, cfg.enable_ipv6);
     let dual = |name| dual::Dual::new(name, dataplane, client.clone(), xfrm.clone());
     let c = client.clone();
-    let b: Box<dyn Backend> = match opts {
+    let b: Box<dyn Switch> = match opts {
         BackendOptions::Alloc => Box::new(alloc::Alloc::new()),
         BackendOptions::Udp(o) => {
             let network = cfg.network.filter(|_| cfg.enable_ipv4).ok_or_else(|| {
@@ -318,17 +421,10 @@ pub fn build(
                 dual("vxlan")
                     .kernel(
                         Some(probe::Capability::Vxlan),
-                        Box::new(move || {
-                            Box::new(kernel_vxlan::KernelVxlan::new(
-                                ok.clone(),
-                                v4,
-                                v6,
-                                c.clone(),
-                            ))
-                        }),
+                        Box::new(move || Box::new(KernelVxlan::new(ok.clone(), v4, v6, c.clone()))),
                     )
                     .userspace(Box::new(move || {
-                        Box::new(vxlan::Vxlan::new(ou.clone(), v4, v6, tuning, us.clone()))
+                        Box::new(Vxlan::new(ou.clone(), v4, v6, tuning, us.clone()))
                     }))
                     .kernel_links(names),
             )
@@ -343,10 +439,10 @@ pub fn build(
                 dual("ipip")
                     .kernel(
                         Some(probe::Capability::Ipip),
-                        Box::new(move || Box::new(ipip::Ipip::new(ok.clone(), c.clone()))),
+                        Box::new(move || Box::new(Ipip::new(ok.clone(), c.clone()))),
                     )
                     .userspace(Box::new(move || {
-                        Box::new(ipip_user::IpipUser::new(o.clone(), tuning, us.clone()))
+                        Box::new(IpipUser::new(o.clone(), tuning, us.clone()))
                     }))
                     .kernel_links(vec![ipip::DEVICE.into()]),
             )
@@ -360,14 +456,14 @@ pub fn build(
         }
         BackendOptions::Wireguard(o) => {
             let (n4, n6) = (cfg.network.filter(|_| v4), cfg.ipv6_network.filter(|_| v6));
-            wireguard::Wireguard::validate(&o, n4, n6)?;
+            wireguard::validate(&o, n4, n6)?;
             let (us, ok) = (us.clone(), o.clone());
             Box::new(
                 dual("wireguard")
                     .kernel(
                         Some(probe::Capability::Wireguard),
                         Box::new(move || {
-                            Box::new(kernel_wg::KernelWireguard::new(
+                            Box::new(KernelWireguard::new(
                                 ok.clone(),
                                 n4,
                                 n6,
@@ -377,13 +473,7 @@ pub fn build(
                         }),
                     )
                     .userspace(Box::new(move || {
-                        Box::new(wireguard::Wireguard::new(
-                            o.clone(),
-                            n4,
-                            n6,
-                            tuning,
-                            us.clone(),
-                        ))
+                        Box::new(Wireguard::new(o.clone(), n4, n6, tuning, us.clone()))
                     }))
                     .kernel_links(vec!["flannel-wg".into(), "flannel-wg-v6".into()]),
             )

@@ -2,12 +2,12 @@
 
 use std::sync::Arc;
 
-use crate::backend::Backend;
 use crate::backend::host_gw::{HostGw, NAT_ERROR};
-use crate::backend::ipip::Ipip;
+use crate::backend::ipip::kernel::Ipip;
 use crate::backend::ipsec::Ipsec;
 use crate::backend::probe::{Capability, kernel_has};
 use crate::backend::test_util::{block_on, ext, fake, lease};
+use crate::backend::{Backend, Batch};
 use crate::config::backend::{IpipOptions, IpsecOptions};
 use crate::lease::watcher::Change;
 use crate::netlink::{Client, IpipLink, LinkKind, LinkSpec, Op, Route, XfrmDir, XfrmPolicy};
@@ -51,14 +51,20 @@ fn host_gw_routes_via_the_peer_on_the_external_interface() {
             1500
         );
         let p = lease("10.244.2.0/24", "192.0.2.2", "host-gw", None);
-        b.apply(&Change::Add(p.clone())).await.expect("add");
+        b.apply(Batch::one(&Change::Add(p.clone())))
+            .await
+            .expect("add");
         let r = route("10.244.2.0/24", "192.0.2.2", 2, false);
         assert_eq!(f.take_ops(), vec![Op::RouteReplace(r.clone())]);
         // An identical route is skipped; a different one is replaced.
-        b.apply(&Change::Add(p.clone())).await.expect("again");
+        b.apply(Batch::one(&Change::Add(p.clone())))
+            .await
+            .expect("again");
         assert_eq!(f.take_ops(), vec![]);
         let moved = lease("10.244.2.0/24", "192.0.2.7", "host-gw", None);
-        b.apply(&Change::Add(moved)).await.expect("moved");
+        b.apply(Batch::one(&Change::Add(moved)))
+            .await
+            .expect("moved");
         let r7 = route("10.244.2.0/24", "192.0.2.7", 2, false);
         assert_eq!(
             f.take_ops(),
@@ -70,16 +76,18 @@ fn host_gw_routes_via_the_peer_on_the_external_interface() {
         assert_eq!(f.routes(), vec![r7.clone()]);
         // Non-host-gw leases are ignored; removal deletes.
         f.take_ops();
-        b.apply(&Change::Add(lease(
+        b.apply(Batch::one(&Change::Add(lease(
             "10.244.3.0/24",
             "192.0.2.3",
             "vxlan",
             None,
-        )))
+        ))))
         .await
         .expect("ignored");
         assert_eq!(f.take_ops(), vec![]);
-        b.apply(&Change::Remove(p)).await.expect("remove");
+        b.apply(Batch::one(&Change::Remove(p)))
+            .await
+            .expect("remove");
         assert_eq!(f.take_ops(), vec![Op::RouteDel(r7)]);
         assert!(f.routes().is_empty());
     });
@@ -124,12 +132,12 @@ fn ipip_device_and_onlink_routes_as_flannel() {
                 Op::LinkUp(idx, None),
             ]
         );
-        b.apply(&Change::Add(lease(
+        b.apply(Batch::one(&Change::Add(lease(
             "10.244.2.0/24",
             "192.0.2.2",
             "ipip",
             None,
-        )))
+        ))))
         .await
         .expect("add");
         assert_eq!(
@@ -172,20 +180,20 @@ fn ipip_direct_routing_and_device_checks() {
             .link
             .index;
         f.take_ops();
-        b.apply(&Change::Add(lease(
+        b.apply(Batch::one(&Change::Add(lease(
             "10.244.2.0/24",
             "192.0.2.2",
             "ipip",
             None,
-        )))
+        ))))
         .await
         .expect("on link");
-        b.apply(&Change::Add(lease(
+        b.apply(Batch::one(&Change::Add(lease(
             "10.244.3.0/24",
             "198.51.100.3",
             "ipip",
             None,
-        )))
+        ))))
         .await
         .expect("routed");
         assert_eq!(
@@ -247,7 +255,9 @@ fn ipsec_installs_out_in_fwd_policies_with_reqid_11() {
         own.attrs = attrs;
         assert_eq!(b.setup(&own).await.expect("setup"), 1423);
         let p = lease("10.244.2.0/24", "192.0.2.2", "ipsec", None);
-        b.apply(&Change::Add(p.clone())).await.expect("add");
+        b.apply(Batch::one(&Change::Add(p.clone())))
+            .await
+            .expect("add");
         let pol = |src: &str, dst: &str, ts: &str, td: &str, dir| XfrmPolicy {
             src: src.parse().expect("net"),
             dst: dst.parse().expect("net"),
@@ -289,7 +299,9 @@ fn ipsec_installs_out_in_fwd_policies_with_reqid_11() {
         f.forget_policy(&want[1]);
         b.reconcile().await.expect("reconcile");
         assert_eq!(f.take_ops(), vec![Op::PolicyUpdate(want[1].clone())]);
-        b.apply(&Change::Remove(p)).await.expect("remove");
+        b.apply(Batch::one(&Change::Remove(p)))
+            .await
+            .expect("remove");
         assert_eq!(
             f.take_ops(),
             want.into_iter().map(Op::PolicyDel).collect::<Vec<_>>()

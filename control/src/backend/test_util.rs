@@ -64,14 +64,14 @@ pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
 #[derive(Debug, Clone, Default)]
 pub struct RecordingIke {
     /// `(command, arguments)` in order, shared with the test.
-    pub log: Arc<std::sync::Mutex<Vec<(String, crate::backend::vici::Section)>>>,
+    pub log: Arc<std::sync::Mutex<Vec<(String, crate::backend::ipsec::vici::Section)>>>,
     /// Connection names charon "has".
     pub conns: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 #[async_trait::async_trait]
 impl crate::backend::ipsec::Ike for RecordingIke {
-    async fn start(&mut self) -> Result<(), crate::backend::charon::CharonError> {
+    async fn start(&mut self) -> Result<(), crate::backend::ipsec::charon::CharonError> {
         self.log
             .lock()
             .expect("log")
@@ -81,8 +81,9 @@ impl crate::backend::ipsec::Ike for RecordingIke {
     async fn call(
         &mut self,
         cmd: &str,
-        args: crate::backend::vici::Section,
-    ) -> Result<crate::backend::vici::Section, crate::backend::charon::CharonError> {
+        args: crate::backend::ipsec::vici::Section,
+    ) -> Result<crate::backend::ipsec::vici::Section, crate::backend::ipsec::charon::CharonError>
+    {
         let mut conns = self.conns.lock().expect("conns");
         match cmd {
             "load-conn" => conns.extend(args.0.iter().map(|(k, _)| k.clone())),
@@ -93,17 +94,18 @@ impl crate::backend::ipsec::Ike for RecordingIke {
             _ => {}
         }
         self.log.lock().expect("log").push((cmd.into(), args));
-        Ok(crate::backend::vici::Section::new().kv("success", "yes"))
+        Ok(crate::backend::ipsec::vici::Section::new().kv("success", "yes"))
     }
     async fn query(
         &mut self,
         cmd: &str,
-        args: crate::backend::vici::Section,
-    ) -> Result<crate::backend::vici::Section, crate::backend::charon::CharonError> {
+        args: crate::backend::ipsec::vici::Section,
+    ) -> Result<crate::backend::ipsec::vici::Section, crate::backend::ipsec::charon::CharonError>
+    {
         self.log.lock().expect("log").push((cmd.into(), args));
         let conns = self.conns.lock().expect("conns").clone();
         let refs: Vec<&str> = conns.iter().map(String::as_str).collect();
-        Ok(crate::backend::vici::Section::new().list("conns", &refs))
+        Ok(crate::backend::ipsec::vici::Section::new().list("conns", &refs))
     }
     async fn stop(&mut self) {
         self.log

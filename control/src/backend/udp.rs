@@ -8,10 +8,11 @@
 
 use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net};
-use weft_engine::{Encap, EngineConfig};
+use weft_engine::Encap;
 
-use super::tunnel::{Tunnel, Userspace};
-use super::{Backend, BackendError, Dataplane, EngineTuning};
+use super::dual::Implementation;
+use super::tunnel::{self, Tunnel, Userspace};
+use super::{ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe};
 use crate::config::backend::UdpOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -42,8 +43,7 @@ impl Udp {
     }
 }
 
-#[async_trait]
-impl Backend for Udp {
+impl Observe for Udp {
     fn name(&self) -> &'static str {
         "udp"
     }
@@ -53,13 +53,12 @@ impl Backend for Udp {
     }
 
     fn status(&self) -> crate::status::BackendStatus {
-        let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
-        if let Some(t) = &self.tunnel {
-            t.report(&mut st);
-        }
-        st
+        tunnel::status(self.name(), &self.tunnel)
     }
+}
 
+#[async_trait]
+impl Backend for Udp {
     async fn lease_attrs(
         &mut self,
         ext: &ExternalInterface,
@@ -86,27 +85,50 @@ impl Backend for Udp {
             BackendError::Config("udp backend needs an IPv4 interface address".into())
         })?;
         let mtu = ext.iface.mtu.saturating_sub(28);
-        let cfg = EngineConfig {
-            tun_name: "flannel%d".into(),
-            encap: Encap::FlannelUdp {
-                port: self.opts.port,
-            },
-            local_addr: local.into(),
-            tun_addr: Some(subnet.network().into()),
-            mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
-            workers: self.tuning.workers,
-            offload: self.tuning.offload,
-            anti_spoof: self.tuning.anti_spoof != weft_engine::AntiSpoofing::Off,
+        let encap = Encap::FlannelUdp {
+            port: self.opts.port,
         };
-        let addr = IpNet::new(subnet.network().into(), 32)
-            .map_err(|e| BackendError::Config(e.to_string()))?;
+        let tun_addr = Some(subnet.network().into());
+        let cfg = (self.tuning).engine("flannel%d".into(), encap, local.into(), tun_addr, mtu);
+        let addr = IpNet::from(std::net::IpAddr::V4(subnet.network()));
         let mut t = Tunnel::start(&self.us, cfg, addr, mtu, self.tuning.anti_spoof).await?;
         t.add_route(IpNet::V4(self.network), true).await?;
         self.tunnel = Some(t);
         Ok(mtu)
     }
 
-    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
+    async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
+        let mut out = ApplyError::default();
+        for (i, c) in batch.changes.iter().enumerate() {
+            out.record(i, self.change(c).await);
+        }
+        if let Some(t) = self.tunnel.as_mut() {
+            t.flush();
+        }
+
+        out.into_result()
+    }
+
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
+        match self.tunnel.as_mut() {
+            Some(t) => t.reconcile().await,
+            None => Ok(()),
+        }
+    }
+
+    async fn teardown(&mut self) {
+        if let Some(mut t) = self.tunnel.take() {
+            t.stop();
+        }
+    }
+}
+
+#[async_trait]
+impl Implementation for Udp {}
+
+impl Udp {
+    /// Programs (`Add`) or removes (`Remove`) one peer.
+    async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         let Some(t) = self.tunnel.as_mut() else {
             return Ok(());
         };
@@ -123,24 +145,5 @@ impl Backend for Udp {
             }
         }
         Ok(())
-    }
-
-    fn flush(&mut self) {
-        if let Some(t) = self.tunnel.as_mut() {
-            t.flush();
-        }
-    }
-
-    async fn reconcile(&mut self) -> Result<(), BackendError> {
-        match self.tunnel.as_mut() {
-            Some(t) => t.reconcile().await,
-            None => Ok(()),
-        }
-    }
-
-    async fn teardown(&mut self) {
-        if let Some(mut t) = self.tunnel.take() {
-            t.stop();
-        }
     }
 }

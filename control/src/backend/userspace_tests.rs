@@ -11,7 +11,7 @@ use weft_engine::{AntiSpoofing, Encap, Peer};
 
 use super::test_util::{block_on, ext, fake, lease};
 use super::tunnel::fake::FakeEngines;
-use super::{Backend, Change, EngineTuning};
+use super::{Backend, Batch, Change, EngineTuning};
 use crate::config::backend::{BackendOptions, IpipOptions, VxlanOptions, WireguardOptions};
 
 fn tuning() -> EngineTuning {
@@ -64,8 +64,9 @@ fn routes_to(f: &crate::netlink::FakeNetlink, dst: &str) -> Vec<(Option<IpAddr>,
 
 /// Removes `peer`'s lease: the engine's table is empty again.
 async fn remove(b: &mut dyn Backend, e: &super::tunnel::fake::FakeEngine, peer: super::Lease) {
-    b.apply(&Change::Remove(peer)).await.expect("remove");
-    b.flush();
+    b.apply(Batch::one(&Change::Remove(peer)))
+        .await
+        .expect("remove");
     assert!(e.peers().is_empty(), "{:?}", e.peers());
 }
 
@@ -74,7 +75,8 @@ fn vxlan_peers_carry_the_vtep_mac_and_get_a_route_each() {
     block_on(async {
         let f = fake(&[], false);
         let (engines, us) = FakeEngines::new(&f);
-        let mut b = super::vxlan::Vxlan::new(vxlan_opts("{}"), true, false, tuning(), us);
+        let mut b =
+            super::vxlan::userspace::Vxlan::new(vxlan_opts("{}"), true, false, tuning(), us);
         b.lease_attrs(&ext(), None).await.expect("attrs");
         assert_eq!(b.setup(&own()).await.expect("setup"), 1450);
         let e = engines.running("flannel.1");
@@ -101,13 +103,18 @@ fn vxlan_peers_carry_the_vtep_mac_and_get_a_route_each() {
         let mac = [0x02, 0, 0, 0, 0, 2];
         let data = super::vxlan::backend_data(1, mac);
         let peer = lease("10.244.2.0/24", "192.0.2.2", "vxlan", Some(&data));
-        b.apply(&Change::Add(peer.clone())).await.expect("add");
+        b.apply(Batch::one(&Change::Add(peer.clone())))
+            .await
+            .expect("add");
         // Leases the engine cannot use are skipped, not half-applied.
         let broken = lease("10.244.3.0/24", "192.0.2.3", "vxlan", Some("{\"VNI\":1}"));
-        b.apply(&Change::Add(broken)).await.expect("bad data");
+        b.apply(Batch::one(&Change::Add(broken)))
+            .await
+            .expect("bad data");
         let other = lease("10.244.4.0/24", "192.0.2.4", "udp", None);
-        b.apply(&Change::Add(other)).await.expect("other type");
-        b.flush();
+        b.apply(Batch::one(&Change::Add(other)))
+            .await
+            .expect("other type");
         assert_eq!(
             e.peers(),
             vec![Peer {
@@ -138,7 +145,7 @@ fn vxlan_direct_routing_sends_on_link_peers_around_the_engine() {
         let f = fake(&[], false);
         let (engines, us) = FakeEngines::new(&f);
         let opts = vxlan_opts(r#"{"DirectRouting":true}"#);
-        let mut b = super::vxlan::Vxlan::new(opts, true, false, tuning(), us);
+        let mut b = super::vxlan::userspace::Vxlan::new(opts, true, false, tuning(), us);
         b.lease_attrs(&ext(), None).await.expect("attrs");
         b.setup(&own()).await.expect("setup");
         let data = super::vxlan::backend_data(1, [2, 0, 0, 0, 0, 9]);
@@ -147,9 +154,8 @@ fn vxlan_direct_routing_sends_on_link_peers_around_the_engine() {
             ("10.244.3.0/24", "203.0.113.3"),
         ] {
             let l = lease(sn, pub_ip, "vxlan", Some(&data));
-            b.apply(&Change::Add(l)).await.expect("add");
+            b.apply(Batch::one(&Change::Add(l))).await.expect("add");
         }
-        b.flush();
         let e = engines.running("flannel.1");
         let peers: Vec<IpNet> = e.peers().iter().map(|p| p.subnet).collect();
         assert_eq!(peers, vec![net("10.244.3.0/24")], "only the off-link peer");
@@ -184,8 +190,9 @@ fn udp_peers_are_public_ips_behind_one_network_route() {
         );
         assert_eq!(routes_to(&f, "10.244.0.0/16").len(), 1, "{:?}", f.routes());
         let peer = lease("10.244.2.0/24", "192.0.2.2", "udp", None);
-        b.apply(&Change::Add(peer.clone())).await.expect("add");
-        b.flush();
+        b.apply(Batch::one(&Change::Add(peer.clone())))
+            .await
+            .expect("add");
         assert_eq!(
             e.peers(),
             vec![Peer {
@@ -204,13 +211,14 @@ fn ipip_peers_get_a_route_through_the_tun() {
     block_on(async {
         let f = fake(&[], false);
         let (engines, us) = FakeEngines::new(&f);
-        let mut b = super::ipip_user::IpipUser::new(IpipOptions::default(), tuning(), us);
+        let mut b = super::ipip::userspace::IpipUser::new(IpipOptions::default(), tuning(), us);
         b.lease_attrs(&ext(), None).await.expect("attrs");
         assert_eq!(b.setup(&own()).await.expect("setup"), 1480);
         let e = engines.running("flannel.ipip");
         let peer = lease("10.244.2.0/24", "203.0.113.2", "ipip", None);
-        b.apply(&Change::Add(peer.clone())).await.expect("add");
-        b.flush();
+        b.apply(Batch::one(&Change::Add(peer.clone())))
+            .await
+            .expect("add");
         let peers = e.peers();
         assert_eq!(peers.len(), 1, "{peers:?}");
         assert_eq!(
@@ -233,7 +241,7 @@ fn wireguard_peers_carry_key_port_psk_and_keepalive() {
         let opts = wg_opts(&format!(
             r#"{{"PSK":"{psk}","PersistentKeepaliveInterval":25}}"#
         ));
-        let mut b = super::wireguard::Wireguard::new(
+        let mut b = super::wireguard::userspace::Wireguard::new(
             opts,
             Some("10.244.0.0/16".parse().expect("net")),
             None,
@@ -258,11 +266,14 @@ fn wireguard_peers_carry_key_port_psk_and_keepalive() {
         let key = [7u8; 32];
         let data = super::wireguard::backend_data(&key, 51999);
         let peer = lease("10.244.2.0/24", "192.0.2.2", "wireguard", Some(&data));
-        b.apply(&Change::Add(peer.clone())).await.expect("add");
+        b.apply(Batch::one(&Change::Add(peer.clone())))
+            .await
+            .expect("add");
         // No usable key: no peer.
         let keyless = lease("10.244.3.0/24", "192.0.2.3", "wireguard", Some("{}"));
-        b.apply(&Change::Add(keyless)).await.expect("keyless");
-        b.flush();
+        b.apply(Batch::one(&Change::Add(keyless)))
+            .await
+            .expect("keyless");
         let peers = e.peers();
         assert_eq!(peers.len(), 1, "{peers:?}");
         let wg = peers[0].wireguard.clone().expect("wireguard parameters");
@@ -287,7 +298,8 @@ fn an_engine_that_cannot_start_fails_setup_with_its_reason() {
         engines
             .fail
             .store(true, std::sync::atomic::Ordering::Relaxed);
-        let mut b = super::vxlan::Vxlan::new(vxlan_opts("{}"), true, false, tuning(), us);
+        let mut b =
+            super::vxlan::userspace::Vxlan::new(vxlan_opts("{}"), true, false, tuning(), us);
         b.lease_attrs(&ext(), None).await.expect("attrs");
         let e = b.setup(&own()).await.expect_err("no engine");
         assert!(e.to_string().contains("/dev/net/tun"), "{e}");

@@ -11,7 +11,7 @@ use weft_compat::subnet_env::SubnetEnv;
 use super::blackhole;
 use super::flags::{AntiSpoofingMode, Dataplane, Flags, StoreKind, TrafficManagerKind};
 use super::healthz::{self, Readiness};
-use crate::backend::{self, Backend, BackendError};
+use crate::backend::{self, BackendError, Batch, Switch};
 use crate::config::{Config, parse_config};
 use crate::iface::{self, ExternalInterface, IfaceOptions};
 use crate::lease::watcher::{Change, LeaseWatcher};
@@ -333,7 +333,7 @@ async fn host_rules(
 async fn main_loop<M: SubnetManager>(
     flags: &Flags,
     mgr: &M,
-    backend: &mut dyn Backend,
+    backend: &mut dyn Switch,
     lease: &mut Lease,
     stop: &mut Stop,
     ctl: &mut backend::dataplane_ctl::DataplaneControl,
@@ -381,24 +381,26 @@ async fn main_loop<M: SubnetManager>(
                     lease.expiration = l.expiration;
                 }
                 let snapshot = matches!(ev, LeaseEvent::Snapshot(_));
-                let mut applied = Vec::new();
-                for change in watcher.apply(ev) {
-                    match &change {
+                let changes = watcher.apply(ev);
+                for change in &changes {
+                    match change {
                         Change::Add(l) => tracing::info!("Subnet added: {} {}", l.key(), l.attrs.to_json()),
                         Change::Remove(l) => tracing::info!("Subnet removed: {}", l.key()),
                     }
-                    match backend.apply(&change).await {
-                        Ok(()) => applied.push(matches!(change, Change::Add(_))),
-                        Err(e) => tracing::error!("failed to apply {change:?}: {e}"),
-                    }
                 }
                 // One dataplane update for the whole batch (a snapshot can hold thousands).
-                backend.flush();
-                if snapshot && let Err(e) = backend.prune().await {
+                let batch = if snapshot { Batch::snapshot(&changes) } else { Batch::of(&changes) };
+                let failed = backend.apply(batch).await.err().unwrap_or_default();
+                for (change, e) in failed.failures(&changes) {
+                    tracing::error!("failed to apply {change:?}: {e}");
+                }
+                if let Some(e) = &failed.prune {
                     tracing::warn!("pruning state of unknown peers: {e}");
                 }
-                for add in applied {
-                    obs.metrics().peer_applied(add, received.elapsed());
+                for (i, change) in changes.iter().enumerate() {
+                    if !failed.is_failed(i) {
+                        obs.metrics().peer_applied(matches!(change, Change::Add(_)), received.elapsed());
+                    }
                 }
             }
             _ = renew => {
@@ -427,12 +429,12 @@ async fn main_loop<M: SubnetManager>(
                         tracing::error!("device {dev} was deleted; recreating the {} backend", backend.name());
                         backend.teardown().await;
                         backend.setup(lease).await.context("failed to recreate the backend")?;
-                        for l in watcher.leases() {
-                            if let Err(e) = backend.apply(&Change::Add(l.clone())).await {
-                                tracing::error!("failed to re-apply {}: {e}", l.key());
+                        let all: Vec<Change> = watcher.leases().cloned().map(Change::Add).collect();
+                        if let Err(e) = backend.apply(Batch::of(&all)).await {
+                            for (c, e) in e.failures(&all) {
+                                tracing::error!("failed to re-apply {}: {e}", c.lease().key());
                             }
                         }
-                        backend.flush();
                         tracing::info!("backend recreated on {}", lease.key());
                     }
                     Err(e) => tracing::warn!("reconcile: {e}"),

@@ -16,6 +16,15 @@ pub enum Change {
     Remove(Lease),
 }
 
+impl Change {
+    /// The peer's lease.
+    pub fn lease(&self) -> &Lease {
+        match self {
+            Change::Add(l) | Change::Remove(l) => l,
+        }
+    }
+}
+
 /// The set of peer leases a backend currently has, keyed by subnet.
 #[derive(Debug, Default)]
 pub struct LeaseWatcher {

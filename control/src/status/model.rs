@@ -76,7 +76,7 @@ pub struct LeaseStatus {
     pub expires: Option<u64>,
 }
 
-/// What a backend reports ([`crate::backend::Backend::status`]).
+/// What a backend reports ([`crate::backend::Observe::status`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BackendStatus {
     /// Backend type.

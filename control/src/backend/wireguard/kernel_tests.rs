@@ -16,8 +16,9 @@ use super::*;
 use crate::backend::dual::Dual;
 use crate::backend::probe::Capability;
 use crate::backend::test_util::{block_on, ext, fake, lease};
-use crate::backend::wireguard::backend_data;
-use crate::backend::{Dataplane, DataplaneChoice};
+use crate::backend::wireguard::{backend_data, key, select_endpoint};
+use crate::backend::{Dataplane, DataplaneChoice, Switch};
+use crate::config::backend::WireguardMode;
 use crate::netlink::{FakeNetlink, LinkKind, Op, WgPeerSet, WgSet};
 
 const PEER_KEY: &str = "hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=";
@@ -51,7 +52,7 @@ fn rig(mode: WireguardMode, psk: &str, keepalive: u64) -> Rig {
     let nl = fake(&["wireguard"], false);
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("wgkey");
-    let secret = wgkey::load_or_generate(&path).expect("key").0;
+    let secret = key::load_or_generate(&path).expect("key").0;
     let net = Some("10.244.0.0/16".parse().expect("net"));
     let b = KernelWireguard::new(
         opts(mode, psk, keepalive),
@@ -201,7 +202,7 @@ fn setup_creates_flannels_device_then_peers() {
 
     // A peer: its port, PSK, keepalive, its subnet.
     let p = peer_lease("10.244.2.0/24", "192.0.2.2", PEER_KEY, Some(51000));
-    block_on(r.b.apply(&Change::Add(p.clone()))).expect("add");
+    block_on(r.b.apply(Batch::one(&Change::Add(p.clone())))).expect("add");
     let set = |peers| {
         Op::WgSet(WgSet {
             ifname: "flannel-wg".into(),
@@ -224,7 +225,7 @@ fn setup_creates_flannels_device_then_peers() {
     // The peer restarts with a new key on the same IP and no Port (old
     // flannel): our own port, and the old key is dropped.
     let p2 = peer_lease("10.244.2.0/24", "192.0.2.2", PEER_KEY2, None);
-    block_on(r.b.apply(&Change::Add(p2.clone()))).expect("add");
+    block_on(r.b.apply(Batch::one(&Change::Add(p2.clone())))).expect("add");
     let new_peer = WgPeerSet {
         public_key: key(PEER_KEY2),
         endpoint: Some("192.0.2.2:51820".parse().expect("ep")),
@@ -239,13 +240,13 @@ fn setup_creates_flannels_device_then_peers() {
     );
 
     // Removal by key; non-wireguard leases are ignored.
-    block_on(r.b.apply(&Change::Remove(p2))).expect("remove");
-    block_on(r.b.apply(&Change::Add(lease(
+    block_on(r.b.apply(Batch::one(&Change::Remove(p2)))).expect("remove");
+    block_on(r.b.apply(Batch::one(&Change::Add(lease(
         "10.244.3.0/24",
         "192.0.2.3",
         "vxlan",
         None,
-    ))))
+    )))))
     .expect("ignored");
     assert_eq!(
         r.nl.take_ops(),
@@ -344,7 +345,7 @@ fn single_device_modes_carry_both_families() {
     p.ipv6_subnet = Some("fd00:10:0:2::/64".parse().expect("net"));
     p.attrs.public_ipv6 = Some("2001:db8::2".parse().expect("ip"));
     p.attrs.backend_v6_data = Some(format!(r#"{{"PublicKey":"{PEER_KEY}","Port":51821}}"#));
-    block_on(b.apply(&Change::Add(p))).expect("add");
+    block_on(b.apply(Batch::one(&Change::Add(p)))).expect("add");
     let Some(Op::WgSet(set)) = nl.take_ops().pop() else {
         panic!("no wg set")
     };
@@ -375,14 +376,17 @@ struct UserspaceStandIn {
     log: Arc<Mutex<Vec<String>>>,
 }
 
-#[async_trait]
-impl Backend for UserspaceStandIn {
+impl Observe for UserspaceStandIn {
     fn name(&self) -> &'static str {
         "wireguard"
     }
     fn dataplane(&self) -> Option<Dataplane> {
         Some(Dataplane::Userspace)
     }
+}
+
+#[async_trait]
+impl Backend for UserspaceStandIn {
     async fn lease_attrs(
         &mut self,
         _: &ExternalInterface,
@@ -394,15 +398,22 @@ impl Backend for UserspaceStandIn {
         self.log.lock().expect("log").push("setup".into());
         Ok(1420)
     }
-    async fn apply(&mut self, c: &Change) -> Result<(), BackendError> {
-        self.log
-            .lock()
-            .expect("log")
-            .push(format!("{c:?}").chars().take(3).collect());
+    async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
+        for c in batch.changes {
+            self.log
+                .lock()
+                .expect("log")
+                .push(format!("{c:?}").chars().take(3).collect());
+        }
+        Ok(())
+    }
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
         Ok(())
     }
     async fn teardown(&mut self) {}
 }
+
+impl Implementation for UserspaceStandIn {}
 
 fn dual(
     nl: &Arc<FakeNetlink>,
@@ -411,7 +422,7 @@ fn dual(
     log: Arc<Mutex<Vec<String>>>,
 ) -> Dual {
     let path = dir.join("wgkey");
-    let secret = wgkey::load_or_generate(&path).expect("key");
+    let secret = key::load_or_generate(&path).expect("key");
     let attrs = LeaseAttrs {
         public_ip: "192.0.2.1".parse().expect("ip"),
         backend_type: "wireguard".into(),
@@ -484,7 +495,9 @@ fn live_switch_between_kernel_and_userspace_keeps_the_lease() {
     block_on(async {
         d.lease_attrs(&ext(), None).await.expect("attrs");
         d.setup(&own).await.expect("setup");
-        d.apply(&Change::Add(p.clone())).await.expect("add");
+        d.apply(Batch::one(&Change::Add(p.clone())))
+            .await
+            .expect("add");
     });
     assert_eq!(d.dataplane(), Some(Dataplane::Kernel));
     let has_dev = |nl: &FakeNetlink| nl.links().values().any(|l| l.link.name == "flannel-wg");
@@ -555,17 +568,17 @@ fn a_new_peer_is_greeted_with_a_handshake_unless_it_has_a_keepalive() {
     // New: keepalive 1 s (the kernel sends a keepalive, so a handshake
     // initiation, at once), then the configured 0.
     let p = peer_lease("10.244.2.0/24", "192.0.2.2", PEER_KEY, Some(51820));
-    block_on(r.b.apply(&Change::Add(p.clone()))).expect("add");
+    block_on(r.b.apply(Batch::one(&Change::Add(p.clone())))).expect("add");
     assert_eq!(
         r.nl.take_ops(),
         vec![set(vec![peer(PEER_KEY, 1)]), set(vec![peer(PEER_KEY, 0)])]
     );
     // Known (a lease event for the same peer): configured, not greeted again.
-    block_on(r.b.apply(&Change::Add(p))).expect("again");
+    block_on(r.b.apply(Batch::one(&Change::Add(p)))).expect("again");
     assert_eq!(r.nl.take_ops(), vec![set(vec![peer(PEER_KEY, 0)])]);
     // A new key at the same address is new: greeted, and the old key goes.
     let p2 = peer_lease("10.244.2.0/24", "192.0.2.2", PEER_KEY2, Some(51820));
-    block_on(r.b.apply(&Change::Add(p2))).expect("new key");
+    block_on(r.b.apply(Batch::one(&Change::Add(p2)))).expect("new key");
     assert_eq!(
         r.nl.take_ops(),
         vec![
@@ -581,7 +594,7 @@ fn a_new_peer_is_greeted_with_a_handshake_unless_it_has_a_keepalive() {
     });
     r.nl.take_ops();
     let p3 = peer_lease("10.244.2.0/24", "192.0.2.2", PEER_KEY2, Some(51820));
-    block_on(r.b.apply(&Change::Add(p3))).expect("re-add");
+    block_on(r.b.apply(Batch::one(&Change::Add(p3)))).expect("re-add");
     assert_eq!(
         r.nl.take_ops(),
         vec![set(vec![peer(PEER_KEY2, 1)]), set(vec![peer(PEER_KEY2, 0)])]
@@ -600,7 +613,7 @@ fn reconcile_restores_a_removed_peer_and_fixes_allowed_ips_only() {
         r.b.setup(&own).await.expect("setup");
     });
     let p = peer_lease("10.244.2.0/24", "192.0.2.2", PEER_KEY, Some(51000));
-    block_on(r.b.apply(&Change::Add(p))).expect("add");
+    block_on(r.b.apply(Batch::one(&Change::Add(p)))).expect("add");
     let want_peer = WgPeerSet {
         public_key: key(PEER_KEY),
         remove: false,
@@ -670,7 +683,7 @@ fn reconcile_restores_a_removed_peer_and_fixes_allowed_ips_only() {
 
     // A removed lease is not restored.
     let p = peer_lease("10.244.2.0/24", "192.0.2.2", PEER_KEY, Some(51000));
-    block_on(r.b.apply(&Change::Remove(p))).expect("remove");
+    block_on(r.b.apply(Batch::one(&Change::Remove(p)))).expect("remove");
     r.nl.take_ops();
     block_on(r.b.reconcile()).expect("reconcile");
     assert!(r.nl.wg_device("flannel-wg").expect("dev").peers.is_empty());

@@ -5,9 +5,9 @@
 use super::*;
 use crate::backend::DataplaneChoice;
 use crate::backend::dual::Dual;
+use crate::backend::ipsec::vici::Packet;
 use crate::backend::probe::Capability;
 use crate::backend::test_util::{RecordingIke, block_on, ext, fake, lease};
-use crate::backend::vici::Packet;
 use crate::netlink::Op;
 
 fn opts(encap: bool) -> IpsecOptions {
@@ -120,15 +120,19 @@ fn peers_load_and_unload_charon_connections_in_flannels_order() {
         );
         assert_eq!(cmds(&ike), ["start", "load-shared"]);
         let p = lease("10.244.2.0/24", "192.0.2.2", "ipsec", None);
-        b.apply(&Change::Add(p.clone())).await.expect("add");
+        b.apply(Batch::one(&Change::Add(p.clone())))
+            .await
+            .expect("add");
         // Own lease and other backends are ignored.
-        b.apply(&Change::Add(own.clone())).await.expect("own");
-        b.apply(&Change::Add(lease(
+        b.apply(Batch::one(&Change::Add(own.clone())))
+            .await
+            .expect("own");
+        b.apply(Batch::one(&Change::Add(lease(
             "10.244.3.0/24",
             "192.0.2.3",
             "vxlan",
             None,
-        )))
+        ))))
         .await
         .expect("other");
         let log: Vec<_> = ike.log.lock().expect("log").drain(..).collect();
@@ -161,7 +165,9 @@ fn peers_load_and_unload_charon_connections_in_flannels_order() {
         b.reconcile().await.expect("reconcile");
         assert_eq!(cmds(&ike), ["get-conns"], "nothing missing");
 
-        b.apply(&Change::Remove(p)).await.expect("remove");
+        b.apply(Batch::one(&Change::Remove(p)))
+            .await
+            .expect("remove");
         let log: Vec<_> = ike.log.lock().expect("log").drain(..).collect();
         assert_eq!(
             log,
@@ -201,7 +207,7 @@ fn without_esp_start_up_fails_clearly_and_charon_is_not_started() {
 #[test]
 fn missing_charon_names_the_searched_paths() {
     let e = CharonError::NotFound(
-        crate::backend::charon::SEARCH
+        crate::backend::ipsec::charon::SEARCH
             .iter()
             .map(|s| s.to_string())
             .collect(),
@@ -235,7 +241,9 @@ fn deleted_sas_get_the_child_rekeyed() {
         b.lease_attrs(&ext(), None).await.expect("attrs");
         b.setup(&own).await.expect("setup");
         let p = lease("10.244.2.0/24", "192.0.2.2", "ipsec", None);
-        b.apply(&Change::Add(p.clone())).await.expect("add");
+        b.apply(Batch::one(&Change::Add(p.clone())))
+            .await
+            .expect("add");
 
         // Not negotiated yet: charon's business.
         b.reconcile().await.expect("reconcile");
@@ -273,7 +281,9 @@ fn deleted_sas_get_the_child_rekeyed() {
             reqid: 7,
             ..sa("192.0.2.1", "192.0.2.2", 0xd1)
         });
-        b.apply(&Change::Remove(p)).await.expect("remove");
+        b.apply(Batch::one(&Change::Remove(p)))
+            .await
+            .expect("remove");
         b.reconcile().await.expect("reconcile");
         assert!(log(&ike).is_empty(), "a removed peer is not initiated");
     });
@@ -299,7 +309,7 @@ fn sas_never_seen_are_renewed_once_after_the_settle_time() {
         b.lease_attrs(&ext(), None).await.expect("attrs");
         b.setup(&own).await.expect("setup");
         let p = lease("10.244.2.0/24", "192.0.2.2", "ipsec", None);
-        b.apply(&Change::Add(p)).await.expect("add");
+        b.apply(Batch::one(&Change::Add(p))).await.expect("add");
         b.reconcile().await.expect("reconcile");
         assert_eq!(initiates(&ike), 1, "settled without SAs: initiated");
         b.reconcile().await.expect("reconcile");

@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::backend::charon::{Launch, find_exec, look_path};
+use crate::backend::ipsec::charon::{Launch, find_exec, look_path};
 use crate::backend::test_util::{ext, fake, lease};
 
 /// charon, when the test can run (root, charon and swanctl installed); `None`
@@ -129,7 +129,9 @@ async fn flannels_connections_load_into_a_real_charon() {
         .await
         .expect("setup starts charon");
     let p = lease("10.244.2.0/24", "192.0.2.2", "ipsec", None);
-    b.apply(&Change::Add(p.clone())).await.expect("load");
+    b.apply(Batch::one(&Change::Add(p.clone())))
+        .await
+        .expect("load");
 
     let conns = swanctl("--list-conns", &sock);
     println!("{conns}");
@@ -202,7 +204,7 @@ async fn flannels_connections_load_into_a_real_charon() {
     // The listener goes away with the process; under load that can lag the
     // process list, so wait for it (bounded) rather than sample once.
     let t0 = Instant::now();
-    while crate::backend::vici::ViciClient::connect(&sock)
+    while crate::backend::ipsec::vici::ViciClient::connect(&sock)
         .await
         .is_ok()
         && t0.elapsed() < Duration::from_secs(10)
@@ -210,7 +212,7 @@ async fn flannels_connections_load_into_a_real_charon() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(
-        crate::backend::vici::ViciClient::connect(&sock)
+        crate::backend::ipsec::vici::ViciClient::connect(&sock)
             .await
             .is_err(),
         "socket dead"
@@ -223,12 +225,14 @@ async fn flannels_connections_load_into_a_real_charon() {
     );
 
     // Removal unloads it.
-    b.apply(&Change::Remove(p)).await.expect("unload");
+    b.apply(Batch::one(&Change::Remove(p)))
+        .await
+        .expect("unload");
     let conns = swanctl("--list-conns", &sock);
     assert!(!conns.contains(name), "{conns}");
     b.teardown().await;
     assert!(
-        crate::backend::vici::ViciClient::connect(&sock)
+        crate::backend::ipsec::vici::ViciClient::connect(&sock)
             .await
             .is_err(),
         "charon stopped"
@@ -280,7 +284,7 @@ async fn two_charons_negotiate_ike_and_the_child_sa_needs_esp() {
             .with_ike(Box::new(CharonIke::new(sock.clone(), Some(launch))));
         b.lease_attrs(&e, None).await.expect("attrs");
         b.setup(&lease(sn, me, "ipsec", None)).await.expect("setup");
-        b.apply(&Change::Add(lease(psn, peer, "ipsec", None)))
+        b.apply(Batch::one(&Change::Add(lease(psn, peer, "ipsec", None))))
             .await
             .expect("add");
         nodes.push((b, sock, dir.path().join("charon.log")));

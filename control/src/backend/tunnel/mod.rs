@@ -257,12 +257,7 @@ impl Tunnel {
         {
             return Err(BackendError::DeviceGone(name));
         }
-        for r in self.routes.values() {
-            if self.nl.routes_exact(r.dst).await?.is_empty() {
-                tracing::info!("Route recovered {}", r.dst);
-                self.nl.route_replace(r).await?;
-            }
-        }
+        recover_routes(&*self.nl, self.routes.values()).await?;
         self.warn_unexpected_sources();
         Ok(())
     }
@@ -315,6 +310,33 @@ impl Drop for Tunnel {
     }
 }
 
+/// Re-adds each of `routes` that has no route to its destination left.
+pub async fn recover_routes<'a>(
+    nl: &dyn Client,
+    routes: impl IntoIterator<Item = &'a Route>,
+) -> Result<(), BackendError> {
+    for r in routes {
+        if nl.routes_exact(r.dst).await?.is_empty() {
+            tracing::info!("Route recovered {}", r.dst);
+            nl.route_replace(r).await?;
+        }
+    }
+    Ok(())
+}
+
+/// What status shows of a userspace backend named `name`: the devices and
+/// peer tables of its `tunnels`.
+pub fn status<'a>(
+    name: &str,
+    tunnels: impl IntoIterator<Item = &'a Tunnel>,
+) -> crate::status::BackendStatus {
+    let mut st = crate::status::BackendStatus::new(name, Some(super::Dataplane::Userspace));
+    for t in tunnels {
+        t.report(&mut st);
+    }
+    st
+}
+
 /// The warning for a peer whose packets arrive from `from` although it
 /// publishes `published` (see [`Tunnel::reconcile`]).
 pub fn unexpected_source_message(
@@ -334,7 +356,7 @@ pub fn unexpected_source_message(
 }
 
 #[cfg(test)]
-#[path = "tunnel_fake.rs"]
+#[path = "fake.rs"]
 pub mod fake;
 
 #[cfg(test)]

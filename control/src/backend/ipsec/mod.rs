@@ -1,8 +1,8 @@
 //! The `ipsec` backend (fl:pkg/backend/ipsec, spec §2.5, checklist 24).
 //!
 //! **Design: flannel's own — strongSwan charon negotiates, weft owns the
-//! policies.** weft starts (or reuses) charon ([`super::charon`]) and
-//! configures it over VICI ([`super::vici`]) with exactly the shared key and
+//! policies.** weft starts (or reuses) charon ([`charon`]) and
+//! configures it over VICI ([`vici`]) with exactly the shared key and
 //! connections flannel loads, and installs flannel's XFRM policies itself.
 //! Why not program ESP SAs directly: a weft node must interoperate with
 //! flannel ipsec nodes, which only speak IKEv2 through charon with these
@@ -37,9 +37,12 @@
 //! - teardown stops charon if weft started it; policies stay, as in flannel.
 //!
 //! No devices, no routes. `FLANNEL_MTU` is ext − 77 (− 85 with UDPEncap).
-//! On a kernel without ESP (this machine) [`super::dual`] refuses to start
+//! On a kernel without ESP (this machine) [`crate::backend::dual`] refuses to start
 //! with "no esp4 (CONFIG_INET_ESP) support" before anything is installed;
 //! with ESP but charon missing, setup fails naming the searched paths.
+
+pub mod charon;
+pub mod vici;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -50,14 +53,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net};
 
-use super::charon::{Charon, CharonError, DEFAULT_VICI, Launch};
-use super::vici::{Section, Value, ViciError};
-use super::{Backend, BackendError, Dataplane};
+use crate::backend::dual::Implementation;
+use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, Observe};
 use crate::config::backend::IpsecOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
 use crate::netlink::{XfrmClient, XfrmDir, XfrmPolicy};
+use charon::{Charon, CharonError, DEFAULT_VICI, Launch};
+use vici::{Section, Value, ViciError};
 
 /// flannel's reqid for every policy template.
 pub const REQID: u32 = 11;
@@ -390,8 +394,7 @@ impl Ipsec {
     }
 }
 
-#[async_trait]
-impl Backend for Ipsec {
+impl Observe for Ipsec {
     fn name(&self) -> &'static str {
         "ipsec"
     }
@@ -399,7 +402,10 @@ impl Backend for Ipsec {
     fn dataplane(&self) -> Option<Dataplane> {
         Some(Dataplane::Kernel)
     }
+}
 
+#[async_trait]
+impl Backend for Ipsec {
     async fn lease_attrs(
         &mut self,
         ext: &ExternalInterface,
@@ -443,7 +449,81 @@ impl Backend for Ipsec {
         Ok(mtu)
     }
 
-    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
+    async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
+        let mut out = ApplyError::default();
+        for (i, c) in batch.changes.iter().enumerate() {
+            out.record(i, self.change(c).await);
+        }
+        out.into_result()
+    }
+
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
+        for p in self.peers.values().flat_map(|s| s.policies.iter()) {
+            if !self.xfrm.policy_exists(p).await? {
+                self.xfrm.policy_update(p).await?;
+                tracing::info!("XFRM policy recovered: {p}");
+            }
+        }
+        let Some((local, local_pub)) = self.own else {
+            return Ok(());
+        };
+        if self.peers.is_empty() {
+            return Ok(());
+        }
+        let loaded = self.ike.query("get-conns", Section::new()).await?;
+        let names: Vec<String> = match loaded.get("conns") {
+            Some(Value::List(v)) => v
+                .iter()
+                .map(|n| String::from_utf8_lossy(n).into_owned())
+                .collect(),
+            _ => Vec::new(),
+        };
+        let missing: Vec<(Ipv4Net, IpAddr)> = self
+            .peers
+            .iter()
+            .filter(|(r, s)| !names.contains(&conn_name(local, local_pub, **r, s.public)))
+            .map(|(r, s)| (*r, s.public))
+            .collect();
+        if !missing.is_empty() {
+            self.ike
+                .call("load-shared", shared_key(&self.opts.psk, local_pub))
+                .await?;
+        }
+        for (remote, public) in missing {
+            tracing::info!("charon lost the connection to {remote}; loading it again");
+            self.sa_watch.insert(remote, SaWatch::new());
+            self.load_peer(remote, public).await?;
+        }
+        self.reconcile_sas(local, local_pub).await
+    }
+
+    async fn teardown(&mut self) {
+        self.ike.stop().await;
+    }
+}
+
+#[async_trait]
+impl Implementation for Ipsec {
+    async fn remove_all(&mut self) {
+        if let Some((local, local_pub)) = self.own {
+            for (remote, st) in std::mem::take(&mut self.peers) {
+                let name = conn_name(local, local_pub, remote, st.public);
+                let _ = self
+                    .ike
+                    .call("unload-conn", Section::new().kv("name", &name))
+                    .await;
+                for p in &st.policies {
+                    let _ = self.xfrm.policy_del(p).await;
+                }
+            }
+        }
+        self.ike.stop().await;
+    }
+}
+
+impl Ipsec {
+    /// Programs (`Add`) or removes (`Remove`) one peer.
+    async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         let Some((local, local_pub)) = self.own else {
             return Ok(());
         };
@@ -501,70 +581,10 @@ impl Backend for Ipsec {
         }
         Ok(())
     }
-
-    async fn reconcile(&mut self) -> Result<(), BackendError> {
-        for p in self.peers.values().flat_map(|s| s.policies.iter()) {
-            if !self.xfrm.policy_exists(p).await? {
-                self.xfrm.policy_update(p).await?;
-                tracing::info!("XFRM policy recovered: {p}");
-            }
-        }
-        let Some((local, local_pub)) = self.own else {
-            return Ok(());
-        };
-        if self.peers.is_empty() {
-            return Ok(());
-        }
-        let loaded = self.ike.query("get-conns", Section::new()).await?;
-        let names: Vec<String> = match loaded.get("conns") {
-            Some(Value::List(v)) => v
-                .iter()
-                .map(|n| String::from_utf8_lossy(n).into_owned())
-                .collect(),
-            _ => Vec::new(),
-        };
-        let missing: Vec<(Ipv4Net, IpAddr)> = self
-            .peers
-            .iter()
-            .filter(|(r, s)| !names.contains(&conn_name(local, local_pub, **r, s.public)))
-            .map(|(r, s)| (*r, s.public))
-            .collect();
-        if !missing.is_empty() {
-            self.ike
-                .call("load-shared", shared_key(&self.opts.psk, local_pub))
-                .await?;
-        }
-        for (remote, public) in missing {
-            tracing::info!("charon lost the connection to {remote}; loading it again");
-            self.sa_watch.insert(remote, SaWatch::new());
-            self.load_peer(remote, public).await?;
-        }
-        self.reconcile_sas(local, local_pub).await
-    }
-
-    async fn teardown(&mut self) {
-        self.ike.stop().await;
-    }
-
-    async fn remove_all(&mut self) {
-        if let Some((local, local_pub)) = self.own {
-            for (remote, st) in std::mem::take(&mut self.peers) {
-                let name = conn_name(local, local_pub, remote, st.public);
-                let _ = self
-                    .ike
-                    .call("unload-conn", Section::new().kv("name", &name))
-                    .await;
-                for p in &st.policies {
-                    let _ = self.xfrm.policy_del(p).await;
-                }
-            }
-        }
-        self.ike.stop().await;
-    }
 }
 
 #[cfg(test)]
-#[path = "ipsec_tests.rs"]
+#[path = "tests.rs"]
 mod tests;
 
 #[cfg(test)]

@@ -5,7 +5,8 @@ use std::net::IpAddr;
 use super::*;
 use crate::backend::EngineTuning;
 use crate::backend::test_util::{block_on, ext, fake, lease};
-use crate::backend::vxlan::Vxlan;
+use crate::backend::vxlan::userspace::Vxlan;
+use crate::backend::vxlan::{backend_data, derive_mac};
 use crate::netlink::{FakeNetlink, Op, VxlanAttrs};
 
 fn opts(direct: bool) -> VxlanOptions {
@@ -113,7 +114,9 @@ fn peer_gets_neighbour_fdb_and_onlink_route_in_order_and_loses_them() {
         let (mut b, f, idx) = up(false).await;
         f.take_ops();
         let p = peer("10.244.2.0/24", "192.0.2.2");
-        b.apply(&Change::Add(p.clone())).await.expect("add");
+        b.apply(Batch::one(&Change::Add(p.clone())))
+            .await
+            .expect("add");
         let gw: IpAddr = "10.244.2.0".parse().expect("ip");
         let neigh = Neigh {
             index: idx,
@@ -140,7 +143,9 @@ fn peer_gets_neighbour_fdb_and_onlink_route_in_order_and_loses_them() {
                 Op::RouteReplace(route.clone())
             ]
         );
-        b.apply(&Change::Remove(p)).await.expect("remove");
+        b.apply(Batch::one(&Change::Remove(p)))
+            .await
+            .expect("remove");
         assert_eq!(
             f.take_ops(),
             vec![Op::NeighDel(neigh), Op::FdbDel(fdb), Op::RouteDel(route)]
@@ -154,20 +159,20 @@ fn other_backend_types_and_bad_data_are_ignored() {
     block_on(async {
         let (mut b, f, _) = up(false).await;
         f.take_ops();
-        b.apply(&Change::Add(lease(
+        b.apply(Batch::one(&Change::Add(lease(
             "10.244.3.0/24",
             "192.0.2.3",
             "host-gw",
             None,
-        )))
+        ))))
         .await
         .expect("apply");
-        b.apply(&Change::Add(lease(
+        b.apply(Batch::one(&Change::Add(lease(
             "10.244.4.0/24",
             "192.0.2.4",
             "vxlan",
             Some(r#"{"VNI":1}"#),
-        )))
+        ))))
         .await
         .expect("apply");
         assert_eq!(f.take_ops(), vec![]);
@@ -179,7 +184,7 @@ fn direct_routing_uses_a_plain_route_for_on_link_peers_only() {
     block_on(async {
         let (mut b, f, idx) = up(true).await;
         f.take_ops();
-        b.apply(&Change::Add(peer("10.244.2.0/24", "192.0.2.2")))
+        b.apply(Batch::one(&Change::Add(peer("10.244.2.0/24", "192.0.2.2"))))
             .await
             .expect("add");
         let direct = Route {
@@ -191,15 +196,21 @@ fn direct_routing_uses_a_plain_route_for_on_link_peers_only() {
         };
         assert_eq!(f.take_ops(), vec![Op::RouteReplace(direct.clone())]);
         // A peer behind a router gets the three vxlan entries.
-        b.apply(&Change::Add(peer("10.244.3.0/24", "198.51.100.3")))
-            .await
-            .expect("add");
+        b.apply(Batch::one(&Change::Add(peer(
+            "10.244.3.0/24",
+            "198.51.100.3",
+        ))))
+        .await
+        .expect("add");
         let ops = f.take_ops();
         assert_eq!(ops.len(), 3, "{ops:?}");
         assert!(matches!(&ops[2], Op::RouteReplace(r) if r.oif == Some(idx) && r.onlink));
-        b.apply(&Change::Remove(peer("10.244.2.0/24", "192.0.2.2")))
-            .await
-            .expect("remove");
+        b.apply(Batch::one(&Change::Remove(peer(
+            "10.244.2.0/24",
+            "192.0.2.2",
+        ))))
+        .await
+        .expect("remove");
         assert_eq!(f.take_ops(), vec![Op::RouteDel(direct)]);
     });
 }
@@ -208,7 +219,7 @@ fn direct_routing_uses_a_plain_route_for_on_link_peers_only() {
 fn reconcile_restores_deleted_neighbour_fdb_and_route() {
     block_on(async {
         let (mut b, f, _) = up(false).await;
-        b.apply(&Change::Add(peer("10.244.2.0/24", "192.0.2.2")))
+        b.apply(Batch::one(&Change::Add(peer("10.244.2.0/24", "192.0.2.2"))))
             .await
             .expect("add");
         let (routes, neighs, fdbs) = (f.routes(), f.all_neighs(), f.all_fdbs());
@@ -232,7 +243,7 @@ fn reconcile_restores_deleted_neighbour_fdb_and_route() {
 fn deleted_device_is_recreated_with_its_peers() {
     block_on(async {
         let (mut b, f, idx) = up(false).await;
-        b.apply(&Change::Add(peer("10.244.2.0/24", "192.0.2.2")))
+        b.apply(Batch::one(&Change::Add(peer("10.244.2.0/24", "192.0.2.2"))))
             .await
             .expect("add");
         f.delete_link(idx).await.expect("delete by hand");
@@ -312,7 +323,7 @@ fn remove_all_deletes_the_device_but_teardown_keeps_it() {
 /// Regression (chaos run, issue 22): a weftd SIGKILLed and restarted kept
 /// the routes, fdb entries and neighbours of leases deleted while it was
 /// down (the device outlives the process; only known peers were touched).
-/// After the first snapshot, `prune` removes them and keeps the rest.
+/// Applying the first snapshot removes them and keeps the rest.
 #[test]
 fn prune_removes_state_of_peers_that_went_while_no_weftd_ran() {
     block_on(async {
@@ -324,7 +335,7 @@ fn prune_removes_state_of_peers_that_went_while_no_weftd_ran() {
             Some(&backend_data(1, [0x0e, 0xaa, 0xbb, 0xcc, 0xdd, 0x03])),
         );
         for l in [peer("10.244.2.0/24", "192.0.2.2"), other] {
-            old.apply(&Change::Add(l)).await.expect("add");
+            old.apply(Batch::one(&Change::Add(l))).await.expect("add");
         }
         drop(old); // SIGKILL: the device and its entries stay.
         let mut b = KernelVxlan::new(opts(false), true, false, f.clone());
@@ -333,11 +344,11 @@ fn prune_removes_state_of_peers_that_went_while_no_weftd_ran() {
         own.attrs = attrs;
         b.setup(&own).await.expect("setup");
         // The snapshot holds 10.244.2.0/24 only: 10.244.3.0/24 went meanwhile.
-        b.apply(&Change::Add(peer("10.244.2.0/24", "192.0.2.2")))
+        b.apply(Batch::one(&Change::Add(peer("10.244.2.0/24", "192.0.2.2"))))
             .await
             .expect("add");
         f.take_ops();
-        b.prune().await.expect("prune");
+        b.apply(Batch::snapshot(&[])).await.expect("prune");
         let gone: IpAddr = "10.244.3.0".parse().expect("ip");
         let routes: Vec<String> = f.routes().iter().map(|r| r.dst.to_string()).collect();
         assert_eq!(routes, ["10.244.2.0/24"]);
@@ -350,7 +361,7 @@ fn prune_removes_state_of_peers_that_went_while_no_weftd_ran() {
         );
         assert_eq!(f.all_neighs().len(), 1);
         // Nothing known is touched; a second prune does nothing.
-        b.prune().await.expect("prune again");
+        b.apply(Batch::snapshot(&[])).await.expect("prune again");
         let ops = f.take_ops();
         assert_eq!(
             ops.len(),

@@ -2,7 +2,7 @@
 //! `IPPROTO_IPIP` socket), wire-compatible with flannel's kernel ipip nodes
 //! (spec §2.4): IPv4-in-IPv4, outer source = this node's IfaceAddr, outer
 //! destination = the peer's PublicIP, no extra header. For kernels without
-//! the ipip driver; [`super::ipip`] is the kernel path.
+//! the ipip driver; [`super::kernel`] is the kernel path.
 //!
 //! Same lease as the kernel path (`PublicIP = ExtAddr`, BackendType
 //! `"ipip"`, no BackendData), so a node can switch between the two without
@@ -23,18 +23,17 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use async_trait::async_trait;
 use ipnet::IpNet;
-use weft_engine::{Encap, EngineConfig};
+use weft_engine::Encap;
 
-use super::tunnel::{Tunnel, Userspace};
-use super::{Backend, BackendError, Dataplane, EngineTuning};
+use super::{DEVICE, accepts, device_addr, lease_attrs, local, mtu, route};
+use crate::backend::dual::Implementation;
+use crate::backend::tunnel::{self, Tunnel, Userspace, recover_routes};
+use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe};
 use crate::config::backend::IpipOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
 use crate::netlink::Route;
-
-/// The device name (the kernel path's, so routes and tools see the same name).
-pub const DEVICE: &str = super::ipip::DEVICE;
 
 /// See the module docs.
 #[derive(Debug)]
@@ -74,13 +73,7 @@ impl IpipUser {
             .connected
             .iter()
             .any(|n| n.contains(&IpAddr::V4(public)));
-        (self.opts.direct_routing && on_link).then_some(Route {
-            dst: subnet,
-            gateway: Some(IpAddr::V4(public)),
-            oif: Some(ext.iface.index),
-            onlink: true,
-            scope_link: false,
-        })
+        (self.opts.direct_routing && on_link).then(|| route(subnet, public, ext.iface.index))
     }
 
     async fn remove_direct(&mut self, subnet: IpNet) {
@@ -93,8 +86,7 @@ impl IpipUser {
     }
 }
 
-#[async_trait]
-impl Backend for IpipUser {
+impl Observe for IpipUser {
     fn name(&self) -> &'static str {
         "ipip"
     }
@@ -104,60 +96,74 @@ impl Backend for IpipUser {
     }
 
     fn status(&self) -> crate::status::BackendStatus {
-        let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
-        if let Some(t) = &self.tunnel {
-            t.report(&mut st);
-        }
-        st
+        tunnel::status(self.name(), &self.tunnel)
     }
+}
 
+#[async_trait]
+impl Backend for IpipUser {
     async fn lease_attrs(
         &mut self,
         ext: &ExternalInterface,
         _prev: Option<&Lease>,
     ) -> Result<LeaseAttrs, BackendError> {
-        tracing::info!("IPIP config: DirectRouting={}", self.opts.direct_routing);
         self.ext = Some(ext.clone());
-        let public_ip = ext
-            .ext_addr
-            .ok_or_else(|| BackendError::Config("ipip: no IPv4 public address".into()))?;
-        Ok(LeaseAttrs {
-            public_ip,
-            backend_type: "ipip".into(),
-            ..Default::default()
-        })
+        lease_attrs(&self.opts, ext)
     }
 
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
         let ext = self.ext()?;
-        let sn = lease
-            .subnet
-            .ok_or_else(|| BackendError::Config("ipip backend needs an IPv4 lease".into()))?;
-        let local = ext.iface_addr.ok_or_else(|| {
-            BackendError::Config("ipip: the external interface has no IPv4 address".into())
-        })?;
-        let mtu = ext.iface.mtu.saturating_sub(20);
-        let cfg = EngineConfig {
-            tun_name: DEVICE.into(),
-            encap: Encap::Ipip,
-            local_addr: IpAddr::V4(local),
-            tun_addr: Some(IpAddr::V4(sn.network())),
-            mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
-            workers: self.tuning.workers,
-            offload: self.tuning.offload,
-            anti_spoof: self.tuning.anti_spoof != weft_engine::AntiSpoofing::Off,
-        };
-        let addr =
-            IpNet::new(sn.network().into(), 32).map_err(|e| BackendError::Config(e.to_string()))?;
+        let addr = device_addr(lease)?;
+        let local = local(ext)?;
+        let mtu = mtu(ext);
+        let local = IpAddr::V4(local);
+        let cfg = (self.tuning).engine(DEVICE.into(), Encap::Ipip, local, Some(addr.addr()), mtu);
         self.tunnel = Some(Tunnel::start(&self.us, cfg, addr, mtu, self.tuning.anti_spoof).await?);
         Ok(mtu)
     }
 
-    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
+    async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
+        let mut out = ApplyError::default();
+        for (i, c) in batch.changes.iter().enumerate() {
+            out.record(i, self.change(c).await);
+        }
+        if let Some(t) = self.tunnel.as_mut() {
+            t.flush();
+        }
+        out.into_result()
+    }
+
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
+        if let Some(t) = self.tunnel.as_mut() {
+            t.reconcile().await?;
+        }
+        recover_routes(&*self.us.nl, &self.direct).await?;
+        Ok(())
+    }
+
+    async fn teardown(&mut self) {
+        if let Some(mut t) = self.tunnel.take() {
+            t.stop();
+        }
+    }
+}
+
+#[async_trait]
+impl Implementation for IpipUser {
+    async fn remove_all(&mut self) {
+        self.teardown().await;
+        for r in std::mem::take(&mut self.direct) {
+            let _ = self.us.nl.route_del(&r).await;
+        }
+    }
+}
+
+impl IpipUser {
+    /// Programs (`Add`) or removes (`Remove`) one peer.
+    async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         match change {
             Change::Add(l) => {
-                if l.attrs.backend_type != "ipip" {
-                    tracing::warn!("Ignoring non-ipip subnet: type={}", l.attrs.backend_type);
+                if !accepts(l) {
                     return Ok(());
                 }
                 let Some(s) = l.subnet else { return Ok(()) };
@@ -197,38 +203,6 @@ impl Backend for IpipUser {
         }
         Ok(())
     }
-
-    fn flush(&mut self) {
-        if let Some(t) = self.tunnel.as_mut() {
-            t.flush();
-        }
-    }
-
-    async fn reconcile(&mut self) -> Result<(), BackendError> {
-        if let Some(t) = self.tunnel.as_mut() {
-            t.reconcile().await?;
-        }
-        for r in &self.direct {
-            if self.us.nl.routes_exact(r.dst).await?.is_empty() {
-                tracing::info!("Route recovered {}", r.dst);
-                self.us.nl.route_replace(r).await?;
-            }
-        }
-        Ok(())
-    }
-
-    async fn teardown(&mut self) {
-        if let Some(mut t) = self.tunnel.take() {
-            t.stop();
-        }
-    }
-
-    async fn remove_all(&mut self) {
-        self.teardown().await;
-        for r in std::mem::take(&mut self.direct) {
-            let _ = self.us.nl.route_del(&r).await;
-        }
-    }
 }
 
 #[cfg(test)]
@@ -253,7 +227,7 @@ mod tests {
             let (_, us) = FakeEngines::new(&fake(&[], false));
             let mut u = IpipUser::new(IpipOptions::default(), tuning(), us);
             let mut k =
-                super::super::ipip::Ipip::new(IpipOptions::default(), fake(&["ipip"], false));
+                super::super::kernel::Ipip::new(IpipOptions::default(), fake(&["ipip"], false));
             let a = u.lease_attrs(&e, None).await.expect("attrs");
             assert_eq!(a, k.lease_attrs(&e, None).await.expect("kernel attrs"));
             assert_eq!(a.public_ip, Ipv4Addr::new(198, 51, 100, 1));

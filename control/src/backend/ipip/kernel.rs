@@ -9,8 +9,8 @@
 //! its remote is "any", else recreated; a non-ipip link of that name is an
 //! error (flannel's text). The device stays on exit.
 //!
-//! On a kernel without ipip, `--dataplane=auto` runs [`super::ipip_user`]
-//! (the same wire format in weft's engine) instead (see [`super::probe`]).
+//! On a kernel without ipip, `--dataplane=auto` runs [`super::userspace`]
+//! (the same wire format in weft's engine) instead (see [`crate::backend::probe`]).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -18,16 +18,15 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ipnet::IpNet;
 
-use super::route_set::RouteSet;
-use super::{Backend, BackendError, Dataplane};
+use super::{DEVICE, accepts, device_addr, lease_attrs, local, mtu, route};
+use crate::backend::dual::Implementation;
+use crate::backend::route_set::RouteSet;
+use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, Observe};
 use crate::config::backend::IpipOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
 use crate::netlink::{Client, IpipLink, LinkKind, LinkSpec, NetlinkError, Route};
-
-/// The device name.
-pub const DEVICE: &str = "flannel.ipip";
 
 /// See the module docs.
 #[derive(Debug)]
@@ -53,20 +52,14 @@ impl Ipip {
         }
     }
 
-    fn local(&self) -> Result<Ipv4Addr, BackendError> {
-        self.ext.as_ref().and_then(|e| e.iface_addr).ok_or_else(|| {
-            BackendError::Config("ipip: the external interface has no IPv4 address".into())
-        })
-    }
-
     /// Creates or reuses `flannel.ipip`, sets MTU, address, up; returns the MTU.
     async fn bring_up(&mut self) -> Result<u32, BackendError> {
         let ext = self
             .ext
             .clone()
             .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        let local = self.local()?;
-        let want = ext.iface.mtu.saturating_sub(20);
+        let local = local(&ext)?;
+        let want = mtu(&ext);
         let mut link = self.nl.link_detail(DEVICE).await?;
         if let Some(d) = &link {
             match d.kind {
@@ -129,18 +122,11 @@ impl Ipip {
         {
             oif = self.ext.as_ref().map_or(oif, |e| e.iface.index);
         }
-        Route {
-            dst: subnet,
-            gateway: Some(IpAddr::V4(public)),
-            oif: Some(oif),
-            onlink: true,
-            scope_link: false,
-        }
+        route(subnet, public, oif)
     }
 }
 
-#[async_trait]
-impl Backend for Ipip {
+impl Observe for Ipip {
     fn name(&self) -> &'static str {
         "ipip"
     }
@@ -157,55 +143,30 @@ impl Backend for Ipip {
         }
         st
     }
+}
 
+#[async_trait]
+impl Backend for Ipip {
     async fn lease_attrs(
         &mut self,
         ext: &ExternalInterface,
         _prev: Option<&Lease>,
     ) -> Result<LeaseAttrs, BackendError> {
-        tracing::info!("IPIP config: DirectRouting={}", self.opts.direct_routing);
         self.ext = Some(ext.clone());
-        let public_ip = ext
-            .ext_addr
-            .ok_or_else(|| BackendError::Config("ipip: no IPv4 public address".into()))?;
-        Ok(LeaseAttrs {
-            public_ip,
-            backend_type: "ipip".into(),
-            ..Default::default()
-        })
+        lease_attrs(&self.opts, ext)
     }
 
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        let sn = lease
-            .subnet
-            .ok_or_else(|| BackendError::Config("ipip backend needs an IPv4 lease".into()))?;
-        self.addr = Some(
-            IpNet::new(sn.network().into(), 32).map_err(|e| BackendError::Config(e.to_string()))?,
-        );
+        self.addr = Some(device_addr(lease)?);
         self.bring_up().await
     }
 
-    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
-        match change {
-            Change::Add(l) => {
-                if l.attrs.backend_type != "ipip" {
-                    tracing::warn!("Ignoring non-ipip subnet: type={}", l.attrs.backend_type);
-                    return Ok(());
-                }
-                if let Some(s) = l.subnet {
-                    let r = self.route_for(IpNet::V4(s), l.attrs.public_ip).await;
-                    self.routes.add(r).await?;
-                }
-            }
-            Change::Remove(l) => {
-                if let Some(s) = l.subnet
-                    && let Err(e) = self.routes.remove(IpNet::V4(s)).await
-                {
-                    tracing::error!("Error deleting route to {s}: {e}");
-                }
-            }
+    async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
+        let mut out = ApplyError::default();
+        for (i, c) in batch.changes.iter().enumerate() {
+            out.record(i, self.change(c).await);
         }
-        Ok(())
+        out.into_result()
     }
 
     async fn reconcile(&mut self) -> Result<(), BackendError> {
@@ -230,11 +191,39 @@ impl Backend for Ipip {
     }
 
     async fn teardown(&mut self) {}
+}
 
+#[async_trait]
+impl Implementation for Ipip {
     async fn remove_all(&mut self) {
         self.routes.clear().await;
         if let Ok(Some(d)) = self.nl.link_detail(DEVICE).await {
             let _ = self.nl.delete_link(d.link.index).await;
         }
+    }
+}
+
+impl Ipip {
+    /// Programs (`Add`) or removes (`Remove`) one peer.
+    async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
+        match change {
+            Change::Add(l) => {
+                if !accepts(l) {
+                    return Ok(());
+                }
+                if let Some(s) = l.subnet {
+                    let r = self.route_for(IpNet::V4(s), l.attrs.public_ip).await;
+                    self.routes.add(r).await?;
+                }
+            }
+            Change::Remove(l) => {
+                if let Some(s) = l.subnet
+                    && let Err(e) = self.routes.remove(IpNet::V4(s)).await
+                {
+                    tracing::error!("Error deleting route to {s}: {e}");
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -1,10 +1,10 @@
 //! The `wireguard` backend on the kernel's WireGuard module, as flannel runs
 //! it (fl:pkg/backend/wireguard, spec §2.6, §5, checklist 23). The factory
-//! picks it when [`super::probe`] finds the `wireguard` link kind; otherwise
-//! [`super::wireguard`] (the userspace engine) runs, and [`super::dual`]
+//! picks it when [`crate::backend::probe`] finds the `wireguard` link kind; otherwise
+//! [`super::userspace`] (the userspace engine) runs, and [`crate::backend::dual`]
 //! switches between the two live: both read the same key file
-//! ([`super::wgkey`]) and publish byte-identical lease attributes
-//! ([`super::wireguard::backend_data`]).
+//! ([`super::key`]) and publish byte-identical lease attributes
+//! ([`super::backend_data`]).
 //!
 //! - Devices: `separate` mode `flannel-wg` (IPv4, ListenPort) and
 //!   `flannel-wg-v6` (IPv6, ListenPortV6); other modes one `flannel-wg`.
@@ -33,17 +33,17 @@
 //!   rebuilds the backend, which re-applies every peer).
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-use weft_engine::WgSecret;
 
-use super::wireguard::{Carries, device_plan, log_config, parse_backend_data};
-use super::{Backend, BackendError, Dataplane, wgkey};
-use crate::config::backend::{WireguardMode, WireguardOptions};
+use super::{Carries, Node};
+use crate::backend::dual::Implementation;
+use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, Observe};
+use crate::config::backend::WireguardOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
@@ -66,13 +66,7 @@ struct Device {
 /// See the module docs.
 #[derive(Debug)]
 pub struct KernelWireguard {
-    opts: WireguardOptions,
-    network: Option<Ipv4Net>,
-    network_v6: Option<Ipv6Net>,
-    key_file: PathBuf,
-    key: Option<WgSecret>,
-    psk: Option<[u8; 32]>,
-    ext: Option<ExternalInterface>,
+    node: Node,
     nl: Arc<dyn Client>,
     wg: Arc<dyn WgClient>,
     devices: Vec<Device>,
@@ -95,27 +89,8 @@ fn greeting(peer: &WgPeerSet) -> WgPeerSet {
     }
 }
 
-/// flannel's `selectPublicEndpoint` (auto mode): IPv4 unless only IPv6
-/// exists, or the peer's IPv4 is private and both our and its IPv6 are not ULA.
-pub fn select_endpoint(
-    peer_v4: Ipv4Addr,
-    peer_v6: Option<std::net::Ipv6Addr>,
-    ext: &ExternalInterface,
-) -> IpAddr {
-    let Some(v6) = peer_v6 else {
-        return IpAddr::V4(peer_v4);
-    };
-    if !peer_v4.is_private() && ext.ext_addr.is_some() {
-        return IpAddr::V4(peer_v4);
-    }
-    if !v6.is_unique_local() && ext.ext_v6_addr.is_some_and(|a| !a.is_unique_local()) {
-        return IpAddr::V6(v6);
-    }
-    IpAddr::V4(peer_v4)
-}
-
 impl KernelWireguard {
-    /// A kernel wireguard backend (call [`super::wireguard::Wireguard::validate`] first).
+    /// A kernel wireguard backend (call [`super::validate`] first).
     pub fn new(
         opts: WireguardOptions,
         network: Option<Ipv4Net>,
@@ -123,16 +98,8 @@ impl KernelWireguard {
         nl: Arc<dyn Client>,
         wg: Arc<dyn WgClient>,
     ) -> KernelWireguard {
-        let psk = weft_engine::wg::key_from_base64(&opts.psk);
-        let key_file = wgkey::key_file_path();
         KernelWireguard {
-            opts,
-            network,
-            network_v6,
-            key_file,
-            key: None,
-            psk,
-            ext: None,
+            node: Node::new(opts, network, network_v6),
             nl,
             wg,
             devices: Vec::new(),
@@ -141,18 +108,12 @@ impl KernelWireguard {
 
     /// Uses `path` instead of `$WIREGUARD_KEY_FILE` / `/run/flannel/wgkey` (tests).
     pub fn with_key_file(mut self, path: PathBuf) -> KernelWireguard {
-        self.key_file = path;
+        self.node.key_file = path;
         self
     }
 
-    fn keepalive(&self) -> u16 {
-        u16::try_from(self.opts.persistent_keepalive_interval.as_secs()).unwrap_or(u16::MAX)
-    }
-
     fn private_key(&self) -> Result<[u8; 32], BackendError> {
-        self.key
-            .map(|k| k.0)
-            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))
+        Ok(self.node.secret()?.0)
     }
 
     async fn create_device(
@@ -198,23 +159,14 @@ impl KernelWireguard {
             peers: BTreeMap::new(),
             want: BTreeMap::new(),
         };
-        for net in [self.network.map(IpNet::V4), self.network_v6.map(IpNet::V6)]
-            .into_iter()
-            .flatten()
-        {
-            let fits = matches!(
-                (carries, net),
-                (Carries::Both, _) | (Carries::V4, IpNet::V4(_)) | (Carries::V6, IpNet::V6(_))
-            );
-            if fits {
-                dev.routes.push(Route {
-                    dst: net,
-                    gateway: None,
-                    oif: Some(index),
-                    onlink: false,
-                    scope_link: true,
-                });
-            }
+        for net in self.node.routes(carries) {
+            dev.routes.push(Route {
+                dst: net,
+                gateway: None,
+                oif: Some(index),
+                onlink: false,
+                scope_link: true,
+            });
         }
         self.devices.push(dev);
         let i = self.devices.len() - 1;
@@ -247,83 +199,16 @@ impl KernelWireguard {
 
     /// The peer a lease gives device `d`, or `None` when it is not usable.
     fn peer_for(&self, lease: &Lease, d: &Device) -> Option<WgPeerSet> {
-        let a = &lease.attrs;
-        let v4 = a.backend_data.as_deref().and_then(parse_backend_data);
-        let v6 = a.backend_v6_data.as_deref().and_then(parse_backend_data);
-        let (key, port, ip, allowed) = match d.carries {
-            Carries::V4 => {
-                let (k, p) = v4?;
-                (
-                    k,
-                    p,
-                    IpAddr::V4(a.public_ip),
-                    vec![IpNet::V4(lease.subnet?)],
-                )
-            }
-            Carries::V6 => {
-                let (k, p) = v6?;
-                (
-                    k,
-                    p,
-                    IpAddr::V6(a.public_ipv6?),
-                    vec![IpNet::V6(lease.ipv6_subnet?)],
-                )
-            }
-            Carries::Both => {
-                let (k, p) = if self.network_v6.is_some() {
-                    v6.or(v4)?
-                } else {
-                    v4?
-                };
-                let port = v4.map_or(p, |d| d.1);
-                let ip = match self.opts.mode {
-                    WireguardMode::Ipv6 => IpAddr::V6(a.public_ipv6?),
-                    WireguardMode::Auto => {
-                        select_endpoint(a.public_ip, a.public_ipv6, self.ext.as_ref()?)
-                    }
-                    _ => IpAddr::V4(a.public_ip),
-                };
-                let nets: Vec<IpNet> = [
-                    lease.subnet.map(IpNet::V4),
-                    lease.ipv6_subnet.map(IpNet::V6),
-                ]
-                .into_iter()
-                .flatten()
-                .collect();
-                (k, port, ip, nets)
-            }
-        };
-        let port = if port == 0 { d.port } else { port };
+        let p = self.node.peer(lease, d.carries, true)?;
+        let port = if p.port == 0 { d.port } else { p.port };
         Some(WgPeerSet {
-            public_key: key,
+            public_key: p.key,
             remove: false,
-            psk: self.psk,
-            endpoint: Some(SocketAddr::new(ip, port)),
-            keepalive: Some(self.keepalive()),
-            allowed_ips: allowed,
+            psk: self.node.psk,
+            endpoint: Some(SocketAddr::new(p.endpoint, port)),
+            keepalive: Some(self.node.keepalive()),
+            allowed_ips: p.subnets,
         })
-    }
-
-    /// The key a removed lease had on device `d` (flannel: v4 data on the v4 device, else v6 data).
-    fn removed_key(&self, lease: &Lease, d: &Device) -> Option<[u8; 32]> {
-        let v4 = lease
-            .attrs
-            .backend_data
-            .as_deref()
-            .and_then(parse_backend_data)
-            .map(|x| x.0);
-        let v6 = lease
-            .attrs
-            .backend_v6_data
-            .as_deref()
-            .and_then(parse_backend_data)
-            .map(|x| x.0);
-        match d.carries {
-            Carries::V4 => v4,
-            Carries::V6 => v6,
-            Carries::Both if self.network_v6.is_some() => v6.or(v4),
-            Carries::Both => v4,
-        }
     }
 
     /// Reads device `d`'s peers back and restores what differs from what
@@ -388,8 +273,7 @@ impl KernelWireguard {
     }
 }
 
-#[async_trait]
-impl Backend for KernelWireguard {
+impl Observe for KernelWireguard {
     fn name(&self) -> &'static str {
         "wireguard"
     }
@@ -407,45 +291,20 @@ impl Backend for KernelWireguard {
         );
         st
     }
+}
 
+#[async_trait]
+impl Backend for KernelWireguard {
     async fn lease_attrs(
         &mut self,
         ext: &ExternalInterface,
         _prev: Option<&Lease>,
     ) -> Result<LeaseAttrs, BackendError> {
-        let key = wgkey::load_or_generate(&self.key_file)
-            .map_err(|e| BackendError::Config(e.to_string()))?;
-        let public = key.public_key();
-        self.key = Some(key);
-        self.ext = Some(ext.clone());
-        log_config(
-            &self.opts,
-            self.keepalive(),
-            self.psk.is_some(),
-            &public,
-            " (kernel module)",
-        );
-        super::wireguard::lease_attrs(
-            &public,
-            ext,
-            &self.opts,
-            self.network.is_some(),
-            self.network_v6.is_some(),
-        )
+        self.node.lease_attrs(ext, " (kernel module)")
     }
 
     async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        let ext = self
-            .ext
-            .clone()
-            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        let (mtu, plan) = device_plan(
-            &self.opts,
-            &ext,
-            self.network.is_some(),
-            self.network_v6.is_some(),
-            lease,
-        );
+        let (mtu, plan) = self.node.plan(lease)?;
         for d in plan {
             self.create_device(d.name, d.carries, d.port, d.addrs, mtu)
                 .await?;
@@ -453,7 +312,42 @@ impl Backend for KernelWireguard {
         Ok(mtu)
     }
 
-    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
+    async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
+        let mut out = ApplyError::default();
+        for (i, c) in batch.changes.iter().enumerate() {
+            out.record(i, self.change(c).await);
+        }
+        out.into_result()
+    }
+
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
+        for i in 0..self.devices.len() {
+            let d = &self.devices[i];
+            match self.nl.link_detail(d.name).await? {
+                Some(l) if l.link.index == d.index => self.ensure(i).await?,
+                _ => return Err(BackendError::DeviceGone(d.name.into())),
+            }
+            self.reconcile_peers(&self.devices[i]).await?;
+        }
+        Ok(())
+    }
+
+    async fn teardown(&mut self) {
+        for d in self.devices.drain(..) {
+            match self.nl.delete_link(d.index).await {
+                Ok(()) => tracing::info!("Removed wireguard device {}", d.name),
+                Err(e) => tracing::error!("Error while removing device {}: {e}", d.name),
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Implementation for KernelWireguard {}
+
+impl KernelWireguard {
+    /// Programs (`Add`) or removes (`Remove`) one peer.
+    async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         let (lease, add) = match change {
             Change::Add(l) => (l, true),
             Change::Remove(l) => (l, false),
@@ -468,7 +362,7 @@ impl Backend for KernelWireguard {
         for i in 0..self.devices.len() {
             let d = &self.devices[i];
             if !add {
-                let Some(key) = self.removed_key(lease, d) else {
+                let Some(key) = self.node.key_for(lease, d.carries) else {
                     continue;
                 };
                 self.set(d, vec![WgPeerSet::removal(key)]).await?;
@@ -510,29 +404,8 @@ impl Backend for KernelWireguard {
         }
         Ok(())
     }
-
-    async fn reconcile(&mut self) -> Result<(), BackendError> {
-        for i in 0..self.devices.len() {
-            let d = &self.devices[i];
-            match self.nl.link_detail(d.name).await? {
-                Some(l) if l.link.index == d.index => self.ensure(i).await?,
-                _ => return Err(BackendError::DeviceGone(d.name.into())),
-            }
-            self.reconcile_peers(&self.devices[i]).await?;
-        }
-        Ok(())
-    }
-
-    async fn teardown(&mut self) {
-        for d in self.devices.drain(..) {
-            match self.nl.delete_link(d.index).await {
-                Ok(()) => tracing::info!("Removed wireguard device {}", d.name),
-                Err(e) => tracing::error!("Error while removing device {}: {e}", d.name),
-            }
-        }
-    }
 }
 
 #[cfg(test)]
-#[path = "kernel_wg_tests.rs"]
+#[path = "kernel_tests.rs"]
 mod tests;

@@ -3,7 +3,7 @@
 //!
 //! - device `flannel.<VNI>` / `flannel-v6.<VNI>`: nolearning, `dev <ext
 //!   iface>`, `local <public IP>`, `dstport` only when `Port` is set, MTU
-//!   cfg.MTU − 50 (− 70 for IPv6: [`super::vxlan::Mtus`]), the persisted VTEP MAC, `accept_ra=0`, address `<subnet
+//!   cfg.MTU − 50 (− 70 for IPv6: [`super::Mtus`]), the persisted VTEP MAC, `accept_ra=0`, address `<subnet
 //!   IP>/32` (`/128`), up. An existing device is reused when compatible
 //!   (flannel's `vxlanLinksIncompat`, plus the MAC), else recreated.
 //! - per peer, in this order, with rollback on failure: a permanent neighbour
@@ -14,13 +14,13 @@
 //!
 //! The lease (BackendData `{"VNI":n,"VtepMAC":"..."}`) is byte-identical to
 //! the userspace vxlan backend's: the MAC comes from the previous lease, else
-//! [`super::vxlan::derive_mac`]. Nodes can therefore mix the two and a node
+//! [`super::derive_mac`]. Nodes can therefore mix the two and a node
 //! can move between them without changing its lease.
 //!
 //! Unlike flannel, `reconcile` re-adds missing neighbours, fdb entries and
 //! routes, and recreates a deleted device with all its peers. On exit the
 //! device stays (flannel: a restart must not interrupt traffic);
-//! [`Backend::remove_all`] deletes it (used when switching to userspace).
+//! [`Implementation::remove_all`] deletes it (used when switching to userspace).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -29,8 +29,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ipnet::IpNet;
 
-use super::vxlan::{Mtus, backend_data, derive_mac, fmt_mac, parse_backend_data};
-use super::{Backend, BackendError, Dataplane};
+use super::{Mtus, Target, direct_route, fmt_mac, lease_attrs, log_config, peer_change};
+use crate::backend::dual::Implementation;
+use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, Observe};
 use crate::config::backend::VxlanOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -222,27 +223,13 @@ impl KernelVxlan {
         }
     }
 
-    async fn entry_for(
-        &self,
-        subnet: IpNet,
-        public: IpAddr,
-        data: Option<&String>,
-    ) -> Option<Entry> {
+    async fn entry_for(&self, t: &Target<'_>, public: IpAddr) -> Option<Entry> {
+        let subnet = t.subnet;
         if self.opts.direct_routing && self.on_link(public).await {
-            let r = Route {
-                dst: subnet,
-                gateway: Some(public),
-                oif: None,
-                onlink: false,
-                scope_link: false,
-            };
-            return Some(Entry::Direct(r));
+            return Some(Entry::Direct(direct_route(subnet, Some(public))));
         }
         let dev = self.dev_for(&subnet)?;
-        let Some((_, mac)) = data.and_then(|d| parse_backend_data(d)) else {
-            tracing::error!("error decoding subnet lease JSON for {subnet}: {data:?}");
-            return None;
-        };
+        let mac = t.vtep_mac()?;
         let gw = subnet.network();
         Some(Entry::Encap {
             neigh: Neigh {
@@ -318,8 +305,7 @@ fn incompatible(want: &VxlanLink, have: &LinkKind, mac: Option<&[u8]>) -> Option
     None
 }
 
-#[async_trait]
-impl Backend for KernelVxlan {
+impl Observe for KernelVxlan {
     fn name(&self) -> &'static str {
         "vxlan"
     }
@@ -338,27 +324,19 @@ impl Backend for KernelVxlan {
             .extend(devs.filter_map(|d| crate::status::devices::kernel_device(&d.spec.name)));
         st
     }
+}
 
+#[async_trait]
+impl Backend for KernelVxlan {
     async fn lease_attrs(
         &mut self,
         ext: &ExternalInterface,
         prev: Option<&Lease>,
     ) -> Result<LeaseAttrs, BackendError> {
-        tracing::info!(
-            "VXLAN config: VNI={} Port={} GBP={} Learning={} DirectRouting={}",
-            self.opts.vni,
-            self.opts.port,
-            self.opts.gbp,
-            self.opts.learning,
-            self.opts.direct_routing
-        );
+        log_config(&self.opts);
         self.ext = Some(ext.clone());
         let vni = self.opts.vni;
-        let reuse = |d: Option<&String>| {
-            d.and_then(|d| parse_backend_data(d))
-                .filter(|(v, _)| *v == vni)
-                .map(|(_, m)| m)
-        };
+        let (attrs, vteps) = lease_attrs(vni, ext, prev, self.want_v4, self.want_v6)?;
         let mtus = self.mtus(ext);
         let spec = |name: String, local: IpAddr, mac: [u8; 6], mtu: u32| VxlanLink {
             name,
@@ -371,32 +349,14 @@ impl Backend for KernelVxlan {
             mtu,
             mac,
         };
-        let mut attrs = LeaseAttrs {
-            backend_type: "vxlan".into(),
-            ..Default::default()
-        };
-        if self.want_v4 {
-            let ip = ext
-                .ext_addr
-                .ok_or_else(|| BackendError::Config("vxlan: no IPv4 public address".into()))?;
-            let mac = reuse(prev.and_then(|p| p.attrs.backend_data.as_ref()))
-                .unwrap_or_else(|| derive_mac(ip.into(), vni, 4));
-            attrs.public_ip = ip;
-            attrs.backend_data = Some(backend_data(vni, mac));
+        if let (Some(mac), Some(ip)) = (vteps.v4, ext.ext_addr) {
             self.v4 = Some(Dev {
                 spec: spec(format!("flannel.{vni}"), ip.into(), mac, mtus.v4),
                 addr: None,
                 index: 0,
             });
         }
-        if self.want_v6 {
-            let ip = ext
-                .ext_v6_addr
-                .ok_or_else(|| BackendError::Config("vxlan: no IPv6 public address".into()))?;
-            let mac = reuse(prev.and_then(|p| p.attrs.backend_v6_data.as_ref()))
-                .unwrap_or_else(|| derive_mac(ip.into(), vni, 6));
-            attrs.public_ipv6 = Some(ip);
-            attrs.backend_v6_data = Some(backend_data(vni, mac));
+        if let (Some(mac), Some(ip)) = (vteps.v6, ext.ext_v6_addr) {
             self.v6 = Some(Dev {
                 spec: spec(format!("flannel-v6.{vni}"), ip.into(), mac, mtus.v6),
                 addr: None,
@@ -432,59 +392,15 @@ impl Backend for KernelVxlan {
         Ok(self.mtus(&ext).env)
     }
 
-    async fn apply(&mut self, change: &Change) -> Result<(), BackendError> {
-        let (lease, add) = match change {
-            Change::Add(l) => (l, true),
-            Change::Remove(l) => (l, false),
-        };
-        if add && lease.attrs.backend_type != "vxlan" {
-            tracing::info!(
-                "ignoring non-vxlan v4Subnet({:?}) v6Subnet({:?}): type={}",
-                lease.subnet,
-                lease.ipv6_subnet,
-                lease.attrs.backend_type
-            );
-            return Ok(());
+    async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
+        let mut out = ApplyError::default();
+        for (i, c) in batch.changes.iter().enumerate() {
+            out.record(i, self.change(c).await);
         }
-        let targets = [
-            (
-                lease.subnet.map(IpNet::V4),
-                Some(IpAddr::V4(lease.attrs.public_ip)),
-                lease.attrs.backend_data.as_ref(),
-            ),
-            (
-                lease.ipv6_subnet.map(IpNet::V6),
-                lease.attrs.public_ipv6.map(IpAddr::V6),
-                lease.attrs.backend_v6_data.as_ref(),
-            ),
-        ];
-        let mut first_err = None;
-        for (subnet, public, data) in targets {
-            let Some(subnet) = subnet else { continue };
-            if self.dev_for(&subnet).is_none() {
-                continue;
-            }
-            let old = self.peers.remove(&subnet);
-            if !add {
-                if let Some(old) = old {
-                    self.unprogram(&old).await;
-                }
-                continue;
-            }
-            let Some(public) = public else { continue };
-            let Some(entry) = self.entry_for(subnet, public, data).await else {
-                continue;
-            };
-            if let Some(old) = old.filter(|o| *o != entry) {
-                self.unprogram(&old).await;
-            }
-            // Remembered even on failure: reconcile retries it.
-            self.peers.insert(subnet, entry.clone());
-            if let Err(e) = self.program(&entry).await {
-                first_err.get_or_insert(e);
-            }
+        if batch.snapshot {
+            out.prune = self.prune().await.err();
         }
-        first_err.map_or(Ok(()), Err)
+        out.into_result()
     }
 
     async fn reconcile(&mut self) -> Result<(), BackendError> {
@@ -531,7 +447,7 @@ impl Backend for KernelVxlan {
                 Entry::Encap { route, .. } => route.dst,
             })
             .collect();
-        let present = super::route_set::main_routes(&*self.nl, &dsts).await?;
+        let present = crate::backend::route_set::main_routes(&*self.nl, &dsts).await?;
         for e in self.peers.values() {
             match e {
                 Entry::Direct(r) => {
@@ -567,6 +483,63 @@ impl Backend for KernelVxlan {
             }
         }
         Ok(())
+    }
+
+    async fn teardown(&mut self) {}
+}
+
+#[async_trait]
+impl Implementation for KernelVxlan {
+    async fn remove_all(&mut self) {
+        for e in std::mem::take(&mut self.peers).into_values() {
+            if let Entry::Direct(r) = &e {
+                let _ = self.nl.route_del(r).await;
+            }
+        }
+        for dev in [self.v4.take(), self.v6.take()].into_iter().flatten() {
+            if let Ok(Some(d)) = self.nl.link_detail(&dev.spec.name).await
+                && matches!(d.kind, LinkKind::Vxlan(_))
+                && let Err(e) = self.nl.delete_link(d.link.index).await
+            {
+                tracing::warn!("failed to delete {}: {e}", dev.spec.name);
+            }
+        }
+    }
+}
+
+impl KernelVxlan {
+    /// Programs (`Add`) or removes (`Remove`) one peer.
+    async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
+        let Some((add, targets)) = peer_change(change) else {
+            return Ok(());
+        };
+        let mut first_err = None;
+        for t in targets {
+            let subnet = t.subnet;
+            if self.dev_for(&subnet).is_none() {
+                continue;
+            }
+            let old = self.peers.remove(&subnet);
+            if !add {
+                if let Some(old) = old {
+                    self.unprogram(&old).await;
+                }
+                continue;
+            }
+            let Some(public) = t.public else { continue };
+            let Some(entry) = self.entry_for(&t, public).await else {
+                continue;
+            };
+            if let Some(old) = old.filter(|o| *o != entry) {
+                self.unprogram(&old).await;
+            }
+            // Remembered even on failure: reconcile retries it.
+            self.peers.insert(subnet, entry.clone());
+            if let Err(e) = self.program(&entry).await {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Routes, fdb entries and neighbours on weft's vxlan devices that no
@@ -610,26 +583,8 @@ impl Backend for KernelVxlan {
         }
         Ok(())
     }
-
-    async fn teardown(&mut self) {}
-
-    async fn remove_all(&mut self) {
-        for e in std::mem::take(&mut self.peers).into_values() {
-            if let Entry::Direct(r) = &e {
-                let _ = self.nl.route_del(r).await;
-            }
-        }
-        for dev in [self.v4.take(), self.v6.take()].into_iter().flatten() {
-            if let Ok(Some(d)) = self.nl.link_detail(&dev.spec.name).await
-                && matches!(d.kind, LinkKind::Vxlan(_))
-                && let Err(e) = self.nl.delete_link(d.link.index).await
-            {
-                tracing::warn!("failed to delete {}: {e}", dev.spec.name);
-            }
-        }
-    }
 }
 
 #[cfg(test)]
-#[path = "kernel_vxlan_tests.rs"]
+#[path = "kernel_tests.rs"]
 mod tests;

@@ -1,0 +1,264 @@
+//! The `vxlan` backend on weft's userspace engine, wire-compatible with
+//! Linux kernel vxlan peers configured the way flannel configures them
+//! (spec §2.2, §4): VNI (default 1), UDP port 8472, inner Ethernet from our
+//! VTEP MAC to the peer's, lease BackendData `{"VNI":1,"VtepMAC":"..."}`.
+//!
+//! Devices are TUNs named like flannel's: `flannel.<VNI>` (IPv4) and
+//! `flannel-v6.<VNI>` (IPv6), each with `<subnet IP>/32` (`/128`), the MTUs
+//! of [`Mtus`] (cfg.MTU − 50 for IPv4, − 70 for IPv6), and one route per peer subnet. With DirectRouting, a peer on
+//! the same link is reached by a plain route via its public IP, as flannel does.
+//!
+//! The VTEP MAC persists across restarts (flannel loses it in etcd mode): it
+//! is taken from this node's previous lease when that has one, else derived
+//! from the node's public IP and the VNI, so it is stable without state.
+
+use std::net::IpAddr;
+
+use async_trait::async_trait;
+use ipnet::IpNet;
+use weft_engine::Encap;
+
+use super::{Mtus, direct_route, lease_attrs, log_config, peer_change};
+use crate::backend::dual::Implementation;
+use crate::backend::tunnel::{self, Tunnel, Userspace, recover_routes};
+use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe};
+use crate::config::backend::VxlanOptions;
+use crate::iface::ExternalInterface;
+use crate::lease::watcher::Change;
+use crate::lease::{Lease, LeaseAttrs};
+use crate::netlink::Route;
+
+/// One address family's device.
+#[derive(Debug)]
+struct Family {
+    mac: [u8; 6],
+    tunnel: Option<Tunnel>,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Vxlan {
+    opts: VxlanOptions,
+    v4: Option<Family>,
+    v6: Option<Family>,
+    ext: Option<ExternalInterface>,
+    tuning: EngineTuning,
+    us: Userspace,
+    /// Direct routes installed for on-link peers (DirectRouting).
+    direct: Vec<Route>,
+}
+
+impl Vxlan {
+    /// A userspace vxlan backend for the enabled families.
+    pub fn new(
+        opts: VxlanOptions,
+        v4: bool,
+        v6: bool,
+        tuning: EngineTuning,
+        us: Userspace,
+    ) -> Vxlan {
+        let fam = |on: bool| {
+            on.then_some(Family {
+                mac: [0; 6],
+                tunnel: None,
+            })
+        };
+        Vxlan {
+            opts,
+            v4: fam(v4),
+            v6: fam(v6),
+            ext: None,
+            tuning,
+            us,
+            direct: Vec::new(),
+        }
+    }
+
+    fn port(&self) -> u16 {
+        self.opts.effective_port()
+    }
+}
+
+impl Observe for Vxlan {
+    fn name(&self) -> &'static str {
+        "vxlan"
+    }
+
+    fn dataplane(&self) -> Option<Dataplane> {
+        Some(Dataplane::Userspace)
+    }
+
+    fn status(&self) -> crate::status::BackendStatus {
+        let families = [&self.v4, &self.v6].into_iter().flatten();
+        tunnel::status(self.name(), families.filter_map(|f| f.tunnel.as_ref()))
+    }
+}
+
+#[async_trait]
+impl Backend for Vxlan {
+    async fn lease_attrs(
+        &mut self,
+        ext: &ExternalInterface,
+        prev: Option<&Lease>,
+    ) -> Result<LeaseAttrs, BackendError> {
+        if self.opts.gbp {
+            return Err(BackendError::Config(
+                "VXLAN GBP is not supported by the userspace engine".into(),
+            ));
+        }
+        log_config(&self.opts);
+        self.ext = Some(ext.clone());
+        let (v4, v6) = (self.v4.is_some(), self.v6.is_some());
+        let (attrs, vteps) = lease_attrs(self.opts.vni, ext, prev, v4, v6)?;
+        for (f, mac) in [(self.v4.as_mut(), vteps.v4), (self.v6.as_mut(), vteps.v6)] {
+            if let (Some(f), Some(mac)) = (f, mac) {
+                f.mac = mac;
+            }
+        }
+        Ok(attrs)
+    }
+
+    async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
+        let ext = self
+            .ext
+            .clone()
+            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+        let mtus = Mtus::new(ext.backend_mtu(self.opts.mtu), self.v6.is_some());
+        let (vni, port, tuning) = (self.opts.vni, self.port(), self.tuning);
+        let engine = |name: String, mac: [u8; 6], local: IpAddr, tun_addr: IpAddr, mtu: u32| {
+            let encap = Encap::Vxlan {
+                vni,
+                port,
+                local_mac: mac,
+            };
+            tuning.engine(name, encap, local, Some(tun_addr), mtu)
+        };
+        if let (Some(f), Some(sn)) = (self.v4.as_mut(), lease.subnet) {
+            let local = ext
+                .ext_addr
+                .map(IpAddr::V4)
+                .ok_or_else(|| BackendError::Config("no IPv4 address".into()))?;
+            let mtu = mtus.v4;
+            let cfg = engine(
+                format!("flannel.{vni}"),
+                f.mac,
+                local,
+                sn.network().into(),
+                mtu,
+            );
+            let addr = IpNet::from(IpAddr::V4(sn.network()));
+            f.tunnel = Some(Tunnel::start(&self.us, cfg, addr, mtu, tuning.anti_spoof).await?);
+        }
+        if let (Some(f), Some(sn)) = (self.v6.as_mut(), lease.ipv6_subnet) {
+            let local = ext
+                .ext_v6_addr
+                .map(IpAddr::V6)
+                .ok_or_else(|| BackendError::Config("no IPv6 address".into()))?;
+            let cfg = engine(
+                format!("flannel-v6.{vni}"),
+                f.mac,
+                local,
+                sn.network().into(),
+                mtus.v6,
+            );
+            let addr = IpNet::from(IpAddr::V6(sn.network()));
+            f.tunnel = Some(Tunnel::start(&self.us, cfg, addr, mtus.v6, tuning.anti_spoof).await?);
+        }
+        Ok(mtus.env)
+    }
+
+    async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
+        let mut out = ApplyError::default();
+        for (i, c) in batch.changes.iter().enumerate() {
+            out.record(i, self.change(c).await);
+        }
+        for f in [self.v4.as_mut(), self.v6.as_mut()].into_iter().flatten() {
+            if let Some(t) = f.tunnel.as_mut() {
+                t.flush();
+            }
+        }
+
+        out.into_result()
+    }
+
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
+        for f in [self.v4.as_mut(), self.v6.as_mut()].into_iter().flatten() {
+            if let Some(t) = f.tunnel.as_mut() {
+                t.reconcile().await?;
+            }
+        }
+        recover_routes(&*self.us.nl, &self.direct).await?;
+        Ok(())
+    }
+
+    async fn teardown(&mut self) {
+        for f in [self.v4.as_mut(), self.v6.as_mut()].into_iter().flatten() {
+            if let Some(mut t) = f.tunnel.take() {
+                t.stop();
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Implementation for Vxlan {}
+
+impl Vxlan {
+    /// Programs (`Add`) or removes (`Remove`) one peer.
+    async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
+        let Some((add, targets)) = peer_change(change) else {
+            return Ok(());
+        };
+        let direct = self.opts.direct_routing;
+        let ext = self.ext.clone();
+        let mut direct_routes = Vec::new();
+        for target in targets {
+            let subnet = target.subnet;
+            let fam = match subnet {
+                IpNet::V4(_) => self.v4.as_mut(),
+                IpNet::V6(_) => self.v6.as_mut(),
+            };
+            let Some(t) = fam.and_then(|f| f.tunnel.as_mut()) else {
+                continue;
+            };
+            if !add {
+                t.remove_peer(subnet);
+                t.del_route(subnet).await?;
+                direct_routes.push((subnet, None));
+                continue;
+            }
+            let Some(endpoint) = target.public else {
+                continue;
+            };
+            if direct && ext.as_ref().is_some_and(|e| on_link(e, endpoint)) {
+                direct_routes.push((subnet, Some(endpoint)));
+                continue;
+            }
+            let Some(mac) = target.vtep_mac() else {
+                continue;
+            };
+            t.upsert_peer(subnet, endpoint, Some(mac));
+            t.add_route(subnet, false).await?;
+        }
+        for (subnet, via) in direct_routes {
+            self.direct.retain(|r| r.dst != subnet);
+            let r = direct_route(subnet, via);
+            match via {
+                Some(_) => {
+                    self.us.nl.route_replace(&r).await?;
+                    self.direct.push(r);
+                }
+                None => {
+                    let _ = self.us.nl.route_del(&r).await;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether `ip` is on one of the external interface's connected prefixes
+/// (flannel: `ip route get` gives a single route without a gateway).
+fn on_link(ext: &ExternalInterface, ip: IpAddr) -> bool {
+    ext.connected.iter().any(|n| n.contains(&ip))
+}

@@ -1,0 +1,293 @@
+//! The `wireguard` backend on weft's userspace engine (boringtun), so it runs
+//! where the kernel has no WireGuard, and speaks to any WireGuard peer:
+//! flannel nodes with the kernel module, wireguard-go, boringtun (spec §2.6, §5).
+//!
+//! - Key: [`super::key`] (`/run/flannel/wgkey` or `$WIREGUARD_KEY_FILE`).
+//! - Lease: BackendType `wireguard`, BackendData `{"PublicKey":"<b64>","Port":<ListenPort>}`
+//!   (IPv4 on), BackendV6Data the same with `ListenPortV6` (IPv6 on), byte-exact.
+//! - Devices (TUN): `separate` mode: `flannel-wg` (IPv4, ListenPort) and
+//!   `flannel-wg-v6` (IPv6, ListenPortV6); `auto`/`ipv4`/`ipv6`: one
+//!   `flannel-wg` carrying both families. Address `<subnet IP>/32` (`/128`),
+//!   MTU cfg.MTU − 80, route `Network dev flannel-wg scope link` (and
+//!   `IPv6Network`). A leftover device of that name is deleted first;
+//!   devices disappear on exit (the engine closes the TUN).
+//! - Peers: one per wireguard lease; AllowedIPs = the peer's subnet(s);
+//!   endpoint `PublicIP:Port` (`[PublicIPv6]:Port`), a missing or 0 Port
+//!   meaning our own port; PSK and PersistentKeepaliveInterval from the
+//!   options. Non-wireguard leases are ignored.
+//! - Differences: the engine's socket listens on one address family, so in
+//!   `auto` mode the endpoint family is the underlay family we listen on (IPv4
+//!   when IPv4 is enabled), not flannel's per-peer `selectMode`.
+
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use weft_engine::{Encap, Peer, WgPeer};
+
+use super::{Carries, Node};
+use crate::backend::dual::Implementation;
+use crate::backend::tunnel::{self, Tunnel, Userspace};
+use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe};
+use crate::config::backend::WireguardOptions;
+use crate::iface::ExternalInterface;
+use crate::lease::watcher::Change;
+use crate::lease::{Lease, LeaseAttrs};
+
+#[derive(Debug)]
+struct Device {
+    carries: Carries,
+    port: u16,
+    tunnel: Tunnel,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Wireguard {
+    node: Node,
+    tuning: EngineTuning,
+    us: Userspace,
+    devices: Vec<Device>,
+}
+
+/// Margin on top of [`weft_engine::wg::BORINGTUN_TAI64_AHEAD`]: the kernel
+/// rounds its timestamps down to 1/64 s, and ours are noted just after
+/// boringtun made its.
+const HANDOVER_MARGIN: Duration = Duration::from_millis(500);
+
+/// When the kernel's WireGuard, with our key, can start sessions with every
+/// peer that got the engine's initiations at `sent`: each peer refuses an
+/// initiation whose timestamp is not newer than the newest it accepted, and
+/// boringtun's run 27 s ahead of the kernel's.
+pub(super) fn kernel_handover_at(sent: impl Iterator<Item = SystemTime>) -> Option<SystemTime> {
+    sent.max()
+        .map(|t| t + weft_engine::wg::BORINGTUN_TAI64_AHEAD + HANDOVER_MARGIN)
+}
+
+impl Wireguard {
+    /// A wireguard backend for the enabled networks (call [`super::validate`]
+    /// first: an invalid PSK is ignored here); the key is read in `lease_attrs`.
+    pub fn new(
+        opts: WireguardOptions,
+        network: Option<Ipv4Net>,
+        network_v6: Option<Ipv6Net>,
+        tuning: EngineTuning,
+        us: Userspace,
+    ) -> Wireguard {
+        Wireguard {
+            node: Node::new(opts, network, network_v6),
+            tuning,
+            us,
+            devices: Vec::new(),
+        }
+    }
+
+    /// Uses `path` instead of `$WIREGUARD_KEY_FILE` / `/run/flannel/wgkey` (tests).
+    pub fn with_key_file(mut self, path: std::path::PathBuf) -> Wireguard {
+        self.node.key_file = path;
+        self
+    }
+
+    async fn start_device(
+        &mut self,
+        name: &str,
+        carries: Carries,
+        port: u16,
+        local: IpAddr,
+        addrs: &[IpNet],
+        mtu: u32,
+    ) -> Result<(), BackendError> {
+        let key = self.node.secret()?;
+        if let Some(old) = self.us.nl.link_detail(name).await? {
+            tracing::info!("deleting existing device {name}");
+            self.us.nl.delete_link(old.link.index).await?;
+        }
+        let encap = Encap::WireGuard {
+            port,
+            private_key: key,
+        };
+        let cfg = (self.tuning).engine(name.to_string(), encap, local, None, mtu);
+        let first = *addrs
+            .first()
+            .ok_or_else(|| BackendError::Config("no device address".into()))?;
+        let mut tunnel = Tunnel::start(&self.us, cfg, first, mtu, self.tuning.anti_spoof).await?;
+        for a in &addrs[1..] {
+            self.us.nl.add_addr(tunnel.index(), *a).await?;
+        }
+        for net in self.node.routes(carries) {
+            tunnel.add_route(net, false).await?;
+        }
+        self.devices.push(Device {
+            carries,
+            port,
+            tunnel,
+        });
+        Ok(())
+    }
+
+    /// The peers a lease gives each device (empty when it is not usable).
+    fn peers_for(&self, lease: &Lease, dev: &Device) -> Vec<Peer> {
+        let Some(p) = self.node.peer(lease, dev.carries, false) else {
+            return Vec::new();
+        };
+        let wg = WgPeer {
+            public_key: p.key,
+            port: p.port,
+            psk: self.node.psk,
+            keepalive: self.node.keepalive(),
+        };
+        p.subnets
+            .into_iter()
+            .map(|subnet| Peer {
+                subnet,
+                endpoint: p.endpoint,
+                vtep_mac: None,
+                wireguard: Some(wg.clone()),
+            })
+            .collect()
+    }
+}
+
+impl Observe for Wireguard {
+    fn name(&self) -> &'static str {
+        "wireguard"
+    }
+
+    fn dataplane(&self) -> Option<Dataplane> {
+        Some(Dataplane::Userspace)
+    }
+
+    fn status(&self) -> crate::status::BackendStatus {
+        tunnel::status(self.name(), self.devices.iter().map(|d| &d.tunnel))
+    }
+}
+
+#[async_trait]
+impl Backend for Wireguard {
+    async fn lease_attrs(
+        &mut self,
+        ext: &ExternalInterface,
+        _prev: Option<&Lease>,
+    ) -> Result<LeaseAttrs, BackendError> {
+        self.node.lease_attrs(ext, "")
+    }
+
+    async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
+        let (mtu, plan) = self.node.plan(lease)?;
+        for d in plan {
+            self.start_device(d.name, d.carries, d.port, d.bind, &d.addrs, mtu)
+                .await?;
+        }
+        Ok(mtu)
+    }
+
+    async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
+        let mut out = ApplyError::default();
+        for (i, c) in batch.changes.iter().enumerate() {
+            out.record(i, self.change(c).await);
+        }
+        for d in &mut self.devices {
+            d.tunnel.flush();
+        }
+
+        out.into_result()
+    }
+
+    async fn reconcile(&mut self) -> Result<(), BackendError> {
+        for d in &mut self.devices {
+            d.tunnel.reconcile().await?;
+        }
+        Ok(())
+    }
+
+    async fn teardown(&mut self) {
+        for mut d in self.devices.drain(..) {
+            d.tunnel.stop();
+        }
+    }
+}
+
+#[async_trait]
+impl Implementation for Wireguard {
+    fn handover_at(&self) -> Option<SystemTime> {
+        let last = self
+            .devices
+            .iter()
+            .filter_map(|d| d.tunnel.peer_stats())
+            .flatten()
+            .filter_map(|(_, s)| s.last_initiation);
+        kernel_handover_at(last)
+    }
+}
+
+impl Wireguard {
+    /// Programs (`Add`) or removes (`Remove`) one peer.
+    async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
+        let (lease, add) = match change {
+            Change::Add(l) => (l, true),
+            Change::Remove(l) => (l, false),
+        };
+        if add && lease.attrs.backend_type != "wireguard" {
+            tracing::info!(
+                "ignoring non-wireguard v4Subnet({:?}) v6Subnet({:?}): type={}",
+                lease.subnet,
+                lease.ipv6_subnet,
+                lease.attrs.backend_type
+            );
+            return Ok(());
+        }
+        let subnets = [
+            lease.subnet.map(IpNet::V4),
+            lease.ipv6_subnet.map(IpNet::V6),
+        ];
+        for i in 0..self.devices.len() {
+            let peers = if add {
+                self.peers_for(lease, &self.devices[i])
+            } else {
+                Vec::new()
+            };
+            let dev = &mut self.devices[i];
+            if add && peers.is_empty() {
+                tracing::error!(
+                    "wireguard lease {:?} has no usable BackendData for {}: {:?}",
+                    lease.subnet,
+                    dev.tunnel.name(),
+                    lease.attrs.backend_data
+                );
+                continue;
+            }
+            for s in subnets.iter().flatten() {
+                if !peers.iter().any(|p| p.subnet == *s) {
+                    dev.tunnel.remove_peer(*s);
+                }
+            }
+            for p in peers {
+                tracing::debug!(
+                    "peer {} on {} (port {})",
+                    p.subnet,
+                    dev.tunnel.name(),
+                    dev.port
+                );
+                dev.tunnel.upsert(p);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kernel_takes_over_27_s_after_the_last_initiation() {
+        use std::time::UNIX_EPOCH;
+        let t = |ms| UNIX_EPOCH + Duration::from_millis(ms);
+        assert_eq!(kernel_handover_at(std::iter::empty()), None);
+        assert_eq!(
+            kernel_handover_at([t(1_000_000), t(1_004_000), t(1_002_000)].into_iter()),
+            Some(t(1_004_000 + 27_500))
+        );
+    }
+}

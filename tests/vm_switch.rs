@@ -7,7 +7,8 @@
 //! `--dataplane=auto`: both must pick the kernel path (status and device
 //! kind say so). Node 1 then switches to userspace and back while a pod on
 //! node 2 pings a pod on node 1 every 10 ms: the longest gap between replies
-//! is asserted (< 1 s) and printed per direction, the lease in etcd stays
+//! is asserted (at most 1 s longer than weftd's own switch, see [`SLACK`])
+//! and printed per direction, the lease in etcd stays
 //! byte-identical, subnet.env does not change, the old path leaves nothing
 //! behind (devices of the other kind, probe links, routes through another
 //! device, XFRM state, policy rules), the route set after the round trip is
@@ -30,6 +31,22 @@ use std::time::Duration;
 
 use common::{Gap, PingStream};
 use weft_tests::vm::LabSpec;
+
+/// How much longer than weftd's own switch the longest ping gap may be: the
+/// first packets through the new path (WireGuard: one handshake). The bound
+/// is relative because under software CPU emulation the switch itself
+/// scales with the emulator's speed: the same code switched to the engine in
+/// 534 ms in one session and in 976-1,159 ms in another (2026-12-01), with
+/// gaps of 0.7 and 1.3-1.6 s. The bug it guards against cut the node off for
+/// 15-27 s after a switch that took 200 ms.
+const SLACK: Duration = Duration::from_secs(1);
+
+/// The `switched in N ms` of weftd's switch log line.
+fn switched_in(line: &str) -> Option<Duration> {
+    let rest = line.split("switched in ").nth(1)?;
+    let ms: u64 = rest.split(" ms").next()?.trim().parse().ok()?;
+    Some(Duration::from_millis(ms))
+}
 
 struct Case {
     tag: &'static str,
@@ -153,9 +170,14 @@ fn switch_case(c: &Case) {
         );
         common::tcp(p2, p1, &p1.ip(false));
         common::tcp(p1, p2, &p2.ip(false));
+        // weftd's own switch is an outage by design (the kernel device goes
+        // before the engine can bind its port); what must not follow is a
+        // path that stays cut off after it.
+        let switched = switched_in(&logged)
+            .unwrap_or_else(|| panic!("{}: no switch time in weftd's log line {logged:?}", c.tag));
         assert!(
-            gap.longest < Duration::from_secs(1),
-            "{}: switching node 1 to {to}: {gap}\n{}",
+            gap.longest < switched + SLACK,
+            "{}: switching node 1 to {to}: {gap}, weftd switched in {switched:?}\n{}",
             c.tag,
             net.logs()
         );

@@ -88,12 +88,19 @@ impl Weftd {
     }
 
     /// Waits until the log contains `needle`.
+    /// On timeout the panic carries the whole log (a bare "timed out" left
+    /// a CI failure undiagnosable).
     pub fn wait_log(&self, needle: &str, timeout: Duration) {
-        wait_for(
-            &format!("{:?} in {}'s log", needle, self.name),
-            timeout,
-            || self.proc.log().contains(needle).then_some(()),
-        );
+        let deadline = std::time::Instant::now() + timeout;
+        while !self.proc.log().contains(needle) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out after {timeout:?} waiting for {needle:?} in {}'s log:\n{}",
+                self.name,
+                self.proc.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 

@@ -365,13 +365,20 @@ impl EtcdStore {
         } else {
             "update subnet"
         };
-        let result = call(what, c.txn(txn)).await;
-        let outcome = match result {
+        let outcome = match call(what, c.txn(txn)).await {
             Ok(r) if r.succeeded() => return Ok(granted.map(|(_, exp)| exp)),
             Ok(_) => Err(StoreError::AlreadyExists),
             Err(e) => Err(e),
         };
-        if let Some((id, _)) = granted {
+        // Revoking the new etcd lease deletes every key attached to it. A
+        // failed create is undone that way (it may have landed before a
+        // timeout; the caller retries). An update has no compare, so its
+        // only failures are timeouts and lost connections, after which the
+        // put may have landed: revoking would then delete the node's own
+        // lease and shut the daemon down. Its unused lease expires instead.
+        if let Some((id, _)) = granted
+            && only_if_absent
+        {
             self.revoke(id).await;
         }
         outcome

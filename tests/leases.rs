@@ -13,7 +13,12 @@ use weft_tests::etcd::Etcd;
 use weft_tests::proc::wait_for;
 use weft_tests::weftd::Weftd;
 
-const NET_CONF: &str = r#"{"Network":"10.244.0.0/16","Backend":{"Type":"alloc"}}"#;
+/// The daemons allocate from 10.244.1-63.0/24 only, so the leases the tests
+/// write by hand (10.244.98.0/24, 10.244.99.0/24) are never a daemon's own:
+/// without `SubnetMax`, a daemon drew one of them about once in 128 runs and
+/// the test's write replaced its own lease (seen in CI, 2026-12-01).
+const NET_CONF: &str =
+    r#"{"Network":"10.244.0.0/16","SubnetMax":"10.244.63.0","Backend":{"Type":"alloc"}}"#;
 const READY: Duration = Duration::from_secs(60);
 
 /// Where the daemons keep their leases.
@@ -84,6 +89,15 @@ fn concurrent_distinct(store: Store, dir: &Path) {
         );
         let sn = env.get("FLANNEL_SUBNET").expect("FLANNEL_SUBNET").clone();
         assert!(sn.starts_with("10.244.") && sn.ends_with(".1/24"), "{sn}");
+        let third: u8 = sn
+            .split('.')
+            .nth(2)
+            .and_then(|o| o.parse().ok())
+            .expect("octet");
+        assert!(
+            (1..=63).contains(&third),
+            "{sn} is outside SubnetMin..SubnetMax"
+        );
         assert!(subnets.insert(sn.clone()), "{sn} handed out twice");
     }
     assert_eq!(subnets.len(), 20);

@@ -44,8 +44,12 @@
 //! slice). The busy-node median gain did not come free: in the same runs
 //! the idle-node p99 rose 2-5x (weft udp UDP 228 -> 492 us, wireguard TCP
 //! 184 -> 568 us), every p99.9 rose (busy, quiet machine: 0.7-1.5 ms ->
-//! 1.7-1.8 ms) and the throughput medians fell, so the default keeps the
-//! tails and the bulk rate, and latency-sensitive nodes opt in with
+//! 1.7-1.8 ms) and the throughput medians fell. A quiet-machine A-B on the
+//! one-loop engine (2026-12-02) took back the throughput loss (tcp1/tcp4
+//! vxlan +25/+37 %, wireguard +24/+15 %, udp -2/-8 %) and kept the rest:
+//! busy p50 1.7-2.8x kernel vxlan with spin against 2.0-3.2x without, busy
+//! p99 2.6-31x against 1.7-2.5x, p99.9 ~2 ms against 0.1-0.85 ms. So the
+//! default keeps the tails, and latency-sensitive nodes opt in with
 //! `WEFT_ENGINE_SPIN_US=20 WEFT_ENGINE_SLICE_US=100` in weftd's
 //! environment (read once per worker at start; 0 turns either off).
 

@@ -192,6 +192,14 @@ fn switch_case(c: &Case) {
     println!("  test wall time {:.1?}", net.t0.elapsed());
 }
 
+/// How long one `weft status` may take while a switch is pending. A weftd
+/// whose main loop blocked on the switch would answer only once the ~27 s
+/// handshake wait is over (and then `seen_pending` fails too); a serving one
+/// answers at once natively, but in the software-emulated guest one status
+/// (spawn `weft` in the guest, its socket request, the output back through
+/// the kit) took up to 5.96 s in CI on 2026-12-02, which failed a 5 s bound.
+const STATUS_BOUND: Duration = Duration::from_secs(15);
+
 /// WireGuard userspace → kernel on node 1: the switch waits for the peers
 /// to accept the kernel's handshakes (about 27 s), and meanwhile weftd goes
 /// on serving: `weft status` answers at once, showing the kernel requested
@@ -214,7 +222,7 @@ fn pending_switch(net: &common::Net) -> Duration {
         let st = net.status(0);
         let answered = asked.elapsed();
         assert!(
-            answered < Duration::from_secs(5),
+            answered < STATUS_BOUND,
             "weft status took {answered:?} during the switch"
         );
         if st["backend"]["requested"] == "kernel" && st["backend"]["dataplane"] == "userspace" {

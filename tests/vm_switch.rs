@@ -7,7 +7,7 @@
 //! `--dataplane=auto`: both must pick the kernel path (status and device
 //! kind say so). Node 1 then switches to userspace and back while a pod on
 //! node 2 pings a pod on node 1 every 10 ms: the longest gap between replies
-//! is asserted (at most 1 s longer than weftd's own switch, see [`SLACK`])
+//! is asserted (at most 2 s longer than weftd's own switch, see [`SLACK`])
 //! and printed per direction, the lease in etcd stays
 //! byte-identical, subnet.env does not change, the old path leaves nothing
 //! behind (devices of the other kind, probe links, routes through another
@@ -37,9 +37,12 @@ use weft_tests::vm::LabSpec;
 /// is relative because under software CPU emulation the switch itself
 /// scales with the emulator's speed: the same code switched to the engine in
 /// 534 ms in one session and in 976-1,159 ms in another (2026-12-01), with
-/// gaps of 0.7 and 1.3-1.6 s. The bug it guards against cut the node off for
-/// 15-27 s after a switch that took 200 ms.
-const SLACK: Duration = Duration::from_secs(1);
+/// gaps of 0.7 and 1.3-1.6 s. On 2026-12-02 the WireGuard case's gap
+/// exceeded its switch by 387 ms in CI and by 859 ms (2,113 ms after a
+/// 1,254 ms switch) in a rerun, too close to 1 s, so the slack is 2 s. The
+/// bug it guards against cut the node off for 15-27 s after a switch that
+/// took 200 ms.
+const SLACK: Duration = Duration::from_secs(2);
 
 /// The `switched in N ms` of weftd's switch log line.
 fn switched_in(line: &str) -> Option<Duration> {

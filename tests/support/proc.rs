@@ -91,7 +91,18 @@ impl Drop for Proc {
 
 /// Polls `f` every 50 ms until it returns `Some`, or panics with `what` after
 /// `timeout`. For waiting on state, never for asserting speed.
-pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+pub fn wait_for<T>(what: &str, timeout: Duration, f: impl FnMut() -> Option<T>) -> T {
+    wait_for_or_show(what, timeout, f, String::new)
+}
+
+/// [`wait_for`], with `detail()` (read at the timeout, e.g. a daemon's log)
+/// appended to the panic message.
+pub fn wait_for_or_show<T>(
+    what: &str,
+    timeout: Duration,
+    mut f: impl FnMut() -> Option<T>,
+    detail: impl Fn() -> String,
+) -> T {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = f() {
@@ -99,8 +110,25 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
         }
         assert!(
             Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
+            "timed out after {timeout:?} waiting for {what}{}",
+            detail()
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[should_panic(expected = "waiting for the thing: the daemon's log")]
+    fn a_timeout_shows_the_detail() {
+        wait_for_or_show(
+            "the thing",
+            Duration::ZERO,
+            || None::<()>,
+            || ": the daemon's log".to_string(),
+        );
     }
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::proc::{Proc, wait_for};
+use crate::proc::{Proc, wait_for, wait_for_or_show};
 
 /// A weftd process with its own subnet.env and log in `dir`.
 #[derive(Debug)]
@@ -91,16 +91,12 @@ impl Weftd {
     /// On timeout the panic carries the whole log (a bare "timed out" left
     /// a CI failure undiagnosable).
     pub fn wait_log(&self, needle: &str, timeout: Duration) {
-        let deadline = std::time::Instant::now() + timeout;
-        while !self.proc.log().contains(needle) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "timed out after {timeout:?} waiting for {needle:?} in {}'s log:\n{}",
-                self.name,
-                self.proc.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for_or_show(
+            &format!("{needle:?} in {}'s log", self.name),
+            timeout,
+            || self.proc.log().contains(needle).then_some(()),
+            || format!(":\n{}", self.proc.log()),
+        );
     }
 }
 

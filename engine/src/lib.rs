@@ -27,8 +27,8 @@
 //! sockets and its `Encapsulation`, an I/O shell around [`path`]), [`wg`]
 //! and [`ipip`] (the other two encapsulations, siblings of `udp`), `idle`
 //! (how the run loop waits between packets:
-//! `poll`; opt-in, a short poll-on window and scheduler slice first), `sys` (the
-//! only `unsafe`: TUN ioctls, `sendmmsg`/`recvmmsg`, `sched_setattr`, the
+//! `poll`; opt-in, a short poll-on window first), `sys` (the
+//! only `unsafe`: TUN ioctls, `sendmmsg`/`recvmmsg`, the
 //! AVX2 checksum loop), `steer` (the flow
 //! steering program), [`Stats`] (per-worker counters, summed on read).
 //!

@@ -4,23 +4,10 @@
 
 mod common;
 
-use std::net::{IpAddr, UdpSocket};
+use std::net::UdpSocket;
 
 use common::*;
 use weft_engine::{Encap, Engine, EngineConfig};
-
-fn udp_cfg(n: usize) -> EngineConfig {
-    EngineConfig {
-        tun_name: "flannel0".into(),
-        encap: Encap::FlannelUdp { port: 8285 },
-        local_addr: IpAddr::from([192, 0, 2, u8::try_from(n).expect("small")]),
-        tun_addr: Some(IpAddr::from([10, 244, u8::try_from(n).expect("small"), 0])),
-        mtu: 1472,
-        workers: 2,
-        offload: true,
-        anti_spoof: true,
-    }
-}
 
 fn vxlan_cfg(n: usize) -> EngineConfig {
     EngineConfig {

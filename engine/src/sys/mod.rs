@@ -1,12 +1,10 @@
-//! The only place with `unsafe`: raw syscalls for the TUN device, batched UDP and raw IPIP,
-//! the workers' scheduler slice,
+//! The only place with `unsafe`: raw syscalls for the TUN device, batched UDP and raw IPIP
 //! and the run-time-dispatched AVX2 checksum loop.
 
 pub mod csum;
 pub mod event;
 mod mmsg;
 pub mod raw;
-pub mod sched;
 pub mod tun;
 pub mod udp;
 

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use weft_engine::{Engine, EngineConfig, Peer};
+use weft_engine::{Encap, Engine, EngineConfig, Peer};
 
 /// Whether we can run root netns tests (root and `/dev/net/tun`); skips or,
 /// under CI, fails the test otherwise (see `weft_testenv`).
@@ -57,6 +57,20 @@ pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'sta
     })
     .join()
     .expect("netns thread")
+}
+
+/// Node `n`'s flannel-UDP engine: `flannel0`, 10.244.n.0, underlay 192.0.2.n, two workers.
+pub fn udp_cfg(n: usize) -> EngineConfig {
+    EngineConfig {
+        tun_name: "flannel0".into(),
+        encap: Encap::FlannelUdp { port: 8285 },
+        local_addr: IpAddr::from([192, 0, 2, u8::try_from(n).expect("small")]),
+        tun_addr: Some(IpAddr::from([10, 244, u8::try_from(n).expect("small"), 0])),
+        mtu: 1472,
+        workers: 2,
+        offload: true,
+        anti_spoof: true,
+    }
 }
 
 /// Starts an engine inside `ns` (TUN and sockets are created there).

@@ -1,0 +1,63 @@
+//! The opt-in poll-on window (`WEFT_ENGINE_SPIN_US`, `idle.rs`) with real
+//! TUN devices and sockets: traffic passes while workers poll, and once it
+//! stops they sleep again. Its own test binary, because the window is read
+//! from the process environment when a worker starts.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// CPU time (user + system) of this process, in clock ticks: the engines'
+/// workers are its threads (ping and iperf3 are other processes).
+fn cpu_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("read /proc/self/stat");
+    // Fields after the parenthesised command name; utime and stime are 14 and 15.
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")
+}
+
+#[test]
+fn polling_workers_forward_then_sleep() {
+    if !require_root_and_tun() {
+        return;
+    }
+    // SAFETY: set before any engine thread starts; the other threads of
+    // this binary (the test harness) do not read the environment.
+    unsafe { std::env::set_var("WEFT_ENGINE_SPIN_US", "1000") };
+    let mut t = Topo::new("spin", 2);
+    let engines: Vec<_> = (1..=2)
+        .map(|n| {
+            let e = start_engine(&t.node(n), udp_cfg(n));
+            e.set_peers(peers_for(n, 2, &[], false));
+            t.configure_udp_tun(n, "flannel0", 1472);
+            e
+        })
+        .collect();
+    assert!(t.ping_eventually(1, "10.244.2.2", &[]), "pod 1 -> pod 2");
+    assert!(
+        t.ping(2, "10.244.1.2", &["-c", "200", "-i", "0.002"]),
+        "200 quick pings"
+    );
+    t.iperf(1, 2, false);
+    let s = engines[1].stats();
+    assert!(s.rx_packets > 1000, "{s:?}");
+
+    // With no traffic the workers sleep: over 2 s the process uses well
+    // under 10 % of a core (a worker polling on would use 100 %, and four
+    // workers polled here). One tick is 10 ms.
+    std::thread::sleep(Duration::from_millis(200));
+    let (t0, c0) = (Instant::now(), cpu_ticks());
+    std::thread::sleep(Duration::from_secs(2));
+    let (used, wall) = (cpu_ticks() - c0, t0.elapsed());
+    let share = used as f64 * 0.01 / wall.as_secs_f64();
+    assert!(
+        share < 0.10,
+        "{used} ticks in {wall:?} with no traffic: something polls on"
+    );
+    for e in engines {
+        e.stop();
+    }
+}

@@ -17,16 +17,16 @@
 //!
 //! - [`SPIN`]: a worker that has just moved a packet goes on with its
 //!   loop's non-blocking reads until the window has passed since its last
-//!   packet, then sleeps. It never calls `sched_yield`: an application that
-//!   wakes on the spinner's CPU preempts it like any task of equal weight,
-//!   and once its traffic stops it sleeps within one window. (The
+//!   packet, then sleeps. It never calls `sched_yield`: who runs when a
+//!   pod wakes on the spinner's CPU is left to the scheduler's wake-up
+//!   preemption, and once its traffic stops it sleeps within one window. (The
 //!   first version yielded after each empty round; each yield pushed the
 //!   spinner's EEVDF deadline a whole slice later, so after a few dozen it
 //!   lost the CPU for a slice, 1.4 ms here: busy p99.9 about 2 ms.)
 //! - [`LOST_CPU`] and [`BACKOFF`]: an empty round that took longer than
 //!   100 us means another task had the CPU (or the host took the vCPU);
-//!   the worker then sleeps whenever idle for 100 ms, so polling takes at
-//!   most one window per backoff from a task that wants the CPU.
+//!   the worker then sleeps whenever idle for 100 ms, so on a contended
+//!   CPU a worker's polling is cut to about one window per 100 ms.
 //!
 //! The yielding spin also had every worker ask for a 100 us EEVDF slice
 //! (`sched_setattr`), so that a yield cost less deadline; without yields
@@ -65,15 +65,15 @@ const SPIN_US: u64 = 0;
 
 /// An empty round longer than this means the worker lost its CPU while it
 /// polled: another task wanted it (or the host took the vCPU). An empty
-/// round is two or three non-blocking syscalls, 1-3 us here; a local
-/// application's turn between two rounds (the reply the spin waits for)
-/// 5-20 us; a preemption by a CPU-bound task of equal weight lasts its
-/// slice, 0.7-2.8 ms.
+/// round is two or three non-blocking syscalls, a few microseconds;
+/// a pod's turn between two rounds (the reply the window waits for) is a
+/// few syscalls more; a CPU-bound task that takes the CPU keeps it for its
+/// slice (1.4 ms on these two vCPUs).
 pub(crate) const LOST_CPU: Duration = Duration::from_micros(100);
 
 /// How long a worker that lost its CPU while polling sleeps whenever idle,
-/// as if [`SPIN`] were 0: at most one window of polling per backoff is
-/// taken from a task that wants the CPU.
+/// as if [`SPIN`] were 0: on a contended CPU a worker polls about one
+/// window per backoff.
 pub(crate) const BACKOFF: Duration = Duration::from_millis(100);
 
 /// A worker's idle state.

@@ -47,8 +47,9 @@
 //! the two vCPUs) no window brings the p50 under 2x over UDP, and the p99
 //! doubles: the ping-pong's four threads (two pods, two workers) and the
 //! busy loops share two vCPUs, and a spinning worker holds a CPU a pod
-//! needs. Throughput (tcp1) stayed within the run's range (udp 9.36 ->
-//! 9.58, vxlan 10.67 -> 9.83, wireguard 4.18 -> 4.38 Gbit/s), and with no
+//! needs. Throughput stayed within the runs' ranges (tcp1: udp 9.36 ->
+//! 9.58, vxlan 10.67 -> 9.83, wireguard 4.18 -> 4.38 Gbit/s; tcp4, a
+//! third run: 8.88 -> 9.20, 9.12 -> 9.01, 3.12 -> 3.45), and with no
 //! traffic nothing spins (0.12-0.37 % of a core per node either way).
 //!
 //! **Off by default** ([`SPIN_US`] is 0), because a busy node's p99 is

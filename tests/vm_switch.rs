@@ -44,9 +44,10 @@ use weft_tests::vm::LabSpec;
 /// took 200 ms.
 const SLACK: Duration = Duration::from_secs(2);
 
-/// The `switched in N ms` of weftd's switch log line.
-fn switched_in(line: &str) -> Option<Duration> {
-    let rest = line.split("switched in ").nth(1)?;
+/// The `N` of the first `<phrase> N ms` in weftd's log text: the switch's
+/// `switched in N ms`, the pending switch's `takes over in N ms`.
+fn ms_after(text: &str, phrase: &str) -> Option<Duration> {
+    let rest = text.split(phrase).nth(1)?;
     let ms: u64 = rest.split(" ms").next()?.trim().parse().ok()?;
     Some(Duration::from_millis(ms))
 }
@@ -176,7 +177,7 @@ fn switch_case(c: &Case) {
         // weftd's own switch is an outage by design (the kernel device goes
         // before the engine can bind its port); what must not follow is a
         // path that stays cut off after it.
-        let switched = switched_in(&logged)
+        let switched = ms_after(&logged, "switched in ")
             .unwrap_or_else(|| panic!("{}: no switch time in weftd's log line {logged:?}", c.tag));
         assert!(
             gap.longest < switched + SLACK,
@@ -245,7 +246,8 @@ fn pending_switch(net: &common::Net) -> Duration {
     // has run a while: in CI on 2026-12-02 the guest took 27 s between the
     // two switches and the wait was 804 ms, too short for a status round
     // trip to land in. A wait longer than one round trip must be seen.
-    let wait = announced_wait(&log);
+    let wait = ms_after(&log, "takes over in ")
+        .unwrap_or_else(|| panic!("no announced wait in the log:\n{log}"));
     if wait > STATUS_BOUND + Duration::from_secs(1) {
         assert!(
             seen_pending,
@@ -258,19 +260,6 @@ fn pending_switch(net: &common::Net) -> Duration {
         );
     }
     took
-}
-
-/// The wait weftd announced for the pending switch ("takes over in N ms").
-fn announced_wait(log: &str) -> Duration {
-    let at = log
-        .find("takes over in ")
-        .unwrap_or_else(|| panic!("no announced wait in the log:\n{log}"));
-    let ms = log[at + "takes over in ".len()..]
-        .split(' ')
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("unreadable announced wait in the log:\n{log}"));
-    Duration::from_millis(ms)
 }
 
 #[test]

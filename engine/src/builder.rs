@@ -5,7 +5,8 @@
 //! (one queue per worker) and [`Builder::offloads`] reads what it got; the
 //! encapsulation opens its sockets and builds its workers around the shared
 //! state in [`Builder::shared`]; [`Builder::spawn`] makes the [`Engine`]
-//! handle and starts one thread per worker. The encapsulations' own halves
+//! handle and starts one thread per worker (and, in the default latency
+//! mode, the CPU sampler of `spare.rs`). The encapsulations' own halves
 //! are `udp::start` (flannel-UDP, VXLAN), `wg::start` and `ipip::start`.
 
 use std::sync::Arc;
@@ -14,7 +15,9 @@ use std::sync::atomic::AtomicBool;
 use arc_swap::ArcSwap;
 
 use crate::antispoof::{self, AntiSpoofing};
+use crate::idle::Spin;
 use crate::peers::PeerTable;
+use crate::spare;
 use crate::sys::tun;
 use crate::worker::{Encapsulation, Worker};
 use crate::{Engine, EngineConfig, EngineError, OffloadState};
@@ -33,6 +36,8 @@ pub(crate) struct SharedState {
     pub anti_spoof: Arc<antispoof::Mode>,
     /// Whether UDP GSO is in use (turns off at runtime on `EIO`).
     pub udp_gso: Arc<AtomicBool>,
+    /// The workers' poll-on window (`WEFT_ENGINE_SPIN_US`).
+    pub spin: Spin,
 }
 
 /// An engine being started.
@@ -54,6 +59,8 @@ impl<'c> Builder<'c> {
             n => n,
         }
         .min(MAX_WORKERS);
+        let spin = Spin::parse(std::env::var("WEFT_ENGINE_SPIN_US").ok().as_deref())
+            .map_err(EngineError::Config)?;
         Ok(Builder {
             cfg,
             workers,
@@ -64,6 +71,7 @@ impl<'c> Builder<'c> {
                     cfg.anti_spoof,
                 ))),
                 udp_gso: Arc::new(AtomicBool::new(false)),
+                spin,
             },
         })
     }
@@ -111,6 +119,7 @@ impl<'c> Builder<'c> {
             stop,
             anti_spoof,
             udp_gso,
+            spin,
         } = self.shared;
         let mut engine = Engine {
             tun_name,
@@ -123,6 +132,7 @@ impl<'c> Builder<'c> {
             udp_gso,
             wg_ids: Default::default(),
             anti_spoofing: anti_spoof,
+            sampler: None,
         };
         for (i, w) in workers.into_iter().enumerate() {
             let h = std::thread::Builder::new()
@@ -131,6 +141,7 @@ impl<'c> Builder<'c> {
                 .map_err(EngineError::Spawn)?;
             engine.threads.push(h);
         }
+        engine.sampler = spin.gate().and_then(|g| spare::start(g, &engine.stop));
         tracing::debug!(tun = %engine.tun_name, workers = engine.threads.len(), ?offloads, "{thread} engine started");
         Ok(engine)
     }

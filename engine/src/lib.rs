@@ -26,8 +26,9 @@
 //! buffers every worker has), `udp` (the flannel-UDP/VXLAN engine: its
 //! sockets and its `Encapsulation`, an I/O shell around [`path`]), [`wg`]
 //! and [`ipip`] (the other two encapsulations, siblings of `udp`), `idle`
-//! (how the run loop waits between packets:
-//! `poll`; opt-in, a short poll-on window first), `sys` (the
+//! (how the run loop waits between packets: a short poll-on window, then
+//! `poll`), `spare` (whether the node has CPU to spare for that window:
+//! a sampler thread), `sys` (the
 //! only `unsafe`: TUN ioctls, `sendmmsg`/`recvmmsg`, the
 //! AVX2 checksum loop), `steer` (the flow
 //! steering program), [`Stats`] (per-worker counters, summed on read).
@@ -102,6 +103,7 @@ pub mod ipip;
 pub mod offload;
 pub mod path;
 pub mod peers;
+mod spare;
 mod stats;
 mod steer;
 mod sys;
@@ -274,6 +276,8 @@ pub struct Engine {
     wg_ids: std::sync::Mutex<WgIds>,
     /// The anti-spoofing mode the workers read once per batch.
     anti_spoofing: Arc<antispoof::Mode>,
+    /// The CPU sampler of the default latency mode (`spare.rs`).
+    sampler: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -408,6 +412,10 @@ fn peer_sum(t: &PeerTable, e: &peers::Entry) -> PeerStats {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        if let Some(s) = self.sampler.take() {
+            s.thread().unpark();
+            let _ = s.join();
+        }
         for t in self.threads.drain(..) {
             let _ = t.join();
         }

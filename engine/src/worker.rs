@@ -43,7 +43,7 @@ use arc_swap::ArcSwap;
 use crate::antispoof;
 use crate::builder::SharedState;
 use crate::encap::DropReason;
-use crate::idle::Idle;
+use crate::idle::{Idle, Spin};
 use crate::path::rx::Delivery;
 use crate::path::tx::Datagrams;
 use crate::peers::{Entry, PeerTable};
@@ -123,6 +123,8 @@ pub(crate) struct Worker<E> {
     pub stop: Arc<AtomicBool>,
     /// This worker's block of engine counters.
     pub counters: Arc<Shared>,
+    /// The poll-on window.
+    pub spin: Spin,
     pub encap: E,
 }
 
@@ -147,6 +149,7 @@ impl<E: Encapsulation> Worker<E> {
             udp_gso: shared.udp_gso.clone(),
             stop: shared.stop.clone(),
             counters: Arc::new(Shared::default()),
+            spin: shared.spin.clone(),
             encap,
         }
     }
@@ -157,7 +160,7 @@ impl<E: Encapsulation> Worker<E> {
         let mut s = E::state(&self);
         let mut ctr = Local::default();
         ctr.add(Ctr::PeerCounting, 1);
-        let mut idle = Idle::new();
+        let mut idle = Idle::new(self.spin.clone());
         while !self.stop.load(Ordering::Relaxed) {
             let peers = self.peers.load();
             let h = E::begin_round(&self, &mut s, &peers, &mut ctr);

@@ -1,7 +1,9 @@
-//! The opt-in poll-on window (`WEFT_ENGINE_SPIN_US`, `idle.rs`) with real
-//! TUN devices and sockets: traffic passes while workers poll, and once it
-//! stops they sleep again. Its own test binary, because the window is read
-//! from the process environment when a worker starts.
+//! The poll-on window (`WEFT_ENGINE_SPIN_US`, `idle.rs`) with real TUN
+//! devices and sockets: traffic passes while workers poll, and once it
+//! stops they sleep again; in the default mode the engine runs its CPU
+//! sampler (`spare.rs`) and takes it along when it stops. Its own test
+//! binary, because the window is read from the process environment when an
+//! engine starts.
 
 mod common;
 
@@ -28,14 +30,7 @@ fn polling_workers_forward_then_sleep() {
     // this binary (the test harness) do not read the environment.
     unsafe { std::env::set_var("WEFT_ENGINE_SPIN_US", "1000") };
     let mut t = Topo::new("spin", 2);
-    let engines: Vec<_> = (1..=2)
-        .map(|n| {
-            let e = start_engine(&t.node(n), udp_cfg(n));
-            e.set_peers(peers_for(n, 2, &[], false));
-            t.configure_udp_tun(n, "flannel0", 1472);
-            e
-        })
-        .collect();
+    let engines = start_two(&t);
     assert!(t.ping_eventually(1, "10.244.2.2", &[]), "pod 1 -> pod 2");
     assert!(
         t.ping(2, "10.244.1.2", &["-c", "200", "-i", "0.002"]),
@@ -60,4 +55,45 @@ fn polling_workers_forward_then_sleep() {
     for e in engines {
         e.stop();
     }
+    assert_eq!(
+        threads_named("weft-cpu"),
+        0,
+        "a fixed window has no sampler"
+    );
+
+    // The default mode: a sampler thread per engine, gone with its engine.
+    // SAFETY: as above; the engines of the first part have stopped.
+    unsafe { std::env::set_var("WEFT_ENGINE_SPIN_US", "auto") };
+    let engines = start_two(&t);
+    assert_eq!(threads_named("weft-cpu"), 2, "one sampler per engine");
+    assert!(t.ping_eventually(1, "10.244.2.2", &[]), "pod 1 -> pod 2");
+    assert!(
+        t.ping(2, "10.244.1.2", &["-c", "100", "-i", "0.002"]),
+        "100 quick pings with the default window"
+    );
+    for e in engines {
+        e.stop();
+    }
+    assert_eq!(threads_named("weft-cpu"), 0, "samplers left behind");
+}
+
+/// flannel-UDP engines on both nodes, each with the other as its peer.
+fn start_two(t: &Topo) -> Vec<weft_engine::Engine> {
+    (1..=2)
+        .map(|n| {
+            let e = start_engine(&t.node(n), udp_cfg(n));
+            e.set_peers(peers_for(n, 2, &[], false));
+            t.configure_udp_tun(n, "flannel0", 1472);
+            e
+        })
+        .collect()
+}
+
+/// Threads of this process named `name`.
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .expect("read /proc/self/task")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
 }

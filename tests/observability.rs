@@ -286,6 +286,9 @@ fn userspace_counters_drops_status_and_metrics() {
         assert_eq!(v["backend"]["name"], "vxlan");
         assert_eq!(v["backend"]["dataplane"], "userspace");
         assert_eq!(v["backend"]["devices"][0]["kind"], "engine");
+        // The default window, open or not as the node's CPU allows.
+        let window = v["backend"]["devices"][0]["poll_window"].as_str();
+        assert!(window.is_some_and(|w| w.starts_with("auto, ")), "{v:#}");
         assert_eq!(v["peers"].as_array().map(Vec::len), Some(1), "{v:#}");
         assert_eq!(peer(&v, other)["public_ip"], other_ip);
         assert_eq!(peer(&v, other)["device"], "flannel.1");
@@ -296,6 +299,7 @@ fn userspace_counters_drops_status_and_metrics() {
             "{text}"
         );
         assert!(text.contains("vxlan on the userspace dataplane"), "{text}");
+        assert!(text.contains("poll-on window: auto, "), "{text}");
     }
 
     // ping: N echo requests of 128-byte IP packets, N replies.
@@ -525,7 +529,7 @@ fn kernel_dataplane_status_and_metrics() {
         (Some("flannel.1"), Some("kernel")),
         "{before:#}"
     );
-    assert!(d["offloads"].is_null() && d["drops"].is_null());
+    assert!(d["offloads"].is_null() && d["drops"].is_null() && d["poll_window"].is_null());
     let out = ping_20(&c);
     assert!(out.status.success());
     let after = status(&c, 0);

@@ -132,7 +132,9 @@ impl<'c> Builder<'c> {
             udp_gso,
             wg_ids: Default::default(),
             anti_spoofing: anti_spoof,
+            spin: spin.clone(),
             sampler: None,
+            poll_window_off: None,
         };
         for (i, w) in workers.into_iter().enumerate() {
             let h = std::thread::Builder::new()
@@ -141,7 +143,12 @@ impl<'c> Builder<'c> {
                 .map_err(EngineError::Spawn)?;
             engine.threads.push(h);
         }
-        engine.sampler = spin.gate().and_then(|g| spare::start(g, &engine.stop));
+        if let Some(g) = spin.gate() {
+            match spare::start(g, &engine.stop) {
+                Ok(h) => engine.sampler = Some(h),
+                Err(why) => engine.poll_window_off = Some(why),
+            }
+        }
         tracing::debug!(tun = %engine.tun_name, workers = engine.threads.len(), ?offloads, "{thread} engine started");
         Ok(engine)
     }

@@ -132,8 +132,49 @@ impl Spin {
         self.gate.as_ref()
     }
 
+    /// What the window is doing now (the gate as the sampler left it).
+    pub(crate) fn report(&self) -> PollWindow {
+        match &self.gate {
+            _ if self.window.is_zero() => PollWindow::Off,
+            None => PollWindow::Fixed(self.window),
+            Some(g) => PollWindow::Auto {
+                window: self.window,
+                open: g.load(Ordering::Relaxed),
+            },
+        }
+    }
+
     fn open(&self) -> bool {
         !self.window.is_zero() && self.gate.as_ref().is_none_or(|g| g.load(Ordering::Relaxed))
+    }
+}
+
+/// What an engine's poll-on window is doing, for status and logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PollWindow {
+    /// `WEFT_ENGINE_SPIN_US=0`: workers sleep as soon as a round moved
+    /// nothing.
+    Off,
+    /// A window set by hand (`WEFT_ENGINE_SPIN_US`), always open.
+    Fixed(Duration),
+    /// The default: `window` after a worker's last packet, `open` while
+    /// the node has CPU to spare.
+    Auto { window: Duration, open: bool },
+    /// The default, closed for good: why (a CPU quota, no `/proc/stat`).
+    Unavailable(String),
+}
+
+impl std::fmt::Display for PollWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PollWindow::Off => write!(f, "off"),
+            PollWindow::Fixed(w) => write!(f, "{} us, always open", w.as_micros()),
+            PollWindow::Auto { window, open: true } => {
+                write!(f, "auto, open ({} us)", window.as_micros())
+            }
+            PollWindow::Auto { open: false, .. } => write!(f, "auto, closed (no idle CPU seen)"),
+            PollWindow::Unavailable(why) => write!(f, "off: {why}"),
+        }
     }
 }
 
@@ -312,5 +353,15 @@ mod tests {
         assert!(!Spin::parse(Some("0")).expect("zero").open());
         assert!(Spin::parse(Some("fast")).is_err());
         assert!(Spin::parse(Some("-5")).is_err());
+    }
+
+    #[test]
+    fn reports_what_the_window_does() {
+        assert_eq!(Spin::fixed(0).report().to_string(), "off");
+        assert_eq!(Spin::fixed(20).report().to_string(), "20 us, always open");
+        let auto = Spin::parse(None).expect("unset is auto");
+        assert_eq!(auto.report().to_string(), "auto, closed (no idle CPU seen)");
+        auto.gate().expect("a gate").store(true, Ordering::Relaxed);
+        assert_eq!(auto.report().to_string(), "auto, open (50 us)");
     }
 }

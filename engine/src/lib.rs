@@ -124,6 +124,7 @@ use std::thread::JoinHandle;
 use arc_swap::ArcSwap;
 
 pub use antispoof::AntiSpoofing;
+pub use idle::PollWindow;
 pub use ipnet;
 pub use peers::{Peer, PeerTable, WgPeer};
 pub use stats::{
@@ -276,8 +277,12 @@ pub struct Engine {
     wg_ids: std::sync::Mutex<WgIds>,
     /// The anti-spoofing mode the workers read once per batch.
     anti_spoofing: Arc<antispoof::Mode>,
+    /// The workers' poll-on window.
+    spin: idle::Spin,
     /// The CPU sampler of the default latency mode (`spare.rs`).
     sampler: Option<JoinHandle<()>>,
+    /// Why the default window stays closed for good, if it does.
+    poll_window_off: Option<String>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -386,6 +391,14 @@ impl Engine {
     /// The TUN device's name as the kernel reports it.
     pub fn tun_name(&self) -> &str {
         &self.tun_name
+    }
+
+    /// What the workers' poll-on window is doing (`WEFT_ENGINE_SPIN_US`).
+    pub fn poll_window(&self) -> PollWindow {
+        match &self.poll_window_off {
+            Some(why) => PollWindow::Unavailable(why.clone()),
+            None => self.spin.report(),
+        }
     }
 
     /// Number of worker threads.

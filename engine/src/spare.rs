@@ -212,22 +212,24 @@ fn pause(d: Duration, stop: &AtomicBool) -> bool {
     false
 }
 
-/// Starts the sampler thread for `gate`, unless the window is unavailable
-/// (it then stays closed, and the reason is logged once).
+/// Starts the sampler thread for `gate`, unless the window is unavailable:
+/// it then stays closed, and the reason is logged once and returned.
 pub(crate) fn start(
     gate: &Arc<AtomicBool>,
     stop: &Arc<AtomicBool>,
-) -> Option<std::thread::JoinHandle<()>> {
-    if let Some(why) = unavailable() {
+) -> Result<std::thread::JoinHandle<()>, String> {
+    let (g, s) = (gate.clone(), stop.clone());
+    let started = match unavailable() {
+        Some(why) => Err(why),
+        None => std::thread::Builder::new()
+            .name("weft-cpu".into())
+            .spawn(move || run(&g, &s))
+            .map_err(|e| format!("no sampler thread: {e}")),
+    };
+    if let Err(why) = &started {
         tracing::info!("the engine's poll-on window stays off: {why}");
-        return None;
     }
-    let (gate, stop) = (gate.clone(), stop.clone());
-    std::thread::Builder::new()
-        .name("weft-cpu".into())
-        .spawn(move || run(&gate, &stop))
-        .map_err(|e| tracing::warn!("the engine's poll-on window stays off: {e}"))
-        .ok()
+    started
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@ pub fn engine_device(engine: &Engine) -> (DeviceStatus, Vec<PeerCounters>) {
         batching: Some(s.batching),
         drops: Some(s.drops),
         peers: u32::try_from(peers.len()).ok(),
+        poll_window: Some(engine.poll_window().to_string()),
     };
     let peers = peers
         .into_iter()
@@ -93,6 +94,7 @@ pub fn kernel_device_in(root: &Path, name: &str) -> Option<DeviceStatus> {
         batching: None,
         drops: None,
         peers: None,
+        poll_window: None,
     })
 }
 

@@ -118,6 +118,10 @@ pub struct DeviceStatus {
     /// opposed to the leases weftd knows ([`Status::peers`]).
     #[serde(default)]
     pub peers: Option<u32>,
+    /// What the workers' poll-on window is doing (engine), e.g. `auto,
+    /// open (50 us)`.
+    #[serde(default)]
+    pub poll_window: Option<String>,
 }
 
 /// Active offloads of an engine device.

@@ -74,6 +74,9 @@ pub fn text(s: &Status) -> String {
             );
         }
         let _ = writeln!(o, "{head}");
+        if let Some(w) = &d.poll_window {
+            let _ = writeln!(o, "  poll-on window: {w}");
+        }
         let _ = writeln!(o, "  {}", counters(&d.counters));
         if let Some(b) = &d.batching {
             let _ = writeln!(

@@ -51,6 +51,7 @@ pub(crate) fn full() -> Status {
                 ..Default::default()
             }),
             peers: Some(2),
+            poll_window: Some("auto, open (50 us)".into()),
         }],
         peer_counters: vec![
             PeerCounters {
@@ -170,6 +171,7 @@ fn text_shows_the_node_devices_and_every_peer() {
         "10.244.1.0/24",
         "vxlan on the userspace dataplane (requested: auto)",
         "flannel.1 (engine), 2 workers",
+        "poll-on window: auto, open (50 us)",
         "udp-gso",
         "unknown_peer 4",
     ] {

@@ -99,9 +99,10 @@ impl TunnelEngine for Engine {
     fn describe(&self) -> String {
         let o = self.offloads();
         format!(
-            "{} workers, anti-spoofing {}, offloads: tun vnet_hdr={} tso={} uso={} csum={}, udp gso={} gro={}",
+            "{} workers, anti-spoofing {}, poll-on window {}, offloads: tun vnet_hdr={} tso={} uso={} csum={}, udp gso={} gro={}",
             self.workers(),
             self.anti_spoofing(),
+            self.poll_window(),
             o.tun_vnet_hdr,
             o.tun_tso,
             o.tun_uso,

@@ -68,6 +68,11 @@ fi
 for b in weftd flannel; do
     [ -x "$BIN/$b" ] || { echo "no $b in $BIN: cargo build --release -p weft-control -p weft-cni --bins" >&2; exit 1; }
 done
+# RR_TRACE writes a tracefs instance: mount tracefs where a fresh machine has not.
+if [ -n "${RR_TRACE:-}" ] && [ ! -d /sys/kernel/tracing/instances ]; then
+    mount -t tracefs tracefs /sys/kernel/tracing ||
+        { echo "RR_TRACE=1 needs tracefs at /sys/kernel/tracing (CONFIG_FTRACE)" >&2; exit 1; }
+fi
 
 # One run at a time on a machine (the namespace prefix is fixed): wait for any other.
 exec 9>/run/lock/weft-throughput.lock

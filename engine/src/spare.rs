@@ -24,9 +24,9 @@
 //! Costs: the window is closed an eighth of the time, so about 1 in 8
 //! requests of a steady stream takes the sleeping path (a p50 of about
 //! 35 us in the harness, below the polling path's p99 of about 50); two
-//! `/proc/stat` reads per [`PERIOD`]; a node that becomes busy keeps polling for at most one
-//! [`PERIOD`] (and a worker that loses its CPU meanwhile backs off at once,
-//! `idle::LOST_CPU`).
+//! `/proc/stat` reads per [`PERIOD`]; a node that becomes busy keeps
+//! polling for at most one [`PERIOD`] (and a worker that loses its CPU
+//! meanwhile backs off at once, `idle::LOST_CPU`).
 //!
 //! Under a CPU quota (cgroup v2 `cpu.max` other than `max`, or v1
 //! `cpu.cfs_quota_us` other than -1) the window stays closed: polling
@@ -37,14 +37,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// How often the sampler probes.
-pub(crate) const PERIOD: Duration = Duration::from_secs(1);
+const PERIOD: Duration = Duration::from_secs(1);
 /// How long a probe closes the window: 25 clock ticks over two CPUs, so
 /// one tick is 8 % of a core, against a threshold of half a core.
-pub(crate) const PROBE: Duration = Duration::from_millis(125);
+const PROBE: Duration = Duration::from_millis(125);
 
 /// Why the CPU times could not be read.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum StatError {
+enum StatError {
     #[error("no aggregate `cpu` line")]
     NoCpuLine,
     #[error("`cpu` line field {0} is not a number")]
@@ -55,17 +55,17 @@ pub(crate) enum StatError {
 
 /// The node's CPU times since boot, summed over its CPUs, in clock ticks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct CpuTimes {
+struct CpuTimes {
     /// Every state but guest time (already counted in user and nice).
-    pub total: u64,
+    total: u64,
     /// Idle and iowait.
-    pub idle: u64,
+    idle: u64,
     /// `cpuN` lines.
-    pub cpus: u32,
+    cpus: u32,
 }
 
 /// Parses `/proc/stat`.
-pub(crate) fn parse_stat(text: &str) -> Result<CpuTimes, StatError> {
+fn parse_stat(text: &str) -> Result<CpuTimes, StatError> {
     let line = text
         .lines()
         .find(|l| l.starts_with("cpu "))
@@ -95,19 +95,19 @@ pub(crate) fn parse_stat(text: &str) -> Result<CpuTimes, StatError> {
 
 /// The idle CPU between samples `a` and `b`, in cores; none when no time
 /// passed.
-pub(crate) fn idle_cores(a: &CpuTimes, b: &CpuTimes) -> Option<f64> {
+fn idle_cores(a: &CpuTimes, b: &CpuTimes) -> Option<f64> {
     let total = b.total.saturating_sub(a.total);
     (total > 0).then(|| b.idle.saturating_sub(a.idle) as f64 * f64::from(b.cpus) / total as f64)
 }
 
 /// Whether `idle` cores of a node of `cpus` are enough to poll on: a
 /// quarter of the node's CPUs, on a node of two CPUs or more.
-pub(crate) fn spare(idle: f64, cpus: u32) -> bool {
+fn spare(idle: f64, cpus: u32) -> bool {
     cpus >= 2 && idle >= f64::from(cpus) / 4.0
 }
 
 /// Whether a cgroup v2 `cpu.max` sets a quota.
-pub(crate) fn has_quota(cpu_max: &str) -> bool {
+fn has_quota(cpu_max: &str) -> bool {
     cpu_max
         .split_whitespace()
         .next()
@@ -115,7 +115,7 @@ pub(crate) fn has_quota(cpu_max: &str) -> bool {
 }
 
 /// Whether a cgroup v1 `cpu.cfs_quota_us` sets a quota (-1: none).
-pub(crate) fn has_v1_quota(cfs_quota_us: &str) -> bool {
+fn has_v1_quota(cfs_quota_us: &str) -> bool {
     cfs_quota_us.trim().parse::<i64>().is_ok_and(|q| q > 0)
 }
 
@@ -148,7 +148,7 @@ fn quota() -> Option<String> {
 
 /// Why the window stays closed for good, if it does: weftd's cgroup has
 /// a CPU quota, or `/proc/stat` cannot be read.
-pub(crate) fn unavailable() -> Option<String> {
+fn unavailable() -> Option<String> {
     if let Some(q) = quota() {
         return Some(format!("weftd's cgroup has a CPU quota ({q})"));
     }
@@ -162,7 +162,7 @@ fn read() -> Result<CpuTimes, String> {
 
 /// The sampler thread's loop: probes every [`PERIOD`] and sets `gate` to
 /// whether the window may open, until `stop` (the engine unparks it).
-pub(crate) fn run(gate: &AtomicBool, stop: &AtomicBool) {
+fn run(gate: &AtomicBool, stop: &AtomicBool) {
     let mut open = false;
     loop {
         if !pause(to_next_period(SystemTime::now()), stop) {

@@ -39,7 +39,10 @@
 # default $CARGO_TARGET_DIR/release, built with cargo unless NO_BUILD=1),
 # WEFTD_ARGS (extra weftd flags for every weft case), RR_TRACE=1 (rr tests:
 # a 1 s tracefs capture per ping-pong and rrtrace.py's per-hop breakdown of it
-# in $OUT/logs/*.wakeups), PYTHON (default /usr/bin/python3).
+# in $OUT/logs/*.wakeups), PYTHON (default /usr/bin/python3). For weft cases the
+# rr tests also print, and keep in $OUT/logs/*.workers, the engine workers'
+# sleeps and empty rounds polled per round trip and their poll backoffs
+# (`weft status` counters before and after, both nodes).
 set -euo pipefail
 
 REPS=${REPS:-3}
@@ -217,6 +220,20 @@ snap() { # prints: machine_busy_ticks machine_total_ticks daemon_ticks rcvbuf_er
     echo "$busy $total $d $r"
 }
 
+wctr() { # prints the weft workers' sleeps, empty rounds polled and poll backoffs, both nodes summed
+    local n a=0 b=0 c=0 x y z
+    for n in 1 2; do
+        [ -S "$OUT/work/n$n/weft-status.sock" ] || continue
+        read -r x y z < <("$BIN0/weft" status --subnet-file="$OUT/work/n$n/subnet.env" --json 2>/dev/null |
+            "$PY" -c 'import json,sys
+b = [d.get("batching") or {} for d in json.load(sys.stdin)["backend"]["devices"]]
+print(*(sum(d.get(k, 0) for d in b) for k in ("sleeps", "poll_rounds", "poll_backoffs")))' ||
+            echo 0 0 0)
+        a=$((a + x)); b=$((b + y)); c=$((c + z))
+    done
+    echo "$a $b $c"
+}
+
 BURNERS=()
 burn() { # start|stop: rr-busy's background load, one `nice -n 19` busy loop per node
     local n p
@@ -256,8 +273,18 @@ rr_trace() { # client-pid server-pid log: 1 s of scheduler and syscall events mi
     "$PY" "$HERE/rrtrace.py" "$3.trace" "$3.threads" >"$3.wakeups" 2>&1 || true
 }
 
+wdelta() { # before after sockperf-log: the weft workers' idle counters per round trip, into log.workers
+    local b a n
+    read -r -a b <<<"$1"; read -r -a a <<<"$2"
+    n=$(awk '/SentMessages=/{sub(/.*SentMessages=/, ""); print $1 + 0; exit}' "$3")
+    [ "${n:-0}" -gt 0 ] && [ $((a[0] + a[1] + a[2])) -gt 0 ] || return 0
+    awk -v n="$n" -v s=$((a[0] - b[0])) -v p=$((a[1] - b[1])) -v k=$((a[2] - b[2])) 'BEGIN {
+        printf "workers, both nodes: %.2f sleeps and %.1f empty rounds polled per round trip; %d poll backoffs\n", s / n, p / n, k }' |
+        tee "$3.workers" | sed 's/^/    /' >&2
+}
+
 run_rr() { # rr-idle|rr-busy|rr-bulk -> one row per protocol (rr-idle/udp, rr-idle/tcp)
-    local su st srv= bulk= proto flag port log s0 s1 t0 t1 cl
+    local su st srv= bulk= proto flag port log s0 s1 t0 t1 cl w0
     ip netns exec $DST_NS sockperf server -i "$POD_IP2" -p 11111 >/dev/null 2>&1 &
     su=$!
     ip netns exec $DST_NS sockperf server --tcp -i "$POD_IP2" -p 11112 >/dev/null 2>&1 &
@@ -276,13 +303,14 @@ run_rr() { # rr-idle|rr-busy|rr-bulk -> one row per protocol (rr-idle/udp, rr-id
         flag=; port=11111
         [ $proto = tcp ] && { flag=--tcp; port=11112; }
         log="$OUT/logs/$CASE-$1-$proto-$ROUND.txt"
-        s0=$(snap); t0=$(date +%s.%N)
+        s0=$(snap); t0=$(date +%s.%N); w0=$(wctr)
         ip netns exec $SRC_NS sockperf ping-pong $flag -i "$POD_IP2" -p $port -m 64 -t "$DUR" >"$log" 2>&1 &
         cl=$!
         [ -n "${RR_TRACE:-}" ] && rr_trace $cl "$([ $proto = udp ] && echo $su || echo $st)" "$log"
         wait $cl || true
         s1=$(snap); t1=$(date +%s.%N)
         row "$log" "$1/$proto" "$s0" "$s1" "$t0" "$t1"
+        wdelta "$w0" "$(wctr)" "$log"
     done
     for p in $bulk $srv $su $st; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
     burn stop

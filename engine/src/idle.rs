@@ -76,6 +76,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::stats::{Ctr, Local};
+
 /// The window of the default mode, while the node has CPU to spare
 /// (`spare.rs`).
 pub(crate) const AUTO_WINDOW: Duration = Duration::from_micros(50);
@@ -188,6 +190,8 @@ pub(crate) struct Idle {
     prev: Option<Instant>,
     /// No polling before this (the worker lost its CPU while polling).
     quiet_until: Option<Instant>,
+    /// Backoffs so far.
+    backoffs: u64,
 }
 
 impl Idle {
@@ -198,29 +202,43 @@ impl Idle {
             last: None,
             prev: None,
             quiet_until: None,
+            backoffs: 0,
         }
     }
 
     /// Ends one round of a worker's loop: `worked` says whether it moved
     /// anything; `sleep` is its blocking wait, called when the round moved
-    /// nothing and the worker does not poll on.
-    pub(crate) fn end_round(&mut self, worked: bool, sleep: impl FnOnce()) {
-        self.end_round_at(Instant::now, worked, sleep);
+    /// nothing and the worker does not poll on. Counts sleeps, empty rounds
+    /// polled on and backoffs in `ctr`.
+    pub(crate) fn end_round(&mut self, worked: bool, ctr: &mut Local, sleep: impl FnOnce()) {
+        self.end_round_at(Instant::now, worked, ctr, sleep);
     }
 
     /// [`Idle::end_round`] with the clock it reads when the window is open.
-    fn end_round_at(&mut self, now: impl FnOnce() -> Instant, worked: bool, sleep: impl FnOnce()) {
+    fn end_round_at(
+        &mut self,
+        now: impl FnOnce() -> Instant,
+        worked: bool,
+        ctr: &mut Local,
+        sleep: impl FnOnce(),
+    ) {
         if !self.spin.open() {
             if !worked {
+                ctr.add(Ctr::Sleeps, 1);
                 sleep();
                 self.prev = None;
                 self.last = None;
             }
             return;
         }
-        if self.polls_on(now(), worked) {
+        let backoffs = self.backoffs;
+        let on = self.polls_on(now(), worked);
+        ctr.add(Ctr::PollBackoffs, self.backoffs - backoffs);
+        if on {
+            ctr.add(Ctr::PollRounds, u64::from(!worked));
             return;
         }
+        ctr.add(Ctr::Sleeps, 1);
         sleep();
         self.prev = None;
     }
@@ -233,10 +251,13 @@ impl Idle {
             self.last = Some(now);
             return true;
         }
-        if prev.is_some_and(|p| now.saturating_duration_since(p) > LOST_CPU) {
-            self.quiet_until = Some(now + BACKOFF);
-        }
         let quiet = self.quiet_until.is_some_and(|q| now < q);
+        if !quiet && prev.is_some_and(|p| now.saturating_duration_since(p) > LOST_CPU) {
+            self.quiet_until = Some(now + BACKOFF);
+            self.backoffs += 1;
+            self.last = None;
+            return false;
+        }
         let open = self
             .last
             .is_some_and(|t| now.saturating_duration_since(t) < self.spin.window);
@@ -295,6 +316,25 @@ mod tests {
     }
 
     #[test]
+    fn backoffs_and_polled_rounds_are_counted() {
+        let (mut ctr, mut slept) = (Local::default(), 0);
+        let mut idle = Idle::new(Spin::fixed(50));
+        let t0 = Instant::now();
+        idle.end_round_at(|| t0, true, &mut ctr, || slept += 1);
+        idle.end_round_at(|| t0 + US, false, &mut ctr, || slept += 1);
+        let late = t0 + LOST_CPU + 2 * US;
+        idle.end_round_at(|| late, false, &mut ctr, || slept += 1);
+        let counted =
+            |c: &Local| [Ctr::PollRounds, Ctr::PollBackoffs, Ctr::Sleeps].map(|k| c.get(k));
+        assert_eq!(counted(&ctr), [1, 1, 1]);
+        idle.end_round_at(|| late + US, true, &mut ctr, || slept += 1);
+        let later = late + LOST_CPU + 2 * US;
+        idle.end_round_at(|| later, false, &mut ctr, || slept += 1);
+        assert_eq!(counted(&ctr), [1, 1, 2], "backing off: one backoff");
+        assert_eq!(slept, 2);
+    }
+
+    #[test]
     fn a_long_busy_round_is_not_a_lost_cpu() {
         let t0 = Instant::now();
         let mut idle = Idle::new(Spin::fixed(50));
@@ -309,17 +349,18 @@ mod tests {
 
     #[test]
     fn spin_zero_sleeps_whenever_idle() {
-        let mut slept = 0;
+        let (mut slept, mut ctr) = (0, Local::default());
         let mut never = Idle::new(Spin::fixed(0));
-        never.end_round(true, || slept += 1);
+        never.end_round(true, &mut ctr, || slept += 1);
         assert_eq!(slept, 0);
-        never.end_round(false, || slept += 1);
+        never.end_round(false, &mut ctr, || slept += 1);
         assert_eq!(slept, 1);
         let mut spin = Idle::new(Spin::fixed(60_000_000));
         let t0 = Instant::now();
-        spin.end_round_at(|| t0, true, || slept += 1);
-        spin.end_round_at(|| t0 + US, false, || slept += 1);
+        spin.end_round_at(|| t0, true, &mut ctr, || slept += 1);
+        spin.end_round_at(|| t0 + US, false, &mut ctr, || slept += 1);
         assert_eq!(slept, 1, "inside the window: no sleep");
+        assert_eq!((ctr.get(Ctr::Sleeps), ctr.get(Ctr::PollRounds)), (1, 1));
     }
 
     #[test]
@@ -335,13 +376,13 @@ mod tests {
         };
         let mut idle = Idle::new(spin);
         let t0 = Instant::now();
-        let mut slept = 0;
-        idle.end_round_at(|| t0, true, || slept += 1);
-        idle.end_round_at(|| t0, false, || slept += 1);
+        let (mut slept, mut ctr) = (0, Local::default());
+        idle.end_round_at(|| t0, true, &mut ctr, || slept += 1);
+        idle.end_round_at(|| t0, false, &mut ctr, || slept += 1);
         assert_eq!(slept, 1, "gate closed: sleep as soon as idle");
         gate.store(true, Ordering::Relaxed);
-        idle.end_round_at(|| t0, true, || slept += 1);
-        idle.end_round_at(|| t0 + US, false, || slept += 1);
+        idle.end_round_at(|| t0, true, &mut ctr, || slept += 1);
+        idle.end_round_at(|| t0 + US, false, &mut ctr, || slept += 1);
         assert_eq!(slept, 1, "gate open: poll on");
     }
 

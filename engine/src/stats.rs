@@ -202,6 +202,12 @@ counters! {
             owner)";
         IcmpSent icmp_sent / "icmp_sent" = "ICMP net-unreachable messages written to the TUN \
             (flannel-UDP)";
+        Sleeps sleeps / "worker_sleeps" = "Times a worker slept in poll for its next packet (each \
+            ends in a wake-up, or the idle timeout)";
+        PollRounds poll_rounds / "poll_rounds" = "Empty rounds a worker polled on instead of \
+            sleeping (the poll-on window)";
+        PollBackoffs poll_backoffs / "poll_backoffs" = "Times a worker lost its CPU while polling \
+            and stopped polling for the backoff (100 ms)";
     }
     drops {
         Malformed malformed = "Not a well-formed IP / Ethernet / VXLAN packet (too short, bad \
@@ -232,12 +238,24 @@ const N: usize = Ctr::PeerCounting as usize + 1;
 
 /// The published block of one worker.
 #[repr(align(128))]
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Shared([AtomicU64; N]);
 
+impl Default for Shared {
+    fn default() -> Self {
+        Shared(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
 /// A worker's private running counters.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Local([u64; N]);
+
+impl Default for Local {
+    fn default() -> Self {
+        Local([0; N])
+    }
+}
 
 impl Local {
     #[inline]

@@ -169,7 +169,7 @@ impl<E: Encapsulation> Worker<E> {
             E::end_round(&self, &mut s, &mut ctr);
             drop(peers);
             ctr.publish(&self.counters);
-            idle.end_round(h || a || r, || self.wait());
+            idle.end_round(h || a || r, &mut ctr, || self.wait());
         }
     }
 

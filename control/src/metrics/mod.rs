@@ -20,7 +20,9 @@
 //! weft_udp_send_calls_total / weft_udp_recv_calls_total /
 //! weft_tun_reads_total / weft_tun_writes_total /
 //! weft_gso_super_packets_total / weft_gro_coalesced_total /
-//! weft_handoffs_total / weft_icmp_sent_total{backend,device}   counter
+//! weft_handoffs_total / weft_icmp_sent_total /
+//! weft_worker_sleeps_total / weft_poll_rounds_total /
+//! weft_poll_backoffs_total{backend,device}            counter
 //!                                                       (every weft_engine::Batching counter, by its
 //!                                                       metric name; packets per syscall = packets / calls)
 //! weft_offload_enabled{backend,device,offload="tun_vnet_hdr|tun_tso|tun_uso|tun_csum|udp_gso|udp_gro"} gauge 0|1

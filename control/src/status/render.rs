@@ -89,6 +89,11 @@ pub fn text(s: &Status) -> String {
                 b.gso_super_packets,
                 b.gro_coalesced
             );
+            let _ = writeln!(
+                o,
+                "  workers: {} sleeps, {} empty rounds polled, {} poll backoffs",
+                b.sleeps, b.poll_rounds, b.poll_backoffs
+            );
         }
         if let Some(dr) = &d.drops {
             let nz: Vec<String> = dr

@@ -24,21 +24,29 @@
 //!   (The first version yielded after each empty round; each yield pushed
 //!   the spinner's EEVDF deadline a whole slice later, so after a few dozen
 //!   it lost the CPU for a slice, 1.4 ms here: busy p99.9 about 2 ms.)
-//! - [`LOST_CPU`] and [`BACKOFF`]: an empty round that took longer than
-//!   100 us means another task had the CPU (or the host took the vCPU);
-//!   the worker then sleeps whenever idle for 100 ms, so on a contended
-//!   CPU a worker's polling is cut to about one window per 100 ms.
 //! - The gate ([`Spin`]): the window opens only while `spare.rs`'s sampler
 //!   found a quarter of the node's CPUs idle with it closed. A fixed window
 //!   measured A-B (below) showed why: on an idle node 50 us brings the p50
 //!   near the kernel's, on a busy one it doubles the p99, because the
-//!   spinner holds a CPU a pod needs; the backoff was in place in that
-//!   run and did not prevent it.
+//!   spinner holds a CPU a pod needs; the backoff (next) was in place in
+//!   that run and did not prevent it.
+//! - [`LOST_CPU`] and [`BACKOFF`], for a window set by hand only (it has no
+//!   gate): an empty round that took longer than 100 us means another task
+//!   had the CPU (or the host took the vCPU); the worker then sleeps
+//!   whenever idle for 100 ms, so on a contended CPU a worker's polling is
+//!   cut to about one window per 100 ms. Behind the gate it did more harm
+//!   than good: on an idle node it fired 30-40 times in each 4 s ping-pong
+//!   (the `poll_backoffs` counter), each time dropping the window for
+//!   100 ms, and the gate already closes the window on a busy node. Without
+//!   it, A-B in one run (the last table below), the idle p50 went from
+//!   0.50-0.67x to 0.31-0.44x kernel vxlan (one case 1.14x) and the idle
+//!   p99 from 1.47-1.74x to 1.13-1.46x; the busy rows did not change (the
+//!   gate was closed). What the gate leaves to a pod that starts using the
+//!   CPU is at most one sampling period of windows.
 //!
 //! `WEFT_ENGINE_SPIN_US` in weftd's environment overrides the default
 //! (`auto`): `0` never polls, a number is a window in microseconds that is
-//! always open (the backoff still applies). Read once, when an engine
-//! starts.
+//! always open (with the backoff). Read once, when an engine starts.
 //!
 //! Fixed windows, measured A-B in one harness run (2026-12-02, release
 //! build, 3 interleaved rounds x 4 s, sockperf 64 B, nothing else on the
@@ -72,6 +80,21 @@
 //! (always open) and 100 us at 1.1-1.5x / 1.8-2.5x and 1.3-1.7x /
 //! 1.6-3.1x: 50 us stays.
 //!
+//! The gate without the backoff (now the default) against with it, A-B in
+//! one run (2026-12-02, later, same conditions; this run's kernel vxlan:
+//! idle p50 53 / 59 us, busy 7.0 / 7.9 us):
+//!
+//! | | idle p50 | idle p99 | busy p50 | busy p99 |
+//! |---|---|---|---|---|
+//! | with backoff | 0.58-0.67x / 0.50-0.66x | 1.50-1.57x / 1.47-1.74x | 4.3-10.1x / 5.5-7.7x | 2.9-3.9x / 2.1-2.8x |
+//! | without | 0.31-0.44x / 0.31-1.14x | 1.13-1.33x / 1.35-1.46x | 6.0-7.2x / 5.7-7.7x | 2.4-3.1x / 2.5-3.0x |
+//!
+//! Per round trip on the idle node, both nodes together, the workers slept
+//! 1.1-1.6 times with the backoff and 0.5-1.0 without; on the busy node
+//! 3.3-3.9 either way (the gate closed: no empty round polled). tcp1
+//! stayed within the rounds' spread (the gate is mostly closed under a
+//! bulk stream on two vCPUs).
+//!
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -82,8 +105,9 @@ use crate::stats::{Ctr, Local};
 /// (`spare.rs`).
 pub(crate) const AUTO_WINDOW: Duration = Duration::from_micros(50);
 
-/// An empty round longer than this means the worker lost its CPU while it
-/// polled: another task wanted it (or the host took the vCPU). An empty
+/// An empty round longer than this, in a window set by hand, means the
+/// worker lost its CPU while it polled: another task wanted it (or the host
+/// took the vCPU). An empty
 /// round is two or three non-blocking syscalls, a few microseconds;
 /// a pod's turn between two rounds (the reply the window waits for) is a
 /// few syscalls more; a CPU-bound task that takes the CPU keeps it for its
@@ -252,7 +276,8 @@ impl Idle {
             return true;
         }
         let quiet = self.quiet_until.is_some_and(|q| now < q);
-        if !quiet && prev.is_some_and(|p| now.saturating_duration_since(p) > LOST_CPU) {
+        let guarded = self.spin.gate.is_none();
+        if guarded && !quiet && prev.is_some_and(|p| now.saturating_duration_since(p) > LOST_CPU) {
             self.quiet_until = Some(now + BACKOFF);
             self.backoffs += 1;
             self.last = None;
@@ -332,6 +357,25 @@ mod tests {
         idle.end_round_at(|| later, false, &mut ctr, || slept += 1);
         assert_eq!(counted(&ctr), [1, 1, 2], "backing off: one backoff");
         assert_eq!(slept, 2);
+    }
+
+    #[test]
+    fn behind_the_gate_a_lost_cpu_does_not_back_off() {
+        let auto = Spin::parse(None).expect("unset is auto");
+        auto.gate().expect("a gate").store(true, Ordering::Relaxed);
+        // A window longer than LOST_CPU, so that only the backoff could stop it.
+        let mut idle = Idle::new(Spin {
+            window: Duration::from_secs(60),
+            ..auto
+        });
+        let t0 = Instant::now();
+        assert!(idle.polls_on(t0, true));
+        let late = t0 + LOST_CPU + 2 * US;
+        assert!(
+            idle.polls_on(late, false),
+            "the gate decides, not a slow round"
+        );
+        assert_eq!(idle.backoffs, 0);
     }
 
     #[test]

@@ -25,8 +25,9 @@
 //! requests of a steady stream takes the sleeping path (a p50 of about
 //! 35 us in the harness, below the polling path's p99 of about 50); two
 //! `/proc/stat` reads per [`PERIOD`]; a node that becomes busy keeps
-//! polling for at most one [`PERIOD`] (and a worker that loses its CPU
-//! meanwhile backs off at once, `idle::LOST_CPU`).
+//! polling for at most one [`PERIOD`] (the lost-CPU backoff of hand-set
+//! windows, `idle::LOST_CPU`, is off behind the gate: on an idle node it
+//! fired 30-40 times per 4 s ping-pong and cost more than it saved).
 //!
 //! Under a CPU quota (cgroup v2 `cpu.max` other than `max`, or v1
 //! `cpu.cfs_quota_us` other than -1) the window stays closed: polling

@@ -18,7 +18,9 @@
 //! 6. the counters are published, and [`Idle::end_round`] decides whether
 //!    the worker sleeps in `poll` (on the TUN, the network descriptor and
 //!    the worker's wake-up event, if it has one) or goes on: the idle and
-//!    latency policy lives here and nowhere else.
+//!    latency policy lives there and nowhere else. It counts its sleeps and
+//!    polled rounds into the next round's publication (a worker's last
+//!    round before a sleep shows after its wake-up, 100 ms at most).
 //!
 //! The encapsulation is a type parameter: every call is statically
 //! dispatched, and the loop adds no allocation, lock or syscall to what the

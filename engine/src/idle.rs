@@ -108,9 +108,9 @@ pub(crate) const AUTO_WINDOW: Duration = Duration::from_micros(50);
 /// An empty round longer than this, in a window set by hand, means the
 /// worker lost its CPU while it polled: another task wanted it (or the host
 /// took the vCPU). An empty round is two or three non-blocking syscalls, a
-/// few microseconds; a pod's turn between two rounds (the reply the window waits for) is a
-/// few syscalls more; a CPU-bound task that takes the CPU keeps it for its
-/// slice (1.4 ms on these two vCPUs).
+/// few microseconds; a pod's turn between two rounds (the reply the window
+/// waits for) is a few syscalls more; a CPU-bound task that takes the CPU
+/// keeps it for its slice (1.4 ms on these two vCPUs).
 pub(crate) const LOST_CPU: Duration = Duration::from_micros(100);
 
 /// How long a worker that lost its CPU while polling sleeps whenever idle,

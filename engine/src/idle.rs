@@ -35,7 +35,7 @@
 //!   had the CPU (or the host took the vCPU); the worker then sleeps
 //!   whenever idle for 100 ms, so on a contended CPU a worker's polling is
 //!   cut to about one window per 100 ms. Behind the gate it did more harm
-//!   than good: on an idle node it fired 30-40 times in each 4 s ping-pong
+//!   than good: on an idle node it fired 20-41 times in each 4 s ping-pong
 //!   (the `poll_backoffs` counter), each time dropping the window for
 //!   100 ms, and the gate already closes the window on a busy node. Without
 //!   it, A-B in one run (the last table below), the idle p50 went from
@@ -90,8 +90,8 @@
 //! | without | 0.31-0.44x / 0.31-1.14x | 1.13-1.33x / 1.35-1.46x | 6.0-7.2x / 5.7-7.7x | 2.4-3.1x / 2.5-3.0x |
 //!
 //! Per round trip on the idle node, both nodes together, the workers slept
-//! 1.1-1.6 times with the backoff and 0.5-1.0 without; on the busy node
-//! 3.3-3.9 either way (the gate closed: no empty round polled). tcp1
+//! 0.7-1.6 times with the backoff (median 1.2) and 0.5-1.8 without (median
+//! 0.75); on the busy node 3.3-4.0 either way (the gate closed: no empty round polled). tcp1
 //! stayed within the rounds' spread (the gate is mostly closed under a
 //! bulk stream on two vCPUs).
 //!

@@ -27,7 +27,7 @@
 //! `/proc/stat` reads per [`PERIOD`]; a node that becomes busy keeps
 //! polling for at most one [`PERIOD`] (the lost-CPU backoff of hand-set
 //! windows, `idle::LOST_CPU`, is off behind the gate: on an idle node it
-//! fired 30-40 times per 4 s ping-pong and cost more than it saved).
+//! fired 20-41 times per 4 s ping-pong and cost more than it saved).
 //!
 //! Under a CPU quota (cgroup v2 `cpu.max` other than `max`, or v1
 //! `cpu.cfs_quota_us` other than -1) the window stays closed: polling

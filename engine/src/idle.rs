@@ -91,9 +91,9 @@
 //!
 //! Per round trip on the idle node, both nodes together, the workers slept
 //! 0.7-1.6 times with the backoff (median 1.2) and 0.5-1.8 without (median
-//! 0.75); on the busy node 3.3-4.0 either way (the gate closed: no empty round polled). tcp1
-//! stayed within the rounds' spread (the gate is mostly closed under a
-//! bulk stream on two vCPUs).
+//! 0.75); on the busy node 3.3-4.0 either way (the gate closed: no empty
+//! round polled). tcp1 stayed within the rounds' spread (the gate is
+//! mostly closed under a bulk stream on two vCPUs).
 //!
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

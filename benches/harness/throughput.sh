@@ -303,7 +303,8 @@ run_rr() { # rr-idle|rr-busy|rr-bulk -> one row per protocol (rr-idle/udp, rr-id
         flag=; port=11111
         [ $proto = tcp ] && { flag=--tcp; port=11112; }
         log="$OUT/logs/$CASE-$1-$proto-$ROUND.txt"
-        s0=$(snap); t0=$(date +%s.%N); w0=$(wctr)
+        w0=$(wctr) # before the CPU snapshot: `weft status` and python are not the test's load
+        s0=$(snap); t0=$(date +%s.%N)
         ip netns exec $SRC_NS sockperf ping-pong $flag -i "$POD_IP2" -p $port -m 64 -t "$DUR" >"$log" 2>&1 &
         cl=$!
         [ -n "${RR_TRACE:-}" ] && rr_trace $cl "$([ $proto = udp ] && echo $su || echo $st)" "$log"

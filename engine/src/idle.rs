@@ -213,8 +213,6 @@ pub(crate) struct Idle {
     prev: Option<Instant>,
     /// No polling before this (the worker lost its CPU while polling).
     quiet_until: Option<Instant>,
-    /// Backoffs so far.
-    backoffs: u64,
 }
 
 impl Idle {
@@ -225,7 +223,6 @@ impl Idle {
             last: None,
             prev: None,
             quiet_until: None,
-            backoffs: 0,
         }
     }
 
@@ -254,9 +251,13 @@ impl Idle {
             }
             return;
         }
-        let backoffs = self.backoffs;
+        let quiet_until = self.quiet_until;
         let on = self.polls_on(now(), worked);
-        ctr.add(Ctr::PollBackoffs, self.backoffs - backoffs);
+        // `polls_on` moves `quiet_until` only when a backoff starts.
+        ctr.add(
+            Ctr::PollBackoffs,
+            u64::from(self.quiet_until != quiet_until),
+        );
         if on {
             ctr.add(Ctr::PollRounds, u64::from(!worked));
             return;
@@ -278,7 +279,6 @@ impl Idle {
         let guarded = self.spin.gate.is_none();
         if guarded && !quiet && prev.is_some_and(|p| now.saturating_duration_since(p) > LOST_CPU) {
             self.quiet_until = Some(now + BACKOFF);
-            self.backoffs += 1;
             self.last = None;
             return false;
         }
@@ -374,7 +374,7 @@ mod tests {
             idle.polls_on(late, false),
             "the gate decides, not a slow round"
         );
-        assert_eq!(idle.backoffs, 0);
+        assert_eq!(idle.quiet_until, None, "no backoff");
     }
 
     #[test]

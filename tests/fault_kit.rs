@@ -6,17 +6,14 @@
 //! the namespaces the cluster deletes).
 
 use std::collections::BTreeMap;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use weft_control::demo::cluster::{Cluster, ClusterSpec, ClusterStore};
 use weft_control::demo::netns::Netns;
+pub use weft_tests::proxy::TcpProxy;
 
 /// The network every fault test uses.
 pub const NETWORK: &str = "10.244.0.0/16";
@@ -114,103 +111,14 @@ pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'sta
     .expect("netns thread panicked")
 }
 
-/// A TCP forwarder from `127.0.0.1:<port>` inside a namespace to a port on
-/// this process's own loopback: lets daemons in node namespaces reach the
-/// test's etcd. When the upstream is down, connections are accepted and
-/// closed at once (like a proxy in front of a dead server). Stops on drop.
-pub struct NsProxy {
-    stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<Vec<TcpStream>>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl NsProxy {
-    /// Listens on `127.0.0.1:<port>` in the namespace at `ns` and forwards
-    /// to `127.0.0.1:<upstream>` in the caller's namespace.
-    pub fn start(ns: &str, port: u16, upstream: u16) -> NsProxy {
-        let listener = in_netns(ns, move || {
-            TcpListener::bind(("127.0.0.1", port)).expect("bind proxy in netns")
-        });
-        listener.set_nonblocking(true).expect("nonblocking");
-        let stop = Arc::new(AtomicBool::new(false));
-        let conns = Arc::new(Mutex::new(Vec::new()));
-        let (s, cs) = (stop.clone(), conns.clone());
-        let thread = std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((down, _)) => {
-                        let _ = down.set_nonblocking(false);
-                        forward(down, upstream, &cs);
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(20))
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
-                }
-            }
-        });
-        NsProxy {
-            stop,
-            conns,
-            thread: Some(thread),
-        }
-    }
-
-    /// Cuts every connection forwarded so far (what a dying server does).
-    pub fn cut(&self) {
-        let mut conns = self.conns.lock().expect("lock");
-        for c in conns.drain(..) {
-            let _ = c.shutdown(Shutdown::Both);
-        }
-    }
-}
-
-fn forward(down: TcpStream, upstream: u16, conns: &Arc<Mutex<Vec<TcpStream>>>) {
-    let Ok(up) =
-        TcpStream::connect_timeout(&([127, 0, 0, 1], upstream).into(), Duration::from_secs(1))
-    else {
-        let _ = down.shutdown(Shutdown::Both);
-        return;
-    };
-    let (Ok(down2), Ok(up2)) = (down.try_clone(), up.try_clone()) else {
-        return;
-    };
-    {
-        let mut c = conns.lock().expect("lock");
-        c.retain(|s| s.peer_addr().is_ok());
-        if let (Ok(a), Ok(b)) = (down.try_clone(), up.try_clone()) {
-            c.push(a);
-            c.push(b);
-        }
-    }
-    std::thread::spawn(move || pipe(down, up));
-    std::thread::spawn(move || pipe(up2, down2));
-}
-
-fn pipe(mut from: TcpStream, mut to: TcpStream) {
-    let mut buf = [0u8; 16 * 1024];
-    loop {
-        match from.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                if to.write_all(&buf[..n]).is_err() {
-                    break;
-                }
-            }
-        }
-    }
-    let _ = to.shutdown(Shutdown::Both);
-    let _ = from.shutdown(Shutdown::Both);
-}
-
-impl Drop for NsProxy {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.cut();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+/// A [`TcpProxy`] from `127.0.0.1:<port>` inside the namespace at `ns` to a
+/// port on this process's own loopback: lets daemons in node namespaces
+/// reach the test's etcd. Stops on drop.
+pub fn ns_proxy(ns: &str, port: u16, upstream: u16) -> TcpProxy {
+    let listener = in_netns(ns, move || {
+        TcpListener::bind(("127.0.0.1", port)).expect("bind proxy in netns")
+    });
+    TcpProxy::start(listener, upstream)
 }
 
 /// A `ping -D -i 0.01 -c <count>` from one pod to another, its output kept in a file.

@@ -24,7 +24,7 @@ mod fault_kit;
 use std::time::{Duration, Instant};
 
 use fault_kit::{
-    NsProxy, PingFlood, UdpStream, cluster, duplicates, env_var, lease_key, node_state, running,
+    PingFlood, TcpProxy, UdpStream, cluster, duplicates, env_var, lease_key, node_state, running,
     tcp_bytes, wait_exit, wait_ping,
 };
 use weft_control::demo::cluster::{Cluster, ClusterSpec, ClusterStore};
@@ -39,7 +39,7 @@ const USERSPACE: &[&str] = &[
     "--engine-workers=1",
     "--traffic-manager=none",
 ];
-/// Where weftd inside a node namespace finds etcd (an [`NsProxy`]).
+/// Where weftd inside a node namespace finds etcd (a [`TcpProxy`]).
 const ETCD_IN_NS: &str = "http://127.0.0.1:2379";
 const LONG: Duration = Duration::from_secs(60);
 
@@ -50,7 +50,7 @@ fn etcd_cluster(
     nodes: u8,
     start: &[usize],
     args: &[&str],
-) -> (Etcd, Vec<NsProxy>, tempfile::TempDir, Cluster) {
+) -> (Etcd, Vec<TcpProxy>, tempfile::TempDir, Cluster) {
     let etcd = Etcd::start();
     etcd.etcdctl_ok(&[
         "put",
@@ -71,7 +71,7 @@ fn etcd_cluster(
     let proxies = c
         .nodes
         .iter()
-        .map(|n| NsProxy::start(&n.ns.path(), 2379, etcd.port()))
+        .map(|n| fault_kit::ns_proxy(&n.ns.path(), 2379, etcd.port()))
         .collect();
     for &i in start {
         c.start_weftd(i).expect("start weftd");

@@ -10,11 +10,7 @@
 //! again over a new connection. (Cutting the connection instead of silencing
 //! it does not show the bug: the old code's revoke then failed as well.)
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread;
+use std::net::{Ipv4Addr, TcpListener};
 use std::time::Duration;
 
 use etcd_client::Client;
@@ -23,144 +19,12 @@ use weft_control::lease::{LeaseAttrs, SubnetKey};
 use weft_control::store::Registry;
 use weft_control::store::etcd::{EtcdOptions, EtcdStore};
 use weft_tests::etcd::Etcd;
+use weft_tests::proxy::TcpProxy;
 use weft_tests::require_etcd;
 
 /// Well above the store's 10 s request timeout.
 const WAIT: Duration = Duration::from_secs(30);
 const TTL: Option<Duration> = Some(Duration::from_secs(600));
-
-/// A TCP proxy on 127.0.0.1 in front of etcd. Client bytes always reach
-/// etcd; once [`Proxy::swallow_replies_after`] is armed, the connection that
-/// sends the needle gets nothing more back. Dropping it cuts every connection.
-struct Proxy {
-    port: u16,
-    shared: Arc<Shared>,
-}
-
-#[derive(Default)]
-struct Shared {
-    needle: Mutex<Option<Vec<u8>>>,
-    conns: Mutex<Vec<Conn>>,
-    closed: AtomicBool,
-}
-
-/// Both sockets of one proxied connection, kept to cut it.
-struct Conn {
-    client: TcpStream,
-    server: TcpStream,
-}
-
-impl Proxy {
-    fn start(etcd_port: u16) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
-        let port = listener.local_addr().expect("proxy address").port();
-        let shared = Arc::new(Shared::default());
-        let s = Arc::clone(&shared);
-        thread::spawn(move || {
-            for client in listener.incoming() {
-                if s.closed.load(Ordering::SeqCst) {
-                    break;
-                }
-                // A refused connection shows up as a client error; the
-                // assertions catch that.
-                if let Ok(client) = client
-                    && let Ok(server) = TcpStream::connect(("127.0.0.1", etcd_port))
-                {
-                    s.add(client, server).expect("clone a proxied socket");
-                }
-            }
-        });
-        Proxy { port, shared }
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// From the next client bytes containing `needle` on, that connection's
-    /// replies are dropped (it stays open, silent, like a stalled peer).
-    fn swallow_replies_after(&self, needle: &[u8]) {
-        *lock(&self.shared.needle) = Some(needle.to_vec());
-    }
-
-    /// Closes every connection (a silent one can never recover: replies went
-    /// missing mid-stream); the client's next connection works both ways.
-    fn cut_all(&self) {
-        *lock(&self.shared.needle) = None;
-        for c in lock(&self.shared.conns).drain(..) {
-            let _ = c.client.shutdown(Shutdown::Both);
-            let _ = c.server.shutdown(Shutdown::Both);
-        }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.shared.closed.store(true, Ordering::SeqCst);
-        self.cut_all();
-        // Wakes the accept loop so that it sees `closed`.
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
-    }
-}
-
-impl Shared {
-    fn add(self: &Arc<Self>, client: TcpStream, server: TcpStream) -> std::io::Result<()> {
-        let silent = Arc::new(AtomicBool::new(false));
-        let (s, up_from, up_to, up_silent) = (
-            Arc::clone(self),
-            client.try_clone()?,
-            server.try_clone()?,
-            Arc::clone(&silent),
-        );
-        thread::spawn(move || s.upstream(up_from, up_to, &up_silent));
-        let (down_from, down_to) = (server.try_clone()?, client.try_clone()?);
-        thread::spawn(move || downstream(down_from, down_to, &silent));
-        lock(&self.conns).push(Conn { client, server });
-        Ok(())
-    }
-
-    /// Client to etcd: forwards everything; marks the connection silent
-    /// before forwarding the bytes that complete the needle, so that no byte
-    /// of their reply gets through.
-    fn upstream(&self, mut from: TcpStream, mut to: TcpStream, silent: &AtomicBool) {
-        let mut buf = [0; 16 * 1024];
-        // The stream's last bytes, to find a needle split across reads.
-        let mut tail = Vec::new();
-        while let Ok(n @ 1..) = from.read(&mut buf) {
-            let mut needle = lock(&self.needle);
-            if let Some(want) = needle.as_deref() {
-                tail.extend_from_slice(&buf[..n]);
-                let found = tail.windows(want.len()).any(|w| w == want);
-                tail.drain(..tail.len().saturating_sub(want.len()));
-                if found {
-                    silent.store(true, Ordering::SeqCst);
-                    *needle = None;
-                }
-            }
-            drop(needle);
-            if to.write_all(&buf[..n]).is_err() {
-                break;
-            }
-        }
-        let _ = to.shutdown(Shutdown::Write);
-    }
-}
-
-/// etcd to client: forwards everything until the connection goes silent,
-/// then reads and drops.
-fn downstream(mut from: TcpStream, mut to: TcpStream, silent: &AtomicBool) {
-    let mut buf = [0; 16 * 1024];
-    while let Ok(n @ 1..) = from.read(&mut buf) {
-        if !silent.load(Ordering::SeqCst) && to.write_all(&buf[..n]).is_err() {
-            break;
-        }
-    }
-    let _ = to.shutdown(Shutdown::Write);
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 fn attrs(last: u8) -> LeaseAttrs {
     LeaseAttrs {
@@ -181,9 +45,10 @@ async fn lease_of(etcd: &mut Client, key: &str) -> Option<i64> {
 async fn renewal_whose_reply_is_lost_keeps_the_lease() {
     require_etcd!();
     let etcd = Etcd::start();
-    let proxy = Proxy::start(etcd.port());
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+    let proxy = TcpProxy::start(listener, etcd.port());
     let opts = EtcdOptions {
-        endpoints: proxy.endpoint(),
+        endpoints: format!("http://127.0.0.1:{}", proxy.port()),
         ..EtcdOptions::default()
     };
     let store = EtcdStore::connect(&opts)
@@ -233,7 +98,7 @@ async fn renewal_whose_reply_is_lost_keeps_the_lease() {
     );
 
     // Over a new connection the next renewal (retried as weftd does) works.
-    proxy.cut_all();
+    proxy.cut();
     let deadline = Instant::now() + WAIT;
     let expiration = loop {
         match store.update_lease(&key, &attrs(3), TTL).await {

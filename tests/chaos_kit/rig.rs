@@ -3,7 +3,7 @@
 //! has its own underlay bridge and namespaces, so their addresses never meet):
 //!
 //! - `etcd`: a real etcd (reached from every node namespace through an
-//!   [`NsProxy`]), vxlan, 3 nodes: userspace, kernel, and a userspace node
+//!   [`TcpProxy`]), vxlan, 3 nodes: userspace, kernel, and a userspace node
 //!   that the scheduler switches live between the dataplanes; the default
 //!   iptables traffic manager with `--ip-masq` (so hand-deleted chains matter);
 //! - `embedded`: the embedded store in a 4 MiB tmpfs (so the disk can be
@@ -22,7 +22,7 @@ use std::process::Command;
 use weft_control::demo::cluster::{Cluster, ClusterSpec, ClusterStore};
 use weft_tests::etcd::Etcd;
 
-use crate::fault_kit::{self, NsProxy};
+use crate::fault_kit::{self, TcpProxy};
 
 /// Where weftd inside a node namespace finds etcd.
 const ETCD_IN_NS: &str = "http://127.0.0.1:2379";
@@ -72,7 +72,7 @@ pub struct ChaosCluster {
     /// The cluster (daemons, namespaces, pods).
     pub c: Cluster,
     /// Proxies to etcd inside the node namespaces (etcd cluster only).
-    pub proxies: Vec<NsProxy>,
+    pub proxies: Vec<TcpProxy>,
     /// The etcd (etcd cluster only).
     pub etcd: Option<Etcd>,
     /// The tmpfs under the embedded store.
@@ -184,7 +184,7 @@ fn etcd_cluster(e: EtcdSpec) -> ChaosCluster {
     let proxies = c
         .nodes
         .iter()
-        .map(|n| NsProxy::start(&n.ns.path(), 2379, etcd.port()))
+        .map(|n| fault_kit::ns_proxy(&n.ns.path(), 2379, etcd.port()))
         .collect();
     c.start_all()
         .unwrap_or_else(|err| panic!("{} cluster: {err}", e.name));

@@ -21,6 +21,7 @@ pub mod etcd;
 pub mod k8s;
 pub mod netns;
 pub mod proc;
+pub mod proxy;
 pub mod vm;
 pub mod weftd;
 

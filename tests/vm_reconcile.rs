@@ -76,7 +76,9 @@ fn kernel_vxlan_restores_route_neighbour_fdb_and_device() {
     n.ok(&format!(
         "ip route del {sn} && ip neigh del {gw} dev flannel.1 && bridge fdb del {mac} dev flannel.1 dst 192.0.2.2 self"
     ));
-    assert!(!n.ok("ip route").contains(&sn));
+    // `n.ok` asserts that all three deletes succeeded (each fails when its
+    // entry is missing). Checking afterwards that the route is gone raced
+    // with the reconcile tick: on one CI run the route was already back.
     let route = format!("{sn} via {gw} dev flannel.1 onlink");
     restored(n, "vxlan route", "ip route show", |o| {
         o.stdout.contains(&route)

@@ -43,6 +43,12 @@
 # rr tests also print, and keep in $OUT/logs/*.workers, the engine workers'
 # sleeps and empty rounds polled per round trip and their poll backoffs
 # (`weft status` counters before and after, both nodes).
+# HALTPOLL_NS=N (guests with the cpuidle-haltpoll driver): for the run, an
+# idle vCPU polls up to N ns before it halts (the haltpoll module's
+# guest_halt_poll_ns, restored on exit). Latency on an idle machine swings
+# with how fast the host wakes a halted vCPU (kernel vxlan's idle p50 was
+# 15 us one day, 60 us the next, here); 200000 makes wake-ups fast and
+# the same every run (p50 10-13 us), 0 leaves them to the host.
 set -euo pipefail
 
 REPS=${REPS:-3}
@@ -88,6 +94,14 @@ for n in 1 2; do
     wg pubkey <"$OUT/wg$n.key" >"$OUT/wg$n.pub"
 done
 
+HALTPOLL=/sys/module/haltpoll/parameters/guest_halt_poll_ns
+HALTPOLL_WAS=
+if [ -n "${HALTPOLL_NS:-}" ]; then
+    [ -w $HALTPOLL ] || { echo "HALTPOLL_NS needs the cpuidle-haltpoll driver ($HALTPOLL)" >&2; exit 1; }
+    HALTPOLL_WAS=$(cat $HALTPOLL)
+    echo "$HALTPOLL_NS" >$HALTPOLL
+fi
+
 DAEMON_PIDS=()
 teardown() {
     # weftd first, with SIGTERM so that it removes what it programmed.
@@ -98,7 +112,7 @@ teardown() {
     for ns in $P-p1 $P-p2 $P-n1 $P-n2; do ip netns del $ns 2>/dev/null || true; done
     rm -rf "$OUT/work"
 }
-trap teardown EXIT
+trap 'teardown; [ -z "$HALTPOLL_WAS" ] || echo "$HALTPOLL_WAS" >$HALTPOLL' EXIT
 trap 'exit 130' INT TERM
 
 base() {
@@ -352,6 +366,7 @@ run_test() { # test -> appends one row (rr tests: two) to results.tsv
     echo "iperf3: $(iperf3 --version | head -1)"
     echo "sockperf: $(sockperf --version 2>&1 | head -1)"
     echo "rounds: $REPS, $DUR s per test"
+    [ -r $HALTPOLL ] && echo "guest_halt_poll_ns: $(cat $HALTPOLL)"
 } | tee "$OUT/machine.txt" >&2
 "$PY" "$HERE/analyze.py" header >"$OUT/results.tsv"
 read -r -a case_list <<<"$CASES"

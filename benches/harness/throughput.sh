@@ -35,7 +35,7 @@
 # binaries in $BIN_new (BIN_new=/tmp/new CASES="kvxlan weft-udp weft-udp@new").
 #
 # Env: REPS, DUR, CASES, TESTS (tcp1 tcp4 udp64 rr-idle rr-busy rr-bulk idle), OUT (results directory,
-# default a new /tmp/weft-throughput.*), BIN (directory with weftd and flannel;
+# default a new /tmp/weft-throughput.*), BIN (directory with weftd, flannel and weft;
 # default $CARGO_TARGET_DIR/release, built with cargo unless NO_BUILD=1),
 # WEFTD_ARGS (extra weftd flags for every weft case), RR_TRACE=1 (rr tests:
 # a 1 s tracefs capture per ping-pong and rrtrace.py's per-hop breakdown of it
@@ -74,7 +74,7 @@ done
 if [ -z "${NO_BUILD:-}" ]; then
     (cd "$ROOT" && cargo build --release -p weft-control -p weft-cni --bins) >&2
 fi
-for b in weftd flannel; do
+for b in weftd flannel weft; do
     [ -x "$BIN/$b" ] || { echo "no $b in $BIN: cargo build --release -p weft-control -p weft-cni --bins" >&2; exit 1; }
 done
 # RR_TRACE writes a tracefs instance: mount tracefs where a fresh machine has not.

@@ -102,7 +102,11 @@
 //! passes per direction, not wake-ups. Polling at `SCHED_IDLE` (a worker
 //! switches to it for its window, so that a woken pod preempts it at once)
 //! was measured there and was worse at every percentile (p50 2.3-2.9x,
-//! p99 2.9-3.9x): not in.
+//! p99 2.9-3.9x): not in. Other windows there, A-B against 50 us: 20 us
+//! lost at p50 (2.8-3.6x against 1.9-2.3x), 100 and 200 us raised the p99
+//! from 2.1-2.8x to 3.2-3.7x and 4.2-5.8x. In the harness both nodes share
+//! two vCPUs, so the more a worker polls, the more it holds a CPU a pod or
+//! the other node's worker waits for.
 //!
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -366,7 +366,7 @@ run_test() { # test -> appends one row (rr tests: two) to results.tsv
     echo "iperf3: $(iperf3 --version | head -1)"
     echo "sockperf: $(sockperf --version 2>&1 | head -1)"
     echo "rounds: $REPS, $DUR s per test"
-    [ -r $HALTPOLL ] && echo "guest_halt_poll_ns: $(cat $HALTPOLL)"
+    if [ -r $HALTPOLL ]; then echo "guest_halt_poll_ns: $(cat $HALTPOLL)"; fi
 } | tee "$OUT/machine.txt" >&2
 "$PY" "$HERE/analyze.py" header >"$OUT/results.tsv"
 read -r -a case_list <<<"$CASES"

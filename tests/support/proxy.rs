@@ -6,7 +6,7 @@
 //! upstream is down, connections are accepted and closed at once. Stops
 //! on drop, cutting what it forwards.
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -44,9 +44,7 @@ impl TcpProxy {
                         let _ = down.set_nonblocking(false);
                         s.forward(down, upstream);
                     }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(20))
-                    }
+                    // Nothing to accept yet (or a transient error).
                     Err(_) => std::thread::sleep(Duration::from_millis(20)),
                 }
             }

@@ -16,8 +16,9 @@
 //! - the TUN device deleted under a running weftd: recreated by the next
 //!   reconcile, traffic resumes.
 //!
-//! Measured gaps are printed (run with `--nocapture`); assertions are about
-//! what happens, not how fast (see the shared test rules).
+//! Measured gaps are printed (run with `--nocapture`). Where the README
+//! promises lost traffic (a restart, a repair within one reconcile period,
+//! none during an etcd outage) the bound is asserted as a fixed number.
 
 mod fault_kit;
 
@@ -30,8 +31,11 @@ use fault_kit::{
 use weft_control::demo::cluster::{Cluster, ClusterSpec, ClusterStore};
 use weft_testenv::require_root;
 use weft_tests::etcd::Etcd;
+use weft_tests::ping;
 use weft_tests::proc::wait_for;
 use weft_tests::require_etcd;
+use weft_tests::RESTORED_WITHIN;
+use weft_tests::weftd::assert_dataplane;
 
 /// The userspace dataplane with one worker (the machine is small and shared).
 const USERSPACE: &[&str] = &[
@@ -176,12 +180,31 @@ fn etcd_outage_loses_no_packets_and_resyncs() {
     );
 }
 
-/// SIGKILL and restart on the userspace dataplane (the TUN dies with the
-/// process) and on the kernel one (its devices outlive the process).
+/// The longest ping gap (one ping every 10 ms, pod on node 1 to pod on
+/// node 2) that restarting node 2's userspace weftd may cause: the engine
+/// and its TUN die with the process, so traffic stops until the new
+/// process has its engine and routes. Measured on this 2-vCPU machine on
+/// 2026-12-03 (debug build, load average 6-8): 112-257 ms in 6 restarts
+/// (SIGKILL 112-257, SIGTERM 144-160); release builds on a quieter machine:
+/// the switch benchmark (README "Switch and restart"). The bound is about
+/// twice the worst. On the kernel dataplane the devices outlive the process
+/// and no ping may be lost at all (20-27 ms gaps, 0 lost, in the same
+/// runs). A 600 ms sleep before the engine starts (`tunnel::Tunnel`) fails
+/// the userspace bound; a kernel backend whose teardown deleted its device
+/// on SIGTERM fails the kernel one.
+const USERSPACE_RESTART_GAP: Duration = Duration::from_millis(500);
+
+/// SIGKILL and restart, then SIGTERM and restart, on the userspace
+/// dataplane (the TUN dies with the process) and on the kernel one (its
+/// devices outlive the process): the same subnet, the longest ping gap
+/// no ping lost on the kernel path and the gap within
+/// [`USERSPACE_RESTART_GAP`] on the engine, and the node's links, routes
+/// and rules as before.
 fn sigkill_restart(tag: &str, dataplane: &str) {
     // The default traffic manager (iptables rules inside the node namespace).
     let args = [dataplane, "--engine-workers=1", "--iptables-resync=1"];
-    let (work, mut c) = cluster(tag, "vxlan", 2, ClusterStore::Embedded, &args);
+    let (_work, mut c) = cluster(tag, "vxlan", 2, ClusterStore::Embedded, &args);
+    let want = dataplane.trim_start_matches("--dataplane=");
     c.add_pod(0, "a").expect("pod a");
     c.add_pod(1, "b").expect("pod b");
     assert!(wait_ping(&c, 0, 1), "no initial connectivity");
@@ -191,41 +214,58 @@ fn sigkill_restart(tag: &str, dataplane: &str) {
     std::thread::sleep(Duration::from_secs(2));
     let before = node_state(&c.nodes[1].ns);
     let subnet = env_var(&c, 1, "FLANNEL_SUBNET");
-
-    let ping = PingFlood::start(&c, 0, 1, 1500, work.path());
-    std::thread::sleep(Duration::from_secs(3));
-    let killed = Instant::now();
-    let mut child = c.nodes[1].weftd.take().expect("weftd");
-    child.kill().expect("SIGKILL");
-    let _ = child.wait();
-    c.start_weftd(1).expect("restart");
-    wait_for("the restarted weftd to be ready", LONG, || {
-        c.log(1).contains("flannel is ready").then_some(())
-    });
-    let ready = killed.elapsed();
-    let report = ping.finish(Duration::from_secs(60));
-    eprintln!(
-        "MEASURED SIGKILL+restart ({dataplane}): ready again after {ready:.2?}; ping {}/{} replies, longest gap {:?}",
-        report.received, report.sent, report.max_gap
-    );
-    assert_eq!(
-        env_var(&c, 1, "FLANNEL_SUBNET"),
-        subnet,
-        "the restarted node changed its subnet"
-    );
-    assert!(
-        c.log(1).contains("reusing"),
-        "no lease reuse logged:\n{}",
-        c.log(1)
-    );
+    let env = c.nodes[1].dir.join("subnet.env");
+    assert_dataplane(&env, "vxlan", want);
+    let dst = c.pods[1].ip.clone();
+    for signal in ["SIGKILL", "SIGTERM"] {
+        let stream = ping::Stream::start(&c.pods[0].ns, &dst);
+        let t = Instant::now();
+        if signal == "SIGKILL" {
+            let mut child = c.nodes[1].weftd.take().expect("weftd");
+            child.kill().expect("SIGKILL");
+            let _ = child.wait();
+        } else {
+            c.stop_weftd(1);
+        }
+        c.start_weftd(1).expect("restart");
+        wait_for("the restarted weftd to be ready", LONG, || {
+            c.log(1).contains("flannel is ready").then_some(())
+        });
+        let ready = t.elapsed();
+        let at = stream.replies();
+        stream.wait_more(at, 100, LONG);
+        let gap = stream.finish();
+        eprintln!("MEASURED {signal}+restart ({want}): ready again after {ready:.2?}; {gap}");
+        assert_dataplane(&env, "vxlan", want);
+        if want == "kernel" {
+            assert_eq!(
+                gap.lost(),
+                0,
+                "{signal} + restart on the kernel dataplane lost pings: {gap}; log:\n{}",
+                c.log(1)
+            );
+        } else {
+            assert!(
+                gap.longest < USERSPACE_RESTART_GAP,
+                "{signal} + restart on {want}: {gap}, bound {USERSPACE_RESTART_GAP:?}; log:\n{}",
+                c.log(1)
+            );
+        }
+        assert_eq!(
+            env_var(&c, 1, "FLANNEL_SUBNET"),
+            subnet,
+            "the restarted node changed its subnet"
+        );
+        assert!(
+            c.log(1).contains("reusing"),
+            "no lease reuse logged:\n{}",
+            c.log(1)
+        );
+    }
     assert!(
         wait_ping(&c, 0, 1) && wait_ping(&c, 1, 0),
         "traffic did not come back; log:\n{}",
         c.log(1)
-    );
-    assert!(
-        report.received > report.sent / 2,
-        "traffic did not come back during the run: {report:?}"
     );
 
     // Let the rule resync run, then compare with the state before the kill.
@@ -466,18 +506,18 @@ fn damaged_embedded_store_is_refused_not_lost() {
 }
 
 /// `ip link del` of the tunnel device under a running weftd: the next
-/// reconcile (10 s) recreates it and traffic resumes.
+/// reconcile recreates it within [`RESTORED_WITHIN`] of the delete, pod
+/// traffic stops no longer than that, and nothing is duplicated.
 fn device_deleted(tag: &str, backend: &str, dev: &str, args: &[&str]) {
-    let (work, c) = cluster(tag, backend, 2, ClusterStore::Embedded, args);
+    let (_work, c) = cluster(tag, backend, 2, ClusterStore::Embedded, args);
     let mut c = c;
     c.add_pod(0, "a").expect("pod a");
     c.add_pod(1, "b").expect("pod b");
     assert!(wait_ping(&c, 0, 1), "no initial connectivity");
-    let ping = PingFlood::start(&c, 0, 1, 3500, work.path());
-    std::thread::sleep(Duration::from_secs(2));
+    let stream = ping::Stream::start(&c.pods[0].ns, &c.pods[1].ip.clone());
     let t = Instant::now();
     c.nodes[1].ns.exec(&["ip", "link", "del", dev]);
-    wait_for(&format!("{dev} to come back"), LONG, || {
+    wait_for(&format!("{dev} to come back"), RESTORED_WITHIN, || {
         c.nodes[1]
             .ns
             .try_exec(&["ip", "link", "show", dev])
@@ -486,15 +526,19 @@ fn device_deleted(tag: &str, backend: &str, dev: &str, args: &[&str]) {
             .then_some(())
     });
     let back = t.elapsed();
+    let at = stream.replies();
+    stream.wait_more(at, 100, RESTORED_WITHIN);
+    let gap = stream.finish();
+    eprintln!("MEASURED {backend} {args:?}: {dev} back after {back:.1?}; {gap}");
+    assert!(
+        gap.longest < RESTORED_WITHIN,
+        "{dev} deleted: {gap}, bound {RESTORED_WITHIN:?}; log:\n{}",
+        c.log(1)
+    );
     assert!(
         wait_ping(&c, 0, 1) && wait_ping(&c, 1, 0),
         "traffic did not resume; log:\n{}",
         c.log(1)
-    );
-    let report = ping.finish(Duration::from_secs(60));
-    eprintln!(
-        "MEASURED {backend} {args:?}: {dev} back after {back:.1?}; ping {}/{} replies, longest gap {:?}",
-        report.received, report.sent, report.max_gap
     );
     assert!(
         running(&mut c, 1),

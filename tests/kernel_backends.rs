@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 
 use weft_control::demo::cluster::{Cluster, ClusterSpec};
 use weft_testenv::require_root;
+use weft_tests::ping;
 use weft_tests::proc::wait_for;
+use weft_tests::weftd::assert_dataplane;
+use weft_tests::RESTORED_WITHIN;
 
 fn spec(tag: &str, backend_json: &str, nodes: u8, work: &std::path::Path) -> ClusterSpec {
     ClusterSpec {
@@ -190,12 +193,9 @@ fn mixed_kernel_and_userspace_vxlan_nodes() {
     mesh(&mut c, "mixed vxlan");
 }
 
-fn wait_contains(what: &str, timeout: Duration, mut f: impl FnMut() -> String, needle: &str) {
-    wait_for(what, timeout, || f().contains(needle).then_some(()));
-}
-
 /// A route, a neighbour and an fdb entry deleted by hand are back within one
-/// reconcile period (10 s; waited for up to 25 s); a host-gw route too.
+/// reconcile period ([`RESTORED_WITHIN`] of the delete), and so is the whole
+/// device; a host-gw route too. The times are printed.
 #[test]
 fn deleted_entries_are_restored_within_a_period() {
     require_root!();
@@ -204,6 +204,7 @@ fn deleted_entries_are_restored_within_a_period() {
         r#"{"Type":"vxlan"}"#,
         vec![args(&["--dataplane=kernel"]); 2],
     );
+    assert_dataplane(&c.nodes[0].dir.join("subnet.env"), "vxlan", "kernel");
     c.add_pod(0, "a").expect("pod a");
     c.add_pod(1, "b").expect("pod b");
     assert!(wait_ping(&c, 0, 1), "no initial connectivity");
@@ -217,6 +218,7 @@ fn deleted_entries_are_restored_within_a_period() {
         .and_then(|l| l.split_whitespace().next())
         .expect("fdb mac")
         .to_string();
+    let t0 = Instant::now();
     ns.exec(&["ip", "route", "del", &sn]);
     ns.exec(&["ip", "neigh", "del", &gw, "dev", "flannel.1"]);
     ns.exec(&[
@@ -230,37 +232,26 @@ fn deleted_entries_are_restored_within_a_period() {
         "192.0.2.2",
         "self",
     ]);
-    assert!(!ns.exec(&["ip", "route"]).contains(&sn));
-    let t0 = Instant::now();
-    wait_contains(
-        "route back",
-        Duration::from_secs(25),
-        || ns.exec(&["ip", "route"]),
-        &format!("{sn} via {gw} dev flannel.1 onlink"),
-    );
-    wait_contains(
-        "neigh back",
-        Duration::from_secs(5),
+    let route = format!("{sn} via {gw} dev flannel.1 onlink");
+    restored(t0, "vxlan route", || ns.exec(&["ip", "route"]), &route);
+    restored(
+        t0,
+        "vxlan neighbour",
         || ns.exec(&["ip", "neigh", "show", "dev", "flannel.1"]),
-        &gw,
+        &format!("{gw} lladdr"),
     );
-    wait_contains(
-        "fdb back",
-        Duration::from_secs(5),
+    restored(
+        t0,
+        "vxlan fdb entry",
         || ns.exec(&["bridge", "fdb", "show", "dev", "flannel.1"]),
         "dst 192.0.2.2 self permanent",
     );
-    println!("kernel vxlan entries restored after {:?}", t0.elapsed());
     assert!(wait_ping(&c, 0, 1), "traffic did not come back");
     assert!(c.log(0).contains("Route recovered"), "log:\n{}", c.log(0));
     // The whole device, too.
+    let t0 = Instant::now();
     ns.exec(&["ip", "link", "del", "flannel.1"]);
-    wait_contains(
-        "device back",
-        Duration::from_secs(25),
-        || ns.exec(&["ip", "route"]),
-        &format!("{sn} via {gw} dev flannel.1 onlink"),
-    );
+    restored(t0, "vxlan device", || ns.exec(&["ip", "route"]), &route);
     assert!(
         wait_ping(&c, 0, 1),
         "traffic did not come back after the device was recreated"
@@ -272,14 +263,25 @@ fn deleted_entries_are_restored_within_a_period() {
     c.add_pod(1, "b").expect("pod b");
     assert!(wait_ping(&c, 0, 1), "no initial host-gw connectivity");
     let sn = subnet_of(&c, 1);
+    let t0 = Instant::now();
     c.nodes[0].ns.exec(&["ip", "route", "del", &sn]);
-    wait_contains(
-        "host-gw route back",
-        Duration::from_secs(25),
+    restored(
+        t0,
+        "host-gw route",
         || c.nodes[0].ns.exec(&["ip", "route"]),
         &format!("{sn} via 192.0.2.2 dev eth0"),
     );
     assert!(wait_ping(&c, 0, 1));
+}
+
+/// Waits until `f()` contains `needle`, at most until [`RESTORED_WITHIN`]
+/// after `t0` (when the state was deleted); prints how long it took.
+fn restored(t0: Instant, what: &str, mut f: impl FnMut() -> String, needle: &str) {
+    let left = RESTORED_WITHIN.saturating_sub(t0.elapsed());
+    wait_for(&format!("{what} restored"), left, || {
+        f().contains(needle).then_some(())
+    });
+    println!("reconcile: {what} restored {:.1?} after the delete", t0.elapsed());
 }
 
 /// Backends this kernel cannot run fail at start-up with a clear message.
@@ -329,54 +331,6 @@ fn backends_without_kernel_support_fail_clearly() {
     }
 }
 
-/// A background ping flood (every 10 ms) whose replies are timestamped.
-struct PingFlood {
-    child: Option<std::process::Child>,
-}
-
-impl PingFlood {
-    fn start(ns: &str, dst: &str) -> PingFlood {
-        let child = Command::new("ip")
-            .args([
-                "netns", "exec", ns, "ping", "-D", "-n", "-i", "0.01", "-W", "1", dst,
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("ping");
-        PingFlood { child: Some(child) }
-    }
-
-    /// Stops it; returns (replies, longest gap between consecutive replies).
-    fn finish(mut self) -> (usize, Duration) {
-        let child = self.child.take().expect("running");
-        let _ = Command::new("kill")
-            .args(["-INT", &child.id().to_string()])
-            .status();
-        let out = child.wait_with_output().expect("ping output");
-        let text = String::from_utf8_lossy(&out.stdout);
-        let stamps: Vec<f64> = text
-            .lines()
-            .filter(|l| l.contains("bytes from"))
-            .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
-            .collect();
-        let gap = stamps
-            .windows(2)
-            .map(|w| w[1] - w[0])
-            .fold(0.0f64, f64::max);
-        (stamps.len(), Duration::from_secs_f64(gap))
-    }
-}
-
-impl Drop for PingFlood {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 fn lease_json(c: &Cluster, node: usize) -> serde_json::Value {
     let store = format!("--store-path={}", c.work().join("store").display());
     let out = Command::new(weft_tests::bins::path("weft"))
@@ -413,18 +367,37 @@ fn switch(c: &Cluster, node: usize, to: &str) -> Duration {
     t0.elapsed()
 }
 
+/// The longest ping gap (one ping every 10 ms) a live switch of kernel
+/// vxlan to the engine or back may cause on this machine's real CPU, with a
+/// TCP flow running beside it (debug build, as `cargo test` builds it).
+/// Measured on this 2-vCPU machine on 2026-12-03, at load average 8-11
+/// (other sessions' builds): 51-224 ms in 21 switches over 7 runs, median
+/// 64 ms (kernel → userspace 55-224, userspace → kernel 51-117); the
+/// release build on a quieter machine loses 30-40 ms (the switch benchmark,
+/// README "Switch and restart"). The bound is 2.2× the worst seen and half
+/// the second the README promises: a switch that stalls on anything (a
+/// retry, a deadline, a blocked main loop) costs more. A 600 ms sleep
+/// injected between removing the old path and starting the new one
+/// (`Dual::switch_dataplane`) fails it.
+const SWITCH_GAP: Duration = Duration::from_millis(500);
+
 /// Live switching: node 1 moves kernel → userspace → kernel and node 2
-/// kernel → userspace while pod 1 pings pod 2 every 10 ms and an iperf3 flow
-/// runs between them. The leases and subnet.env do not change, traffic
-/// resumes after every switch, and the longest ping gap is reported.
+/// kernel → userspace while an iperf3 flow runs between the pods; around
+/// each switch pod 1 pings pod 2 every 10 ms and the longest gap is
+/// asserted ([`SWITCH_GAP`]). Both nodes start pinned to the kernel path
+/// and each switch is checked in `weft status`; the leases and subnet.env
+/// do not change and TCP resumes.
 #[test]
 fn live_switching_keeps_the_lease_and_traffic_resumes() {
     require_root!();
     let (_w, mut c) = cluster(
         "sw",
         r#"{"Type":"vxlan"}"#,
-        vec![args(&["--engine-workers=1"]); 2],
+        vec![args(&["--dataplane=kernel", "--engine-workers=1"]); 2],
     );
+    for n in 0..2 {
+        assert_dataplane(&c.nodes[n].dir.join("subnet.env"), "vxlan", "kernel");
+    }
     c.add_pod(0, "a").expect("pod a");
     c.add_pod(1, "b").expect("pod b");
     assert!(
@@ -439,24 +412,32 @@ fn live_switching_keeps_the_lease_and_traffic_resumes() {
     std::thread::sleep(Duration::from_millis(300));
     let iperf = Command::new("ip")
         .args([
-            "netns", "exec", &a, "iperf3", "-c", &b, "-t", "14", "-i", "0.5", "-J",
+            "netns", "exec", &a, "iperf3", "-c", &b, "-t", "20", "-i", "0.5", "-J",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("iperf3");
-    let flood = PingFlood::start(&a, &b);
-    std::thread::sleep(Duration::from_secs(2));
+    std::thread::sleep(Duration::from_secs(1));
     let mut report = Vec::new();
-    for (node, to) in [(0, "userspace"), (0, "kernel"), (1, "userspace")] {
+    let mut gaps = Vec::new();
+    for (node, from, to) in [
+        (0, "kernel", "userspace"),
+        (0, "userspace", "kernel"),
+        (1, "kernel", "userspace"),
+    ] {
+        let stream = ping::Stream::start(&c.pods[0].ns, &b);
         let took = switch(&c, node, to);
+        assert_dataplane(&c.nodes[node].dir.join("subnet.env"), "vxlan", to);
+        let at = stream.replies();
+        stream.wait_more(at, 100, Duration::from_secs(30));
+        let gap = stream.finish();
         report.push(format!(
-            "node {} -> {to}: command returned after {took:?}",
+            "node {} {from} -> {to}: {gap} (command returned after {took:.1?})",
             node + 1
         ));
-        std::thread::sleep(Duration::from_secs(3));
+        gaps.push((node, to, gap));
     }
-    let (replies, gap) = flood.finish();
     let out = iperf.wait_with_output().expect("iperf3 result");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     let bytes = v["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0);
@@ -477,7 +458,7 @@ fn live_switching_keeps_the_lease_and_traffic_resumes() {
                 .collect::<Vec<_>>()
         })
         .collect();
-    println!("live switching report:");
+    println!("live switching report (ping every 10 ms around each switch):");
     for r in &report {
         println!("  {r}");
     }
@@ -487,10 +468,17 @@ fn live_switching_keeps_the_lease_and_traffic_resumes() {
             l.split("dataplane:").last().unwrap_or(l).trim()
         );
     }
-    println!("  ping every 10 ms: {replies} replies, longest gap between replies {gap:?}");
     println!("  iperf3: {bytes} bytes; bytes per 0.5 s interval: {intervals:?}");
     assert_eq!(switch_logs.len(), 3, "logs:\n{}\n{}", c.log(0), c.log(1));
-    assert!(replies > 100, "too few ping replies: {replies}");
+    for (node, to, gap) in &gaps {
+        assert!(
+            gap.longest < SWITCH_GAP,
+            "switching node {} to {to}: {gap}, bound {SWITCH_GAP:?}\nlogs:\n{}\n{}",
+            node + 1,
+            c.log(0),
+            c.log(1)
+        );
+    }
     assert!(
         out.status.success(),
         "iperf3 failed: {}",
@@ -513,16 +501,5 @@ fn live_switching_keeps_the_lease_and_traffic_resumes() {
         (c.subnet_env(0), c.subnet_env(1)),
         envs,
         "switching changed subnet.env"
-    );
-    // Node 2 now runs userspace, node 1 kernel: the status files say so.
-    let st = Command::new(weft_tests::bins::path("weft"))
-        .args(["dataplane", "--subnet-file"])
-        .arg(c.nodes[1].dir.join("subnet.env"))
-        .output()
-        .expect("weft dataplane");
-    assert!(
-        String::from_utf8_lossy(&st.stdout).contains("runs in the userspace"),
-        "{}",
-        String::from_utf8_lossy(&st.stdout)
     );
 }

@@ -1,6 +1,8 @@
 //! The userspace `wireguard` backend end to end, through real weftd daemons
-//! (3-node cluster in network namespaces, pods from weft's CNI plugin):
-//! traffic both ways, flannel's devices/routes/lease bytes/key file, interop
+//! (3-node cluster in network namespaces, pods from weft's CNI plugin),
+//! pinned to `--dataplane=userspace` and checked in `weft status` on every
+//! node, so that a kernel with the wireguard module cannot swap the path
+//! under the test: traffic both ways, flannel's devices/routes/lease bytes/key file, interop
 //! with an independent implementation (wireguard-go + wg configured as a
 //! flannel wireguard node would be), and key rotation.
 
@@ -12,6 +14,7 @@ use weft_control::demo::cluster::{Cluster, ClusterSpec};
 use weft_control::demo::netns::Netns;
 use weft_testenv::{require_root, require_tool};
 use weft_tests::proc::wait_for;
+use weft_tests::weftd::assert_dataplane;
 
 fn cluster(tag: &str, nodes: u8) -> (tempfile::TempDir, Cluster) {
     cluster_with(
@@ -27,12 +30,18 @@ fn cluster_with(tag: &str, nodes: u8, backend: &str) -> (tempfile::TempDir, Clus
         prefix: weft_tests::unique(tag),
         nodes,
         net_conf: format!(r#"{{"Network":"10.244.0.0/16","Backend":{backend}}}"#),
-        weftd_args: vec!["--traffic-manager=none".into()],
+        weftd_args: vec![
+            "--traffic-manager=none".into(),
+            "--dataplane=userspace".into(),
+        ],
         bin_dir: weft_tests::bins::dir(),
         work: work.path().to_path_buf(),
         store: Default::default(),
     })
     .unwrap_or_else(|e| panic!("cluster: {e}"));
+    for n in &c.nodes {
+        assert_dataplane(&n.dir.join("subnet.env"), "wireguard", "userspace");
+    }
     (work, c)
 }
 

@@ -151,15 +151,42 @@ fn removed_lease_cuts_and_restores_a_peer() {
             .is_some_and(|p| !matches!(p.try_wait(), Ok(None)))
             .then_some(())
     });
-    assert!(
-        !c.pods[0].ns.ping(&c.pods[1].ip, 1),
-        "peer still reachable after its lease was removed"
-    );
+    let net = subnet.replace(".1/", ".0/");
     let routes = c.nodes[0].ns.exec(&["ip", "route"]);
+    assert!(!routes.contains(&net), "stale route left:\n{routes}");
+    // Node 1's engine forgot the peer too: with a route into the TUN put
+    // back by hand, pings to the dead node's pod are dropped for want of a
+    // peer (`no_route`), not encapsulated towards 192.0.2.2. (A ping alone
+    // proves nothing here: node 2's own TUN died with its weftd.)
+    let env1 = c.nodes[0].dir.join("subnet.env");
+    let no_route = || {
+        let st = weft_tests::weftd::status(&env1);
+        let dev = st.backend.devices.iter().find(|d| d.name == "flannel.1");
+        dev.and_then(|d| d.drops).map_or(0, |d| d.no_route)
+    };
+    let peers = weft_tests::weftd::status(&env1).peers;
     assert!(
-        !routes.contains(&subnet.replace(".1/", ".0/")),
-        "stale route left:\n{routes}"
+        peers.iter().all(|p| p.subnet.as_deref() != Some(net.as_str())),
+        "node 1 still lists the removed peer: {peers:?}"
     );
+    c.nodes[0]
+        .ns
+        .exec(&["ip", "route", "add", &net, "dev", "flannel.1"]);
+    let before = no_route();
+    let out = c.pods[0]
+        .ns
+        .try_exec(&["ping", "-c", "3", "-i", "0.2", "-W", "1", &c.pods[1].ip]);
+    assert!(
+        !out.status.success(),
+        "the removed peer's pod answered: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let dropped = no_route() - before;
+    assert!(
+        dropped >= 3,
+        "node 1's engine dropped {dropped} of 3 pings to the removed peer as no_route: it still forwards to it"
+    );
+    c.nodes[0].ns.exec(&["ip", "route", "del", &net, "dev", "flannel.1"]);
     // Restart: same subnet from subnet.env, traffic back.
     c.start_weftd(1).expect("restart");
     wait_for(

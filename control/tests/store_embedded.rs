@@ -278,13 +278,21 @@ fn concurrent_creators_on_threads_never_both_win() {
 }
 
 /// Child side of the multi-process test; does nothing unless started by it.
+/// The child process of [`concurrent_creators_in_processes_never_both_win`],
+/// not a test of its own: ignored in every run, started by that test with
+/// `--ignored --exact` and its directory and id in the environment. Run
+/// any other way it fails rather than pass having checked nothing.
 #[tokio::test]
+#[ignore = "the child of concurrent_creators_in_processes_never_both_win, which runs it"]
 async fn child_creator() {
     let (Ok(dir), Ok(id)) = (
         std::env::var("WEFT_STORE_CHILD_DIR"),
         std::env::var("WEFT_STORE_CHILD_ID"),
     ) else {
-        return;
+        panic!(
+            "child_creator runs only as concurrent_creators_in_processes_never_both_win's child \
+             (WEFT_STORE_CHILD_DIR and WEFT_STORE_CHILD_ID unset)"
+        );
     };
     let id: u8 = id.parse().expect("id");
     let s = EmbeddedStore::open(dir).await.expect("open");
@@ -306,6 +314,7 @@ fn concurrent_creators_in_processes_never_both_win() {
         .map(|id| {
             Command::new(&exe)
                 .args([
+                    "--ignored",
                     "--exact",
                     "child_creator",
                     "--nocapture",

@@ -470,6 +470,34 @@ impl Node {
         }
     }
 
+    /// A kernel-only baseline of this run's emulation speed: how long this
+    /// guest's kernel takes to make a device of `kind` (`vxlan`, `ipip`,
+    /// `wireguard`, ...) with an address and a route and delete it again,
+    /// by hand with `ip` in a scratch namespace, timed inside the guest
+    /// (median of 5). weftd does the same kind of work when it builds or
+    /// restores a path, so tests bound what weftd takes in guests by a fixed
+    /// multiple of this, measured in the same run, never by weftd's own
+    /// report: the software CPU's speed varies 2× between sessions.
+    pub fn kernel_build_time(&self, kind: &str) -> Duration {
+        // A new namespace with the ipip module has its fallback device
+        // (tunl0: any to any), so an ipip link needs its own local address.
+        let add = match kind {
+            "vxlan" => "ip -n w30b link add b0 type vxlan id 9 dstport 0".to_string(),
+            "ipip" => "ip -n w30b link add b0 type ipip local 10.99.0.1".to_string(),
+            kind => format!("ip -n w30b link add b0 type {kind}"),
+        };
+        let out = self.ok(&format!(
+            "ip netns del w30b 2>/dev/null; ip netns add w30b; for i in 1 2 3 4 5; do t0=$(date +%s%N); {add} && \
+             ip -n w30b addr add 10.99.0.1/32 dev b0 && ip -n w30b link set b0 up && \
+             ip -n w30b route add 10.98.0.0/24 dev b0 && ip -n w30b link del b0 || exit 1; \
+             echo $(( ($(date +%s%N) - t0) / 1000 )); done; ip netns del w30b"
+        ));
+        let mut us: Vec<u64> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        us.sort_unstable();
+        assert_eq!(us.len(), 5, "{}: kernel baseline: {out}", self.name());
+        Duration::from_micros(us[2])
+    }
+
     /// Starts `script` in the background as daemon `name` (log = its stdout
     /// and stderr). Use `exec` for the last command so that
     /// [`Daemon::stop`]'s signal reaches the program itself.

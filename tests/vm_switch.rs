@@ -7,8 +7,11 @@
 //! `--dataplane=auto`: both must pick the kernel path (status and device
 //! kind say so). Node 1 then switches to userspace and back while a pod on
 //! node 2 pings a pod on node 1 every 10 ms: the longest gap between replies
-//! is asserted (at most 2 s longer than weftd's own switch, see [`SLACK`])
-//! and printed per direction, the lease in etcd stays
+//! is asserted against a bound measured in the same guest run without weftd
+//! (see [`gap_bound`]: the stream's own jitter on the kernel path and the
+//! time the guest's kernel takes to build such a path by hand), never
+//! against weftd's own report of its switch. It is printed per direction;
+//! the lease in etcd stays
 //! byte-identical, subnet.env does not change, the old path leaves nothing
 //! behind (devices of the other kind, probe links, routes through another
 //! device, XFRM state, policy rules), the route set after the round trip is
@@ -32,17 +35,46 @@ use std::time::Duration;
 use common::{Gap, PingStream};
 use weft_tests::vm::LabSpec;
 
-/// How much longer than weftd's own switch the longest ping gap may be: the
-/// first packets through the new path (WireGuard: one handshake). The bound
-/// is relative because under software CPU emulation the switch itself
-/// scales with the emulator's speed: the same code switched to the engine in
-/// 534 ms in one session and in 976-1,159 ms in another (2026-12-01), with
-/// gaps of 0.7 and 1.3-1.6 s. On 2026-12-02 the WireGuard case's gap
-/// exceeded its switch by 387 ms in CI and by 859 ms (2,113 ms after a
-/// 1,254 ms switch) in a rerun, too close to 1 s, so the slack is 2 s. The
-/// bug it guards against cut the node off for 15-27 s after a switch that
-/// took 200 ms.
-const SLACK: Duration = Duration::from_secs(2);
+/// The longest gap a switch may cause, in kernel-only baselines of the same
+/// run ([`Baseline`]) beyond the stream's own jitter. Measured on 2026-12-03
+/// (tcg guests, load average 3.5-5.6): kernel → userspace 0.5-0.9 (vxlan
+/// 0.5-0.8 in 3 runs, ipip 0.7, WireGuard 0.8-0.9 in 2), userspace → kernel
+/// 0.1-0.2 and once 1.3 (WireGuard's handover, switched in 1,456 ms); the
+/// baselines were 0.7-1.25 s, so the bound was 2.1-3.8 s. Three is 2.3× the
+/// worst seen. It fails a switch that stalls for seconds (a retry until a
+/// 2 s deadline, a node cut off until its peers' handshake timers fire) at
+/// any emulation speed, where the old bound (weftd's own switch time + 2 s)
+/// grew with the stall. A 3 s sleep injected into the switch fails it.
+const PER_BUILD: u32 = 3;
+
+/// What the guests of one run show without weftd: `jitter`, the longest gap
+/// of the same 10 ms ping stream on the kernel path with nothing changing
+/// (the emulator's own stalls), and `build`, how long node 1's kernel takes
+/// to make a device of the backend's kind with an address and a route and
+/// delete it again, by hand (median of 5, timed inside the guest): the
+/// kernel work any path change does, at this run's emulation speed.
+#[derive(Debug, Clone, Copy)]
+struct Baseline {
+    jitter: Duration,
+    build: Duration,
+}
+
+impl Baseline {
+    fn measure(c: &Case, n1: &weft_tests::vm::Node, from: &common::P, dst: &str) -> Baseline {
+        let stream = PingStream::start(from, dst);
+        stream.wait_more(stream.replies(), 150, Duration::from_secs(60));
+        let jitter = stream.finish().longest;
+        Baseline {
+            jitter,
+            build: n1.kernel_build_time(c.kernel_kind),
+        }
+    }
+
+    /// The longest gap a switch may cause in this run.
+    fn gap_bound(&self) -> Duration {
+        self.jitter + self.build * PER_BUILD
+    }
+}
 
 /// The `N` of the first `<phrase> N ms` in weftd's log text: the switch's
 /// `switched in N ms`, the pending switch's `takes over in N ms`.
@@ -113,6 +145,15 @@ fn switch_case(c: &Case) {
         "no pod route through {}: {routes0:?}",
         c.dev
     );
+    let base = Baseline::measure(c, n1, p2, &p1.ip(false));
+    println!(
+        "{}: baseline without weftd: kernel path jitter {:?}, {} device by hand {:?}; gap bound {:?}",
+        c.tag,
+        base.jitter,
+        c.kernel_kind,
+        base.build,
+        base.gap_bound()
+    );
     let mut report = Vec::new();
     for (to, kind) in [("userspace", "tun"), ("kernel", c.kernel_kind)] {
         let stream = PingStream::start(p2, &p1.ip(false));
@@ -132,12 +173,13 @@ fn switch_case(c: &Case) {
             .map(|l| l.split("dataplane:").last().unwrap_or(l).trim().to_string())
             .unwrap_or_default();
         report.push(format!(
-            "{} -> {to}: {gap} (command {took:.1?}; weftd: {logged})",
+            "{} -> {to}: {gap}, {:.1} builds beyond the jitter (command {took:.1?}; weftd: {logged})",
             if to == "kernel" {
                 "userspace"
             } else {
                 "kernel"
-            }
+            },
+            gap.longest.saturating_sub(base.jitter).as_secs_f64() / base.build.as_secs_f64()
         ));
         println!("{}: {}", c.tag, report.last().expect("line"));
         // State after the switch.
@@ -177,12 +219,11 @@ fn switch_case(c: &Case) {
         // weftd's own switch is an outage by design (the kernel device goes
         // before the engine can bind its port); what must not follow is a
         // path that stays cut off after it.
-        let switched = ms_after(&logged, "switched in ")
-            .unwrap_or_else(|| panic!("{}: no switch time in weftd's log line {logged:?}", c.tag));
         assert!(
-            gap.longest < switched + SLACK,
-            "{}: switching node 1 to {to}: {gap}, weftd switched in {switched:?}\n{}",
+            gap.longest < base.gap_bound(),
+            "{}: switching node 1 to {to}: {gap}, bound {:?} ({base:?})\n{}",
             c.tag,
+            base.gap_bound(),
             net.logs()
         );
     }
@@ -196,13 +237,17 @@ fn switch_case(c: &Case) {
     println!("  test wall time {:.1?}", net.t0.elapsed());
 }
 
-/// How long one `weft status` may take while a switch is pending. A weftd
-/// whose main loop blocked on the switch would answer only once the ~27 s
-/// handshake wait is over (and then `seen_pending` fails too); a serving one
-/// answers at once natively, but in the software-emulated guest one status
-/// (spawn `weft` in the guest, its socket request, the output back through
-/// the kit) took up to 5.96 s in CI on 2026-12-02, which failed a 5 s bound.
-const STATUS_BOUND: Duration = Duration::from_secs(15);
+/// How many times an idle `weft status` (timed in the same guest run just
+/// before the switch) one may take while a switch is pending, plus 1 s. A
+/// weftd whose main loop blocked on the switch would answer only once the
+/// ~27 s handshake wait is over (and then `seen_pending` fails too); a
+/// serving one answers as it does idle, but in the software-emulated guest
+/// one status (spawn `weft` in the guest, its socket request, the output
+/// back through the kit) is slower while the engine and the ping streams
+/// run: 0.78 s idle and up to 2.64 s during the wait on 2026-12-03 (3.4×),
+/// 5.96 s once in CI on 2026-12-02. Six times is 1.8× the worst ratio seen.
+/// Issue 33 (status answered from published snapshots) tightens this.
+const STATUS_TIMES: u32 = 6;
 
 /// WireGuard userspace → kernel on node 1: the switch waits for the peers
 /// to accept the kernel's handshakes (about 27 s), and meanwhile weftd goes
@@ -211,6 +256,10 @@ const STATUS_BOUND: Duration = Duration::from_secs(15);
 fn pending_switch(net: &common::Net) -> Duration {
     let n1 = net.node(0);
     let weft = weft_tests::bins::path("weft");
+    let asked = std::time::Instant::now();
+    net.status(0);
+    let idle = asked.elapsed();
+    let bound = idle * STATUS_TIMES + Duration::from_secs(1);
     let t = std::time::Instant::now();
     let cmd = n1.spawn(
         "switch",
@@ -221,13 +270,16 @@ fn pending_switch(net: &common::Net) -> Duration {
         ),
     );
     let mut seen_pending = false;
+    let mut slowest = idle;
     while cmd.exit_code().is_none() && t.elapsed() < Duration::from_secs(90) {
         let asked = std::time::Instant::now();
         let st = net.status(0);
         let answered = asked.elapsed();
+        slowest = slowest.max(answered);
+        // Issue 33 tightens this bound (see STATUS_TIMES).
         assert!(
-            answered < STATUS_BOUND,
-            "weft status took {answered:?} during the switch"
+            answered < bound,
+            "weft status took {answered:?} during the switch ({idle:?} before it, bound {bound:?})"
         );
         if st["backend"]["requested"] == "kernel" && st["backend"]["dataplane"] == "userspace" {
             seen_pending = true;
@@ -245,18 +297,19 @@ fn pending_switch(net: &common::Net) -> Duration {
     // The wait is what is left of the ~27 s lead once the userspace path
     // has run a while: in CI on 2026-12-02 the guest took 27 s between the
     // two switches and the wait was 804 ms, too short for a status round
-    // trip to land in. A wait longer than one round trip must be seen.
+    // trip to land in. A wait longer than two of this run's slowest round
+    // trips (and the 0.5 s between them) must be seen.
     let wait = ms_after(&log, "takes over in ")
         .unwrap_or_else(|| panic!("no announced wait in the log:\n{log}"));
-    if wait > STATUS_BOUND + Duration::from_secs(1) {
+    let must_see = (slowest + Duration::from_millis(500)) * 2;
+    println!(
+        "pending wait {wait:?}: status {idle:?} before it, slowest {slowest:?} during it (seen pending: {seen_pending})"
+    );
+    if wait > must_see {
         assert!(
             seen_pending,
             "weftd never reported the pending switch (userspace running, kernel requested) \
-             during its {wait:?} wait; command took {took:?}:\n{log}"
-        );
-    } else {
-        eprintln!(
-            "pending wait {wait:?}: too short to require a status inside it (seen: {seen_pending})"
+             during its {wait:?} wait (status round trips up to {slowest:?}); command took {took:?}:\n{log}"
         );
     }
     took

@@ -242,13 +242,27 @@ fn embedded_cluster() -> ChaosCluster {
 }
 
 /// A lease as the store holds it: key (`10.244.5.0-24`) and, when it parses,
-/// its public IP.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// its public IP and (vxlan) VTEP MAC.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StoredLease {
     /// The subnet key.
     pub key: String,
     /// `PublicIP`, `None` for a value that is not a lease (garbage).
     pub public_ip: Option<String>,
+    /// `BackendData.VtepMAC` (vxlan leases).
+    pub vtep_mac: Option<String>,
+}
+
+impl StoredLease {
+    /// Reads a lease's JSON value (`None`: not JSON, or no `PublicIP`).
+    fn parse(key: String, v: Option<&serde_json::Value>) -> StoredLease {
+        let s = |f: &serde_json::Value| f.as_str().map(str::to_string);
+        StoredLease {
+            key,
+            public_ip: v.and_then(|v| s(&v["PublicIP"])),
+            vtep_mac: v.and_then(|v| s(&v["BackendData"]["VtepMAC"])),
+        }
+    }
 }
 
 impl ChaosCluster {
@@ -257,6 +271,16 @@ impl ChaosCluster {
     /// table, not the routes, follows the leases.
     pub fn one_route(&self) -> bool {
         self.backend != "vxlan"
+    }
+
+    /// The backend's device: `flannel.1` (vxlan, both paths), `flannel-wg`,
+    /// `flannel0` (udp).
+    pub fn device(&self) -> &'static str {
+        match self.backend {
+            "wireguard" => "flannel-wg",
+            "udp" => "flannel0",
+            _ => "flannel.1",
+        }
     }
 
     fn add_pods(&mut self) {
@@ -291,9 +315,7 @@ impl ChaosCluster {
                             let key = kv.first()?.strip_prefix(SUBNETS)?.to_string();
                             let v: Option<serde_json::Value> =
                                 kv.get(1).and_then(|v| serde_json::from_str(v).ok());
-                            let public_ip =
-                                v.and_then(|v| v["PublicIP"].as_str().map(str::to_string));
-                            Some(StoredLease { key, public_ip })
+                            Some(StoredLease::parse(key, v.as_ref()))
                         })
                         .collect(),
                 )
@@ -305,10 +327,8 @@ impl ChaosCluster {
                     v.as_array()?
                         .iter()
                         .filter_map(|l| {
-                            Some(StoredLease {
-                                key: l["key"].as_str()?.to_string(),
-                                public_ip: l["value"]["PublicIP"].as_str().map(str::to_string),
-                            })
+                            let key = l["key"].as_str()?.to_string();
+                            Some(StoredLease::parse(key, Some(&l["value"])))
                         })
                         .collect(),
                 )

@@ -166,7 +166,9 @@ fn removed_lease_cuts_and_restores_a_peer() {
     };
     let peers = weft_tests::weftd::status(&env1).peers;
     assert!(
-        peers.iter().all(|p| p.subnet.as_deref() != Some(net.as_str())),
+        peers
+            .iter()
+            .all(|p| p.subnet.as_deref() != Some(net.as_str())),
         "node 1 still lists the removed peer: {peers:?}"
     );
     c.nodes[0]
@@ -186,7 +188,9 @@ fn removed_lease_cuts_and_restores_a_peer() {
         dropped >= 3,
         "node 1's engine dropped {dropped} of 3 pings to the removed peer as no_route: it still forwards to it"
     );
-    c.nodes[0].ns.exec(&["ip", "route", "del", &net, "dev", "flannel.1"]);
+    c.nodes[0]
+        .ns
+        .exec(&["ip", "route", "del", &net, "dev", "flannel.1"]);
     // Restart: same subnet from subnet.env, traffic back.
     c.start_weftd(1).expect("restart");
     wait_for(

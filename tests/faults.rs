@@ -30,11 +30,11 @@ use fault_kit::{
 };
 use weft_control::demo::cluster::{Cluster, ClusterSpec, ClusterStore};
 use weft_testenv::require_root;
+use weft_tests::RESTORED_WITHIN;
 use weft_tests::etcd::Etcd;
 use weft_tests::ping;
 use weft_tests::proc::wait_for;
 use weft_tests::require_etcd;
-use weft_tests::RESTORED_WITHIN;
 use weft_tests::weftd::assert_dataplane;
 
 /// The userspace dataplane with one worker (the machine is small and shared).

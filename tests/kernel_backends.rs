@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use weft_control::demo::cluster::{Cluster, ClusterSpec};
 use weft_testenv::require_root;
+use weft_tests::RESTORED_WITHIN;
 use weft_tests::ping;
 use weft_tests::proc::wait_for;
 use weft_tests::weftd::assert_dataplane;
-use weft_tests::RESTORED_WITHIN;
 
 fn spec(tag: &str, backend_json: &str, nodes: u8, work: &std::path::Path) -> ClusterSpec {
     ClusterSpec {
@@ -281,7 +281,10 @@ fn restored(t0: Instant, what: &str, mut f: impl FnMut() -> String, needle: &str
     wait_for(&format!("{what} restored"), left, || {
         f().contains(needle).then_some(())
     });
-    println!("reconcile: {what} restored {:.1?} after the delete", t0.elapsed());
+    println!(
+        "reconcile: {what} restored {:.1?} after the delete",
+        t0.elapsed()
+    );
 }
 
 /// Backends this kernel cannot run fail at start-up with a clear message.

@@ -204,10 +204,7 @@ mod tests {
         assert_eq!((g.sent, g.replies, g.lost()), (56, 4, 52));
         assert_eq!(g.longest.as_millis(), 520);
         assert!((g.at - 100.010).abs() < 1e-9);
-        assert_eq!(
-            g.to_string(),
-            "longest gap 520 ms, 52 of 56 pings lost"
-        );
+        assert_eq!(g.to_string(), "longest gap 520 ms, 52 of 56 pings lost");
     }
 
     #[test]

@@ -23,11 +23,9 @@
 //! the child (new SAs on both nodes). flannel has both gaps (it reconciles
 //! nothing; ESP traffic stops until the 1 h rekey).
 
-#[path = "vm/common.rs"]
-mod common;
-
 use std::time::{Duration, Instant};
 
+use weft_tests::vm::net as guests;
 use weft_tests::vm::{Kit, LabSpec, Node, Pod};
 
 /// The restore's own work, in kernel-only baselines of the same run
@@ -245,7 +243,7 @@ struct Ctx {
 }
 
 impl Ctx {
-    fn of(c: &common::Cluster, case: &Case) -> Ctx {
+    fn of(c: &guests::Net, case: &Case) -> Ctx {
         let (n1, n2) = (c.lab.node(0), c.lab.node(1));
         let sn = n2.pod_subnet();
         let mut vars = vec![
@@ -292,10 +290,11 @@ fn run(case: &Case) {
         r#"{{"Network":"10.244.0.0/16","Backend":{}}}"#,
         case.backend
     );
-    let c = common::cluster(&kit, &LabSpec::new(case.tag, 2), &conf, case.args, &[]);
+    let args: Vec<&str> = ["--ip-masq"].iter().chain(case.args).copied().collect();
+    let c = guests::net(&kit, &LabSpec::new(case.tag, 2), &conf, &args, &[]);
     let pods: Vec<Pod> = c.pods();
     let first = c.first_packet(&pods[0], &pods[1]);
-    common::df_ping(&pods[0], &pods[1].ip.to_string(), c.mtu(0));
+    guests::df_ping(&pods[0], &pods[1].ip(false), c.mtu(0));
     c.report(&format!("{} (2 nodes)", case.name), first);
     let n = c.lab.node(0);
     let build = n.kernel_build_time(case.kind);
@@ -333,7 +332,7 @@ fn run(case: &Case) {
             );
         }
         assert!(
-            pods[0].ping_within(&pods[1].ip.to_string(), Duration::from_secs(20)),
+            pods[0].ping_within(&pods[1].ip(false), Duration::from_secs(20)),
             "{}: after {} was deleted: pod traffic did not come back",
             case.name,
             b.what

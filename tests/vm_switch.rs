@@ -27,13 +27,12 @@
 //! asserted like the others. The switch is pending meanwhile, not blocking
 //! weftd: `weft status` answers throughout and shows it.
 
-#[path = "vmdp/common.rs"]
-mod common;
-
 use std::time::Duration;
 
-use common::{Gap, PingStream};
-use weft_tests::vm::LabSpec;
+use guests::PingStream;
+use weft_tests::ping::Gap;
+use weft_tests::vm::net as guests;
+use weft_tests::vm::{LabSpec, Pod};
 
 /// The longest gap a switch may cause, in kernel-only baselines of the same
 /// run ([`Baseline`]) beyond the stream's own jitter. Measured on 2026-12-03
@@ -60,7 +59,7 @@ struct Baseline {
 }
 
 impl Baseline {
-    fn measure(c: &Case, n1: &weft_tests::vm::Node, from: &common::P, dst: &str) -> Baseline {
+    fn measure(c: &Case, n1: &weft_tests::vm::Node, from: &Pod, dst: &str) -> Baseline {
         let stream = PingStream::start(from, dst);
         stream.wait_more(stream.replies(), 150, Duration::from_secs(60));
         let jitter = stream.finish().longest;
@@ -95,7 +94,7 @@ struct Case {
 
 /// Routes of node `n` into the pod network (v4), sorted.
 fn pod_routes(n: &weft_tests::vm::Node) -> Vec<String> {
-    let mut r: Vec<String> = common::routes(n, false)
+    let mut r: Vec<String> = guests::routes(n, false)
         .into_iter()
         .filter(|r| r.starts_with("10.244."))
         .collect();
@@ -105,7 +104,7 @@ fn pod_routes(n: &weft_tests::vm::Node) -> Vec<String> {
 
 fn switch_case(c: &Case) {
     let kit = weft_tests::require_vm!();
-    let net = common::net(
+    let net = guests::net(
         &kit,
         &LabSpec::new(c.tag, 2),
         c.conf,
@@ -124,7 +123,7 @@ fn switch_case(c: &Case) {
                 .any(|d| d["name"] == c.dev && d["kind"] == "kernel"),
             "node {i}: {st:#}"
         );
-        common::nothing_else(net.node(i), &[(c.dev, c.kernel_kind)]);
+        guests::nothing_else(net.node(i), &[(c.dev, c.kernel_kind)]);
         assert!(
             net.weftd[i].log().contains("auto: the kernel supports it"),
             "node {i}: {}",
@@ -160,7 +159,7 @@ fn switch_case(c: &Case) {
         let took = if c.dev == "flannel-wg" && to == "kernel" {
             pending_switch(&net)
         } else {
-            common::switch(n1, to)
+            guests::switch(n1, to)
         };
         // The stream must carry on: 100 more replies (about 1 s of it).
         let at = stream.replies();
@@ -186,7 +185,7 @@ fn switch_case(c: &Case) {
         let st = net.status(0);
         assert_eq!(st["backend"]["dataplane"], to, "{st:#}");
         assert_eq!(st["backend"]["requested"], to, "{st:#}");
-        common::nothing_else(n1, &[(c.dev, kind)]);
+        guests::nothing_else(n1, &[(c.dev, kind)]);
         let routes = pod_routes(n1);
         for r in &routes {
             assert!(
@@ -214,8 +213,8 @@ fn switch_case(c: &Case) {
             env0,
             "switching changed subnet.env"
         );
-        common::tcp(p2, p1, &p1.ip(false));
-        common::tcp(p1, p2, &p2.ip(false));
+        guests::tcp(p2, p1, &p1.ip(false));
+        guests::tcp(p1, p2, &p2.ip(false));
         // weftd's own switch is an outage by design (the kernel device goes
         // before the engine can bind its port); what must not follow is a
         // path that stays cut off after it.
@@ -253,7 +252,7 @@ const STATUS_TIMES: u32 = 6;
 /// to accept the kernel's handshakes (about 27 s), and meanwhile weftd goes
 /// on serving: `weft status` answers at once, showing the kernel requested
 /// and the userspace path still running. Returns how long the command took.
-fn pending_switch(net: &common::Net) -> Duration {
+fn pending_switch(net: &guests::Net) -> Duration {
     let n1 = net.node(0);
     let weft = weft_tests::bins::path("weft");
     let asked = std::time::Instant::now();

@@ -22,7 +22,7 @@ use std::fmt::Write as _;
 use super::FaultRecord;
 use super::faults::{STORE_DOWN, recovery};
 use super::sample::Res;
-use super::workload::{PodRef, Records};
+use super::workload::{PodRef, Records, Req};
 
 /// Every stream must have echoed within this many seconds of the end.
 pub const FINAL_QUIET: f64 = 10.0;
@@ -243,22 +243,22 @@ pub fn judge(r: &Run<'_>, b: Bounds) -> (Vec<String>, String) {
 /// Longest outage per fault kind: runs of consecutive failures of one pod
 /// pair, blamed on every fault overlapping them.
 fn outages(r: &Run<'_>, out: &mut String) {
-    let mut by_pair: BTreeMap<(usize, usize), Vec<(f64, f64, bool)>> = BTreeMap::new();
+    let mut by_pair: BTreeMap<(usize, usize), Vec<&Req>> = BTreeMap::new();
     for q in r.rec.reqs.iter().filter(|q| q.t >= r.from) {
-        by_pair
-            .entry((q.from, q.to))
-            .or_default()
-            .push((q.t, q.end, q.ok));
+        by_pair.entry((q.from, q.to)).or_default().push(q);
     }
     // Every kind overlapping an outage, and (alone) outages one kind explains.
     let mut longest: BTreeMap<&str, f64> = BTreeMap::new();
     let mut alone: BTreeMap<&str, f64> = BTreeMap::new();
     for ((from, to), reqs) in &by_pair {
         let mut run: Option<(f64, f64)> = None;
-        for &(t, end, ok) in reqs
-            .iter()
-            .chain(std::iter::once(&(f64::MAX, f64::MAX, true)))
-        {
+        let last = Req {
+            t: f64::MAX,
+            end: f64::MAX,
+            ok: true,
+            ..*reqs[0]
+        };
+        for &&Req { t, end, ok, .. } in reqs.iter().chain(std::iter::once(&&last)) {
             match (ok, run) {
                 (false, None) => run = Some((t, end)),
                 (false, Some((s, _))) => run = Some((s, end)),

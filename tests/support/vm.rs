@@ -44,7 +44,7 @@
 //!   `<kit>/labs.lock`): TCG guests that share two cores with another lab
 //!   time out instead of failing usefully.
 //!
-//! Typical use (see tests/vm_*.rs):
+//! Typical use (tests/vm_*.rs build on [`net`], which does this and more):
 //!
 //! ```no_run
 //! let kit = weft_tests::require_vm!();
@@ -56,9 +56,11 @@
 //! for (n, d) in lab.nodes().iter().zip(&weftds) { n.wait_subnet_env(d, std::time::Duration::from_secs(60)); }
 //! let a = lab.node(0).add_pod("a");
 //! let b = lab.node(1).add_pod("b");
-//! assert!(a.ping_within(&b.ip.to_string(), std::time::Duration::from_secs(20)));
+//! a.must_reach(&b.ip(false));
 //! println!("{}", lab.node(0).ok("ip -d link show flannel.ipip"));
 //! ```
+
+pub mod net;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -308,9 +310,9 @@ pub struct Pod {
     pub node: Node,
     /// Its namespace (`ip netns exec NS`).
     pub ns: String,
-    /// Its IPv4 address.
-    pub ip: Ipv4Addr,
-    /// Its IPv6 address, in a dual-stack network.
+    /// Its IPv4 address (none in an IPv6-only network).
+    pub ip4: Option<Ipv4Addr>,
+    /// Its IPv6 address, in a dual-stack or IPv6-only network.
     pub ip6: Option<Ipv6Addr>,
 }
 
@@ -628,10 +630,14 @@ impl Node {
                 None => {}
             }
         }
+        assert!(
+            ip.is_some() || ip6.is_some(),
+            "CNI ADD {ns}: no address: {out}"
+        );
         Pod {
             node: self.clone(),
             ns,
-            ip: ip.unwrap_or_else(|| panic!("CNI ADD result has no IPv4 address: {out}")),
+            ip4: ip,
             ip6,
         }
     }
@@ -713,6 +719,31 @@ impl Daemon {
 }
 
 impl Pod {
+    /// The pod's address of the family of `v6`; panics if it has none.
+    pub fn ip(&self, v6: bool) -> String {
+        if v6 {
+            self.ip6
+                .unwrap_or_else(|| panic!("pod {} has no IPv6 address", self.ns))
+                .to_string()
+        } else {
+            self.ip4
+                .unwrap_or_else(|| panic!("pod {} has no IPv4 address", self.ns))
+                .to_string()
+        }
+    }
+
+    /// Asserts that `dst` answers a ping within 30 s; returns how long it took.
+    #[track_caller]
+    pub fn must_reach(&self, dst: &str) -> Duration {
+        let t = Instant::now();
+        assert!(
+            self.ping_within(dst, Duration::from_secs(30)),
+            "pod {} cannot reach {dst} within 30 s",
+            self.ns
+        );
+        t.elapsed()
+    }
+
     /// Runs `script` inside the pod's namespace (see [`Node::sh`]).
     pub fn sh(&self, script: &str) -> Output {
         self.node.sh(&format!(
@@ -1268,7 +1299,8 @@ fn read_lossy(p: &Path) -> String {
         .unwrap_or_default()
 }
 
-fn tail(s: &str, n: usize) -> String {
+/// The last `n` lines of `s`.
+pub fn tail(s: &str, n: usize) -> String {
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }

@@ -132,9 +132,9 @@ pub struct Flags {
     /// Username for BasicAuth to etcd.
     #[arg(long, env = "FLANNELD_ETCD_USERNAME", default_value = "")]
     pub etcd_username: String,
-    /// Password for BasicAuth to etcd.
-    #[arg(long, env = "FLANNELD_ETCD_PASSWORD", default_value = "")]
-    pub etcd_password: String,
+    /// Password for BasicAuth to etcd (never logged).
+    #[arg(long, env = "FLANNELD_ETCD_PASSWORD", default_value = "", value_parser = crate::secret::Secret::parse)]
+    pub etcd_password: crate::secret::Secret,
     /// Interface to use (IP or name) for inter-host communication; repeatable.
     #[arg(long, env = "FLANNELD_IFACE", action = ArgAction::Append)]
     pub iface: Vec<String>,

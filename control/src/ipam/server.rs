@@ -4,7 +4,9 @@
 //! Contract:
 //! - The socket is created root-only (mode 0600) before anyone can connect:
 //!   it is bound under a temporary name, chmod-ed, then renamed into place
-//!   (which also replaces a stale socket of an earlier run).
+//!   (which also replaces a stale socket of an earlier run; a socket another
+//!   process still serves is refused, never replaced). On exit the socket is
+//!   unlinked only if the path still names the socket this process bound.
 //! - Every request goes through one channel to the owner thread, which
 //!   applies it, persists the change (fsync) and only then replies: requests
 //!   are serialised without any file lock, and an address is never handed
@@ -58,21 +60,21 @@ type Job = (Request, oneshot::Sender<Response>);
 /// A running IPAM API; see the module docs.
 #[derive(Debug)]
 pub struct IpamServer {
-    socket: PathBuf,
+    socket: OwnedSocket,
     accept: tokio::task::JoinHandle<()>,
 }
 
 impl IpamServer {
     /// The socket path.
     pub fn socket(&self) -> &Path {
-        &self.socket
+        &self.socket.path
     }
 }
 
 impl Drop for IpamServer {
     fn drop(&mut self) {
         self.accept.abort();
-        let _ = std::fs::remove_file(&self.socket);
+        self.socket.remove();
     }
 }
 
@@ -104,19 +106,45 @@ pub async fn serve(
         .name("weft-ipam".into())
         .spawn(move || owner.run(rx))
         .map_err(ServerError::Thread)?;
-    let listener = bind(socket)?;
-    tracing::info!("ipam: serving on {}", socket.display());
+    let (listener, socket) = bind(socket)?;
+    tracing::info!("ipam: serving on {}", socket.path.display());
     let accept = tokio::spawn(accept_loop(listener, tx));
-    Ok(IpamServer {
-        socket: socket.to_path_buf(),
-        accept,
-    })
+    Ok(IpamServer { socket, accept })
+}
+
+/// A socket path this process bound; [`OwnedSocket::remove`] unlinks it only
+/// while the path still names that socket (same device and inode), so a
+/// process never removes a socket another one bound at the same path since.
+#[derive(Debug)]
+pub(crate) struct OwnedSocket {
+    path: PathBuf,
+    id: (u64, u64),
+}
+
+impl OwnedSocket {
+    /// Unlinks the socket if it is still ours.
+    pub(crate) fn remove(&self) {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(m) if (m.dev(), m.ino()) == self.id => {
+                let _ = std::fs::remove_file(&self.path);
+            }
+            Ok(_) => tracing::warn!(
+                "{}: not removed, another process has bound it since",
+                self.path.display()
+            ),
+            Err(_) => {}
+        }
+    }
 }
 
 /// Binds `socket` with mode 0600 from the start (temporary name, chmod, rename);
-/// also used by the status socket ([`crate::status::server`]).
-pub(crate) fn bind(socket: &Path) -> Result<UnixListener, ServerError> {
-    use std::os::unix::fs::PermissionsExt;
+/// also used by the status socket ([`crate::status::server`]). A socket
+/// already at `socket` is replaced only when nothing answers on it (a stale
+/// one from an earlier run); one that another process serves, or a path
+/// that is not a socket, is refused and left alone.
+pub(crate) fn bind(socket: &Path) -> Result<(UnixListener, OwnedSocket), ServerError> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
     let err = |op: &'static str, p: &Path| {
         let path = p.to_path_buf();
         move |source| ServerError::Socket { op, path, source }
@@ -126,6 +154,19 @@ pub(crate) fn bind(socket: &Path) -> Result<UnixListener, ServerError> {
         _ => PathBuf::from("."),
     };
     std::fs::create_dir_all(&dir).map_err(err("create directory", &dir))?;
+    match std::fs::symlink_metadata(socket) {
+        Ok(m) if !m.file_type().is_socket() => {
+            return Err(err("replace", socket)(std::io::Error::other(
+                "exists and is not a socket; remove it or choose another path",
+            )));
+        }
+        Ok(_) if std::os::unix::net::UnixStream::connect(socket).is_ok() => {
+            return Err(err("replace", socket)(std::io::Error::other(
+                "another process is serving on it (another weftd with this socket path?); stop it or choose another path",
+            )));
+        }
+        _ => {}
+    }
     let name = socket
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -135,12 +176,24 @@ pub(crate) fn bind(socket: &Path) -> Result<UnixListener, ServerError> {
     let listener = UnixListener::bind(&tmp).map_err(err("bind", &tmp))?;
     let setup = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
         .map_err(err("chmod", &tmp))
-        .and_then(|()| std::fs::rename(&tmp, socket).map_err(err("rename", socket)));
-    if let Err(e) = setup {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
+        .and_then(|()| std::fs::symlink_metadata(&tmp).map_err(err("stat", &tmp)))
+        .and_then(|m| {
+            std::fs::rename(&tmp, socket).map_err(err("rename", socket))?;
+            Ok((m.dev(), m.ino()))
+        });
+    match setup {
+        Ok(id) => Ok((
+            listener,
+            OwnedSocket {
+                path: socket.to_path_buf(),
+                id,
+            },
+        )),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
     }
-    Ok(listener)
 }
 
 async fn accept_loop(listener: UnixListener, tx: mpsc::Sender<Job>) {

@@ -63,8 +63,8 @@ pub struct EtcdOptions {
     pub cafile: String,
     /// Basic-auth user name (auth is used when non-empty).
     pub username: String,
-    /// Basic-auth password.
-    pub password: String,
+    /// Basic-auth password (never printed).
+    pub password: crate::secret::Secret,
 }
 
 impl Default for EtcdOptions {
@@ -76,7 +76,7 @@ impl Default for EtcdOptions {
             certfile: String::new(),
             cafile: String::new(),
             username: String::new(),
-            password: String::new(),
+            password: Default::default(),
         }
     }
 }
@@ -144,6 +144,12 @@ fn map_err(what: &str, e: etcd_client::Error) -> StoreError {
     }
 }
 
+/// Whether etcd refused a login because it has no authentication on
+/// (`etcdserver: authentication is not enabled`).
+fn auth_not_enabled(e: &StoreError) -> bool {
+    e.to_string().contains("authentication is not enabled")
+}
+
 /// Runs one request with [`REQUEST_TIMEOUT`].
 async fn call<T>(
     what: &str,
@@ -189,10 +195,22 @@ impl EtcdStore {
         if let Some(tls) = tls {
             co = co.with_tls(tls);
         }
+        let anonymous = co.clone();
         if !opts.username.is_empty() {
-            co = co.with_user(opts.username.clone(), opts.password.clone());
+            co = co.with_user(opts.username.clone(), opts.password.expose().to_string());
         }
-        let client = call("connect", Client::connect(&endpoints, Some(co))).await?;
+        let client = match call("connect", Client::connect(&endpoints, Some(co))).await {
+            // flanneld (etcd's clientv3) goes on without a token when the
+            // server has auth off; so does weft, and says so.
+            Err(e) if !opts.username.is_empty() && auth_not_enabled(&e) => {
+                warn!(
+                    "etcd has authentication disabled: connecting without --etcd-username/--etcd-password \
+                     (remove them, or enable auth in etcd: `etcdctl auth enable`)"
+                );
+                call("connect", Client::connect(&endpoints, Some(anonymous))).await?
+            }
+            r => r?,
+        };
         Ok(EtcdStore {
             client,
             prefix: opts.prefix.trim_end_matches('/').to_string(),

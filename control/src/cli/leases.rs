@@ -457,8 +457,8 @@ async fn put<R: Registry>(
         && (o.attrs.public_ip != attrs.public_ip || o.attrs.public_ipv6 != attrs.public_ipv6)
     {
         return Err(CliError::failed(format!(
-            "refusing {key}: node {} holds it; --overwrite replaces its lease (its weftd then exits \
-             and takes another subnet when restarted)",
+            "refusing {key}: node {} holds it; --overwrite replaces its lease (the subnet's traffic then goes to the new \
+             PublicIP, and that node has to be restarted to take another subnet)",
             public_ips(&o.attrs)
         )));
     }

@@ -19,6 +19,7 @@
 //!   [`IDLE_TIMEOUT`]. Dropping the [`IpamServer`] stops accepting and
 //!   removes the socket.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -26,9 +27,10 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
-use weft_compat::ipam::{ErrorKind, MAX_REQUEST, Request, Response};
+use weft_compat::ipam::{Allocation, ErrorKind, MAX_REQUEST, Request, Response};
 
 use super::alloc::{AllocError, Allocator};
+use super::host_local::{self, HostLocalDir};
 use super::state::StateFile;
 
 /// How long a connection may stay silent before it is closed.
@@ -86,13 +88,15 @@ pub async fn serve(
     ipv6_subnet: Option<Ipv6Net>,
 ) -> Result<IpamServer, ServerError> {
     let file = StateFile::new(state);
+    let mut dirs = BTreeSet::new();
     let alloc = match file.load(subnet, ipv6_subnet) {
-        Ok(a) => {
+        Ok((a, d)) => {
             tracing::info!(
                 "ipam: {} allocations restored from {}",
                 a.len(),
                 state.display()
             );
+            dirs.extend(d.iter().filter_map(|d| HostLocalDir::new(d).ok()));
             Ok(a)
         }
         Err(e) => {
@@ -101,7 +105,7 @@ pub async fn serve(
         }
     };
     let (tx, rx) = mpsc::channel::<Job>(QUEUE);
-    let mut owner = Owner { file, alloc };
+    let mut owner = Owner { file, alloc, dirs };
     std::thread::Builder::new()
         .name("weft-ipam".into())
         .spawn(move || owner.run(rx))
@@ -273,6 +277,8 @@ struct Owner {
     file: StateFile,
     /// The allocator, or why it cannot be used.
     alloc: Result<Allocator, String>,
+    /// host-local directories the allocations are mirrored in.
+    dirs: BTreeSet<HostLocalDir>,
 }
 
 // === impl Owner ===
@@ -299,45 +305,132 @@ impl Owner {
                 allocations: Some(alloc.list()),
                 ..Response::ok()
             },
-            Request::Allocate { .. } | Request::Release { .. } => {
-                let Some(key) = req.key() else {
-                    return Response::error(ErrorKind::Invalid, "no key");
-                };
-                let before = alloc.clone();
-                let (allocation, changed) = if matches!(req, Request::Allocate { .. }) {
-                    match alloc.allocate(&key) {
-                        Ok((a, changed)) => (Some(a), changed),
-                        Err(e @ AllocError::Exhausted(_)) => {
-                            return Response::error(ErrorKind::Exhausted, e.to_string());
+            Request::Allocate { .. } | Request::Release { .. } => self.change(&req),
+        }
+    }
+
+    /// `allocate` or `release`: applied, mirrored in host-local's directory,
+    /// persisted, then answered.
+    fn change(&mut self, req: &Request) -> Response {
+        let unavailable = |m: String| Response::error(ErrorKind::Unavailable, m);
+        let Some(key) = req.key() else {
+            return Response::error(ErrorKind::Invalid, "no key");
+        };
+        let dir = match req.host_local_dir().map(HostLocalDir::new).transpose() {
+            Ok(d) => d,
+            Err(e) => return Response::error(ErrorKind::Invalid, e),
+        };
+        // host-local's own lock: no host-local runs while this one is held.
+        let _lock = match dir.as_ref().map(HostLocalDir::lock).transpose() {
+            Ok(l) => l,
+            Err(e) => {
+                let d = dir.as_ref().map(|d| d.path().display().to_string());
+                return unavailable(format!(
+                    "host-local directory {}: {e}",
+                    d.unwrap_or_default()
+                ));
+            }
+        };
+        let Ok(alloc) = &mut self.alloc else {
+            return unavailable("the allocator is not available".into());
+        };
+        let before = (alloc.clone(), self.dirs.clone());
+        if let Some(d) = &dir
+            && !self.dirs.contains(d)
+        {
+            mirror_all(d, alloc);
+            self.dirs.insert(d.clone());
+        }
+        let allocate = matches!(req, Request::Allocate { .. });
+        let (allocation, changed) = if allocate {
+            let avoid = match &dir {
+                Some(d) => match d.taken() {
+                    Ok(t) => host_local::others(&t, &alloc.list()),
+                    Err(e) => return unavailable(format!("{}: {e}", d.path().display())),
+                },
+                None => BTreeSet::new(),
+            };
+            match alloc.allocate_avoiding(&key, &avoid) {
+                Ok((a, changed)) => {
+                    if let Some(d) = &dir {
+                        match d.reserve(&a) {
+                            Ok(c) => report_conflicts(d, &a, &c),
+                            Err(e) => {
+                                (*alloc, self.dirs) = before;
+                                return unavailable(format!("{}: {e}", d.path().display()));
+                            }
                         }
-                        Err(e) => return Response::error(ErrorKind::Unavailable, e.to_string()),
                     }
-                } else {
-                    let released = alloc.release(&key);
-                    let changed = released.is_some();
-                    (released, changed)
-                };
-                if changed {
-                    if let Err(e) = self.file.save(alloc) {
-                        *alloc = before;
-                        tracing::error!("ipam: {e}");
-                        return Response::error(
-                            ErrorKind::Unavailable,
-                            format!("cannot persist the change: {e}"),
-                        );
-                    }
-                    let op = if matches!(req, Request::Allocate { .. }) {
-                        "allocated"
-                    } else {
-                        "released"
-                    };
-                    tracing::debug!("ipam: {op} {allocation:?}");
+                    (Some(a), changed)
                 }
-                Response {
-                    allocation,
-                    ..Response::ok()
+                Err(e @ AllocError::Exhausted(_)) => {
+                    return Response::error(ErrorKind::Exhausted, e.to_string());
                 }
+                Err(e) => return unavailable(e.to_string()),
+            }
+        } else {
+            let released = alloc.release(&key);
+            let changed = released.is_some();
+            (released, changed)
+        };
+        let dirs_changed = self.dirs != before.1;
+        if changed || dirs_changed {
+            let dirs: Vec<String> = self
+                .dirs
+                .iter()
+                .map(|d| d.path().display().to_string())
+                .collect();
+            if let Err(e) = self.file.save(alloc, &dirs) {
+                if let (Some(a), Some(d), true) = (&allocation, &dir, allocate && changed) {
+                    d.release(a);
+                }
+                (*alloc, self.dirs) = before;
+                tracing::error!("ipam: {e}");
+                return unavailable(format!("cannot persist the change: {e}"));
             }
         }
+        if let (Some(a), false) = (&allocation, allocate) {
+            for d in &self.dirs {
+                d.release(a);
+            }
+        }
+        if changed {
+            let op = if allocate { "allocated" } else { "released" };
+            tracing::debug!("ipam: {op} {allocation:?}");
+        }
+        Response {
+            allocation,
+            ..Response::ok()
+        }
+    }
+}
+
+/// First sight of a host-local directory: writes a file there for every
+/// allocation held (weftd's allocations from before), reporting any address
+/// host-local already gave another container.
+fn mirror_all(d: &HostLocalDir, alloc: &Allocator) {
+    let list = alloc.list();
+    tracing::info!(
+        "ipam: mirroring {} allocations into host-local's {} (bridge and routed pods share the node's subnet)",
+        list.len(),
+        d.path().display()
+    );
+    for a in &list {
+        match d.reserve(a) {
+            Ok(c) => report_conflicts(d, a, &c),
+            Err(e) => tracing::error!("ipam: {}: {e}", d.path().display()),
+        }
+    }
+}
+
+fn report_conflicts(d: &HostLocalDir, a: &Allocation, conflicts: &[(std::net::IpAddr, String)]) {
+    for (ip, held) in conflicts {
+        tracing::error!(
+            "ipam: {ip} is held by host-local in {} for {held} and by weftd for {}/{}: two pods have one \
+             address (made before weft reserved host-local's addresses); re-create one of them",
+            d.path().display(),
+            a.container_id,
+            a.ifname
+        );
     }
 }

@@ -294,6 +294,55 @@ impl Flags {
     }
 }
 
+/// Whether `--name`/`-name` (with or without `=value`) is on the command line.
+fn given(args: &[String], name: &str) -> bool {
+    args.iter().skip(1).take_while(|a| *a != "--").any(|a| {
+        let body = a.trim_start_matches('-');
+        a.starts_with('-') && (body == name || body.starts_with(&format!("{name}=")))
+    })
+}
+
+impl Flags {
+    /// Refuses flags on the command line (`args`, the program name first)
+    /// that select two stores, or that apply to a store not in use: weftd
+    /// would otherwise take one and silently ignore the other.
+    pub fn conflicts(&self, args: &[String]) -> Result<(), String> {
+        let etcd = given(args, "etcd-endpoints");
+        let store = match self.store {
+            Some(s) if given(args, "store") => s,
+            _ => self.store_kind(etcd),
+        };
+        let clash = |a: &str, b: &str| {
+            Err(format!(
+                "{a} and {b} select different lease stores: give one"
+            ))
+        };
+        match store {
+            StoreKind::Embedded if self.kube_subnet_mgr => {
+                return clash("--store=embedded", "--kube-subnet-mgr");
+            }
+            StoreKind::Embedded if etcd => return clash("--store=embedded", "--etcd-endpoints"),
+            StoreKind::Etcd if self.kube_subnet_mgr => {
+                return clash("--store=etcd", "--kube-subnet-mgr");
+            }
+            StoreKind::Kube if etcd && self.store.is_some() => {
+                return clash("--store=kube", "--etcd-endpoints");
+            }
+            _ => {}
+        }
+        if store != StoreKind::Embedded && given(args, "store-path") {
+            return Err(format!(
+                "--store-path applies to the embedded store; this weftd uses the {} store",
+                match store {
+                    StoreKind::Etcd => "etcd",
+                    _ => "kube",
+                }
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Whether any etcd endpoint was given on the command line or in the environment.
 pub fn etcd_explicit(args: &[String]) -> bool {
     std::env::var_os("FLANNELD_ETCD_ENDPOINTS").is_some()
@@ -571,6 +620,52 @@ mod tests {
                 .validate()
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn flags_that_select_two_stores_are_refused() {
+        let check = |a: &[&str]| {
+            let args: Vec<String> = std::iter::once("weftd")
+                .chain(a.iter().copied())
+                .map(String::from)
+                .collect();
+            let f = Flags::try_parse_from(normalize_args(args.clone())).expect("parse");
+            f.conflicts(&args)
+        };
+        for (args, want) in [
+            (
+                &["--store=embedded", "--etcd-endpoints=http://x"][..],
+                "--store=embedded and --etcd-endpoints",
+            ),
+            (
+                &["-store", "embedded", "-kube-subnet-mgr"],
+                "--store=embedded and --kube-subnet-mgr",
+            ),
+            (
+                &["--store=etcd", "--kube-subnet-mgr"],
+                "--store=etcd and --kube-subnet-mgr",
+            ),
+            (
+                &["--store=kube", "--etcd-endpoints", "http://x"],
+                "--store=kube and --etcd-endpoints",
+            ),
+            (
+                &["--etcd-endpoints=http://x", "--store-path=/s"],
+                "--store-path applies to the embedded store",
+            ),
+        ] {
+            let e = check(args).expect_err(&format!("{args:?}"));
+            assert!(e.contains(want), "{args:?}: {e}");
+        }
+        for ok in [
+            &["--store-path=/s"][..],
+            &["--etcd-endpoints=http://x", "--etcd-prefix=/p"],
+            // flanneld: the kube manager wins over etcd flags.
+            &["--kube-subnet-mgr", "--etcd-endpoints=http://x"],
+            &["--store=etcd", "--etcd-endpoints=http://x"],
+        ] {
+            assert_eq!(check(ok), Ok(()), "{ok:?}");
+        }
     }
 
     #[test]

@@ -364,3 +364,20 @@ fn thousands_of_peers_are_joined_by_subnet() {
         assert_eq!(p.device.as_deref(), Some("flannel.1"));
     }
 }
+
+/// A dual-stack peer shows both its subnets and both its endpoints
+/// (`weft status` showed only the IPv4 side).
+#[test]
+fn text_shows_both_families_of_a_dual_stack_peer() {
+    let mut s = full();
+    s.peers[1].ipv6_subnet = Some("fd00:10:0:3::/64".into());
+    s.peers[1].public_ipv6 = Some("fd00::3".into());
+    let t = render::text(&s);
+    let line = t
+        .lines()
+        .find(|l| l.trim_start().starts_with("10.244.3.0/24"))
+        .unwrap_or_default();
+    for want in ["fd00:10:0:3::/64", "192.0.2.3", "fd00::3"] {
+        assert!(line.contains(want), "{want} missing in {line:?}\n{t}");
+    }
+}

@@ -339,6 +339,43 @@ fn rows() -> Vec<Row> {
             run: |s| s.weftd(2, &["--subnet-lease-renew-margin=0"]),
         },
         Row {
+            name: "weftd --etcd-keyfile without --etcd-certfile",
+            code: 2,
+            words: &["--etcd-keyfile and --etcd-certfile go together"],
+            run: |s| {
+                s.weftd(
+                    2,
+                    &[
+                        "--etcd-endpoints=http://127.0.0.1:1",
+                        "--etcd-keyfile=/k.pem",
+                    ],
+                )
+            },
+        },
+        Row {
+            name: "weftd --etcd-password without --etcd-username",
+            code: 2,
+            words: &["--etcd-password without --etcd-username"],
+            run: |s| {
+                s.weftd(
+                    2,
+                    &["--etcd-endpoints=http://127.0.0.1:1", "--etcd-password=x"],
+                )
+            },
+        },
+        Row {
+            name: "weftd --etcd-endpoints that is not an endpoint",
+            code: 1,
+            words: &["invalid etcd endpoint \"garbage\": no port"],
+            run: |s| {
+                let env = s.c.nodes[2].dir.join("subnet.env").display().to_string();
+                s.weftd(
+                    2,
+                    &["--etcd-endpoints=garbage", &format!("--subnet-file={env}")],
+                )
+            },
+        },
+        Row {
             name: "weftd --dataplane=turbo",
             code: 2,
             words: &["invalid value 'turbo'", "--dataplane"],

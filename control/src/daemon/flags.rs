@@ -330,6 +330,17 @@ impl Flags {
             }
             _ => {}
         }
+        // flanneld silently connects without TLS (or without auth) here.
+        if self.etcd_keyfile.is_empty() != self.etcd_certfile.is_empty() {
+            return Err(
+                "--etcd-keyfile and --etcd-certfile go together: with only one of them the \
+                 connection would be made without a client certificate"
+                    .into(),
+            );
+        }
+        if self.etcd_username.is_empty() && !self.etcd_password.is_empty() {
+            return Err("--etcd-password without --etcd-username would not be used".into());
+        }
         if store != StoreKind::Embedded && given(args, "store-path") {
             return Err(format!(
                 "--store-path applies to the embedded store; this weftd uses the {} store",
@@ -653,6 +664,15 @@ mod tests {
                 &["--etcd-endpoints=http://x", "--store-path=/s"],
                 "--store-path applies to the embedded store",
             ),
+            (
+                &["--etcd-keyfile=/k"],
+                "--etcd-keyfile and --etcd-certfile go together",
+            ),
+            (
+                &["--etcd-certfile=/c"],
+                "--etcd-keyfile and --etcd-certfile go together",
+            ),
+            (&["--etcd-password=p"], "without --etcd-username"),
         ] {
             let e = check(args).expect_err(&format!("{args:?}"));
             assert!(e.contains(want), "{args:?}: {e}");

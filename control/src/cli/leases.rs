@@ -182,7 +182,7 @@ impl StoreArgs {
 /// The store a command acts on.
 enum Store {
     Embedded(EmbeddedStore),
-    Etcd(EtcdStore),
+    Etcd(Box<EtcdStore>),
 }
 
 /// A resolved store and how to name it in messages.
@@ -207,7 +207,7 @@ pub async fn run(a: LeasesArgs) -> Result<(), CliError> {
     let t = resolve(&store).await?;
     match &t.store {
         Store::Embedded(s) => act(s, &t, &a.action, json).await,
-        Store::Etcd(s) => act(s, &t, &a.action, json).await,
+        Store::Etcd(s) => act(s.as_ref(), &t, &a.action, json).await,
     }
 }
 
@@ -366,7 +366,7 @@ async fn etcd(opts: EtcdOptions) -> Result<Target, CliError> {
     let name = format!("etcd {} (prefix {})", opts.endpoints, opts.prefix);
     let store = EtcdStore::connect(&opts).await.map_err(store_error)?;
     Ok(Target {
-        store: Store::Etcd(store),
+        store: Store::Etcd(Box::new(store)),
         name,
         net_config: None,
         daemon_net_config: None,

@@ -94,7 +94,7 @@ enum Cmd {
     /// Show this node's weftd: lease, backend, dataplane, counters and peers.
     Status(dataplane::StatusArgs),
     /// List, write or delete the leases in a store.
-    Leases(leases::LeasesArgs),
+    Leases(Box<leases::LeasesArgs>),
 }
 
 /// The socket weftd serves status on for `subnet_file`.
@@ -114,7 +114,7 @@ pub fn main() -> u8 {
             .enable_all()
             .build()
         {
-            Ok(rt) => rt.block_on(leases::run(a)),
+            Ok(rt) => rt.block_on(leases::run(*a)),
             Err(e) => Err(CliError::failed(format!("cannot start a runtime: {e}"))),
         },
     };

@@ -191,17 +191,29 @@ impl Shared {
         lost
     }
 
-    /// weftd in node `i`'s namespace with the cluster's flags and `extra`.
+    /// weftd in node `i`'s namespace with the cluster's flags and `extra`,
+    /// run to completion.
     fn weftd(&self, i: usize, extra: &[&str]) -> Out {
+        run(&mut self.weftd_command(i, extra))
+    }
+
+    fn weftd_command(&self, i: usize, extra: &[&str]) -> Command {
         let ns = &self.c.nodes[i].ns;
         let mut cmd = ns.command(&weft_tests::bins::path("weftd").to_string_lossy());
         cmd.arg("--traffic-manager=none")
-            .arg(format!(
-                "--net-config-path={}",
-                self.c.work().join("net-conf.json").display()
-            ))
+            .arg(format!("--net-config-path={}", self.net_conf()))
             .args(extra);
-        run(&mut cmd)
+        cmd
+    }
+
+    /// The subnet file of the node with no weftd.
+    fn stopped_env(&self) -> String {
+        self.c.nodes[2].dir.join("subnet.env").display().to_string()
+    }
+
+    /// The cluster's net-conf.json.
+    fn net_conf(&self) -> String {
+        self.c.work().join("net-conf.json").display().to_string()
     }
 
     fn n1_key(&self) -> String {
@@ -368,7 +380,7 @@ fn rows() -> Vec<Row> {
             code: 1,
             words: &["invalid etcd endpoint \"garbage\": no port"],
             run: |s| {
-                let env = s.c.nodes[2].dir.join("subnet.env").display().to_string();
+                let env = s.stopped_env();
                 s.weftd(
                     2,
                     &["--etcd-endpoints=garbage", &format!("--subnet-file={env}")],
@@ -406,7 +418,7 @@ fn rows() -> Vec<Row> {
             code: 2,
             words: &["10.244.77.0-23 is not aligned", "10.244.76.0-23"],
             run: |s| {
-                let net = s.c.work().join("net-conf.json").display().to_string();
+                let net = s.net_conf();
                 weft(&[
                     "leases",
                     "put",
@@ -422,9 +434,9 @@ fn rows() -> Vec<Row> {
         Row {
             name: "weft leases put of a subnet outside the network",
             code: 2,
-            words: &["10.9.0.0/24 lies outside the network 10.244.0.0/16"],
+            words: &["10.9.0.0/24 lies outside the IPv4 network 10.244.0.0/16"],
             run: |s| {
-                let net = s.c.work().join("net-conf.json").display().to_string();
+                let net = s.net_conf();
                 weft(&[
                     "leases",
                     "--net-config-path",
@@ -442,7 +454,7 @@ fn rows() -> Vec<Row> {
             code: 1,
             words: &["node 192.0.2.1 holds it", "--overwrite"],
             run: |s| {
-                let net = s.c.work().join("net-conf.json").display().to_string();
+                let net = s.net_conf();
                 weft(&[
                     "leases",
                     "put",
@@ -528,7 +540,7 @@ fn rows() -> Vec<Row> {
             code: 3,
             words: &["cannot ask the weftd of --subnet-file="],
             run: |s| {
-                let env = s.c.nodes[2].dir.join("subnet.env").display().to_string();
+                let env = s.stopped_env();
                 weft(&["leases", "--subnet-file", &env])
             },
         },
@@ -585,7 +597,7 @@ fn rows() -> Vec<Row> {
             code: 3,
             words: &["cannot reach weftd", "--subnet-file="],
             run: |s| {
-                let env = s.c.nodes[2].dir.join("subnet.env").display().to_string();
+                let env = s.stopped_env();
                 weft(&["dataplane", "set", "userspace", "--subnet-file", &env])
             },
         },
@@ -619,7 +631,7 @@ fn rows() -> Vec<Row> {
             code: 3,
             words: &["cannot reach weftd"],
             run: |s| {
-                let env = s.c.nodes[2].dir.join("subnet.env").display().to_string();
+                let env = s.stopped_env();
                 weft(&["status", "--subnet-file", &env])
             },
         },
@@ -637,21 +649,15 @@ fn rows() -> Vec<Row> {
             run: |s| {
                 // Its own store, so that the shared one stays unchanged.
                 let dir = &s.c.nodes[2].dir;
-                let args = [
-                    format!("--store-path={}", dir.join("store").display()),
-                    format!("--subnet-file={}", dir.join("subnet.env").display()),
-                    format!("--ipam-socket={}", s.sockets[1].0.display()),
-                ];
-                let ns = &s.c.nodes[2].ns;
-                let bin = weft_tests::bins::path("weftd");
+                let cmd = s.weftd_command(
+                    2,
+                    &[
+                        &format!("--store-path={}", dir.join("store").display()),
+                        &format!("--subnet-file={}", dir.join("subnet.env").display()),
+                        &format!("--ipam-socket={}", s.sockets[1].0.display()),
+                    ],
+                );
                 let log = dir.join("spare.log");
-                let mut cmd = ns.command(&bin.to_string_lossy());
-                cmd.arg("--traffic-manager=none")
-                    .arg(format!(
-                        "--net-config-path={}",
-                        s.c.work().join("net-conf.json").display()
-                    ))
-                    .args(&args);
                 let mut p = weft_tests::proc::Proc::spawn("spare", cmd, &log);
                 wait_for("the spare weftd", Duration::from_secs(30), || {
                     p.log().contains("flannel is ready").then_some(())

@@ -6,77 +6,75 @@
 //! network has. Reservations outside `SubnetMin..SubnetMax` are allowed:
 //! those bounds only limit automatic allocation.
 
+use ipnet::IpNet;
+
 use crate::config::Config;
 use crate::lease::SubnetKey;
 
 /// Checks `key` against `cfg` (already through `check_network_config`);
 /// the error says what is wrong and what would be right.
 pub fn check_key(cfg: &Config, key: &SubnetKey) -> Result<(), String> {
-    match (key.v4, cfg.enable_ipv4.then_some(cfg.network).flatten()) {
-        (Some(v4), Some(net)) => {
-            if v4.addr() != v4.network() {
-                return Err(format!(
-                    "{key} is not aligned: a /{} starting at {} would be {}-{}",
-                    v4.prefix_len(),
-                    v4.addr(),
-                    v4.network(),
-                    v4.prefix_len()
-                ));
+    let v4 = Family {
+        name: "IPv4",
+        len_name: "SubnetLen",
+        mine: key.v4.map(IpNet::V4),
+        network: cfg.network.filter(|_| cfg.enable_ipv4).map(IpNet::V4),
+        len: cfg.subnet_len,
+    };
+    let v6 = Family {
+        name: "IPv6",
+        len_name: "IPv6SubnetLen",
+        mine: key.v6.map(IpNet::V6),
+        network: cfg.ipv6_network.filter(|_| cfg.enable_ipv6).map(IpNet::V6),
+        len: cfg.ipv6_subnet_len,
+    };
+    v4.check(key).and_then(|()| v6.check(key))
+}
+
+/// One address family of a key and of the network config.
+struct Family {
+    name: &'static str,
+    len_name: &'static str,
+    mine: Option<IpNet>,
+    network: Option<IpNet>,
+    len: u32,
+}
+
+impl Family {
+    fn check(&self, key: &SubnetKey) -> Result<(), String> {
+        let name = self.name;
+        match (self.mine, self.network) {
+            (Some(sn), Some(net)) => {
+                if sn.addr() != sn.network() {
+                    let aligned = sn.trunc();
+                    return Err(format!(
+                        "{key} is not aligned: a /{} starting at {} would be {}-{}",
+                        sn.prefix_len(),
+                        sn.addr(),
+                        aligned.addr(),
+                        aligned.prefix_len()
+                    ));
+                }
+                if !net.contains(&sn) {
+                    return Err(format!("{sn} lies outside the {name} network {net}"));
+                }
+                if u32::from(sn.prefix_len()) != self.len {
+                    return Err(format!(
+                        "{sn} is a /{}, the network's {name} subnets are /{} ({})",
+                        sn.prefix_len(),
+                        self.len,
+                        self.len_name
+                    ));
+                }
+                Ok(())
             }
-            if !net.contains(&v4) {
-                return Err(format!("{v4} lies outside the network {net}"));
-            }
-            if u32::from(v4.prefix_len()) != cfg.subnet_len {
-                return Err(format!(
-                    "{v4} is a /{}, the network's subnets are /{} (SubnetLen)",
-                    v4.prefix_len(),
-                    cfg.subnet_len
-                ));
-            }
+            (Some(_), None) => Err(format!("{key} has an {name} subnet, the network has none")),
+            (None, Some(net)) => Err(format!(
+                "{key} has no {name} subnet, the network needs one in {net} (a.b.c.d-len[&ipv6-len])"
+            )),
+            (None, None) => Ok(()),
         }
-        (Some(_), None) => return Err(format!("{key} has an IPv4 subnet, the network has none")),
-        (None, Some(net)) => {
-            return Err(format!(
-                "{key} has no IPv4 subnet, the network {net} needs one"
-            ));
-        }
-        (None, None) => {}
     }
-    match (
-        key.v6,
-        cfg.enable_ipv6.then_some(cfg.ipv6_network).flatten(),
-    ) {
-        (Some(v6), Some(net)) => {
-            if v6.addr() != v6.network() {
-                return Err(format!(
-                    "{key} is not aligned: a /{} starting at {} would be {}",
-                    v6.prefix_len(),
-                    v6.addr(),
-                    v6.trunc()
-                ));
-            }
-            if !net.contains(&v6) {
-                return Err(format!("{v6} lies outside the IPv6 network {net}"));
-            }
-            if u32::from(v6.prefix_len()) != cfg.ipv6_subnet_len {
-                return Err(format!(
-                    "{v6} is a /{}, the network's IPv6 subnets are /{} (IPv6SubnetLen)",
-                    v6.prefix_len(),
-                    cfg.ipv6_subnet_len
-                ));
-            }
-        }
-        (Some(_), None) => {
-            return Err(format!("{key} has an IPv6 subnet, the network has none"));
-        }
-        (None, Some(net)) => {
-            return Err(format!(
-                "{key} has no IPv6 subnet, the dual-stack network needs one in {net} (a.b.c.d-len&ipv6-len)"
-            ));
-        }
-        (None, None) => {}
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -103,8 +101,11 @@ mod tests {
                 "10.244.77.0-23",
                 "not aligned: a /23 starting at 10.244.77.0 would be 10.244.76.0-23",
             ),
-            ("10.9.0.0-24", "outside the network 10.244.0.0/16"),
-            ("10.244.76.0-23", "is a /23, the network's subnets are /24"),
+            ("10.9.0.0-24", "outside the IPv4 network 10.244.0.0/16"),
+            (
+                "10.244.76.0-23",
+                "is a /23, the network's IPv4 subnets are /24",
+            ),
             (
                 "10.244.7.0-24&fd00::-64",
                 "has an IPv6 subnet, the network has none",

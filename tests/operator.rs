@@ -206,6 +206,29 @@ impl Shared {
         cmd
     }
 
+    /// A weftd on the node with no weftd (its own store, so that the shared
+    /// one stays unchanged) with `flag`, until it is ready, then SIGTERM.
+    fn spare(&self, flag: &str) -> Out {
+        let dir = &self.c.nodes[2].dir;
+        let cmd = self.weftd_command(
+            2,
+            &[
+                &format!("--store-path={}", dir.join("store").display()),
+                &format!("--subnet-file={}", dir.join("subnet.env").display()),
+                flag,
+            ],
+        );
+        let mut p = weft_tests::proc::Proc::spawn("spare", cmd, &dir.join("spare.log"));
+        wait_for("the spare weftd", Duration::from_secs(30), || {
+            p.log().contains("flannel is ready").then_some(())
+        });
+        let code = p.stop(libc::SIGTERM, Duration::from_secs(10)).unwrap_or(-1);
+        Out {
+            code,
+            text: p.log(),
+        }
+    }
+
     /// The subnet file of the node with no weftd.
     fn stopped_env(&self) -> String {
         self.c.nodes[2].dir.join("subnet.env").display().to_string()
@@ -647,26 +670,21 @@ fn rows() -> Vec<Row> {
             code: 0,
             words: &["ipam API not started", "another process is serving on it"],
             run: |s| {
-                // Its own store, so that the shared one stays unchanged.
-                let dir = &s.c.nodes[2].dir;
-                let cmd = s.weftd_command(
-                    2,
-                    &[
-                        &format!("--store-path={}", dir.join("store").display()),
-                        &format!("--subnet-file={}", dir.join("subnet.env").display()),
-                        &format!("--ipam-socket={}", s.sockets[1].0.display()),
-                    ],
-                );
-                let log = dir.join("spare.log");
-                let mut p = weft_tests::proc::Proc::spawn("spare", cmd, &log);
-                wait_for("the spare weftd", Duration::from_secs(30), || {
-                    p.log().contains("flannel is ready").then_some(())
-                });
-                let code = p.stop(libc::SIGTERM, Duration::from_secs(10)).unwrap_or(-1);
-                Out {
-                    code,
-                    text: p.log(),
-                }
+                let sock = format!("--ipam-socket={}", s.sockets[1].0.display());
+                s.spare(&sock)
+            },
+        },
+        Row {
+            name: "weftd on another node given node 1's IPAM state file",
+            code: 0,
+            words: &[
+                "ipam API not started",
+                "in use by another weftd (",
+                "own --ipam-state",
+            ],
+            run: |s| {
+                let state = s.c.nodes[0].dir.join("weft-ipam.json");
+                s.spare(&format!("--ipam-state={}", state.display()))
             },
         },
     ]

@@ -18,6 +18,7 @@ pub mod iface;
 pub mod ipam;
 pub mod kube;
 pub mod lease;
+pub mod lockfile;
 pub mod logging;
 pub mod metrics;
 pub mod netlink;

@@ -25,12 +25,11 @@
 //! after the first has gone (a DaemonSet's rolling update stops the old pod
 //! first).
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 
 use std::path::{Path, PathBuf};
+
+use crate::lockfile::PidLockError;
 
 /// The lock file's name (see [`weft_compat::subnet_env::beside`]).
 pub const LOCK_NAME: &str = "weftd.lock";
@@ -91,18 +90,7 @@ fn pid_text(pid: Option<u32>) -> String {
 
 /// The held lock on a subnet file; released when dropped (or when the
 /// process dies).
-#[derive(Debug)]
-pub struct SubnetFileLock {
-    _file: File,
-    path: PathBuf,
-}
-
-impl SubnetFileLock {
-    /// The lock file's path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
+pub type SubnetFileLock = crate::lockfile::PidLock;
 
 /// The lock file for `subnet_file`.
 pub fn lock_path(subnet_file: &Path) -> PathBuf {
@@ -126,40 +114,18 @@ pub fn lock_subnet_file(subnet_file: &Path) -> Result<SubnetFileLock, LockError>
             "is a directory; it must name a file (e.g. /run/flannel/subnet.env)",
         ));
     }
-    let path = lock_path(subnet_file);
-    let io = |op: &'static str, p: &Path| {
-        let what = p.display().to_string();
-        move |source| LockError::Io { op, what, source }
-    };
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(io("create directory", dir))?;
-    }
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o644)
-        .open(&path)
-        .map_err(io("open", &path))?;
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => {
-            let mut text = String::new();
-            let _ = file.read_to_string(&mut text);
-            return Err(LockError::SubnetFileHeld {
-                subnet_file: subnet_file.to_path_buf(),
-                lock: path,
-                pid: text.trim().parse().ok(),
-            });
-        }
-        Err(std::fs::TryLockError::Error(e)) => return Err(io("flock", &path)(e)),
-    }
-    file.set_len(0)
-        .and_then(|()| file.rewind())
-        .and_then(|()| writeln!(file, "{}", std::process::id()))
-        .map_err(io("write", &path))?;
-    Ok(SubnetFileLock { _file: file, path })
+    crate::lockfile::PidLock::take(&lock_path(subnet_file)).map_err(|e| match e {
+        PidLockError::Held { path, pid } => LockError::SubnetFileHeld {
+            subnet_file: subnet_file.to_path_buf(),
+            lock: path,
+            pid,
+        },
+        PidLockError::Io { op, path, source } => LockError::Io {
+            op,
+            what: path.display().to_string(),
+            source,
+        },
+    })
 }
 
 /// The held device locks; released when dropped (the socket closes once its

@@ -55,6 +55,12 @@ pub enum ServerError {
     /// The owner thread could not be started.
     #[error("cannot start the ipam thread: {0}")]
     Thread(#[source] std::io::Error),
+    /// Another weftd keeps its allocations in the same state file.
+    #[error(
+        "ipam state {state} is in use by another weftd ({0}): give each weftd its own --ipam-state",
+        state = .1.display()
+    )]
+    StateInUse(#[source] crate::lockfile::PidLockError, PathBuf),
 }
 
 type Job = (Request, oneshot::Sender<Response>);
@@ -64,6 +70,7 @@ type Job = (Request, oneshot::Sender<Response>);
 pub struct IpamServer {
     socket: OwnedSocket,
     accept: tokio::task::JoinHandle<()>,
+    _state_lock: crate::lockfile::PidLock,
 }
 
 impl IpamServer {
@@ -87,6 +94,10 @@ pub async fn serve(
     subnet: Option<Ipv4Net>,
     ipv6_subnet: Option<Ipv6Net>,
 ) -> Result<IpamServer, ServerError> {
+    // One owner per state file: two daemons sharing one (an explicit
+    // --ipam-state) would hand out each other's addresses.
+    let state_lock = crate::lockfile::PidLock::take(&state_lock_path(state))
+        .map_err(|e| ServerError::StateInUse(e, state.to_path_buf()))?;
     let file = StateFile::new(state);
     let mut dirs = BTreeSet::new();
     let alloc = match file.load(subnet, ipv6_subnet) {
@@ -113,7 +124,21 @@ pub async fn serve(
     let (listener, socket) = bind(socket)?;
     tracing::info!("ipam: serving on {}", socket.path.display());
     let accept = tokio::spawn(accept_loop(listener, tx));
-    Ok(IpamServer { socket, accept })
+    Ok(IpamServer {
+        socket,
+        accept,
+        _state_lock: state_lock,
+    })
+}
+
+/// The state file's lock: `.<name>.lock` beside it (the state file itself is
+/// replaced by every write, so it cannot carry the lock).
+fn state_lock_path(state: &Path) -> PathBuf {
+    let name = state
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    state.with_file_name(format!(".{name}.lock"))
 }
 
 /// A socket path this process bound; [`OwnedSocket::remove`] unlinks it only

@@ -243,3 +243,34 @@ async fn host_locals_addresses_are_avoided_and_ours_are_recorded_there() {
     assert_eq!(r.error.map(|e| e.kind), Some(ErrorKind::Invalid));
     drop(server);
 }
+
+/// Two daemons given one `--ipam-state` (each with its own socket): the
+/// second is refused, naming the first, instead of sharing allocations.
+#[tokio::test]
+async fn one_state_file_has_one_owner() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("ipam.json");
+    let net = Some("10.244.9.0/24".parse().expect("net"));
+    let first = server::serve(&dir.path().join("a.sock"), &state, net, None)
+        .await
+        .expect("first");
+    let e = server::serve(&dir.path().join("b.sock"), &state, net, None)
+        .await
+        .expect_err("second owner");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("in use by another weftd")
+            && msg.contains(&format!("pid {}", std::process::id())),
+        "{msg}"
+    );
+    assert!(
+        !dir.path().join("b.sock").exists(),
+        "the refused server bound its socket"
+    );
+    drop(first);
+    drop(
+        server::serve(&dir.path().join("b.sock"), &state, net, None)
+            .await
+            .expect("after the first is gone"),
+    );
+}

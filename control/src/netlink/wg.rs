@@ -400,6 +400,29 @@ impl WgClient for WgNetlink {
 mod tests {
     use super::*;
 
+    /// Key bytes never reach a log through `Debug` (issue 29).
+    #[test]
+    fn debug_hides_private_keys_and_psks() {
+        let mut peer = WgPeerSet::removal([3; 32]);
+        peer.psk = Some([0xab; 32]);
+        let set = WgSet {
+            ifname: "flannel-wg".into(),
+            private_key: Some([0xcd; 32]),
+            listen_port: Some(51820),
+            replace_peers: true,
+            peers: vec![peer],
+        };
+        let shown = format!("{set:?}");
+        for secret in ["171", "205", "0xab", "0xcd"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert_eq!(shown.matches("<redacted>").count(), 2, "{shown}");
+        assert!(
+            shown.contains("AwMD"),
+            "the public key stays visible: {shown}"
+        );
+    }
+
     fn allowed(n: IpNet) -> WireguardAllowedIp {
         WireguardAllowedIp(vec![
             WireguardAllowedIpAttr::Family(WireguardAddressFamily::Ipv4),

@@ -257,6 +257,8 @@ fn userspace_vxlan_interoperates_with_kernel_vxlan() {
     ));
     let st = std::process::Command::new(&weft)
         .args(["leases", "put", "10.244.200.0-24", &format!(r#"{{"PublicIP":"192.0.2.2","PublicIPv6":null,"BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"{mac2}"}}}}"#), &store])
+        // The key is checked against the network (weft leases put, issue 29).
+        .arg(format!("--net-config-path={}", c.work().join("net-conf.json").display()))
         .status()
         .expect("weft leases put");
     assert!(st.success());

@@ -220,6 +220,11 @@ fn interoperates_with_wireguard_go() {
     );
     let st = std::process::Command::new(weft_tests::bins::path("weft"))
         .args(["leases", "put", "10.244.200.0-24", &data, &store])
+        // The key is checked against the network (weft leases put, issue 29).
+        .arg(format!(
+            "--net-config-path={}",
+            c.work().join("net-conf.json").display()
+        ))
         .status()
         .expect("weft leases put");
     assert!(st.success());

@@ -9,6 +9,10 @@
 //!   still runs (bridge then only releases the IPAM reservation).
 //! - A failing delegate DEL is an error and the config is kept, so the
 //!   runtime's retry can replay it.
+//! - The pod may have been added in the other mode (the node moved between
+//!   bridge and routed): a saved delegate config means a bridge pod, whatever
+//!   the mode now; in bridge mode, no saved config means it may be a routed
+//!   pod, which [`routed::del_leftover`] removes.
 
 use crate::command::Request;
 use crate::config::Mode;
@@ -18,18 +22,29 @@ use crate::{delegate, exec, log, routed};
 
 /// Runs DEL.
 pub fn del(req: &Request) -> Result<(), Error> {
-    if req.conf.mode == Mode::Routed {
-        return routed::del(req);
-    }
     let store = Store::new(&req.conf.data_dir);
+    let routed = req.conf.mode == Mode::Routed;
     if !store.exists() {
-        return Ok(());
+        return if routed {
+            routed::del(req)
+        } else {
+            routed::del_leftover(req)
+        };
     }
     let _lock = store.lock_shared()?;
     let id = &req.env.container_id;
     let Some(bytes) = store.load(id)? else {
-        return Ok(());
+        return if routed {
+            routed::del(req)
+        } else {
+            routed::del_leftover(req)
+        };
     };
+    if routed {
+        log(&format!(
+            "{id}: added in bridge mode (saved delegate config); deleting it as such"
+        ));
+    }
     let plugin_type = match delegate::parse_saved(&bytes) {
         Ok((_, t)) => t,
         Err(reason) => {

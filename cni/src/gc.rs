@@ -15,6 +15,10 @@
 //!   saved config). A pre-1.1 delegate cannot take GC and is skipped; its
 //!   state was released per attachment above.
 //! - Failures do not stop the sweep; all of them are reported together.
+//! - Both modes sweep both kinds of attachments (a node that moved between
+//!   bridge and routed has both): routed mode also replays stale saved
+//!   configs; bridge mode also releases stale routed allocations when
+//!   weftd's IPAM answers.
 
 use serde_json::{Value, json};
 use weft_compat::subnet_env::plugin as subnet_env;
@@ -27,11 +31,18 @@ use crate::{delegate, exec, log, routed, version};
 
 /// Runs GC.
 pub fn gc(req: &Request) -> Result<(), Error> {
-    if req.conf.mode == Mode::Routed {
-        return routed::gc(req);
-    }
     let valid = req.conf.gc_attachments()?;
     let mut errors = Vec::new();
+    let routed = req.conf.mode == Mode::Routed;
+    let leftover = match routed {
+        true => routed::gc(req),
+        false => routed::gc_leftover(req),
+    };
+    match leftover {
+        Err(Error::Gc(e)) => errors.extend(e),
+        Err(e) => errors.push(e),
+        Ok(()) => {}
+    }
     let store = Store::new(&req.conf.data_dir);
     if store.exists() {
         let _lock = store.lock_exclusive()?;
@@ -57,7 +68,7 @@ pub fn gc(req: &Request) -> Result<(), Error> {
         }
         store.prune_ifnames();
     }
-    if let Err(e) = forward(req, &valid) {
+    if !routed && let Err(e) = forward(req, &valid) {
         errors.push(e);
     }
     if errors.is_empty() {

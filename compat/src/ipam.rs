@@ -6,14 +6,20 @@
 //! Requests (`op` selects the operation; unknown keys are errors):
 //!
 //! ```text
-//! {"op":"allocate","containerID":"abc","ifname":"eth0"}
+//! {"op":"allocate","containerID":"abc","ifname":"eth0","hostLocalDir":"/var/lib/cni/networks/cbr0"}
 //!     -> {"ok":true,"allocation":{"containerID":"abc","ifname":"eth0","ipv4":"10.244.1.2","ipv6":"fd00::2"}}
-//! {"op":"release","containerID":"abc","ifname":"eth0"}
+//! {"op":"release","containerID":"abc","ifname":"eth0","hostLocalDir":"/var/lib/cni/networks/cbr0"}
 //!     -> {"ok":true,"allocation":{...}}     (what was released; absent if nothing was held)
 //! {"op":"list"}    -> {"ok":true,"allocations":[{...},...]}
 //! {"op":"status"}  -> {"ok":true,"subnet":"10.244.1.0/24","ipv6Subnet":"fd00::/64"}
 //! any failure      -> {"ok":false,"error":{"kind":"invalid|exhausted|unavailable","message":"..."}}
 //! ```
+//!
+//! `hostLocalDir` (optional) is host-local's directory for the node's CNI
+//! network (`<ipam dataDir>/<network name>`): the daemon avoids the
+//! addresses host-local holds there and records its own there in
+//! host-local's format (see control's `ipam::host_local`), so that routed
+//! and bridge mode never hand out one address twice on a node.
 //!
 //! Contract: a request line is at most [`MAX_REQUEST`] bytes (a longer one is
 //! answered with an `invalid` error and the connection is closed); container
@@ -96,6 +102,13 @@ pub enum Request {
         container_id: String,
         /// `CNI_IFNAME`.
         ifname: String,
+        /// host-local's directory for this network (see the module docs).
+        #[serde(
+            rename = "hostLocalDir",
+            default,
+            skip_serializing_if = "Option::is_none"
+        )]
+        host_local_dir: Option<String>,
     },
     /// Release an attachment's addresses (no-op when it holds none).
     Release {
@@ -104,6 +117,13 @@ pub enum Request {
         container_id: String,
         /// `CNI_IFNAME`.
         ifname: String,
+        /// host-local's directory for this network.
+        #[serde(
+            rename = "hostLocalDir",
+            default,
+            skip_serializing_if = "Option::is_none"
+        )]
+        host_local_dir: Option<String>,
     },
     /// List every allocation (for GC). (An empty struct variant, so that
     /// unknown keys are refused as for the others.)
@@ -216,16 +236,37 @@ impl Request {
         if let Request::Allocate {
             container_id,
             ifname,
+            host_local_dir,
         }
         | Request::Release {
             container_id,
             ifname,
+            host_local_dir,
         } = &req
         {
             validate_container_id(container_id)?;
             validate_ifname(ifname)?;
+            if host_local_dir
+                .as_deref()
+                .is_some_and(|d| !d.starts_with('/'))
+            {
+                return Err(format!(
+                    "hostLocalDir {:?} is not an absolute path",
+                    host_local_dir.as_deref().unwrap_or_default()
+                ));
+            }
         }
         Ok(req)
+    }
+
+    /// The `hostLocalDir` of `allocate`/`release`.
+    pub fn host_local_dir(&self) -> Option<&str> {
+        match self {
+            Request::Allocate { host_local_dir, .. } | Request::Release { host_local_dir, .. } => {
+                host_local_dir.as_deref()
+            }
+            Request::List {} | Request::Status {} => None,
+        }
     }
 
     /// The attachment key of `allocate`/`release`.
@@ -234,10 +275,12 @@ impl Request {
             Request::Allocate {
                 container_id,
                 ifname,
+                ..
             }
             | Request::Release {
                 container_id,
                 ifname,
+                ..
             } => Some(Key {
                 container_id: container_id.clone(),
                 ifname: ifname.clone(),
@@ -282,10 +325,27 @@ mod tests {
         let a = Request::Allocate {
             container_id: "abc".into(),
             ifname: "eth0".into(),
+            host_local_dir: None,
         };
         assert_eq!(
             a.to_line(),
             b"{\"op\":\"allocate\",\"containerID\":\"abc\",\"ifname\":\"eth0\"}\n"
+        );
+        let r = Request::Release {
+            container_id: "abc".into(),
+            ifname: "eth0".into(),
+            host_local_dir: Some("/var/lib/cni/networks/cbr0".into()),
+        };
+        assert_eq!(
+            r.to_line(),
+            b"{\"op\":\"release\",\"containerID\":\"abc\",\"ifname\":\"eth0\",\"hostLocalDir\":\"/var/lib/cni/networks/cbr0\"}\n"
+        );
+        assert_eq!(r.host_local_dir(), Some("/var/lib/cni/networks/cbr0"));
+        assert!(
+            Request::parse(
+                br#"{"op":"allocate","containerID":"a","ifname":"eth0","hostLocalDir":"cbr0"}"#
+            )
+            .is_err_and(|e| e.contains("not an absolute path"))
         );
         assert_eq!(Request::List {}.to_line(), b"{\"op\":\"list\"}\n");
         assert_eq!(Request::Status {}.to_line(), b"{\"op\":\"status\"}\n");
@@ -324,14 +384,16 @@ mod tests {
             Request::parse(br#"{"op":"allocate","containerID":"abc-1","ifname":"eth0"}"#),
             Ok(Request::Allocate {
                 container_id: "abc-1".into(),
-                ifname: "eth0".into()
+                ifname: "eth0".into(),
+                host_local_dir: None,
             })
         );
         assert_eq!(
             Request::parse(br#"{"ifname":"net1","containerID":"x","op":"release"}"#),
             Ok(Request::Release {
                 container_id: "x".into(),
-                ifname: "net1".into()
+                ifname: "net1".into(),
+                host_local_dir: None,
             })
         );
         assert_eq!(Request::parse(br#"{"op":"list"}"#), Ok(Request::List {}));

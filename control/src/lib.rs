@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod demo;
@@ -17,9 +18,11 @@ pub mod iface;
 pub mod ipam;
 pub mod kube;
 pub mod lease;
+pub mod lockfile;
 pub mod logging;
 pub mod metrics;
 pub mod netlink;
+pub mod secret;
 pub mod status;
 pub mod store;
 pub mod subnet;

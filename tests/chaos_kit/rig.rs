@@ -343,6 +343,11 @@ impl ChaosCluster {
             .arg("leases")
             .args(a)
             .arg(store)
+            // `put` checks the key against the network (issue 29).
+            .arg(format!(
+                "--net-config-path={}",
+                self.c.work().join("net-conf.json").display()
+            ))
             .output()
             .map_err(|e| format!("spawn weft: {e}"))?;
         if out.status.success() {

@@ -63,11 +63,18 @@ impl Client {
         }
     }
 
-    /// Allocates (or returns) the addresses of `(container_id, ifname)`.
-    pub fn allocate(&self, container_id: &str, ifname: &str) -> Result<Allocation, ClientError> {
+    /// Allocates (or returns) the addresses of `(container_id, ifname)`,
+    /// avoiding (and recording them in) host-local's `host_local` directory.
+    pub fn allocate(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        host_local: Option<&str>,
+    ) -> Result<Allocation, ClientError> {
         let r = self.call(&Request::Allocate {
             container_id: container_id.to_string(),
             ifname: ifname.to_string(),
+            host_local_dir: host_local.map(str::to_string),
         })?;
         r.allocation
             .ok_or_else(|| self.protocol("allocate reply has no allocation"))
@@ -78,10 +85,12 @@ impl Client {
         &self,
         container_id: &str,
         ifname: &str,
+        host_local: Option<&str>,
     ) -> Result<Option<Allocation>, ClientError> {
         let r = self.call(&Request::Release {
             container_id: container_id.to_string(),
             ifname: ifname.to_string(),
+            host_local_dir: host_local.map(str::to_string),
         })?;
         Ok(r.allocation)
     }

@@ -22,6 +22,13 @@
 //! The IPAM socket is `ipamSocket` in the config, by default `weft.sock`
 //! next to `subnetFile` (the stem-prefix rule weftd's `--ipam-socket`
 //! default uses: `/run/flannel/subnet.env` → `/run/flannel/weft.sock`).
+//!
+//! Mixed modes on one node (a node moved between bridge and routed while it
+//! has pods): every allocate and release names host-local's directory for
+//! this network ([`host_local_dir`]), so weftd never hands out an address
+//! host-local holds and leaves a host-local file for each of its own; DEL
+//! and GC in either mode also take care of the pods made in the other one
+//! (see `del.rs` and `gc.rs`).
 
 mod client;
 mod datapath;
@@ -81,6 +88,30 @@ pub enum RoutedError {
     Teardown(Vec<RoutedError>),
 }
 
+/// host-local's directory for this network, where bridge mode's addresses
+/// are kept: `<ipam.dataDir or /var/lib/cni/networks>/<name>` (what
+/// host-local uses for the delegate config flannel builds); `None` when the
+/// network's IPAM is not host-local or it has no usable name.
+pub fn host_local_dir(conf: &crate::config::NetConf) -> Option<String> {
+    let get = |k: &str| {
+        conf.ipam
+            .as_ref()
+            .and_then(|m| m.get(k))
+            .and_then(|v| v.as_str())
+    };
+    if get("type").is_some_and(|t| t != "host-local") {
+        return None;
+    }
+    let name = conf.name.as_str();
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+        return None;
+    }
+    let data = get("dataDir")
+        .filter(|d| d.starts_with('/'))
+        .unwrap_or("/var/lib/cni/networks");
+    Some(Path::new(data).join(name).to_string_lossy().into_owned())
+}
+
 /// The IPAM socket for `conf` (see the module docs).
 fn socket(req: &Request) -> PathBuf {
     if let Some(s) = &req.conf.ipam_socket {
@@ -115,7 +146,10 @@ pub fn add(req: &Request, out: &mut dyn Write) -> Result<(), Error> {
     })?;
     enable_forwarding(&env)?;
     let client = Client::new(socket(req));
-    let alloc = client.allocate(id, ifname).map_err(RoutedError::from)?;
+    let host_local = host_local_dir(&req.conf);
+    let alloc = client
+        .allocate(id, ifname, host_local.as_deref())
+        .map_err(RoutedError::from)?;
     let ips = ips_of(&alloc);
     let built =
         datapath::create(&mut host, &netns, &host_name, ifname, &ips, env.mtu).and_then(|a| {
@@ -136,7 +170,7 @@ pub fn add(req: &Request, out: &mut dyn Write) -> Result<(), Error> {
         if let Err(de) = datapath::remove(&mut host, &host_name) {
             crate::log(&format!("rollback: {de}"));
         }
-        if let Err(re) = client.release(id, ifname) {
+        if let Err(re) = client.release(id, ifname, host_local.as_deref()) {
             crate::log(&format!("rollback: {re}"));
         }
         return Err(e.into());
@@ -166,7 +200,7 @@ fn enable_forwarding(env: &SubnetEnv) -> Result<(), RoutedError> {
 /// DEL in routed mode.
 pub fn del(req: &Request) -> Result<(), Error> {
     let (id, ifname) = (&req.env.container_id, &req.env.ifname);
-    let errors = teardown(&Client::new(socket(req)), id, ifname);
+    let errors = teardown(req, &Client::new(socket(req)), id, ifname);
     if errors.is_empty() {
         Ok(())
     } else {
@@ -174,8 +208,52 @@ pub fn del(req: &Request) -> Result<(), Error> {
     }
 }
 
+/// DEL in bridge mode of a container with no saved delegate config: it may
+/// have been added in routed mode before the node went back to bridge. Its
+/// host veth, if there, is removed and its address released (weftd must
+/// answer then); with no veth, weftd's allocation is released if weftd
+/// answers, and nothing fails otherwise (there is no sign of a routed pod).
+pub fn del_leftover(req: &Request) -> Result<(), Error> {
+    let (id, ifname) = (&req.env.container_id, &req.env.ifname);
+    let host_name = datapath::host_veth_name(id, ifname);
+    let veth = nl::Socket::open()
+        .and_then(|mut s| s.link(&host_name))
+        .map_err(RoutedError::from)?
+        .is_some();
+    let client = Client::new(socket(req));
+    if veth {
+        crate::log(&format!(
+            "{id}/{ifname}: added in routed mode (host veth {host_name}); removing it"
+        ));
+        let errors = teardown(req, &client, id, ifname);
+        return match errors.is_empty() {
+            true => Ok(()),
+            false => Err(RoutedError::Teardown(errors).into()),
+        };
+    }
+    match client.release(id, ifname, host_local_dir(&req.conf).as_deref()) {
+        Ok(Some(a)) => crate::log(&format!(
+            "{id}/{ifname}: released routed-mode address {:?}",
+            ips_of(&a)
+        )),
+        Ok(None) => {}
+        Err(e) => crate::log(&format!("{id}/{ifname}: not asking weftd ({e})")),
+    }
+    Ok(())
+}
+
+/// GC in bridge mode: routed-mode attachments the runtime no longer lists,
+/// if weftd's IPAM answers (a node that was routed before); `Ok` when it
+/// does not.
+pub fn gc_leftover(req: &Request) -> Result<(), Error> {
+    if Client::new(socket(req)).status().is_err() {
+        return Ok(());
+    }
+    gc(req)
+}
+
 /// Removes the datapath and releases the address; returns the failures.
-fn teardown(client: &Client, id: &str, ifname: &str) -> Vec<RoutedError> {
+fn teardown(req: &Request, client: &Client, id: &str, ifname: &str) -> Vec<RoutedError> {
     let mut errors = Vec::new();
     let host_name = datapath::host_veth_name(id, ifname);
     match nl::Socket::open().and_then(|mut s| datapath::remove(&mut s, &host_name)) {
@@ -185,7 +263,7 @@ fn teardown(client: &Client, id: &str, ifname: &str) -> Vec<RoutedError> {
         )),
         Err(e) => errors.push(e.into()),
     }
-    if let Err(e) = client.release(id, ifname) {
+    if let Err(e) = client.release(id, ifname, host_local_dir(&req.conf).as_deref()) {
         errors.push(e.into());
     }
     errors
@@ -240,7 +318,7 @@ pub fn gc(req: &Request) -> Result<(), Error> {
         {
             continue;
         }
-        let failed = teardown(&client, &a.container_id, &a.ifname);
+        let failed = teardown(req, &client, &a.container_id, &a.ifname);
         if failed.is_empty() {
             crate::log(&format!(
                 "gc: released stale attachment {}/{}",

@@ -409,6 +409,10 @@ impl Dual {
 
 #[async_trait]
 impl Switch for Dual {
+    async fn can_run(&mut self, to: DataplaneChoice) -> Result<Dataplane, BackendError> {
+        self.core.resolve(to).await.map(|(path, _)| path)
+    }
+
     fn switch_pending(&self) -> Option<SystemTime> {
         let p = self.pending.as_ref()?;
         Some(self.handover_at().map_or(p.latest, |at| at.min(p.latest)))

@@ -161,6 +161,17 @@ pub trait Switch: Backend {
     /// returns the dataplane that runs afterwards (the old one while the
     /// switch is pending, see [`Switch::switch_pending`]).
     async fn switch_dataplane(&mut self, to: DataplaneChoice) -> Result<Dataplane, BackendError>;
+
+    /// The path `to` would give on this kernel, or why it cannot run here;
+    /// changes nothing (a persisted choice is checked with it at start).
+    /// A backend without paths to choose from (`alloc`) can run none.
+    async fn can_run(&mut self, to: DataplaneChoice) -> Result<Dataplane, BackendError> {
+        Err(BackendError::Unsupported(format!(
+            "choosing the dataplane ({}) of {}",
+            to.as_str(),
+            self.name()
+        )))
+    }
 }
 
 /// The peer changes of one [`Backend::apply`].
@@ -350,6 +361,34 @@ impl DataplaneChoice {
     }
 }
 
+/// The kernel device names a backend owns in its network namespace: what
+/// weftd locks at start ([`crate::daemon::node_lock`], so that two daemons
+/// never run one device) and what a userspace path clears of a kernel path's
+/// leftovers. udp's TUN is `flannel%d` (the kernel picks the number) but its
+/// route to the whole network is one per namespace, so it is locked as
+/// `flannel0`. Backends without a device of their own (host-gw, ipsec,
+/// alloc) have none.
+pub fn device_names(opts: &BackendOptions) -> Vec<String> {
+    match opts {
+        BackendOptions::Vxlan(o) => vec![
+            format!("flannel.{}", o.vni),
+            format!("flannel-v6.{}", o.vni),
+        ],
+        BackendOptions::Ipip(_) => vec![ipip::DEVICE.into()],
+        BackendOptions::Wireguard(_) => vec!["flannel-wg".into(), "flannel-wg-v6".into()],
+        BackendOptions::Udp(_) => vec!["flannel0".into()],
+        _ => Vec::new(),
+    }
+}
+
+/// [`device_names`] of the network config's backend (none when its options
+/// do not parse: [`new`] reports that).
+pub fn config_device_names(cfg: &Config) -> Vec<String> {
+    BackendOptions::from_config(&cfg.backend_type, cfg.backend.as_deref())
+        .map(|o| device_names(&o))
+        .unwrap_or_default()
+}
+
 /// Builds the backend named by the network config: the factory, the only
 /// place naming the backends.
 pub fn new(
@@ -397,6 +436,7 @@ pub fn build(
     use wireguard::{kernel::KernelWireguard, userspace::Wireguard};
     let Kernel { client, xfrm, wg } = kernel;
     let opts = BackendOptions::from_config(&cfg.backend_type, cfg.backend.as_deref())?;
+    let links = device_names(&opts);
     let (v4, v6) = (cfg.enable_ipv4, cfg.enable_ipv6);
     let dual = |name| dual::Dual::new(name, dataplane, client.clone(), xfrm.clone());
     let c = client.clone();
@@ -413,10 +453,6 @@ pub fn build(
         }
         BackendOptions::Vxlan(o) => {
             let (ok, ou, us) = (o.clone(), o.clone(), us.clone());
-            let names = vec![
-                format!("flannel.{}", o.vni),
-                format!("flannel-v6.{}", o.vni),
-            ];
             Box::new(
                 dual("vxlan")
                     .kernel(
@@ -426,7 +462,7 @@ pub fn build(
                     .userspace(Box::new(move || {
                         Box::new(Vxlan::new(ou.clone(), v4, v6, tuning, us.clone()))
                     }))
-                    .kernel_links(names),
+                    .kernel_links(links),
             )
         }
         BackendOptions::HostGw => Box::new(dual("host-gw").kernel(
@@ -444,7 +480,7 @@ pub fn build(
                     .userspace(Box::new(move || {
                         Box::new(IpipUser::new(o.clone(), tuning, us.clone()))
                     }))
-                    .kernel_links(vec![ipip::DEVICE.into()]),
+                    .kernel_links(links),
             )
         }
         BackendOptions::Ipsec(o) => {
@@ -475,7 +511,7 @@ pub fn build(
                     .userspace(Box::new(move || {
                         Box::new(Wireguard::new(o.clone(), n4, n6, tuning, us.clone()))
                     }))
-                    .kernel_links(vec!["flannel-wg".into(), "flannel-wg-v6".into()]),
+                    .kernel_links(links),
             )
         }
         other => return Err(BackendError::Unsupported(other.kind().name().to_string())),

@@ -234,7 +234,7 @@ fn ipip_direct_routing_and_device_checks() {
 
 fn ipsec_opts() -> IpsecOptions {
     IpsecOptions {
-        psk: "x".repeat(96),
+        psk: "x".repeat(96).into(),
         udp_encap: false,
         esp_proposal: "aes128gcm16-sha256-prfsha256-ecp256".into(),
     }

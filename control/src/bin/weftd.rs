@@ -8,6 +8,10 @@ fn main() {
         Ok(f) => f,
         Err(e) => e.exit(),
     };
+    if let Err(e) = flags.conflicts(&args) {
+        eprintln!("weftd: {e}");
+        std::process::exit(2);
+    }
     if flags.version {
         // flanneld prints its version to stderr.
         eprintln!("{}", env!("CARGO_PKG_VERSION"));

@@ -158,7 +158,7 @@ pub struct IpipOptions {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IpsecOptions {
     /// `PSK`, at least 96 bytes.
-    pub psk: String,
+    pub psk: crate::secret::Secret,
     /// `UDPEncap`.
     pub udp_encap: bool,
     /// `ESPProposal` (default `aes128gcm16-sha256-prfsha256-ecp256`).
@@ -188,7 +188,7 @@ pub struct WireguardOptions {
     /// `MTU`; 0 (default) means the external interface's MTU.
     pub mtu: u32,
     /// `PSK`: base64 pre-shared key, empty for none.
-    pub psk: String,
+    pub psk: crate::secret::Secret,
     /// `PersistentKeepaliveInterval`: the JSON integer is seconds; zero = off.
     pub persistent_keepalive_interval: Duration,
     /// `Mode`.
@@ -385,8 +385,9 @@ fn parse_ipip(obj: &Members) -> Result<IpipOptions, OptionsError> {
 }
 
 fn parse_ipsec(obj: &Members) -> Result<IpsecOptions, OptionsError> {
+    let mut psk = String::new();
     let mut o = IpsecOptions {
-        psk: String::new(),
+        psk: Default::default(),
         udp_encap: false,
         esp_proposal: "aes128gcm16-sha256-prfsha256-ecp256".to_string(),
     };
@@ -394,14 +395,15 @@ fn parse_ipsec(obj: &Members) -> Result<IpsecOptions, OptionsError> {
         match k {
             "udpencap" => set(&mut o.udp_encap, f("UDPEncap").bool(v)?),
             "espproposal" => set(&mut o.esp_proposal, f("ESPProposal").string(v)?),
-            "psk" => set(&mut o.psk, f("PSK").string(v)?),
+            "psk" => set(&mut psk, f("PSK").string(v)?),
             _ => {}
         }
         Ok(())
     })?;
-    if o.psk.len() < 96 {
+    if psk.len() < 96 {
         return Err(OptionsError::PasswordTooShort);
     }
+    o.psk = psk.into();
     Ok(o)
 }
 
@@ -435,7 +437,7 @@ fn parse_wireguard(obj: &Members) -> Result<WireguardOptions, OptionsError> {
         listen_port: ranged(WG_CTX, "ListenPort", port)?,
         listen_port_v6: ranged(WG_CTX, "ListenPortV6", port6)?,
         mtu: ranged(WG_CTX, "MTU", mtu)?,
-        psk,
+        psk: psk.into(),
         persistent_keepalive_interval: Duration::from_secs(keepalive),
         mode,
     })

@@ -214,7 +214,7 @@ fn ipsec_options() {
     )) else {
         panic!("not ipsec")
     };
-    assert_eq!(o.psk.len(), 96);
+    assert_eq!(o.psk.expose().len(), 96);
     assert!(!o.udp_encap);
     assert_eq!(o.esp_proposal, "aes128gcm16-sha256-prfsha256-ecp256");
     let BackendOptions::Ipsec(o) = ok(&format!(
@@ -238,7 +238,7 @@ fn wireguard_options() {
             listen_port: 51820,
             listen_port_v6: 51821,
             mtu: 0,
-            psk: String::new(),
+            psk: Default::default(),
             persistent_keepalive_interval: Duration::ZERO,
             mode: WireguardMode::Separate,
         }

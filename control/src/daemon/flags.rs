@@ -132,9 +132,9 @@ pub struct Flags {
     /// Username for BasicAuth to etcd.
     #[arg(long, env = "FLANNELD_ETCD_USERNAME", default_value = "")]
     pub etcd_username: String,
-    /// Password for BasicAuth to etcd.
-    #[arg(long, env = "FLANNELD_ETCD_PASSWORD", default_value = "")]
-    pub etcd_password: String,
+    /// Password for BasicAuth to etcd (never logged).
+    #[arg(long, env = "FLANNELD_ETCD_PASSWORD", default_value = "", value_parser = crate::secret::Secret::parse)]
+    pub etcd_password: crate::secret::Secret,
     /// Interface to use (IP or name) for inter-host communication; repeatable.
     #[arg(long, env = "FLANNELD_IFACE", action = ArgAction::Append)]
     pub iface: Vec<String>,
@@ -289,6 +289,66 @@ impl Flags {
     pub fn validate(&self) -> Result<(), String> {
         if !(1..1440).contains(&self.subnet_lease_renew_margin) {
             return Err("Invalid subnet-lease-renew-margin option, out of acceptable range".into());
+        }
+        Ok(())
+    }
+}
+
+/// Whether `--name`/`-name` (with or without `=value`) is on the command line.
+fn given(args: &[String], name: &str) -> bool {
+    args.iter().skip(1).take_while(|a| *a != "--").any(|a| {
+        let body = a.trim_start_matches('-');
+        a.starts_with('-') && (body == name || body.starts_with(&format!("{name}=")))
+    })
+}
+
+impl Flags {
+    /// Refuses flags on the command line (`args`, the program name first)
+    /// that select two stores, or that apply to a store not in use: weftd
+    /// would otherwise take one and silently ignore the other.
+    pub fn conflicts(&self, args: &[String]) -> Result<(), String> {
+        let etcd = given(args, "etcd-endpoints");
+        let store = match self.store {
+            Some(s) if given(args, "store") => s,
+            _ => self.store_kind(etcd),
+        };
+        let clash = |a: &str, b: &str| {
+            Err(format!(
+                "{a} and {b} select different lease stores: give one"
+            ))
+        };
+        match store {
+            StoreKind::Embedded if self.kube_subnet_mgr => {
+                return clash("--store=embedded", "--kube-subnet-mgr");
+            }
+            StoreKind::Embedded if etcd => return clash("--store=embedded", "--etcd-endpoints"),
+            StoreKind::Etcd if self.kube_subnet_mgr => {
+                return clash("--store=etcd", "--kube-subnet-mgr");
+            }
+            StoreKind::Kube if etcd && self.store.is_some() => {
+                return clash("--store=kube", "--etcd-endpoints");
+            }
+            _ => {}
+        }
+        // flanneld silently connects without TLS (or without auth) here.
+        if self.etcd_keyfile.is_empty() != self.etcd_certfile.is_empty() {
+            return Err(
+                "--etcd-keyfile and --etcd-certfile go together: with only one of them the \
+                 connection would be made without a client certificate"
+                    .into(),
+            );
+        }
+        if self.etcd_username.is_empty() && !self.etcd_password.is_empty() {
+            return Err("--etcd-password without --etcd-username would not be used".into());
+        }
+        if store != StoreKind::Embedded && given(args, "store-path") {
+            return Err(format!(
+                "--store-path applies to the embedded store; this weftd uses the {} store",
+                match store {
+                    StoreKind::Etcd => "etcd",
+                    _ => "kube",
+                }
+            ));
         }
         Ok(())
     }
@@ -571,6 +631,61 @@ mod tests {
                 .validate()
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn flags_that_select_two_stores_are_refused() {
+        let check = |a: &[&str]| {
+            let args: Vec<String> = std::iter::once("weftd")
+                .chain(a.iter().copied())
+                .map(String::from)
+                .collect();
+            let f = Flags::try_parse_from(normalize_args(args.clone())).expect("parse");
+            f.conflicts(&args)
+        };
+        for (args, want) in [
+            (
+                &["--store=embedded", "--etcd-endpoints=http://x"][..],
+                "--store=embedded and --etcd-endpoints",
+            ),
+            (
+                &["-store", "embedded", "-kube-subnet-mgr"],
+                "--store=embedded and --kube-subnet-mgr",
+            ),
+            (
+                &["--store=etcd", "--kube-subnet-mgr"],
+                "--store=etcd and --kube-subnet-mgr",
+            ),
+            (
+                &["--store=kube", "--etcd-endpoints", "http://x"],
+                "--store=kube and --etcd-endpoints",
+            ),
+            (
+                &["--etcd-endpoints=http://x", "--store-path=/s"],
+                "--store-path applies to the embedded store",
+            ),
+            (
+                &["--etcd-keyfile=/k"],
+                "--etcd-keyfile and --etcd-certfile go together",
+            ),
+            (
+                &["--etcd-certfile=/c"],
+                "--etcd-keyfile and --etcd-certfile go together",
+            ),
+            (&["--etcd-password=p"], "without --etcd-username"),
+        ] {
+            let e = check(args).expect_err(&format!("{args:?}"));
+            assert!(e.contains(want), "{args:?}: {e}");
+        }
+        for ok in [
+            &["--store-path=/s"][..],
+            &["--etcd-endpoints=http://x", "--etcd-prefix=/p"],
+            // flanneld: the kube manager wins over etcd flags.
+            &["--kube-subnet-mgr", "--etcd-endpoints=http://x"],
+            &["--store=etcd", "--etcd-endpoints=http://x"],
+        ] {
+            assert_eq!(check(ok), Ok(()), "{ok:?}");
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@
 mod blackhole;
 pub mod flags;
 pub mod healthz;
+pub mod node_lock;
 mod run;
 mod stores;
 

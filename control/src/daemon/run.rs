@@ -28,6 +28,8 @@ const RECONCILE_PERIOD: Duration = Duration::from_secs(10);
 /// Runs weftd until a signal or the loss of its lease; returns the exit code.
 pub async fn run(flags: Flags, etcd_explicit: bool) -> anyhow::Result<i32> {
     flags.validate().map_err(anyhow::Error::msg)?;
+    // One weftd per subnet file, before any socket, route, device or store.
+    let _lock = super::node_lock::lock_subnet_file(&flags.subnet_file)?;
     tracing::info!("CLI flags config: {flags:?}");
     let mut stop = Stop::install()?;
     tracing::info!("Installing signal handlers");
@@ -55,7 +57,7 @@ pub async fn run(flags: Flags, etcd_explicit: bool) -> anyhow::Result<i32> {
             };
             let cfg = cfg?;
             let mgr = local_manager(&flags, store, &cfg);
-            run_with(&flags, cfg, mgr, &mut stop, &ready, &mut obs).await
+            run_with(&flags, kind, cfg, mgr, &mut stop, &ready, &mut obs).await
         }
         StoreKind::Etcd => {
             let store = super::stores::etcd(&flags).await?;
@@ -64,14 +66,14 @@ pub async fn run(flags: Flags, etcd_explicit: bool) -> anyhow::Result<i32> {
             };
             let cfg = cfg?;
             let mgr = local_manager(&flags, store, &cfg);
-            run_with(&flags, cfg, mgr, &mut stop, &ready, &mut obs).await
+            run_with(&flags, kind, cfg, mgr, &mut stop, &ready, &mut obs).await
         }
         StoreKind::Kube => {
             let (mgr, cfg, flags) = match stop.until(kube_manager(&flags)).await {
                 None => return Ok(0),
                 Some(r) => r.context("Failed to create SubnetManager")?,
             };
-            run_with(&flags, cfg, mgr, &mut stop, &ready, &mut obs).await
+            run_with(&flags, kind, cfg, mgr, &mut stop, &ready, &mut obs).await
         }
     }
 }
@@ -124,6 +126,7 @@ fn read_prev_env(flags: &Flags) -> Option<SubnetEnv> {
 /// backend, lease, host rules, subnet.env, then the main loop.
 pub async fn run_with<M: SubnetManager>(
     flags: &Flags,
+    kind: StoreKind,
     cfg: Config,
     mgr: M,
     stop: &mut Stop,
@@ -132,6 +135,8 @@ pub async fn run_with<M: SubnetManager>(
 ) -> anyhow::Result<i32> {
     tracing::info!("Created subnet manager: {}", mgr.name());
     tracing::info!("Found network config - Backend type: {}", cfg.backend_type);
+    // One weftd per device in this network namespace, before any is touched.
+    let _devices = super::node_lock::lock_devices(&backend::config_device_names(&cfg))?;
     let nl = Netlink::connect()?;
     let ext = select_iface(&nl, flags, &cfg).await?;
     let tuning = backend::EngineTuning {
@@ -144,11 +149,15 @@ pub async fn run_with<M: SubnetManager>(
         Dataplane::Kernel => backend::DataplaneChoice::Kernel,
         Dataplane::Userspace => backend::DataplaneChoice::Userspace,
     };
-    // The operator's override file (`weft dataplane set`) wins over the flag.
-    let mut ctl = backend::dataplane_ctl::DataplaneControl::new(&flags.subnet_file, dataplane);
-    let dataplane = ctl.wanted();
-    let mut backend =
-        backend::new(&cfg, dataplane, tuning, &nl).context("Error fetching backend")?;
+    // A choice persisted by `weft dataplane set`, if it still applies, else the flag.
+    let (mut ctl, mut backend) = backend::dataplane_ctl::DataplaneControl::start(
+        &flags.subnet_file,
+        &cfg.backend_type,
+        dataplane,
+        |choice| backend::new(&cfg, choice, tuning, &nl),
+    )
+    .await
+    .context("Error fetching backend")?;
     let own_prev = mgr.previous_own_lease(&ext).await;
     let attrs = backend
         .lease_attrs(&ext, own_prev.as_ref())
@@ -196,7 +205,11 @@ pub async fn run_with<M: SubnetManager>(
         &lease,
     )
     .await;
-    let _status = crate::status::server::start(&flags.subnet_file, obs.handle());
+    let extras = crate::status::server::Extras {
+        store: Some(super::stores::info(flags, kind)),
+        commands: Some(ctl.commands()),
+    };
+    let _status = crate::status::server::start(&flags.subnet_file, obs.handle(), extras);
 
     let env = SubnetEnv {
         network: cfg.network.filter(|_| cfg.enable_ipv4),
@@ -420,6 +433,7 @@ async fn main_loop<M: SubnetManager>(
                 }
             }
             Some(()) = recv_hup(&mut hup) => ctl.on_hup(backend).await,
+            Some(cmd) = ctl.next_command() => ctl.on_command(cmd, backend).await,
             _ = sleep_until(backend.switch_pending()) => ctl.on_due(backend).await,
             _ = reconcile.tick() => {
                 match backend.reconcile().await {

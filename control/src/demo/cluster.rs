@@ -316,10 +316,16 @@ impl Cluster {
 
     /// Removes pod `p` through the CNI plugin (DEL) and deletes its namespace.
     pub fn del_pod(&mut self, p: usize) -> Result<(), ClusterError> {
+        let mode = self.pods[p].mode;
+        self.del_pod_in(p, mode)
+    }
+
+    /// [`Cluster::del_pod`] with the plugin configured in `mode` (a node
+    /// moved between bridge and routed since the pod was added).
+    pub fn del_pod_in(&mut self, p: usize, mode: CniMode) -> Result<(), ClusterError> {
         let pod = self.pods.remove(p);
         let path = pod.ns.path();
-        self.cni(pod.node, "DEL", &pod.id, &path, pod.mode)
-            .map(|_| ())
+        self.cni(pod.node, "DEL", &pod.id, &path, mode).map(|_| ())
     }
 
     /// The flannel CNI config of node `i` (bridge `cni0` via the delegate,

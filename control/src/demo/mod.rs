@@ -59,7 +59,19 @@ pub fn run(opts: &DemoOptions) -> anyhow::Result<bool> {
     let prefix = format!("wd{}", std::process::id() % 100_000);
     let work = std::env::temp_dir().join(format!("weft-demo-{prefix}"));
     on_signal_cleanup(prefix.clone(), work.clone());
-    let res = demo(opts, &prefix, &work, bin_dir);
+    // A panic (a failed `ip` call) still unwinds through the cluster's Drop;
+    // the work dir goes here either way.
+    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        demo(opts, &prefix, &work, bin_dir)
+    }))
+    .unwrap_or_else(|p| {
+        let what = p
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| p.downcast_ref::<&str>().copied())
+            .unwrap_or("a panic");
+        Err(anyhow::anyhow!("internal error: {what}"))
+    });
     let _ = std::fs::remove_dir_all(&work);
     println!("==> cleaned up: namespaces {prefix}-*, {}", work.display());
     res

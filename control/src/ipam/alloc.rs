@@ -19,9 +19,11 @@
 //!   handed out again soon.
 //! - Allocations outside the current lease subnets (the node came back with
 //!   another lease) stay held until released; they are never handed out.
+//! - [`Allocator::allocate_avoiding`] also skips addresses someone else holds
+//!   (host-local's allocations on the same node, see [`super::host_local`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{Ipv4Net, Ipv6Net};
 use weft_compat::ipam::{Allocation, Key};
@@ -134,6 +136,15 @@ impl Allocator {
     /// Allocates addresses for `key`, or returns the ones it already holds.
     /// The flag says whether the state changed (and must be persisted).
     pub fn allocate(&mut self, key: &Key) -> Result<(Allocation, bool), AllocError> {
+        self.allocate_avoiding(key, &BTreeSet::new())
+    }
+
+    /// [`Allocator::allocate`], never handing out an address in `avoid`.
+    pub fn allocate_avoiding(
+        &mut self,
+        key: &Key,
+        avoid: &BTreeSet<IpAddr>,
+    ) -> Result<(Allocation, bool), AllocError> {
         if let Some(a) = self.by_key.get(key) {
             return Ok((a.clone(), false));
         }
@@ -142,14 +153,14 @@ impl Allocator {
         }
         let ipv4 = match self.subnet {
             Some(net) => Some(
-                self.next4(net)
+                self.next4(net, avoid)
                     .ok_or_else(|| AllocError::Exhausted(net.to_string()))?,
             ),
             None => None,
         };
         let ipv6 = match self.ipv6_subnet {
             Some(net) => Some(
-                self.next6(net)
+                self.next6(net, avoid)
                     .ok_or_else(|| AllocError::Exhausted(net.to_string()))?,
             ),
             None => None,
@@ -184,19 +195,23 @@ impl Allocator {
         Some(a)
     }
 
-    fn next4(&self, net: Ipv4Net) -> Option<Ipv4Addr> {
+    fn next4(&self, net: Ipv4Net, avoid: &BTreeSet<IpAddr>) -> Option<Ipv4Addr> {
         let base = u128::from(u32::from(net.network()));
         let size = 1u128 << (32 - net.prefix_len());
         // .0, .1 and the broadcast address are not handed out.
         let range = usable(base, size, 3)?;
         let last = self.last4.map(|ip| u128::from(u32::from(ip)));
-        let used =
-            |v: u128| u32::try_from(v).map_or(true, |v| self.used4.contains(&Ipv4Addr::from(v)));
-        let v = search(range, last, self.used4.len(), used)?;
+        let used = |v: u128| {
+            u32::try_from(v).map_or(true, |v| {
+                let ip = Ipv4Addr::from(v);
+                self.used4.contains(&ip) || avoid.contains(&IpAddr::V4(ip))
+            })
+        };
+        let v = search(range, last, self.used4.len() + avoid.len(), used)?;
         u32::try_from(v).ok().map(Ipv4Addr::from)
     }
 
-    fn next6(&self, net: Ipv6Net) -> Option<Ipv6Addr> {
+    fn next6(&self, net: Ipv6Net, avoid: &BTreeSet<IpAddr>) -> Option<Ipv6Addr> {
         let base = u128::from(net.network());
         let bits = 128 - u32::from(net.prefix_len());
         let size = if bits == 128 {
@@ -207,8 +222,11 @@ impl Allocator {
         // `::` and `::1` are not handed out; there is no broadcast address.
         let range = usable(base, size, 2)?;
         let last = self.last6.map(u128::from);
-        let used = |v: u128| self.used6.contains(&Ipv6Addr::from(v));
-        search(range, last, self.used6.len(), used).map(Ipv6Addr::from)
+        let used = |v: u128| {
+            let ip = Ipv6Addr::from(v);
+            self.used6.contains(&ip) || avoid.contains(&IpAddr::V6(ip))
+        };
+        search(range, last, self.used6.len() + avoid.len(), used).map(Ipv6Addr::from)
     }
 }
 

@@ -18,6 +18,7 @@
 //! weftd restarts, and goes away on reboot together with every pod.
 
 pub mod alloc;
+pub mod host_local;
 pub mod server;
 pub mod state;
 

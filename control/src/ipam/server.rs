@@ -4,7 +4,9 @@
 //! Contract:
 //! - The socket is created root-only (mode 0600) before anyone can connect:
 //!   it is bound under a temporary name, chmod-ed, then renamed into place
-//!   (which also replaces a stale socket of an earlier run).
+//!   (which also replaces a stale socket of an earlier run; a socket another
+//!   process still serves is refused, never replaced). On exit the socket is
+//!   unlinked only if the path still names the socket this process bound.
 //! - Every request goes through one channel to the owner thread, which
 //!   applies it, persists the change (fsync) and only then replies: requests
 //!   are serialised without any file lock, and an address is never handed
@@ -17,6 +19,7 @@
 //!   [`IDLE_TIMEOUT`]. Dropping the [`IpamServer`] stops accepting and
 //!   removes the socket.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -24,9 +27,10 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
-use weft_compat::ipam::{ErrorKind, MAX_REQUEST, Request, Response};
+use weft_compat::ipam::{Allocation, ErrorKind, MAX_REQUEST, Request, Response};
 
 use super::alloc::{AllocError, Allocator};
+use super::host_local::{self, HostLocalDir};
 use super::state::StateFile;
 
 /// How long a connection may stay silent before it is closed.
@@ -51,6 +55,12 @@ pub enum ServerError {
     /// The owner thread could not be started.
     #[error("cannot start the ipam thread: {0}")]
     Thread(#[source] std::io::Error),
+    /// Another weftd keeps its allocations in the same state file.
+    #[error(
+        "ipam state {state} is in use by another weftd ({0}): give each weftd its own --ipam-state",
+        state = .1.display()
+    )]
+    StateInUse(#[source] crate::lockfile::PidLockError, PathBuf),
 }
 
 type Job = (Request, oneshot::Sender<Response>);
@@ -58,21 +68,22 @@ type Job = (Request, oneshot::Sender<Response>);
 /// A running IPAM API; see the module docs.
 #[derive(Debug)]
 pub struct IpamServer {
-    socket: PathBuf,
+    socket: OwnedSocket,
     accept: tokio::task::JoinHandle<()>,
+    _state_lock: crate::lockfile::PidLock,
 }
 
 impl IpamServer {
     /// The socket path.
     pub fn socket(&self) -> &Path {
-        &self.socket
+        &self.socket.path
     }
 }
 
 impl Drop for IpamServer {
     fn drop(&mut self) {
         self.accept.abort();
-        let _ = std::fs::remove_file(&self.socket);
+        self.socket.remove();
     }
 }
 
@@ -83,14 +94,20 @@ pub async fn serve(
     subnet: Option<Ipv4Net>,
     ipv6_subnet: Option<Ipv6Net>,
 ) -> Result<IpamServer, ServerError> {
+    // One owner per state file: two daemons sharing one (an explicit
+    // --ipam-state) would hand out each other's addresses.
+    let state_lock = crate::lockfile::PidLock::take(&state_lock_path(state))
+        .map_err(|e| ServerError::StateInUse(e, state.to_path_buf()))?;
     let file = StateFile::new(state);
+    let mut dirs = BTreeSet::new();
     let alloc = match file.load(subnet, ipv6_subnet) {
-        Ok(a) => {
+        Ok((a, d)) => {
             tracing::info!(
                 "ipam: {} allocations restored from {}",
                 a.len(),
                 state.display()
             );
+            dirs.extend(d.iter().filter_map(|d| HostLocalDir::new(d).ok()));
             Ok(a)
         }
         Err(e) => {
@@ -99,24 +116,64 @@ pub async fn serve(
         }
     };
     let (tx, rx) = mpsc::channel::<Job>(QUEUE);
-    let mut owner = Owner { file, alloc };
+    let mut owner = Owner { file, alloc, dirs };
     std::thread::Builder::new()
         .name("weft-ipam".into())
         .spawn(move || owner.run(rx))
         .map_err(ServerError::Thread)?;
-    let listener = bind(socket)?;
-    tracing::info!("ipam: serving on {}", socket.display());
+    let (listener, socket) = bind(socket)?;
+    tracing::info!("ipam: serving on {}", socket.path.display());
     let accept = tokio::spawn(accept_loop(listener, tx));
     Ok(IpamServer {
-        socket: socket.to_path_buf(),
+        socket,
         accept,
+        _state_lock: state_lock,
     })
 }
 
+/// The state file's lock: `.<name>.lock` beside it (the state file itself is
+/// replaced by every write, so it cannot carry the lock).
+fn state_lock_path(state: &Path) -> PathBuf {
+    let name = state
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    state.with_file_name(format!(".{name}.lock"))
+}
+
+/// A socket path this process bound; [`OwnedSocket::remove`] unlinks it only
+/// while the path still names that socket (same device and inode), so a
+/// process never removes a socket another one bound at the same path since.
+#[derive(Debug)]
+pub(crate) struct OwnedSocket {
+    path: PathBuf,
+    id: (u64, u64),
+}
+
+impl OwnedSocket {
+    /// Unlinks the socket if it is still ours.
+    pub(crate) fn remove(&self) {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(m) if (m.dev(), m.ino()) == self.id => {
+                let _ = std::fs::remove_file(&self.path);
+            }
+            Ok(_) => tracing::warn!(
+                "{}: not removed, another process has bound it since",
+                self.path.display()
+            ),
+            Err(_) => {}
+        }
+    }
+}
+
 /// Binds `socket` with mode 0600 from the start (temporary name, chmod, rename);
-/// also used by the status socket ([`crate::status::server`]).
-pub(crate) fn bind(socket: &Path) -> Result<UnixListener, ServerError> {
-    use std::os::unix::fs::PermissionsExt;
+/// also used by the status socket ([`crate::status::server`]). A socket
+/// already at `socket` is replaced only when nothing answers on it (a stale
+/// one from an earlier run); one that another process serves, or a path
+/// that is not a socket, is refused and left alone.
+pub(crate) fn bind(socket: &Path) -> Result<(UnixListener, OwnedSocket), ServerError> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
     let err = |op: &'static str, p: &Path| {
         let path = p.to_path_buf();
         move |source| ServerError::Socket { op, path, source }
@@ -126,6 +183,19 @@ pub(crate) fn bind(socket: &Path) -> Result<UnixListener, ServerError> {
         _ => PathBuf::from("."),
     };
     std::fs::create_dir_all(&dir).map_err(err("create directory", &dir))?;
+    match std::fs::symlink_metadata(socket) {
+        Ok(m) if !m.file_type().is_socket() => {
+            return Err(err("replace", socket)(std::io::Error::other(
+                "exists and is not a socket; remove it or choose another path",
+            )));
+        }
+        Ok(_) if std::os::unix::net::UnixStream::connect(socket).is_ok() => {
+            return Err(err("replace", socket)(std::io::Error::other(
+                "another process is serving on it (another weftd with this socket path?); stop it or choose another path",
+            )));
+        }
+        _ => {}
+    }
     let name = socket
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -135,12 +205,24 @@ pub(crate) fn bind(socket: &Path) -> Result<UnixListener, ServerError> {
     let listener = UnixListener::bind(&tmp).map_err(err("bind", &tmp))?;
     let setup = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
         .map_err(err("chmod", &tmp))
-        .and_then(|()| std::fs::rename(&tmp, socket).map_err(err("rename", socket)));
-    if let Err(e) = setup {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
+        .and_then(|()| std::fs::symlink_metadata(&tmp).map_err(err("stat", &tmp)))
+        .and_then(|m| {
+            std::fs::rename(&tmp, socket).map_err(err("rename", socket))?;
+            Ok((m.dev(), m.ino()))
+        });
+    match setup {
+        Ok(id) => Ok((
+            listener,
+            OwnedSocket {
+                path: socket.to_path_buf(),
+                id,
+            },
+        )),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
     }
-    Ok(listener)
 }
 
 async fn accept_loop(listener: UnixListener, tx: mpsc::Sender<Job>) {
@@ -220,6 +302,8 @@ struct Owner {
     file: StateFile,
     /// The allocator, or why it cannot be used.
     alloc: Result<Allocator, String>,
+    /// host-local directories the allocations are mirrored in.
+    dirs: BTreeSet<HostLocalDir>,
 }
 
 // === impl Owner ===
@@ -246,45 +330,132 @@ impl Owner {
                 allocations: Some(alloc.list()),
                 ..Response::ok()
             },
-            Request::Allocate { .. } | Request::Release { .. } => {
-                let Some(key) = req.key() else {
-                    return Response::error(ErrorKind::Invalid, "no key");
-                };
-                let before = alloc.clone();
-                let (allocation, changed) = if matches!(req, Request::Allocate { .. }) {
-                    match alloc.allocate(&key) {
-                        Ok((a, changed)) => (Some(a), changed),
-                        Err(e @ AllocError::Exhausted(_)) => {
-                            return Response::error(ErrorKind::Exhausted, e.to_string());
+            Request::Allocate { .. } | Request::Release { .. } => self.change(&req),
+        }
+    }
+
+    /// `allocate` or `release`: applied, mirrored in host-local's directory,
+    /// persisted, then answered.
+    fn change(&mut self, req: &Request) -> Response {
+        let unavailable = |m: String| Response::error(ErrorKind::Unavailable, m);
+        let Some(key) = req.key() else {
+            return Response::error(ErrorKind::Invalid, "no key");
+        };
+        let dir = match req.host_local_dir().map(HostLocalDir::new).transpose() {
+            Ok(d) => d,
+            Err(e) => return Response::error(ErrorKind::Invalid, e),
+        };
+        // host-local's own lock: no host-local runs while this one is held.
+        let _lock = match dir.as_ref().map(HostLocalDir::lock).transpose() {
+            Ok(l) => l,
+            Err(e) => {
+                let d = dir.as_ref().map(|d| d.path().display().to_string());
+                return unavailable(format!(
+                    "host-local directory {}: {e}",
+                    d.unwrap_or_default()
+                ));
+            }
+        };
+        let Ok(alloc) = &mut self.alloc else {
+            return unavailable("the allocator is not available".into());
+        };
+        let before = (alloc.clone(), self.dirs.clone());
+        if let Some(d) = &dir
+            && !self.dirs.contains(d)
+        {
+            mirror_all(d, alloc);
+            self.dirs.insert(d.clone());
+        }
+        let allocate = matches!(req, Request::Allocate { .. });
+        let (allocation, changed) = if allocate {
+            let avoid = match &dir {
+                Some(d) => match d.taken() {
+                    Ok(t) => host_local::others(&t, &alloc.list()),
+                    Err(e) => return unavailable(format!("{}: {e}", d.path().display())),
+                },
+                None => BTreeSet::new(),
+            };
+            match alloc.allocate_avoiding(&key, &avoid) {
+                Ok((a, changed)) => {
+                    if let Some(d) = &dir {
+                        match d.reserve(&a) {
+                            Ok(c) => report_conflicts(d, &a, &c),
+                            Err(e) => {
+                                (*alloc, self.dirs) = before;
+                                return unavailable(format!("{}: {e}", d.path().display()));
+                            }
                         }
-                        Err(e) => return Response::error(ErrorKind::Unavailable, e.to_string()),
                     }
-                } else {
-                    let released = alloc.release(&key);
-                    let changed = released.is_some();
-                    (released, changed)
-                };
-                if changed {
-                    if let Err(e) = self.file.save(alloc) {
-                        *alloc = before;
-                        tracing::error!("ipam: {e}");
-                        return Response::error(
-                            ErrorKind::Unavailable,
-                            format!("cannot persist the change: {e}"),
-                        );
-                    }
-                    let op = if matches!(req, Request::Allocate { .. }) {
-                        "allocated"
-                    } else {
-                        "released"
-                    };
-                    tracing::debug!("ipam: {op} {allocation:?}");
+                    (Some(a), changed)
                 }
-                Response {
-                    allocation,
-                    ..Response::ok()
+                Err(e @ AllocError::Exhausted(_)) => {
+                    return Response::error(ErrorKind::Exhausted, e.to_string());
                 }
+                Err(e) => return unavailable(e.to_string()),
+            }
+        } else {
+            let released = alloc.release(&key);
+            let changed = released.is_some();
+            (released, changed)
+        };
+        let dirs_changed = self.dirs != before.1;
+        if changed || dirs_changed {
+            let dirs: Vec<String> = self
+                .dirs
+                .iter()
+                .map(|d| d.path().display().to_string())
+                .collect();
+            if let Err(e) = self.file.save(alloc, &dirs) {
+                if let (Some(a), Some(d), true) = (&allocation, &dir, allocate && changed) {
+                    d.release(a);
+                }
+                (*alloc, self.dirs) = before;
+                tracing::error!("ipam: {e}");
+                return unavailable(format!("cannot persist the change: {e}"));
             }
         }
+        if let (Some(a), false) = (&allocation, allocate) {
+            for d in &self.dirs {
+                d.release(a);
+            }
+        }
+        if changed {
+            let op = if allocate { "allocated" } else { "released" };
+            tracing::debug!("ipam: {op} {allocation:?}");
+        }
+        Response {
+            allocation,
+            ..Response::ok()
+        }
+    }
+}
+
+/// First sight of a host-local directory: writes a file there for every
+/// allocation held (weftd's allocations from before), reporting any address
+/// host-local already gave another container.
+fn mirror_all(d: &HostLocalDir, alloc: &Allocator) {
+    let list = alloc.list();
+    tracing::info!(
+        "ipam: mirroring {} allocations into host-local's {} (bridge and routed pods share the node's subnet)",
+        list.len(),
+        d.path().display()
+    );
+    for a in &list {
+        match d.reserve(a) {
+            Ok(c) => report_conflicts(d, a, &c),
+            Err(e) => tracing::error!("ipam: {}: {e}", d.path().display()),
+        }
+    }
+}
+
+fn report_conflicts(d: &HostLocalDir, a: &Allocation, conflicts: &[(std::net::IpAddr, String)]) {
+    for (ip, held) in conflicts {
+        tracing::error!(
+            "ipam: {ip} is held by host-local in {} for {held} and by weftd for {}/{}: two pods have one \
+             address (made before weft reserved host-local's addresses); re-create one of them",
+            d.path().display(),
+            a.container_id,
+            a.ifname
+        );
     }
 }

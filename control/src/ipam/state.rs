@@ -7,8 +7,13 @@
 //! ```json
 //! {"version":1,"subnet":"10.244.1.0/24","ipv6Subnet":null,
 //!  "lastIPv4":"10.244.1.7","lastIPv6":null,
-//!  "allocations":[{"containerID":"abc","ifname":"eth0","ipv4":"10.244.1.7"}]}
+//!  "allocations":[{"containerID":"abc","ifname":"eth0","ipv4":"10.244.1.7"}],
+//!  "hostLocalDirs":["/var/lib/cni/networks/cbr0"]}
 //! ```
+//!
+//! `hostLocalDirs` (absent when empty) lists the host-local directories
+//! weftd has mirrored its allocations into (see [`super::host_local`]), so
+//! that a release removes their files there too.
 //!
 //! Contract:
 //! - Writing: a temporary file (mode 0600) in the same directory, fsynced,
@@ -79,6 +84,12 @@ struct Document {
     #[serde(default, rename = "lastIPv6")]
     last_ipv6: Option<Ipv6Addr>,
     allocations: Vec<Allocation>,
+    #[serde(
+        default,
+        rename = "hostLocalDirs",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    host_local_dirs: Vec<String>,
 }
 
 /// The state file at one path.
@@ -100,16 +111,17 @@ impl StateFile {
         &self.path
     }
 
-    /// Loads the allocations into an allocator for the current lease subnets.
+    /// Loads the allocations into an allocator for the current lease
+    /// subnets, and the host-local directories they are mirrored in.
     pub fn load(
         &self,
         subnet: Option<Ipv4Net>,
         ipv6_subnet: Option<Ipv6Net>,
-    ) -> Result<Allocator, StateError> {
+    ) -> Result<(Allocator, Vec<String>), StateError> {
         let fresh = Allocator::new(subnet, ipv6_subnet);
         let bytes = match read_bounded(&self.path) {
             Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(fresh),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((fresh, Vec::new())),
             Err(source) => {
                 return Err(StateError::Io {
                     op: "read",
@@ -129,13 +141,15 @@ impl StateFile {
                 doc.version
             )));
         }
-        fresh
+        let alloc = fresh
             .restore(doc.allocations, doc.last_ipv4, doc.last_ipv6)
-            .map_err(|e| corrupt(e.to_string()))
+            .map_err(|e| corrupt(e.to_string()))?;
+        Ok((alloc, doc.host_local_dirs))
     }
 
-    /// Writes the allocator's state atomically and durably.
-    pub fn save(&self, alloc: &Allocator) -> Result<(), StateError> {
+    /// Writes the allocator's state (and the mirror directories) atomically
+    /// and durably.
+    pub fn save(&self, alloc: &Allocator, host_local_dirs: &[String]) -> Result<(), StateError> {
         let (last_ipv4, last_ipv6) = alloc.cursors();
         let doc = Document {
             version: VERSION,
@@ -144,6 +158,7 @@ impl StateFile {
             last_ipv4,
             last_ipv6,
             allocations: alloc.list(),
+            host_local_dirs: host_local_dirs.to_vec(),
         };
         let mut bytes = serde_json::to_vec(&doc).map_err(|e| StateError::Io {
             op: "encode",
@@ -222,21 +237,24 @@ mod tests {
         let file = StateFile::new(dir.path().join("sub/ipam.json"));
         let net: Ipv4Net = "10.244.5.0/24".parse().expect("net");
         let v6: Ipv6Net = "fd00:5::/64".parse().expect("net");
-        let mut a = file
+        let (mut a, dirs) = file
             .load(Some(net), Some(v6))
             .expect("missing file is empty");
+        assert!(dirs.is_empty());
         assert!(a.is_empty());
         for id in ["a", "b", "c"] {
             a.allocate(&key(id)).expect("alloc");
         }
         a.release(&key("b"));
-        file.save(&a).expect("save");
+        file.save(&a, &["/var/lib/cni/networks/cbr0".into()])
+            .expect("save");
         let mode = fs::metadata(file.path()).expect("stat");
         assert_eq!(
             std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
             0o600
         );
-        let mut b = file.load(Some(net), Some(v6)).expect("load");
+        let (mut b, dirs) = file.load(Some(net), Some(v6)).expect("load");
+        assert_eq!(dirs, vec!["/var/lib/cni/networks/cbr0".to_string()]);
         assert_eq!(b, a);
         // The cursor survived: the next address is .5, not b's released .3.
         let (x, _) = b.allocate(&key("d")).expect("alloc");

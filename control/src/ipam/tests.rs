@@ -174,3 +174,103 @@ async fn corrupt_state_refuses_to_allocate() {
         "the corrupt file is kept for the operator"
     );
 }
+
+/// Issue 29, finding 3: routed mode next to host-local's bridge pods. An
+/// address host-local holds is never handed out; weftd's own are written
+/// in host-local's format (existing ones on first sight of the directory)
+/// and removed on release.
+#[tokio::test]
+async fn host_locals_addresses_are_avoided_and_ours_are_recorded_there() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("weft.sock");
+    let state = dir.path().join("ipam.json");
+    let hl = dir.path().join("networks/cbr0");
+    std::fs::create_dir_all(&hl).expect("mkdir");
+    let net = Some("10.244.88.0/24".parse().expect("net"));
+    let server = server::serve(&socket, &state, net, None)
+        .await
+        .expect("serve");
+    // A routed pod from before the mirror existed (an older plugin).
+    let old = call(&socket, &alloc("old")).await;
+    assert_eq!(
+        old.allocation.and_then(|a| a.ipv4),
+        Some("10.244.88.2".parse().expect("ip"))
+    );
+    // host-local gave .3 to a bridge pod.
+    std::fs::write(hl.join("10.244.88.3"), "bridgepod\r\neth0").expect("write");
+    let with_dir = |id: &str, op: &str| {
+        format!(
+            r#"{{"op":"{op}","containerID":"{id}","ifname":"eth0","hostLocalDir":"{}"}}"#,
+            hl.display()
+        )
+    };
+    let r = call(&socket, &with_dir("routed", "allocate")).await;
+    let ip = r.allocation.and_then(|a| a.ipv4).expect("v4");
+    assert_eq!(
+        ip,
+        "10.244.88.4".parse::<std::net::Ipv4Addr>().expect("ip"),
+        "skips host-local's .3"
+    );
+    for (file, owner) in [
+        ("10.244.88.2", "old\r\neth0"),
+        ("10.244.88.4", "routed\r\neth0"),
+    ] {
+        assert_eq!(std::fs::read_to_string(hl.join(file)).expect(file), owner);
+    }
+    assert_eq!(
+        std::fs::read_to_string(hl.join("10.244.88.3")).expect("kept"),
+        "bridgepod\r\neth0"
+    );
+    // A release without the directory (an older plugin) still removes ours,
+    // the directory being remembered in the state file.
+    let r = call(
+        &socket,
+        r#"{"op":"release","containerID":"routed","ifname":"eth0"}"#,
+    )
+    .await;
+    assert!(r.ok, "{r:?}");
+    assert!(!hl.join("10.244.88.4").exists());
+    assert!(
+        std::fs::read_to_string(&state)
+            .expect("state")
+            .contains("hostLocalDirs")
+    );
+    let r = call(
+        &socket,
+        &with_dir("x", "allocate").replace(&hl.display().to_string(), "rel/dir"),
+    )
+    .await;
+    assert_eq!(r.error.map(|e| e.kind), Some(ErrorKind::Invalid));
+    drop(server);
+}
+
+/// Two daemons given one `--ipam-state` (each with its own socket): the
+/// second is refused, naming the first, instead of sharing allocations.
+#[tokio::test]
+async fn one_state_file_has_one_owner() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("ipam.json");
+    let net = Some("10.244.9.0/24".parse().expect("net"));
+    let first = server::serve(&dir.path().join("a.sock"), &state, net, None)
+        .await
+        .expect("first");
+    let e = server::serve(&dir.path().join("b.sock"), &state, net, None)
+        .await
+        .expect_err("second owner");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("in use by another weftd")
+            && msg.contains(&format!("pid {}", std::process::id())),
+        "{msg}"
+    );
+    assert!(
+        !dir.path().join("b.sock").exists(),
+        "the refused server bound its socket"
+    );
+    drop(first);
+    drop(
+        server::serve(&dir.path().join("b.sock"), &state, net, None)
+            .await
+            .expect("after the first is gone"),
+    );
+}

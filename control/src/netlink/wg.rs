@@ -31,8 +31,8 @@ use tokio::sync::OnceCell;
 
 use super::{NetlinkError, WgClient};
 
-/// One peer in a [`WgSet`] (`wg set DEV peer KEY ...`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One peer in a [`WgSet`] (`wg set DEV peer KEY ...`); `Debug` hides the PSK.
+#[derive(Clone, PartialEq, Eq)]
 pub struct WgPeerSet {
     /// The peer's public key.
     pub public_key: [u8; 32],
@@ -46,6 +46,22 @@ pub struct WgPeerSet {
     pub keepalive: Option<u16>,
     /// `allowed-ips`, replacing the peer's current ones.
     pub allowed_ips: Vec<IpNet>,
+}
+
+impl std::fmt::Debug for WgPeerSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WgPeerSet")
+            .field(
+                "public_key",
+                &weft_engine::wg::key_to_base64(&self.public_key),
+            )
+            .field("remove", &self.remove)
+            .field("psk", &crate::secret::redacted(&self.psk))
+            .field("endpoint", &self.endpoint)
+            .field("keepalive", &self.keepalive)
+            .field("allowed_ips", &self.allowed_ips)
+            .finish()
+    }
 }
 
 impl WgPeerSet {
@@ -99,8 +115,9 @@ impl WgPeerSet {
     }
 }
 
-/// One `WG_CMD_SET_DEVICE` request on the device named `ifname`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One `WG_CMD_SET_DEVICE` request on the device named `ifname`; `Debug`
+/// hides the private key.
+#[derive(Clone, PartialEq, Eq)]
 pub struct WgSet {
     /// The wireguard link's name.
     pub ifname: String,
@@ -112,6 +129,18 @@ pub struct WgSet {
     pub replace_peers: bool,
     /// Peers to add, update or remove.
     pub peers: Vec<WgPeerSet>,
+}
+
+impl std::fmt::Debug for WgSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WgSet")
+            .field("ifname", &self.ifname)
+            .field("private_key", &crate::secret::redacted(&self.private_key))
+            .field("listen_port", &self.listen_port)
+            .field("replace_peers", &self.replace_peers)
+            .field("peers", &self.peers)
+            .finish()
+    }
 }
 
 impl WgSet {
@@ -370,6 +399,29 @@ impl WgClient for WgNetlink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Key bytes never reach a log through `Debug` (issue 29).
+    #[test]
+    fn debug_hides_private_keys_and_psks() {
+        let mut peer = WgPeerSet::removal([3; 32]);
+        peer.psk = Some([0xab; 32]);
+        let set = WgSet {
+            ifname: "flannel-wg".into(),
+            private_key: Some([0xcd; 32]),
+            listen_port: Some(51820),
+            replace_peers: true,
+            peers: vec![peer],
+        };
+        let shown = format!("{set:?}");
+        for secret in ["171", "205", "0xab", "0xcd"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert_eq!(shown.matches("<redacted>").count(), 2, "{shown}");
+        assert!(
+            shown.contains("AwMD"),
+            "the public key stays visible: {shown}"
+        );
+    }
 
     fn allowed(n: IpNet) -> WireguardAllowedIp {
         WireguardAllowedIp(vec![

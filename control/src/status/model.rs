@@ -83,9 +83,10 @@ pub struct BackendStatus {
     pub name: String,
     /// `kernel`, `userspace` or `none`.
     pub dataplane: String,
-    /// What the operator asked for and weftd last acted on (`auto`,
-    /// `kernel`, `userspace`: `--dataplane` or `weft dataplane set`); set
-    /// by weftd's main loop.
+    /// The dataplane choice in effect, or being switched to while a switch
+    /// is pending (`auto`, `kernel`, `userspace`: `--dataplane`, or what
+    /// `weft dataplane set` asked for); a refused switch leaves it as it
+    /// was. Set by weftd's main loop.
     #[serde(default)]
     pub requested: String,
     /// The devices the dataplane runs on.

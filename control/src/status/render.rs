@@ -113,44 +113,71 @@ pub fn text(s: &Status) -> String {
         }
     }
     let _ = writeln!(o, "peers:     {}", s.peers.len());
-    if !s.peers.is_empty() {
-        let _ = writeln!(
-            o,
-            "  {:<20} {:<16} {:<10} {:<12} TRAFFIC",
-            "SUBNET", "ENDPOINT", "BACKEND", "DEVICE"
-        );
-    }
-    for p in &s.peers {
-        let subnet = p
-            .subnet
-            .clone()
-            .or_else(|| p.ipv6_subnet.clone())
-            .unwrap_or_else(|| "-".into());
-        let backend = if p.backend_type.is_empty() {
-            "-"
-        } else {
-            &p.backend_type
-        };
-        let mut traffic = p
-            .counters
-            .as_ref()
-            .map_or_else(|| "-".to_string(), counters);
-        if let Some(at) = p.last_handshake {
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
-            let ago = i64::try_from(now.saturating_sub(at)).unwrap_or(i64::MAX);
-            let _ = write!(traffic, ", handshake {} ago", since(ago));
+    // Both families of a dual-stack peer: its subnets and its endpoints.
+    let rows: Vec<[String; 5]> = s
+        .peers
+        .iter()
+        .map(|p| {
+            let both = |a: Option<&str>, b: Option<&str>| {
+                let v: Vec<&str> = [a, b].into_iter().flatten().collect();
+                if v.is_empty() {
+                    "-".to_string()
+                } else {
+                    v.join(" ")
+                }
+            };
+            let public = Some(p.public_ip.as_str()).filter(|ip| *ip != "0.0.0.0");
+            let mut traffic = p
+                .counters
+                .as_ref()
+                .map_or_else(|| "-".to_string(), counters);
+            if let Some(at) = p.last_handshake {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                let ago = i64::try_from(now.saturating_sub(at)).unwrap_or(i64::MAX);
+                let _ = write!(traffic, ", handshake {} ago", since(ago));
+            }
+            [
+                both(p.subnet.as_deref(), p.ipv6_subnet.as_deref()),
+                both(public, p.public_ipv6.as_deref()),
+                if p.backend_type.is_empty() {
+                    "-".into()
+                } else {
+                    p.backend_type.clone()
+                },
+                p.device.clone().unwrap_or_else(|| "-".into()),
+                traffic,
+            ]
+        })
+        .collect();
+    if !rows.is_empty() {
+        let head = ["SUBNET", "ENDPOINT", "BACKEND", "DEVICE", "TRAFFIC"];
+        let mut w = [20, 16, 10, 12];
+        for r in &rows {
+            for (i, width) in w.iter_mut().enumerate() {
+                *width = (*width).max(r[i].len());
+            }
         }
-        let _ = writeln!(
-            o,
-            "  {:<20} {:<16} {:<10} {:<12} {}",
-            subnet,
-            p.public_ip,
-            backend,
-            p.device.as_deref().unwrap_or("-"),
-            traffic
-        );
+        let line = |o: &mut String, c: [&str; 5]| {
+            let _ = writeln!(
+                o,
+                "  {:<w0$} {:<w1$} {:<w2$} {:<w3$} {}",
+                c[0],
+                c[1],
+                c[2],
+                c[3],
+                c[4],
+                w0 = w[0],
+                w1 = w[1],
+                w2 = w[2],
+                w3 = w[3]
+            );
+        };
+        line(&mut o, head);
+        for r in &rows {
+            line(&mut o, [&r[0], &r[1], &r[2], &r[3], &r[4]]);
+        }
     }
     o
 }

@@ -4,9 +4,18 @@
 //! a subnet file not named `subnet.env`.
 //!
 //! Protocol (line-delimited JSON, like the IPAM API): the client sends one
-//! line, `{"op":"status"}`; the server answers one line, the [`Status`]
-//! object, or `{"error":"..."}`, and closes the connection. Requests larger
-//! than [`MAX_REQUEST`] bytes or silent for [`IDLE_TIMEOUT`] are dropped.
+//! line and the server answers one line, then closes the connection:
+//! - `{"op":"status"}` → the [`Status`] object;
+//! - `{"op":"store"}` → the lease store weftd uses ([`StoreInfo`], no
+//!   secrets), so that `weft leases` acts on the node's own store;
+//! - `{"op":"dataplane","set":"kernel"}` / `{"op":"dataplane","reset":true}`
+//!   → handed to the main loop as a [`Command`] (see
+//!   `backend::dataplane_ctl`), answered once the switch is done or refused
+//!   (at most [`COMMAND_TIMEOUT`]);
+//! - any failure → `{"error":"..."}`.
+//!
+//! Requests larger than [`MAX_REQUEST`] bytes or silent for
+//! [`IDLE_TIMEOUT`] are dropped.
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -14,8 +23,10 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot};
 
 use super::{Handle, Status};
+use crate::store::StoreInfo;
 
 /// The socket's file name (see the module docs for the prefix rule).
 pub const SOCKET_NAME: &str = "weft-status.sock";
@@ -23,6 +34,27 @@ pub const SOCKET_NAME: &str = "weft-status.sock";
 pub const MAX_REQUEST: usize = 1024;
 /// How long a connection may stay silent.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a command may take in the main loop (a WireGuard switch to the
+/// kernel waits up to 40 s for its peers, then switches).
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// A request the socket hands to weftd's main loop.
+#[derive(Debug)]
+pub struct Command {
+    /// The request line's object.
+    pub request: serde_json::Value,
+    /// Where the reply object goes (`{"ok":true,...}` or `{"error":"..."}`).
+    pub reply: oneshot::Sender<serde_json::Value>,
+}
+
+/// What the socket serves besides `status`.
+#[derive(Debug, Clone, Default)]
+pub struct Extras {
+    /// `{"op":"store"}`.
+    pub store: Option<StoreInfo>,
+    /// `{"op":"dataplane",...}`: where the main loop takes commands.
+    pub commands: Option<mpsc::Sender<Command>>,
+}
 
 /// Errors of the server and the client.
 #[derive(Debug, thiserror::Error)]
@@ -64,38 +96,31 @@ pub fn socket_path(subnet_file: &Path) -> PathBuf {
 /// A running status socket; dropping it stops accepting and removes the socket.
 #[derive(Debug)]
 pub struct StatusServer {
-    socket: PathBuf,
+    socket: crate::ipam::server::OwnedSocket,
     accept: tokio::task::JoinHandle<()>,
-}
-
-impl StatusServer {
-    /// The socket path.
-    pub fn socket(&self) -> &Path {
-        &self.socket
-    }
 }
 
 impl Drop for StatusServer {
     fn drop(&mut self) {
         self.accept.abort();
-        let _ = std::fs::remove_file(&self.socket);
+        self.socket.remove();
     }
 }
 
-/// Serves status on `socket`.
-pub fn serve(socket: &Path, handle: Handle) -> Result<StatusServer, StatusError> {
-    let listener = crate::ipam::server::bind(socket)?;
+/// Serves status (and `extras`) on `socket`.
+pub fn serve(socket: &Path, handle: Handle, extras: Extras) -> Result<StatusServer, StatusError> {
+    let (listener, owned) = crate::ipam::server::bind(socket)?;
     tracing::info!("status: serving on {}", socket.display());
-    let accept = tokio::spawn(accept_loop(listener, handle));
+    let accept = tokio::spawn(accept_loop(listener, handle, extras));
     Ok(StatusServer {
-        socket: socket.to_path_buf(),
+        socket: owned,
         accept,
     })
 }
 
 /// weftd's start-up hook: serves next to `subnet_file`; failures are logged, not fatal.
-pub fn start(subnet_file: &Path, handle: Handle) -> Option<StatusServer> {
-    match serve(&socket_path(subnet_file), handle) {
+pub fn start(subnet_file: &Path, handle: Handle, extras: Extras) -> Option<StatusServer> {
+    match serve(&socket_path(subnet_file), handle, extras) {
         Ok(s) => Some(s),
         Err(e) => {
             tracing::error!("status socket not started: {e}");
@@ -104,13 +129,13 @@ pub fn start(subnet_file: &Path, handle: Handle) -> Option<StatusServer> {
     }
 }
 
-async fn accept_loop(listener: UnixListener, handle: Handle) {
+async fn accept_loop(listener: UnixListener, handle: Handle, extras: Extras) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                let h = handle.clone();
+                let (h, x) = (handle.clone(), extras.clone());
                 tokio::spawn(async move {
-                    if let Err(e) = connection(stream, h).await {
+                    if let Err(e) = connection(stream, h, x).await {
                         tracing::debug!("status: connection: {e}");
                     }
                 });
@@ -123,7 +148,7 @@ async fn accept_loop(listener: UnixListener, handle: Handle) {
     }
 }
 
-async fn connection(stream: UnixStream, handle: Handle) -> std::io::Result<()> {
+async fn connection(stream: UnixStream, handle: Handle, extras: Extras) -> std::io::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut line = Vec::with_capacity(64);
     let limit = u64::try_from(MAX_REQUEST).unwrap_or(u64::MAX) + 1;
@@ -133,7 +158,7 @@ async fn connection(stream: UnixStream, handle: Handle) -> std::io::Result<()> {
         Err(_) => return Ok(()),
         Ok(r) => {
             r?;
-            answer(&line, &handle).await
+            answer(&line, &handle, &extras).await
         }
     };
     write.write_all(reply.as_bytes()).await?;
@@ -141,15 +166,38 @@ async fn connection(stream: UnixStream, handle: Handle) -> std::io::Result<()> {
 }
 
 /// The reply line for one request line.
-async fn answer(line: &[u8], handle: &Handle) -> String {
+async fn answer(line: &[u8], handle: &Handle, extras: &Extras) -> String {
     let err = |m: &str| format!("{}\n", serde_json::json!({ "error": m }));
     if line.len() > MAX_REQUEST {
         return err(&format!("request longer than {MAX_REQUEST} bytes"));
     }
-    let op = serde_json::from_slice::<serde_json::Value>(line)
-        .ok()
-        .and_then(|v| v.get("op").and_then(|o| o.as_str()).map(str::to_string));
+    let request = serde_json::from_slice::<serde_json::Value>(line).unwrap_or_default();
+    let op = request
+        .get("op")
+        .and_then(|o| o.as_str())
+        .map(str::to_string);
     match op.as_deref() {
+        Some("store") => match &extras.store {
+            Some(s) => serde_json::to_string(s).map_or_else(|e| err(&e.to_string()), |t| t + "\n"),
+            None => err("this weftd does not say which store it uses"),
+        },
+        Some("dataplane") => {
+            let Some(commands) = &extras.commands else {
+                return err("this weftd takes no dataplane commands");
+            };
+            let (tx, rx) = oneshot::channel();
+            if commands.send(Command { request, reply: tx }).await.is_err() {
+                return err("weftd is stopping");
+            }
+            match tokio::time::timeout(COMMAND_TIMEOUT, rx).await {
+                Ok(Ok(v)) => v.to_string() + "\n",
+                Ok(Err(_)) => err("weftd dropped the request (stopping?)"),
+                Err(_) => err(&format!(
+                    "no answer from the main loop within {} s",
+                    COMMAND_TIMEOUT.as_secs()
+                )),
+            }
+        }
         Some("status") => match handle.status().await {
             Some(s) => match serde_json::to_string(&s) {
                 Ok(t) => t + "\n",
@@ -158,12 +206,29 @@ async fn answer(line: &[u8], handle: &Handle) -> String {
             None => err("the main loop did not answer (still starting?)"),
         },
         Some(other) => err(&format!("unknown op {other:?}")),
-        None => err(r#"expected {"op":"status"}"#),
+        None => err(r#"expected {"op":"status"}, {"op":"store"} or {"op":"dataplane",...}"#),
     }
 }
 
 /// Client: asks the weftd serving `socket` for its status (blocking).
 pub fn query(socket: &Path, timeout: Duration) -> Result<Status, StatusError> {
+    let v = call(socket, &serde_json::json!({"op": "status"}), timeout)?;
+    serde_json::from_value(v).map_err(|e| StatusError::Invalid(e.to_string()))
+}
+
+/// Client: asks the weftd serving `socket` which store it uses (blocking).
+pub fn query_store(socket: &Path, timeout: Duration) -> Result<StoreInfo, StatusError> {
+    let v = call(socket, &serde_json::json!({"op": "store"}), timeout)?;
+    serde_json::from_value(v).map_err(|e| StatusError::Invalid(e.to_string()))
+}
+
+/// Client: sends `request` to the weftd serving `socket` and returns its
+/// reply object; an `{"error":...}` reply is [`StatusError::Daemon`].
+pub fn call(
+    socket: &Path,
+    request: &serde_json::Value,
+    timeout: Duration,
+) -> Result<serde_json::Value, StatusError> {
     let io = |source| StatusError::Io {
         path: socket.to_path_buf(),
         source,
@@ -171,12 +236,17 @@ pub fn query(socket: &Path, timeout: Duration) -> Result<Status, StatusError> {
     let mut s = std::os::unix::net::UnixStream::connect(socket).map_err(io)?;
     s.set_read_timeout(Some(timeout)).map_err(io)?;
     s.set_write_timeout(Some(timeout)).map_err(io)?;
-    s.write_all(b"{\"op\":\"status\"}\n").map_err(io)?;
+    s.write_all(format!("{request}\n").as_bytes()).map_err(io)?;
     let mut line = String::new();
     std::io::BufReader::new(s)
         .read_line(&mut line)
         .map_err(io)?;
-    parse_reply(&line)
+    let v: serde_json::Value =
+        serde_json::from_str(&line).map_err(|e| StatusError::Invalid(e.to_string()))?;
+    match v.get("error").and_then(|e| e.as_str()) {
+        Some(e) => Err(StatusError::Daemon(e.to_string())),
+        None => Ok(v),
+    }
 }
 
 /// Parses one reply line.

@@ -203,7 +203,20 @@ async fn the_socket_is_root_only_and_answers_from_the_main_loop() {
         Some("n1.weft-status.sock")
     );
     let mut src = Source::new();
-    let srv = server::serve(&sock, src.handle()).expect("serve");
+    let store = crate::store::StoreInfo {
+        kind: "etcd".into(),
+        etcd_endpoints: Some("http://192.0.2.9:2379".into()),
+        etcd_password_set: true,
+        ..Default::default()
+    };
+    let extras = server::Extras {
+        store: Some(store.clone()),
+        commands: None,
+    };
+    let srv = server::serve(&sock, src.handle(), extras.clone()).expect("serve");
+    // A second server on a live socket is refused and leaves it alone.
+    let e = server::serve(&sock, src.handle(), extras).expect_err("live socket");
+    assert!(e.to_string().contains("another process is serving"), "{e}");
     let mode = std::fs::metadata(&sock)
         .expect("socket")
         .permissions()
@@ -236,8 +249,42 @@ async fn the_socket_is_root_only_and_answers_from_the_main_loop() {
     .await
     .expect("join");
     assert!(raw.contains("unknown op"), "{raw}");
+    let path = sock.clone();
+    let got =
+        tokio::task::spawn_blocking(move || server::query_store(&path, Duration::from_secs(5)))
+            .await
+            .expect("join")
+            .expect("store");
+    assert_eq!(got, store);
+    let path = sock.clone();
+    let e = tokio::task::spawn_blocking(move || {
+        server::call(
+            &path,
+            &serde_json::json!({"op":"dataplane","set":"kernel"}),
+            Duration::from_secs(5),
+        )
+    })
+    .await
+    .expect("join")
+    .expect_err("no commands here");
+    assert!(e.to_string().contains("no dataplane commands"), "{e}");
     drop(srv);
     assert!(!sock.exists());
+}
+
+/// A server removes its socket on exit only while the path still names the
+/// socket it bound: one bound there since by another process stays.
+#[tokio::test]
+async fn a_socket_replaced_by_another_process_is_not_removed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("weft-status.sock");
+    let srv = server::serve(&sock, Source::new().handle(), Default::default()).expect("serve");
+    // Another process's socket renamed over ours (what a second weftd did).
+    let tmp = dir.path().join("other.sock");
+    let _other = std::os::unix::net::UnixListener::bind(&tmp).expect("bind");
+    std::fs::rename(&tmp, &sock).expect("rename");
+    drop(srv);
+    assert!(sock.exists(), "the other process's socket was removed");
 }
 
 /// `weft status` without weftd: the socket's path and the OS error, each
@@ -315,5 +362,22 @@ fn thousands_of_peers_are_joined_by_subnet() {
         let want = (i != 7).then_some(i as u64);
         assert_eq!(p.counters.map(|c| c.tx_packets), want, "{:?}", p.subnet);
         assert_eq!(p.device.as_deref(), Some("flannel.1"));
+    }
+}
+
+/// A dual-stack peer shows both its subnets and both its endpoints
+/// (`weft status` showed only the IPv4 side).
+#[test]
+fn text_shows_both_families_of_a_dual_stack_peer() {
+    let mut s = full();
+    s.peers[1].ipv6_subnet = Some("fd00:10:0:3::/64".into());
+    s.peers[1].public_ipv6 = Some("fd00::3".into());
+    let t = render::text(&s);
+    let line = t
+        .lines()
+        .find(|l| l.trim_start().starts_with("10.244.3.0/24"))
+        .unwrap_or_default();
+    for want in ["fd00:10:0:3::/64", "192.0.2.3", "fd00::3"] {
+        assert!(line.contains(want), "{want} missing in {line:?}\n{t}");
     }
 }

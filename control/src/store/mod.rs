@@ -52,6 +52,43 @@ impl StoreError {
     }
 }
 
+/// Which store a running weftd uses, as its status socket tells `weft
+/// leases` (`{"op":"store"}`): everything needed to reach the same store
+/// except secrets (whether a password is needed is said, not the password).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StoreInfo {
+    /// `embedded`, `etcd` or `kube`.
+    pub kind: String,
+    /// The embedded store's directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_path: Option<std::path::PathBuf>,
+    /// The embedded store: weftd's `--net-config-path` (read before the
+    /// store's own config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_config_path: Option<std::path::PathBuf>,
+    /// etcd: `--etcd-endpoints`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_endpoints: Option<String>,
+    /// etcd: `--etcd-prefix`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_prefix: Option<String>,
+    /// etcd: `--etcd-keyfile` (a path; the key is not read here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_keyfile: Option<String>,
+    /// etcd: `--etcd-certfile`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_certfile: Option<String>,
+    /// etcd: `--etcd-cafile`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_cafile: Option<String>,
+    /// etcd: `--etcd-username`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_username: Option<String>,
+    /// etcd: whether `--etcd-password` is set (never the password).
+    #[serde(default)]
+    pub etcd_password_set: bool,
+}
+
 /// A lease store. Implementations are cheap to clone handles onto one store.
 ///
 /// Malformed entries (bad keys, undecodable values) are logged and skipped by

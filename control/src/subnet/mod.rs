@@ -18,6 +18,7 @@
 //!   and fails hard).
 
 mod manager;
+pub mod manual;
 #[cfg(test)]
 mod tests;
 

@@ -109,7 +109,7 @@ fn swanctl(what: &str, sock: &Path) -> String {
 
 fn opts() -> IpsecOptions {
     IpsecOptions {
-        psk: "k".repeat(96),
+        psk: "k".repeat(96).into(),
         udp_encap: false,
         esp_proposal: "aes128gcm16-sha256-prfsha256-ecp256".into(),
     }

@@ -324,7 +324,7 @@ impl Ipsec {
             return Ok(());
         };
         self.ike
-            .call("load-shared", shared_key(&self.opts.psk, public))
+            .call("load-shared", shared_key(self.opts.psk.expose(), public))
             .await?;
         let conn = connection(
             local,
@@ -443,7 +443,7 @@ impl Backend for Ipsec {
         self.own = Some((sn, own_pub));
         self.ike.start().await?;
         self.ike
-            .call("load-shared", shared_key(&self.opts.psk, own_pub))
+            .call("load-shared", shared_key(self.opts.psk.expose(), own_pub))
             .await?;
         tracing::info!("Loaded shared key for: {own_pub}");
         Ok(mtu)
@@ -486,7 +486,7 @@ impl Backend for Ipsec {
             .collect();
         if !missing.is_empty() {
             self.ike
-                .call("load-shared", shared_key(&self.opts.psk, local_pub))
+                .call("load-shared", shared_key(self.opts.psk.expose(), local_pub))
                 .await?;
         }
         for (remote, public) in missing {

@@ -12,7 +12,7 @@ use crate::netlink::Op;
 
 fn opts(encap: bool) -> IpsecOptions {
     IpsecOptions {
-        psk: "p".repeat(96),
+        psk: "p".repeat(96).into(),
         udp_encap: encap,
         esp_proposal: "aes128gcm16-sha256-prfsha256-ecp256".into(),
     }

@@ -164,7 +164,6 @@ pub fn parse_backend_data(text: &str) -> Option<([u8; 32], u16)> {
 /// What both WireGuard paths hold and decide alike: the options, the
 /// networks, the key and PSK, the external interface; the lease attributes,
 /// the device plan, each device's routes and the peer each lease gives it.
-#[derive(Debug)]
 pub(super) struct Node {
     pub opts: WireguardOptions,
     pub network: Option<Ipv4Net>,
@@ -173,6 +172,20 @@ pub(super) struct Node {
     pub key: Option<WgSecret>,
     pub psk: Option<[u8; 32]>,
     pub ext: Option<ExternalInterface>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("opts", &self.opts)
+            .field("network", &self.network)
+            .field("network_v6", &self.network_v6)
+            .field("key_file", &self.key_file)
+            .field("key", &self.key)
+            .field("psk", &crate::secret::redacted(&self.psk))
+            .field("ext", &self.ext)
+            .finish()
+    }
 }
 
 /// What one peer lease gives one device.
@@ -192,11 +205,11 @@ pub fn validate(
     network: Option<Ipv4Net>,
     network_v6: Option<Ipv6Net>,
 ) -> Result<(), BackendError> {
-    if !opts.psk.is_empty() && weft_engine::wg::key_from_base64(&opts.psk).is_none() {
-        return Err(BackendError::Config(format!(
-            "could not parse PSK {:?}: not a base64 wireguard key",
-            opts.psk
-        )));
+    if !opts.psk.is_empty() && weft_engine::wg::key_from_base64(opts.psk.expose()).is_none() {
+        // The value is not shown: a mistyped key is still nearly the secret.
+        return Err(BackendError::Config(
+            "could not parse the Backend's PSK: not a base64 wireguard key (32 bytes)".into(),
+        ));
     }
     if network.is_none() && network_v6.is_none() {
         return Err(BackendError::Config(
@@ -214,7 +227,7 @@ impl Node {
         network: Option<Ipv4Net>,
         network_v6: Option<Ipv6Net>,
     ) -> Node {
-        let psk = weft_engine::wg::key_from_base64(&opts.psk);
+        let psk = weft_engine::wg::key_from_base64(opts.psk.expose());
         Node {
             opts,
             network,

@@ -66,6 +66,17 @@ impl EmbeddedStore {
         Ok(store)
     }
 
+    /// Opens the store in `dir` only if one is there (its data file exists):
+    /// what `weft leases` does, so that a mistyped path never creates a store.
+    pub async fn open_existing(dir: impl Into<PathBuf>) -> Result<EmbeddedStore, StoreError> {
+        let dir = dir.into();
+        let data = dir.join(file::DATA_FILE);
+        if !data.is_file() {
+            return Err(StoreError::NotFound);
+        }
+        EmbeddedStore::open(dir).await
+    }
+
     /// Sets how often a watch polls besides inotify (default
     /// [`DEFAULT_POLL_INTERVAL`]); expiry is also noticed at the exact time.
     pub fn with_poll_interval(mut self, interval: Duration) -> EmbeddedStore {

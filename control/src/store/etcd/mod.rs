@@ -63,8 +63,8 @@ pub struct EtcdOptions {
     pub cafile: String,
     /// Basic-auth user name (auth is used when non-empty).
     pub username: String,
-    /// Basic-auth password.
-    pub password: String,
+    /// Basic-auth password (never printed).
+    pub password: crate::secret::Secret,
 }
 
 impl Default for EtcdOptions {
@@ -76,7 +76,7 @@ impl Default for EtcdOptions {
             certfile: String::new(),
             cafile: String::new(),
             username: String::new(),
-            password: String::new(),
+            password: Default::default(),
         }
     }
 }
@@ -144,6 +144,41 @@ fn map_err(what: &str, e: etcd_client::Error) -> StoreError {
     }
 }
 
+/// An endpoint is `http://host:port`, `https://host:port` or `host:port`
+/// (what etcd's client dials); anything else would be retried forever as
+/// "unavailable", so it is refused at once.
+fn check_endpoint(e: &str) -> Result<(), String> {
+    let bad = |why: &str| {
+        Err(format!(
+            "invalid etcd endpoint {e:?}: {why} (expected http://host:port, https://host:port or host:port)"
+        ))
+    };
+    let rest = e
+        .strip_prefix("http://")
+        .or_else(|| e.strip_prefix("https://"))
+        .unwrap_or(e);
+    if rest.contains("://") {
+        return bad("unknown scheme");
+    }
+    let rest = rest.trim_end_matches('/');
+    let Some((host, port)) = rest.rsplit_once(':') else {
+        return bad("no port");
+    };
+    if host.is_empty() || host.contains('/') {
+        return bad("no host");
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(()),
+        _ => bad("the port is not a number from 1 to 65535"),
+    }
+}
+
+/// Whether etcd refused a login because it has no authentication on
+/// (`etcdserver: authentication is not enabled`).
+fn auth_not_enabled(e: &StoreError) -> bool {
+    e.to_string().contains("authentication is not enabled")
+}
+
 /// Runs one request with [`REQUEST_TIMEOUT`].
 async fn call<T>(
     what: &str,
@@ -163,6 +198,14 @@ impl EtcdStore {
     /// (or here, when basic auth needs a token). Bad TLS files fail here with
     /// [`StoreError::Other`].
     pub async fn connect(opts: &EtcdOptions) -> Result<EtcdStore, StoreError> {
+        for e in opts
+            .endpoints
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+        {
+            check_endpoint(e).map_err(StoreError::Other)?;
+        }
         let tls = tls_options(opts)?;
         let endpoints: Vec<String> = opts
             .endpoints
@@ -189,10 +232,22 @@ impl EtcdStore {
         if let Some(tls) = tls {
             co = co.with_tls(tls);
         }
+        let anonymous = co.clone();
         if !opts.username.is_empty() {
-            co = co.with_user(opts.username.clone(), opts.password.clone());
+            co = co.with_user(opts.username.clone(), opts.password.expose().to_string());
         }
-        let client = call("connect", Client::connect(&endpoints, Some(co))).await?;
+        let client = match call("connect", Client::connect(&endpoints, Some(co))).await {
+            // flanneld (etcd's clientv3) goes on without a token when the
+            // server has auth off; so does weft, and says so.
+            Err(e) if !opts.username.is_empty() && auth_not_enabled(&e) => {
+                warn!(
+                    "etcd has authentication disabled: connecting without --etcd-username/--etcd-password \
+                     (remove them, or enable auth in etcd: `etcdctl auth enable`)"
+                );
+                call("connect", Client::connect(&endpoints, Some(anonymous))).await?
+            }
+            r => r?,
+        };
         Ok(EtcdStore {
             client,
             prefix: opts.prefix.trim_end_matches('/').to_string(),
@@ -446,5 +501,33 @@ impl Registry for EtcdStore {
 
     async fn watch_leases(&self) -> Result<mpsc::Receiver<LeaseEvent>, StoreError> {
         Ok(watch::start(self.clone(), None))
+    }
+}
+
+#[cfg(test)]
+mod endpoint_tests {
+    use super::check_endpoint;
+
+    #[test]
+    fn endpoints_that_can_never_connect_are_refused() {
+        for ok in [
+            "http://127.0.0.1:2379",
+            "https://etcd.example:2379/",
+            "10.0.0.1:4001",
+            "http://[fd00::1]:2379",
+        ] {
+            assert_eq!(check_endpoint(ok), Ok(()), "{ok}");
+        }
+        for (bad, why) in [
+            ("garbage", "no port"),
+            ("http://127.0.0.1", "no port"),
+            ("unix:///run/etcd.sock", "unknown scheme"),
+            ("http://:2379", "no host"),
+            ("127.0.0.1:99999", "not a number"),
+            ("127.0.0.1:0", "not a number"),
+        ] {
+            let e = check_endpoint(bad).expect_err(bad);
+            assert!(e.contains(why) && e.contains(bad), "{bad}: {e}");
+        }
     }
 }

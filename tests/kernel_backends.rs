@@ -1,5 +1,5 @@
 //! Kernel backends end to end, through real weftd daemons in network
-//! namespaces (the `Cluster` builder `weft demo` uses): kernel vxlan and
+//! namespaces (the test kit's `Cluster`, on `weft demo`'s pieces): kernel vxlan and
 //! host-gw meshes, a cluster mixing kernel and userspace vxlan nodes,
 //! reconciliation of entries deleted by hand, the start-up errors for
 //! backends this kernel cannot run, and live switching between the kernel
@@ -9,56 +9,21 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use weft_control::demo::cluster::{Cluster, ClusterSpec};
 use weft_testenv::require_root;
 use weft_tests::RESTORED_WITHIN;
+use weft_tests::cluster::{self, Cluster};
 use weft_tests::ping;
 use weft_tests::proc::wait_for;
 use weft_tests::weftd::assert_dataplane;
 
-fn spec(tag: &str, backend_json: &str, nodes: u8, work: &std::path::Path) -> ClusterSpec {
-    ClusterSpec {
-        prefix: weft_tests::unique(tag),
-        nodes,
-        net_conf: format!(r#"{{"Network":"10.244.0.0/16","Backend":{backend_json}}}"#),
-        weftd_args: vec!["--traffic-manager=none".into()],
-        bin_dir: weft_tests::bins::dir(),
-        work: work.to_path_buf(),
-        store: Default::default(),
-    }
-}
-
-fn cluster(
-    tag: &str,
-    backend_json: &str,
-    node_args: Vec<Vec<String>>,
-) -> (tempfile::TempDir, Cluster) {
-    let work = tempfile::tempdir().expect("tempdir");
-    let n = u8::try_from(node_args.len()).expect("nodes");
-    let c = Cluster::start_with_node_args(spec(tag, backend_json, n, work.path()), node_args)
-        .unwrap_or_else(|e| panic!("cluster: {e}"));
-    (work, c)
-}
-
-fn args(a: &[&str]) -> Vec<String> {
-    a.iter().map(|s| s.to_string()).collect()
-}
-
-fn wait_ping(c: &Cluster, a: usize, b: usize) -> bool {
-    (0..15).any(|_| c.pods[a].ns.ping(&c.pods[b].ip, 1))
-}
-
-fn iperf_bytes(c: &Cluster, a: usize, b: usize) -> u64 {
-    let server = &c.pods[b];
-    server
-        .ns
-        .exec(&["iperf3", "-s", "-1", "-D", "-B", &server.ip]);
-    std::thread::sleep(Duration::from_millis(300));
-    let out = c.pods[a]
-        .ns
-        .try_exec(&["iperf3", "-c", &server.ip, "-t", "2", "-J"]);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    v["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0)
+/// `nodes` nodes, each with its `node_args`, on `backend`; no host rules.
+fn cluster(tag: &str, backend: &str, node_args: &[&[&str]]) -> (tempfile::TempDir, Cluster) {
+    cluster::start_nodes(
+        tag,
+        &cluster::net_conf(backend),
+        node_args,
+        &["--traffic-manager=none"],
+    )
 }
 
 /// One pod per node; every pod pings every other and TCP flows both ways.
@@ -68,34 +33,14 @@ fn mesh(c: &mut Cluster, what: &str) {
             .unwrap_or_else(|e| panic!("pod: {e}"));
     }
     let n = c.pods.len();
-    for a in 0..n {
-        for b in 0..n {
-            if a != b {
-                assert!(
-                    wait_ping(c, a, b),
-                    "{what}: pod {a} cannot reach pod {b}; logs:\n{}\n{}",
-                    c.log(a),
-                    c.log(b)
-                );
-            }
-        }
-    }
+    c.assert_mesh();
     for (a, b) in [(0, 1), (n - 1, 0)] {
-        let bytes = iperf_bytes(c, a, b);
+        let bytes = c.iperf_bytes(a, b, 2);
         assert!(
             bytes > 1_000_000,
             "{what}: iperf3 {a}->{b} moved only {bytes} bytes"
         );
     }
-}
-
-fn subnet_of(c: &Cluster, node: usize) -> String {
-    let env = c.subnet_env(node).expect("subnet.env");
-    let s = env
-        .lines()
-        .find_map(|l| l.strip_prefix("FLANNEL_SUBNET="))
-        .expect("FLANNEL_SUBNET");
-    s.replace(".1/", ".0/")
 }
 
 #[test]
@@ -104,7 +49,7 @@ fn kernel_vxlan_three_nodes_is_programmed_as_flannel() {
     let (_w, mut c) = cluster(
         "kv",
         r#"{"Type":"vxlan"}"#,
-        vec![args(&["--dataplane=kernel"]); 3],
+        &[&["--dataplane=kernel"][..]; 3],
     );
     assert!(
         c.log(0).contains("runs in the kernel"),
@@ -124,10 +69,7 @@ fn kernel_vxlan_three_nodes_is_programmed_as_flannel() {
     }
     let addr = ns.exec(&["ip", "-4", "addr", "show", "flannel.1"]);
     assert!(
-        addr.contains(&format!(
-            "inet {}/32",
-            subnet_of(&c, 0).trim_end_matches("/24")
-        )),
+        addr.contains(&format!("inet {}/32", c.subnet(0).trim_end_matches("/24"))),
         "{addr}"
     );
     assert_eq!(
@@ -139,7 +81,7 @@ fn kernel_vxlan_three_nodes_is_programmed_as_flannel() {
     let fdb = ns.exec(&["bridge", "fdb", "show", "dev", "flannel.1"]);
     let neigh = ns.exec(&["ip", "neigh", "show", "dev", "flannel.1"]);
     for peer in 1..3 {
-        let sn = subnet_of(&c, peer);
+        let sn = c.subnet(peer);
         let gw = sn.trim_end_matches("/24");
         assert!(
             routes.contains(&format!("{sn} via {gw} onlink")),
@@ -159,11 +101,11 @@ fn kernel_vxlan_three_nodes_is_programmed_as_flannel() {
 #[test]
 fn host_gw_three_nodes() {
     require_root!();
-    let (_w, mut c) = cluster("hg", r#"{"Type":"host-gw"}"#, vec![vec![]; 3]);
+    let (_w, mut c) = cluster("hg", r#"{"Type":"host-gw"}"#, &[&[][..]; 3]);
     mesh(&mut c, "host-gw");
     let routes = c.nodes[0].ns.exec(&["ip", "route"]);
     for peer in 1..3 {
-        let want = format!("{} via 192.0.2.{} dev eth0", subnet_of(&c, peer), peer + 1);
+        let want = format!("{} via 192.0.2.{} dev eth0", c.subnet(peer), peer + 1);
         assert!(routes.contains(&want), "{want:?} missing:\n{routes}");
     }
     assert!(c.subnet_env(0).expect("env").contains("FLANNEL_MTU=1500"));
@@ -174,10 +116,10 @@ fn host_gw_three_nodes() {
 #[test]
 fn mixed_kernel_and_userspace_vxlan_nodes() {
     require_root!();
-    let node_args = vec![
-        args(&["--dataplane=kernel"]),
-        args(&["--dataplane=userspace", "--engine-workers=1"]),
-        vec![],
+    let node_args: &[&[&str]] = &[
+        &["--dataplane=kernel"],
+        &["--dataplane=userspace", "--engine-workers=1"],
+        &[],
     ];
     let (_w, mut c) = cluster("mx", r#"{"Type":"vxlan"}"#, node_args);
     assert!(c.log(0).contains("runs in the kernel"));
@@ -202,13 +144,13 @@ fn deleted_entries_are_restored_within_a_period() {
     let (_w, mut c) = cluster(
         "rc",
         r#"{"Type":"vxlan"}"#,
-        vec![args(&["--dataplane=kernel"]); 2],
+        &[&["--dataplane=kernel"][..]; 2],
     );
     assert_dataplane(&c.nodes[0].dir.join("subnet.env"), "vxlan", "kernel");
     c.add_pod(0, "a").expect("pod a");
     c.add_pod(1, "b").expect("pod b");
-    assert!(wait_ping(&c, 0, 1), "no initial connectivity");
-    let sn = subnet_of(&c, 1);
+    assert!(c.wait_ping(0, 1), "no initial connectivity");
+    let sn = c.subnet(1);
     let gw = sn.trim_end_matches("/24").to_string();
     let ns = &c.nodes[0].ns;
     let fdb_line = ns.exec(&["bridge", "fdb", "show", "dev", "flannel.1"]);
@@ -246,23 +188,23 @@ fn deleted_entries_are_restored_within_a_period() {
         || ns.exec(&["bridge", "fdb", "show", "dev", "flannel.1"]),
         "dst 192.0.2.2 self permanent",
     );
-    assert!(wait_ping(&c, 0, 1), "traffic did not come back");
+    assert!(c.wait_ping(0, 1), "traffic did not come back");
     assert!(c.log(0).contains("Route recovered"), "log:\n{}", c.log(0));
     // The whole device, too.
     let t0 = Instant::now();
     ns.exec(&["ip", "link", "del", "flannel.1"]);
     restored(t0, "vxlan device", || ns.exec(&["ip", "route"]), &route);
     assert!(
-        wait_ping(&c, 0, 1),
+        c.wait_ping(0, 1),
         "traffic did not come back after the device was recreated"
     );
     drop(c);
 
-    let (_w, mut c) = cluster("rh", r#"{"Type":"host-gw"}"#, vec![vec![]; 2]);
+    let (_w, mut c) = cluster("rh", r#"{"Type":"host-gw"}"#, &[&[][..]; 2]);
     c.add_pod(0, "a").expect("pod a");
     c.add_pod(1, "b").expect("pod b");
-    assert!(wait_ping(&c, 0, 1), "no initial host-gw connectivity");
-    let sn = subnet_of(&c, 1);
+    assert!(c.wait_ping(0, 1), "no initial host-gw connectivity");
+    let sn = c.subnet(1);
     let t0 = Instant::now();
     c.nodes[0].ns.exec(&["ip", "route", "del", &sn]);
     restored(
@@ -271,7 +213,7 @@ fn deleted_entries_are_restored_within_a_period() {
         || c.nodes[0].ns.exec(&["ip", "route"]),
         &format!("{sn} via 192.0.2.2 dev eth0"),
     );
-    assert!(wait_ping(&c, 0, 1));
+    assert!(c.wait_ping(0, 1));
 }
 
 /// Waits until `f()` contains `needle`, at most until [`RESTORED_WITHIN`]
@@ -296,33 +238,41 @@ fn backends_without_kernel_support_fail_clearly() {
         (
             // auto runs the userspace IPIP engine instead (tests/ipip.rs).
             r#"{"Type":"ipip"}"#.to_string(),
-            args(&["--dataplane=kernel"]),
+            &["--dataplane=kernel"][..],
             "this kernel cannot run the ipip backend: no ipip support",
         ),
         (
             format!(r#"{{"Type":"ipsec","PSK":"{psk}"}}"#),
-            vec![],
+            &[][..],
             "no esp4 (CONFIG_INET_ESP) support",
         ),
         (
             r#"{"Type":"wireguard"}"#.to_string(),
-            args(&["--dataplane=kernel"]),
+            &["--dataplane=kernel"][..],
             "wireguard",
         ),
         (
             r#"{"Type":"udp"}"#.to_string(),
-            args(&["--dataplane=kernel"]),
+            &["--dataplane=kernel"][..],
             "udp with --dataplane=kernel",
         ),
         (
             r#"{"Type":"host-gw"}"#.to_string(),
-            args(&["--dataplane=userspace"]),
+            &["--dataplane=userspace"][..],
             "no userspace host-gw engine",
         ),
     ];
     for (conf, extra, want) in cases {
         let work = tempfile::tempdir().expect("tempdir");
-        let err = Cluster::start_with_node_args(spec("er", &conf, 1, work.path()), vec![extra])
+        let spec = cluster::spec(
+            "er",
+            &cluster::net_conf(&conf),
+            1,
+            &["--traffic-manager=none"],
+            work.path(),
+        );
+        let extra = vec![extra.iter().map(|a| a.to_string()).collect()];
+        let err = Cluster::start_with_node_args(spec, extra)
             .map(|_| ())
             .expect_err(&format!("{conf} must not start"));
         let msg = err.to_string();
@@ -334,21 +284,9 @@ fn backends_without_kernel_support_fail_clearly() {
     }
 }
 
+/// Node `node`'s lease in the store (key and value, without its expiry).
 fn lease_json(c: &Cluster, node: usize) -> serde_json::Value {
-    let store = format!("--store-path={}", c.work().join("store").display());
-    let out = Command::new(weft_tests::bins::path("weft"))
-        .args(["leases", "--json", &store])
-        .output()
-        .expect("weft leases");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-    let ip = format!("192.0.2.{}", node + 1);
-    let l = v
-        .as_array()
-        .expect("array")
-        .iter()
-        .find(|l| l["value"]["PublicIP"] == ip.as_str())
-        .expect("lease")
-        .clone();
+    let l = c.lease_of(&format!("192.0.2.{}", node + 1));
     serde_json::json!({ "key": l["key"], "value": l["value"] })
 }
 
@@ -396,7 +334,7 @@ fn live_switching_keeps_the_lease_and_traffic_resumes() {
     let (_w, mut c) = cluster(
         "sw",
         r#"{"Type":"vxlan"}"#,
-        vec![args(&["--dataplane=kernel", "--engine-workers=1"]); 2],
+        &[&["--dataplane=kernel", "--engine-workers=1"][..]; 2],
     );
     for n in 0..2 {
         assert_dataplane(&c.nodes[n].dir.join("subnet.env"), "vxlan", "kernel");
@@ -404,7 +342,7 @@ fn live_switching_keeps_the_lease_and_traffic_resumes() {
     c.add_pod(0, "a").expect("pod a");
     c.add_pod(1, "b").expect("pod b");
     assert!(
-        wait_ping(&c, 0, 1) && wait_ping(&c, 1, 0),
+        c.wait_ping(0, 1) && c.wait_ping(1, 0),
         "no initial connectivity"
     );
     let leases = (lease_json(&c, 0), lease_json(&c, 1));
@@ -492,7 +430,7 @@ fn live_switching_keeps_the_lease_and_traffic_resumes() {
         "the TCP flow did not resume: {intervals:?}"
     );
     assert!(
-        wait_ping(&c, 0, 1) && wait_ping(&c, 1, 0),
+        c.wait_ping(0, 1) && c.wait_ping(1, 0),
         "traffic did not resume"
     );
     assert_eq!(

@@ -347,8 +347,8 @@ fn wireguard_auto_is_kernel_and_switches_live() {
 // === This machine: the same configs under --dataplane=auto ===
 
 mod host {
-    use weft_control::demo::cluster::{Cluster, ClusterSpec};
-    use weft_control::demo::netns::Netns;
+    use weft_tests::cluster::{self, Cluster};
+    use weft_tests::netns::Netns;
 
     /// Whether this machine's kernel can create a link of `kind` (probed in
     /// a scratch namespace, as weftd's probe does).
@@ -359,21 +359,6 @@ mod host {
             args.extend(["id", "1", "dstport", "0"]);
         }
         ns.try_exec(&args).status.success()
-    }
-
-    fn status(c: &Cluster, i: usize) -> serde_json::Value {
-        let out = std::process::Command::new(weft_tests::bins::path("weft"))
-            .args(["status", "--json", "--subnet-file"])
-            .arg(c.nodes[i].dir.join("subnet.env"))
-            .output()
-            .expect("weft status");
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "weft status --json: {e}: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })
     }
 
     /// `kind` of link `name` in node `i`'s namespace.
@@ -392,17 +377,12 @@ mod host {
         weft_testenv::require_root!();
         let t0 = std::time::Instant::now();
         let kernel = kernel_has(kernel_kind);
-        let work = tempfile::tempdir().expect("tempdir");
-        let mut c = Cluster::start(ClusterSpec {
-            prefix: weft_tests::unique(tag),
-            nodes: 2,
-            net_conf: conf.to_string(),
-            weftd_args: vec!["--traffic-manager=none".into(), "--dataplane=auto".into()],
-            bin_dir: weft_tests::bins::dir(),
-            work: work.path().to_path_buf(),
-            store: Default::default(),
-        })
-        .unwrap_or_else(|e| panic!("cluster: {e}"));
+        let (_work, mut c) = cluster::start(
+            tag,
+            conf,
+            2,
+            &["--traffic-manager=none", "--dataplane=auto"],
+        );
         let (want, want_kind, why) = if kernel {
             (
                 "kernel",
@@ -417,17 +397,13 @@ mod host {
             )
         };
         for i in 0..2 {
-            let st = status(&c, i);
-            assert_eq!(st["backend"]["dataplane"], want, "node {i}: {st:#}");
-            assert_eq!(st["backend"]["requested"], "auto", "node {i}: {st:#}");
+            let st = c.status(i).backend;
+            assert_eq!(st.dataplane, want, "node {i}: {st:?}");
+            assert_eq!(st.requested, "auto", "node {i}: {st:?}");
             let engine = if kernel { "kernel" } else { "engine" };
             assert!(
-                st["backend"]["devices"]
-                    .as_array()
-                    .expect("devices")
-                    .iter()
-                    .any(|d| d["name"] == dev && d["kind"] == engine),
-                "node {i}: {st:#}"
+                st.devices.iter().any(|d| d.name == dev && d.kind == engine),
+                "node {i}: {st:?}"
             );
             assert_eq!(kind(&c, i, dev), want_kind, "node {i}: {dev}");
             assert!(c.log(i).contains(&why), "node {i}: {}", c.log(i));
@@ -435,9 +411,8 @@ mod host {
         c.add_pod(0, "a").expect("pod a");
         c.add_pod(1, "b").expect("pod b");
         for (a, b) in [(0, 1), (1, 0)] {
-            let ip = c.pods[b].ip.clone();
             assert!(
-                (0..20).any(|_| c.pods[a].ns.ping(&ip, 1)),
+                c.wait_ping(a, b),
                 "{tag}: pod {a} cannot reach pod {b}; logs:\n{}\n{}",
                 c.log(0),
                 c.log(1)

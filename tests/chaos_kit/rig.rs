@@ -19,10 +19,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use weft_control::demo::cluster::{Cluster, ClusterSpec, ClusterStore};
+use weft_tests::cluster::{Cluster, ClusterStore, net_conf_below_64, spec};
 use weft_tests::etcd::Etcd;
 
-use crate::fault_kit::{self, TcpProxy};
+use weft_tests::proxy::{TcpProxy, ns_proxy};
 
 /// Where weftd inside a node namespace finds etcd.
 const ETCD_IN_NS: &str = "http://127.0.0.1:2379";
@@ -101,10 +101,6 @@ pub struct Rig {
     pub clusters: Vec<ChaosCluster>,
 }
 
-fn args(v: &[&str]) -> Vec<String> {
-    v.iter().map(|s| s.to_string()).collect()
-}
-
 impl Rig {
     /// Builds both clusters, one pod per node; panics (cleaning up) on failure.
     pub fn start() -> Rig {
@@ -130,24 +126,6 @@ impl Rig {
     }
 }
 
-fn spec(
-    tag: &str,
-    backend: &str,
-    work: &Path,
-    store: ClusterStore,
-    common: &[&str],
-) -> ClusterSpec {
-    ClusterSpec {
-        prefix: weft_tests::unique(tag),
-        nodes: 0,
-        net_conf: fault_kit::net_conf(backend),
-        weftd_args: args(common),
-        bin_dir: weft_tests::bins::dir(),
-        work: work.to_path_buf(),
-        store,
-    }
-}
-
 /// An etcd-backed cluster: its own etcd, one node per dataplane given.
 struct EtcdSpec {
     name: &'static str,
@@ -162,29 +140,30 @@ fn etcd_cluster(e: EtcdSpec) -> ChaosCluster {
     etcd.etcdctl_ok(&[
         "put",
         "/coreos.com/network/config",
-        &fault_kit::net_conf(e.backend),
+        &net_conf_below_64(e.backend),
     ]);
     let work = tempfile::tempdir().expect("tempdir");
     let common = ["--ip-masq", "--iptables-resync=2", "--engine-workers=1"];
-    let mut s = spec(
+    let nodes = u8::try_from(e.dataplanes.len()).expect("nodes");
+    let s = spec(
         e.tag,
-        e.backend,
-        work.path(),
-        ClusterStore::Etcd(ETCD_IN_NS.into()),
+        &net_conf_below_64(e.backend),
+        nodes,
         &common,
+        work.path(),
     );
-    s.nodes = u8::try_from(e.dataplanes.len()).expect("nodes");
     let node_args = e
         .dataplanes
         .iter()
         .map(|d| vec![format!("--dataplane={d}")])
         .collect();
-    let mut c =
-        Cluster::create(s, node_args).unwrap_or_else(|err| panic!("{} cluster: {err}", e.name));
+    let store = ClusterStore::Etcd(ETCD_IN_NS.into());
+    let mut c = Cluster::create(s, &store, node_args)
+        .unwrap_or_else(|err| panic!("{} cluster: {err}", e.name));
     let proxies = c
         .nodes
         .iter()
-        .map(|n| fault_kit::ns_proxy(&n.ns.path(), 2379, etcd.port()))
+        .map(|n| ns_proxy(&n.ns.path(), 2379, etcd.port()))
         .collect();
     c.start_all()
         .unwrap_or_else(|err| panic!("{} cluster: {err}", e.name));
@@ -214,14 +193,13 @@ fn embedded_cluster() -> ChaosCluster {
         "--engine-workers=1",
         "--traffic-manager=none",
     ];
-    let mut s = spec(
+    let s = spec(
         "cw",
-        "wireguard",
-        work.path(),
-        ClusterStore::Embedded,
+        &net_conf_below_64("wireguard"),
+        2,
         &common,
+        work.path(),
     );
-    s.nodes = 2;
     let c = Cluster::start(s).unwrap_or_else(|e| panic!("embedded cluster: {e}"));
     let mut cc = ChaosCluster {
         c,

@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::faults::Scheduler;
 use super::now;
 use super::rig::{ChaosCluster, Rig, StoredLease};
-use crate::fault_kit::NETWORK;
+use weft_tests::cluster::NETWORK;
 
 /// Phantom leases changed this recently are not judged.
 pub const CHURN_GRACE: f64 = 8.0;

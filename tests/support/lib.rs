@@ -1,6 +1,18 @@
-//! Support for weft's root integration tests: throwaway network namespaces,
-//! child processes that die with the test, a real etcd on loopback, and the
-//! paths of the workspace's binaries.
+//! weft's test kit for the root integration tests, in tiers:
+//!
+//! - unit fakes live beside the code they stand in for (the recording
+//!   `FakeNetlink`, `tunnel/fake.rs`) and in each crate's own tests
+//!   (`control/tests/registry_contract`: one `Registry` contract for every
+//!   store; `engine/tests/common`, `cni/tests/common`);
+//! - a cluster in network namespaces on this machine's CPU: [`cluster`]
+//!   (on the pieces `weft demo` uses), [`netns`], [`weftd`], [`etcd`],
+//!   [`proxy`], [`ping`] (one ping-stream parser for every tier);
+//! - guests on a stock kernel under software emulation: [`vm`] and
+//!   [`vm::net`] (a weft network of guests);
+//! - a real Kubernetes cluster: [`k8s`].
+//!
+//! Shared by every tier: child processes that die with the test ([`proc`]),
+//! the paths of the workspace's binaries ([`bins`]).
 //!
 //! Every helper cleans up in `Drop`, so a failing (panicking) test still
 //! removes what it made.
@@ -17,6 +29,7 @@
 //! passes without the integration tests having run.
 
 pub mod bins;
+pub mod cluster;
 pub mod etcd;
 pub mod k8s;
 pub mod netns;

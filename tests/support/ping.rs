@@ -95,6 +95,35 @@ pub fn parse(log: &str) -> Gap {
     }
 }
 
+/// Waits until a stream to `dst` has `more` replies after its first
+/// `after`; `read` gives (replies, whether the stream still runs, its
+/// output). Panics with the output's tail after `timeout`.
+#[track_caller]
+pub fn wait_replies(
+    dst: &str,
+    after: u64,
+    more: u64,
+    timeout: Duration,
+    read: impl Fn() -> (u64, bool, String),
+) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let (n, running, text) = read();
+        if n >= after + more {
+            return;
+        }
+        if Instant::now() >= deadline || !running {
+            let lines: Vec<&str> = text.lines().collect();
+            panic!(
+                "ping stream to {dst}: only {} replies after {timeout:?} (wanted {more} after {after}); tail:\n{}",
+                n.saturating_sub(after),
+                lines[lines.len().saturating_sub(15)..].join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A ping every 10 ms from a namespace, its output in a file; killed on drop.
 #[derive(Debug)]
 pub struct Stream {
@@ -142,20 +171,10 @@ impl Stream {
     /// Waits until `more` replies came after the first `after`.
     #[track_caller]
     pub fn wait_more(&self, after: u64, more: u64, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let n = self.replies();
-            if n >= after + more {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "ping stream to {}: only {} replies after {timeout:?} (wanted {more} after {after})",
-                self.dst,
-                n.saturating_sub(after),
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_replies(&self.dst, after, more, timeout, || {
+            let text = self.text();
+            (parse(&text).replies, true, text)
+        });
     }
 
     /// Stops the stream (SIGINT, so that ping prints its summary) and

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{Daemon, Etcd, Kit, Lab, LabSpec, Node, Pod, SUBNET_ENV, quote, tail};
+use super::{Daemon, Etcd, Kit, Lab, LabSpec, Node, Pod, SUBNET_ENV, quote};
 use crate::ping::Gap;
 
 /// The lab, etcd on node 1 and one weftd per node.
@@ -450,21 +450,10 @@ impl PingStream {
     /// Waits until `more` replies came after the first `after`.
     #[track_caller]
     pub fn wait_more(&self, after: u64, more: u64, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let n = self.replies();
-            if n >= after + more {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline && self.d.running(),
-                "ping stream to {}: only {} replies after {timeout:?} (wanted {more} after {after}); tail:\n{}",
-                self.dst,
-                n.saturating_sub(after),
-                tail(&self.d.log(), 15)
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        crate::ping::wait_replies(&self.dst, after, more, timeout, || {
+            let log = self.d.log();
+            (crate::ping::parse(&log).replies, self.d.running(), log)
+        });
     }
 
     /// Stops the stream; its longest gap and losses.

@@ -537,7 +537,13 @@ impl Node {
     /// guest: unix sockets (IPAM, status) cannot live on the 9p run dir.
     pub fn start_weftd(&self, args: &[&str]) -> Daemon {
         let bin = crate::bins::path("weftd");
-        let mut cmd = format!("exec {}", quote(&bin.to_string_lossy()));
+        // The dataplane switch at debug level: a switch that retries its
+        // setup (a stall the tests' bounds fail) then says why in the log a
+        // failing test prints.
+        let mut cmd = format!(
+            "RUST_LOG=info,weft_control::backend::dual=debug exec {}",
+            quote(&bin.to_string_lossy())
+        );
         for a in args {
             cmd.push(' ');
             cmd.push_str(&quote(a));

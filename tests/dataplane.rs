@@ -70,13 +70,8 @@ fn removed_lease_cuts_and_restores_a_peer() {
     c.add_pod(1, "b").expect("pod b");
     assert!(c.wait_ping(0, 1), "no initial connectivity");
     let key = c.lease_key(1);
-    let store = format!("--store-path={}", c.work().join("store").display());
-    let weft = weft_tests::bins::path("weft");
-    let st = std::process::Command::new(&weft)
-        .args(["leases", "rm", &key, &store])
-        .status()
-        .expect("weft");
-    assert!(st.success());
+    c.weft_leases(&["rm", &key])
+        .unwrap_or_else(|e| panic!("weft leases rm: {e}"));
     // Node 2's weftd exits (flannel's behaviour) and node 1 drops the peer.
     wait_for("node 1 to drop the peer", Duration::from_secs(30), || {
         c.log(0)
@@ -157,8 +152,6 @@ fn userspace_vxlan_interoperates_with_kernel_vxlan() {
     let (_w, mut c) = cluster("dk", "vxlan", 2);
     // Node 2 stops being a weft node: its weftd goes, a kernel vxlan comes.
     c.stop_weftd(1);
-    let store = format!("--store-path={}", c.work().join("store").display());
-    let weft = weft_tests::bins::path("weft");
     let n1 = c.lease_of("192.0.2.1");
     let n1_key = n1["key"].as_str().expect("key").to_string();
     let n1_subnet = n1_key.replace('-', "/");
@@ -182,13 +175,8 @@ fn userspace_vxlan_interoperates_with_kernel_vxlan() {
          ip link add cni0 type bridge; ip addr add 10.244.200.1/24 dev cni0; ip link set cni0 up
          sysctl -qw net.ipv4.ip_forward=1"
     ));
-    let st = std::process::Command::new(&weft)
-        .args(["leases", "put", "10.244.200.0-24", &format!(r#"{{"PublicIP":"192.0.2.2","PublicIPv6":null,"BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"{mac2}"}}}}"#), &store])
-        // The key is checked against the network (weft leases put, issue 29).
-        .arg(format!("--net-config-path={}", c.work().join("net-conf.json").display()))
-        .status()
-        .expect("weft leases put");
-    assert!(st.success());
+    c.weft_leases(&["put", "10.244.200.0-24", &format!(r#"{{"PublicIP":"192.0.2.2","PublicIPv6":null,"BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"{mac2}"}}}}"#)])
+        .unwrap_or_else(|e| panic!("weft leases put: {e}"));
     let _ = sub2;
     // A pod on each side: weft's via CNI, the kernel node's by hand.
     let kp = c.hand_made_pod(1, "10.244.200.2/24", "10.244.200.1");

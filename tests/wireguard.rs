@@ -147,20 +147,11 @@ fn interoperates_with_wireguard_go() {
          sysctl -qw net.ipv4.ip_forward=1",
         key = key_file.display()
     ));
-    let store = format!("--store-path={}", c.work().join("store").display());
     let data = format!(
         r#"{{"PublicIP":"192.0.2.2","PublicIPv6":null,"BackendType":"wireguard","BackendData":{{"PublicKey":"{n2_pub}","Port":51820}}}}"#
     );
-    let st = std::process::Command::new(weft_tests::bins::path("weft"))
-        .args(["leases", "put", "10.244.200.0-24", &data, &store])
-        // The key is checked against the network (weft leases put, issue 29).
-        .arg(format!(
-            "--net-config-path={}",
-            c.work().join("net-conf.json").display()
-        ))
-        .status()
-        .expect("weft leases put");
-    assert!(st.success());
+    c.weft_leases(&["put", "10.244.200.0-24", &data])
+        .unwrap_or_else(|e| panic!("weft leases put: {e}"));
     let _ = sub2;
     let kp = c.hand_made_pod(1, "10.244.200.2/24", "10.244.200.1");
     c.add_pod(0, "w").expect("pod on the weft node");

@@ -299,7 +299,7 @@ impl ChaosCluster {
                 )
             }
             StoreKind::Embedded => {
-                let out = self.weft_leases(&["--json"]).ok()?;
+                let out = self.c.weft_leases(&["--json"]).ok()?;
                 let v: serde_json::Value = serde_json::from_str(&out).ok()?;
                 Some(
                     v.as_array()?
@@ -311,27 +311,6 @@ impl ChaosCluster {
                         .collect(),
                 )
             }
-        }
-    }
-
-    /// Runs `weft leases <args> --store-path=<store>`; stdout or the error text.
-    pub fn weft_leases(&self, a: &[&str]) -> Result<String, String> {
-        let store = format!("--store-path={}", self.c.work().join("store").display());
-        let out = Command::new(weft_tests::bins::path("weft"))
-            .arg("leases")
-            .args(a)
-            .arg(store)
-            // `put` checks the key against the network (issue 29).
-            .arg(format!(
-                "--net-config-path={}",
-                self.c.work().join("net-conf.json").display()
-            ))
-            .output()
-            .map_err(|e| format!("spawn weft: {e}"))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
         }
     }
 
@@ -353,6 +332,7 @@ impl ChaosCluster {
                     .ok_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned())
             }
             _ => self
+                .c
                 .weft_leases(&["put", key, value, "--ttl=0"])
                 .map(|_| ()),
         }
@@ -369,7 +349,7 @@ impl ChaosCluster {
                     .then_some(())
                     .ok_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned())
             }
-            _ => self.weft_leases(&["rm", key]).map(|_| ()),
+            _ => self.c.weft_leases(&["rm", key]).map(|_| ()),
         }
     }
 

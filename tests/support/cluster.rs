@@ -287,20 +287,35 @@ impl Cluster {
         crate::weftd::status(&self.subnet_file(i))
     }
 
+    /// `weft leases <args>` on the embedded store (`put` checks its key
+    /// against the cluster's network config): stdout, or the error text.
+    pub fn weft_leases(&self, args: &[&str]) -> Result<String, String> {
+        let work = self.c.work();
+        let out = std::process::Command::new(crate::bins::path("weft"))
+            .arg("leases")
+            .args(args)
+            .arg(format!("--store-path={}", work.join("store").display()))
+            .arg(format!(
+                "--net-config-path={}",
+                work.join("net-conf.json").display()
+            ))
+            .output()
+            .map_err(|e| format!("spawn weft: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
     /// `weft leases --json` of the embedded store: every lease as
     /// `{"key": ..., "value": {...}}`.
     pub fn leases(&self) -> Vec<serde_json::Value> {
-        let store = format!("--store-path={}", self.c.work().join("store").display());
-        let out = std::process::Command::new(crate::bins::path("weft"))
-            .args(["leases", "--json", &store])
-            .output()
-            .expect("weft leases");
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "weft leases --json: {e}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
+        let out = self
+            .weft_leases(&["--json"])
+            .unwrap_or_else(|e| panic!("weft leases --json: {e}"));
+        let v: serde_json::Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("weft leases --json: {e}: {out}"));
         v.as_array().expect("array").clone()
     }
 

@@ -17,8 +17,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use weft_control::demo::cluster::{Cluster, ClusterSpec};
 use weft_testenv::require_root;
+use weft_tests::cluster::{Cluster, ClusterSpec};
 use weft_tests::netns::Netns;
 use weft_tests::proc::{Proc, wait_for};
 use weft_tests::weftd::{Weftd, read_env};
@@ -418,14 +418,14 @@ fn anti_spoofing_default_accepts_a_node_whose_packets_leave_from_another_address
         weftd_args: vec!["--traffic-manager=none".into()],
         bin_dir: weft_tests::bins::dir(),
         work: work.path().to_path_buf(),
-        store: Default::default(),
     };
     let node_args = vec![
         vec![],
         vec!["--iface=eth0".into(), "--public-ip=198.51.100.2".into()],
         vec!["--anti-spoofing=strict".into()],
     ];
-    let mut c = Cluster::create(spec, node_args).unwrap_or_else(|e| panic!("cluster: {e}"));
+    let mut c = Cluster::create(spec, &Default::default(), node_args)
+        .unwrap_or_else(|e| panic!("cluster: {e}"));
     for i in [0, 2] {
         c.nodes[i].ns.exec(&[
             "ip",

@@ -1,6 +1,8 @@
-//! The `ipip` backend through real weftd daemons on a kernel without the
-//! ipip driver: `--dataplane=auto` falls back to the userspace engine (raw
-//! IPPROTO_IPIP socket, same wire format as flannel's kernel ipip nodes).
+//! The `ipip` backend's userspace path through real weftd daemons: every
+//! node runs `--dataplane=userspace` (the engine on a raw IPPROTO_IPIP
+//! socket, same wire format as flannel's kernel ipip nodes) and `weft
+//! status` must say so, whatever ipip support the kernel has (auto's choice
+//! is tested in tests/vm_switch.rs, on this kernel and a stock one).
 //!
 //! - A 3-node cluster: `flannel.ipip` with `<subnet IP>/32` and MTU ext − 20,
 //!   a route per peer, full-mesh ping, DF pings of exactly the MTU, TCP both
@@ -9,83 +11,25 @@
 //!   source outside the sending peer's subnet, malformed inner packets) never
 //!   reach the pod and are counted by reason in the status; a valid one does.
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use weft_control::demo::cluster::{Cluster, ClusterSpec};
 use weft_control::status::model::Drops;
-use weft_control::status::server::{query, socket_path};
-use weft_testenv::{require_root, skip_unless};
+use weft_testenv::require_root;
+use weft_tests::cluster::{self, Cluster};
+use weft_tests::weftd::assert_dataplane;
 
 fn cluster(tag: &str, nodes: u8) -> (tempfile::TempDir, Cluster) {
-    let work = tempfile::tempdir().expect("tempdir");
-    let c = Cluster::start(ClusterSpec {
-        prefix: weft_tests::unique(tag),
+    cluster::start(
+        tag,
+        &cluster::net_conf(r#"{"Type":"ipip"}"#),
         nodes,
-        net_conf: r#"{"Network":"10.244.0.0/16","Backend":{"Type":"ipip"}}"#.into(),
-        weftd_args: vec!["--traffic-manager=none".into(), "--dataplane=auto".into()],
-        bin_dir: weft_tests::bins::dir(),
-        work: work.path().to_path_buf(),
-        store: Default::default(),
-    })
-    .unwrap_or_else(|e| panic!("cluster: {e}"));
-    (work, c)
-}
-
-fn subnet_file(c: &Cluster, n: usize) -> PathBuf {
-    c.nodes[n].dir.join("subnet.env")
-}
-
-fn env_value(c: &Cluster, n: usize, key: &str) -> String {
-    let env = c.subnet_env(n).expect("subnet.env");
-    env.lines()
-        .find_map(|l| l.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("{key} missing in {env}"))
-        .to_string()
-}
-
-/// Whether this kernel can create ipip links (then auto picks the kernel path).
-fn kernel_has_ipip(c: &Cluster) -> bool {
-    let ns = &c.nodes[0].ns;
-    let ok = ns
-        .try_exec(&[
-            "ip",
-            "link",
-            "add",
-            "wtprobe",
-            "type",
-            "ipip",
-            "local",
-            "127.0.0.9",
-        ])
-        .status
-        .success();
-    if ok {
-        ns.try_exec(&["ip", "link", "del", "wtprobe"]);
-    }
-    ok
-}
-
-fn wait_ping(c: &Cluster, a: usize, b: usize) -> bool {
-    (0..10).any(|_| c.pods[a].ns.ping(&c.pods[b].ip, 1))
-}
-
-fn iperf_bytes(c: &Cluster, a: usize, b: usize) -> u64 {
-    let server = &c.pods[b];
-    server
-        .ns
-        .exec(&["iperf3", "-s", "-1", "-D", "-B", &server.ip]);
-    std::thread::sleep(Duration::from_millis(300));
-    let out = c.pods[a]
-        .ns
-        .try_exec(&["iperf3", "-c", &server.ip, "-t", "2", "-J"]);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    v["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0)
+        &["--traffic-manager=none", "--dataplane=userspace"],
+    )
 }
 
 fn engine_drops(c: &Cluster, n: usize) -> Drops {
-    let st = query(&socket_path(&subnet_file(c, n)), Duration::from_secs(5)).expect("status");
+    let st = c.status(n);
     let dev = st
         .backend
         .devices
@@ -99,26 +43,13 @@ fn engine_drops(c: &Cluster, n: usize) -> Drops {
 fn ipip_three_nodes_userspace_full_mesh() {
     require_root!();
     let (_w, mut c) = cluster("ip", 3);
-    let userspace = !kernel_has_ipip(&c);
     for n in 0..3 {
         c.add_pod(n, &format!("p{n}"))
             .unwrap_or_else(|e| panic!("pod: {e}"));
-        let st = query(&socket_path(&subnet_file(&c, n)), Duration::from_secs(5)).expect("status");
-        assert_eq!(st.backend.name, "ipip");
-        if userspace {
-            assert_eq!(
-                st.backend.dataplane, "userspace",
-                "auto must fall back to the engine"
-            );
-            assert!(
-                c.log(n).contains("same wire format in userspace"),
-                "{}",
-                c.log(n)
-            );
-        }
+        assert_dataplane(&c.subnet_file(n), "ipip", "userspace");
         // The device as flannel's: /32 of the subnet IP, MTU ext - 20.
-        assert_eq!(env_value(&c, n, "FLANNEL_MTU"), "1480");
-        let sn = env_value(&c, n, "FLANNEL_SUBNET");
+        assert_eq!(c.env_var(n, "FLANNEL_MTU"), "1480");
+        let sn = c.env_var(n, "FLANNEL_SUBNET");
         let ip = sn.split('/').next().expect("ip").to_string();
         let net = format!("{}.0/32", ip.rsplit_once('.').expect("dotted").0);
         let link = c.nodes[n]
@@ -130,17 +61,7 @@ fn ipip_three_nodes_userspace_full_mesh() {
             .exec(&["ip", "-o", "link", "show", "dev", "flannel.ipip"]);
         assert!(l.contains("mtu 1480"), "{l}");
     }
-    for a in 0..3 {
-        for b in 0..3 {
-            if a != b {
-                assert!(
-                    wait_ping(&c, a, b),
-                    "pod {a} cannot reach pod {b}; node logs:\n{}",
-                    c.log(a)
-                );
-            }
-        }
-    }
+    c.assert_mesh();
     // One route per peer subnet on the device.
     let routes = c.nodes[0]
         .ns
@@ -151,39 +72,7 @@ fn ipip_three_nodes_userspace_full_mesh() {
         "{routes}"
     );
     // DF pings of exactly the MTU pass; one byte more does not.
-    let out = c.pods[0].ns.try_exec(&[
-        "ping",
-        "-c",
-        "2",
-        "-W",
-        "2",
-        "-M",
-        "do",
-        "-s",
-        "1452",
-        &c.pods[1].ip,
-    ]);
-    assert!(
-        out.status.success(),
-        "MTU-sized ping failed: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let out = c.pods[0].ns.try_exec(&[
-        "ping",
-        "-c",
-        "1",
-        "-W",
-        "2",
-        "-M",
-        "do",
-        "-s",
-        "1453",
-        &c.pods[1].ip,
-    ]);
-    assert!(
-        !out.status.success(),
-        "one byte over the MTU passed with DF"
-    );
+    c.assert_df_ping(0, 1, 1480, true);
     // The underlay carries IPv4 protocol 4 between the nodes' addresses.
     let dump = c.nodes[1]
         .ns
@@ -205,7 +94,7 @@ fn ipip_three_nodes_userspace_full_mesh() {
     let text =
         String::from_utf8_lossy(&dump.wait_with_output().expect("tcpdump").stdout).to_string();
     // (The first echo request may be the node's own, from its flannel.ipip address.)
-    let sub1 = env_value(&c, 1, "FLANNEL_SUBNET");
+    let sub1 = c.env_var(1, "FLANNEL_SUBNET");
     let dst_net = sub1.rsplit_once('.').expect("dotted").0;
     assert!(
         text.contains("192.0.2.1 > 192.0.2.2: IP 10.244.")
@@ -215,20 +104,18 @@ fn ipip_three_nodes_userspace_full_mesh() {
     );
     // TCP both ways.
     for (a, b) in [(0, 1), (2, 0), (1, 2)] {
-        let bytes = iperf_bytes(&c, a, b);
+        let bytes = c.iperf_bytes(a, b, 2);
         assert!(
             bytes > 1_000_000,
             "iperf3 {a}->{b} moved only {bytes} bytes"
         );
     }
-    if userspace {
-        let d = engine_drops(&c, 0);
-        assert_eq!(
-            d.malformed + d.unknown_peer + d.spoofed_source + d.udp_send_error + d.io_error,
-            0,
-            "{d:?}"
-        );
-    }
+    let d = engine_drops(&c, 0);
+    assert_eq!(
+        d.malformed + d.unknown_peer + d.spoofed_source + d.udp_send_error + d.io_error,
+        0,
+        "{d:?}"
+    );
 }
 
 /// A python3 script sending IPIP packets from this namespace with any outer
@@ -267,21 +154,18 @@ for outer, inner_src, kind in [{list}]:
 fn ipip_spoofed_and_malformed_packets_are_dropped_and_counted() {
     require_root!();
     let (_w, mut c) = cluster("is", 2);
-    skip_unless!(
-        !kernel_has_ipip(&c),
-        "needs a kernel without the ipip driver (this one has it, so --dataplane=auto takes \
-         the kernel path, which has no engine counters): modprobe -r ipip, or another kernel"
-    );
+    assert_dataplane(&c.subnet_file(0), "ipip", "userspace");
     c.add_pod(0, "a").expect("pod a");
     c.add_pod(1, "b").expect("pod b");
     assert!(
-        wait_ping(&c, 1, 0),
+        c.wait_ping(1, 0),
         "no initial connectivity; logs:\n{}",
         c.log(0)
     );
     let pod = c.pods[0].ip.clone();
     // Node 1's own subnet (a source it may use) and one it does not own.
-    let own = env_value(&c, 1, "FLANNEL_SUBNET")
+    let own = c
+        .env_var(1, "FLANNEL_SUBNET")
         .split('/')
         .next()
         .expect("ip")
@@ -340,5 +224,5 @@ fn ipip_spoofed_and_malformed_packets_are_dropped_and_counted() {
     assert_eq!(after.spoofed_source, before.spoofed_source + 1, "{after:?}");
     assert_eq!(after.malformed, before.malformed + 3, "{after:?}");
     // Still healthy.
-    assert!(wait_ping(&c, 1, 0));
+    assert!(c.wait_ping(1, 0));
 }

@@ -13,9 +13,10 @@ use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::time::Duration;
 
 use serde_json::Value;
-use weft_control::demo::cluster::{Cluster, ClusterSpec};
 use weft_testenv::require_root;
+use weft_tests::cluster::{self, Cluster};
 use weft_tests::proc::wait_for;
+use weft_tests::proxy::in_netns;
 
 const HEALTHZ_PORT: u16 = 9099;
 
@@ -24,37 +25,17 @@ fn cluster(tag: &str, dataplane: &str) -> (tempfile::TempDir, Cluster) {
 }
 
 fn cluster_of(tag: &str, backend: &str, dataplane: &str) -> (tempfile::TempDir, Cluster) {
-    let work = tempfile::tempdir().expect("tempdir");
-    let c = Cluster::start(ClusterSpec {
-        prefix: weft_tests::unique(tag),
-        nodes: 2,
-        net_conf: format!(r#"{{"Network":"10.244.0.0/16","Backend":{{"Type":"{backend}"}}}}"#),
-        weftd_args: vec![
-            "--traffic-manager=none".into(),
-            format!("--dataplane={dataplane}"),
-            format!("--healthz-port={HEALTHZ_PORT}"),
-            "--engine-workers=2".into(),
+    cluster::start(
+        tag,
+        &cluster::net_conf(&format!(r#"{{"Type":"{backend}"}}"#)),
+        2,
+        &[
+            "--traffic-manager=none",
+            &format!("--dataplane={dataplane}"),
+            &format!("--healthz-port={HEALTHZ_PORT}"),
+            "--engine-workers=2",
         ],
-        bin_dir: weft_tests::bins::dir(),
-        work: work.path().to_path_buf(),
-        store: Default::default(),
-    })
-    .unwrap_or_else(|e| panic!("cluster: {e}"));
-    (work, c)
-}
-
-/// Runs `f` on a thread inside namespace `ns`.
-fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
-    let path = format!("/var/run/netns/{ns}");
-    std::thread::scope(|s| {
-        s.spawn(move || {
-            let file = std::fs::File::open(&path).expect("open netns");
-            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-            f()
-        })
-        .join()
-        .expect("netns thread")
-    })
+    )
 }
 
 fn weft(args: &[&str]) -> std::process::Output {
@@ -127,7 +108,7 @@ fn assert_within(what: &str, got: u64, lo: u64, hi: u64) {
 
 fn wait_ping(c: &Cluster, a: usize, b: usize) {
     assert!(
-        (0..10).any(|_| c.pods[a].ns.ping(&c.pods[b].ip, 1)),
+        c.wait_ping(a, b),
         "pod {a} cannot reach pod {b}; log:\n{}",
         c.log(a)
     );
@@ -154,7 +135,7 @@ fn metrics(c: &Cluster, node: usize) -> BTreeMap<String, f64> {
     let addr: SocketAddr = format!("{}:{HEALTHZ_PORT}", c.nodes[node].addr)
         .parse()
         .expect("addr");
-    let raw = in_netns(c.nodes[node].ns.name(), move || {
+    let raw = in_netns(&c.nodes[node].ns.path(), move || {
         let mut s =
             TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect to healthz");
         s.set_read_timeout(Some(Duration::from_secs(10)))
@@ -244,7 +225,7 @@ fn vxlan_datagram(vni: u32, dst_mac: [u8; 6], inner_src: [u8; 4], inner_dst: [u8
     p
 }
 
-/// Sends `n` copies of `dgram` from `src` (inside namespace `ns`) to `dst`.
+/// Sends `n` copies of `dgram` from `src` (inside namespace `ns`, a path) to `dst`.
 fn send(ns: &str, src: &str, dst: SocketAddr, dgram: &[u8], n: usize) {
     let src: SocketAddr = format!("{src}:0").parse().expect("src");
     in_netns(ns, || {
@@ -413,7 +394,7 @@ fn userspace_counters_drops_status_and_metrics() {
     let pod_a = ipv4(&c.pods[0].ip);
     let legit_src = ipv4(&c.pods[1].ip);
     let to: SocketAddr = "192.0.2.1:8472".parse().expect("addr");
-    let ns1 = c.nodes[1].ns.name().to_string();
+    let ns1 = c.nodes[1].ns.path();
     c.nodes[1]
         .ns
         .exec(&["ip", "addr", "add", "192.0.2.77/24", "dev", "eth0"]);

@@ -20,9 +20,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use weft_control::demo::cluster::{Cluster, ClusterSpec, CniMode};
 use weft_control::demo::netns::Netns;
 use weft_testenv::require_root;
+use weft_tests::cluster::{Cluster, ClusterSpec, CniMode};
 use weft_tests::proc::wait_for;
 
 /// A command's exit code (-1: killed after [`LIMIT`]) and its output.
@@ -90,7 +90,6 @@ fn spec(prefix: String, work: &Path, backend: &str, nodes: u8) -> ClusterSpec {
         weftd_args: vec!["--traffic-manager=none".into()],
         bin_dir: weft_tests::bins::dir(),
         work: work.to_path_buf(),
-        store: Default::default(),
     }
 }
 
@@ -119,8 +118,12 @@ impl Shared {
     fn start(work: &Path) -> Shared {
         // Three namespaces, weftd on the first two: the third is a node
         // with no weftd for the "stopped node" rows.
-        let mut c = Cluster::create(spec(weft_tests::unique("op"), work, "udp", 3), Vec::new())
-            .unwrap_or_else(|e| panic!("cluster: {e}"));
+        let mut c = Cluster::create(
+            spec(weft_tests::unique("op"), work, "udp", 3),
+            &Default::default(),
+            Vec::new(),
+        )
+        .unwrap_or_else(|e| panic!("cluster: {e}"));
         for i in 0..2 {
             c.start_weftd(i).expect("start");
         }

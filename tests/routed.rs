@@ -6,66 +6,24 @@
 //! `flannel` from the target directory).
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::net::Ipv4Addr;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use weft_control::demo::cluster::{Cluster, ClusterSpec, CniMode};
 use weft_control::demo::netns::Netns;
 use weft_testenv::require_root;
+use weft_tests::cluster::{self, Cluster, CniMode};
 
 fn cluster(tag: &str, nodes: u8) -> (tempfile::TempDir, Cluster) {
-    let work = tempfile::tempdir().expect("tempdir");
-    let c = Cluster::start(ClusterSpec {
-        prefix: weft_tests::unique(tag),
+    cluster::start(
+        tag,
+        &cluster::net_conf(r#"{"Type":"vxlan"}"#),
         nodes,
-        net_conf: r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}"#.into(),
-        weftd_args: vec!["--traffic-manager=none".into()],
-        bin_dir: weft_tests::bins::dir(),
-        work: work.path().to_path_buf(),
-        store: Default::default(),
-    })
-    .unwrap_or_else(|e| panic!("cluster: {e}"));
-    (work, c)
-}
-
-/// Runs the CNI plugin on node `i` in `mode`; returns (exit code, stdout + stderr).
-fn cni(c: &Cluster, i: usize, mode: CniMode, verb: &str, id: &str, netns: &str) -> (i32, String) {
-    let plugin = weft_tests::bins::path("flannel");
-    let mut child = c.nodes[i]
-        .ns
-        .command(&plugin.to_string_lossy())
-        .env("CNI_COMMAND", verb)
-        .env("CNI_CONTAINERID", id)
-        .env("CNI_NETNS", netns)
-        .env("CNI_IFNAME", "eth0")
-        .env(
-            "CNI_PATH",
-            format!("{}:/usr/lib/cni", weft_tests::bins::dir().display()),
-        )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn flannel");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(c.cni_conf(i, mode).as_bytes())
-        .expect("write conf");
-    let out = child.wait_with_output().expect("wait flannel");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
+        &["--traffic-manager=none"],
+    )
 }
 
 fn add_ip(c: &Cluster, i: usize, id: &str, netns: &str) -> Ipv4Addr {
-    let (code, out) = cni(c, i, CniMode::Routed, "ADD", id, netns);
+    let (code, out) = c.cni_raw(i, CniMode::Routed, "ADD", id, netns);
     assert_eq!(code, 0, "ADD {id}: {out}");
     let v: serde_json::Value =
         serde_json::from_str(out.lines().next().unwrap_or_default()).expect("result JSON");
@@ -132,23 +90,6 @@ fn wait_socket(c: &Cluster, i: usize) {
     }
 }
 
-fn wait_ping(c: &Cluster, a: usize, b: usize) -> bool {
-    (0..10).any(|_| c.pods[a].ns.ping(&c.pods[b].ip, 1))
-}
-
-fn iperf_bytes(c: &Cluster, a: usize, b: usize) -> u64 {
-    let server = &c.pods[b];
-    server
-        .ns
-        .exec(&["iperf3", "-s", "-1", "-D", "-B", &server.ip]);
-    std::thread::sleep(Duration::from_millis(300));
-    let out = c.pods[a]
-        .ns
-        .try_exec(&["iperf3", "-c", &server.ip, "-t", "2", "-J"]);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    v["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0)
-}
-
 /// Two routed nodes: pods ping and carry TCP across nodes and on one node,
 /// every pod has exactly one /32 host route, and DEL removes it.
 #[test]
@@ -206,13 +147,13 @@ fn routed_nodes_ping_tcp_and_host_routes() {
     }
     for (x, y) in [(a, d), (d, a), (a, b), (b, a), (d, b)] {
         assert!(
-            wait_ping(&c, x, y),
+            c.wait_ping(x, y),
             "pod {x} cannot reach pod {y}; node log:\n{}",
             c.log(0)
         );
     }
     for (x, y) in [(a, d), (b, a)] {
-        let bytes = iperf_bytes(&c, x, y);
+        let bytes = c.iperf_bytes(x, y, 2);
         assert!(
             bytes > 1_000_000,
             "iperf3 {x}->{y} moved only {bytes} bytes"
@@ -274,7 +215,7 @@ fn parallel_adds_restart_and_dels() {
         assert!(!distinct.contains(&ip), "{ip} reused while held");
     }
     // A repeated ADD of a held attachment fails and leaves it intact.
-    let (code, out) = cni(&c, 0, CniMode::Routed, "ADD", "par0", &pods[0].path());
+    let (code, out) = c.cni_raw(0, CniMode::Routed, "ADD", "par0", &pods[0].path());
     assert_ne!(code, 0, "{out}");
     assert!(out.contains("already exists"), "{out}");
     assert_eq!(held(&c, 0).len(), 68);
@@ -287,13 +228,12 @@ fn parallel_adds_restart_and_dels() {
     }
     for (i, path) in gone_paths.iter().enumerate() {
         for _ in 0..2 {
-            let (code, out) = cni(&c, 0, CniMode::Routed, "DEL", &format!("par{i}"), path);
+            let (code, out) = c.cni_raw(0, CniMode::Routed, "DEL", &format!("par{i}"), path);
             assert_eq!(code, 0, "DEL with a vanished netns: {out}");
         }
     }
     for (i, ns) in kept.iter().enumerate() {
-        let (code, out) = cni(
-            &c,
+        let (code, out) = c.cni_raw(
             0,
             CniMode::Routed,
             "DEL",
@@ -303,14 +243,7 @@ fn parallel_adds_restart_and_dels() {
         assert_eq!(code, 0, "DEL: {out}");
     }
     for (i, ns) in extra.iter().enumerate() {
-        let (code, out) = cni(
-            &c,
-            0,
-            CniMode::Routed,
-            "DEL",
-            &format!("new{i}"),
-            &ns.path(),
-        );
+        let (code, out) = c.cni_raw(0, CniMode::Routed, "DEL", &format!("new{i}"), &ns.path());
         assert_eq!(code, 0, "DEL: {out}");
     }
     assert_eq!(
@@ -346,9 +279,9 @@ fn mixed_routed_and_bridge_nodes() {
     );
     assert_eq!(pod_routes(&c, 0).len(), 1);
     for (x, y) in [(r, b), (b, r)] {
-        assert!(wait_ping(&c, x, y), "pod {x} cannot reach pod {y}");
+        assert!(c.wait_ping(x, y), "pod {x} cannot reach pod {y}");
     }
-    let bytes = iperf_bytes(&c, r, b);
+    let bytes = c.iperf_bytes(r, b, 2);
     assert!(bytes > 1_000_000, "iperf3 moved only {bytes} bytes");
     c.del_pod(0).unwrap_or_else(|e| panic!("del: {e}"));
     assert!(pod_routes(&c, 0).is_empty());

@@ -14,17 +14,15 @@
 //! with `setpriv` and gives every node its own WireGuard key file.
 
 #[allow(dead_code)] // Shared with faults.rs; not every helper is used here.
-mod fault_kit;
-
 use std::net::{Ipv4Addr, UdpSocket};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use fault_kit::{in_netns, lease_key, wait_ping};
-use weft_control::demo::cluster::{Cluster, ClusterSpec, ClusterStore};
 use weft_testenv::{require_root, require_tool};
+use weft_tests::cluster::{self, Cluster, ClusterSpec};
 use weft_tests::proc::wait_for;
+use weft_tests::proxy::in_netns;
 
 /// CAP_NET_ADMIN (12) and CAP_NET_RAW (13), as /proc/<pid>/status shows them.
 const NET_ADMIN_RAW: u64 = (1 << 12) | (1 << 13);
@@ -65,11 +63,10 @@ fn wrapped_cluster(
     let c = Cluster::start(ClusterSpec {
         prefix: weft_tests::unique(tag),
         nodes: 2,
-        net_conf: fault_kit::net_conf(backend),
+        net_conf: cluster::net_conf_below_64(backend),
         weftd_args: args.iter().map(|s| s.to_string()).collect(),
         bin_dir: wrapped_bins(work.path(), drop_caps),
         work: work.path().join("w"),
-        store: ClusterStore::Embedded,
     })
     .unwrap_or_else(|e| panic!("cluster ({backend} {args:?}): {e}"));
     (work, c)
@@ -117,7 +114,7 @@ fn weftd_needs_only_net_admin_and_net_raw() {
         c.add_pod(0, "a").expect("pod a");
         c.add_pod(1, "b").expect("pod b");
         assert!(
-            wait_ping(&c, 0, 1),
+            c.wait_ping(0, 1),
             "{backend} {args:?} with reduced capabilities: no traffic; log:\n{}",
             c.log(0)
         );
@@ -227,8 +224,8 @@ fn spoofed_and_unknown_peer_packets_are_dropped() {
     );
     c.add_pod(0, "a").expect("pod a");
     c.add_pod(1, "b").expect("pod b");
-    assert!(wait_ping(&c, 0, 1), "no connectivity");
-    let n0 = lease_key(&c, 0);
+    assert!(c.wait_ping(0, 1), "no connectivity");
+    let n0 = c.lease_key(0);
     let base: Ipv4Addr = n0.split('-').next().expect("key").parse().expect("ip");
     let in_subnet = Ipv4Addr::from(u32::from(base) + 77);
     let (good, spoofed, unknown) = (
@@ -289,7 +286,7 @@ fn spoofed_and_unknown_peer_packets_are_dropped() {
         "packets with a spoofed inner source reached the pod"
     );
     assert_eq!(counts[2], 0, "packets from an unknown peer reached the pod");
-    assert!(wait_ping(&c, 0, 1), "real traffic broke");
+    assert!(c.wait_ping(0, 1), "real traffic broke");
 }
 
 /// The WireGuard key file is created 0400 and reused; the private key is
@@ -337,7 +334,7 @@ fn wireguard_key_file_is_private_and_never_logged() {
     c.add_pod(0, "a").expect("pod a");
     c.add_pod(1, "b").expect("pod b");
     assert!(
-        wait_ping(&c, 0, 1),
+        c.wait_ping(0, 1),
         "no traffic over wireguard; log:\n{}",
         c.log(0)
     );

@@ -11,9 +11,7 @@
 //! for them, so `ip route get` returns a gateway while the frames still
 //! cross the one segment.
 
-#[path = "vm/common.rs"]
-mod common;
-
+use weft_tests::vm::net as guests;
 use weft_tests::vm::{LabSpec, Node};
 
 /// RX and TX bytes of a device.
@@ -31,13 +29,13 @@ fn kernel_ipip_three_nodes_with_direct_routing() {
     let kit = weft_tests::require_vm!();
     let t0 = std::time::Instant::now();
     let lab_spec = LabSpec::new("ip", 3);
-    // The "gateway" routes go in before weftd starts; common::cluster boots
+    // The "gateway" routes go in before weftd starts; guests::cluster boots
     // the lab, so the routes are added through a wrapper script per node.
-    let c = common::cluster_with(
+    let c = guests::net_with(
         &kit,
         &lab_spec,
         r#"{"Network":"10.244.0.0/16","Backend":{"Type":"ipip","DirectRouting":true}}"#,
-        &["--dataplane=kernel"],
+        &["--ip-masq", "--dataplane=kernel"],
         &[],
         |lab| {
             for i in 0..2 {
@@ -59,7 +57,7 @@ fn kernel_ipip_three_nodes_with_direct_routing() {
             "not the kernel path:\n{log}"
         );
     }
-    common::mesh_ping(&pods);
+    guests::mesh_ping(&pods);
 
     let sn: Vec<String> = c.lab.nodes().iter().map(|n| n.pod_subnet()).collect();
     for (i, n) in c.lab.nodes().iter().enumerate() {
@@ -98,7 +96,7 @@ fn kernel_ipip_three_nodes_with_direct_routing() {
     // Node 3 -> node 1 through the tunnel: the tunnel carries the bytes.
     let n1 = c.lab.node(0);
     let before = bytes(n1, "flannel.ipip");
-    common::tcp_transfer(&kit, &pods[0], &pods[2], &pods[2].ip.to_string());
+    guests::tcp(&pods[0], &pods[2], &pods[2].ip(false));
     let after = bytes(n1, "flannel.ipip");
     assert!(
         after.0 - before.0 > 1 << 20,
@@ -107,7 +105,7 @@ fn kernel_ipip_three_nodes_with_direct_routing() {
     );
     // Node 2 -> node 1 directly: the tunnel stays (almost) idle.
     let before = bytes(n1, "flannel.ipip");
-    common::tcp_transfer(&kit, &pods[0], &pods[1], &pods[1].ip.to_string());
+    guests::tcp(&pods[0], &pods[1], &pods[1].ip(false));
     let after = bytes(n1, "flannel.ipip");
     assert!(
         after.0 - before.0 < 64 << 10,
@@ -115,9 +113,9 @@ fn kernel_ipip_three_nodes_with_direct_routing() {
         after.0 - before.0
     );
     // Full MTU with DF: through the tunnel and directly.
-    common::df_ping(&pods[0], &pods[2].ip.to_string(), 1480);
-    common::df_ping(&pods[0], &pods[1].ip.to_string(), 1480);
-    common::df_ping(&pods[2], &pods[1].ip.to_string(), 1480);
+    guests::df_ping(&pods[0], &pods[2].ip(false), 1480);
+    guests::df_ping(&pods[0], &pods[1].ip(false), 1480);
+    guests::df_ping(&pods[2], &pods[1].ip(false), 1480);
     c.report("kernel ipip (3 nodes, DirectRouting)", first);
     println!("vm_ipip wall time {:?}", t0.elapsed());
 }

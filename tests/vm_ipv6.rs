@@ -16,11 +16,9 @@
 //! `backend-v6-data` node annotations) runs against a real kube-apiserver in
 //! tests/kube.rs (`dual_stack_nodes_publish_flannels_ipv6_annotations`).
 
-#[path = "vmdp/common.rs"]
-mod common;
-
 use std::time::Instant;
 
+use weft_tests::vm::net as guests;
 use weft_tests::vm::{LabSpec, Node};
 
 const NET6: &str = "fd00:10:244::/56";
@@ -65,13 +63,13 @@ fn conf(c: &Case) -> String {
 }
 
 /// The node's IPv6 subnet from subnet.env, as a network (`...::/64`).
-fn subnet6(net: &common::Net, i: usize) -> String {
+fn subnet6(net: &guests::Net, i: usize) -> String {
     net.env(i, "FLANNEL_IPV6_SUBNET").replace("::1/", "::/")
 }
 
 /// v6 routes of node `i` into the v6 pod network.
 fn routes6(n: &Node) -> Vec<String> {
-    common::routes(n, true)
+    guests::routes(n, true)
         .into_iter()
         .filter(|r| r.starts_with("fd00:10:244:"))
         .collect()
@@ -79,7 +77,7 @@ fn routes6(n: &Node) -> Vec<String> {
 
 /// flannel's v6 (and in dual stack v4) rules are in place, and in an
 /// IPv6-only network no v4 rules.
-fn check_rules(c: &Case, net: &common::Net, i: usize) {
+fn check_rules(c: &Case, net: &guests::Net, i: usize) {
     let n = net.node(i);
     let sn6 = subnet6(net, i);
     match c.fw {
@@ -144,12 +142,12 @@ fn check_rules(c: &Case, net: &common::Net, i: usize) {
 }
 
 /// The backend-specific state of node `i` towards its peer `j`.
-fn check_dataplane(c: &Case, net: &common::Net, i: usize) {
+fn check_dataplane(c: &Case, net: &guests::Net, i: usize) {
     let j = 1 - i;
     let (n, peer) = (net.node(i), net.node(j));
     let peer6 = peer.addr6().expect("v6 underlay");
     let sn6_peer = subnet6(net, j);
-    let links = common::links(n);
+    let links = guests::links(n);
     let r6 = routes6(n);
     let kernel = c.dataplanes[i] == "kernel";
     if c.backend.contains("vxlan") {
@@ -163,11 +161,11 @@ fn check_dataplane(c: &Case, net: &common::Net, i: usize) {
             assert!(!links.contains_key("flannel.1"), "node {i}: {links:?}");
         } else {
             assert!(links.contains_key("flannel.1"), "node {i}: {links:?}");
-            assert_eq!(common::mtu(n, "flannel.1"), 1450, "node {i}");
+            assert_eq!(guests::dev_mtu(n, "flannel.1"), 1450, "node {i}");
         }
         // Room for the 40-byte IPv6 outer header (flannel: 1450, see
         // control/src/backend/vxlan/mod.rs `Mtus`), and pods at the smaller MTU.
-        assert_eq!(common::mtu(n, "flannel-v6.1"), 1430, "node {i}");
+        assert_eq!(guests::dev_mtu(n, "flannel-v6.1"), 1430, "node {i}");
         assert_eq!(net.env(i, "FLANNEL_MTU"), "1430", "node {i}");
         if kernel {
             let l = n.ok("ip -d link show flannel-v6.1");
@@ -246,7 +244,7 @@ fn v6_case(c: &Case) {
         })
         .collect();
     let per_node: Vec<&[&str]> = per_node.iter().map(|v| v.as_slice()).collect();
-    let net = common::net(
+    let net = guests::net(
         &kit,
         &LabSpec::new(c.tag, 2).with_ipv6(),
         &conf(c),
@@ -364,10 +362,10 @@ fn v6_case(c: &Case) {
             devs.len().min(1)
         };
         let keep: Vec<(&str, &str)> = devs[..n].iter().map(|d| (*d, kind)).collect();
-        common::nothing_else(net.node(i), &keep);
+        guests::nothing_else(net.node(i), &keep);
     }
-    common::tcp(p1, p2, &p2.ip(true));
-    common::tcp(p2, p1, &p1.ip(true));
+    guests::tcp(p1, p2, &p2.ip(true));
+    guests::tcp(p2, p1, &p1.ip(true));
     println!(
         "figures {}: ready {:.1?} after weftd start, first ping6 {first:.1?} after CNI ADD; wall time {:.1?}",
         c.tag,

@@ -22,15 +22,28 @@ fn three_guests_share_one_segment_and_run_commands() {
     );
     assert_eq!(b.ok("hostname").trim(), b.name());
     let slow = std::thread::scope(|s| {
-        // Concurrent means the fast command returns while the slow one still
-        // runs. 10 s, not 2: one command can take seconds in the emulated
+        // Concurrent means the second command runs while the first still
+        // does: the first leaves a mark and sleeps, the second waits for
+        // the mark (up to 20 s) and answers while the first is asleep. An
+        // agent that runs one command at a time fails either way round: if
+        // the slow command came first, the fast one answers only after it
+        // ended; if the fast one came first, it never sees the mark. 20 s
+        // of sleep, not 2: one command can take seconds in the emulated
         // guest on a loaded machine (a `weft status` took 5.96 s in CI).
-        let h = s.spawn(|| c.sh("sleep 10; echo slow"));
+        let h = s.spawn(|| c.sh("touch /tmp/w-slow-started; sleep 20; echo slow"));
         let t = Instant::now();
-        assert_eq!(c.ok("echo fast"), "fast\n");
+        let fast = c.sh(
+            "for i in $(seq 200); do test -e /tmp/w-slow-started && echo fast && exit 0; sleep 0.1; done; exit 1",
+        );
+        assert_eq!(
+            (fast.rc, fast.stdout.as_str()),
+            (0, "fast\n"),
+            "the second command never saw the first one running ({:?}): {fast}",
+            t.elapsed()
+        );
         assert!(
             !h.is_finished(),
-            "commands ran one at a time (the fast one took {:?})",
+            "commands ran one at a time (the second one took {:?})",
             t.elapsed()
         );
         h.join().expect("join")

@@ -8,12 +8,10 @@
 //! peer, ipip and vxlan routes, vxlan neighbour and fdb entries) and the
 //! userspace node's routes through its TUN device.
 
-#[path = "vmdp/common.rs"]
-mod common;
-
 use std::time::Instant;
 
-use weft_tests::vm::LabSpec;
+use weft_tests::vm::net as guests;
+use weft_tests::vm::{LabSpec, Pod};
 
 /// Node 1 kernel, node 2 userspace, both up with a pod each; checks what
 /// both run. Returns the net, the pods and the time from weftd start to the
@@ -24,8 +22,8 @@ fn mixed(
     conf: &str,
     dev: &str,
     kernel_kind: &str,
-) -> (common::Net, Vec<common::P>, std::time::Duration) {
-    let net = common::net(
+) -> (guests::Net, Vec<Pod>, std::time::Duration) {
+    let net = guests::net(
         kit,
         &LabSpec::new(tag, 2),
         conf,
@@ -49,7 +47,7 @@ fn mixed(
                 .any(|d| d["name"] == dev && d["kind"] == dkind),
             "node {i}: {st:#}"
         );
-        common::nothing_else(net.node(i), &[(dev, kind)]);
+        guests::nothing_else(net.node(i), &[(dev, kind)]);
     }
     let pods = net.pods();
     let (p1, p2) = (&pods[0], &pods[1]);
@@ -60,27 +58,27 @@ fn mixed(
 }
 
 /// Pings both ways and a 1 MiB TCP transfer each way.
-fn traffic(pods: &[common::P]) {
+fn traffic(pods: &[Pod]) {
     let (p1, p2) = (&pods[0], &pods[1]);
     p1.must_reach(&p2.ip(false));
     p2.must_reach(&p1.ip(false));
-    common::tcp(p1, p2, &p2.ip(false));
-    common::tcp(p2, p1, &p1.ip(false));
+    guests::tcp(p1, p2, &p2.ip(false));
+    guests::tcp(p2, p1, &p1.ip(false));
 }
 
 /// The routes of node `i` into the pod network (v4).
-fn pod_routes(net: &common::Net, i: usize) -> Vec<String> {
-    common::routes(net.node(i), false)
+fn pod_routes(net: &guests::Net, i: usize) -> Vec<String> {
+    guests::routes(net.node(i), false)
         .into_iter()
         .filter(|r| r.starts_with("10.244."))
         .collect()
 }
 
-fn subnet_of(net: &common::Net, i: usize) -> String {
+fn subnet_of(net: &guests::Net, i: usize) -> String {
     net.node(i).pod_subnet()
 }
 
-fn report(what: &str, net: &common::Net, first: std::time::Duration, t0: Instant) {
+fn report(what: &str, net: &guests::Net, first: std::time::Duration, t0: Instant) {
     println!(
         "figures {what}: boot {:.1?}; from weftd start: both subnet.env {:.1?}, first pod ping across nodes answered {first:.1?}; wall time {:.1?}",
         net.lab.boot_time(),

@@ -7,8 +7,11 @@
 //! `--dataplane=auto`: both must pick the kernel path (status and device
 //! kind say so). Node 1 then switches to userspace and back while a pod on
 //! node 2 pings a pod on node 1 every 10 ms: the longest gap between replies
-//! is asserted (at most 2 s longer than weftd's own switch, see [`SLACK`])
-//! and printed per direction, the lease in etcd stays
+//! is asserted against a bound measured in the same guest run without weftd
+//! (see [`gap_bound`]: the stream's own jitter on the kernel path and the
+//! time the guest's kernel takes to build such a path by hand), never
+//! against weftd's own report of its switch. It is printed per direction;
+//! the lease in etcd stays
 //! byte-identical, subnet.env does not change, the old path leaves nothing
 //! behind (devices of the other kind, probe links, routes through another
 //! device, XFRM state, policy rules), the route set after the round trip is
@@ -24,25 +27,56 @@
 //! asserted like the others. The switch is pending meanwhile, not blocking
 //! weftd: `weft status` answers throughout and shows it.
 
-#[path = "vmdp/common.rs"]
-mod common;
-
 use std::time::Duration;
 
-use common::{Gap, PingStream};
-use weft_tests::vm::LabSpec;
+use guests::PingStream;
+use weft_tests::ping::Gap;
+use weft_tests::vm::net as guests;
+use weft_tests::vm::{LabSpec, Pod};
 
-/// How much longer than weftd's own switch the longest ping gap may be: the
-/// first packets through the new path (WireGuard: one handshake). The bound
-/// is relative because under software CPU emulation the switch itself
-/// scales with the emulator's speed: the same code switched to the engine in
-/// 534 ms in one session and in 976-1,159 ms in another (2026-12-01), with
-/// gaps of 0.7 and 1.3-1.6 s. On 2026-12-02 the WireGuard case's gap
-/// exceeded its switch by 387 ms in CI and by 859 ms (2,113 ms after a
-/// 1,254 ms switch) in a rerun, too close to 1 s, so the slack is 2 s. The
-/// bug it guards against cut the node off for 15-27 s after a switch that
-/// took 200 ms.
-const SLACK: Duration = Duration::from_secs(2);
+/// The longest gap a switch may cause, in kernel-only baselines of the same
+/// run ([`Baseline`]) beyond the stream's own jitter. Measured on 2026-12-03
+/// (tcg guests, load average 3.5-5.6): kernel → userspace 0.5-0.9 (vxlan
+/// 0.5-0.8 in 3 runs, ipip 0.7, WireGuard 0.8-0.9 in 2), userspace → kernel
+/// 0.1-0.2 and once 1.3 (WireGuard's handover, switched in 1,456 ms); the
+/// baselines were 0.7-1.25 s, so the bound was 2.1-3.8 s. Three is 2.3× the
+/// worst seen. It fails a switch that stalls for seconds (a retry until a
+/// 2 s deadline, a node cut off until its peers' handshake timers fire) at
+/// any emulation speed, where the old bound (weftd's own switch time + 2 s)
+/// grew with the stall. A 3 s sleep injected into the switch fails it, and
+/// so did one real run of 2026-12-04 (vxlan kernel → userspace switched in
+/// 4,348 ms, its setup retried past its 2 s deadline: 4.9 baselines; the
+/// rerun 1.2): the guests' weftd logs those retries (`Node::start_weftd`).
+const PER_BUILD: u32 = 3;
+
+/// What the guests of one run show without weftd: `jitter`, the longest gap
+/// of the same 10 ms ping stream on the kernel path with nothing changing
+/// (the emulator's own stalls), and `build`, how long node 1's kernel takes
+/// to make a device of the backend's kind with an address and a route and
+/// delete it again, by hand (median of 5, timed inside the guest): the
+/// kernel work any path change does, at this run's emulation speed.
+#[derive(Debug, Clone, Copy)]
+struct Baseline {
+    jitter: Duration,
+    build: Duration,
+}
+
+impl Baseline {
+    fn measure(c: &Case, n1: &weft_tests::vm::Node, from: &Pod, dst: &str) -> Baseline {
+        let stream = PingStream::start(from, dst);
+        stream.wait_more(stream.replies(), 150, Duration::from_secs(60));
+        let jitter = stream.finish().longest;
+        Baseline {
+            jitter,
+            build: n1.kernel_build_time(c.kernel_kind),
+        }
+    }
+
+    /// The longest gap a switch may cause in this run.
+    fn gap_bound(&self) -> Duration {
+        self.jitter + self.build * PER_BUILD
+    }
+}
 
 /// The `N` of the first `<phrase> N ms` in weftd's log text: the switch's
 /// `switched in N ms`, the pending switch's `takes over in N ms`.
@@ -63,7 +97,7 @@ struct Case {
 
 /// Routes of node `n` into the pod network (v4), sorted.
 fn pod_routes(n: &weft_tests::vm::Node) -> Vec<String> {
-    let mut r: Vec<String> = common::routes(n, false)
+    let mut r: Vec<String> = guests::routes(n, false)
         .into_iter()
         .filter(|r| r.starts_with("10.244."))
         .collect();
@@ -73,7 +107,7 @@ fn pod_routes(n: &weft_tests::vm::Node) -> Vec<String> {
 
 fn switch_case(c: &Case) {
     let kit = weft_tests::require_vm!();
-    let net = common::net(
+    let net = guests::net(
         &kit,
         &LabSpec::new(c.tag, 2),
         c.conf,
@@ -92,7 +126,7 @@ fn switch_case(c: &Case) {
                 .any(|d| d["name"] == c.dev && d["kind"] == "kernel"),
             "node {i}: {st:#}"
         );
-        common::nothing_else(net.node(i), &[(c.dev, c.kernel_kind)]);
+        guests::nothing_else(net.node(i), &[(c.dev, c.kernel_kind)]);
         assert!(
             net.weftd[i].log().contains("auto: the kernel supports it"),
             "node {i}: {}",
@@ -113,13 +147,22 @@ fn switch_case(c: &Case) {
         "no pod route through {}: {routes0:?}",
         c.dev
     );
+    let base = Baseline::measure(c, n1, p2, &p1.ip(false));
+    println!(
+        "{}: baseline without weftd: kernel path jitter {:?}, {} device by hand {:?}; gap bound {:?}",
+        c.tag,
+        base.jitter,
+        c.kernel_kind,
+        base.build,
+        base.gap_bound()
+    );
     let mut report = Vec::new();
     for (to, kind) in [("userspace", "tun"), ("kernel", c.kernel_kind)] {
         let stream = PingStream::start(p2, &p1.ip(false));
         let took = if c.dev == "flannel-wg" && to == "kernel" {
             pending_switch(&net)
         } else {
-            common::switch(n1, to)
+            guests::switch(n1, to)
         };
         // The stream must carry on: 100 more replies (about 1 s of it).
         let at = stream.replies();
@@ -132,19 +175,20 @@ fn switch_case(c: &Case) {
             .map(|l| l.split("dataplane:").last().unwrap_or(l).trim().to_string())
             .unwrap_or_default();
         report.push(format!(
-            "{} -> {to}: {gap} (command {took:.1?}; weftd: {logged})",
+            "{} -> {to}: {gap}, {:.1} builds beyond the jitter (command {took:.1?}; weftd: {logged})",
             if to == "kernel" {
                 "userspace"
             } else {
                 "kernel"
-            }
+            },
+            gap.longest.saturating_sub(base.jitter).as_secs_f64() / base.build.as_secs_f64()
         ));
         println!("{}: {}", c.tag, report.last().expect("line"));
         // State after the switch.
         let st = net.status(0);
         assert_eq!(st["backend"]["dataplane"], to, "{st:#}");
         assert_eq!(st["backend"]["requested"], to, "{st:#}");
-        common::nothing_else(n1, &[(c.dev, kind)]);
+        guests::nothing_else(n1, &[(c.dev, kind)]);
         let routes = pod_routes(n1);
         for r in &routes {
             assert!(
@@ -172,17 +216,16 @@ fn switch_case(c: &Case) {
             env0,
             "switching changed subnet.env"
         );
-        common::tcp(p2, p1, &p1.ip(false));
-        common::tcp(p1, p2, &p2.ip(false));
+        guests::tcp(p2, p1, &p1.ip(false));
+        guests::tcp(p1, p2, &p2.ip(false));
         // weftd's own switch is an outage by design (the kernel device goes
         // before the engine can bind its port); what must not follow is a
         // path that stays cut off after it.
-        let switched = ms_after(&logged, "switched in ")
-            .unwrap_or_else(|| panic!("{}: no switch time in weftd's log line {logged:?}", c.tag));
         assert!(
-            gap.longest < switched + SLACK,
-            "{}: switching node 1 to {to}: {gap}, weftd switched in {switched:?}\n{}",
+            gap.longest < base.gap_bound(),
+            "{}: switching node 1 to {to}: {gap}, bound {:?} ({base:?})\n{}",
             c.tag,
+            base.gap_bound(),
             net.logs()
         );
     }
@@ -196,21 +239,29 @@ fn switch_case(c: &Case) {
     println!("  test wall time {:.1?}", net.t0.elapsed());
 }
 
-/// How long one `weft status` may take while a switch is pending. A weftd
-/// whose main loop blocked on the switch would answer only once the ~27 s
-/// handshake wait is over (and then `seen_pending` fails too); a serving one
-/// answers at once natively, but in the software-emulated guest one status
-/// (spawn `weft` in the guest, its socket request, the output back through
-/// the kit) took up to 5.96 s in CI on 2026-12-02, which failed a 5 s bound.
-const STATUS_BOUND: Duration = Duration::from_secs(15);
+/// How many times an idle `weft status` (timed in the same guest run just
+/// before the switch) one may take while a switch is pending, plus 1 s. A
+/// weftd whose main loop blocked on the switch would answer only once the
+/// ~27 s handshake wait is over (and then `seen_pending` fails too); a
+/// serving one answers as it does idle, but in the software-emulated guest
+/// one status (spawn `weft` in the guest, its socket request, the output
+/// back through the kit) is slower while the engine and the ping streams
+/// run: 0.78 s idle and up to 2.64 s during the wait on 2026-12-03 (3.4×),
+/// 5.96 s once in CI on 2026-12-02. Six times is 1.8× the worst ratio seen.
+/// Issue 33 (status answered from published snapshots) tightens this.
+const STATUS_TIMES: u32 = 6;
 
 /// WireGuard userspace → kernel on node 1: the switch waits for the peers
 /// to accept the kernel's handshakes (about 27 s), and meanwhile weftd goes
 /// on serving: `weft status` answers at once, showing the kernel requested
 /// and the userspace path still running. Returns how long the command took.
-fn pending_switch(net: &common::Net) -> Duration {
+fn pending_switch(net: &guests::Net) -> Duration {
     let n1 = net.node(0);
     let weft = weft_tests::bins::path("weft");
+    let asked = std::time::Instant::now();
+    net.status(0);
+    let idle = asked.elapsed();
+    let bound = idle * STATUS_TIMES + Duration::from_secs(1);
     let t = std::time::Instant::now();
     let cmd = n1.spawn(
         "switch",
@@ -221,13 +272,16 @@ fn pending_switch(net: &common::Net) -> Duration {
         ),
     );
     let mut seen_pending = false;
+    let mut slowest = idle;
     while cmd.exit_code().is_none() && t.elapsed() < Duration::from_secs(90) {
         let asked = std::time::Instant::now();
         let st = net.status(0);
         let answered = asked.elapsed();
+        slowest = slowest.max(answered);
+        // Issue 33 tightens this bound (see STATUS_TIMES).
         assert!(
-            answered < STATUS_BOUND,
-            "weft status took {answered:?} during the switch"
+            answered < bound,
+            "weft status took {answered:?} during the switch ({idle:?} before it, bound {bound:?})"
         );
         if st["backend"]["requested"] == "kernel" && st["backend"]["dataplane"] == "userspace" {
             seen_pending = true;
@@ -245,18 +299,19 @@ fn pending_switch(net: &common::Net) -> Duration {
     // The wait is what is left of the ~27 s lead once the userspace path
     // has run a while: in CI on 2026-12-02 the guest took 27 s between the
     // two switches and the wait was 804 ms, too short for a status round
-    // trip to land in. A wait longer than one round trip must be seen.
+    // trip to land in. A wait longer than two of this run's slowest round
+    // trips (and the 0.5 s between them) must be seen.
     let wait = ms_after(&log, "takes over in ")
         .unwrap_or_else(|| panic!("no announced wait in the log:\n{log}"));
-    if wait > STATUS_BOUND + Duration::from_secs(1) {
+    let must_see = (slowest + Duration::from_millis(500)) * 2;
+    println!(
+        "pending wait {wait:?}: status {idle:?} before it, slowest {slowest:?} during it (seen pending: {seen_pending})"
+    );
+    if wait > must_see {
         assert!(
             seen_pending,
             "weftd never reported the pending switch (userspace running, kernel requested) \
-             during its {wait:?} wait; command took {took:?}:\n{log}"
-        );
-    } else {
-        eprintln!(
-            "pending wait {wait:?}: too short to require a status inside it (seen: {seen_pending})"
+             during its {wait:?} wait (status round trips up to {slowest:?}); command took {took:?}:\n{log}"
         );
     }
     took
@@ -295,8 +350,8 @@ fn wireguard_auto_is_kernel_and_switches_live() {
 // === This machine: the same configs under --dataplane=auto ===
 
 mod host {
-    use weft_control::demo::cluster::{Cluster, ClusterSpec};
-    use weft_control::demo::netns::Netns;
+    use weft_tests::cluster::{self, Cluster};
+    use weft_tests::netns::Netns;
 
     /// Whether this machine's kernel can create a link of `kind` (probed in
     /// a scratch namespace, as weftd's probe does).
@@ -307,21 +362,6 @@ mod host {
             args.extend(["id", "1", "dstport", "0"]);
         }
         ns.try_exec(&args).status.success()
-    }
-
-    fn status(c: &Cluster, i: usize) -> serde_json::Value {
-        let out = std::process::Command::new(weft_tests::bins::path("weft"))
-            .args(["status", "--json", "--subnet-file"])
-            .arg(c.nodes[i].dir.join("subnet.env"))
-            .output()
-            .expect("weft status");
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "weft status --json: {e}: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })
     }
 
     /// `kind` of link `name` in node `i`'s namespace.
@@ -340,17 +380,12 @@ mod host {
         weft_testenv::require_root!();
         let t0 = std::time::Instant::now();
         let kernel = kernel_has(kernel_kind);
-        let work = tempfile::tempdir().expect("tempdir");
-        let mut c = Cluster::start(ClusterSpec {
-            prefix: weft_tests::unique(tag),
-            nodes: 2,
-            net_conf: conf.to_string(),
-            weftd_args: vec!["--traffic-manager=none".into(), "--dataplane=auto".into()],
-            bin_dir: weft_tests::bins::dir(),
-            work: work.path().to_path_buf(),
-            store: Default::default(),
-        })
-        .unwrap_or_else(|e| panic!("cluster: {e}"));
+        let (_work, mut c) = cluster::start(
+            tag,
+            conf,
+            2,
+            &["--traffic-manager=none", "--dataplane=auto"],
+        );
         let (want, want_kind, why) = if kernel {
             (
                 "kernel",
@@ -365,17 +400,13 @@ mod host {
             )
         };
         for i in 0..2 {
-            let st = status(&c, i);
-            assert_eq!(st["backend"]["dataplane"], want, "node {i}: {st:#}");
-            assert_eq!(st["backend"]["requested"], "auto", "node {i}: {st:#}");
+            let st = c.status(i).backend;
+            assert_eq!(st.dataplane, want, "node {i}: {st:?}");
+            assert_eq!(st.requested, "auto", "node {i}: {st:?}");
             let engine = if kernel { "kernel" } else { "engine" };
             assert!(
-                st["backend"]["devices"]
-                    .as_array()
-                    .expect("devices")
-                    .iter()
-                    .any(|d| d["name"] == dev && d["kind"] == engine),
-                "node {i}: {st:#}"
+                st.devices.iter().any(|d| d.name == dev && d.kind == engine),
+                "node {i}: {st:?}"
             );
             assert_eq!(kind(&c, i, dev), want_kind, "node {i}: {dev}");
             assert!(c.log(i).contains(&why), "node {i}: {}", c.log(i));
@@ -383,9 +414,8 @@ mod host {
         c.add_pod(0, "a").expect("pod a");
         c.add_pod(1, "b").expect("pod b");
         for (a, b) in [(0, 1), (1, 0)] {
-            let ip = c.pods[b].ip.clone();
             assert!(
-                (0..20).any(|_| c.pods[a].ns.ping(&ip, 1)),
+                c.wait_ping(a, b),
                 "{tag}: pod {a} cannot reach pod {b}; logs:\n{}\n{}",
                 c.log(0),
                 c.log(1)

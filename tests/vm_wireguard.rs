@@ -8,12 +8,10 @@
 //! pods ping across nodes (v4 and v6), carry a TCP transfer and full-MTU
 //! pings with DF set.
 
-#[path = "vm/common.rs"]
-mod common;
-
 use std::collections::BTreeMap;
 
 use weft_tests::vm::LabSpec;
+use weft_tests::vm::net as guests;
 
 /// A valid WireGuard preshared key (base64 of 32 bytes).
 const PSK: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
@@ -53,11 +51,11 @@ fn kernel_wireguard_three_dual_stack_nodes_as_flannel() {
     let conf = format!(
         r#"{{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:244::/56","Backend":{{"Type":"wireguard","PSK":"{PSK}","PersistentKeepaliveInterval":25}}}}"#
     );
-    let c = common::cluster(
+    let c = guests::net(
         &kit,
         &LabSpec::new("wg", 3).with_ipv6(),
         &conf,
-        &["--dataplane=kernel"],
+        &["--ip-masq", "--dataplane=kernel"],
         &[],
     );
     let pods = c.pods();
@@ -69,7 +67,7 @@ fn kernel_wireguard_three_dual_stack_nodes_as_flannel() {
             "not the kernel path:\n{log}"
         );
     }
-    common::mesh_ping(&pods);
+    guests::mesh_ping(&pods);
 
     // Leases: flannel's BackendData / BackendV6Data.
     let dumps: Vec<Dump> = c
@@ -88,7 +86,7 @@ fn kernel_wireguard_three_dual_stack_nodes_as_flannel() {
             "node {i} ports"
         );
         assert_eq!(k4, k6, "node {i}: one key serves both devices");
-        let lease = c.lease_of(i);
+        let lease = c.lease(i);
         assert_eq!(lease["BackendType"], "wireguard");
         assert_eq!(lease["BackendData"]["PublicKey"], k4.as_str(), "{lease}");
         assert_eq!(lease["BackendData"]["Port"], 51820, "{lease}");
@@ -154,15 +152,10 @@ fn kernel_wireguard_three_dual_stack_nodes_as_flannel() {
     assert_eq!(c.mtu(0), 1420);
 
     // Traffic: TCP both families, full-MTU pings with DF both families.
-    common::tcp_transfer(&kit, &pods[0], &pods[1], &pods[1].ip.to_string());
-    common::tcp_transfer(
-        &kit,
-        &pods[2],
-        &pods[0],
-        &pods[0].ip6.expect("v6 pod").to_string(),
-    );
-    common::df_ping(&pods[0], &pods[2].ip.to_string(), 1420);
-    common::df_ping(&pods[1], &pods[2].ip6.expect("v6 pod").to_string(), 1420);
+    guests::tcp(&pods[0], &pods[1], &pods[1].ip(false));
+    guests::tcp(&pods[2], &pods[0], &pods[0].ip(true));
+    guests::df_ping(&pods[0], &pods[2].ip(false), 1420);
+    guests::df_ping(&pods[1], &pods[2].ip(true), 1420);
 
     // The traffic went through WireGuard: handshakes done, counters moved.
     let after = dump(&n.ok("wg show all dump"));

@@ -1,6 +1,8 @@
 //! The userspace `wireguard` backend end to end, through real weftd daemons
-//! (3-node cluster in network namespaces, pods from weft's CNI plugin):
-//! traffic both ways, flannel's devices/routes/lease bytes/key file, interop
+//! (3-node cluster in network namespaces, pods from weft's CNI plugin),
+//! pinned to `--dataplane=userspace` and checked in `weft status` on every
+//! node, so that a kernel with the wireguard module cannot swap the path
+//! under the test: traffic both ways, flannel's devices/routes/lease bytes/key file, interop
 //! with an independent implementation (wireguard-go + wg configured as a
 //! flannel wireguard node would be), and key rotation.
 
@@ -8,10 +10,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use weft_control::demo::cluster::{Cluster, ClusterSpec};
-use weft_control::demo::netns::Netns;
 use weft_testenv::{require_root, require_tool};
+use weft_tests::cluster::{self, Cluster, iperf_bytes, wait_ping};
 use weft_tests::proc::wait_for;
+use weft_tests::weftd::assert_dataplane;
 
 fn cluster(tag: &str, nodes: u8) -> (tempfile::TempDir, Cluster) {
     cluster_with(
@@ -22,48 +24,16 @@ fn cluster(tag: &str, nodes: u8) -> (tempfile::TempDir, Cluster) {
 }
 
 fn cluster_with(tag: &str, nodes: u8, backend: &str) -> (tempfile::TempDir, Cluster) {
-    let work = tempfile::tempdir().expect("tempdir");
-    let c = Cluster::start(ClusterSpec {
-        prefix: weft_tests::unique(tag),
+    let (w, c) = cluster::start(
+        tag,
+        &cluster::net_conf(backend),
         nodes,
-        net_conf: format!(r#"{{"Network":"10.244.0.0/16","Backend":{backend}}}"#),
-        weftd_args: vec!["--traffic-manager=none".into()],
-        bin_dir: weft_tests::bins::dir(),
-        work: work.path().to_path_buf(),
-        store: Default::default(),
-    })
-    .unwrap_or_else(|e| panic!("cluster: {e}"));
-    (work, c)
-}
-
-fn wait_ping(from: &Netns, ip: &str) -> bool {
-    (0..15).any(|_| from.ping(ip, 1))
-}
-
-fn tcp_bytes(client: &Netns, server: &Netns, server_ip: &str) -> u64 {
-    server.exec(&["iperf3", "-s", "-1", "-D", "-B", server_ip]);
-    std::thread::sleep(Duration::from_millis(300));
-    let out = client.try_exec(&["iperf3", "-c", server_ip, "-t", "2", "-J"]);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    v["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0)
-}
-
-fn leases(c: &Cluster) -> Vec<serde_json::Value> {
-    let store = format!("--store-path={}", c.work().join("store").display());
-    let out = std::process::Command::new(weft_tests::bins::path("weft"))
-        .args(["leases", "--json", &store])
-        .output()
-        .expect("weft leases");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-    v.as_array().expect("array").clone()
-}
-
-fn lease_of(c: &Cluster, public_ip: &str) -> serde_json::Value {
-    leases(c)
-        .into_iter()
-        .find(|l| l["value"]["PublicIP"] == public_ip)
-        .expect("lease")
-        .clone()
+        &["--traffic-manager=none", "--dataplane=userspace"],
+    );
+    for i in 0..c.nodes.len() {
+        assert_dataplane(&c.subnet_file(i), "wireguard", "userspace");
+    }
+    (w, c)
 }
 
 /// A child process killed (and reaped) on drop.
@@ -84,19 +54,7 @@ fn wireguard_three_nodes() {
         c.add_pod(n, &format!("p{n}"))
             .unwrap_or_else(|e| panic!("pod: {e}"));
     }
-    for a in 0..3 {
-        for b in 0..3 {
-            if a != b {
-                let ok = wait_ping(&c.pods[a].ns, &c.pods[b].ip);
-                assert!(
-                    ok,
-                    "pod {a} cannot reach pod {b}; logs:\n{}\n{}",
-                    c.log(a),
-                    c.log(b)
-                );
-            }
-        }
-    }
+    c.assert_mesh();
     // flannel's shape: device, MTU, address, route, key file, lease bytes.
     let env = c.subnet_env(0).expect("subnet.env");
     assert!(env.contains("FLANNEL_MTU=1420"), "{env}");
@@ -119,30 +77,14 @@ fn wireguard_three_nodes() {
     let pubkey = c.nodes[0]
         .ns
         .sh(&format!("wg pubkey < {}", key_file.display()));
-    let lease = lease_of(&c, "192.0.2.1");
+    let lease = c.lease_of("192.0.2.1");
     assert_eq!(lease["value"]["BackendType"], "wireguard");
     assert_eq!(lease["value"]["BackendData"]["PublicKey"], pubkey.trim());
     assert_eq!(lease["value"]["BackendData"]["Port"], 51820);
     // Full-size packets and TCP both ways.
-    let out = c.pods[0].ns.try_exec(&[
-        "ping",
-        "-c",
-        "2",
-        "-W",
-        "2",
-        "-M",
-        "do",
-        "-s",
-        "1392",
-        &c.pods[1].ip,
-    ]);
-    assert!(
-        out.status.success(),
-        "MTU-sized ping failed: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    c.assert_df_ping(0, 1, 1420, false);
     for (a, b) in [(0, 1), (2, 0)] {
-        let bytes = tcp_bytes(&c.pods[a].ns, &c.pods[b].ns, &c.pods[b].ip.clone());
+        let bytes = iperf_bytes(&c.pods[a].ns, &c.pods[b].ns, &c.pods[b].ip.clone(), 2);
         assert!(
             bytes > 1_000_000,
             "iperf3 {a}->{b} moved only {bytes} bytes"
@@ -166,7 +108,7 @@ fn interoperates_with_wireguard_go() {
     require_tool!("wg", "wg", "wireguard-tools");
     let (_w, mut c) = cluster("wgi", 2);
     c.stop_weftd(1);
-    let n1 = lease_of(&c, "192.0.2.1");
+    let n1 = c.lease_of("192.0.2.1");
     let n1_subnet = n1["key"].as_str().expect("key").replace('-', "/");
     let n1_pub = n1["value"]["BackendData"]["PublicKey"]
         .as_str()
@@ -205,41 +147,13 @@ fn interoperates_with_wireguard_go() {
          sysctl -qw net.ipv4.ip_forward=1",
         key = key_file.display()
     ));
-    let store = format!("--store-path={}", c.work().join("store").display());
     let data = format!(
         r#"{{"PublicIP":"192.0.2.2","PublicIPv6":null,"BackendType":"wireguard","BackendData":{{"PublicKey":"{n2_pub}","Port":51820}}}}"#
     );
-    let st = std::process::Command::new(weft_tests::bins::path("weft"))
-        .args(["leases", "put", "10.244.200.0-24", &data, &store])
-        // The key is checked against the network (weft leases put, issue 29).
-        .arg(format!(
-            "--net-config-path={}",
-            c.work().join("net-conf.json").display()
-        ))
-        .status()
-        .expect("weft leases put");
-    assert!(st.success());
+    c.weft_leases(&["put", "10.244.200.0-24", &data])
+        .unwrap_or_else(|e| panic!("weft leases put: {e}"));
     let _ = sub2;
-    let kp = Netns::new(&format!("{}k", c.nodes[1].ns.name()));
-    weft_control::demo::netns::run(
-        "ip",
-        &[
-            "link",
-            "add",
-            "eth0",
-            "netns",
-            kp.name(),
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "vk",
-            "netns",
-            c.nodes[1].ns.name(),
-        ],
-    );
-    c.nodes[1].ns.sh("ip link set vk master cni0 up");
-    kp.sh("ip addr add 10.244.200.2/24 dev eth0; ip link set eth0 up; ip route add default via 10.244.200.1");
+    let kp = c.hand_made_pod(1, "10.244.200.2/24", "10.244.200.1");
     c.add_pod(0, "w").expect("pod on the weft node");
     let wpod = c.pods[0].ip.clone();
     wait_for(
@@ -260,11 +174,11 @@ fn interoperates_with_wireguard_go() {
         "no handshake on the wireguard-go side:\n{shown}"
     );
     assert!(
-        tcp_bytes(&c.pods[0].ns, &kp, "10.244.200.2") > 1_000_000,
+        iperf_bytes(&c.pods[0].ns, &kp, "10.244.200.2", 2) > 1_000_000,
         "TCP weft -> wireguard-go"
     );
     assert!(
-        tcp_bytes(&kp, &c.pods[0].ns, &wpod) > 1_000_000,
+        iperf_bytes(&kp, &c.pods[0].ns, &wpod, 2) > 1_000_000,
         "TCP wireguard-go -> weft"
     );
 }
@@ -284,7 +198,7 @@ fn key_rotation_reestablishes_every_peer() {
             "no initial connectivity {a} -> 1"
         );
     }
-    let old = lease_of(&c, "192.0.2.2")["value"]["BackendData"]["PublicKey"].clone();
+    let old = c.lease_of("192.0.2.2")["value"]["BackendData"]["PublicKey"].clone();
     c.stop_weftd(1);
     std::fs::remove_file(c.nodes[1].dir.join("wgkey")).expect("rm key");
     c.start_weftd(1).expect("restart");
@@ -292,7 +206,8 @@ fn key_rotation_reestablishes_every_peer() {
         "node 2 to publish a new key",
         Duration::from_secs(30),
         || {
-            let l = leases(&c)
+            let l = c
+                .leases()
                 .into_iter()
                 .find(|l| l["value"]["PublicIP"] == "192.0.2.2")?;
             (l["value"]["BackendData"]["PublicKey"] != old).then_some(())

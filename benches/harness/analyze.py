@@ -3,6 +3,7 @@
 
   analyze.py header
   analyze.py row FILE CASE TEST ROUND NPROC CLK_TCK "T0 T1" "SNAP0" "SNAP1" LOAD1
+  analyze.py gaprow PING_LOG CASE TEST ROUND LOAD1
   analyze.py summary RESULTS.tsv "CASES" "TESTS" MACHINE.txt
   analyze.py chart RESULTS.tsv "CASES" "TESTS" MACHINE.txt OUT.png
 
@@ -14,6 +15,9 @@ second of wall time; "per Gbit/s" divides by the received Gbit/s.
 Latency tests (rr-idle/udp, rr-busy/tcp, ...) read sockperf's ping-pong
 output: value is the one-way p50 in microseconds, p99 and p999 its tails.
 LOAD1 is the machine's 1-minute load average when the row was taken.
+Gap tests (gap-k2u, gap-u2k, gap-term, gap-kill; `gaps` in TESTS) read a
+`ping -D -i 0.01` log: value is the longest time between two consecutive
+replies in ms, lost the echo requests without a reply.
 """
 
 import json
@@ -22,7 +26,10 @@ import sys
 
 COLS = ["case", "test", "round", "value", "unit", "gbps", "machine_cores", "daemon_cores",
         "machine_cores_per_gbps", "daemon_cores_per_gbps", "retransmits", "loss_pct", "rcvbuf_errors",
-        "p99", "p999", "load1"]
+        "p99", "p999", "load1", "lost"]
+GAP_EVENTS = ("k2u", "u2k", "term", "kill")
+GAP_NAMES = {"gap-k2u": "live switch kernel -> userspace", "gap-u2k": "live switch userspace -> kernel",
+             "gap-term": "SIGTERM + restart", "gap-kill": "SIGKILL + restart"}
 RR_KEYS = (("value", "50.000"), ("p99", "99.000"), ("p999", "99.900"))
 
 LABELS = {
@@ -44,8 +51,41 @@ def label(case):
 
 
 def expand(tests):
-    """rr tests report UDP and TCP rows: rr-idle -> rr-idle/udp, rr-idle/tcp."""
-    return [x for t in tests for x in ((t + "/udp", t + "/tcp") if t.startswith("rr") else (t,))]
+    """rr tests report UDP and TCP rows: rr-idle -> rr-idle/udp, rr-idle/tcp; gaps one per event."""
+    def one(t):
+        if t.startswith("rr"):
+            return (t + "/udp", t + "/tcp")
+        if t == "gaps":
+            return tuple("gap-" + e for e in GAP_EVENTS)
+        return (t,)
+    return [x for t in tests for x in one(t)]
+
+
+def ping_gap(path):
+    """(longest gap between consecutive replies in ms, requests without a reply) of `ping -D` output."""
+    replies, sent = {}, None
+    for line in open(path, errors="replace"):
+        if " packets transmitted" in line:
+            sent = int(line.split()[0])
+        if "bytes from" in line and "icmp_seq=" in line and line.startswith("["):
+            seq = int(line.split("icmp_seq=")[1].split()[0])
+            replies.setdefault(seq, float(line[1:line.index("]")]))
+    times = sorted(replies.values())
+    gap = max((b - a for a, b in zip(times, times[1:])), default=nan())
+    if sent is None:
+        sent = max(replies, default=0)
+    return gap * 1e3, sent - len(replies)
+
+
+def gaprow(argv):
+    path, case, test, rnd, load1 = argv
+    try:
+        gap, lost = ping_gap(path)
+    except OSError:
+        gap, lost = nan(), nan()
+    vals = {k: "nan" for k in COLS}
+    vals.update(case=case, test=test, round=rnd, value="%.1f" % gap, unit="ms", load1=load1, lost="%g" % lost)
+    print("\t".join(vals[k] for k in COLS))
 
 
 def sockperf(path):
@@ -106,7 +146,7 @@ def row(argv):
     per = (lambda c: c / gbps) if gbps > 0 else (lambda c: nan())
     vals = [case, test, rnd, "%.3f" % value, unit, "%.4f" % gbps, "%.2f" % machine, "%.2f" % daemon,
             "%.3f" % per(machine), "%.3f" % per(daemon), "%g" % retr, "%.1f" % loss, str(r1 - r0),
-            "%.3f" % rr["p99"], "%.3f" % rr["p999"], load1]
+            "%.3f" % rr["p99"], "%.3f" % rr["p999"], load1, "nan"]
     print("\t".join(vals))
 
 
@@ -137,7 +177,12 @@ def summary(argv):
     info = open(machine).read().rstrip()
     print(info)
     cores = next((float(l.split(": ", 1)[1]) for l in info.splitlines() if l.startswith("nproc: ")), nan())
+    gaps = [t for t in expand(tests) if t.startswith("gap-")]
+    if gaps:
+        gap_table(rows, cases, gaps)
     for t in expand(tests):
+        if t.startswith("gap-"):
+            continue
         if t.startswith("rr"):
             rr_table(rows, cases, t)
             continue
@@ -171,6 +216,8 @@ def summary(argv):
                 cpu = (med("machine_cores_per_gbps"), med("daemon_cores_per_gbps"))
             print("%-6s %-24s %8.3f %7.3f-%-7.3f %2d %8s %7s %9.3f %9.3f  %s" % (
                 t, label(c), m[0], m[1], m[2], m[3], ratio("kvxlan"), ratio("veth"), cpu[0], cpu[1], tail))
+    if all(t.startswith("gap-") for t in expand(tests)):
+        return
     print()
     print("median of the rounds; min-max over rounds; /kvxlan and /veth: ratio of medians;")
     print("cores/Gb: machine CPU (both nodes, all processes and softirq) per received Gbit/s;")
@@ -180,6 +227,23 @@ def summary(argv):
     print("rr-*: sockperf ping-pong, 64 B, one-way latency in us (median over rounds of each round's")
     print("percentile), x kvxlan = ratio of medians; rr-busy beside two nice -n 19 busy loops, rr-bulk")
     print("beside one iperf3 TCP stream; daemon: weftd/wireguard-go cores; load: 1-min load average.")
+
+
+def gap_table(rows, cases, gaps):
+    """One line per case and event: longest gap and pings lost, median (min-max) over rounds."""
+    print()
+    print("%-26s %-34s %24s %20s %2s %5s" % (
+        "switch and restart", "event (ping every 10 ms)", "longest gap ms (min-max)", "lost (min-max)", "n", "load"))
+    for c in cases:
+        for t in gaps:
+            m, lost, ld = stats(rows, c, t), stats(rows, c, t, "lost"), stats(rows, c, t, "load1")
+            if not m:
+                continue
+            print("%-26s %-34s %24s %20s %2d %5.1f" % (
+                label(c), GAP_NAMES.get(t, t), "%.0f (%.0f-%.0f)" % m[:3],
+                "%.0f (%.0f-%.0f)" % lost[:3] if lost else "n/a", m[3], ld[0] if ld else nan()))
+    print("gap-*: pod 1 pings pod 2 every 10 ms; node 2 switches path (weft dataplane set) or its weftd")
+    print("is signalled and started again at once; longest time between two replies, and the pings lost.")
 
 
 def rr_table(rows, cases, t):
@@ -235,8 +299,11 @@ def chart(argv):
                 txt += "\n(%.2fx)" % (v / ref[0])
             ax.annotate(txt, (i, v + hi[i]), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=7)
         unit = {"idle": "% of a core per node"}.get(t, "delivered kpps" if t.startswith("udp") else "Gbit/s")
+        if t.startswith("gap-"):
+            unit = "longest gap, ms"
         name = {"tcp1": "iperf3 TCP, 1 stream", "tcp4": "iperf3 TCP, 4 streams",
-                "udp64": "iperf3 UDP flood, 64-byte payload", "idle": "daemon CPU with no traffic"}.get(t, t)
+                "udp64": "iperf3 UDP flood, 64-byte payload", "idle": "daemon CPU with no traffic"}.get(
+                    t, GAP_NAMES.get(t, t))
         ax.set_title("%s (median, min-max bars; ratio to kernel vxlan)" % name, fontsize=9)
         ax.set_ylabel(unit)
         ax.set_xticks(list(x))
@@ -279,6 +346,8 @@ def main():
         print("\t".join(COLS))
     elif cmd == "row":
         row(argv)
+    elif cmd == "gaprow":
+        gaprow(argv)
     elif cmd == "summary":
         summary(argv)
     elif cmd == "chart":

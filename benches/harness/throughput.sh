@@ -20,7 +20,12 @@
 # background load: one `nice -n 19` shell busy loop per node, two in all, one
 # per vCPU here, as other pods using a node's CPU) and rr-bulk (beside one
 # iperf3 TCP stream between the same pods); idle: no traffic, the daemons' CPU
-# over DUR seconds (% of a core per node). Every round runs every case once (rounds are
+# over DUR seconds (% of a core per node); gaps (weft cases only): pod 1 pings pod 2
+# every 10 ms while node 2 changes path or restarts, one row per event with the
+# longest gap between replies (ms) and the pings lost: gap-k2u / gap-u2k (a live
+# switch with `weft dataplane set`, vxlan only: from the case's path to the other
+# and back), gap-term (SIGTERM, then weftd started again at once) and gap-kill
+# (SIGKILL, then the same), on the case's path. Every round runs every case once (rounds are
 # interleaved, the case order rotates each round); REPS rounds. Per test the
 # harness records machine CPU (/proc/stat) and the forwarding daemons' CPU
 # (/proc/PID/stat of weftd or wireguard-go, both nodes), TCP retransmits and
@@ -34,7 +39,7 @@
 # A-B: a case name with a suffix, weft-udp@new, runs that case with the
 # binaries in $BIN_new (BIN_new=/tmp/new CASES="kvxlan weft-udp weft-udp@new").
 #
-# Env: REPS, DUR, CASES, TESTS (tcp1 tcp4 udp64 rr-idle rr-busy rr-bulk idle), OUT (results directory,
+# Env: REPS, DUR, CASES, TESTS (tcp1 tcp4 udp64 rr-idle rr-busy rr-bulk idle gaps), OUT (results directory,
 # default a new /tmp/weft-throughput.*), BIN (directory with weftd, flannel and weft;
 # default $CARGO_TARGET_DIR/release, built with cargo unless NO_BUILD=1),
 # WEFTD_ARGS (extra weftd flags for every weft case), RR_TRACE=1 (rr tests:
@@ -147,16 +152,19 @@ add_pod() { # node -> sets POD_IP<node>
     eval "POD_IP$n=$ip"
 }
 
+start_node() { # node: (re)starts node's weftd on $DATAPLANE, its pid in DAEMON_PIDS[node-1]
+    ip netns exec $P-n$1 env WIREGUARD_KEY_FILE="$OUT/work/n$1/wgkey" RUST_LOG=info "$BIN/weftd" \
+        --store=embedded --store-path="$OUT/work/store" --net-config-path="$OUT/work/net-conf.json" \
+        --subnet-file="$OUT/work/n$1/subnet.env" --iface=$P-v$1 --traffic-manager=none \
+        --dataplane="$DATAPLANE" $WEFTD_ARGS >>"$OUT/logs/weftd-$CASE-$ROUND-n$1.log" 2>&1 &
+    DAEMON_PIDS[$(($1 - 1))]=$!
+}
+
 start_weftd() { # backend-json dataplane
     local conf="{\"Network\":\"10.244.0.0/16\",\"Backend\":$1}"
     echo "$conf" >"$OUT/work/net-conf.json"
-    for n in 1 2; do
-        ip netns exec $P-n$n env WIREGUARD_KEY_FILE="$OUT/work/n$n/wgkey" RUST_LOG=info "$BIN/weftd" \
-            --store=embedded --store-path="$OUT/work/store" --net-config-path="$OUT/work/net-conf.json" \
-            --subnet-file="$OUT/work/n$n/subnet.env" --iface=$P-v$n --traffic-manager=none \
-            --dataplane="$2" $WEFTD_ARGS >"$OUT/logs/weftd-$CASE-$ROUND-n$n.log" 2>&1 &
-        DAEMON_PIDS+=($!)
-    done
+    DATAPLANE=$2
+    for n in 1 2; do start_node $n; done
     for n in 1 2; do
         for _ in $(seq 300); do
             [ -s "$OUT/work/n$n/subnet.env" ] && break
@@ -331,8 +339,41 @@ run_rr() { # rr-idle|rr-busy|rr-bulk -> one row per protocol (rr-idle/udp, rr-id
     burn stop
 }
 
+gap_event() { # event: pings pod 1 -> pod 2 every 10 ms around one event on node 2; one gap-<event> row
+    local log="$OUT/logs/$CASE-gap-$1-$ROUND.txt" ping env="$OUT/work/n2/subnet.env" p=${DAEMON_PIDS[1]}
+    ip netns exec $SRC_NS ping -D -n -i 0.01 -W 1 "$POD_IP2" >"$log" 2>&1 &
+    ping=$!
+    sleep 1
+    case $1 in
+    k2u|u2k)
+        "$BIN0/weft" dataplane set "$([ "$1" = k2u ] && echo userspace || echo kernel)" --subnet-file="$env" \
+            >>"$log.cmd" 2>&1 || echo "$CASE: weft dataplane set failed ($1)" >&2 ;;
+    term|kill)
+        kill -"${1^^}" "$p" 2>/dev/null || true
+        # Started again the moment it is gone, as a supervisor would (`tail --pid` polls once a second).
+        for _ in $(seq 1000); do kill -0 "$p" 2>/dev/null || break; sleep 0.01; done
+        start_node 2 ;;
+    esac
+    sleep 3
+    kill -INT $ping 2>/dev/null || true
+    wait $ping 2>/dev/null || true
+    "$PY" "$HERE/analyze.py" gaprow "$log" "$CASE" "gap-$1" "$ROUND" "$(cut -d' ' -f1 /proc/loadavg)" >>"$OUT/results.tsv"
+    tail -1 "$OUT/results.tsv" | awk -F'\t' '{printf "round %s %-15s %-12s longest gap %s ms, %s pings lost, load %s\n", $3, $1, $2, $4, $NF, $(NF-1)}' >&2
+}
+
+run_gaps() { # the case's events: a live switch away and back (vxlan), then SIGTERM and SIGKILL restarts
+    case ${CASE%@*} in
+    weft-kvxlan) gap_event k2u; gap_event u2k ;;
+    weft-vxlan) gap_event u2k; gap_event k2u ;;
+    weft-*) ;;
+    *) return 0 ;; # not weft: nothing to switch or restart
+    esac
+    gap_event term
+    gap_event kill
+}
+
 run_test() { # test -> appends one row (rr tests: two) to results.tsv
-    case $1 in rr-*) run_rr "$1"; return ;; esac
+    case $1 in rr-*) run_rr "$1"; return ;; gaps) run_gaps; return ;; esac
     if [ "$1" = idle ]; then # no traffic: the daemons' CPU over DUR seconds
         local s0 s1 t0 t1
         sleep 2; s0=$(snap); t0=$(date +%s.%N); sleep "$DUR"; s1=$(snap); t1=$(date +%s.%N)

@@ -1,41 +1,32 @@
 //! The etcd lease store against a real etcd (Debian's etcd-server) started by
-//! the `weft-tests` harness: flannel's keys and values, create-if-absent,
-//! renewal, hand-written and malformed entries, and watches that survive
-//! deletes by hand, etcd restarts and compaction.
+//! the `weft-tests` harness: the `Registry` contract every store meets
+//! (tests/registry_contract), flannel's keys and values, the loser's etcd
+//! lease revoked, hand-written and malformed entries, watches that survive
+//! deletes by hand, etcd restarts and compaction, auth and TLS.
+
+mod registry_contract;
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::mpsc;
-use weft_control::lease::{Lease, LeaseAttrs, LeaseEvent, SubnetKey};
+use registry_contract::{attrs, keys, next, subnet, wait_for};
+use weft_control::lease::{LeaseEvent, SubnetKey};
 use weft_control::store::etcd::{EtcdOptions, EtcdStore};
 use weft_control::store::{Registry, StoreError};
 use weft_testenv::require_tool;
 use weft_tests::etcd::Etcd;
 use weft_tests::require_etcd;
 
-const WAIT: Duration = Duration::from_secs(30);
 const PREFIX: &str = "/coreos.com/network";
 const FLANNEL_JSON: &str = r#"{"PublicIP":"192.168.64.3","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}}"#;
 
-fn subnet(i: u32) -> SubnetKey {
-    format!("10.{}.{}.0-24", 16 + i / 256, i % 256)
-        .parse()
-        .expect("key")
-}
-
-fn attrs(ip: [u8; 4]) -> LeaseAttrs {
-    LeaseAttrs {
-        public_ip: Ipv4Addr::from(ip),
-        backend_type: "vxlan".into(),
-        backend_data: Some(r#"{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}"#.into()),
-        ..Default::default()
-    }
-}
-
 async fn connect(etcd: &Etcd) -> EtcdStore {
+    connect_to(etcd.endpoint()).await
+}
+
+async fn connect_to(endpoints: String) -> EtcdStore {
     let opts = EtcdOptions {
-        endpoints: etcd.endpoint(),
+        endpoints,
         ..EtcdOptions::default()
     };
     EtcdStore::connect(&opts).await.expect("connect")
@@ -46,32 +37,35 @@ async fn etcdctl(etcd: &Etcd, args: &[&str]) -> String {
     tokio::task::block_in_place(|| etcd.etcdctl_ok(args))
 }
 
-async fn next(rx: &mut mpsc::Receiver<LeaseEvent>) -> LeaseEvent {
-    tokio::time::timeout(WAIT, rx.recv())
-        .await
-        .expect("timed out waiting for a lease event")
-        .expect("watch ended")
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_create_update_delete_and_config() {
+    require_etcd!();
+    let etcd = Etcd::start();
+    registry_contract::create_update_delete_and_config(connect(&etcd).await, connect(&etcd).await)
+        .await;
 }
 
-async fn wait_for(
-    rx: &mut mpsc::Receiver<LeaseEvent>,
-    what: &str,
-    f: impl Fn(&LeaseEvent) -> bool,
-) -> LeaseEvent {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let ev = tokio::time::timeout_at(deadline, rx.recv())
-            .await
-            .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
-            .expect("watch ended");
-        if f(&ev) {
-            return ev;
-        }
-    }
+/// etcd's leases have a TTL of whole seconds: 2 s for the short one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_expiry_and_renewal() {
+    require_etcd!();
+    let etcd = Etcd::start();
+    registry_contract::expiry_and_renewal(connect(&etcd).await, Duration::from_secs(2)).await;
 }
 
-fn keys(l: &[Lease]) -> Vec<SubnetKey> {
-    l.iter().map(Lease::key).collect()
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_watch_sees_another_handle() {
+    require_etcd!();
+    let etcd = Etcd::start();
+    registry_contract::watch_sees_another_handle(connect(&etcd).await, connect(&etcd).await).await;
+}
+
+#[test]
+fn registry_concurrent_creators_on_threads_never_both_win() {
+    require_etcd!();
+    let etcd = Etcd::start();
+    let endpoints = etcd.endpoint();
+    registry_contract::concurrent_creators_never_both_win(move || connect_to(endpoints.clone()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,8 +108,7 @@ async fn flannel_layout_create_if_absent_and_lease_revoked_on_conflict() {
         attrs([192, 168, 64, 3])
     );
 
-    // Config key.
-    assert_eq!(a.get_network_config().await.expect("config"), None);
+    // The config key is flannel's.
     etcdctl(
         &etcd,
         &[
@@ -129,73 +122,6 @@ async fn flannel_layout_create_if_absent_and_lease_revoked_on_conflict() {
         b.get_network_config().await.expect("config").as_deref(),
         Some(r#"{"Network":"10.244.0.0/16"}"#)
     );
-
-    // A reservation has no lease and no expiration.
-    let r = subnet(7);
-    assert_eq!(
-        a.create_lease(&r, &attrs([192, 0, 2, 7]), None)
-            .await
-            .expect("reserve"),
-        None
-    );
-    let got = b.get_lease(&r).await.expect("get").expect("present");
-    assert_eq!(got.expiration, None);
-    a.delete_lease(&r).await.expect("delete");
-    a.delete_lease(&r)
-        .await
-        .expect("delete of a missing key succeeds");
-    assert!(a.get_lease(&r).await.expect("get").is_none());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn renewal_extends_the_etcd_lease() {
-    require_etcd!();
-    let etcd = Etcd::start();
-    let s = connect(&etcd).await;
-    let (short, renewed) = (subnet(1), subnet(2));
-    s.create_lease(&short, &attrs([192, 0, 2, 1]), Some(Duration::from_secs(2)))
-        .await
-        .expect("create");
-    let e1 = s
-        .create_lease(
-            &renewed,
-            &attrs([192, 0, 2, 2]),
-            Some(Duration::from_secs(2)),
-        )
-        .await
-        .expect("create");
-    let e2 = s
-        .update_lease(
-            &renewed,
-            &attrs([192, 0, 2, 2]),
-            Some(Duration::from_secs(60)),
-        )
-        .await
-        .expect("renew");
-    assert!(e2.expect("e2") > e1.expect("e1") + Duration::from_secs(50));
-    let listed = s.list_leases().await.expect("list");
-    let l = listed.iter().find(|l| l.key() == renewed).expect("listed");
-    assert!(
-        l.expiration.expect("ttl") > SystemTime::now() + Duration::from_secs(50),
-        "TTL read back from etcd"
-    );
-    // The cheap listing has the same leases, without expirations.
-    let cheap = s.list_subnets().await.expect("list subnets");
-    assert_eq!(keys(&cheap), keys(&listed));
-    assert!(cheap.iter().all(|c| c.expiration.is_none()));
-    let same = |a: &Lease, b: &Lease| a.key() == b.key() && a.attrs == b.attrs;
-    assert!(cheap.iter().all(|c| listed.iter().any(|l| same(c, l))));
-    // etcd expires the short one; the renewed one stays.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let mut left = Vec::new();
-    for _ in 0..50 {
-        left = keys(&s.list_leases().await.expect("list"));
-        if left.len() == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert_eq!(left, vec![renewed]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

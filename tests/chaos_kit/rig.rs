@@ -19,10 +19,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use weft_control::demo::cluster::{Cluster, ClusterSpec, ClusterStore};
+use weft_tests::cluster::{Cluster, ClusterStore, net_conf_below_64, spec};
 use weft_tests::etcd::Etcd;
 
-use crate::fault_kit::{self, TcpProxy};
+use weft_tests::proxy::{TcpProxy, ns_proxy};
 
 /// Where weftd inside a node namespace finds etcd.
 const ETCD_IN_NS: &str = "http://127.0.0.1:2379";
@@ -101,10 +101,6 @@ pub struct Rig {
     pub clusters: Vec<ChaosCluster>,
 }
 
-fn args(v: &[&str]) -> Vec<String> {
-    v.iter().map(|s| s.to_string()).collect()
-}
-
 impl Rig {
     /// Builds both clusters, one pod per node; panics (cleaning up) on failure.
     pub fn start() -> Rig {
@@ -130,24 +126,6 @@ impl Rig {
     }
 }
 
-fn spec(
-    tag: &str,
-    backend: &str,
-    work: &Path,
-    store: ClusterStore,
-    common: &[&str],
-) -> ClusterSpec {
-    ClusterSpec {
-        prefix: weft_tests::unique(tag),
-        nodes: 0,
-        net_conf: fault_kit::net_conf(backend),
-        weftd_args: args(common),
-        bin_dir: weft_tests::bins::dir(),
-        work: work.to_path_buf(),
-        store,
-    }
-}
-
 /// An etcd-backed cluster: its own etcd, one node per dataplane given.
 struct EtcdSpec {
     name: &'static str,
@@ -162,29 +140,30 @@ fn etcd_cluster(e: EtcdSpec) -> ChaosCluster {
     etcd.etcdctl_ok(&[
         "put",
         "/coreos.com/network/config",
-        &fault_kit::net_conf(e.backend),
+        &net_conf_below_64(e.backend),
     ]);
     let work = tempfile::tempdir().expect("tempdir");
     let common = ["--ip-masq", "--iptables-resync=2", "--engine-workers=1"];
-    let mut s = spec(
+    let nodes = u8::try_from(e.dataplanes.len()).expect("nodes");
+    let s = spec(
         e.tag,
-        e.backend,
-        work.path(),
-        ClusterStore::Etcd(ETCD_IN_NS.into()),
+        &net_conf_below_64(e.backend),
+        nodes,
         &common,
+        work.path(),
     );
-    s.nodes = u8::try_from(e.dataplanes.len()).expect("nodes");
     let node_args = e
         .dataplanes
         .iter()
         .map(|d| vec![format!("--dataplane={d}")])
         .collect();
-    let mut c =
-        Cluster::create(s, node_args).unwrap_or_else(|err| panic!("{} cluster: {err}", e.name));
+    let store = ClusterStore::Etcd(ETCD_IN_NS.into());
+    let mut c = Cluster::create(s, &store, node_args)
+        .unwrap_or_else(|err| panic!("{} cluster: {err}", e.name));
     let proxies = c
         .nodes
         .iter()
-        .map(|n| fault_kit::ns_proxy(&n.ns.path(), 2379, etcd.port()))
+        .map(|n| ns_proxy(&n.ns.path(), 2379, etcd.port()))
         .collect();
     c.start_all()
         .unwrap_or_else(|err| panic!("{} cluster: {err}", e.name));
@@ -214,14 +193,13 @@ fn embedded_cluster() -> ChaosCluster {
         "--engine-workers=1",
         "--traffic-manager=none",
     ];
-    let mut s = spec(
+    let s = spec(
         "cw",
-        "wireguard",
-        work.path(),
-        ClusterStore::Embedded,
+        &net_conf_below_64("wireguard"),
+        2,
         &common,
+        work.path(),
     );
-    s.nodes = 2;
     let c = Cluster::start(s).unwrap_or_else(|e| panic!("embedded cluster: {e}"));
     let mut cc = ChaosCluster {
         c,
@@ -242,13 +220,27 @@ fn embedded_cluster() -> ChaosCluster {
 }
 
 /// A lease as the store holds it: key (`10.244.5.0-24`) and, when it parses,
-/// its public IP.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// its public IP and (vxlan) VTEP MAC.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StoredLease {
     /// The subnet key.
     pub key: String,
     /// `PublicIP`, `None` for a value that is not a lease (garbage).
     pub public_ip: Option<String>,
+    /// `BackendData.VtepMAC` (vxlan leases).
+    pub vtep_mac: Option<String>,
+}
+
+impl StoredLease {
+    /// Reads a lease's JSON value (`None`: not JSON, or no `PublicIP`).
+    fn parse(key: String, v: Option<&serde_json::Value>) -> StoredLease {
+        let s = |f: &serde_json::Value| f.as_str().map(str::to_string);
+        StoredLease {
+            key,
+            public_ip: v.and_then(|v| s(&v["PublicIP"])),
+            vtep_mac: v.and_then(|v| s(&v["BackendData"]["VtepMAC"])),
+        }
+    }
 }
 
 impl ChaosCluster {
@@ -257,6 +249,16 @@ impl ChaosCluster {
     /// table, not the routes, follows the leases.
     pub fn one_route(&self) -> bool {
         self.backend != "vxlan"
+    }
+
+    /// The backend's device: `flannel.1` (vxlan, both paths), `flannel-wg`,
+    /// `flannel0` (udp).
+    pub fn device(&self) -> &'static str {
+        match self.backend {
+            "wireguard" => "flannel-wg",
+            "udp" => "flannel0",
+            _ => "flannel.1",
+        }
     }
 
     fn add_pods(&mut self) {
@@ -291,49 +293,24 @@ impl ChaosCluster {
                             let key = kv.first()?.strip_prefix(SUBNETS)?.to_string();
                             let v: Option<serde_json::Value> =
                                 kv.get(1).and_then(|v| serde_json::from_str(v).ok());
-                            let public_ip =
-                                v.and_then(|v| v["PublicIP"].as_str().map(str::to_string));
-                            Some(StoredLease { key, public_ip })
+                            Some(StoredLease::parse(key, v.as_ref()))
                         })
                         .collect(),
                 )
             }
             StoreKind::Embedded => {
-                let out = self.weft_leases(&["--json"]).ok()?;
+                let out = self.c.weft_leases(&["--json"]).ok()?;
                 let v: serde_json::Value = serde_json::from_str(&out).ok()?;
                 Some(
                     v.as_array()?
                         .iter()
                         .filter_map(|l| {
-                            Some(StoredLease {
-                                key: l["key"].as_str()?.to_string(),
-                                public_ip: l["value"]["PublicIP"].as_str().map(str::to_string),
-                            })
+                            let key = l["key"].as_str()?.to_string();
+                            Some(StoredLease::parse(key, Some(&l["value"])))
                         })
                         .collect(),
                 )
             }
-        }
-    }
-
-    /// Runs `weft leases <args> --store-path=<store>`; stdout or the error text.
-    pub fn weft_leases(&self, a: &[&str]) -> Result<String, String> {
-        let store = format!("--store-path={}", self.c.work().join("store").display());
-        let out = Command::new(weft_tests::bins::path("weft"))
-            .arg("leases")
-            .args(a)
-            .arg(store)
-            // `put` checks the key against the network (issue 29).
-            .arg(format!(
-                "--net-config-path={}",
-                self.c.work().join("net-conf.json").display()
-            ))
-            .output()
-            .map_err(|e| format!("spawn weft: {e}"))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
         }
     }
 
@@ -355,6 +332,7 @@ impl ChaosCluster {
                     .ok_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned())
             }
             _ => self
+                .c
                 .weft_leases(&["put", key, value, "--ttl=0"])
                 .map(|_| ()),
         }
@@ -371,7 +349,7 @@ impl ChaosCluster {
                     .then_some(())
                     .ok_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned())
             }
-            _ => self.weft_leases(&["rm", key]).map(|_| ()),
+            _ => self.c.weft_leases(&["rm", key]).map(|_| ()),
         }
     }
 

@@ -31,6 +31,9 @@ pub struct Config {
     pub mean_gap: f64,
     /// The bounds judged.
     pub bounds: Bounds,
+    /// Inject every kind this machine can at least once (kinds not drawn
+    /// yet go first); a kind never injected is then a violation.
+    pub cover: bool,
 }
 
 /// What a run found.
@@ -120,7 +123,7 @@ pub fn run(cfg: Config) -> Outcome {
             })
         })
         .collect();
-    let mut sched = Scheduler::new(cfg.seed, cfg.mean_gap);
+    let mut sched = Scheduler::new(cfg.seed, cfg.mean_gap, cfg.cover);
     for (k, why) in &sched.skipped {
         eprintln!("chaos: fault kind {k} skipped: {why}");
     }
@@ -185,6 +188,11 @@ pub fn run(cfg: Config) -> Outcome {
         from,
     };
     let (mut violations, mut report) = verdict::judge(&r, cfg.bounds);
+    if cfg.cover {
+        for k in sched.uncovered() {
+            violations.push(format!("fault kind {k} was never injected"));
+        }
+    }
     violations.append(&mut sched.violations);
     violations.append(&mut sampler.violations);
     for (ci, kind, t) in sampler.unconverged() {

@@ -9,9 +9,11 @@
 //!   /24s equal the store's parsable leases minus its own (phantoms changed
 //!   in the last [`CHURN_GRACE`] s are left out of both sides; on WireGuard
 //!   and udp, whose one route covers the network, the userspace engine's
-//!   peer table instead, and that one route must exist); on the iptables
-//!   clusters also flannel's chains non-empty and, on kernel vxlan nodes, an
-//!   fdb entry for every remote lease. After each fault the time to the
+//!   peer table instead, and that one route must exist, into the backend's
+//!   device), each with the right gateway and device; a kernel vxlan node
+//!   has for every remote lease the neighbour and fdb entry of its VTEP MAC,
+//!   a userspace one engine peers sending to its public IP on the right
+//!   device; on the iptables clusters flannel's chains are non-empty. After each fault the time to the
 //!   first converged tick is recorded; a cluster that stays unconverged
 //!   [`CONVERGE_BOUND`] s after its last fault ended is a violation;
 //! - subnets: no two nodes of a cluster hold the same subnet, and a node's
@@ -23,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::faults::Scheduler;
 use super::now;
 use super::rig::{ChaosCluster, Rig, StoredLease};
-use crate::fault_kit::NETWORK;
+use weft_tests::cluster::NETWORK;
 
 /// Phantom leases changed this recently are not judged.
 pub const CHURN_GRACE: f64 = 8.0;
@@ -42,6 +44,8 @@ pub struct Res {
     pub fds: u64,
     /// Threads.
     pub threads: u64,
+    /// The dataplane it ran (a live switch changes its fds and threads).
+    pub dataplane: &'static str,
 }
 
 /// What the sampler accumulates.
@@ -215,6 +219,7 @@ impl Sampler {
                 rss_kib,
                 fds,
                 threads: field("Threads:"),
+                dataplane: cc.dataplane[ni],
             });
         }
     }
@@ -258,16 +263,31 @@ pub fn shared_subnets(held: &[(usize, String)]) -> Vec<(usize, usize, String)> {
     out
 }
 
+/// One peer of a userspace engine, as `weft status` shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnginePeer {
+    /// The peer's subnet (`10.244.5.0/24`).
+    pub subnet: String,
+    /// The endpoint the engine sends to (the lease's `PublicIP`).
+    pub public_ip: String,
+    /// The engine device carrying it.
+    pub device: String,
+}
+
 /// What the sampler read on one node, judged by [`node_problems`].
 #[derive(Debug, Default)]
 pub struct NodeView {
     /// The node's own subnet (`10.244.5.0/24`).
     pub own: String,
-    /// Its underlay address.
-    pub addr: String,
-    /// The subnets it forwards to: its /24 routes (vxlan), or the engine's
-    /// peer table (one-route backends: WireGuard, udp).
-    pub have: Vec<String>,
+    /// The backend's device (`flannel.1`, `flannel-wg`, `flannel0`).
+    pub dev: String,
+    /// Whether it runs the kernel dataplane.
+    pub kernel: bool,
+    /// vxlan: its /24 routes into the pod network (`ip route show` lines,
+    /// the pod bridge's left out); one-route backends: empty.
+    pub routes: Vec<String>,
+    /// The userspace engine's peers (`None` on the kernel dataplane).
+    pub engine: Option<Vec<EnginePeer>>,
     /// One-route backends: `ip route show exact <network>`, else `None`.
     pub net_route: Option<String>,
     /// iptables clusters: whether flannel's POSTROUTING and FORWARD chains
@@ -275,10 +295,25 @@ pub struct NodeView {
     pub chains: Option<bool>,
     /// Kernel vxlan nodes: `bridge fdb show dev flannel.1`, else `None`.
     pub fdb: Option<String>,
+    /// Kernel vxlan nodes: `ip neigh show dev flannel.1`, else `None`.
+    pub neigh: Option<String>,
+}
+
+/// The subnet's first address (`10.244.5.0/24` → `10.244.5.0`), flannel's
+/// vxlan gateway.
+fn net_ip(subnet: &str) -> &str {
+    subnet.split('/').next().unwrap_or(subnet)
 }
 
 /// Why one node does not match the store's `leases` (`fresh`: phantom keys
-/// changed too recently to judge). Empty when it matches.
+/// changed too recently to judge). Empty when it matches. Judged: which
+/// subnets it forwards to (routes on vxlan, the engine's peers on one-route
+/// backends), and for each remote lease how: the route's gateway and device
+/// (kernel vxlan: `via <subnet IP> dev flannel.1 onlink`; userspace vxlan:
+/// `dev flannel.1 scope link`), the kernel's neighbour (the lease's VTEP MAC)
+/// and fdb entry (that MAC to its public IP), or the engine peer's endpoint
+/// and device (the engine's VTEP MACs are not in `weft status`); the one
+/// network route and its device; flannel's chains.
 pub fn node_problems(
     ni: usize,
     v: &NodeView,
@@ -286,17 +321,21 @@ pub fn node_problems(
     fresh: &dyn Fn(&str) -> bool,
 ) -> Vec<String> {
     let mut problems = Vec::new();
-    let want: BTreeSet<String> = leases
+    let remote: Vec<(String, &StoredLease)> = leases
         .iter()
         .filter(|l| l.public_ip.is_some() && !fresh(&l.key))
-        .map(|l| l.key.replace('-', "/"))
-        .filter(|k| *k != v.own)
+        .map(|l| (l.key.replace('-', "/"), l))
+        .filter(|(k, _)| *k != v.own)
         .collect();
-    let have: BTreeSet<String> = v
-        .have
-        .iter()
-        .filter(|k| **k != v.own && !fresh(&k.replace('/', "-")))
-        .cloned()
+    let want: BTreeSet<String> = remote.iter().map(|(k, _)| k.clone()).collect();
+    let route_key = |r: &String| r.split_whitespace().next().unwrap_or_default().to_string();
+    let have: BTreeSet<String> = match (&v.net_route, &v.engine) {
+        (Some(_), Some(peers)) => peers.iter().map(|p| p.subnet.clone()).collect(),
+        _ => v.routes.iter().map(route_key).collect(),
+    };
+    let have: BTreeSet<String> = have
+        .into_iter()
+        .filter(|k| *k != v.own && !fresh(&k.replace('/', "-")))
         .collect();
     if want != have {
         let what = if v.net_route.is_some() {
@@ -308,21 +347,70 @@ pub fn node_problems(
         let extra: Vec<_> = have.difference(&want).collect();
         problems.push(format!("n{ni} {what} missing {missing:?} extra {extra:?}"));
     }
-    if let Some(r) = &v.net_route
-        && !r.lines().any(|l| l.starts_with(&format!("{NETWORK} dev ")))
-    {
-        problems.push(format!("n{ni} no route for {NETWORK} into the engine"));
+    if let (None, Some(peers)) = (&v.net_route, &v.engine) {
+        let engine: BTreeSet<String> = peers
+            .iter()
+            .map(|p| p.subnet.clone())
+            .filter(|k| *k != v.own && !fresh(&k.replace('/', "-")))
+            .collect();
+        if engine != want {
+            let missing: Vec<_> = want.difference(&engine).collect();
+            let extra: Vec<_> = engine.difference(&want).collect();
+            problems.push(format!(
+                "n{ni} engine peers missing {missing:?} extra {extra:?}"
+            ));
+        }
+    }
+    for (net, l) in &remote {
+        let ip = l.public_ip.as_deref().unwrap_or_default();
+        if v.net_route.is_none() {
+            let shape = if v.kernel {
+                format!("{net} via {} dev {} onlink", net_ip(net), v.dev)
+            } else {
+                format!("{net} dev {} scope link", v.dev)
+            };
+            if let Some(r) = v.routes.iter().find(|r| route_key(r) == *net)
+                && r.split_whitespace().collect::<Vec<_>>().join(" ") != shape
+            {
+                problems.push(format!("n{ni} route {r:?}, want {shape:?}"));
+            }
+        }
+        if let Some(peers) = &v.engine
+            && let Some(p) = peers.iter().find(|p| p.subnet == *net)
+            && (p.public_ip != ip || p.device != v.dev)
+        {
+            problems.push(format!(
+                "n{ni} engine peer {net} to {} on {}, want {ip} on {}",
+                p.public_ip, p.device, v.dev
+            ));
+        }
+        if let (Some(fdb), Some(mac)) = (&v.fdb, &l.vtep_mac)
+            && !fdb
+                .lines()
+                .any(|e| e.starts_with(&format!("{mac} dst {ip} ")))
+        {
+            problems.push(format!("n{ni} no fdb entry {mac} dst {ip}"));
+        }
+        if let (Some(neigh), Some(mac)) = (&v.neigh, &l.vtep_mac)
+            && !neigh
+                .lines()
+                .any(|e| e.starts_with(&format!("{} lladdr {mac} ", net_ip(net))))
+        {
+            problems.push(format!("n{ni} no neighbour {} lladdr {mac}", net_ip(net)));
+        }
+    }
+    if let Some(r) = &v.net_route {
+        let shape = format!("{NETWORK} dev {} ", v.dev);
+        if !r.lines().any(|l| l.starts_with(&shape)) {
+            problems.push(format!(
+                "n{ni} no route for {NETWORK} into {}: {:?}",
+                v.dev,
+                r.trim()
+            ));
+        }
     }
     if v.chains == Some(false) {
         problems.push(format!("n{ni} iptables chains empty"));
-    }
-    if let Some(fdb) = &v.fdb {
-        for l in leases {
-            let Some(ip) = &l.public_ip else { continue };
-            if *ip != v.addr && !fresh(&l.key) && !fdb.contains(&format!("dst {ip} ")) {
-                problems.push(format!("n{ni} no fdb entry for {ip}"));
-            }
-        }
     }
     problems
 }
@@ -346,14 +434,18 @@ pub fn mismatch(cc: &ChaosCluster, ci: usize, s: &Scheduler) -> Option<String> {
         }
         let ns = &cc.c.nodes[ni].ns;
         let stdout = |a: &[&str]| String::from_utf8_lossy(&ns.try_exec(a).stdout).into_owned();
+        let kernel = cc.dataplane[ni] == "kernel";
+        let dev = cc.device();
         let view = NodeView {
             own: cc.subnet(ni).unwrap_or_default(),
-            addr: cc.c.nodes[ni].addr.clone(),
-            have: if cc.one_route() {
-                engine_peers(cc, ni)
+            dev: dev.to_string(),
+            kernel,
+            routes: if cc.one_route() {
+                Vec::new()
             } else {
                 routes(ns)
             },
+            engine: (!kernel).then(|| engine_peers(cc, ni)),
             net_route: cc
                 .one_route()
                 .then(|| stdout(&["ip", "route", "show", "exact", NETWORK])),
@@ -362,8 +454,8 @@ pub fn mismatch(cc: &ChaosCluster, ci: usize, s: &Scheduler) -> Option<String> {
                     .contains("-A FLANNEL-POSTRTG")
                     && stdout(&["iptables", "-S", "FLANNEL-FWD"]).contains("-A FLANNEL-FWD")
             }),
-            fdb: (cc.dataplane[ni] == "kernel")
-                .then(|| stdout(&["bridge", "fdb", "show", "dev", "flannel.1"])),
+            fdb: kernel.then(|| stdout(&["bridge", "fdb", "show", "dev", dev])),
+            neigh: kernel.then(|| stdout(&["ip", "neigh", "show", "dev", dev])),
         };
         problems.extend(node_problems(ni, &view, &leases, &fresh));
     }
@@ -376,16 +468,19 @@ fn routes(ns: &weft_tests::netns::Netns) -> Vec<String> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| l.starts_with("10.244.") && !l.contains("cni0"))
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|k| k.ends_with("/24"))
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|k| k.ends_with("/24"))
+        })
         .map(str::to_string)
         .collect()
 }
 
-/// The subnets in a one-route node's userspace peer table (`weft status`:
-/// peers with a device; WireGuard, udp). One route covers the whole network
-/// there, so the peer table is what follows the leases.
-fn engine_peers(cc: &ChaosCluster, ni: usize) -> Vec<String> {
+/// A userspace node's engine peers (`weft status`: peers with a device).
+/// On one-route backends (WireGuard, udp) one route covers the network, so
+/// the peer table is what follows the leases.
+fn engine_peers(cc: &ChaosCluster, ni: usize) -> Vec<EnginePeer> {
     let out = std::process::Command::new("timeout")
         .arg("3")
         .arg(weft_tests::bins::path("weft"))
@@ -394,11 +489,18 @@ fn engine_peers(cc: &ChaosCluster, ni: usize) -> Vec<String> {
         .output();
     let Ok(out) = out else { return Vec::new() };
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let s = |f: &serde_json::Value| f.as_str().unwrap_or_default().to_string();
     v["peers"]
         .as_array()
         .into_iter()
         .flatten()
         .filter(|p| !p["device"].is_null())
-        .filter_map(|p| p["subnet"].as_str().map(str::to_string))
+        .filter_map(|p| {
+            Some(EnginePeer {
+                subnet: p["subnet"].as_str()?.to_string(),
+                public_ip: s(&p["public_ip"]),
+                device: s(&p["device"]),
+            })
+        })
         .collect()
 }

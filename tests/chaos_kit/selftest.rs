@@ -66,6 +66,7 @@ fn req(t: f64, ok: bool) -> Req {
         from: 0,
         to: 1,
         t,
+        end: t + if ok { 0.01 } else { 3.0 },
         ok,
         why: (!ok).then_some("connect"),
     }
@@ -139,11 +140,63 @@ fn each_invariant_can_fail() {
             rss_kib: 30_000,
             fds: 20 + u64::try_from(i).unwrap_or(0),
             threads: 8,
+            dataplane: "userspace",
         })
         .collect();
     let res = BTreeMap::from([((0, 0, 42), samples)]);
     let v = judge_with(&rec, &[], &res, "");
     assert!(v.iter().any(|v| v.contains("grew")), "{v:?}");
+    // A step at a live switch (more fds and threads on the engine) is not
+    // growth: each dataplane's stretch is judged alone.
+    let samples: Vec<Res> = (0..300)
+        .map(|i| Res {
+            t: f64::from(i),
+            rss_kib: 30_000,
+            fds: if i < 150 { 15 } else { 21 },
+            threads: if i < 150 { 5 } else { 6 },
+            dataplane: if i < 150 { "kernel" } else { "userspace" },
+        })
+        .collect();
+    let res = BTreeMap::from([((0, 0, 42), samples)]);
+    let v = judge_with(&rec, &[], &res, "");
+    assert!(v.is_empty(), "{v:?}");
+}
+
+#[test]
+fn each_fault_kind_excuses_only_its_own_window() {
+    let kind = |k: &'static str, start: f64, end: f64, nodes: Vec<usize>| FaultRecord {
+        kind: k,
+        ..FaultRecord {
+            scope: Scope { cluster: 0, nodes },
+            ..fault(start, end)
+        }
+    };
+    let failed = |t: f64| Records {
+        reqs: vec![req(t, false)],
+        streams: vec![stream(99.5)],
+        stalls: Vec::new(),
+    };
+    let unexcused = |rec: &Records, faults: &[FaultRecord]| {
+        judge_with(rec, faults, &BTreeMap::new(), "")
+            .iter()
+            .any(|v| v.contains("with no fault touching"))
+    };
+    // A SIGKILL (restart at 14 s) excuses a request that failed while the
+    // node was down, not one that started 3 s after its recovery window.
+    let kill = kind("sigkill", 11.0, 14.0, vec![1]);
+    assert!(!unexcused(&failed(12.0), std::slice::from_ref(&kill)));
+    assert!(unexcused(&failed(19.0), std::slice::from_ref(&kill)));
+    // An etcd outage excuses nothing on its own ...
+    let etcd = kind("etcd-kill", 10.0, 30.0, vec![0, 1]);
+    assert!(unexcused(&failed(20.0), std::slice::from_ref(&etcd)));
+    // ... but a node restarted during it waits for etcd, and is excused
+    // until etcd is back and its own recovery time after that.
+    assert!(!unexcused(&failed(28.0), &[kill.clone(), etcd.clone()]));
+    assert!(unexcused(&failed(36.0), &[kill, etcd]));
+    // A route deleted by hand: restored within a reconcile period.
+    let route = kind("route-del", 40.0, 40.0, vec![1]);
+    assert!(!unexcused(&failed(48.0), std::slice::from_ref(&route)));
+    assert!(unexcused(&failed(55.0), &[route]));
 }
 
 #[test]
@@ -177,10 +230,11 @@ fn two_nodes_on_one_subnet_are_caught() {
 #[test]
 fn a_one_route_node_is_judged_by_its_engine_peers_and_its_network_route() {
     use super::rig::StoredLease;
-    use super::sample::{NodeView, node_problems};
+    use super::sample::{EnginePeer, NodeView, node_problems};
     let lease = |key: &str, ip: Option<&str>| StoredLease {
         key: key.into(),
         public_ip: ip.map(str::to_string),
+        vtep_mac: None,
     };
     let leases = [
         lease("10.244.1.0-24", Some("192.0.2.1")),
@@ -189,20 +243,42 @@ fn a_one_route_node_is_judged_by_its_engine_peers_and_its_network_route() {
         lease("10.244.3.0-24", None), // garbage: not judged
     ];
     let fresh = |k: &str| k == "10.244.70.0-24";
+    let peer = |subnet: &str, ip: &str, dev: &str| EnginePeer {
+        subnet: subnet.into(),
+        public_ip: ip.into(),
+        device: dev.into(),
+    };
     // A udp node (10.244.1.0/24) whose engine has every peer and whose
     // network route goes into flannel0: converged.
     let mut v = NodeView {
         own: "10.244.1.0/24".into(),
-        addr: "192.0.2.1".into(),
-        have: vec!["10.244.2.0/24".into()],
+        dev: "flannel0".into(),
+        engine: Some(vec![peer("10.244.2.0/24", "192.0.2.2", "flannel0")]),
         net_route: Some("10.244.0.0/16 dev flannel0 \n".into()),
         chains: Some(true),
-        fdb: None,
+        ..NodeView::default()
     };
     assert!(node_problems(0, &v, &leases, &fresh).is_empty());
+    // The peer sent to the wrong endpoint, or on the wrong device.
+    v.engine = Some(vec![peer("10.244.2.0/24", "192.0.2.9", "flannel0")]);
+    let p = node_problems(0, &v, &leases, &fresh).join("; ");
+    assert_eq!(
+        p,
+        "n0 engine peer 10.244.2.0/24 to 192.0.2.9 on flannel0, want 192.0.2.2 on flannel0"
+    );
+    v.engine = Some(vec![peer("10.244.2.0/24", "192.0.2.2", "flannel.1")]);
+    assert!(!node_problems(0, &v, &leases, &fresh).is_empty());
+    // The network route into another device.
+    v.engine = Some(vec![peer("10.244.2.0/24", "192.0.2.2", "flannel0")]);
+    v.net_route = Some("10.244.0.0/16 dev eth0 \n".into());
+    let p = node_problems(0, &v, &leases, &fresh).join("; ");
+    assert!(
+        p.contains("no route for 10.244.0.0/16 into flannel0"),
+        "{p}"
+    );
     // The peer missing from the engine, a stale one in it, the route gone,
     // the chains flushed: each is reported.
-    v.have = vec!["10.244.9.0/24".into()];
+    v.engine = Some(vec![peer("10.244.9.0/24", "192.0.2.9", "flannel0")]);
     v.net_route = Some(String::new());
     v.chains = Some(false);
     let p = node_problems(0, &v, &leases, &fresh).join("; ");
@@ -212,14 +288,64 @@ fn a_one_route_node_is_judged_by_its_engine_peers_and_its_network_route() {
     );
     assert!(p.contains("no route for 10.244.0.0/16"), "{p}");
     assert!(p.contains("iptables chains empty"), "{p}");
-    // A kernel vxlan node without an fdb entry for a remote lease.
-    let k = NodeView {
+}
+
+#[test]
+fn a_vxlan_node_is_judged_by_gateway_device_and_vtep_mac() {
+    use super::rig::StoredLease;
+    use super::sample::{EnginePeer, NodeView, node_problems};
+    let leases = [
+        StoredLease {
+            key: "10.244.1.0-24".into(),
+            public_ip: Some("192.0.2.1".into()),
+            vtep_mac: Some("02:00:00:00:00:01".into()),
+        },
+        StoredLease {
+            key: "10.244.2.0-24".into(),
+            public_ip: Some("192.0.2.2".into()),
+            vtep_mac: Some("02:00:00:00:00:02".into()),
+        },
+    ];
+    let fresh = |_: &str| false;
+    // Kernel vxlan: flannel's onlink route, neighbour and fdb entry.
+    let mut k = NodeView {
         own: "10.244.1.0/24".into(),
-        addr: "192.0.2.1".into(),
-        have: vec!["10.244.2.0/24".into()],
-        fdb: Some("aa:bb:cc:dd:ee:ff dst 192.0.2.9 self permanent\n".into()),
+        dev: "flannel.1".into(),
+        kernel: true,
+        routes: vec!["10.244.2.0/24 via 10.244.2.0 dev flannel.1 onlink ".into()],
+        fdb: Some("02:00:00:00:00:02 dst 192.0.2.2 self permanent\n".into()),
+        neigh: Some("10.244.2.0 lladdr 02:00:00:00:00:02 PERMANENT\n".into()),
         ..NodeView::default()
     };
+    assert!(node_problems(1, &k, &leases, &fresh).is_empty());
+    // A wrong gateway, a wrong device, a stale VTEP MAC: each is caught.
+    k.routes = vec!["10.244.2.0/24 via 10.244.9.0 dev flannel.1 onlink".into()];
     let p = node_problems(1, &k, &leases, &fresh).join("; ");
-    assert_eq!(p, "n1 no fdb entry for 192.0.2.2", "{p}");
+    assert!(p.contains("n1 route") && p.contains("want"), "{p}");
+    k.routes = vec!["10.244.2.0/24 via 10.244.2.0 dev eth0 onlink".into()];
+    assert!(!node_problems(1, &k, &leases, &fresh).is_empty());
+    k.routes = vec!["10.244.2.0/24 via 10.244.2.0 dev flannel.1 onlink".into()];
+    k.fdb = Some("02:00:00:00:00:99 dst 192.0.2.2 self permanent\n".into());
+    k.neigh = Some("10.244.2.0 lladdr 02:00:00:00:00:99 PERMANENT\n".into());
+    let p = node_problems(1, &k, &leases, &fresh).join("; ");
+    assert_eq!(
+        p,
+        "n1 no fdb entry 02:00:00:00:00:02 dst 192.0.2.2; n1 no neighbour 10.244.2.0 lladdr 02:00:00:00:00:02"
+    );
+    // Userspace vxlan: a scope-link route into the TUN and an engine peer.
+    let mut u = NodeView {
+        own: "10.244.1.0/24".into(),
+        dev: "flannel.1".into(),
+        routes: vec!["10.244.2.0/24 dev flannel.1 scope link".into()],
+        engine: Some(vec![EnginePeer {
+            subnet: "10.244.2.0/24".into(),
+            public_ip: "192.0.2.2".into(),
+            device: "flannel.1".into(),
+        }]),
+        ..NodeView::default()
+    };
+    assert!(node_problems(0, &u, &leases, &fresh).is_empty());
+    u.engine = Some(Vec::new());
+    let p = node_problems(0, &u, &leases, &fresh).join("; ");
+    assert_eq!(p, r#"n0 engine peers missing ["10.244.2.0/24"] extra []"#);
 }

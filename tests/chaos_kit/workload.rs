@@ -47,6 +47,8 @@ pub struct Req {
     pub to: usize,
     /// When it started.
     pub t: f64,
+    /// When its outcome was known (the echo, or the step that failed).
+    pub end: f64,
     /// Whether the echo came back intact.
     pub ok: bool,
     /// The step that failed (`connect`, `write`, `reply`, `corrupt reply`).
@@ -280,6 +282,7 @@ fn request_loop(
             from,
             to: dst,
             t,
+            end: now(),
             ok: why.is_none(),
             why,
         });

@@ -16,8 +16,8 @@ use std::os::fd::AsRawFd;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use weft_control::demo::cluster::CniMode;
 use weft_control::demo::netns::Netns;
+use weft_tests::cluster::CniMode;
 
 use super::cluster;
 

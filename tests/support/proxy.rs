@@ -158,3 +158,30 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, silent: &AtomicBool) {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
+
+/// Runs `f` on a thread that has entered network namespace `ns` (a path,
+/// `/var/run/netns/<name>`).
+pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    use std::os::fd::AsRawFd;
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let file = std::fs::File::open(ns).unwrap_or_else(|e| panic!("open {ns}: {e}"));
+            // SAFETY: setns on an fd we own, for this thread only; no memory is involved.
+            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns {ns}: {}", std::io::Error::last_os_error());
+            f()
+        })
+        .join()
+        .expect("netns thread panicked")
+    })
+}
+
+/// A [`TcpProxy`] from `127.0.0.1:<port>` inside the namespace at `ns` to a
+/// port on this process's own loopback: lets daemons in node namespaces
+/// reach the test's etcd. Stops on drop.
+pub fn ns_proxy(ns: &str, port: u16, upstream: u16) -> TcpProxy {
+    let listener = in_netns(ns, move || {
+        TcpListener::bind(("127.0.0.1", port)).expect("bind proxy in netns")
+    });
+    TcpProxy::start(listener, upstream)
+}

@@ -44,7 +44,7 @@
 //!   `<kit>/labs.lock`): TCG guests that share two cores with another lab
 //!   time out instead of failing usefully.
 //!
-//! Typical use (see tests/vm_*.rs):
+//! Typical use (tests/vm_*.rs build on [`net`], which does this and more):
 //!
 //! ```no_run
 //! let kit = weft_tests::require_vm!();
@@ -56,9 +56,11 @@
 //! for (n, d) in lab.nodes().iter().zip(&weftds) { n.wait_subnet_env(d, std::time::Duration::from_secs(60)); }
 //! let a = lab.node(0).add_pod("a");
 //! let b = lab.node(1).add_pod("b");
-//! assert!(a.ping_within(&b.ip.to_string(), std::time::Duration::from_secs(20)));
+//! a.must_reach(&b.ip(false));
 //! println!("{}", lab.node(0).ok("ip -d link show flannel.ipip"));
 //! ```
+
+pub mod net;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -308,9 +310,9 @@ pub struct Pod {
     pub node: Node,
     /// Its namespace (`ip netns exec NS`).
     pub ns: String,
-    /// Its IPv4 address.
-    pub ip: Ipv4Addr,
-    /// Its IPv6 address, in a dual-stack network.
+    /// Its IPv4 address (none in an IPv6-only network).
+    pub ip4: Option<Ipv4Addr>,
+    /// Its IPv6 address, in a dual-stack or IPv6-only network.
     pub ip6: Option<Ipv6Addr>,
 }
 
@@ -470,6 +472,34 @@ impl Node {
         }
     }
 
+    /// A kernel-only baseline of this run's emulation speed: how long this
+    /// guest's kernel takes to make a device of `kind` (`vxlan`, `ipip`,
+    /// `wireguard`, ...) with an address and a route and delete it again,
+    /// by hand with `ip` in a scratch namespace, timed inside the guest
+    /// (median of 5). weftd does the same kind of work when it builds or
+    /// restores a path, so tests bound what weftd takes in guests by a fixed
+    /// multiple of this, measured in the same run, never by weftd's own
+    /// report: the software CPU's speed varies 2× between sessions.
+    pub fn kernel_build_time(&self, kind: &str) -> Duration {
+        // A new namespace with the ipip module has its fallback device
+        // (tunl0: any to any), so an ipip link needs its own local address.
+        let add = match kind {
+            "vxlan" => "ip -n w30b link add b0 type vxlan id 9 dstport 0".to_string(),
+            "ipip" => "ip -n w30b link add b0 type ipip local 10.99.0.1".to_string(),
+            kind => format!("ip -n w30b link add b0 type {kind}"),
+        };
+        let out = self.ok(&format!(
+            "ip netns del w30b 2>/dev/null; ip netns add w30b; for i in 1 2 3 4 5; do t0=$(date +%s%N); {add} && \
+             ip -n w30b addr add 10.99.0.1/32 dev b0 && ip -n w30b link set b0 up && \
+             ip -n w30b route add 10.98.0.0/24 dev b0 && ip -n w30b link del b0 || exit 1; \
+             echo $(( ($(date +%s%N) - t0) / 1000 )); done; ip netns del w30b"
+        ));
+        let mut us: Vec<u64> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        us.sort_unstable();
+        assert_eq!(us.len(), 5, "{}: kernel baseline: {out}", self.name());
+        Duration::from_micros(us[2])
+    }
+
     /// Starts `script` in the background as daemon `name` (log = its stdout
     /// and stderr). Use `exec` for the last command so that
     /// [`Daemon::stop`]'s signal reaches the program itself.
@@ -507,7 +537,13 @@ impl Node {
     /// guest: unix sockets (IPAM, status) cannot live on the 9p run dir.
     pub fn start_weftd(&self, args: &[&str]) -> Daemon {
         let bin = crate::bins::path("weftd");
-        let mut cmd = format!("exec {}", quote(&bin.to_string_lossy()));
+        // The dataplane switch at debug level: a switch that retries its
+        // setup (a stall the tests' bounds fail) then says why in the log a
+        // failing test prints.
+        let mut cmd = format!(
+            "RUST_LOG=info,weft_control::backend::dual=debug exec {}",
+            quote(&bin.to_string_lossy())
+        );
         for a in args {
             cmd.push(' ');
             cmd.push_str(&quote(a));
@@ -600,10 +636,14 @@ impl Node {
                 None => {}
             }
         }
+        assert!(
+            ip.is_some() || ip6.is_some(),
+            "CNI ADD {ns}: no address: {out}"
+        );
         Pod {
             node: self.clone(),
             ns,
-            ip: ip.unwrap_or_else(|| panic!("CNI ADD result has no IPv4 address: {out}")),
+            ip4: ip,
             ip6,
         }
     }
@@ -685,6 +725,31 @@ impl Daemon {
 }
 
 impl Pod {
+    /// The pod's address of the family of `v6`; panics if it has none.
+    pub fn ip(&self, v6: bool) -> String {
+        if v6 {
+            self.ip6
+                .unwrap_or_else(|| panic!("pod {} has no IPv6 address", self.ns))
+                .to_string()
+        } else {
+            self.ip4
+                .unwrap_or_else(|| panic!("pod {} has no IPv4 address", self.ns))
+                .to_string()
+        }
+    }
+
+    /// Asserts that `dst` answers a ping within 30 s; returns how long it took.
+    #[track_caller]
+    pub fn must_reach(&self, dst: &str) -> Duration {
+        let t = Instant::now();
+        assert!(
+            self.ping_within(dst, Duration::from_secs(30)),
+            "pod {} cannot reach {dst} within 30 s",
+            self.ns
+        );
+        t.elapsed()
+    }
+
     /// Runs `script` inside the pod's namespace (see [`Node::sh`]).
     pub fn sh(&self, script: &str) -> Output {
         self.node.sh(&format!(
@@ -1240,7 +1305,8 @@ fn read_lossy(p: &Path) -> String {
         .unwrap_or_default()
 }
 
-fn tail(s: &str, n: usize) -> String {
+/// The last `n` lines of `s`.
+pub fn tail(s: &str, n: usize) -> String {
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }

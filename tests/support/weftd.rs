@@ -128,3 +128,39 @@ pub fn read_env(path: &Path) -> Option<BTreeMap<String, String>> {
             .collect(),
     )
 }
+
+/// The status of the weftd whose subnet file is `subnet_file` (its status
+/// socket, as `weft status --json` reads it); panics if it does not answer
+/// within 5 s.
+#[track_caller]
+pub fn status(subnet_file: &Path) -> weft_control::status::model::Status {
+    use weft_control::status::server::{query, socket_path};
+    query(&socket_path(subnet_file), Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("weft status of {}: {e}", subnet_file.display()))
+}
+
+/// Asserts that the weftd of `subnet_file` runs `backend` on `dataplane`
+/// (`kernel` or `userspace`), as `weft status` reports it: a test that names
+/// a path must be running it, whatever the kernel offers.
+#[track_caller]
+pub fn assert_dataplane(subnet_file: &Path, backend: &str, dataplane: &str) {
+    let st = status(subnet_file);
+    assert_eq!(
+        (st.backend.name.as_str(), st.backend.dataplane.as_str()),
+        (backend, dataplane),
+        "{}: {:?}",
+        subnet_file.display(),
+        st.backend
+    );
+    let kind = if dataplane == "userspace" {
+        "engine"
+    } else {
+        "kernel"
+    };
+    assert!(
+        !st.backend.devices.is_empty() && st.backend.devices.iter().all(|d| d.kind == kind),
+        "{}: {dataplane} should run on {kind} devices: {:?}",
+        subnet_file.display(),
+        st.backend.devices
+    );
+}

@@ -4,10 +4,14 @@
 //! Topology (all inside namespaces named `<prefix>-*`, nothing on the host):
 //! an underlay namespace with bridge `br0`; per node a namespace with `eth0`
 //! on that bridge (`192.0.2.<i>/24`, a documentation range) running one
-//! `weftd` on a shared embedded store (or on etcd, see [`ClusterStore`]);
+//! `weftd` with the spec's arguments (the demo's: a shared embedded store);
 //! per pod a namespace wired to its node by weft's CNI plugin (`flannel`,
 //! delegating to the real bridge and host-local plugins), exactly as a
 //! kubelet would.
+//!
+//! This is what `weft demo` needs and nothing more: the integration tests
+//! build their cluster (other stores, per-node arguments, routed pods, pod
+//! deletion, restarts) on these pieces in `tests/support/cluster.rs`.
 //!
 //! Dropping the cluster stops the daemons and deletes every namespace.
 
@@ -27,37 +31,26 @@ pub struct ClusterSpec {
     pub prefix: String,
     /// Number of nodes.
     pub nodes: u8,
-    /// The network config (net-conf.json text).
+    /// The network config (net-conf.json text, written to the work dir and
+    /// given as `--net-config-path`).
     pub net_conf: String,
-    /// Extra weftd arguments for every node.
+    /// weftd arguments for every node, the lease store's included (see
+    /// [`ClusterSpec::embedded_store`]).
     pub weftd_args: Vec<String>,
     /// Directory with `weftd` and `flannel` (the CNI plugin).
     pub bin_dir: PathBuf,
     /// Working directory (store, logs, subnet.env files, CNI state).
     pub work: PathBuf,
-    /// Where the nodes keep their leases.
-    pub store: ClusterStore,
 }
 
-/// The lease store the nodes of a [`Cluster`] share.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum ClusterStore {
-    /// The embedded store in `<work>/store`, with net-conf.json from the work dir.
-    #[default]
-    Embedded,
-    /// etcd at these endpoints (`--etcd-endpoints`, as seen from inside each
-    /// node's namespace); the network config must already be in etcd.
-    Etcd(String),
-}
-
-/// How the CNI plugin attaches a node's pods (see [`Cluster::set_cni_mode`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum CniMode {
-    /// flannel's delegation to bridge + host-local (`cni0`).
-    #[default]
-    Bridge,
-    /// weft's routed datapath: /32 per pod, addresses from weftd's IPAM API.
-    Routed,
+impl ClusterSpec {
+    /// The arguments of an embedded store in `<work>/store` shared by the nodes.
+    pub fn embedded_store(work: &Path) -> Vec<String> {
+        vec![
+            "--store=embedded".into(),
+            format!("--store-path={}", work.join("store").display()),
+        ]
+    }
 }
 
 /// A running node.
@@ -82,8 +75,10 @@ pub struct Pod {
     pub ip: String,
     /// Index of its node in [`Cluster::nodes`].
     pub node: usize,
-    id: String,
-    mode: CniMode,
+    /// Its container ID (`CNI_CONTAINERID`).
+    pub id: String,
+    /// The CNI config it was added with.
+    pub conf: String,
 }
 
 /// Errors building the cluster.
@@ -110,9 +105,6 @@ pub struct Cluster {
     /// The pods created so far.
     pub pods: Vec<Pod>,
     spec: ClusterSpec,
-    cni_modes: Vec<CniMode>,
-    /// Extra weftd arguments per node (after the spec's), see [`Cluster::start_with_node_args`].
-    node_args: Vec<Vec<String>>,
     // Dropped last: the underlay outlives the nodes' veths.
     _underlay: Underlay,
 }
@@ -121,16 +113,7 @@ impl Cluster {
     /// Builds the underlay and the nodes and starts a weftd on each; waits
     /// until every node has written its subnet.env.
     pub fn start(spec: ClusterSpec) -> Result<Cluster, ClusterError> {
-        Cluster::start_with_node_args(spec, Vec::new())
-    }
-
-    /// [`Cluster::start`] with extra weftd arguments for node `i` in
-    /// `node_args[i]` (e.g. a per-node `--dataplane`).
-    pub fn start_with_node_args(
-        spec: ClusterSpec,
-        node_args: Vec<Vec<String>>,
-    ) -> Result<Cluster, ClusterError> {
-        let mut c = Cluster::create(spec, node_args)?;
+        let mut c = Cluster::create(spec)?;
         c.start_all()?;
         Ok(c)
     }
@@ -138,7 +121,7 @@ impl Cluster {
     /// Builds the underlay and the nodes without starting any weftd (for
     /// callers that need something inside the node namespaces first, e.g. a
     /// proxy to etcd); then [`Cluster::start_all`] or [`Cluster::start_weftd`].
-    pub fn create(spec: ClusterSpec, node_args: Vec<Vec<String>>) -> Result<Cluster, ClusterError> {
+    pub fn create(spec: ClusterSpec) -> Result<Cluster, ClusterError> {
         std::fs::create_dir_all(&spec.work).map_err(io("create work dir"))?;
         let conf = spec.work.join("net-conf.json");
         std::fs::write(&conf, &spec.net_conf).map_err(io("write net-conf.json"))?;
@@ -169,13 +152,10 @@ impl Cluster {
                 dir,
             });
         }
-        let cni_modes = vec![CniMode::Bridge; nodes.len()];
         Ok(Cluster {
             nodes,
             pods: Vec::new(),
             spec,
-            cni_modes,
-            node_args,
             _underlay: underlay,
         })
     }
@@ -193,20 +173,17 @@ impl Cluster {
 
     /// Starts (or restarts) node `i`'s weftd.
     pub fn start_weftd(&mut self, i: usize) -> Result<(), ClusterError> {
+        self.start_weftd_with(i, &[])
+    }
+
+    /// Starts (or restarts) node `i`'s weftd with `extra` arguments after
+    /// the spec's.
+    pub fn start_weftd_with(&mut self, i: usize, extra: &[String]) -> Result<(), ClusterError> {
         let n = &self.nodes[i];
         let log = std::fs::File::create(n.dir.join("weftd.log")).map_err(io("create weftd.log"))?;
         let log2 = log.try_clone().map_err(io("dup log"))?;
         let mut cmd =
             n.ns.command(&self.spec.bin_dir.join("weftd").to_string_lossy());
-        match &self.spec.store {
-            ClusterStore::Embedded => cmd.arg("--store=embedded").arg(format!(
-                "--store-path={}",
-                self.spec.work.join("store").display()
-            )),
-            ClusterStore::Etcd(endpoints) => cmd
-                .arg("--store=etcd")
-                .arg(format!("--etcd-endpoints={endpoints}")),
-        };
         cmd.arg(format!(
             "--net-config-path={}",
             self.spec.work.join("net-conf.json").display()
@@ -216,7 +193,7 @@ impl Cluster {
             n.dir.join("subnet.env").display()
         ))
         .args(&self.spec.weftd_args)
-        .args(self.node_args.get(i).into_iter().flatten())
+        .args(extra)
         // Each node keeps its own WireGuard key (the default /run/flannel/wgkey is host-wide).
         .env("WIREGUARD_KEY_FILE", n.dir.join("wgkey"))
         .stdin(Stdio::null())
@@ -285,18 +262,23 @@ impl Cluster {
         &self.spec.work
     }
 
-    /// Makes node `i`'s CNI plugin attach pods added from now on in `mode`
-    /// (every node starts in bridge mode). Each pod keeps the mode it was added with.
-    pub fn set_cni_mode(&mut self, i: usize, mode: CniMode) {
-        self.cni_modes[i] = mode;
+    /// Creates pod `name` on node `i` through the CNI plugin (bridge + host-local
+    /// via the delegate); returns its index.
+    pub fn add_pod(&mut self, i: usize, name: &str) -> Result<usize, ClusterError> {
+        let conf = self.cni_conf(i);
+        self.add_pod_with(i, name, conf)
     }
 
-    /// Creates pod `name` on node `i` through the CNI plugin; returns its index.
-    pub fn add_pod(&mut self, i: usize, name: &str) -> Result<usize, ClusterError> {
+    /// [`Cluster::add_pod`] with the CNI config `conf`.
+    pub fn add_pod_with(
+        &mut self,
+        i: usize,
+        name: &str,
+        conf: String,
+    ) -> Result<usize, ClusterError> {
         let ns = Netns::new(&format!("{}-{name}", self.spec.prefix));
         let id = format!("{}{name}", self.spec.prefix);
-        let mode = self.cni_modes[i];
-        let out = self.cni(i, "ADD", &id, &ns.path(), mode)?;
+        let out = self.cni(i, "ADD", &id, &ns.path(), &conf)?;
         let v: serde_json::Value = serde_json::from_str(&out)
             .map_err(|e| ClusterError::Step(format!("CNI ADD returned no JSON ({e}): {out}")))?;
         let ip = v["ips"][0]["address"]
@@ -309,31 +291,16 @@ impl Cluster {
             ip,
             node: i,
             id,
-            mode,
+            conf,
         });
         Ok(self.pods.len() - 1)
     }
 
-    /// Removes pod `p` through the CNI plugin (DEL) and deletes its namespace.
-    pub fn del_pod(&mut self, p: usize) -> Result<(), ClusterError> {
-        let mode = self.pods[p].mode;
-        self.del_pod_in(p, mode)
-    }
-
-    /// [`Cluster::del_pod`] with the plugin configured in `mode` (a node
-    /// moved between bridge and routed since the pod was added).
-    pub fn del_pod_in(&mut self, p: usize, mode: CniMode) -> Result<(), ClusterError> {
-        let pod = self.pods.remove(p);
-        let path = pod.ns.path();
-        self.cni(pod.node, "DEL", &pod.id, &path, mode).map(|_| ())
-    }
-
-    /// The flannel CNI config of node `i` (bridge `cni0` via the delegate,
-    /// host-local state kept in the node's directory; in routed mode the
-    /// plugin finds weftd's IPAM socket next to the node's subnet.env).
-    pub fn cni_conf(&self, i: usize, mode: CniMode) -> String {
+    /// The flannel CNI config of node `i`: bridge `cni0` via the delegate,
+    /// host-local state kept in the node's directory.
+    pub fn cni_conf(&self, i: usize) -> String {
         let d = &self.nodes[i].dir;
-        let mut conf = serde_json::json!({
+        serde_json::json!({
             "cniVersion": "1.0.0",
             "name": "cbr0",
             "type": "flannel",
@@ -341,20 +308,19 @@ impl Cluster {
             "dataDir": d.join("cni-flannel"),
             "ipam": { "dataDir": d.join("cni-ipam") },
             "delegate": { "hairpinMode": true, "isDefaultGateway": true }
-        });
-        if mode == CniMode::Routed {
-            conf["mode"] = "routed".into();
-        }
-        conf.to_string()
+        })
+        .to_string()
     }
 
-    fn cni(
+    /// Runs the CNI plugin (`verb`: ADD, DEL, ...) on node `i` with `conf`
+    /// on stdin; its stdout, or its output as the error when it fails.
+    pub fn cni(
         &self,
         i: usize,
         verb: &str,
         id: &str,
         netns: &str,
-        mode: CniMode,
+        conf: &str,
     ) -> Result<String, ClusterError> {
         use std::io::Write;
         let node = &self.nodes[i];
@@ -377,7 +343,7 @@ impl Cluster {
             .map_err(io("run the CNI plugin"))?;
         if let Some(mut stdin) = child.stdin.take() {
             stdin
-                .write_all(self.cni_conf(i, mode).as_bytes())
+                .write_all(conf.as_bytes())
                 .map_err(io("write CNI config"))?;
         }
         let out = child

@@ -92,14 +92,15 @@ fn demo(
         "==> starting {} nodes (namespaces {prefix}-n1..), one weftd each, on the embedded store",
         opts.nodes
     );
+    let mut weftd_args = ClusterSpec::embedded_store(work);
+    weftd_args.extend(opts.weftd_args.iter().cloned());
     let mut c = Cluster::start(ClusterSpec {
         prefix: prefix.to_string(),
         nodes: opts.nodes,
         net_conf,
-        weftd_args: opts.weftd_args.clone(),
+        weftd_args,
         bin_dir,
         work: work.to_path_buf(),
-        store: Default::default(),
     })?;
     for i in 0..c.nodes.len() {
         let env = c.subnet_env(i).unwrap_or_default();

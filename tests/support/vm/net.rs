@@ -1,25 +1,27 @@
-//! Shared steps of the dataplane guest tests (tests/vm_mixed.rs,
-//! tests/vm_switch.rs, tests/vm_ipv6.rs) on the VM kit (tests/support/vm.rs):
-//! a lab with etcd on node 1 and weftd per node with per-node arguments,
-//! pods that may be IPv4-only, dual-stack or IPv6-only, the raw lease values
-//! in etcd (for byte-for-byte comparisons), `weft status --json`, the links
-//! and routes of a node as iproute2's JSON, a timestamped 10 ms ping stream
-//! with its longest gap, and 1 MiB TCP downloads checked byte for byte.
-
-#![allow(dead_code)]
+//! A weft network in guests, the tier every `tests/vm_*.rs` builds on: a
+//! lab ([`super::Lab`]) with etcd on node 1 and one weftd per node, one pod
+//! per node through weft's CNI plugin, and the checks the guest tests share
+//! (pings, 1 MiB TCP downloads checked byte for byte, full-MTU pings with DF
+//! set, `weft status`, live switches, links and routes as iproute2's JSON,
+//! what a dataplane may leave behind, a timestamped 10 ms ping stream).
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
-use weft_tests::vm::{Daemon, Etcd, Kit, Lab, LabSpec, Node, SUBNET_ENV, quote};
+use super::{Daemon, Etcd, Kit, Lab, LabSpec, Node, Pod, SUBNET_ENV, quote};
+use crate::ping::Gap;
 
 /// The lab, etcd on node 1 and one weftd per node.
 pub struct Net {
+    /// The guests.
     pub lab: Lab,
+    /// etcd on node 1.
     pub etcd: Etcd,
+    /// One weftd per node.
     pub weftd: Vec<Daemon>,
+    /// Each node's subnet.env as written at start.
     pub envs: Vec<BTreeMap<String, String>>,
     /// When the weftds were started.
     pub started: Instant,
@@ -27,12 +29,26 @@ pub struct Net {
     pub ready_after: Duration,
     /// When the test began (before booting).
     pub t0: Instant,
+    /// (since `started`, CNI ADD time) of the last [`Net::pods`].
+    pub pods_after: Mutex<Option<(Duration, Duration)>>,
 }
 
-/// Boots `spec`, puts `conf` into etcd and starts weftd on every node with
-/// `--etcd-endpoints`, `--iface=eth0`, `common` and `per_node[i]`; waits
-/// for every subnet.env.
-pub fn net(kit: &Kit, spec: &LabSpec, conf: &str, common: &[&str], per_node: &[&[&str]]) -> Net {
+/// Boots `spec`, puts `conf` into etcd on node 1 and starts weftd with
+/// `--etcd-endpoints`, `--iface=eth0`, `args` and `node_args[i]` on node
+/// `i`; waits for every subnet.env.
+pub fn net(kit: &Kit, spec: &LabSpec, conf: &str, args: &[&str], node_args: &[&[&str]]) -> Net {
+    net_with(kit, spec, conf, args, node_args, |_| {})
+}
+
+/// [`net`], running `prepare` on the booted lab before etcd and weftd start.
+pub fn net_with(
+    kit: &Kit,
+    spec: &LabSpec,
+    conf: &str,
+    args: &[&str],
+    node_args: &[&[&str]],
+    prepare: impl FnOnce(&Lab),
+) -> Net {
     let t0 = Instant::now();
     let lab = Lab::start(kit, spec);
     // The guests run no udev or systemd, so nothing creates /dev/net/tun
@@ -40,16 +56,17 @@ pub fn net(kit: &Kit, spec: &LabSpec, conf: &str, common: &[&str], per_node: &[&
     for n in lab.nodes() {
         n.ok("modprobe tun && test -c /dev/net/tun");
     }
+    prepare(&lab);
     let etcd = lab.start_etcd(0, conf);
+    let flag = etcd.flag();
     let started = Instant::now();
     let weftd: Vec<Daemon> = lab
         .nodes()
         .iter()
         .map(|n| {
-            let flag = etcd.flag();
             let mut a = vec![flag.as_str(), "--iface=eth0"];
-            a.extend_from_slice(common);
-            a.extend_from_slice(per_node.get(n.index()).copied().unwrap_or_default());
+            a.extend_from_slice(args);
+            a.extend_from_slice(node_args.get(n.index()).copied().unwrap_or_default());
             n.start_weftd(&a)
         })
         .collect();
@@ -67,10 +84,12 @@ pub fn net(kit: &Kit, spec: &LabSpec, conf: &str, common: &[&str], per_node: &[&
         envs,
         started,
         t0,
+        pods_after: Mutex::new(None),
     }
 }
 
 impl Net {
+    /// Node `i`.
     pub fn node(&self, i: usize) -> &Node {
         self.lab.node(i)
     }
@@ -123,17 +142,32 @@ impl Net {
             .clone()
     }
 
+    /// `FLANNEL_MTU` of node `i`.
+    pub fn mtu(&self, i: usize) -> u32 {
+        self.env(i, "FLANNEL_MTU").parse().expect("FLANNEL_MTU")
+    }
+
     /// One pod per node (`p<i>`), attached on all nodes at once.
-    pub fn pods(&self) -> Vec<P> {
-        std::thread::scope(|s| {
+    pub fn pods(&self) -> Vec<Pod> {
+        let t = Instant::now();
+        let pods = std::thread::scope(|s| {
             let hs: Vec<_> = self
                 .lab
                 .nodes()
                 .iter()
-                .map(|n| s.spawn(move || add_pod(n, &format!("p{}", n.index() + 1))))
+                .map(|n| s.spawn(move || n.add_pod(&format!("p{}", n.index() + 1))))
                 .collect();
             hs.into_iter().map(|h| h.join().expect("add_pod")).collect()
-        })
+        });
+        *self.pods_after.lock().expect("lock") = Some((self.started.elapsed(), t.elapsed()));
+        pods
+    }
+
+    /// Waits for the first reply from `b` to `a`'s pings (v4); returns the
+    /// time since the weftds started.
+    pub fn first_packet(&self, a: &Pod, b: &Pod) -> Duration {
+        a.must_reach(&b.ip(false));
+        self.started.elapsed()
     }
 
     /// Every weftd log, for failure messages.
@@ -143,11 +177,26 @@ impl Net {
             .map(|d| format!("==== {} weftd:\n{}\n", d.node().name(), d.log()))
             .collect()
     }
+
+    /// Prints the figures of one test: ready and first-packet times, wall time.
+    pub fn report(&self, what: &str, first_packet: Duration) {
+        let pods = self.pods_after.lock().expect("lock").unwrap_or_default();
+        println!(
+            "figures {what}: boot {:.1?}, from weftd start: all subnet.env {:.1?}, pods attached {:.1?} (CNI ADD {:.1?}), first pod packet across nodes {:.1?}; test wall time {:.1?} (plus {:.1?} waiting for another lab)",
+            self.lab.boot_time(),
+            self.ready_after,
+            pods.0,
+            pods.1,
+            first_packet,
+            self.t0.elapsed().saturating_sub(self.lab.lock_wait()),
+            self.lab.lock_wait()
+        );
+    }
 }
 
 /// `weft status --json` on `n`.
 pub fn status(n: &Node) -> serde_json::Value {
-    let weft = weft_tests::bins::path("weft");
+    let weft = crate::bins::path("weft");
     let out = n.ok(&format!(
         "{} status --json --subnet-file {SUBNET_ENV}",
         quote(&weft.to_string_lossy())
@@ -158,7 +207,7 @@ pub fn status(n: &Node) -> serde_json::Value {
 /// `weft dataplane set <to>` on `n`; returns how long the command took
 /// (it returns once weftd reports the new dataplane).
 pub fn switch(n: &Node, to: &str) -> Duration {
-    let weft = weft_tests::bins::path("weft");
+    let weft = crate::bins::path("weft");
     let t = Instant::now();
     let out = n.sh(&format!(
         "{} dataplane set {to} --timeout 90 --subnet-file {SUBNET_ENV}",
@@ -173,106 +222,33 @@ pub fn switch(n: &Node, to: &str) -> Duration {
     took
 }
 
-/// A pod: a namespace attached by weft's CNI plugin, with whichever
-/// families its node's subnet.env gives.
-#[derive(Debug, Clone)]
-pub struct P {
-    pub node: Node,
-    pub ns: String,
-    pub ip4: Option<Ipv4Addr>,
-    pub ip6: Option<Ipv6Addr>,
-}
-
-/// Creates pod `name` on `n` through weft's CNI plugin (`CNI_COMMAND=ADD`,
-/// delegating to bridge + host-local), as a kubelet would.
-pub fn add_pod(n: &Node, name: &str) -> P {
-    let ns = format!("{}-{name}", n.name());
-    let bins = weft_tests::bins::dir();
-    let script = format!(
-        "set -e\nip netns add {ns}\nip -n {ns} link set lo up\nprintf '%s' {conf} | CNI_COMMAND=ADD CNI_CONTAINERID={ns} CNI_NETNS=/run/netns/{ns} CNI_IFNAME=eth0 CNI_PATH={path} {plugin}\n",
-        conf = quote(&n.cni_conf()),
-        path = quote(&format!(
-            "{}:{}",
-            bins.display(),
-            weft_tests::vm::CNI_PLUGIN_DIR
-        )),
-        plugin = quote(&bins.join("flannel").to_string_lossy()),
-    );
-    let out = n.sh(&script);
-    assert!(out.success(), "{}: CNI ADD {ns}: {out}", n.name());
-    let v: serde_json::Value = serde_json::from_str(&out.stdout)
-        .unwrap_or_else(|e| panic!("CNI ADD {ns} returned no JSON ({e}): {out}"));
-    let (mut ip4, mut ip6) = (None, None);
-    for a in v["ips"].as_array().into_iter().flatten() {
-        match a["address"]
-            .as_str()
-            .and_then(|s| s.split('/').next())
-            .and_then(|s| s.parse::<IpAddr>().ok())
-        {
-            Some(IpAddr::V4(x)) => ip4 = ip4.or(Some(x)),
-            Some(IpAddr::V6(x)) => ip6 = ip6.or(Some(x)),
-            None => {}
+/// Every pod pings every other (v4 where both have an address, v6 where
+/// both have one).
+pub fn mesh_ping(pods: &[Pod]) {
+    for a in pods {
+        for b in pods {
+            if a.ns == b.ns {
+                continue;
+            }
+            for v6 in [false, true] {
+                let both = if v6 {
+                    a.ip6.is_some() && b.ip6.is_some()
+                } else {
+                    a.ip4.is_some() && b.ip4.is_some()
+                };
+                if both {
+                    a.must_reach(&b.ip(v6));
+                }
+            }
         }
-    }
-    assert!(
-        ip4.is_some() || ip6.is_some(),
-        "CNI ADD {ns}: no address: {out}"
-    );
-    P {
-        node: n.clone(),
-        ns,
-        ip4,
-        ip6,
-    }
-}
-
-impl P {
-    /// Runs `script` in the pod's namespace.
-    pub fn sh(&self, script: &str) -> weft_tests::vm::Output {
-        self.node.sh(&format!(
-            "ip netns exec {} bash -c {}",
-            self.ns,
-            quote(script)
-        ))
-    }
-
-    /// The pod's address of the family of `v6`.
-    pub fn ip(&self, v6: bool) -> String {
-        if v6 {
-            self.ip6.expect("pod has no IPv6 address").to_string()
-        } else {
-            self.ip4.expect("pod has no IPv4 address").to_string()
-        }
-    }
-
-    /// Pings `dst` once a second until a reply or `timeout`.
-    pub fn ping_within(&self, dst: &str, timeout: Duration) -> bool {
-        let n = timeout.as_secs().max(1);
-        self.sh(&format!(
-            "for i in $(seq {n}); do ping -c1 -W1 -n {dst} >/dev/null && exit 0; done; exit 1"
-        ))
-        .success()
-    }
-
-    /// Asserts that `dst` answers within 30 s; returns how long it took.
-    #[track_caller]
-    pub fn must_reach(&self, dst: &str) -> Duration {
-        let t = Instant::now();
-        assert!(
-            self.ping_within(dst, Duration::from_secs(30)),
-            "pod {} cannot reach {dst} within 30 s",
-            self.ns
-        );
-        t.elapsed()
     }
 }
 
 /// A 1 MiB download over TCP by `client` from `server` at `dst` (one of
-/// `server`'s addresses; busybox httpd and wget, as the kit's tests do);
-/// asserts that every byte arrived unchanged (sha256). Returns how long the
-/// download took.
-pub fn tcp(client: &P, server: &P, dst: &str) -> Duration {
-    static PORT: AtomicU16 = AtomicU16::new(8180);
+/// `server`'s addresses; busybox httpd and wget); asserts that every byte
+/// arrived unchanged (sha256). Returns how long the download took.
+pub fn tcp(client: &Pod, server: &Pod, dst: &str) -> Duration {
+    static PORT: AtomicU16 = AtomicU16::new(8080);
     let port = PORT.fetch_add(1, Ordering::Relaxed);
     let bb = Kit::find().expect("kit").busybox().display().to_string();
     let www = format!("/tmp/www-{}-{port}", server.ns);
@@ -307,8 +283,37 @@ pub fn tcp(client: &P, server: &P, dst: &str) -> Duration {
     took
 }
 
+/// A ping of exactly `mtu` bytes with DF set gets through from `a` to `b`
+/// (so nothing on the path is smaller), and one byte more is refused by
+/// `a`'s own interface (so the pod MTU is exactly `mtu`).
+pub fn df_ping(a: &Pod, dst: &str, mtu: u32) {
+    let v6 = dst.contains(':');
+    let hdr = if v6 { 48 } else { 28 };
+    let fits = a.sh(&format!("ping -c1 -W3 -n -M do -s {} {dst}", mtu - hdr));
+    // Retried once: the very first full-size packet may meet a path still
+    // being set up (a WireGuard handshake, an IKE exchange).
+    let fits = if fits.success() {
+        fits
+    } else {
+        a.sh(&format!("ping -c2 -W3 -n -M do -s {} {dst}", mtu - hdr))
+    };
+    assert!(
+        fits.success(),
+        "{}: full-MTU ({mtu}) ping with DF to {dst} failed: {fits}",
+        a.ns
+    );
+    let over = a.sh(&format!("ping -c1 -W2 -n -M do -s {} {dst}", mtu - hdr + 1));
+    let text = format!("{}{}", over.stdout, over.stderr);
+    assert!(
+        !over.success() && (text.contains("message too long") || text.contains("mtu")),
+        "{}: a ping of {} bytes with DF to {dst} was not refused: {over}",
+        a.ns,
+        mtu + 1
+    );
+}
+
 /// The MTU of `dev` on `n`.
-pub fn mtu(n: &Node, dev: &str) -> u32 {
+pub fn dev_mtu(n: &Node, dev: &str) -> u32 {
     let v: serde_json::Value =
         serde_json::from_str(&n.ok(&format!("ip -j link show {dev}"))).expect("ip -j link");
     v[0]["mtu"]
@@ -362,6 +367,14 @@ pub fn routes(n: &Node, v6: bool) -> Vec<String> {
         .collect()
 }
 
+/// Every route of `n` through `dev`.
+pub fn routes_via(n: &Node, v6: bool, dev: &str) -> Vec<String> {
+    routes(n, v6)
+        .into_iter()
+        .filter(|r| r.contains(&format!(" dev {dev}")))
+        .collect()
+}
+
 /// What must hold of a node whatever ran before: no link of a kind weft's
 /// other dataplanes create (other than `keep`), no probe link, no XFRM state
 /// or policy, and only the default policy rules.
@@ -404,50 +417,16 @@ pub fn nothing_else(n: &Node, keep: &[(&str, &str)]) {
     );
 }
 
-/// Every route of `n` through a device named like `prefix` uses the device
-/// `dev` (of the current dataplane); returns those routes.
-#[track_caller]
-pub fn routes_via(n: &Node, v6: bool, dev: &str) -> Vec<String> {
-    routes(n, v6)
-        .into_iter()
-        .filter(|r| r.contains(&format!(" dev {dev}")))
-        .collect()
-}
-
-/// A ping every 10 ms from a pod, each reply timestamped (`ping -D`).
+/// A ping every 10 ms from a pod in a guest, each reply timestamped
+/// (`ping -D`); judged by [`crate::ping::parse`].
 pub struct PingStream {
     d: Daemon,
     dst: String,
 }
 
-/// What a [`PingStream`] saw.
-#[derive(Debug, Clone, Copy)]
-pub struct Gap {
-    /// Echo requests sent.
-    pub sent: u64,
-    /// Replies.
-    pub replies: u64,
-    /// The longest time between two consecutive replies.
-    pub longest: Duration,
-    /// Guest wall-clock time of the reply before the longest gap.
-    pub at: f64,
-}
-
-impl std::fmt::Display for Gap {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "longest gap {} ms, {} of {} pings lost",
-            self.longest.as_millis(),
-            self.sent - self.replies,
-            self.sent
-        )
-    }
-}
-
 impl PingStream {
     /// Starts pinging `dst` from `pod` every 10 ms and waits for 50 replies.
-    pub fn start(pod: &P, dst: &str) -> PingStream {
+    pub fn start(pod: &Pod, dst: &str) -> PingStream {
         let d = pod.node.spawn(
             "ping-stream",
             &format!(
@@ -465,87 +444,21 @@ impl PingStream {
 
     /// Replies so far.
     pub fn replies(&self) -> u64 {
-        self.d
-            .log()
-            .lines()
-            .filter(|l| l.contains("bytes from"))
-            .count() as u64
+        crate::ping::parse(&self.d.log()).replies
     }
 
     /// Waits until `more` replies came after the first `after`.
     #[track_caller]
     pub fn wait_more(&self, after: u64, more: u64, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let n = self.replies();
-            if n >= after + more {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline && self.d.running(),
-                "ping stream to {}: only {} replies after {timeout:?} (wanted {more} after {after}); tail:\n{}",
-                self.dst,
-                n.saturating_sub(after),
-                tail(&self.d.log(), 15)
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        crate::ping::wait_replies(&self.dst, after, more, timeout, || {
+            let log = self.d.log();
+            (crate::ping::parse(&log).replies, self.d.running(), log)
+        });
     }
 
     /// Stops the stream; its longest gap and losses.
     pub fn finish(self) -> Gap {
         self.d.stop(libc::SIGINT, Duration::from_secs(10));
-        let log = self.d.log();
-        gap_of(&log)
-    }
-}
-
-/// Parses `ping -D` output: replies' timestamps and the summary line.
-pub fn gap_of(log: &str) -> Gap {
-    let stamps: Vec<f64> = log
-        .lines()
-        .filter(|l| l.contains("bytes from"))
-        .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
-        .collect();
-    let (mut longest, mut at) = (0.0f64, 0.0);
-    for w in stamps.windows(2) {
-        if w[1] - w[0] > longest {
-            longest = w[1] - w[0];
-            at = w[0];
-        }
-    }
-    let sent = log
-        .lines()
-        .find(|l| l.contains("packets transmitted"))
-        .and_then(|l| l.split_whitespace().next()?.parse().ok())
-        .unwrap_or(stamps.len() as u64);
-    Gap {
-        sent,
-        replies: stamps.len() as u64,
-        longest: Duration::from_secs_f64(longest),
-        at,
-    }
-}
-
-pub fn tail(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn gaps_of_ping_output() {
-        let log = "PING 10.244.1.2 (10.244.1.2) 56(84) bytes of data.\n\
-            [100.000] 64 bytes from 10.244.1.2: icmp_seq=1 ttl=62 time=1 ms\n\
-            [100.010] 64 bytes from 10.244.1.2: icmp_seq=2 ttl=62 time=1 ms\n\
-            [100.530] 64 bytes from 10.244.1.2: icmp_seq=54 ttl=62 time=1 ms\n\
-            [100.540] 64 bytes from 10.244.1.2: icmp_seq=55 ttl=62 time=1 ms\n\
-            \n--- 10.244.1.2 ping statistics ---\n\
-            56 packets transmitted, 4 received, 92.8571% packet loss, time 560ms\n";
-        let g = super::gap_of(log);
-        assert_eq!((g.sent, g.replies), (56, 4));
-        assert_eq!(g.longest.as_millis(), 520);
-        assert!((g.at - 100.010).abs() < 1e-9);
+        crate::ping::parse(&self.d.log())
     }
 }

@@ -226,13 +226,26 @@ impl<E: Encapsulation> Worker<E> {
 
     /// Counts the datagrams `out` that [`crate::path::tx`] wrote for `entry`.
     pub(crate) fn count_tx(&self, entry: &Entry, out: &Datagrams, ctr: &mut Local) {
-        if out.cut {
+        let (count, inner) = (out.count() as u64, out.inner_bytes() as u64);
+        self.count_sent(entry, count, inner, out.cut, ctr);
+    }
+
+    /// Counts `packets` inner packets of `bytes` sent to `entry` (`cut`: a
+    /// super-packet became them).
+    pub(crate) fn count_sent(
+        &self,
+        entry: &Entry,
+        packets: u64,
+        bytes: u64,
+        cut: bool,
+        ctr: &mut Local,
+    ) {
+        if cut {
             ctr.add(Ctr::GsoSuperPackets, 1);
         }
-        let (count, inner) = (out.count() as u64, out.inner_bytes() as u64);
-        entry.counters.add(self.index, true, count, inner);
-        ctr.add(Ctr::TxPackets, count);
-        ctr.add(Ctr::TxBytes, inner);
+        entry.counters.add(self.index, true, packets, bytes);
+        ctr.add(Ctr::TxPackets, packets);
+        ctr.add(Ctr::TxBytes, bytes);
     }
 
     /// Counts the delivery `d` of the packet at `base + d.inner` in `arena`

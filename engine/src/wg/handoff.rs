@@ -20,8 +20,13 @@ const BUFFERS_PER_WORKER: usize = 16;
 pub(crate) enum Kind {
     /// A TUN read (with its vnet header when the TUN has one).
     Tun,
-    /// A received datagram or GRO train with this segment size, from `src`.
-    Udp { src: SocketAddr, stride: usize },
+    /// A received datagram or GRO train with this segment size, from `src`
+    /// (`vouched`: an initiation a gate checked, for this peer id).
+    Udp {
+        src: SocketAddr,
+        stride: usize,
+        vouched: Option<u32>,
+    },
 }
 
 /// One handed-off packet: `buf[..len]`.
@@ -79,6 +84,11 @@ impl Hub {
         ))
     }
 
+    /// Number of workers (of inboxes).
+    pub fn workers(&self) -> usize {
+        self.inboxes.len()
+    }
+
     /// Copies `data` into a pool buffer and queues it for worker `to`, then wakes it.
     pub fn send(&self, to: usize, kind: Kind, data: &[u8]) -> Result<(), Full> {
         let Some(inbox) = self.inboxes.get(to) else {
@@ -122,11 +132,19 @@ mod tests {
     fn buffers_circulate_and_the_pool_bounds_the_backlog() {
         let (hub, inboxes) = Hub::new(2, 64).expect("hub");
         let src: SocketAddr = "192.0.2.1:51820".parse().expect("sa");
-        assert_eq!(hub.send(1, Kind::Udp { src, stride: 3 }, b"abc"), Ok(()));
+        assert_eq!(hub.send(1, Kind::Udp {
+                src,
+                stride: 3,
+                vouched: None,
+            }, b"abc"), Ok(()));
         let m = inboxes[1].rx.try_recv().expect("queued");
         assert_eq!(
             (m.kind, &m.buf[..m.len]),
-            (Kind::Udp { src, stride: 3 }, &b"abc"[..])
+            (Kind::Udp {
+                src,
+                stride: 3,
+                vouched: None,
+            }, &b"abc"[..])
         );
         hub.recycle(m.buf);
         assert_eq!(

@@ -1,4 +1,5 @@
 use super::*;
+use crate::wire::put16;
 use crate::test_util::{payload, run_cbpf, tcp4, udp4};
 
 /// Wraps `inner` in an outer IPv4 header as the kernel's ipip device (and

@@ -1,0 +1,152 @@
+//! WireGuard's framing, sans-IO: what the engine reads out of a datagram
+//! before a session sees it ([`receiver_id`], the [`owner`] worker and its
+//! kernel-side twin [`steering_program`]), the drop reason of a boringtun
+//! error ([`classify`]), the AllowedIPs check of a decrypted packet
+//! ([`source_allowed`], [`holds_ip_header`]) and the key encoding `wg`
+//! prints. Sessions and handshakes are [`crate::path::wg`]'s.
+
+use std::net::IpAddr;
+
+use boringtun::noise::errors::WireGuardError;
+
+use crate::encap::DropReason;
+use crate::peers::{Entry, PeerTable};
+use crate::wire::wg::{self as msg, Message};
+use crate::wire::{ipv4, ipv6};
+
+/// Bytes WireGuard adds to an inner packet (16 header + 16 tag).
+pub const OVERHEAD: usize = msg::DATA_OVERHEAD;
+/// Smallest output buffer boringtun accepts (a handshake initiation).
+pub const MIN_DST: usize = msg::INITIATION_LEN;
+
+/// The peer id a datagram is addressed to, from the upper 24 bits of its
+/// receiver index (handshake responses, cookie replies, data: boringtun
+/// hands out `id << 8 | session`). `None` for initiations and junk.
+pub fn receiver_id(d: &[u8]) -> Option<u32> {
+    Message::new_checked(d).ok()?.receiver().map(|r| r >> 8)
+}
+
+/// The worker owning peer `id` among `workers` (matches [`steering_program`]).
+#[inline]
+pub fn owner(id: u32, workers: usize) -> usize {
+    (id & 0xff) as usize % workers.max(1)
+}
+
+/// The drop reason counted for a boringtun error.
+pub fn classify(e: &WireGuardError) -> DropReason {
+    match e {
+        WireGuardError::InvalidMac | WireGuardError::InvalidAeadTag | WireGuardError::WrongKey => {
+            DropReason::DecryptFailure
+        }
+        WireGuardError::DuplicateCounter | WireGuardError::InvalidCounter => DropReason::Replay,
+        WireGuardError::WrongIndex => DropReason::UnknownKey,
+        WireGuardError::InvalidPacket
+        | WireGuardError::IncorrectPacketLength
+        | WireGuardError::WrongPacketType
+        | WireGuardError::DestinationBufferTooSmall => DropReason::Malformed,
+        _ => DropReason::Handshake,
+    }
+}
+
+/// The AllowedIPs check of a packet that WireGuard peer `id` sent from inner
+/// source `inner_src` (cryptokey routing, as the kernel does it): the
+/// longest-prefix match of the source must be one of the peer's own
+/// subnets. A source inside the peer's subnet but inside a more specific
+/// subnet of another peer is refused: it belongs to the other peer (the
+/// overlap GotaTun 0.7.2 fixed; weft checked only the peer's own list).
+/// Returns the entry whose per-peer counters count the packet.
+pub fn source_allowed(table: &PeerTable, id: u32, inner_src: IpAddr) -> Option<&Entry> {
+    table.wg_src_entry(id, inner_src)
+}
+
+/// Whether a decrypted packet of `len` bytes from inner source `inner_src`
+/// holds at least its IP header (boringtun cuts the plaintext to the inner
+/// total length, which a peer may set below the header length).
+pub fn holds_ip_header(inner_src: IpAddr, len: usize) -> bool {
+    match inner_src {
+        IpAddr::V4(_) => len >= ipv4::HEADER_LEN,
+        IpAddr::V6(_) => len >= ipv6::HEADER_LEN,
+    }
+}
+
+/// The `SO_ATTACH_REUSEPORT_CBPF` program: socket index = owner byte of the
+/// receiver index, modulo `workers`. The program sees the UDP payload:
+/// handshake responses carry the receiver index at bytes 8..12, cookie
+/// replies and data packets at 4..8 (little endian; byte 1 of it is `id & 0xff`).
+/// Initiations read a byte of the (random) sender index: some worker, which
+/// hands them on.
+pub fn steering_program(workers: usize) -> [libc::sock_filter; 8] {
+    let n = u32::try_from(workers.max(1)).unwrap_or(1);
+    let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    [
+        op(libc::BPF_LD | libc::BPF_B | libc::BPF_ABS, 0, 0, 0),
+        // Type 2: receiver index at 8..12, owner byte at 9; else go to 5.
+        op(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, 0, 3, 2),
+        op(libc::BPF_LD | libc::BPF_B | libc::BPF_ABS, 0, 0, 9),
+        op(libc::BPF_ALU | libc::BPF_MOD | libc::BPF_K, 0, 0, n),
+        op(libc::BPF_RET | libc::BPF_A, 0, 0, 0),
+        // Types 3/4 (and 1): receiver (sender) index at 4..8, owner byte at 5.
+        op(libc::BPF_LD | libc::BPF_B | libc::BPF_ABS, 0, 0, 5),
+        op(libc::BPF_ALU | libc::BPF_MOD | libc::BPF_K, 0, 0, n),
+        op(libc::BPF_RET | libc::BPF_A, 0, 0, 0),
+    ]
+}
+
+const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Standard base64 with padding (44 characters), as `wg` and Go's
+/// `wgtypes.Key.String()` print keys.
+pub fn key_to_base64(key: &[u8; 32]) -> String {
+    let mut out = String::with_capacity(44);
+    for chunk in key.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(B64[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Parses exactly 44 characters of standard, padded base64 encoding 32 bytes
+/// (Go's `base64.StdEncoding`, which also tolerates non-zero trailing bits).
+/// Any other input, including surrounding whitespace, is `None`.
+pub fn key_from_base64(s: &str) -> Option<[u8; 32]> {
+    let s = s.as_bytes();
+    if s.len() != 44 || s[43] != b'=' {
+        return None;
+    }
+    let val = |c: u8| B64.iter().position(|&x| x == c).map(|p| p as u32);
+    let mut out = [0u8; 32];
+    let mut o = 0;
+    for q in s[..44].chunks(4) {
+        let last = o + 3 > 32;
+        let n = if last {
+            (val(q[0])? << 18) | (val(q[1])? << 12) | (val(q[2])? << 6)
+        } else {
+            (val(q[0])? << 18) | (val(q[1])? << 12) | (val(q[2])? << 6) | val(q[3])?
+        };
+        let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+        let take = if last { 2 } else { 3 };
+        out[o..o + take].copy_from_slice(&bytes[..take]);
+        o += take;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+#[path = "wg_tests.rs"]
+mod tests;

@@ -1,0 +1,655 @@
+//! The WireGuard core, sans-IO: one worker's WireGuard sessions and every
+//! per-packet decision about them, over caller buffers, with the time as an
+//! argument ([`Now`]). The worker (`wg/worker.rs`) only reads, writes,
+//! hands off and counts around it; the fuzz target, `tests/pipeline.rs`
+//! and the criterion benches drive the same [`Core`].
+//!
+//! - [`Core::tun_tx`]: a TUN read -> its peer; handed off to the peer's
+//!   owner worker, or segmented in place ([`seg`]) and encrypted into the
+//!   caller's [`Out`] (a handshake initiation instead when the session is
+//!   not up: boringtun queues the packets).
+//! - [`Core::datagram`]: a received datagram -> deliver `plain[..len]`
+//!   (decrypted, AllowedIPs checked), answers written to [`Out`]
+//!   (handshake response, cookie reply, keepalive, packets that waited for
+//!   the handshake), hand off to worker `w`, or drop for a reason.
+//!   Handshake messages pass the [`gate`] first; authenticated packets move
+//!   the peer's endpoint to their source (roaming).
+//! - [`Core::follow`] (a new peer table: sessions created, kept or
+//!   dropped, new ones greeted with an initiation) and [`Core::tick`] (the
+//!   protocol's timers every [`TIMER_TICK`]).
+//!
+//! Sessions are boringtun's `Tunn`s; the message and time limits and the
+//! replay window are enforced by the patched boringtun weft builds
+//! (`third_party/boringtun`, see its `PATCHES.md`), the gate and the
+//! AllowedIPs check here. boringtun keeps its own timer clock; every
+//! decision weft makes reads `now`.
+
+pub mod gate;
+pub mod seg;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use boringtun::noise::handshake::parse_handshake_anon;
+use boringtun::noise::rate_limiter::RateLimiter;
+use boringtun::noise::{Packet, Tunn, TunnResult};
+use boringtun::x25519;
+
+use crate::antispoof::AntiSpoofing;
+use crate::encap::wg::{MIN_DST, OVERHEAD, classify, holds_ip_header, owner, source_allowed};
+use crate::encap::DropReason;
+use crate::path::tx::{self, Outer, Shape, WgRoute};
+use crate::peers::{Entry, PeerTable, WgEntry};
+use crate::wire::wg::{self as msg, Message};
+use gate::{Gate, Load, Verdict};
+
+/// How often each peer's timers run (boringtun's own device uses 250 ms).
+pub const TIMER_TICK: Duration = Duration::from_millis(250);
+/// Room [`Core::datagram`] asks for to send one packet that waited for a
+/// handshake (a TUN packet up to 64 KiB, encrypted).
+pub const DRAIN_ROOM: usize = 65536 + OVERHEAD;
+
+/// The time, read once per round by the caller.
+#[derive(Debug, Clone, Copy)]
+pub struct Now {
+    /// Monotonic: timers, rate limits, cookies.
+    pub mono: Instant,
+    /// Wall clock: the handshake times published to `weft status`.
+    pub wall: SystemTime,
+}
+
+impl Now {
+    /// The clocks now (callers outside the core only).
+    pub fn read() -> Now {
+        Now {
+            mono: Instant::now(),
+            wall: SystemTime::now(),
+        }
+    }
+
+    fn unix_ms(&self) -> u64 {
+        self.wall
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+}
+
+/// Where the core writes datagrams: the worker's transmit queue (tests and
+/// benches: a plain buffer). Datagrams are pushed in the order they lie in
+/// the room.
+pub trait Out {
+    /// At least `len` free bytes, contiguous (the caller sends what it
+    /// holds first if it must).
+    fn room(&mut self, len: usize) -> &mut [u8];
+    /// The next `len` bytes of the room leave for `to`.
+    fn push(&mut self, to: SocketAddr, len: usize);
+}
+
+/// What became of a TUN read.
+#[derive(Debug, Clone, Copy)]
+pub enum TunTx<'t> {
+    /// Another worker owns the peer: hand the whole read to it.
+    HandOff(usize),
+    /// Encrypted and pushed (or queued while the session's handshake runs):
+    /// `packets` inner packets of `bytes` bytes to count on `entry`.
+    Sent {
+        /// The entry counting them.
+        entry: &'t Entry,
+        /// Inner packets encrypted (0 while queued).
+        packets: u64,
+        /// Their bytes.
+        bytes: u64,
+        /// A super-packet was cut (count `GsoSuperPackets`).
+        cut: bool,
+    },
+}
+
+/// What became of a received datagram.
+#[derive(Debug, Clone, Copy)]
+pub enum Rx<'t> {
+    /// `plain[..len]` is a decrypted IP packet from the peer's AllowedIPs:
+    /// deliver it (and count it on `from`).
+    Deliver {
+        /// Its length.
+        len: usize,
+        /// The entry counting it.
+        from: Option<&'t Entry>,
+    },
+    /// Another worker handles it: pass it on with `vouched` (an initiation
+    /// whose peer a gate has already found).
+    HandOff {
+        /// The worker.
+        to: usize,
+        /// The peer id of a checked initiation.
+        vouched: Option<u32>,
+    },
+    /// Consumed (a handshake, a keepalive, a cookie); answers went to the
+    /// [`Out`], `sent` of them data packets that had waited for the session.
+    Done {
+        /// Queued data packets sent (count them as transmitted).
+        sent: u64,
+    },
+    /// Dropped for this reason (a cookie reply may have gone to the source).
+    Drop(DropReason),
+}
+
+/// Peers by id. Ids are small integers the peer table assigns (a packet
+/// can only look one up, never add one), so a multiplicative hash is enough;
+/// SipHash took 0.5 % of the CPU in a one-stream profile.
+type ById<V> = HashMap<u32, V, BuildHasherDefault<IdHasher>>;
+
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    fn write_u32(&mut self, x: u32) {
+        self.0 = u64::from(x).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// A peer this core owns.
+struct Owned {
+    key: [u8; 32],
+    psk: Option<[u8; 32]>,
+    keepalive: u16,
+    tunn: Box<Tunn>,
+    /// The endpoint from the lease (a change resets `endpoint`).
+    configured: SocketAddr,
+    /// Where we send: `configured`, or the source of the last authenticated packet.
+    endpoint: SocketAddr,
+    /// A fresh `Tunn` that has not yet sent its first handshake initiation.
+    greet: bool,
+    /// The table's last-handshake slot for this peer (unix seconds).
+    handshake: Arc<AtomicU64>,
+    /// The table's last-initiation slot for this peer (unix milliseconds).
+    initiated: Arc<AtomicU64>,
+}
+
+impl Owned {
+    /// Records when `pkt`, about to be sent to the peer, is a handshake
+    /// initiation: the peer remembers its timestamp.
+    fn note_sent(&self, pkt: &[u8], now: Now) {
+        if pkt.len() == msg::INITIATION_LEN && pkt[0] == msg::INITIATION {
+            self.initiated.store(now.unix_ms().max(1), Ordering::Relaxed);
+        }
+    }
+}
+
+/// What one `encapsulate` call produced.
+enum Sealed {
+    Data(usize),
+    Initiation(usize),
+    Queued,
+    Err(DropReason),
+}
+
+fn seal(peer: &Owned, r: TunnResult<'_>, plain_len: usize, now: Now) -> Sealed {
+    match r {
+        TunnResult::WriteToNetwork(p) if p.len() == plain_len + OVERHEAD => Sealed::Data(p.len()),
+        TunnResult::WriteToNetwork(p) => {
+            peer.note_sent(p, now);
+            Sealed::Initiation(p.len())
+        }
+        TunnResult::Err(e) => Sealed::Err(classify(&e)),
+        _ => Sealed::Queued,
+    }
+}
+
+/// What a `decapsulate` call produced, with the borrow of the output ended.
+enum Decap {
+    Tunnel(usize, IpAddr),
+    Network(usize),
+    Done,
+    Err(DropReason),
+}
+
+fn decap(r: TunnResult<'_>) -> Decap {
+    match r {
+        TunnResult::Done => Decap::Done,
+        TunnResult::Err(e) => Decap::Err(classify(&e)),
+        TunnResult::WriteToNetwork(p) => Decap::Network(p.len()),
+        TunnResult::WriteToTunnelV4(p, a) => Decap::Tunnel(p.len(), IpAddr::V4(a)),
+        TunnResult::WriteToTunnelV6(p, a) => Decap::Tunnel(p.len(), IpAddr::V6(a)),
+    }
+}
+
+/// The worker whose gate checks initiations from `src`: one per source
+/// address, so that its token bucket lives in one place.
+pub fn gate_worker(src: IpAddr, workers: usize) -> usize {
+    let h = match src {
+        IpAddr::V4(a) => u64::from(u32::from(a)),
+        IpAddr::V6(a) => (u128::from(a) >> 64) as u64,
+    };
+    (h.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as usize % workers.max(1)
+}
+
+/// What a core needs to start.
+pub struct Config {
+    /// This worker's index.
+    pub me: usize,
+    /// Workers of the engine.
+    pub workers: usize,
+    /// Our static private key.
+    pub secret: [u8; 32],
+    /// 64 random bytes (the gate's cookie secret and nonce key).
+    pub seed: [u8; 64],
+    /// The engine's handshake load, shared by all cores.
+    pub load: Arc<Load>,
+    /// When the core starts.
+    pub now: Instant,
+}
+
+/// One worker's WireGuard sessions (see the module docs).
+pub struct Core {
+    me: usize,
+    workers: usize,
+    secret: x25519::StaticSecret,
+    public: x25519::PublicKey,
+    /// boringtun's own limiter, given to every `Tunn`: it re-checks MAC1
+    /// and is never under load (the [`gate`] decides).
+    mac1_only: Arc<RateLimiter>,
+    gate: Gate,
+    /// The table the sessions follow.
+    table: Arc<PeerTable>,
+    owned: ById<Owned>,
+    next_tick: Instant,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("me", &self.me)
+            .field("peers", &self.owned.len())
+            .finish()
+    }
+}
+
+impl Core {
+    /// A core owning no peer yet (the first [`Core::follow`] creates them).
+    pub fn new(c: Config) -> Core {
+        let secret = x25519::StaticSecret::from(c.secret);
+        let public = x25519::PublicKey::from(&secret);
+        Core {
+            me: c.me,
+            workers: c.workers.max(1),
+            gate: Gate::new(public.as_bytes(), c.seed, c.load),
+            mac1_only: Arc::new(RateLimiter::new(&public, u64::MAX)),
+            secret,
+            public,
+            table: Arc::new(PeerTable::default()),
+            owned: ById::default(),
+            next_tick: c.now + TIMER_TICK,
+        }
+    }
+
+    /// Follows `table` if it is not the one the sessions follow: creates,
+    /// replaces or drops `Tunn`s so that they match the peers this worker
+    /// owns (control-plane pace), and greets new ones with an initiation (a
+    /// peer still holding a session with our previous incarnation would
+    /// otherwise keep using it until its own 15 s rekey). Whether it did.
+    pub fn follow(&mut self, table: &Arc<PeerTable>, now: Now, out: &mut impl Out) -> bool {
+        if Arc::ptr_eq(table, &self.table) {
+            return false;
+        }
+        self.table = Arc::clone(table);
+        self.owned.retain(|id, o| {
+            table
+                .wg_by_id(*id)
+                .is_some_and(|w| w.params.public_key == o.key)
+        });
+        for w in table.wg_peers() {
+            if owner(w.id, self.workers) != self.me {
+                continue;
+            }
+            match self.owned.get_mut(&w.id) {
+                Some(o) if o.psk == w.params.psk && o.keepalive == w.params.keepalive => {
+                    o.handshake = Arc::clone(&w.handshake);
+                    o.initiated = Arc::clone(&w.initiated);
+                    if o.configured != w.endpoint {
+                        o.configured = w.endpoint;
+                        o.endpoint = w.endpoint;
+                    }
+                }
+                _ => {
+                    let o = self.new_owned(w);
+                    self.owned.insert(w.id, o);
+                }
+            }
+        }
+        for o in self.owned.values_mut().filter(|o| o.greet) {
+            o.greet = false;
+            let room = out.room(MIN_DST);
+            let len = match o.tunn.format_handshake_initiation(room, false) {
+                TunnResult::WriteToNetwork(p) => {
+                    o.note_sent(p, now);
+                    p.len()
+                }
+                _ => continue,
+            };
+            out.push(o.endpoint, len);
+        }
+        true
+    }
+
+    fn new_owned(&self, w: &WgEntry) -> Owned {
+        let ka = (w.params.keepalive > 0).then_some(w.params.keepalive);
+        let tunn = Tunn::new(
+            self.secret.clone(),
+            x25519::PublicKey::from(w.params.public_key),
+            w.params.psk,
+            ka,
+            w.id,
+            Some(Arc::clone(&self.mac1_only)),
+        );
+        Owned {
+            key: w.params.public_key,
+            psk: w.params.psk,
+            keepalive: w.params.keepalive,
+            tunn: Box::new(tunn),
+            configured: w.endpoint,
+            endpoint: w.endpoint,
+            greet: true,
+            handshake: Arc::clone(&w.handshake),
+            initiated: Arc::clone(&w.initiated),
+        }
+    }
+
+    /// One TUN read (`read` is exactly what was read, edited in place):
+    /// routed, handed off, or segmented and encrypted into `out`.
+    pub fn tun_tx<'t>(
+        &mut self,
+        table: &'t PeerTable,
+        read: &mut [u8],
+        vnet_hdr: bool,
+        now: Now,
+        out: &mut impl Out,
+    ) -> Result<TunTx<'t>, DropReason> {
+        let route = tx::wg_plan(table, read, vnet_hdr, (self.me, self.workers), usize::MAX)?;
+        let plan = match route {
+            WgRoute::HandOff(to) => return Ok(TunTx::HandOff(to)),
+            WgRoute::Here(plan) => plan,
+        };
+        let (entry, need) = (plan.entry, plan.need);
+        let Outer::Wg { id } = plan.outer else {
+            return Err(DropReason::NoRoute);
+        };
+        let peer = self.owned.get_mut(&id).ok_or(DropReason::NoRoute)?;
+        let ip = &mut read[plan.pkt.start..];
+        let size = match plan.shape {
+            Shape::Tcp(size) => Some(size),
+            _ => None,
+        };
+        // Room for the datagrams, and for a handshake initiation in place of the last.
+        let room = out.room(need + MIN_DST);
+        let mut run = Run::default();
+        match size {
+            Some(size) => {
+                seg::segment_in_place(ip, size, |s| {
+                    let r = peer.tunn.encapsulate(s, &mut room[run.pos..]);
+                    run.add(seal(peer, r, s.len(), now), s.len());
+                })?;
+            }
+            None => {
+                let r = peer.tunn.encapsulate(ip, room);
+                run.add(seal(peer, r, ip.len(), now), ip.len());
+            }
+        }
+        run.push(peer.endpoint, out);
+        if let (0, 0, Some(r)) = (run.data, run.init, run.err) {
+            return Err(r);
+        }
+        Ok(TunTx::Sent {
+            entry,
+            packets: run.data as u64,
+            bytes: run.bytes,
+            cut: size.is_some(),
+        })
+    }
+
+    /// One received datagram `d` from `src` (`vouched`: handed over by a
+    /// gate that found its initiator's id). A decrypted packet goes to
+    /// `plain` (at least `d.len()` bytes), answers to `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn datagram<'t>(
+        &mut self,
+        table: &'t PeerTable,
+        mode: AntiSpoofing,
+        d: &[u8],
+        src: SocketAddr,
+        vouched: Option<u32>,
+        plain: &mut [u8],
+        now: Now,
+        out: &mut impl Out,
+    ) -> Rx<'t> {
+        let Ok(m) = Message::new_checked(d) else {
+            return Rx::Drop(DropReason::Malformed);
+        };
+        let id = match (vouched, m.receiver()) {
+            (Some(id), _) => id,
+            (None, Some(r)) => r >> 8,
+            (None, None) => match self.initiation(table, &m, src, now, out) {
+                Ok(Some(id)) => id,
+                Ok(None) => {
+                    let to = gate_worker(src.ip(), self.workers);
+                    return Rx::HandOff { to, vouched: None };
+                }
+                Err(r) => return Rx::Drop(r),
+            },
+        };
+        let home = owner(id, self.workers);
+        if home != self.me {
+            let vouched = m.receiver().is_none().then_some(id);
+            return Rx::HandOff { to: home, vouched };
+        }
+        if m.kind() == msg::RESPONSE {
+            let mut reply = [0u8; msg::COOKIE_REPLY_LEN];
+            match self.gate.check(&m, src, now.mono, &mut reply) {
+                Verdict::Pass => {}
+                Verdict::Cookie => {
+                    out.room(reply.len()).copy_from_slice(&reply);
+                    out.push(src, reply.len());
+                    return Rx::Drop(DropReason::Handshake);
+                }
+                Verdict::Drop(r) => return Rx::Drop(r),
+            }
+        }
+        let Some(peer) = self.owned.get_mut(&id) else {
+            return Rx::Drop(DropReason::UnknownKey);
+        };
+        let data = m.kind() == msg::DATA;
+        let res = if data {
+            if plain.len() < d.len() {
+                return Rx::Drop(DropReason::Malformed);
+            }
+            decap(peer.tunn.decapsulate(Some(src.ip()), d, plain))
+        } else {
+            let room = out.room(MIN_DST.max(d.len()));
+            decap(peer.tunn.decapsulate(Some(src.ip()), d, room))
+        };
+        match res {
+            Decap::Tunnel(len, inner_src) => {
+                if !holds_ip_header(inner_src, len) {
+                    return Rx::Drop(DropReason::Malformed);
+                }
+                let from = source_allowed(table, id, inner_src);
+                if from.is_none() && mode != AntiSpoofing::Off {
+                    return Rx::Drop(DropReason::SpoofedSource);
+                }
+                peer.endpoint = src;
+                Rx::Deliver { len, from }
+            }
+            Decap::Network(len) => {
+                // A handshake answer (boringtun answers data with nothing).
+                peer.endpoint = src;
+                if !data {
+                    peer.note_sent(&out.room(len)[..len], now);
+                    out.push(src, len);
+                }
+                Rx::Done {
+                    sent: drain(peer, out),
+                }
+            }
+            // A keepalive is authenticated: roam; a cookie reply is not.
+            Decap::Done => {
+                if data {
+                    peer.endpoint = src;
+                }
+                Rx::Done { sent: 0 }
+            }
+            Decap::Err(r) => Rx::Drop(r),
+        }
+    }
+
+    /// An initiation `m` from `src`: MAC1 anywhere; then this worker's gate
+    /// if it is the source's ([`gate_worker`], else `Ok(None)`: hand it
+    /// there) and the initiator's static key, which names its peer.
+    fn initiation(
+        &mut self,
+        table: &PeerTable,
+        m: &Message<&[u8]>,
+        src: SocketAddr,
+        now: Now,
+        out: &mut impl Out,
+    ) -> Result<Option<u32>, DropReason> {
+        if m.kind() != msg::INITIATION {
+            return Err(DropReason::Malformed);
+        }
+        if !self.gate.mac1_ok(m) {
+            return Err(DropReason::DecryptFailure);
+        }
+        if gate_worker(src.ip(), self.workers) != self.me {
+            return Ok(None);
+        }
+        let mut reply = [0u8; msg::COOKIE_REPLY_LEN];
+        match self.gate.check(m, src, now.mono, &mut reply) {
+            Verdict::Pass => {}
+            Verdict::Cookie => {
+                out.room(reply.len()).copy_from_slice(&reply);
+                out.push(src, reply.len());
+                return Err(DropReason::Handshake);
+            }
+            Verdict::Drop(r) => return Err(r),
+        }
+        let Ok(Packet::HandshakeInit(h)) = Tunn::parse_incoming_packet(m.as_bytes()) else {
+            return Err(DropReason::Malformed);
+        };
+        let half = parse_handshake_anon(&self.secret, &self.public, &h).map_err(|e| classify(&e))?;
+        match table.wg_by_key(&half.peer_static_public) {
+            Some(w) => Ok(Some(w.id)),
+            None => Err(DropReason::UnknownKey),
+        }
+    }
+
+    /// Every [`TIMER_TICK`]: each owned peer's timers (retries, rekeys,
+    /// keepalives into `out`) and its last handshake published. Whether
+    /// they ran.
+    pub fn tick(&mut self, now: Now, out: &mut impl Out) -> bool {
+        if now.mono < self.next_tick {
+            return false;
+        }
+        self.next_tick = now.mono + TIMER_TICK;
+        for o in self.owned.values_mut() {
+            if let Some(at) = o
+                .tunn
+                .time_since_last_handshake()
+                .and_then(|d| now.wall.checked_sub(d))
+            {
+                let secs = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                o.handshake.store(secs, Ordering::Relaxed);
+            }
+            let room = out.room(MIN_DST);
+            let len = match o.tunn.update_timers(room) {
+                TunnResult::WriteToNetwork(p) => {
+                    o.note_sent(p, now);
+                    p.len()
+                }
+                _ => continue,
+            };
+            out.push(o.endpoint, len);
+        }
+        true
+    }
+
+    /// Where the core sends to peer `id` now (its endpoint after roaming).
+    pub fn endpoint(&self, id: u32) -> Option<SocketAddr> {
+        self.owned.get(&id).map(|o| o.endpoint)
+    }
+
+    /// The `Tunn` of peer `id` (tests: to drive a session's limits).
+    #[cfg(test)]
+    pub(crate) fn tunn(&mut self, id: u32) -> Option<&mut Tunn> {
+        self.owned.get_mut(&id).map(|o| &mut *o.tunn)
+    }
+}
+
+/// Sends the packets boringtun queued while the session was not up; how many.
+fn drain(peer: &mut Owned, out: &mut impl Out) -> u64 {
+    let mut sent = 0;
+    loop {
+        let len = match peer.tunn.decapsulate(None, &[], out.room(DRAIN_ROOM)) {
+            TunnResult::WriteToNetwork(p) => p.len(),
+            _ => return sent,
+        };
+        out.push(peer.endpoint, len);
+        sent += 1;
+    }
+}
+
+/// The datagrams one TUN read became, contiguous in the room: `data`
+/// equal-size data messages (the last may be shorter) or one initiation.
+#[derive(Default)]
+struct Run {
+    pos: usize,
+    data: usize,
+    stride: usize,
+    last: usize,
+    init: usize,
+    bytes: u64,
+    err: Option<DropReason>,
+}
+
+impl Run {
+    fn add(&mut self, s: Sealed, plain_len: usize) {
+        match s {
+            Sealed::Data(n) if self.init == 0 => {
+                if self.data == 0 {
+                    self.stride = n;
+                }
+                self.data += 1;
+                self.last = n;
+                self.pos += n;
+                self.bytes += plain_len as u64;
+            }
+            Sealed::Initiation(n) if self.data == 0 && self.init == 0 => {
+                self.init = n;
+                self.pos += n;
+            }
+            Sealed::Err(r) => self.err = Some(r),
+            _ => {}
+        }
+    }
+
+    fn push(&self, to: SocketAddr, out: &mut impl Out) {
+        if self.init > 0 {
+            out.push(to, self.init);
+        }
+        for i in 0..self.data {
+            out.push(to, if i + 1 == self.data { self.last } else { self.stride });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -26,6 +26,7 @@
 
 pub mod gate;
 pub mod seg;
+pub mod sim;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -458,7 +459,7 @@ impl Core {
             match self.gate.check(&m, src, now.mono, &mut reply) {
                 Verdict::Pass => {}
                 Verdict::Cookie => {
-                    out.room(reply.len()).copy_from_slice(&reply);
+                    out.room(reply.len())[..reply.len()].copy_from_slice(&reply);
                     out.push(src, reply.len());
                     return Rx::Drop(DropReason::Handshake);
                 }
@@ -536,7 +537,7 @@ impl Core {
         match self.gate.check(m, src, now.mono, &mut reply) {
             Verdict::Pass => {}
             Verdict::Cookie => {
-                out.room(reply.len()).copy_from_slice(&reply);
+                out.room(reply.len())[..reply.len()].copy_from_slice(&reply);
                 out.push(src, reply.len());
                 return Err(DropReason::Handshake);
             }

@@ -1,0 +1,21 @@
+// Copyright (c) 2019 Cloudflare, Inc. All rights reserved.
+// SPDX-License-Identifier: BSD-3-Clause
+
+//! Simple implementation of the client-side of the WireGuard protocol.
+//!
+//! <code>git clone https://github.com/cloudflare/boringtun.git</code>
+
+// weft: ring's `verify_slices_are_equal` is deprecated; upstream still calls it.
+#![allow(deprecated)]
+
+pub mod noise;
+
+#[cfg(not(feature = "mock-instant"))]
+pub(crate) mod sleepyinstant;
+
+/// Re-export of the x25519 types
+pub mod x25519 {
+    pub use x25519_dalek::{
+        EphemeralSecret, PublicKey, ReusableSecret, SharedSecret, StaticSecret,
+    };
+}

@@ -11,10 +11,9 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use boringtun::noise::TunnResult;
 use weft_benches::{
     LOCAL, PEER, SIZES, ipip_packet, peer_tables, tcp_packet, tcp_super_read, udp_packet,
-    udp_super_read, wg_pair,
+    udp_super_read,
 };
 use weft_engine::AntiSpoofing;
 use weft_engine::encap::{Codec, VXLAN_HEADROOM, Vxlan};
@@ -171,24 +170,44 @@ fn gro_coalescing_allocates_nothing() {
     }
 }
 
+/// The WireGuard core's transmit and receive steps (`path::wg::Core`,
+/// an established session): a TUN read encrypted into the caller's buffer,
+/// the datagram decrypted, checked and delivered; a TCP super-packet cut in
+/// place and sealed.
 #[test]
-fn wireguard_encap_decap_allocate_nothing() {
-    let (mut ta, mut tb) = wg_pair();
+fn wireguard_core_steps_allocate_nothing() {
+    use weft_engine::path::wg::sim::Pair;
+    use weft_engine::path::wg::{Now, Rx};
+    let mut p = Pair::connect(Now::read());
+    let src = p.nodes[0].addr;
+    let step = |p: &mut Pair, read: &mut [u8], vnet_hdr: bool| {
+        p.nodes[0].out.clear();
+        p.send(0, read, vnet_hdr).expect("sent");
+        let now = p.now;
+        let [a, b] = &mut p.nodes;
+        let t = std::sync::Arc::clone(&b.table);
+        for i in 0..a.out.sent.len() {
+            let d = a.out.datagram(i);
+            let r = b.core.datagram(&t, AntiSpoofing::Strict, d, src, None, &mut b.plain, now, &mut b.out);
+            assert!(matches!(r, Rx::Deliver { .. }), "{r:?}");
+        }
+    };
     for size in SIZES {
         let pkt = udp_packet(size);
-        let (mut wire, mut plain) = (vec![0u8; size + 64], vec![0u8; size + 64]);
+        let mut read = pkt.clone();
         let n = allocations(100, || {
-            let len = match ta.encapsulate(&pkt, &mut wire) {
-                TunnResult::WriteToNetwork(p) => p.len(),
-                r => panic!("encapsulate: {r:?}"),
-            };
-            match tb.decapsulate(None, &wire[..len], &mut plain) {
-                TunnResult::WriteToTunnelV4(p, _) => assert_eq!(p.len(), pkt.len()),
-                r => panic!("decapsulate: {r:?}"),
-            }
+            read.copy_from_slice(&pkt);
+            step(&mut p, &mut read, false);
         });
         assert_eq!(n, 0, "wireguard, {size}-byte packets");
     }
+    let sp = tcp_super_read(1368);
+    let mut read = sp.clone();
+    let n = allocations(10, || {
+        read.copy_from_slice(&sp);
+        step(&mut p, &mut read, true);
+    });
+    assert_eq!(n, 0, "wireguard, a 64 KiB super-packet");
 }
 
 /// The workers' own per-packet steps (`weft_engine::path`): route, cut and
@@ -229,7 +248,7 @@ fn packet_path_steps_allocate_nothing() {
         let inner = tcp_packet(1, size);
         let mut pkt = ipip_packet(&inner);
         let n = allocations(10, || {
-            let (plan, _, _) = tx::ipip_plan(&peers1, &mut read, true, arena.len()).expect("plan");
+            let plan = tx::ipip_plan(&peers1, &mut read, true, arena.len()).expect("plan");
             tx::write(&plan, &read, &mut arena).expect("write");
             rx::ipip(AntiSpoofing::Strict, &peers2, &mut pkt).expect("ipip rx");
         });

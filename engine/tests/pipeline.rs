@@ -6,7 +6,8 @@
 //! receive step ([`rx::udp`], strict anti-spoofing) decaps and checks every
 //! segment, and userspace GRO coalesces them into one TUN write that must
 //! carry exactly the original byte stream. The same calls the workers make,
-//! without their sockets.
+//! without their sockets. WireGuard runs the same way through its core on
+//! an in-memory pair of engines (`path::wg::sim::Pair`).
 
 use std::io::IoSlice;
 use std::net::IpAddr;
@@ -151,4 +152,72 @@ fn a_lost_segment_splits_the_train_but_keeps_order() {
     let mut want = data[..5 * 1410].to_vec();
     want.extend_from_slice(&data[6 * 1410..]);
     assert_eq!(got, want);
+}
+
+/// WireGuard, two engines' cores in process (as quinn tests its
+/// endpoints): node 1's `Core::tun_tx` cuts and seals a TCP super-packet,
+/// the wire hands node 2 the datagrams as one UDP-GRO train, node 2's
+/// `Core::datagram` opens each (AllowedIPs, strict), the checksum is
+/// trusted as the worker does, and GRO makes one TUN write of exactly the
+/// original stream. The handshake that precedes it is the cores' own.
+#[test]
+fn wireguard_pair_carries_a_super_packet_as_one_write() {
+    use weft_engine::path::wg::seg::trust_tcp_checksum;
+    use weft_engine::path::wg::sim::Pair;
+    use weft_engine::path::wg::{Now, Rx};
+
+    let mut p = Pair::connect(Now::read());
+    let mtu = 1420;
+    let data: Vec<u8> = (0..50_000).map(|i| (i * 13 % 251) as u8).collect();
+    let hdr = VnetHdr {
+        gso_type: vnet::GSO_TCPV4,
+        gso_size: u16::try_from(mtu - 40).expect("mss"),
+        ..VnetHdr::default()
+    };
+    let mut read = hdr.to_bytes().to_vec();
+    read.extend_from_slice(&super_packet(&data));
+    p.send(0, &mut read, true).expect("sent");
+    let out = &p.nodes[0].out;
+    let stride = out.sent[0].1.len();
+    let mut wire = Vec::new();
+    for i in 0..out.sent.len() {
+        assert_eq!(out.sent[i].0, p.nodes[1].addr);
+        wire.extend_from_slice(out.datagram(i));
+    }
+    let (src, now) = (p.nodes[0].addr, p.now);
+    let n = &mut p.nodes[1];
+    let t = std::sync::Arc::clone(&n.table);
+    let mut arena = vec![0u8; wire.len()];
+    let mut pos = 0;
+    let mut gro = Gro::new(mtu);
+    for seg in rx::train(wire.len(), stride) {
+        let r = n.core.datagram(
+            &t,
+            AntiSpoofing::Strict,
+            &wire[seg],
+            src,
+            None,
+            &mut arena[pos..],
+            now,
+            &mut n.out,
+        );
+        let Rx::Deliver { len, from } = r else {
+            panic!("{r:?}")
+        };
+        assert!(from.is_some());
+        trust_tcp_checksum(&mut arena[pos..pos + len]);
+        assert_eq!(gro.push(&arena, pos, len), Pushed::Queued);
+        pos += len;
+    }
+    let mut writes = Vec::new();
+    gro.flush(&mut arena, |iov: &[IoSlice<'_>]| {
+        let b: Vec<u8> = iov.iter().flat_map(|s| s.iter().copied()).collect();
+        writes.push((
+            VnetHdr::parse(&b).expect("vnet"),
+            b[vnet::HEADER_LEN..].to_vec(),
+        ));
+    });
+    assert_eq!(writes.len(), 1);
+    assert_eq!(writes[0].0.gso_type, vnet::GSO_TCPV4);
+    assert_eq!(tcp_payload(&writes[0].0, writes[0].1.clone()), data);
 }

@@ -30,7 +30,9 @@ fn sealed(p: &mut Pair, read: &[u8], vnet_hdr: bool) -> Vec<Vec<u8>> {
     p.nodes[0].out.clear();
     p.send(0, &mut r, vnet_hdr).expect("sent");
     let n = p.nodes[0].out.sent.len();
-    let out = (0..n).map(|i| p.nodes[0].out.datagram(i).to_vec()).collect();
+    let out = (0..n)
+        .map(|i| p.nodes[0].out.datagram(i).to_vec())
+        .collect();
     p.nodes[0].out.clear();
     out
 }
@@ -41,9 +43,16 @@ fn receive(p: &mut Pair, d: &[u8], trust: bool) -> usize {
     let now = p.now;
     let n = &mut p.nodes[1];
     let t = std::sync::Arc::clone(&n.table);
-    let r = n
-        .core
-        .datagram(&t, AntiSpoofing::Strict, d, src, None, &mut n.plain, now, &mut n.out);
+    let r = n.core.datagram(
+        &t,
+        AntiSpoofing::Strict,
+        d,
+        src,
+        None,
+        &mut n.plain,
+        now,
+        &mut n.out,
+    );
     match r {
         Rx::Deliver { len, .. } => {
             if trust {
@@ -93,10 +102,14 @@ fn bench(c: &mut Criterion) {
             p.send(0, black_box(&mut read), true).expect("sent");
         })
     });
+    let p = std::cell::RefCell::new(p);
     g.bench_function("rx 64KiB", |bch| {
         bch.iter_batched_ref(
-            || sealed(&mut p, &sp, true),
-            |wire| wire.iter().map(|d| receive(&mut p, d, true)).sum::<usize>(),
+            || sealed(&mut p.borrow_mut(), &sp, true),
+            |wire| {
+                let mut p = p.borrow_mut();
+                wire.iter().map(|d| receive(&mut p, d, true)).sum::<usize>()
+            },
             BatchSize::PerIteration,
         )
     });

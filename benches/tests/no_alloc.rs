@@ -188,7 +188,16 @@ fn wireguard_core_steps_allocate_nothing() {
         let t = std::sync::Arc::clone(&b.table);
         for i in 0..a.out.sent.len() {
             let d = a.out.datagram(i);
-            let r = b.core.datagram(&t, AntiSpoofing::Strict, d, src, None, &mut b.plain, now, &mut b.out);
+            let r = b.core.datagram(
+                &t,
+                AntiSpoofing::Strict,
+                d,
+                src,
+                None,
+                &mut b.plain,
+                now,
+                &mut b.out,
+            );
             assert!(matches!(r, Rx::Deliver { .. }), "{r:?}");
         }
     };

@@ -78,7 +78,11 @@ fn junk(p: &mut Pair, d: &[u8]) {
     let src = p.nodes[0].addr;
     let (got, _) = receive(p, d, src);
     assert!(got.delivered.is_empty(), "junk decrypted: {got:?}");
-    assert_eq!(p.nodes[1].core.endpoint(id), before, "junk moved the endpoint");
+    assert_eq!(
+        p.nodes[1].core.endpoint(id),
+        before,
+        "junk moved the endpoint"
+    );
 }
 
 /// What node 2 must deliver for plaintext `p`: its IP packet cut to the
@@ -91,7 +95,11 @@ fn expected(p: &[u8]) -> Option<&[u8]> {
         }
         _ => return None,
     };
-    let min = if p[0] >> 4 == 4 { ipv4::HEADER_LEN } else { ipv6::HEADER_LEN };
+    let min = if p[0] >> 4 == 4 {
+        ipv4::HEADER_LEN
+    } else {
+        ipv6::HEADER_LEN
+    };
     (len >= min && len <= p.len()).then(|| &p[..len])
 }
 
@@ -129,7 +137,11 @@ fn packets(p: &mut Pair, mut rest: &[u8]) {
         }
         let d = p.nodes[0].out.datagram(0).to_vec();
         assert_eq!(d.len(), read.len() + 32, "ciphertext is plaintext + 32");
-        let src = if flags & 8 != 0 { roamed } else { p.nodes[0].addr };
+        let src = if flags & 8 != 0 {
+            roamed
+        } else {
+            p.nodes[0].addr
+        };
         if flags & 6 != 0 {
             let mut bad = d.clone();
             let at = usize::from(pos) % bad.len();
@@ -140,18 +152,24 @@ fn packets(p: &mut Pair, mut rest: &[u8]) {
             }
             let before = p.nodes[1].core.endpoint(id);
             let (got, _) = receive(p, &bad, src);
-            assert!(got.delivered.is_empty(), "a modified datagram was delivered");
-            assert_eq!(p.nodes[1].core.endpoint(id), before, "a forgery moved the endpoint");
+            assert!(
+                got.delivered.is_empty(),
+                "a modified datagram was delivered"
+            );
+            assert_eq!(
+                p.nodes[1].core.endpoint(id),
+                before,
+                "a forgery moved the endpoint"
+            );
         }
         let (got, _) = receive(p, &d, src);
         match (expected(&read), got.delivered.first()) {
             (Some(want), Some(out)) => assert_eq!(&out[..], want, "plaintext changed"),
             (_, Some(out)) => panic!("delivered a non-packet: {out:?}"),
             (_, None) => assert!(
-                got.dropped.iter().all(|r| matches!(
-                    r,
-                    DropReason::Malformed | DropReason::SpoofedSource
-                )),
+                got.dropped
+                    .iter()
+                    .all(|r| matches!(r, DropReason::Malformed | DropReason::SpoofedSource)),
                 "a genuine datagram was dropped: {got:?}"
             ),
         }
@@ -199,7 +217,16 @@ fn handshake(rest: &[u8]) {
     let src = p.nodes[0].addr;
     let n = &mut p.nodes[1];
     let mut out = Wire::new(4096);
-    let r = n.core.datagram(&t, AntiSpoofing::Strict, &d, src, None, &mut n.plain, now, &mut out);
+    let r = n.core.datagram(
+        &t,
+        AntiSpoofing::Strict,
+        &d,
+        src,
+        None,
+        &mut n.plain,
+        now,
+        &mut out,
+    );
     let answer = out.sent.first().map(|_| out.datagram(0).to_vec());
     match (r, answer) {
         (Rx::Done { .. }, Some(a)) => {

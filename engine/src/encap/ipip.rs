@@ -38,7 +38,6 @@
 //! ([`steering_hash`] is the same function in Rust), so every packet is
 //! handled once and a flow always by the same worker (per-flow order).
 
-
 use std::net::Ipv4Addr;
 use std::ops::Range;
 
@@ -122,7 +121,10 @@ pub fn decap(pkt: &mut [u8]) -> Result<Range<usize>, DropReason> {
 pub fn steering_hash(pkt: &[u8], workers: usize) -> usize {
     let n = u32::try_from(workers.max(1)).unwrap_or(1);
     // The filter reads fixed offsets: an outer header without options.
-    let Some(inner) = pkt.get(ipv4::HEADER_LEN..).filter(|i| i.len() >= ipv4::HEADER_LEN) else {
+    let Some(inner) = pkt
+        .get(ipv4::HEADER_LEN..)
+        .filter(|i| i.len() >= ipv4::HEADER_LEN)
+    else {
         return 0;
     };
     let p = ipv4::Packet::new_unchecked(inner);

@@ -99,7 +99,11 @@ fn source_must_route_back_to_the_sending_peer() {
         Some("10.244.1.0/24".into())
     );
     assert_eq!(
-        subnet(source_allowed(&table, a, "fd00:244:1::7".parse().expect("v6"))),
+        subnet(source_allowed(
+            &table,
+            a,
+            "fd00:244:1::7".parse().expect("v6")
+        )),
         Some("fd00:244:1::/64".into())
     );
     // Inside peer 1's /24 but routed to peer 3: peer 3's, not peer 1's.

@@ -132,19 +132,29 @@ mod tests {
     fn buffers_circulate_and_the_pool_bounds_the_backlog() {
         let (hub, inboxes) = Hub::new(2, 64).expect("hub");
         let src: SocketAddr = "192.0.2.1:51820".parse().expect("sa");
-        assert_eq!(hub.send(1, Kind::Udp {
-                src,
-                stride: 3,
-                vouched: None,
-            }, b"abc"), Ok(()));
+        assert_eq!(
+            hub.send(
+                1,
+                Kind::Udp {
+                    src,
+                    stride: 3,
+                    vouched: None,
+                },
+                b"abc"
+            ),
+            Ok(())
+        );
         let m = inboxes[1].rx.try_recv().expect("queued");
         assert_eq!(
             (m.kind, &m.buf[..m.len]),
-            (Kind::Udp {
-                src,
-                stride: 3,
-                vouched: None,
-            }, &b"abc"[..])
+            (
+                Kind::Udp {
+                    src,
+                    stride: 3,
+                    vouched: None,
+                },
+                &b"abc"[..]
+            )
         );
         hub.recycle(m.buf);
         assert_eq!(

@@ -170,4 +170,3 @@ pub(crate) fn start(b: Builder<'_>, port: u16, key: WgSecret) -> Result<Engine, 
         .collect::<Result<Vec<_>, EngineError>>()?;
     b.spawn(dev.name, port, offloads, "weft-wg", built)
 }
-

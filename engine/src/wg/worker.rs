@@ -17,8 +17,8 @@ use std::sync::atomic::Ordering;
 use super::handoff::{Hub, Inbox, Kind};
 use crate::encap::DropReason;
 use crate::path::rx;
-use crate::path::wg::seg::trust_tcp_checksum;
 use crate::path::wg::gate::Load;
+use crate::path::wg::seg::trust_tcp_checksum;
 use crate::path::wg::{Config, Core, Now, Out, Rx, TunTx};
 use crate::peers::PeerTable;
 use crate::stats::{Ctr, Local};
@@ -196,7 +196,16 @@ impl Encapsulation for WgEncap {
                 ctr.drop(DropReason::Malformed, 1);
                 continue;
             }
-            train(w, s, peers, &arena[base..base + len], m.stride, src, None, ctr);
+            train(
+                w,
+                s,
+                peers,
+                &arena[base..base + len],
+                m.stride,
+                src,
+                None,
+                ctr,
+            );
         }
         s.b.rx = arena;
         flush_rx(w, s, ctr);
@@ -246,7 +255,10 @@ fn datagram(
         ctr,
     };
     let plain = &mut s.plain[s.plain_pos..];
-    match s.core.datagram(peers, mode, d, src, vouched, plain, s.now, &mut q) {
+    match s
+        .core
+        .datagram(peers, mode, d, src, vouched, plain, s.now, &mut q)
+    {
         Rx::Deliver { len, from } => {
             let start = s.plain_pos;
             s.plain_pos += len;
@@ -284,8 +296,7 @@ fn train(
     vouched: Option<u32>,
     ctr: &mut Local,
 ) {
-    let mut segs = rx::train(train.len(), stride);
-    while let Some(seg) = segs.next() {
+    for seg in rx::train(train.len(), stride) {
         let Some((to, v)) = datagram(w, s, peers, &train[seg.clone()], src, vouched, ctr) else {
             continue;
         };

@@ -287,7 +287,10 @@ impl Gate {
             self.cookie_reply(m, &cookie, reply);
             return Verdict::Cookie;
         }
-        if self.buckets.allow(src.ip(), self.load.ns(now).saturating_add(1)) {
+        if self
+            .buckets
+            .allow(src.ip(), self.load.ns(now).saturating_add(1))
+        {
             Verdict::Pass
         } else {
             Verdict::Drop(DropReason::RateLimited)

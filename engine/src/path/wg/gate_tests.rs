@@ -158,7 +158,9 @@ fn the_source_table_is_bounded_and_reuses_idle_slots() {
     let mut b = Buckets::new();
     let ip = |i: u32| IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i));
     let t = NS;
-    let admitted = (0..(SOURCES as u32 * 2)).filter(|&i| b.allow(ip(i), t)).count();
+    let admitted = (0..(SOURCES as u32 * 2))
+        .filter(|&i| b.allow(ip(i), t))
+        .count();
     assert!(admitted <= SOURCES, "{admitted} sources in {SOURCES} slots");
     assert!(admitted > SOURCES / 2, "only {admitted} sources admitted");
     // A second later every bucket is idle and full: the slots are free again.

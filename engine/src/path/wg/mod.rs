@@ -41,8 +41,8 @@ use boringtun::noise::{Packet, Tunn, TunnResult};
 use boringtun::x25519;
 
 use crate::antispoof::AntiSpoofing;
-use crate::encap::wg::{MIN_DST, OVERHEAD, classify, holds_ip_header, owner, source_allowed};
 use crate::encap::DropReason;
+use crate::encap::wg::{MIN_DST, OVERHEAD, classify, holds_ip_header, owner, source_allowed};
 use crate::path::tx::{self, Outer, Shape, WgRoute};
 use crate::peers::{Entry, PeerTable, WgEntry};
 use crate::wire::wg::{self as msg, Message};
@@ -183,7 +183,8 @@ impl Owned {
     /// initiation: the peer remembers its timestamp.
     fn note_sent(&self, pkt: &[u8], now: Now) {
         if pkt.len() == msg::INITIATION_LEN && pkt[0] == msg::INITIATION {
-            self.initiated.store(now.unix_ms().max(1), Ordering::Relaxed);
+            self.initiated
+                .store(now.unix_ms().max(1), Ordering::Relaxed);
         }
     }
 }
@@ -546,7 +547,8 @@ impl Core {
         let Ok(Packet::HandshakeInit(h)) = Tunn::parse_incoming_packet(m.as_bytes()) else {
             return Err(DropReason::Malformed);
         };
-        let half = parse_handshake_anon(&self.secret, &self.public, &h).map_err(|e| classify(&e))?;
+        let half =
+            parse_handshake_anon(&self.secret, &self.public, &h).map_err(|e| classify(&e))?;
         match table.wg_by_key(&half.peer_static_public) {
             Some(w) => Ok(Some(w.id)),
             None => Err(DropReason::UnknownKey),
@@ -647,7 +649,14 @@ impl Run {
             out.push(to, self.init);
         }
         for i in 0..self.data {
-            out.push(to, if i + 1 == self.data { self.last } else { self.stride });
+            out.push(
+                to,
+                if i + 1 == self.data {
+                    self.last
+                } else {
+                    self.stride
+                },
+            );
         }
     }
 }

@@ -222,11 +222,18 @@ impl Pair {
 
     /// Node `i` sends the TUN read `read` (no virtio-net header unless
     /// `vnet_hdr`); the result of [`Core::tun_tx`] as `Ok(())` or the drop.
-    pub fn send(&mut self, i: usize, read: &mut [u8], vnet_hdr: bool) -> Result<(), crate::DropReason> {
+    pub fn send(
+        &mut self,
+        i: usize,
+        read: &mut [u8],
+        vnet_hdr: bool,
+    ) -> Result<(), crate::DropReason> {
         let now = self.now;
         let n = &mut self.nodes[i];
         let t = Arc::clone(&n.table);
-        n.core.tun_tx(&t, read, vnet_hdr, now, &mut n.out).map(|_| ())
+        n.core
+            .tun_tx(&t, read, vnet_hdr, now, &mut n.out)
+            .map(|_| ())
     }
 
     /// Runs both nodes' timers at the current time.

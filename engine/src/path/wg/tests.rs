@@ -100,9 +100,16 @@ fn replays_and_spoofed_sources_are_dropped() {
     let src = p.nodes[0].addr;
     let n = &mut p.nodes[1];
     let t = Arc::clone(&n.table);
-    let r = n
-        .core
-        .datagram(&t, AntiSpoofing::Strict, &d, src, None, &mut n.plain, p.now, &mut n.out);
+    let r = n.core.datagram(
+        &t,
+        AntiSpoofing::Strict,
+        &d,
+        src,
+        None,
+        &mut n.plain,
+        p.now,
+        &mut n.out,
+    );
     assert!(matches!(r, Rx::Drop(DropReason::Replay)), "{r:?}");
     // Node 1 sends from a source outside its AllowedIPs.
     let mut spoofed = udp4([10, 244, 9, 9], B, 64, &[3; 30]);
@@ -131,8 +138,16 @@ fn the_replay_window_is_the_kernels() {
     let n = &mut p.nodes[1];
     let t = Arc::clone(&n.table);
     let mut rx = |d: &[u8]| {
-        n.core
-            .datagram(&t, AntiSpoofing::Strict, d, src, None, &mut n.plain, p.now, &mut n.out)
+        n.core.datagram(
+            &t,
+            AntiSpoofing::Strict,
+            d,
+            src,
+            None,
+            &mut n.plain,
+            p.now,
+            &mut n.out,
+        )
     };
     assert!(matches!(rx(&sealed[WINDOW]), Rx::Deliver { .. }));
     assert!(
@@ -188,11 +203,26 @@ fn initiations_go_to_the_sources_gate_worker_then_the_owner() {
         });
         c.follow(&table, p.now, &mut Wire::new(4096));
         let mut out = Wire::new(4096);
-        let r = c.datagram(&table, AntiSpoofing::Strict, &init, src, None, &mut plain, p.now, &mut out);
+        let r = c.datagram(
+            &table,
+            AntiSpoofing::Strict,
+            &init,
+            src,
+            None,
+            &mut plain,
+            p.now,
+            &mut out,
+        );
         match r {
             Rx::HandOff { to, vouched: None } => assert!(me != gw && to == gw, "{me}: {r:?}"),
-            Rx::HandOff { to, vouched: Some(id) } => {
-                assert!(me == gw && me != ow && to == ow && id == p.peer_id(1), "{me}: {r:?}")
+            Rx::HandOff {
+                to,
+                vouched: Some(id),
+            } => {
+                assert!(
+                    me == gw && me != ow && to == ow && id == p.peer_id(1),
+                    "{me}: {r:?}"
+                )
             }
             Rx::Done { .. } => {
                 assert!(me == gw && me == ow, "{me}: {r:?}");
@@ -202,7 +232,16 @@ fn initiations_go_to_the_sources_gate_worker_then_the_owner() {
         }
         if me == ow {
             let mut out = Wire::new(4096);
-            let r = c.datagram(&table, AntiSpoofing::Strict, &init, src, Some(p.peer_id(1)), &mut plain, p.now, &mut out);
+            let r = c.datagram(
+                &table,
+                AntiSpoofing::Strict,
+                &init,
+                src,
+                Some(p.peer_id(1)),
+                &mut plain,
+                p.now,
+                &mut out,
+            );
             assert!(matches!(r, Rx::Done { .. }), "{r:?}");
         }
     }

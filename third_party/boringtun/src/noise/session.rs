@@ -325,7 +325,9 @@ mod tests {
     fn counters_past_the_limit_do_not_overflow() {
         let mut c: ReceivingKeyCounterValidator = Default::default();
         assert!(c.mark_did_receive(REJECT_AFTER_MESSAGES - 1).is_ok());
-        assert!(c.will_accept(REJECT_AFTER_MESSAGES - 1 - N_BITS + 64).is_ok());
+        assert!(c
+            .will_accept(REJECT_AFTER_MESSAGES - 1 - N_BITS + 64)
+            .is_ok());
     }
 
     #[test]

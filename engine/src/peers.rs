@@ -48,7 +48,7 @@ impl std::fmt::Debug for WgPeer {
         f.debug_struct("WgPeer")
             .field(
                 "public_key",
-                &crate::encap::wg::key_to_base64(&self.public_key),
+                &crate::encap::key::key_to_base64(&self.public_key),
             )
             .field("port", &self.port)
             .field("psk", &self.psk.map(|_| "<redacted>"))

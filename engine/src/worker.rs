@@ -43,7 +43,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use arc_swap::ArcSwap;
 
 use crate::antispoof;
-use crate::builder::SharedState;
 use crate::encap::DropReason;
 use crate::idle::{Idle, Spin};
 use crate::path::rx::Delivery;
@@ -106,6 +105,21 @@ pub(crate) trait Encapsulation: Sized + Send + 'static {
     fn wake(&self) -> Option<&Event> {
         None
     }
+}
+
+/// The state every worker of one engine holds a clone of.
+#[derive(Clone)]
+pub(crate) struct SharedState {
+    /// The peer table snapshot (the control plane's one handoff).
+    pub peers: Arc<ArcSwap<PeerTable>>,
+    /// Set when the engine stops.
+    pub stop: Arc<AtomicBool>,
+    /// The anti-spoofing mode, read once per receive batch.
+    pub anti_spoof: Arc<antispoof::Mode>,
+    /// Whether UDP GSO is in use (turns off at runtime on `EIO`).
+    pub udp_gso: Arc<AtomicBool>,
+    /// The workers' poll-on window (`WEFT_ENGINE_SPIN_US`).
+    pub spin: Spin,
 }
 
 /// One worker, moved into its thread: what every encapsulation's worker

@@ -16,6 +16,7 @@
 //! range of the inner IP packet, or the [`DropReason`] to count.
 
 pub mod ipip;
+pub mod key;
 pub mod wg;
 
 use std::ops::Range;

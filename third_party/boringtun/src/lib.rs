@@ -5,13 +5,10 @@
 //!
 //! <code>git clone https://github.com/cloudflare/boringtun.git</code>
 
-// weft: ring's `verify_slices_are_equal` is deprecated; upstream still calls it.
-#![allow(deprecated)]
-
 pub mod noise;
 
-#[cfg(not(feature = "mock-instant"))]
-pub(crate) mod sleepyinstant;
+// weft: the caller's clock, in place of `sleepyinstant` (see PATCHES.md).
+pub mod clock;
 
 /// Re-export of the x25519 types
 pub mod x25519 {

@@ -4,8 +4,8 @@
 use super::{HandshakeInit, HandshakeResponse, PacketCookieReply};
 use crate::noise::errors::WireGuardError;
 use crate::noise::session::Session;
-#[cfg(not(feature = "mock-instant"))]
-use crate::sleepyinstant::Instant;
+// weft: the caller's clock (PATCHES.md).
+use crate::clock::Instant;
 use crate::x25519;
 use aead::{Aead, Payload};
 use blake2::digest::{FixedOutput, KeyInit};
@@ -15,9 +15,6 @@ use rand_core::OsRng;
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305};
 use std::convert::TryInto;
 use std::time::{Duration, SystemTime};
-
-#[cfg(feature = "mock-instant")]
-use mock_instant::Instant;
 
 pub(crate) const LABEL_MAC1: &[u8; 8] = b"mac1----";
 pub(crate) const LABEL_COOKIE: &[u8; 8] = b"cookie--";
@@ -167,9 +164,12 @@ struct Tai64N {
 
 #[derive(Debug)]
 /// This struct computes a [Tai64N](https://cr.yp.to/libtai/tai64.html) timestamp from current system time
+// weft: on the system's clock, not the caller's (`crate::clock`): a
+// caller's time may stand still for a while, and a peer refuses a second
+// initiation with the same timestamp.
 struct TimeStamper {
     duration_at_start: Duration,
-    instant_at_start: Instant,
+    instant_at_start: std::time::Instant,
 }
 
 impl TimeStamper {
@@ -179,7 +179,7 @@ impl TimeStamper {
             duration_at_start: SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .unwrap(),
-            instant_at_start: Instant::now(),
+            instant_at_start: std::time::Instant::now(),
         }
     }
 
@@ -187,7 +187,7 @@ impl TimeStamper {
     pub fn stamp(&self) -> [u8; 12] {
         const TAI64_BASE: u64 = (1u64 << 62) + 37;
         let mut ext_stamp = [0u8; 12];
-        let stamp = Instant::now().duration_since(self.instant_at_start) + self.duration_at_start;
+        let stamp = self.instant_at_start.elapsed() + self.duration_at_start;
         ext_stamp[0..8].copy_from_slice(&(stamp.as_secs() + TAI64_BASE).to_be_bytes());
         ext_stamp[8..12].copy_from_slice(&stamp.subsec_nanos().to_be_bytes());
         ext_stamp

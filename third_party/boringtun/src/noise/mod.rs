@@ -249,19 +249,18 @@ impl Tunn {
     /// Size of dst should be at least src.len() + 32, and no less than 148 bytes.
     pub fn encapsulate<'a>(&mut self, src: &[u8], dst: &'a mut [u8]) -> TunnResult<'a> {
         let current = self.current;
-        // weft: a session past REJECT_AFTER_MESSAGES is retired here.
-        let exhausted = self.sessions[current % N_SESSIONS]
-            .as_ref()
-            .is_some_and(|s| s.sent() >= session::REJECT_AFTER_MESSAGES);
-        if exhausted {
+        // weft: a session past REJECT_AFTER_TIME or REJECT_AFTER_MESSAGES
+        // is retired before it seals anything (the packet is queued below).
+        let spent = self.session_expired(current)
+            || self.sessions[current % N_SESSIONS]
+                .as_ref()
+                .is_some_and(|s| s.sent() >= session::REJECT_AFTER_MESSAGES);
+        if spent {
             self.sessions[current % N_SESSIONS] = None;
         }
         if let Some(ref session) = self.sessions[current % N_SESSIONS] {
             // Send the packet using an established session
-            // weft: exhausted sessions were retired above.
-            let Some(packet) = session.format_packet_data(src, dst) else {
-                return TunnResult::Err(WireGuardError::ConnectionExpired);
-            };
+            let packet = session.format_packet_data(src, dst);
             self.timer_tick(TimerName::TimeLastPacketSent);
             // Exclude Keepalive packets from timer update.
             if !src.is_empty() {
@@ -363,9 +362,7 @@ impl Tunn {
 
         let session = self.handshake.receive_handshake_response(p)?;
 
-        let keepalive_packet = session
-            .format_packet_data(&[], dst)
-            .ok_or(WireGuardError::ConnectionExpired)?;
+        let keepalive_packet = session.format_packet_data(&[], dst);
         // Store new session in ring buffer
         let l_idx = session.local_index();
         let index = l_idx % N_SESSIONS;
@@ -422,6 +419,11 @@ impl Tunn {
     ) -> Result<TunnResult<'a>, WireGuardError> {
         let r_idx = packet.receiver_idx as usize;
         let idx = r_idx % N_SESSIONS;
+
+        // weft: a session REJECT_AFTER_TIME old opens nothing.
+        if self.sessions[idx].is_some() && self.session_expired(idx) {
+            return Err(WireGuardError::ConnectionExpired);
+        }
 
         // Get the (probably) right session
         let decapsulated_packet = {
@@ -615,7 +617,8 @@ impl Tunn {
 
 #[cfg(test)]
 mod tests {
-    #[cfg(feature = "mock-instant")]
+    // weft: the timer tests run on the caller's clock (was `mock-instant`).
+    use crate::clock;
     use crate::noise::timers::{REKEY_AFTER_TIME, REKEY_TIMEOUT};
 
     use super::*;
@@ -703,7 +706,6 @@ mod tests {
         packet
     }
 
-    #[cfg(feature = "mock-instant")]
     fn update_timer_results_in_handshake(tun: &mut Tunn) {
         let mut dst = vec![0u8; 2048];
         let result = tun.update_timers(&mut dst);
@@ -758,14 +760,13 @@ mod tests {
     }
 
     #[test]
-    #[cfg(feature = "mock-instant")]
     fn new_handshake_after_two_mins() {
         let (mut my_tun, mut their_tun) = create_two_tuns_and_handshake();
         let mut my_dst = [0u8; 1024];
 
         // Advance time 1 second and "send" 1 packet so that we send a handshake
         // after the timeout
-        mock_instant::MockClock::advance(Duration::from_secs(1));
+        clock::advance(Duration::from_secs(1));
         assert!(matches!(their_tun.update_timers(&mut []), TunnResult::Done));
         assert!(matches!(
             my_tun.update_timers(&mut my_dst),
@@ -776,13 +777,12 @@ mod tests {
         assert!(matches!(data, TunnResult::WriteToNetwork(_)));
 
         //Advance to timeout
-        mock_instant::MockClock::advance(REKEY_AFTER_TIME);
+        clock::advance(REKEY_AFTER_TIME);
         assert!(matches!(their_tun.update_timers(&mut []), TunnResult::Done));
         update_timer_results_in_handshake(&mut my_tun);
     }
 
     #[test]
-    #[cfg(feature = "mock-instant")]
     fn handshake_no_resp_rekey_timeout() {
         let (mut my_tun, _their_tun) = create_two_tuns();
 
@@ -790,8 +790,30 @@ mod tests {
         let packet = Tunn::parse_incoming_packet(&init).unwrap();
         assert!(matches!(packet, Packet::HandshakeInit(_)));
 
-        mock_instant::MockClock::advance(REKEY_TIMEOUT);
+        clock::advance(REKEY_TIMEOUT);
         update_timer_results_in_handshake(&mut my_tun)
+    }
+
+    /// weft: REJECT_AFTER_TIME holds on the packet, between timer ticks.
+    #[test]
+    fn a_session_neither_seals_nor_opens_at_reject_after_time() {
+        let (mut my_tun, mut their_tun) = create_two_tuns_and_handshake();
+        let mut my_dst = [0u8; 1024];
+        let mut their_dst = [0u8; 1024];
+        let sent_packet_buf = create_ipv4_udp_packet();
+        let old = match my_tun.encapsulate(&sent_packet_buf, &mut my_dst) {
+            TunnResult::WriteToNetwork(sent) => sent.to_vec(),
+            r => panic!("{:?}", r),
+        };
+
+        clock::advance(Duration::from_secs(180));
+        let r = their_tun.decapsulate(None, &old, &mut their_dst);
+        assert!(matches!(
+            r,
+            TunnResult::Err(WireGuardError::ConnectionExpired)
+        ));
+        let r = my_tun.encapsulate(&sent_packet_buf, &mut my_dst);
+        assert!(matches!(r, TunnResult::WriteToNetwork(p) if p.len() == HANDSHAKE_INIT_SZ));
     }
 
     #[test]

@@ -213,22 +213,12 @@ impl Session {
     /// src - an IP packet from the interface
     /// dst - pre-allocated space to hold the encapsulating UDP packet to send over the network
     /// returns the size of the formatted packet
-    /// weft: `None` once the session has sent REJECT_AFTER_MESSAGES messages.
-    pub(super) fn format_packet_data<'a>(
-        &self,
-        src: &[u8],
-        dst: &'a mut [u8],
-    ) -> Option<&'a mut [u8]> {
+    pub(super) fn format_packet_data<'a>(&self, src: &[u8], dst: &'a mut [u8]) -> &'a mut [u8] {
         if dst.len() < src.len() + super::DATA_OVERHEAD_SZ {
             panic!("The destination buffer is too small");
         }
 
         let sending_key_counter = self.sending_key_counter.fetch_add(1, Ordering::Relaxed) as u64;
-        if sending_key_counter >= REJECT_AFTER_MESSAGES {
-            self.sending_key_counter
-                .store(REJECT_AFTER_MESSAGES, Ordering::Relaxed);
-            return None;
-        }
 
         let (message_type, rest) = dst.split_at_mut(4);
         let (receiver_index, rest) = rest.split_at_mut(4);
@@ -256,7 +246,7 @@ impl Session {
                 .unwrap()
         };
 
-        Some(&mut dst[..DATA_OFFSET + n])
+        &mut dst[..DATA_OFFSET + n]
     }
 
     /// weft: messages sent so far.

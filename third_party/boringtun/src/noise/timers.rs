@@ -8,11 +8,8 @@ use std::ops::{Index, IndexMut};
 
 use std::time::Duration;
 
-#[cfg(feature = "mock-instant")]
-use mock_instant::Instant;
-
-#[cfg(not(feature = "mock-instant"))]
-use crate::sleepyinstant::Instant;
+// weft: the caller's clock (PATCHES.md).
+use crate::clock::Instant;
 
 // Some constants, represent time in seconds
 // https://www.wireguard.com/papers/wireguard.pdf#page=14
@@ -314,6 +311,16 @@ impl Tunn {
         }
 
         TunnResult::Done
+    }
+
+    /// weft: whether session `idx` is REJECT_AFTER_TIME old. Checked on
+    /// every packet (upstream only on the timer tick), so the time it reads
+    /// (the caller's, `crate::clock`) also stamps the packet's timers.
+    pub(super) fn session_expired(&mut self, idx: usize) -> bool {
+        let now = Instant::now().duration_since(self.timers.time_started);
+        self.timers[TimeCurrent] = now;
+        let established = self.timers.session_timers[idx % super::N_SESSIONS];
+        now.saturating_sub(established) >= REJECT_AFTER_TIME
     }
 
     pub fn time_since_last_handshake(&self) -> Option<Duration> {

@@ -1,1 +1,0 @@
-pub(crate) use std::time::Instant;

@@ -170,36 +170,28 @@ fn gro_coalescing_allocates_nothing() {
     }
 }
 
-/// The WireGuard core's transmit and receive steps (`path::wg::Core`,
-/// an established session): a TUN read encrypted into the caller's buffer,
-/// the datagram decrypted, checked and delivered; a TCP super-packet cut in
-/// place and sealed.
+/// The WireGuard core's steps as the worker takes them
+/// (`path::wg::Core`, an established session): a TUN read encrypted into
+/// the caller's buffer, the datagrams received as one train (decrypted,
+/// checked and delivered), a TCP super-packet cut in place and sealed;
+/// and the timer tick of a quiet session.
 #[test]
 fn wireguard_core_steps_allocate_nothing() {
     use weft_engine::path::wg::sim::Pair;
-    use weft_engine::path::wg::{Now, Rx};
+    use weft_engine::path::wg::{Now, TIMER_TICK};
     let mut p = Pair::connect(Now::read());
-    let src = p.nodes[0].addr;
+    let n = allocations(100, || {
+        p.advance(TIMER_TICK);
+        p.tick();
+    });
+    assert_eq!(n, 0, "wireguard, timer ticks");
     let step = |p: &mut Pair, read: &mut [u8], vnet_hdr: bool| {
-        p.nodes[0].out.clear();
+        p.nodes[0].io.clear();
+        p.nodes[1].io.clear();
         p.send(0, read, vnet_hdr).expect("sent");
-        let now = p.now;
-        let [a, b] = &mut p.nodes;
-        let t = std::sync::Arc::clone(&b.table);
-        for i in 0..a.out.sent.len() {
-            let d = a.out.datagram(i);
-            let r = b.core.datagram(
-                &t,
-                AntiSpoofing::Strict,
-                d,
-                src,
-                None,
-                &mut b.plain,
-                now,
-                &mut b.out,
-            );
-            assert!(matches!(r, Rx::Deliver { .. }), "{r:?}");
-        }
+        p.receive_train(0, vnet_hdr);
+        let [a, b] = &p.nodes;
+        assert_eq!(b.io.delivered.len(), a.io.sent.len(), "{:?}", b.io.dropped);
     };
     for size in SIZES {
         let pkt = udp_packet(size);

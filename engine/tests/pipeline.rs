@@ -35,6 +35,19 @@ fn super_packet(payload: &[u8]) -> Vec<u8> {
     v
 }
 
+/// A TUN read: a virtio-net header asking for TCP segments that fit `mtu`,
+/// and a TCP super-packet carrying `payload`.
+fn tcp_read(mtu: usize, payload: &[u8]) -> Vec<u8> {
+    let hdr = VnetHdr {
+        gso_type: vnet::GSO_TCPV4,
+        gso_size: u16::try_from(mtu - 40).expect("mss"),
+        ..VnetHdr::default()
+    };
+    let mut read = hdr.to_bytes().to_vec();
+    read.extend_from_slice(&super_packet(payload));
+    read
+}
+
 /// A node's peer table: the other node's subnet and address.
 fn table(subnet: &str, endpoint: [u8; 4], mac: [u8; 6]) -> PeerTable {
     let peer = Peer {
@@ -54,13 +67,7 @@ fn pipeline(
     lose: Option<usize>,
 ) -> (Vec<(VnetHdr, Vec<u8>)>, Vec<u8>) {
     let data: Vec<u8> = (0..payload_len).map(|i| (i * 7 % 251) as u8).collect();
-    let hdr = VnetHdr {
-        gso_type: vnet::GSO_TCPV4,
-        gso_size: u16::try_from(mtu - 40).expect("mss"),
-        ..VnetHdr::default()
-    };
-    let mut read = hdr.to_bytes().to_vec();
-    read.extend_from_slice(&super_packet(&data));
+    let mut read = tcp_read(mtu, &data);
     // Node 1.
     let peers1 = table("10.244.2.0/24", NODE2, MAC2);
     let plan = tx::udp_plan(&tx_codec, &peers1, &mut read, true, 1 << 20).expect("plan");
@@ -157,60 +164,32 @@ fn a_lost_segment_splits_the_train_but_keeps_order() {
 /// WireGuard, two engines' cores in process (as quinn tests its
 /// endpoints): node 1's `Core::tun_tx` cuts and seals a TCP super-packet,
 /// the wire hands node 2 the datagrams as one UDP-GRO train, node 2's
-/// `Core::datagram` opens each (AllowedIPs, strict), the checksum is
-/// trusted as the worker does, and GRO makes one TUN write of exactly the
-/// original stream. The handshake that precedes it is the cores' own.
+/// `Core::train` opens each (AllowedIPs, strict; the checksum marked
+/// trusted for the TUN's virtio-net header) into its plaintext room, and
+/// GRO makes one TUN write of exactly the original stream. The handshake
+/// that precedes it is the cores' own.
 #[test]
 fn wireguard_pair_carries_a_super_packet_as_one_write() {
-    use weft_engine::path::wg::seg::trust_tcp_checksum;
+    use weft_engine::path::wg::Now;
     use weft_engine::path::wg::sim::Pair;
-    use weft_engine::path::wg::{Now, Rx};
 
     let mut p = Pair::connect(Now::read());
     let mtu = 1420;
     let data: Vec<u8> = (0..50_000).map(|i| (i * 13 % 251) as u8).collect();
-    let hdr = VnetHdr {
-        gso_type: vnet::GSO_TCPV4,
-        gso_size: u16::try_from(mtu - 40).expect("mss"),
-        ..VnetHdr::default()
-    };
-    let mut read = hdr.to_bytes().to_vec();
-    read.extend_from_slice(&super_packet(&data));
+    let mut read = tcp_read(mtu, &data);
     p.send(0, &mut read, true).expect("sent");
-    let out = &p.nodes[0].out;
-    let stride = out.sent[0].1.len();
-    let mut wire = Vec::new();
-    for i in 0..out.sent.len() {
-        assert_eq!(out.sent[i].0, p.nodes[1].addr);
-        wire.extend_from_slice(out.datagram(i));
-    }
-    let (src, now) = (p.nodes[0].addr, p.now);
-    let n = &mut p.nodes[1];
-    let t = std::sync::Arc::clone(&n.table);
-    let mut arena = vec![0u8; wire.len()];
-    let mut pos = 0;
+    p.receive_train(0, true);
+    let [a, b] = &mut p.nodes;
+    assert!(a.io.sent.iter().all(|s| s.0 == b.addr));
+    assert_eq!(b.io.delivered.len(), a.io.sent.len(), "{:?}", b.io.dropped);
     let mut gro = Gro::new(mtu);
-    for seg in rx::train(wire.len(), stride) {
-        let r = n.core.datagram(
-            &t,
-            AntiSpoofing::Strict,
-            &wire[seg],
-            src,
-            None,
-            &mut arena[pos..],
-            now,
-            &mut n.out,
-        );
-        let Rx::Deliver { len, from } = r else {
-            panic!("{r:?}")
-        };
-        assert!(from.is_some());
-        trust_tcp_checksum(&mut arena[pos..pos + len]);
-        assert_eq!(gro.push(&arena, pos, len), Pushed::Queued);
-        pos += len;
+    let delivered = b.io.delivered.clone();
+    let arena = b.io.plain();
+    for r in delivered {
+        assert_eq!(gro.push(arena, r.start, r.len()), Pushed::Queued);
     }
     let mut writes = Vec::new();
-    gro.flush(&mut arena, |iov: &[IoSlice<'_>]| {
+    gro.flush(arena, |iov: &[IoSlice<'_>]| {
         let b: Vec<u8> = iov.iter().flat_map(|s| s.iter().copied()).collect();
         writes.push((
             VnetHdr::parse(&b).expect("vnet"),

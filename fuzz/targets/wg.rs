@@ -7,13 +7,11 @@
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use weft_engine::AntiSpoofing;
 use weft_engine::encap::DropReason;
-use weft_engine::path::wg::gate::{Load, UNDER_LOAD};
-use weft_engine::path::wg::sim::{Got, KEYS, Pair, Wire};
-use weft_engine::path::wg::{Config, Core, Now, Rx};
+use weft_engine::path::wg::sim::{Got, Outcome, Pair};
+use weft_engine::path::wg::{Now, Out};
 use weft_engine::wire::{ipv4, ipv6, vnet};
 
 /// A roamed source of node 1 (mode 1, flag bit 3).
@@ -59,24 +57,22 @@ pub fn wg_input(data: &[u8]) {
     }
 }
 
-/// Node 2 receives `d` from `src`.
-fn receive(p: &mut Pair, d: &[u8], src: SocketAddr) -> (Got, usize) {
-    let w = &mut p.nodes[0].out;
+/// Node 2 receives `d` from `src` (as sent by node 1).
+fn receive(p: &mut Pair, d: &[u8], src: SocketAddr) -> Got {
+    let w = &mut p.nodes[0].io;
     w.clear();
-    let room = weft_engine::path::wg::Out::room(w, d.len());
-    room[..d.len()].copy_from_slice(d);
-    weft_engine::path::wg::Out::push(w, p.nodes[1].addr, d.len());
+    w.room(d.len(), 1)[..d.len()].copy_from_slice(d);
+    w.push(p.nodes[1].addr, d.len());
     let got = p.deliver_from(0, src, AntiSpoofing::Strict);
-    let answers = p.nodes[1].out.sent.len();
-    p.nodes[1].out.clear();
-    (got, answers)
+    p.nodes[1].io.clear();
+    got
 }
 
 fn junk(p: &mut Pair, d: &[u8]) {
     let id = p.peer_id(1);
     let before = p.nodes[1].core.endpoint(id);
     let src = p.nodes[0].addr;
-    let (got, _) = receive(p, d, src);
+    let got = receive(p, d, src);
     assert!(got.delivered.is_empty(), "junk decrypted: {got:?}");
     assert_eq!(
         p.nodes[1].core.endpoint(id),
@@ -130,12 +126,12 @@ fn packets(p: &mut Pair, mut rest: &[u8]) {
             fix_ip_len(&mut plain);
         }
         let mut read = plain.clone();
-        p.nodes[0].out.clear();
+        p.nodes[0].io.clear();
         if p.send(0, &mut read, false).is_err() {
-            assert!(p.nodes[0].out.sent.is_empty(), "a refused read was sent");
+            assert!(p.nodes[0].io.sent.is_empty(), "a refused read was sent");
             continue;
         }
-        let d = p.nodes[0].out.datagram(0).to_vec();
+        let d = p.nodes[0].io.datagram(0).to_vec();
         assert_eq!(d.len(), read.len() + 32, "ciphertext is plaintext + 32");
         let src = if flags & 8 != 0 {
             roamed
@@ -151,7 +147,7 @@ fn packets(p: &mut Pair, mut rest: &[u8]) {
                 bad.truncate(at.max(1));
             }
             let before = p.nodes[1].core.endpoint(id);
-            let (got, _) = receive(p, &bad, src);
+            let got = receive(p, &bad, src);
             assert!(
                 got.delivered.is_empty(),
                 "a modified datagram was delivered"
@@ -162,7 +158,7 @@ fn packets(p: &mut Pair, mut rest: &[u8]) {
                 "a forgery moved the endpoint"
             );
         }
-        let (got, _) = receive(p, &d, src);
+        let got = receive(p, &d, src);
         match (expected(&read), got.delivered.first()) {
             (Some(want), Some(out)) => assert_eq!(&out[..], want, "plaintext changed"),
             (_, Some(out)) => panic!("delivered a non-packet: {out:?}"),
@@ -176,7 +172,7 @@ fn packets(p: &mut Pair, mut rest: &[u8]) {
         if !got.delivered.is_empty() {
             assert_eq!(p.nodes[1].core.endpoint(id), Some(src), "no roaming");
         }
-        let (again, _) = receive(p, &d, src);
+        let again = receive(p, &d, src);
         assert_eq!(again.dropped, vec![DropReason::Replay], "a replay passed");
     }
 }
@@ -185,12 +181,8 @@ fn handshake(rest: &[u8]) {
     let [flags, p0, p1, val, ..] = *rest else {
         return;
     };
-    let now = Now::read();
-    let mut p = Pair::new(now);
-    let t = std::sync::Arc::clone(&p.nodes[0].table);
-    let mut init_out = Wire::new(4096);
-    p.nodes[0].core.follow(&t, now, &mut init_out);
-    let mut d = init_out.datagram(0).to_vec();
+    let mut p = Pair::new(Now::read());
+    let mut d = p.initiation(0);
     let at = usize::from(u16::from_le_bytes([p0, p1])) % d.len();
     let modified = flags & 1 != 0;
     if modified {
@@ -198,50 +190,27 @@ fn handshake(rest: &[u8]) {
     }
     let under_load = flags & 2 != 0;
     if under_load {
-        let load = std::sync::Arc::new(Load::new(now.mono));
-        for _ in 0..=UNDER_LOAD {
-            load.note(now.mono);
-        }
-        p.nodes[1].core = Core::new(Config {
-            me: 0,
-            workers: 1,
-            secret: KEYS[1],
-            seed: [3; 64],
-            load,
-            now: now.mono,
-        });
+        p.overload(1);
     }
-    let t = std::sync::Arc::clone(&p.nodes[1].table);
-    p.nodes[1].core.follow(&t, now, &mut Wire::new(4096));
+    p.initiation(1);
     let genuine = !modified || at >= MAC2_AT;
     let src = p.nodes[0].addr;
-    let n = &mut p.nodes[1];
-    let mut out = Wire::new(4096);
-    let r = n.core.datagram(
-        &t,
-        AntiSpoofing::Strict,
-        &d,
-        src,
-        None,
-        &mut n.plain,
-        now,
-        &mut out,
-    );
-    let answer = out.sent.first().map(|_| out.datagram(0).to_vec());
+    let r = p.receive(1, &d, src, AntiSpoofing::Strict);
+    let io = &p.nodes[1].io;
+    let answer = io.sent.first().map(|_| io.datagram(0).to_vec());
     match (r, answer) {
-        (Rx::Done { .. }, Some(a)) => {
+        (Outcome::Done(0), Some(a)) => {
             assert!(genuine && !under_load, "answered a bad initiation");
             assert_eq!((a.len(), a[0]), (92, 2), "not a handshake response");
             assert_eq!(a[8..12], d[4..8], "response to another sender index");
         }
-        (Rx::Drop(DropReason::Handshake), Some(c)) => {
+        (Outcome::Drop(DropReason::Handshake), Some(c)) => {
             assert!(genuine && under_load, "cookie reply to a bad initiation");
             assert_eq!((c.len(), c[0]), (64, 3), "not a cookie reply");
             assert_eq!(c[4..8], d[4..8], "cookie reply to another sender index");
         }
         (r, a) => assert!(!genuine && a.is_none(), "genuine initiation: {r:?}, {a:?}"),
     }
-    p.advance(Duration::from_secs(0));
 }
 
 fn tun_read(p: &mut Pair, read: &[u8]) {
@@ -249,7 +218,7 @@ fn tun_read(p: &mut Pair, read: &[u8]) {
         return;
     }
     let mut read = read.to_vec();
-    p.nodes[0].out.clear();
+    p.nodes[0].io.clear();
     if p.send(0, &mut read, true).is_err() {
         return;
     }

@@ -42,6 +42,7 @@ pub fn classify(e: &WireGuardError) -> DropReason {
         }
         WireGuardError::DuplicateCounter | WireGuardError::InvalidCounter => DropReason::Replay,
         WireGuardError::WrongIndex => DropReason::UnknownKey,
+        WireGuardError::ConnectionExpired => DropReason::Expired,
         WireGuardError::InvalidPacket
         | WireGuardError::IncorrectPacketLength
         | WireGuardError::WrongPacketType

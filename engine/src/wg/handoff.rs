@@ -5,11 +5,11 @@
 //! after the owner has processed them; inboxes are bounded. Nothing is
 //! allocated after start. A full inbox or an empty pool drops the packet.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
 
+use crate::path::wg::Train;
 use crate::sys::event::Event;
 
 /// Pool buffers per worker.
@@ -20,13 +20,8 @@ const BUFFERS_PER_WORKER: usize = 16;
 pub(crate) enum Kind {
     /// A TUN read (with its vnet header when the TUN has one).
     Tun,
-    /// A received datagram or GRO train with this segment size, from `src`
-    /// (`vouched`: an initiation a gate checked, for this peer id).
-    Udp {
-        src: SocketAddr,
-        stride: usize,
-        vouched: Option<u32>,
-    },
+    /// A received datagram or GRO train, and how it arrived.
+    Udp(Train),
 }
 
 /// One handed-off packet: `buf[..len]`.
@@ -84,11 +79,6 @@ impl Hub {
         ))
     }
 
-    /// Number of workers (of inboxes).
-    pub fn workers(&self) -> usize {
-        self.inboxes.len()
-    }
-
     /// Copies `data` into a pool buffer and queues it for worker `to`, then wakes it.
     pub fn send(&self, to: usize, kind: Kind, data: &[u8]) -> Result<(), Full> {
         let Some(inbox) = self.inboxes.get(to) else {
@@ -126,6 +116,8 @@ impl Hub {
 
 #[cfg(test)]
 mod tests {
+    use std::net::SocketAddr;
+
     use super::*;
 
     #[test]
@@ -135,11 +127,11 @@ mod tests {
         assert_eq!(
             hub.send(
                 1,
-                Kind::Udp {
+                Kind::Udp(Train {
                     src,
                     stride: 3,
                     vouched: None,
-                },
+                }),
                 b"abc"
             ),
             Ok(())
@@ -148,11 +140,11 @@ mod tests {
         assert_eq!(
             (m.kind, &m.buf[..m.len]),
             (
-                Kind::Udp {
+                Kind::Udp(Train {
                     src,
                     stride: 3,
                     vouched: None,
-                },
+                }),
                 &b"abc"[..]
             )
         );

@@ -76,6 +76,7 @@ pub use crate::encap::wg::{
 pub use crate::path::wg::TIMER_TICK;
 
 use crate::builder::Builder;
+use crate::path::wg::Config;
 use crate::path::wg::gate::Load;
 use crate::sys::udp::Udp;
 use crate::worker::Worker;
@@ -161,9 +162,14 @@ pub(crate) fn start(b: Builder<'_>, port: u16, key: WgSecret) -> Result<Engine, 
                 sock,
                 hub: hub.clone(),
                 inbox,
-                secret: key.0,
-                seed,
-                load: Arc::clone(&load),
+                core: Config {
+                    me: i,
+                    workers,
+                    secret: key.0,
+                    seed,
+                    load: Arc::clone(&load),
+                    now: Instant::now(),
+                },
             };
             Ok(Worker::new(i, q, dev.vnet_hdr, cfg.mtu, &b.shared, encap))
         })

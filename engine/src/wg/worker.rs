@@ -3,7 +3,9 @@
 //! this worker owns and decides everything per packet. The shell keeps one
 //! socket on the listen port (receive and send: WireGuard peers learn our
 //! endpoint from the source port), the inbox of packets other workers
-//! handed over, the timer tick and the buffers. See [`super`] for the design.
+//! handed over, the timer tick and the buffers, and is the core's [`Io`]:
+//! its transmit queue, plaintext arena, handoffs and counters. See
+//! [`super`] for the design.
 //!
 //! Each round begins with the clocks read once ([`Now`]), a table swap if
 //! there was one ([`Core::follow`]) and the inbox; it ends with
@@ -16,14 +18,13 @@ use std::sync::atomic::Ordering;
 
 use super::handoff::{Hub, Inbox, Kind};
 use crate::encap::DropReason;
-use crate::path::rx;
-use crate::path::wg::gate::Load;
-use crate::path::wg::seg::trust_tcp_checksum;
-use crate::path::wg::{Config, Core, Now, Out, Rx, TunTx};
-use crate::peers::PeerTable;
+use crate::path::rx::Delivery;
+use crate::path::wg::{Config, Core, Io, Now, Out, Round, Train, TunTx};
+use crate::peers::{Entry, PeerTable};
 use crate::stats::{Ctr, Local};
 use crate::sys::event::Event;
 use crate::sys::udp::{BATCH, RxMeta, TxMsg, Udp};
+use crate::tun_out::TunOut;
 use crate::udp::worker::FLUSH_AT;
 use crate::udp_tx;
 use crate::worker::{self, Encapsulation, RX_SLOT, TUN_BUF, TxQueue, Worker, received};
@@ -42,35 +43,98 @@ pub(crate) struct WgEncap {
     pub sock: Udp,
     pub hub: Arc<Hub>,
     pub inbox: Inbox,
-    /// Our static private key.
-    pub secret: [u8; 32],
-    /// The gate's random secrets.
-    pub seed: [u8; 64],
-    /// The engine's handshake load, shared by all workers' gates.
-    pub load: Arc<Load>,
+    /// What the worker's core starts with.
+    pub core: Config,
 }
 
-/// A worker's state: the core and the buffers.
+/// A worker's state: the core, the buffers and the round's time.
 pub(crate) struct State {
     core: Core,
     b: worker::Buffers<TxMsg, RxMeta, RX_SLOTS>,
-    /// Decrypted packets, waiting for GRO and the TUN.
-    plain: Vec<u8>,
-    plain_pos: usize,
+    /// Decrypted packets waiting for GRO and the TUN, and the bytes in use.
+    plain: (Vec<u8>, usize),
     now: Now,
 }
 
-/// The transmit queue as the core's [`Out`]: sends what it holds when a
-/// datagram does not fit.
-struct Queue<'a> {
+/// The worker as the core's [`Io`] for one step.
+struct Shell<'a> {
     w: &'a Worker<WgEncap>,
     tx: &'a mut TxQueue<TxMsg>,
+    out: &'a mut TunOut,
+    plain: &'a mut (Vec<u8>, usize),
     ctr: &'a mut Local,
 }
 
-impl Out for Queue<'_> {
-    fn room(&mut self, len: usize) -> &mut [u8] {
-        if !self.tx.fits(len, 1) {
+/// Splits `s` into the core, the time and the shell around them.
+fn split<'a>(
+    w: &'a Worker<WgEncap>,
+    s: &'a mut State,
+    ctr: &'a mut Local,
+) -> (&'a mut Core, Now, Shell<'a>) {
+    let (tx, out) = (&mut s.b.tx, &mut s.b.out);
+    let io = Shell {
+        w,
+        tx,
+        out,
+        plain: &mut s.plain,
+        ctr,
+    };
+    (&mut s.core, s.now, io)
+}
+
+/// The round's shared inputs: `peers`, the worker's modes, the time.
+fn round<'t>(w: &Worker<WgEncap>, peers: &'t PeerTable, now: Now) -> Round<'t> {
+    Round {
+        table: peers,
+        mode: w.anti_spoof.get(),
+        vnet_hdr: w.vnet_hdr,
+        now,
+    }
+}
+
+fn flush_tx(w: &Worker<WgEncap>, tx: &mut TxQueue<TxMsg>, ctr: &mut Local) {
+    udp_tx::send_all(&w.encap.sock, &tx.msgs, &tx.buf, &w.udp_gso, ctr);
+    tx.clear();
+}
+
+impl Shell<'_> {
+    /// Writes everything decrypted so far to the TUN and sends the queue.
+    fn flush(&mut self) {
+        self.out.flush(&self.w.tun, &mut self.plain.0, self.ctr);
+        self.plain.1 = 0;
+        flush_tx(self.w, self.tx, self.ctr);
+    }
+
+    fn pass(&mut self, to: usize, kind: Kind, data: &[u8]) {
+        match self.w.encap.hub.send(to, kind, data) {
+            Ok(()) => self.ctr.add(Ctr::Handoffs, 1),
+            Err(_) => self.ctr.drop(DropReason::Backlog, 1),
+        }
+    }
+
+    /// A TUN read (or one handed over) through the core.
+    fn tun_tx(
+        &mut self,
+        core: &mut Core,
+        cx: &Round<'_>,
+        read: &mut [u8],
+    ) -> Result<(), DropReason> {
+        match core.tun_tx(cx, read, self)? {
+            TunTx::HandOff(to) => self.pass(to, Kind::Tun, read),
+            TunTx::Sent {
+                entry,
+                packets,
+                bytes,
+                cut,
+            } => self.w.count_sent(entry, packets, bytes, cut, self.ctr),
+        }
+        Ok(())
+    }
+}
+
+impl Out for Shell<'_> {
+    fn room(&mut self, len: usize, datagrams: usize) -> &mut [u8] {
+        if !self.tx.fits(len, datagrams) {
             flush_tx(self.w, self.tx, self.ctr);
         }
         &mut self.tx.buf[self.tx.pos..]
@@ -81,28 +145,47 @@ impl Out for Queue<'_> {
     fn push(&mut self, to: SocketAddr, len: usize) {
         let start = self.tx.pos;
         self.tx.pos += len;
-        if self.w.udp_gso.load(Ordering::Relaxed)
-            && let Some(m) = self.tx.msgs.last_mut()
-            && udp_tx::extend_train(m, to, start, len)
+        let gso = self.w.udp_gso.load(Ordering::Relaxed);
+        if !(gso
+            && (self.tx.msgs.last_mut()).is_some_and(|m| udp_tx::extend_train(m, to, start, len)))
         {
-            return;
+            self.tx.msgs.push(udp_tx::single(to, start, len));
         }
-        if !self.tx.fits(0, 1) {
-            // Out of messages: send them; the bytes stay where they are.
-            self.tx.pos -= len;
-            flush_tx(self.w, self.tx, self.ctr);
-            self.tx.buf.copy_within(start..start + len, 0);
-            self.tx.pos = len;
-            self.tx.msgs.push(udp_tx::single(to, 0, len));
-            return;
-        }
-        self.tx.msgs.push(udp_tx::single(to, start, len));
     }
 }
 
-fn flush_tx(w: &Worker<WgEncap>, tx: &mut TxQueue<TxMsg>, ctr: &mut Local) {
-    udp_tx::send_all(&w.encap.sock, &tx.msgs, &tx.buf, &w.udp_gso, ctr);
-    tx.clear();
+impl Io for Shell<'_> {
+    fn plain(&mut self, len: usize) -> &mut [u8] {
+        if self.plain.1 + len > self.plain.0.len() {
+            self.out.flush(&self.w.tun, &mut self.plain.0, self.ctr);
+            self.plain.1 = 0;
+        }
+        &mut self.plain.0[self.plain.1..]
+    }
+
+    fn deliver(&mut self, len: usize, from: Option<&Entry>, src: SocketAddr) {
+        let start = self.plain.1;
+        self.plain.1 += len;
+        let d = Delivery {
+            inner: start..start + len,
+            from,
+            unexpected: false,
+        };
+        self.w
+            .deliver(self.out, &mut self.plain.0, 0, &d, src.ip(), self.ctr);
+    }
+
+    fn hand_off(&mut self, to: usize, d: &[u8], how: Train) {
+        self.pass(to, Kind::Udp(how), d);
+    }
+
+    fn answered(&mut self, sent: u64) {
+        self.ctr.add(Ctr::TxPackets, sent);
+    }
+
+    fn dropped(&mut self, reason: DropReason) {
+        self.ctr.drop(reason, 1);
+    }
 }
 
 impl Encapsulation for WgEncap {
@@ -111,24 +194,19 @@ impl Encapsulation for WgEncap {
 
     fn state(w: &Worker<Self>) -> State {
         let now = Now::read();
-        let e = &w.encap;
         State {
             core: Core::new(Config {
-                me: w.index,
-                workers: e.hub.workers(),
-                secret: e.secret,
-                seed: e.seed,
-                load: Arc::clone(&e.load),
                 now: now.mono,
+                ..w.encap.core.clone()
             }),
             b: worker::Buffers::new(w, TX_ARENA, TX_MSGS),
-            plain: vec![0; RX_SLOT * RX_SLOTS],
-            plain_pos: 0,
+            plain: (vec![0; RX_SLOT * RX_SLOTS], 0),
             now,
         }
     }
 
-    /// The clocks, a table swap, then the inbox.
+    /// The clocks, a table swap, then up to [`INBOX_BUDGET`] packets other
+    /// workers handed over.
     fn begin_round(
         w: &Worker<Self>,
         s: &mut State,
@@ -136,15 +214,28 @@ impl Encapsulation for WgEncap {
         ctr: &mut Local,
     ) -> bool {
         s.now = Now::read();
-        let mut q = Queue {
-            w,
-            tx: &mut s.b.tx,
-            ctr,
-        };
-        if s.core.follow(peers, s.now, &mut q) {
-            flush_tx(w, q.tx, q.ctr);
+        let (core, now, mut io) = split(w, s, ctr);
+        core.follow(peers, now, &mut io);
+        let cx = round(w, peers, now);
+        let mut any = false;
+        for _ in 0..INBOX_BUDGET {
+            let Ok(mut m) = w.encap.inbox.rx.try_recv() else {
+                break;
+            };
+            any = true;
+            let d = &mut m.buf[..m.len];
+            match m.kind {
+                Kind::Tun => {
+                    if let Err(r) = io.tun_tx(core, &cx, d) {
+                        io.ctr.drop(r, 1);
+                    }
+                }
+                Kind::Udp(how) => core.train(&cx, d, how, &mut io),
+            }
+            w.encap.hub.recycle(m.buf);
         }
-        inbox_step(w, s, peers, ctr)
+        io.flush();
+        any
     }
 
     fn tun_packet(
@@ -154,21 +245,8 @@ impl Encapsulation for WgEncap {
         read: &mut [u8],
         ctr: &mut Local,
     ) -> Result<(), DropReason> {
-        let mut q = Queue {
-            w,
-            tx: &mut s.b.tx,
-            ctr,
-        };
-        match s.core.tun_tx(peers, read, w.vnet_hdr, s.now, &mut q)? {
-            TunTx::HandOff(to) => hand_off(w, to, Kind::Tun, read, ctr),
-            TunTx::Sent {
-                entry,
-                packets,
-                bytes,
-                cut,
-            } => w.count_sent(entry, packets, bytes, cut, ctr),
-        }
-        Ok(())
+        let (core, now, mut io) = split(w, s, ctr);
+        io.tun_tx(core, &round(w, peers, now), read)
     }
 
     fn queued(s: &State) -> usize {
@@ -179,50 +257,35 @@ impl Encapsulation for WgEncap {
         flush_tx(w, &mut s.b.tx, ctr);
     }
 
-    /// One `recvmmsg`; each datagram of each train through the core.
+    /// One `recvmmsg`; each train through the core.
     fn net_step(w: &Worker<Self>, s: &mut State, peers: &PeerTable, ctr: &mut Local) -> bool {
         let r = w.encap.sock.recv_batch(&mut s.b.rx, RX_SLOT, &mut s.b.meta);
         let Some(got) = received(r, ctr) else {
             return false;
         };
-        // Take the receive arena out so that segments can be borrowed while `s` is mutated.
-        let arena = std::mem::take(&mut s.b.rx);
-        for i in 0..got {
-            let m = s.b.meta[i];
-            let base = i * RX_SLOT;
-            let len = m.len.min(RX_SLOT);
-            let src = SocketAddr::new(m.src, m.src_port);
-            if len == 0 {
-                ctr.drop(DropReason::Malformed, 1);
-                continue;
-            }
-            train(
-                w,
-                s,
-                peers,
-                &arena[base..base + len],
-                m.stride,
-                src,
-                None,
-                ctr,
-            );
+        // The receive arena is read while the rest of the state is the shell.
+        let (arena, meta) = (std::mem::take(&mut s.b.rx), s.b.meta);
+        let (core, now, mut io) = split(w, s, ctr);
+        let cx = round(w, peers, now);
+        for (i, m) in meta.iter().enumerate().take(got) {
+            let t = &arena[i * RX_SLOT..i * RX_SLOT + m.len.min(RX_SLOT)];
+            let how = Train {
+                src: SocketAddr::new(m.src, m.src_port),
+                stride: m.stride,
+                vouched: None,
+            };
+            core.train(&cx, t, how, &mut io);
         }
+        io.flush();
         s.b.rx = arena;
-        flush_rx(w, s, ctr);
-        flush_tx(w, &mut s.b.tx, ctr);
         true
     }
 
     /// Every timer tick, each owned peer's timers.
     fn end_round(w: &Worker<Self>, s: &mut State, ctr: &mut Local) {
-        let mut q = Queue {
-            w,
-            tx: &mut s.b.tx,
-            ctr,
-        };
-        if s.core.tick(s.now, &mut q) {
-            flush_tx(w, q.tx, q.ctr);
-        }
+        let (core, now, mut io) = split(w, s, ctr);
+        core.tick(now, &mut io);
+        io.flush();
     }
 
     fn net_fd(&self) -> RawFd {
@@ -232,131 +295,4 @@ impl Encapsulation for WgEncap {
     fn wake(&self) -> Option<&Event> {
         Some(&self.inbox.event)
     }
-}
-
-/// One datagram through the core; `Some((worker, vouched))` when it belongs
-/// to another worker.
-fn datagram(
-    w: &Worker<WgEncap>,
-    s: &mut State,
-    peers: &PeerTable,
-    d: &[u8],
-    src: SocketAddr,
-    vouched: Option<u32>,
-    ctr: &mut Local,
-) -> Option<(usize, Option<u32>)> {
-    if s.plain_pos + d.len() > s.plain.len() {
-        flush_rx(w, s, ctr);
-    }
-    let mode = w.anti_spoof.get();
-    let mut q = Queue {
-        w,
-        tx: &mut s.b.tx,
-        ctr,
-    };
-    let plain = &mut s.plain[s.plain_pos..];
-    match s
-        .core
-        .datagram(peers, mode, d, src, vouched, plain, s.now, &mut q)
-    {
-        Rx::Deliver { len, from } => {
-            let start = s.plain_pos;
-            s.plain_pos += len;
-            if w.vnet_hdr {
-                trust_tcp_checksum(&mut s.plain[start..start + len]);
-            }
-            let d = rx::Delivery {
-                inner: start..start + len,
-                from,
-                unexpected: false,
-            };
-            w.deliver(&mut s.b.out, &mut s.plain, 0, &d, src.ip(), ctr);
-        }
-        Rx::HandOff { to, vouched } => return Some((to, vouched)),
-        Rx::Done { sent } => ctr.add(Ctr::TxPackets, sent),
-        Rx::Drop(r) => ctr.drop(r, 1),
-    }
-    None
-}
-
-/// The datagrams of a `UDP_GRO` train (`vouched`: one initiation a gate
-/// checked) through the core. Where one belongs to another worker, the rest
-/// of the train goes with it (a train comes from one source, so one peer),
-/// but a vouched initiation goes alone. The targets (the source's gate
-/// worker, the peer's owner) do not depend on who asks, so a datagram is
-/// passed on at most twice.
-#[allow(clippy::too_many_arguments)]
-fn train(
-    w: &Worker<WgEncap>,
-    s: &mut State,
-    peers: &PeerTable,
-    train: &[u8],
-    stride: usize,
-    src: SocketAddr,
-    vouched: Option<u32>,
-    ctr: &mut Local,
-) {
-    for seg in rx::train(train.len(), stride) {
-        let Some((to, v)) = datagram(w, s, peers, &train[seg.clone()], src, vouched, ctr) else {
-            continue;
-        };
-        if v.is_some() {
-            let kind = Kind::Udp {
-                src,
-                stride: seg.len(),
-                vouched: v,
-            };
-            hand_off(w, to, kind, &train[seg], ctr);
-            continue;
-        }
-        let kind = Kind::Udp {
-            src,
-            stride,
-            vouched: None,
-        };
-        hand_off(w, to, kind, &train[seg.start..], ctr);
-        return;
-    }
-}
-
-/// Up to [`INBOX_BUDGET`] packets other workers handed over.
-fn inbox_step(w: &Worker<WgEncap>, s: &mut State, peers: &PeerTable, ctr: &mut Local) -> bool {
-    let mut any = false;
-    for _ in 0..INBOX_BUDGET {
-        let Ok(mut m) = w.encap.inbox.rx.try_recv() else {
-            break;
-        };
-        any = true;
-        match m.kind {
-            Kind::Tun => {
-                if let Err(r) = WgEncap::tun_packet(w, s, peers, &mut m.buf[..m.len], ctr) {
-                    ctr.drop(r, 1);
-                }
-            }
-            Kind::Udp {
-                src,
-                stride,
-                vouched,
-            } => train(w, s, peers, &m.buf[..m.len], stride, src, vouched, ctr),
-        }
-        w.encap.hub.recycle(m.buf);
-    }
-    if any {
-        flush_rx(w, s, ctr);
-        flush_tx(w, &mut s.b.tx, ctr);
-    }
-    any
-}
-
-fn hand_off(w: &Worker<WgEncap>, to: usize, kind: Kind, data: &[u8], ctr: &mut Local) {
-    match w.encap.hub.send(to, kind, data) {
-        Ok(()) => ctr.add(Ctr::Handoffs, 1),
-        Err(_) => ctr.drop(DropReason::Backlog, 1),
-    }
-}
-
-/// Writes everything decrypted so far and frees the plaintext arena.
-fn flush_rx(w: &Worker<WgEncap>, s: &mut State, ctr: &mut Local) {
-    s.b.out.flush(&w.tun, &mut s.plain, ctr);
-    s.plain_pos = 0;
 }

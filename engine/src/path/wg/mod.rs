@@ -1,28 +1,33 @@
 //! The WireGuard core, sans-IO: one worker's WireGuard sessions and every
 //! per-packet decision about them, over caller buffers, with the time as an
-//! argument ([`Now`]). The worker (`wg/worker.rs`) only reads, writes,
-//! hands off and counts around it; the fuzz target, `tests/pipeline.rs`
-//! and the criterion benches drive the same [`Core`].
+//! argument ([`Now`], in the [`Round`] every call gets). The worker
+//! (`wg/worker.rs`) only reads, writes, hands off and counts around it,
+//! through the [`Out`] and [`Io`] it implements; the fuzz target,
+//! `tests/pipeline.rs` and the criterion benches drive the same [`Core`].
 //!
 //! - [`Core::tun_tx`]: a TUN read -> its peer; handed off to the peer's
 //!   owner worker, or segmented in place ([`seg`]) and encrypted into the
 //!   caller's [`Out`] (a handshake initiation instead when the session is
 //!   not up: boringtun queues the packets).
 //! - [`Core::datagram`]: a received datagram -> deliver `plain[..len]`
-//!   (decrypted, AllowedIPs checked), answers written to [`Out`]
-//!   (handshake response, cookie reply, keepalive, packets that waited for
-//!   the handshake), hand off to worker `w`, or drop for a reason.
-//!   Handshake messages pass the [`gate`] first; authenticated packets move
-//!   the peer's endpoint to their source (roaming).
+//!   (decrypted, AllowedIPs checked, a TCP checksum marked trusted),
+//!   answers written to [`Out`] (handshake response, cookie reply,
+//!   keepalive, packets that waited for the handshake), hand off to worker
+//!   `w`, or drop for a reason. Handshake messages pass the [`gate`] first;
+//!   authenticated packets move the peer's endpoint to their source
+//!   (roaming). [`Core::train`] takes a received `UDP_GRO` train through it
+//!   and tells the [`Io`] what became of each datagram, which part of the
+//!   train another worker takes included.
 //! - [`Core::follow`] (a new peer table: sessions created, kept or
 //!   dropped, new ones greeted with an initiation) and [`Core::tick`] (the
 //!   protocol's timers every [`TIMER_TICK`]).
 //!
 //! Sessions are boringtun's `Tunn`s; the message and time limits and the
 //! replay window are enforced by the patched boringtun weft builds
-//! (`third_party/boringtun`, see its `PATCHES.md`), the gate and the
-//! AllowedIPs check here. boringtun keeps its own timer clock; every
-//! decision weft makes reads `now`.
+//! (`third_party/boringtun`, see its `PATCHES.md`), on every packet, the
+//! gate and the AllowedIPs check here. boringtun reads no clock of its
+//! own: every call hands it `now` first (`boringtun::clock::set`), so its
+//! timers and session ages run on the same time as every decision here.
 
 pub mod gate;
 pub mod seg;
@@ -43,6 +48,7 @@ use boringtun::x25519;
 use crate::antispoof::AntiSpoofing;
 use crate::encap::DropReason;
 use crate::encap::wg::{MIN_DST, OVERHEAD, classify, holds_ip_header, owner, source_allowed};
+use crate::path::rx;
 use crate::path::tx::{self, Outer, Shape, WgRoute};
 use crate::peers::{Entry, PeerTable, WgEntry};
 use crate::wire::wg::{self as msg, Message};
@@ -79,15 +85,60 @@ impl Now {
     }
 }
 
+/// What every call of a worker's round shares.
+#[derive(Debug, Clone, Copy)]
+pub struct Round<'t> {
+    /// The peer table of the round.
+    pub table: &'t PeerTable,
+    /// The anti-spoofing mode (AllowedIPs are checked unless `Off`).
+    pub mode: AntiSpoofing,
+    /// The TUN carries virtio-net headers: reads start with one, and a
+    /// decrypted TCP packet's checksum is marked trusted
+    /// ([`seg::trust_tcp_checksum`]).
+    pub vnet_hdr: bool,
+    /// The time.
+    pub now: Now,
+}
+
+/// How a received train of datagrams arrived: from `src`, `stride` bytes
+/// each (the last may be shorter), and for an initiation handed over by
+/// its gate worker, the peer id that gate found (`vouched`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Train {
+    /// The source of every datagram.
+    pub src: SocketAddr,
+    /// The datagrams' size.
+    pub stride: usize,
+    /// The initiator's peer id a gate found.
+    pub vouched: Option<u32>,
+}
+
 /// Where the core writes datagrams: the worker's transmit queue (tests and
 /// benches: a plain buffer). Datagrams are pushed in the order they lie in
 /// the room.
 pub trait Out {
-    /// At least `len` free bytes, contiguous (the caller sends what it
-    /// holds first if it must).
-    fn room(&mut self, len: usize) -> &mut [u8];
+    /// At least `len` free bytes, contiguous, for at most `datagrams`
+    /// datagrams (the caller sends what it holds first if it must).
+    fn room(&mut self, len: usize, datagrams: usize) -> &mut [u8];
     /// The next `len` bytes of the room leave for `to`.
     fn push(&mut self, to: SocketAddr, len: usize);
+}
+
+/// The caller's side of [`Core::datagram`] and [`Core::train`]: besides
+/// [`Out`], room for decrypted packets, and what became of each datagram.
+pub trait Io: Out {
+    /// At least `len` free bytes for one decrypted packet.
+    fn plain(&mut self, len: usize) -> &mut [u8];
+    /// The first `len` bytes of the last `plain` room are a packet from
+    /// the outer source `src` for the TUN, counted on `from`.
+    fn deliver(&mut self, len: usize, from: Option<&Entry>, src: SocketAddr);
+    /// The datagrams `d` go to worker `to` ([`Rx::HandOff`]).
+    fn hand_off(&mut self, to: usize, d: &[u8], how: Train);
+    /// A datagram was consumed, and `sent` packets that waited for its
+    /// handshake went out ([`Rx::Done`]).
+    fn answered(&mut self, sent: u64);
+    /// A datagram was dropped for `reason`.
+    fn dropped(&mut self, reason: DropReason);
 }
 
 /// What became of a TUN read.
@@ -112,8 +163,8 @@ pub enum TunTx<'t> {
 /// What became of a received datagram.
 #[derive(Debug, Clone, Copy)]
 pub enum Rx<'t> {
-    /// `plain[..len]` is a decrypted IP packet from the peer's AllowedIPs:
-    /// deliver it (and count it on `from`).
+    /// The last [`Io::plain`] room's first `len` bytes are a decrypted IP
+    /// packet from the peer's AllowedIPs: deliver it (and count it on `from`).
     Deliver {
         /// Its length.
         len: usize,
@@ -187,6 +238,26 @@ impl Owned {
                 .store(now.unix_ms().max(1), Ordering::Relaxed);
         }
     }
+
+    /// Sends to the endpoint what `write` makes of up to `room` bytes (an
+    /// initiation, a keepalive, a queued packet), if anything; whether it did.
+    fn send(
+        &mut self,
+        room: usize,
+        now: Now,
+        out: &mut impl Out,
+        write: for<'b> fn(&mut Tunn, &'b mut [u8]) -> TunnResult<'b>,
+    ) -> bool {
+        let len = match write(&mut self.tunn, out.room(room, 1)) {
+            TunnResult::WriteToNetwork(p) => {
+                self.note_sent(p, now);
+                p.len()
+            }
+            _ => return false,
+        };
+        out.push(self.endpoint, len);
+        true
+    }
 }
 
 /// What one `encapsulate` call produced.
@@ -210,6 +281,7 @@ fn seal(peer: &Owned, r: TunnResult<'_>, plain_len: usize, now: Now) -> Sealed {
 }
 
 /// What a `decapsulate` call produced, with the borrow of the output ended.
+#[derive(Clone, Copy)]
 enum Decap {
     Tunnel(usize, IpAddr),
     Network(usize),
@@ -238,6 +310,7 @@ pub fn gate_worker(src: IpAddr, workers: usize) -> usize {
 }
 
 /// What a core needs to start.
+#[derive(Clone)]
 pub struct Config {
     /// This worker's index.
     pub me: usize,
@@ -281,6 +354,7 @@ impl std::fmt::Debug for Core {
 impl Core {
     /// A core owning no peer yet (the first [`Core::follow`] creates them).
     pub fn new(c: Config) -> Core {
+        boringtun::clock::set(c.now);
         let secret = x25519::StaticSecret::from(c.secret);
         let public = x25519::PublicKey::from(&secret);
         Core {
@@ -305,6 +379,7 @@ impl Core {
         if Arc::ptr_eq(table, &self.table) {
             return false;
         }
+        boringtun::clock::set(now.mono);
         self.table = Arc::clone(table);
         self.owned.retain(|id, o| {
             table
@@ -332,15 +407,9 @@ impl Core {
         }
         for o in self.owned.values_mut().filter(|o| o.greet) {
             o.greet = false;
-            let room = out.room(MIN_DST);
-            let len = match o.tunn.format_handshake_initiation(room, false) {
-                TunnResult::WriteToNetwork(p) => {
-                    o.note_sent(p, now);
-                    p.len()
-                }
-                _ => continue,
-            };
-            out.push(o.endpoint, len);
+            o.send(MIN_DST, now, out, |t, b| {
+                t.format_handshake_initiation(b, false)
+            });
         }
         true
     }
@@ -372,13 +441,12 @@ impl Core {
     /// routed, handed off, or segmented and encrypted into `out`.
     pub fn tun_tx<'t>(
         &mut self,
-        table: &'t PeerTable,
+        cx: &Round<'t>,
         read: &mut [u8],
-        vnet_hdr: bool,
-        now: Now,
         out: &mut impl Out,
     ) -> Result<TunTx<'t>, DropReason> {
-        let route = tx::wg_plan(table, read, vnet_hdr, (self.me, self.workers), usize::MAX)?;
+        let (me, workers, now) = (self.me, self.workers, cx.now);
+        let route = tx::wg_plan(cx.table, read, cx.vnet_hdr, (me, workers), usize::MAX)?;
         let plan = match route {
             WgRoute::HandOff(to) => return Ok(TunTx::HandOff(to)),
             WgRoute::Here(plan) => plan,
@@ -388,13 +456,14 @@ impl Core {
             return Err(DropReason::NoRoute);
         };
         let peer = self.owned.get_mut(&id).ok_or(DropReason::NoRoute)?;
+        boringtun::clock::set(now.mono);
         let ip = &mut read[plan.pkt.start..];
         let size = match plan.shape {
             Shape::Tcp(size) => Some(size),
             _ => None,
         };
         // Room for the datagrams, and for a handshake initiation in place of the last.
-        let room = out.room(need + MIN_DST);
+        let room = out.room(need + MIN_DST, plan.datagrams);
         let mut run = Run::default();
         match size {
             Some(size) => {
@@ -421,27 +490,25 @@ impl Core {
     }
 
     /// One received datagram `d` from `src` (`vouched`: handed over by a
-    /// gate that found its initiator's id). A decrypted packet goes to
-    /// `plain` (at least `d.len()` bytes), answers to `out`.
-    #[allow(clippy::too_many_arguments)]
+    /// gate that found its initiator's id). A decrypted packet goes to the
+    /// room [`Io::plain`] gives, answers to the [`Out`].
     pub fn datagram<'t>(
         &mut self,
-        table: &'t PeerTable,
-        mode: AntiSpoofing,
+        cx: &Round<'t>,
         d: &[u8],
         src: SocketAddr,
         vouched: Option<u32>,
-        plain: &mut [u8],
-        now: Now,
-        out: &mut impl Out,
+        io: &mut impl Io,
     ) -> Rx<'t> {
         let Ok(m) = Message::new_checked(d) else {
             return Rx::Drop(DropReason::Malformed);
         };
+        let now = cx.now;
+        boringtun::clock::set(now.mono);
         let id = match (vouched, m.receiver()) {
             (Some(id), _) => id,
             (None, Some(r)) => r >> 8,
-            (None, None) => match self.initiation(table, &m, src, now, out) {
+            (None, None) => match self.initiation(cx.table, &m, src, now, io) {
                 Ok(Some(id)) => id,
                 Ok(None) => {
                     let to = gate_worker(src.ip(), self.workers);
@@ -455,29 +522,27 @@ impl Core {
             let vouched = m.receiver().is_none().then_some(id);
             return Rx::HandOff { to: home, vouched };
         }
-        if m.kind() == msg::RESPONSE {
-            let mut reply = [0u8; msg::COOKIE_REPLY_LEN];
-            match self.gate.check(&m, src, now.mono, &mut reply) {
-                Verdict::Pass => {}
-                Verdict::Cookie => {
-                    out.room(reply.len())[..reply.len()].copy_from_slice(&reply);
-                    out.push(src, reply.len());
-                    return Rx::Drop(DropReason::Handshake);
-                }
-                Verdict::Drop(r) => return Rx::Drop(r),
-            }
+        if m.kind() == msg::RESPONSE
+            && let Err(r) = self.gate(&m, src, now, io)
+        {
+            return Rx::Drop(r);
         }
         let Some(peer) = self.owned.get_mut(&id) else {
             return Rx::Drop(DropReason::UnknownKey);
         };
         let data = m.kind() == msg::DATA;
         let res = if data {
+            let plain = io.plain(d.len());
             if plain.len() < d.len() {
                 return Rx::Drop(DropReason::Malformed);
             }
-            decap(peer.tunn.decapsulate(Some(src.ip()), d, plain))
+            let res = decap(peer.tunn.decapsulate(Some(src.ip()), d, plain));
+            if let (Decap::Tunnel(len, _), true) = (res, cx.vnet_hdr) {
+                seg::trust_tcp_checksum(&mut plain[..len]);
+            }
+            res
         } else {
-            let room = out.room(MIN_DST.max(d.len()));
+            let room = io.room(MIN_DST.max(d.len()), 1);
             decap(peer.tunn.decapsulate(Some(src.ip()), d, room))
         };
         match res {
@@ -485,8 +550,8 @@ impl Core {
                 if !holds_ip_header(inner_src, len) {
                     return Rx::Drop(DropReason::Malformed);
                 }
-                let from = source_allowed(table, id, inner_src);
-                if from.is_none() && mode != AntiSpoofing::Off {
+                let from = source_allowed(cx.table, id, inner_src);
+                if from.is_none() && cx.mode != AntiSpoofing::Off {
                     return Rx::Drop(DropReason::SpoofedSource);
                 }
                 peer.endpoint = src;
@@ -496,12 +561,14 @@ impl Core {
                 // A handshake answer (boringtun answers data with nothing).
                 peer.endpoint = src;
                 if !data {
-                    peer.note_sent(&out.room(len)[..len], now);
-                    out.push(src, len);
+                    peer.note_sent(&io.room(len, 1)[..len], now);
+                    io.push(src, len);
                 }
-                Rx::Done {
-                    sent: drain(peer, out),
+                let mut sent = 0;
+                while peer.send(DRAIN_ROOM, now, io, |t, b| t.decapsulate(None, &[], b)) {
+                    sent += 1;
                 }
+                Rx::Done { sent }
             }
             // A keepalive is authenticated: roam; a cookie reply is not.
             Decap::Done => {
@@ -511,6 +578,58 @@ impl Core {
                 Rx::Done { sent: 0 }
             }
             Decap::Err(r) => Rx::Drop(r),
+        }
+    }
+
+    /// A received `UDP_GRO` train `t` (arrived as `how`) through
+    /// [`Core::datagram`], each outcome told to `io`. Where another worker
+    /// takes a datagram, an initiation a gate vouched for goes alone and
+    /// anything else takes the rest of the train with it (a train comes
+    /// from one source, so one peer). The targets (the source's gate
+    /// worker, the peer's owner) do not depend on who asks, so a datagram
+    /// is passed on at most twice.
+    pub fn train(&mut self, cx: &Round<'_>, t: &[u8], how: Train, io: &mut impl Io) {
+        if t.is_empty() {
+            return io.dropped(DropReason::Malformed);
+        }
+        let src = how.src;
+        for seg in rx::train(t.len(), how.stride) {
+            match self.datagram(cx, &t[seg.clone()], src, how.vouched, io) {
+                Rx::Deliver { len, from } => io.deliver(len, from, src),
+                Rx::Done { sent } => io.answered(sent),
+                Rx::Drop(reason) => io.dropped(reason),
+                Rx::HandOff { to, vouched: None } => {
+                    let rest = Train {
+                        vouched: None,
+                        ..how
+                    };
+                    return io.hand_off(to, &t[seg.start..], rest);
+                }
+                Rx::HandOff { to, vouched } => {
+                    io.hand_off(to, &t[seg], Train { vouched, ..how });
+                }
+            }
+        }
+    }
+
+    /// The gate's verdict on the handshake message `m` from `src`; a cookie
+    /// reply goes back to `src` (and the message is dropped).
+    fn gate(
+        &mut self,
+        m: &Message<&[u8]>,
+        src: SocketAddr,
+        now: Now,
+        out: &mut impl Out,
+    ) -> Result<(), DropReason> {
+        let mut reply = [0u8; msg::COOKIE_REPLY_LEN];
+        match self.gate.check(m, src, now.mono, &mut reply) {
+            Verdict::Pass => Ok(()),
+            Verdict::Cookie => {
+                out.room(reply.len(), 1)[..reply.len()].copy_from_slice(&reply);
+                out.push(src, reply.len());
+                Err(DropReason::Handshake)
+            }
+            Verdict::Drop(r) => Err(r),
         }
     }
 
@@ -534,16 +653,7 @@ impl Core {
         if gate_worker(src.ip(), self.workers) != self.me {
             return Ok(None);
         }
-        let mut reply = [0u8; msg::COOKIE_REPLY_LEN];
-        match self.gate.check(m, src, now.mono, &mut reply) {
-            Verdict::Pass => {}
-            Verdict::Cookie => {
-                out.room(reply.len())[..reply.len()].copy_from_slice(&reply);
-                out.push(src, reply.len());
-                return Err(DropReason::Handshake);
-            }
-            Verdict::Drop(r) => return Err(r),
-        }
+        self.gate(m, src, now, out)?;
         let Ok(Packet::HandshakeInit(h)) = Tunn::parse_incoming_packet(m.as_bytes()) else {
             return Err(DropReason::Malformed);
         };
@@ -563,6 +673,7 @@ impl Core {
             return false;
         }
         self.next_tick = now.mono + TIMER_TICK;
+        boringtun::clock::set(now.mono);
         for o in self.owned.values_mut() {
             if let Some(at) = o
                 .tunn
@@ -572,15 +683,7 @@ impl Core {
                 let secs = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
                 o.handshake.store(secs, Ordering::Relaxed);
             }
-            let room = out.room(MIN_DST);
-            let len = match o.tunn.update_timers(room) {
-                TunnResult::WriteToNetwork(p) => {
-                    o.note_sent(p, now);
-                    p.len()
-                }
-                _ => continue,
-            };
-            out.push(o.endpoint, len);
+            o.send(MIN_DST, now, out, |t, b| t.update_timers(b));
         }
         true
     }
@@ -594,19 +697,6 @@ impl Core {
     #[cfg(test)]
     pub(crate) fn tunn(&mut self, id: u32) -> Option<&mut Tunn> {
         self.owned.get_mut(&id).map(|o| &mut *o.tunn)
-    }
-}
-
-/// Sends the packets boringtun queued while the session was not up; how many.
-fn drain(peer: &mut Owned, out: &mut impl Out) -> u64 {
-    let mut sent = 0;
-    loop {
-        let len = match peer.tunn.decapsulate(None, &[], out.room(DRAIN_ROOM)) {
-            TunnResult::WriteToNetwork(p) => p.len(),
-            _ => return sent,
-        };
-        out.push(peer.endpoint, len);
-        sent += 1;
     }
 }
 

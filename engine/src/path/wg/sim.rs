@@ -11,10 +11,11 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::gate::Load;
-use super::{Config, Core, Now, Out, Rx};
+use super::gate::{Load, UNDER_LOAD};
+use super::{Config, Core, Io, Now, Out, Round, Rx, Train};
+use crate::DropReason;
 use crate::antispoof::AntiSpoofing;
-use crate::peers::{Peer, PeerTable, WgPeer};
+use crate::peers::{Entry, Peer, PeerTable, WgPeer};
 
 /// Static private keys of node 1 and node 2.
 pub const KEYS: [[u8; 32]; 2] = [[0x11; 32], [0x22; 32]];
@@ -25,29 +26,52 @@ pub const ADDRS: [[u8; 4]; 2] = [[192, 0, 2, 1], [192, 0, 2, 2]];
 /// Listen port of both.
 pub const PORT: u16 = 51820;
 
-/// Datagrams a core pushed, back to back in one buffer.
+/// A node's side of its core ([`Io`]): the datagrams it pushed, back to
+/// back in one buffer; decrypted packets, back to back in another; and
+/// what [`Core::train`] said of each datagram. Its vectors are allocated
+/// ahead, so a step that fits them allocates nothing.
 #[derive(Debug, Default)]
 pub struct Wire {
     buf: Vec<u8>,
     pos: usize,
     /// Each datagram's destination and place in the buffer.
     pub sent: Vec<(SocketAddr, Range<usize>)>,
+    plain: Vec<u8>,
+    plain_pos: usize,
+    /// Each delivered packet's place in the plaintext buffer ([`Wire::plain`]).
+    pub delivered: Vec<Range<usize>>,
+    /// Each handoff: the worker, the bytes handed on and how.
+    pub handed: Vec<(usize, usize, Train)>,
+    /// Packets that waited for a handshake and were sent.
+    pub answered: u64,
+    /// Drops, by reason.
+    pub dropped: Vec<DropReason>,
 }
 
 impl Wire {
-    /// A wire with `bytes` of buffer (it grows if a step needs more).
+    /// A wire with `bytes` of buffer for each direction (they grow if a
+    /// step needs more).
     pub fn new(bytes: usize) -> Wire {
         Wire {
             buf: vec![0; bytes],
-            pos: 0,
             sent: Vec::with_capacity(1024),
+            plain: vec![0; bytes],
+            delivered: Vec::with_capacity(1024),
+            handed: Vec::with_capacity(16),
+            dropped: Vec::with_capacity(1024),
+            ..Wire::default()
         }
     }
 
-    /// Forgets what was pushed (keeps the buffers).
+    /// Forgets everything (keeps the buffers).
     pub fn clear(&mut self) {
         self.pos = 0;
         self.sent.clear();
+        self.plain_pos = 0;
+        self.delivered.clear();
+        self.handed.clear();
+        self.answered = 0;
+        self.dropped.clear();
     }
 
     /// Datagram `i`.
@@ -60,10 +84,29 @@ impl Wire {
         let r = self.sent[i].1.clone();
         &mut self.buf[r]
     }
+
+    /// The datagrams sent, back to back as a receiving socket hands them
+    /// over as one `UDP_GRO` train, and their stride (the first one's length).
+    pub fn train(&self) -> (&[u8], usize) {
+        let stride = self.sent.first().map_or(0, |s| s.1.len());
+        (&self.buf[..self.pos], stride)
+    }
+
+    /// The plaintext buffer: `delivered` ranges, and after an
+    /// [`Rx::Deliver`] of `len` bytes from [`Core::datagram`], that packet
+    /// at [`Wire::opened`].
+    pub fn plain(&mut self) -> &mut [u8] {
+        &mut self.plain
+    }
+
+    /// Where the packet of an [`Rx::Deliver`] of `len` bytes lies.
+    pub fn opened(&self, len: usize) -> Range<usize> {
+        self.plain_pos..self.plain_pos + len
+    }
 }
 
 impl Out for Wire {
-    fn room(&mut self, len: usize) -> &mut [u8] {
+    fn room(&mut self, len: usize, _datagrams: usize) -> &mut [u8] {
         if self.pos + len > self.buf.len() {
             self.buf.resize(self.pos + len, 0);
         }
@@ -76,6 +119,32 @@ impl Out for Wire {
     }
 }
 
+impl Io for Wire {
+    fn plain(&mut self, len: usize) -> &mut [u8] {
+        if self.plain_pos + len > self.plain.len() {
+            self.plain.resize(self.plain_pos + len, 0);
+        }
+        &mut self.plain[self.plain_pos..]
+    }
+
+    fn deliver(&mut self, len: usize, _from: Option<&Entry>, _src: SocketAddr) {
+        self.delivered.push(self.opened(len));
+        self.plain_pos += len;
+    }
+
+    fn hand_off(&mut self, to: usize, d: &[u8], how: Train) {
+        self.handed.push((to, d.len(), how));
+    }
+
+    fn answered(&mut self, sent: u64) {
+        self.answered += sent;
+    }
+
+    fn dropped(&mut self, reason: DropReason) {
+        self.dropped.push(reason);
+    }
+}
+
 /// One node of the pair.
 #[derive(Debug)]
 pub struct Node {
@@ -85,10 +154,10 @@ pub struct Node {
     pub table: Arc<PeerTable>,
     /// Its underlay address.
     pub addr: SocketAddr,
-    /// What it sent last.
-    pub out: Wire,
-    /// Its plaintext arena.
-    pub plain: Vec<u8>,
+    /// What it sent and received last.
+    pub io: Wire,
+    /// Its engine's handshake load meter.
+    pub load: Arc<Load>,
 }
 
 /// What one delivery step gave.
@@ -97,7 +166,20 @@ pub struct Got {
     /// Decrypted packets.
     pub delivered: Vec<Vec<u8>>,
     /// Drops, by reason.
-    pub dropped: Vec<crate::DropReason>,
+    pub dropped: Vec<DropReason>,
+}
+
+/// What [`Core::datagram`] said ([`Rx`] without the borrow of the table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// [`Rx::Deliver`] of this many bytes.
+    Deliver(usize),
+    /// [`Rx::HandOff`] to this worker, vouched or not.
+    HandOff(usize, Option<u32>),
+    /// [`Rx::Done`], this many queued packets sent.
+    Done(u64),
+    /// [`Rx::Drop`].
+    Drop(DropReason),
 }
 
 /// Two nodes and the time.
@@ -130,24 +212,40 @@ pub fn table(i: usize, keepalive: u16) -> PeerTable {
     PeerTable::new(&[peer], PORT)
 }
 
+/// A round on `table` at `now` (strict AllowedIPs; `vnet_hdr`: reads
+/// carry virtio-net headers, decrypted TCP checksums are marked trusted).
+pub fn round(table: &PeerTable, vnet_hdr: bool, now: Now) -> Round<'_> {
+    Round {
+        table,
+        mode: AntiSpoofing::Strict,
+        vnet_hdr,
+        now,
+    }
+}
+
+/// Node `i`'s core as worker `me` of `workers`, on the meter `load`.
+pub fn core(i: usize, me: usize, workers: usize, load: &Arc<Load>, now: Now) -> Core {
+    Core::new(Config {
+        me,
+        workers,
+        secret: KEYS[i],
+        seed: [i as u8 + 1; 64],
+        load: Arc::clone(load),
+        now: now.mono,
+    })
+}
+
 impl Pair {
     /// Both nodes at `now`, no session yet (see [`Pair::connect`]).
     pub fn new(now: Now) -> Pair {
         let node = |i: usize| {
             let load = Arc::new(Load::new(now.mono));
             Node {
-                core: Core::new(Config {
-                    me: 0,
-                    workers: 1,
-                    secret: KEYS[i],
-                    seed: [i as u8 + 1; 64],
-                    load,
-                    now: now.mono,
-                }),
+                core: core(i, 0, 1, &load, now),
                 table: Arc::new(table(i, 0)),
                 addr: SocketAddr::new(IpAddr::from(ADDRS[i]), PORT),
-                out: Wire::new(1 << 20),
-                plain: vec![0; 1 << 17],
+                io: Wire::new(1 << 20),
+                load,
             }
         };
         Pair {
@@ -161,11 +259,27 @@ impl Pair {
     pub fn connect(now: Now) -> Pair {
         let mut p = Pair::new(now);
         for n in &mut p.nodes {
-            let t = Arc::clone(&n.table);
-            n.core.follow(&t, now, &mut n.out);
+            n.core.follow(&n.table, now, &mut n.io);
         }
         p.settle();
         p
+    }
+
+    /// Node `i` follows its table; the handshake initiation it greets the
+    /// other node with (not sent).
+    pub fn initiation(&mut self, i: usize) -> Vec<u8> {
+        let n = &mut self.nodes[i];
+        let mut out = Wire::new(4096);
+        n.core.follow(&n.table, self.now, &mut out);
+        out.datagram(0).to_vec()
+    }
+
+    /// Puts node `i`'s engine under handshake load (over [`UNDER_LOAD`]
+    /// handshake messages this second): its gate asks for cookies.
+    pub fn overload(&mut self, i: usize) {
+        for _ in 0..=UNDER_LOAD {
+            self.nodes[i].load.note(self.now.mono);
+        }
     }
 
     /// Moves the clock.
@@ -179,7 +293,7 @@ impl Pair {
     pub fn settle(&mut self) -> [Got; 2] {
         let mut got = [Got::default(), Got::default()];
         for _ in 0..8 {
-            if self.nodes.iter().all(|n| n.out.sent.is_empty()) {
+            if self.nodes.iter().all(|n| n.io.sent.is_empty()) {
                 break;
             }
             for to in [1, 0] {
@@ -200,47 +314,72 @@ impl Pair {
 
     /// [`Pair::deliver`] as if sent from `src` (roaming, spoofing).
     pub fn deliver_from(&mut self, from: usize, src: SocketAddr, mode: AntiSpoofing) -> Got {
-        let now = self.now;
-        let [a, b] = &mut self.nodes;
-        let (s, r) = if from == 0 { (a, b) } else { (b, a) };
+        let sent = std::mem::take(&mut self.nodes[from].io);
         let mut got = Got::default();
-        for i in 0..s.out.sent.len() {
-            let d = s.out.datagram(i);
-            let t = Arc::clone(&r.table);
-            match r
-                .core
-                .datagram(&t, mode, d, src, None, &mut r.plain, now, &mut r.out)
-            {
-                Rx::Deliver { len, .. } => got.delivered.push(r.plain[..len].to_vec()),
-                Rx::Drop(reason) => got.dropped.push(reason),
-                Rx::Done { .. } | Rx::HandOff { .. } => {}
+        for i in 0..sent.sent.len() {
+            match self.receive(1 - from, sent.datagram(i), src, mode) {
+                Outcome::Deliver(len) => {
+                    let w = &mut self.nodes[1 - from].io;
+                    let at = w.opened(len);
+                    got.delivered.push(w.plain()[at].to_vec());
+                }
+                Outcome::Drop(reason) => got.dropped.push(reason),
+                Outcome::Done(_) | Outcome::HandOff(..) => {}
             }
         }
-        s.out.clear();
+        self.nodes[from].io = sent;
+        self.nodes[from].io.clear();
         got
+    }
+
+    /// Node `i` receives the datagram `d` from `src`: [`Core::datagram`]
+    /// (answers go to its [`Wire`]).
+    pub fn receive(&mut self, i: usize, d: &[u8], src: SocketAddr, mode: AntiSpoofing) -> Outcome {
+        let now = self.now;
+        let n = &mut self.nodes[i];
+        let cx = Round {
+            mode,
+            ..round(&n.table, false, now)
+        };
+        match n.core.datagram(&cx, d, src, None, &mut n.io) {
+            Rx::Deliver { len, .. } => Outcome::Deliver(len),
+            Rx::HandOff { to, vouched } => Outcome::HandOff(to, vouched),
+            Rx::Done { sent } => Outcome::Done(sent),
+            Rx::Drop(r) => Outcome::Drop(r),
+        }
     }
 
     /// Node `i` sends the TUN read `read` (no virtio-net header unless
     /// `vnet_hdr`); the result of [`Core::tun_tx`] as `Ok(())` or the drop.
-    pub fn send(
-        &mut self,
-        i: usize,
-        read: &mut [u8],
-        vnet_hdr: bool,
-    ) -> Result<(), crate::DropReason> {
+    pub fn send(&mut self, i: usize, read: &mut [u8], vnet_hdr: bool) -> Result<(), DropReason> {
         let now = self.now;
         let n = &mut self.nodes[i];
-        let t = Arc::clone(&n.table);
-        n.core
-            .tun_tx(&t, read, vnet_hdr, now, &mut n.out)
-            .map(|_| ())
+        let cx = round(&n.table, vnet_hdr, now);
+        n.core.tun_tx(&cx, read, &mut n.io).map(|_| ())
+    }
+
+    /// The other node receives what node `from` sent as one `UDP_GRO`
+    /// train ([`Wire::train`]) through [`Core::train`]: its [`Wire`] says
+    /// what became of each datagram.
+    pub fn receive_train(&mut self, from: usize, vnet_hdr: bool) {
+        let now = self.now;
+        let [a, b] = &mut self.nodes;
+        let (s, r) = if from == 0 { (a, b) } else { (b, a) };
+        let (t, stride) = s.io.train();
+        let how = Train {
+            src: s.addr,
+            stride,
+            vouched: None,
+        };
+        r.core
+            .train(&round(&r.table, vnet_hdr, now), t, how, &mut r.io);
     }
 
     /// Runs both nodes' timers at the current time.
     pub fn tick(&mut self) {
         let now = self.now;
         for n in &mut self.nodes {
-            n.core.tick(now, &mut n.out);
+            n.core.tick(now, &mut n.io);
         }
     }
 

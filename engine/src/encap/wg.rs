@@ -1,6 +1,6 @@
-//! WireGuard's framing, sans-IO: what the engine reads out of a datagram
-//! before a session sees it ([`receiver_id`], the [`owner`] worker and its
-//! kernel-side twin [`steering_program`]), the drop reason of a boringtun
+//! WireGuard's framing, sans-IO: who handles a datagram before a session
+//! sees it (the [`owner`] worker of the peer id in its receiver index, and
+//! its kernel-side twin [`steering_program`]), the drop reason of a boringtun
 //! error ([`classify`]), the AllowedIPs check of a decrypted packet
 //! ([`source_allowed`], [`holds_ip_header`]); the key encoding `wg`
 //! prints is [`super::key`]. Sessions and handshakes are [`crate::path::wg`]'s.
@@ -11,7 +11,7 @@ use boringtun::noise::errors::WireGuardError;
 
 use crate::encap::DropReason;
 use crate::peers::{Entry, PeerTable};
-use crate::wire::wg::{self as msg, Message};
+use crate::wire::wg as msg;
 use crate::wire::{ipv4, ipv6};
 
 /// Bytes WireGuard adds to an inner packet (16 header + 16 tag).
@@ -20,13 +20,6 @@ pub const OVERHEAD: usize = msg::DATA_OVERHEAD;
 pub const MIN_DST: usize = msg::INITIATION_LEN;
 
 pub use super::key::{key_from_base64, key_to_base64};
-
-/// The peer id a datagram is addressed to, from the upper 24 bits of its
-/// receiver index (handshake responses, cookie replies, data: boringtun
-/// hands out `id << 8 | session`). `None` for initiations and junk.
-pub fn receiver_id(d: &[u8]) -> Option<u32> {
-    Message::new_checked(d).ok()?.receiver().map(|r| r >> 8)
-}
 
 /// The worker owning peer `id` among `workers` (matches [`steering_program`]).
 #[inline]

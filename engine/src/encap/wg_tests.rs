@@ -43,24 +43,6 @@ fn owner_matches_the_steering_byte() {
     assert_eq!(steering_program(2)[3].k, 2);
 }
 
-#[test]
-fn receiver_ids_come_from_checked_messages_only() {
-    let mut data = [0u8; 48];
-    data[0] = 4;
-    data[4..8].copy_from_slice(&((0x12_3456u32 << 8) | 3).to_le_bytes());
-    assert_eq!(receiver_id(&data), Some(0x12_3456));
-    let mut resp = [0u8; 92];
-    resp[0] = 2;
-    resp[8..12].copy_from_slice(&(7u32 << 8).to_le_bytes());
-    assert_eq!(receiver_id(&resp), Some(7));
-    assert_eq!(receiver_id(&resp[..91]), None, "a response has 92 bytes");
-    data[3] = 1;
-    assert_eq!(receiver_id(&data), None, "reserved bytes must be zero");
-    let mut init = [0u8; 148];
-    init[0] = 1;
-    assert_eq!(receiver_id(&init), None);
-}
-
 fn peer(subnet: &str, endpoint: [u8; 4], key: u8) -> Peer {
     Peer {
         subnet: subnet.parse().expect("subnet"),

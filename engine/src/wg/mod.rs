@@ -12,7 +12,7 @@
 //! - Each public key gets a stable 24-bit id from the control path
 //!   ([`crate::peers::WgIds`]); boringtun puts it in the upper 24 bits of every
 //!   receiver index we hand out. The owner is `(id & 0xff) % workers`
-//!   ([`owner`]).
+//!   ([`owner`](crate::encap::wg::owner)).
 //! - Receive: all workers bind the listen port with `SO_REUSEPORT`, and a
 //!   classic BPF program on the group ([`steering_program`]) reads the owner
 //!   byte out of the receiver index of handshake responses, cookie replies and
@@ -36,7 +36,8 @@
 //!
 //! # Data path
 //!
-//! TUN super-packet -> userspace GSO in place in the read buffer ([`crate::path::wg::seg`]) ->
+//! TUN super-packet -> userspace GSO in place in the read buffer
+//! ([`crate::path::wg::seg`]) ->
 //! `encapsulate` each segment into the TX arena (boringtun copies the
 //! plaintext behind the 16-byte header and seals in place there: the only
 //! pass over the bytes besides the cipher and the TCP checksum) -> equal-size
@@ -44,21 +45,23 @@
 //!
 //! Receive: `UDP_GRO` train -> handshake messages through the gate
 //! ([`crate::path::wg::gate`]: MAC1, cookies under load, a token bucket
-//! per source) -> `decapsulate` each segment into the plaintext
-//! arena -> AllowedIPs check of the inner source -> inner TCP checksum marked
-//! partial instead of verified (Poly1305 has authenticated the bytes, see
-//! [`crate::path::wg::seg::trust_tcp_checksum`]) -> userspace GRO -> one TUN write per
-//! coalesced packet.
+//! per source) -> `decapsulate` each segment into the plaintext arena ->
+//! AllowedIPs check of the inner source -> inner TCP checksum marked partial
+//! instead of verified (Poly1305 has authenticated the bytes, see
+//! [`crate::path::wg::seg::trust_tcp_checksum`]) -> userspace GRO -> one
+//! TUN write per coalesced packet.
 //!
 //! Every per-packet decision above (routing to the owner, segmentation,
-//! encryption, the handshake gate, decryption, AllowedIPs, roaming, the
-//! timers) is the sans-IO core's, [`crate::path::wg`]; this module holds
-//! the start-up and the worker's I/O shell. Timers (`update_timers`) run every [`TIMER_TICK`] per owned peer. A new
-//! `Tunn` sends its handshake initiation at once, without waiting for
-//! traffic: a peer still holding a session with our previous process (same
-//! key, restart) would otherwise keep encrypting into it until its 15 s
-//! rekey timer gave up. The owner follows the peer's endpoint to the source
-//! of authenticated packets (WireGuard roaming).
+//! encryption, the handshake gate, decryption, AllowedIPs, roaming, what of
+//! a train goes to another worker, the timers) is the sans-IO core's,
+//! [`crate::path::wg`]; this module holds the start-up and the worker's I/O
+//! shell. Timers (`update_timers`) run every
+//! [`TIMER_TICK`](crate::path::wg::TIMER_TICK) per owned peer. A new `Tunn`
+//! sends its handshake initiation at once, without waiting for traffic: a
+//! peer still holding a session with our previous process (same key,
+//! restart) would otherwise keep encrypting into it until its 15 s rekey
+//! timer gave up. The owner follows the peer's endpoint to the source of
+//! authenticated packets (WireGuard roaming).
 
 pub(crate) mod handoff;
 pub(crate) mod worker;
@@ -69,13 +72,10 @@ use std::time::{Duration, Instant};
 
 use boringtun::x25519;
 
-pub use crate::encap::wg::{
-    MIN_DST, OVERHEAD, classify, key_from_base64, key_to_base64, owner, receiver_id,
-    steering_program,
-};
-pub use crate::path::wg::TIMER_TICK;
+pub use crate::encap::wg::{key_from_base64, key_to_base64};
 
 use crate::builder::Builder;
+use crate::encap::wg::steering_program;
 use crate::path::wg::Config;
 use crate::path::wg::gate::Load;
 use crate::sys::udp::Udp;

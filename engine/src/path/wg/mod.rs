@@ -700,8 +700,10 @@ impl Core {
     }
 }
 
-/// The datagrams one TUN read became, contiguous in the room: `data`
-/// equal-size data messages (the last may be shorter) or one initiation.
+/// The datagrams one TUN read became, back to back in the room: `data`
+/// equal-size data messages (the last may be shorter), then the handshake
+/// initiation boringtun wrote where its session ended (none before it, or
+/// at its limits on the way; what follows waits in its queue).
 #[derive(Default)]
 struct Run {
     pos: usize,
@@ -725,7 +727,7 @@ impl Run {
                 self.pos += n;
                 self.bytes += plain_len as u64;
             }
-            Sealed::Initiation(n) if self.data == 0 && self.init == 0 => {
+            Sealed::Initiation(n) if self.init == 0 => {
                 self.init = n;
                 self.pos += n;
             }
@@ -735,18 +737,16 @@ impl Run {
     }
 
     fn push(&self, to: SocketAddr, out: &mut impl Out) {
+        for i in 0..self.data {
+            let len = if i + 1 == self.data {
+                self.last
+            } else {
+                self.stride
+            };
+            out.push(to, len);
+        }
         if self.init > 0 {
             out.push(to, self.init);
-        }
-        for i in 0..self.data {
-            out.push(
-                to,
-                if i + 1 == self.data {
-                    self.last
-                } else {
-                    self.stride
-                },
-            );
         }
     }
 }

@@ -28,18 +28,29 @@ fn two_cores_shake_hands_and_carry_packets_both_ways() {
     assert_eq!(p.deliver(1, AntiSpoofing::Strict).delivered.len(), 1);
 }
 
-#[test]
-fn a_super_packet_is_cut_and_sealed_into_one_equal_size_run() {
-    let mut p = Pair::connect(now());
-    let data = payload(20000, 3);
-    let pkt = tcp4(A, B, 1, &data, false);
+/// A TUN read of a TCP super-packet carrying `data`, cut at 1368 bytes.
+fn super_read(data: &[u8]) -> Vec<u8> {
     let hdr = VnetHdr {
         gso_type: vnet::GSO_TCPV4,
         gso_size: 1368,
         ..VnetHdr::default()
     };
     let mut read = hdr.to_bytes().to_vec();
-    read.extend_from_slice(&pkt);
+    read.extend_from_slice(&tcp4(A, B, 1, data, false));
+    read
+}
+
+/// The TCP payloads of `packets`, in order.
+fn stream(packets: &[Vec<u8>]) -> Vec<u8> {
+    let payloads = packets.iter().map(|p| crate::test_util::check_tcp(p).2);
+    payloads.flatten().collect()
+}
+
+#[test]
+fn a_super_packet_is_cut_and_sealed_into_one_equal_size_run() {
+    let mut p = Pair::connect(now());
+    let data = payload(20000, 3);
+    let mut read = super_read(&data);
     p.send(0, &mut read, true).expect("sent");
     let sent = &p.nodes[0].io.sent;
     assert_eq!(sent.len(), 20000usize.div_ceil(1368));
@@ -47,11 +58,7 @@ fn a_super_packet_is_cut_and_sealed_into_one_equal_size_run() {
     assert!(sent[..sent.len() - 1].iter().all(|s| s.1.len() == stride));
     assert!(sent.windows(2).all(|w| w[0].1.end == w[1].1.start));
     let got = p.deliver(0, AntiSpoofing::Strict);
-    let mut stream = Vec::new();
-    for g in &got.delivered {
-        stream.extend_from_slice(&crate::test_util::check_tcp(g).2);
-    }
-    assert_eq!(stream, data);
+    assert_eq!(stream(&got.delivered), data);
 }
 
 #[test]
@@ -137,23 +144,38 @@ fn the_replay_window_is_the_kernels() {
 }
 
 /// A session stops at REJECT_AFTER_MESSAGES (the nonce must never wrap):
-/// the sender refuses, the receiver rejects. boringtun 0.7 enforced
-/// neither (and a peer's counter of 2^64 - 1 overflowed its window).
+/// the sender seals no more (in the middle of a super-packet, the rest
+/// waits for the next session, whose initiation goes out at once), and the
+/// receiver refuses a counter at the limit before decrypting it. boringtun
+/// 0.7 enforced neither (and a peer's counter of 2^64 - 1 overflowed its
+/// window).
 #[test]
 fn a_session_ends_at_its_message_limit() {
     const REJECT_AFTER_MESSAGES: u64 = u64::MAX - (1 << 13);
     let mut p = Pair::connect(now());
-    let id = p.peer_id(0);
+    let (id, src) = (p.peer_id(0), p.nodes[0].addr);
     let tunn = p.nodes[0].core.tunn(id).expect("session");
-    tunn.debug_set_sending_counter(REJECT_AFTER_MESSAGES - 1);
-    let mut pkt = udp4(A, B, 64, &[4; 30]);
-    p.send(0, &mut pkt, false).expect("the last message");
-    assert_eq!(p.deliver(0, AntiSpoofing::Strict).delivered.len(), 1);
-    let mut pkt = udp4(A, B, 64, &[4; 30]);
-    let r = p.send(0, &mut pkt, false);
-    assert!(
-        p.nodes[0].io.sent.iter().all(|s| s.1.len() == 148),
-        "no data message past the limit: {r:?}"
+    tunn.debug_set_sending_counter(REJECT_AFTER_MESSAGES - 3);
+    let data = payload(20000, 5);
+    let mut read = super_read(&data);
+    p.send(0, &mut read, true).expect("sent");
+    let lens: Vec<usize> = p.nodes[0].io.sent.iter().map(|s| s.1.len()).collect();
+    assert_eq!(
+        lens,
+        [1368 + 52 + OVERHEAD; 3]
+            .into_iter()
+            .chain([msg::INITIATION_LEN])
+            .collect::<Vec<_>>()
+    );
+    let mut forged = p.nodes[0].io.datagram(0).to_vec();
+    forged[8..16].copy_from_slice(&REJECT_AFTER_MESSAGES.to_le_bytes());
+    let r = p.receive(1, &forged, src, AntiSpoofing::Strict);
+    assert_eq!(r, Outcome::Drop(DropReason::Expired));
+    let got = p.settle();
+    assert_eq!(
+        stream(&got[1].delivered),
+        data,
+        "3 segments, then 12 after the handshake"
     );
 }
 

@@ -30,19 +30,21 @@
 //! timers and session ages run on the same time as every decision here.
 
 pub mod gate;
+mod io;
+mod peer;
 pub mod seg;
 pub mod sim;
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+pub use io::{Io, Now, Out, Round, Rx, Train, TunTx};
+
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use boringtun::noise::handshake::parse_handshake_anon;
 use boringtun::noise::rate_limiter::RateLimiter;
-use boringtun::noise::{Packet, Tunn, TunnResult};
+use boringtun::noise::{Packet, Tunn};
 use boringtun::x25519;
 
 use crate::antispoof::AntiSpoofing;
@@ -50,254 +52,16 @@ use crate::encap::DropReason;
 use crate::encap::wg::{MIN_DST, OVERHEAD, classify, holds_ip_header, owner, source_allowed};
 use crate::path::rx;
 use crate::path::tx::{self, Outer, Shape, WgRoute};
-use crate::peers::{Entry, PeerTable, WgEntry};
+use crate::peers::{PeerTable, WgEntry};
 use crate::wire::wg::{self as msg, Message};
 use gate::{Gate, Load, Verdict};
+use peer::{ById, Decap, Owned, Run, decap, seal};
 
 /// How often each peer's timers run (boringtun's own device uses 250 ms).
 pub const TIMER_TICK: Duration = Duration::from_millis(250);
 /// Room [`Core::datagram`] asks for to send one packet that waited for a
 /// handshake (a TUN packet up to 64 KiB, encrypted).
 pub const DRAIN_ROOM: usize = 65536 + OVERHEAD;
-
-/// The time, read once per round by the caller.
-#[derive(Debug, Clone, Copy)]
-pub struct Now {
-    /// Monotonic: timers, rate limits, cookies.
-    pub mono: Instant,
-    /// Wall clock: the handshake times published to `weft status`.
-    pub wall: SystemTime,
-}
-
-impl Now {
-    /// The clocks now (callers outside the core only).
-    pub fn read() -> Now {
-        Now {
-            mono: Instant::now(),
-            wall: SystemTime::now(),
-        }
-    }
-
-    fn unix_ms(&self) -> u64 {
-        self.wall
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-    }
-}
-
-/// What every call of a worker's round shares.
-#[derive(Debug, Clone, Copy)]
-pub struct Round<'t> {
-    /// The peer table of the round.
-    pub table: &'t PeerTable,
-    /// The anti-spoofing mode (AllowedIPs are checked unless `Off`).
-    pub mode: AntiSpoofing,
-    /// The TUN carries virtio-net headers: reads start with one, and a
-    /// decrypted TCP packet's checksum is marked trusted
-    /// ([`seg::trust_tcp_checksum`]).
-    pub vnet_hdr: bool,
-    /// The time.
-    pub now: Now,
-}
-
-/// How a received train of datagrams arrived: from `src`, `stride` bytes
-/// each (the last may be shorter), and for an initiation handed over by
-/// its gate worker, the peer id that gate found (`vouched`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Train {
-    /// The source of every datagram.
-    pub src: SocketAddr,
-    /// The datagrams' size.
-    pub stride: usize,
-    /// The initiator's peer id a gate found.
-    pub vouched: Option<u32>,
-}
-
-/// Where the core writes datagrams: the worker's transmit queue (tests and
-/// benches: a plain buffer). Datagrams are pushed in the order they lie in
-/// the room.
-pub trait Out {
-    /// At least `len` free bytes, contiguous, for at most `datagrams`
-    /// datagrams (the caller sends what it holds first if it must).
-    fn room(&mut self, len: usize, datagrams: usize) -> &mut [u8];
-    /// The next `len` bytes of the room leave for `to`.
-    fn push(&mut self, to: SocketAddr, len: usize);
-}
-
-/// The caller's side of [`Core::datagram`] and [`Core::train`]: besides
-/// [`Out`], room for decrypted packets, and what became of each datagram.
-pub trait Io: Out {
-    /// At least `len` free bytes for one decrypted packet.
-    fn plain(&mut self, len: usize) -> &mut [u8];
-    /// The first `len` bytes of the last `plain` room are a packet from
-    /// the outer source `src` for the TUN, counted on `from`.
-    fn deliver(&mut self, len: usize, from: Option<&Entry>, src: SocketAddr);
-    /// The datagrams `d` go to worker `to` ([`Rx::HandOff`]).
-    fn hand_off(&mut self, to: usize, d: &[u8], how: Train);
-    /// A datagram was consumed, and `sent` packets that waited for its
-    /// handshake went out ([`Rx::Done`]).
-    fn answered(&mut self, sent: u64);
-    /// A datagram was dropped for `reason`.
-    fn dropped(&mut self, reason: DropReason);
-}
-
-/// What became of a TUN read.
-#[derive(Debug, Clone, Copy)]
-pub enum TunTx<'t> {
-    /// Another worker owns the peer: hand the whole read to it.
-    HandOff(usize),
-    /// Encrypted and pushed (or queued while the session's handshake runs):
-    /// `packets` inner packets of `bytes` bytes to count on `entry`.
-    Sent {
-        /// The entry counting them.
-        entry: &'t Entry,
-        /// Inner packets encrypted (0 while queued).
-        packets: u64,
-        /// Their bytes.
-        bytes: u64,
-        /// A super-packet was cut (count `GsoSuperPackets`).
-        cut: bool,
-    },
-}
-
-/// What became of a received datagram.
-#[derive(Debug, Clone, Copy)]
-pub enum Rx<'t> {
-    /// The last [`Io::plain`] room's first `len` bytes are a decrypted IP
-    /// packet from the peer's AllowedIPs: deliver it (and count it on `from`).
-    Deliver {
-        /// Its length.
-        len: usize,
-        /// The entry counting it.
-        from: Option<&'t Entry>,
-    },
-    /// Another worker handles it: pass it on with `vouched` (an initiation
-    /// whose peer a gate has already found).
-    HandOff {
-        /// The worker.
-        to: usize,
-        /// The peer id of a checked initiation.
-        vouched: Option<u32>,
-    },
-    /// Consumed (a handshake, a keepalive, a cookie); answers went to the
-    /// [`Out`], `sent` of them data packets that had waited for the session.
-    Done {
-        /// Queued data packets sent (count them as transmitted).
-        sent: u64,
-    },
-    /// Dropped for this reason (a cookie reply may have gone to the source).
-    Drop(DropReason),
-}
-
-/// Peers by id. Ids are small integers the peer table assigns (a packet
-/// can only look one up, never add one), so a multiplicative hash is enough;
-/// SipHash took 0.5 % of the CPU in a one-stream profile.
-type ById<V> = HashMap<u32, V, BuildHasherDefault<IdHasher>>;
-
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    fn write_u32(&mut self, x: u32) {
-        self.0 = u64::from(x).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-/// A peer this core owns.
-struct Owned {
-    key: [u8; 32],
-    psk: Option<[u8; 32]>,
-    keepalive: u16,
-    tunn: Box<Tunn>,
-    /// The endpoint from the lease (a change resets `endpoint`).
-    configured: SocketAddr,
-    /// Where we send: `configured`, or the source of the last authenticated packet.
-    endpoint: SocketAddr,
-    /// A fresh `Tunn` that has not yet sent its first handshake initiation.
-    greet: bool,
-    /// The table's last-handshake slot for this peer (unix seconds).
-    handshake: Arc<AtomicU64>,
-    /// The table's last-initiation slot for this peer (unix milliseconds).
-    initiated: Arc<AtomicU64>,
-}
-
-impl Owned {
-    /// Records when `pkt`, about to be sent to the peer, is a handshake
-    /// initiation: the peer remembers its timestamp.
-    fn note_sent(&self, pkt: &[u8], now: Now) {
-        if pkt.len() == msg::INITIATION_LEN && pkt[0] == msg::INITIATION {
-            self.initiated
-                .store(now.unix_ms().max(1), Ordering::Relaxed);
-        }
-    }
-
-    /// Sends to the endpoint what `write` makes of up to `room` bytes (an
-    /// initiation, a keepalive, a queued packet), if anything; whether it did.
-    fn send(
-        &mut self,
-        room: usize,
-        now: Now,
-        out: &mut impl Out,
-        write: for<'b> fn(&mut Tunn, &'b mut [u8]) -> TunnResult<'b>,
-    ) -> bool {
-        let len = match write(&mut self.tunn, out.room(room, 1)) {
-            TunnResult::WriteToNetwork(p) => {
-                self.note_sent(p, now);
-                p.len()
-            }
-            _ => return false,
-        };
-        out.push(self.endpoint, len);
-        true
-    }
-}
-
-/// What one `encapsulate` call produced.
-enum Sealed {
-    Data(usize),
-    Initiation(usize),
-    Queued,
-    Err(DropReason),
-}
-
-fn seal(peer: &Owned, r: TunnResult<'_>, plain_len: usize, now: Now) -> Sealed {
-    match r {
-        TunnResult::WriteToNetwork(p) if p.len() == plain_len + OVERHEAD => Sealed::Data(p.len()),
-        TunnResult::WriteToNetwork(p) => {
-            peer.note_sent(p, now);
-            Sealed::Initiation(p.len())
-        }
-        TunnResult::Err(e) => Sealed::Err(classify(&e)),
-        _ => Sealed::Queued,
-    }
-}
-
-/// What a `decapsulate` call produced, with the borrow of the output ended.
-#[derive(Clone, Copy)]
-enum Decap {
-    Tunnel(usize, IpAddr),
-    Network(usize),
-    Done,
-    Err(DropReason),
-}
-
-fn decap(r: TunnResult<'_>) -> Decap {
-    match r {
-        TunnResult::Done => Decap::Done,
-        TunnResult::Err(e) => Decap::Err(classify(&e)),
-        TunnResult::WriteToNetwork(p) => Decap::Network(p.len()),
-        TunnResult::WriteToTunnelV4(p, a) => Decap::Tunnel(p.len(), IpAddr::V4(a)),
-        TunnResult::WriteToTunnelV6(p, a) => Decap::Tunnel(p.len(), IpAddr::V6(a)),
-    }
-}
 
 /// The worker whose gate checks initiations from `src`: one per source
 /// address, so that its token bucket lives in one place.
@@ -697,57 +461,6 @@ impl Core {
     #[cfg(test)]
     pub(crate) fn tunn(&mut self, id: u32) -> Option<&mut Tunn> {
         self.owned.get_mut(&id).map(|o| &mut *o.tunn)
-    }
-}
-
-/// The datagrams one TUN read became, back to back in the room: `data`
-/// equal-size data messages (the last may be shorter), then the handshake
-/// initiation boringtun wrote where its session ended (none before it, or
-/// at its limits on the way; what follows waits in its queue).
-#[derive(Default)]
-struct Run {
-    pos: usize,
-    data: usize,
-    stride: usize,
-    last: usize,
-    init: usize,
-    bytes: u64,
-    err: Option<DropReason>,
-}
-
-impl Run {
-    fn add(&mut self, s: Sealed, plain_len: usize) {
-        match s {
-            Sealed::Data(n) if self.init == 0 => {
-                if self.data == 0 {
-                    self.stride = n;
-                }
-                self.data += 1;
-                self.last = n;
-                self.pos += n;
-                self.bytes += plain_len as u64;
-            }
-            Sealed::Initiation(n) if self.init == 0 => {
-                self.init = n;
-                self.pos += n;
-            }
-            Sealed::Err(r) => self.err = Some(r),
-            _ => {}
-        }
-    }
-
-    fn push(&self, to: SocketAddr, out: &mut impl Out) {
-        for i in 0..self.data {
-            let len = if i + 1 == self.data {
-                self.last
-            } else {
-                self.stride
-            };
-            out.push(to, len);
-        }
-        if self.init > 0 {
-            out.push(to, self.init);
-        }
     }
 }
 

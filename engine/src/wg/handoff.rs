@@ -14,6 +14,8 @@ use crate::sys::event::Event;
 
 /// Pool buffers per worker.
 const BUFFERS_PER_WORKER: usize = 16;
+/// Handed-off packets a worker takes per step ([`Inbox::take`]).
+const BUDGET: usize = 32;
 
 /// What a handed-off buffer holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,8 +46,26 @@ pub(crate) struct Hub {
 /// A worker's own half.
 #[derive(Debug)]
 pub(crate) struct Inbox {
-    pub rx: Receiver<Msg>,
+    rx: Receiver<Msg>,
     pub event: Arc<Event>,
+}
+
+impl Inbox {
+    /// Up to [`BUDGET`] packets other workers handed over, each given to
+    /// `f` (its kind and bytes) and its buffer then returned to `hub`'s
+    /// pool; whether there were any.
+    pub fn take(&self, hub: &Hub, mut f: impl FnMut(Kind, &mut [u8])) -> bool {
+        let mut any = false;
+        for _ in 0..BUDGET {
+            let Ok(mut m) = self.rx.try_recv() else {
+                break;
+            };
+            any = true;
+            f(m.kind, &mut m.buf[..m.len]);
+            hub.recycle(m.buf);
+        }
+        any
+    }
 }
 
 /// Why a handoff failed.
@@ -160,5 +180,15 @@ mod tests {
         }
         assert_eq!(sent, 2 * BUFFERS_PER_WORKER);
         assert_eq!(hub.send(7, Kind::Tun, b"x"), Err(Full));
+        // The owner takes them (a budget's worth), and their buffers are free again.
+        let mut taken = 0;
+        assert!(inboxes[0].take(&hub, |k, d| {
+            assert_eq!((k, &*d), (Kind::Tun, &b"x"[..]));
+            taken += 1;
+        }));
+        assert_eq!(taken, BUDGET.min(sent));
+        assert!(hub.send(1, Kind::Tun, b"y").is_ok());
+        assert!(inboxes[1].take(&hub, |_, d| assert_eq!(&*d, b"y")));
+        assert!(!inboxes[1].take(&hub, |_, _| panic!("an empty inbox")));
     }
 }

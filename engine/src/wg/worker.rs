@@ -29,8 +29,6 @@ use crate::udp::worker::FLUSH_AT;
 use crate::udp_tx;
 use crate::worker::{self, Encapsulation, RX_SLOT, TUN_BUF, TxQueue, Worker, received};
 
-/// Handed-off packets processed per step.
-const INBOX_BUDGET: usize = 32;
 const TX_ARENA: usize = 1 << 20;
 const TX_MSGS: usize = 256;
 const RX_SLOTS: usize = 16;
@@ -205,8 +203,7 @@ impl Encapsulation for WgEncap {
         }
     }
 
-    /// The clocks, a table swap, then up to [`INBOX_BUDGET`] packets other
-    /// workers handed over.
+    /// The clocks, a table swap, then packets other workers handed over.
     fn begin_round(
         w: &Worker<Self>,
         s: &mut State,
@@ -217,23 +214,14 @@ impl Encapsulation for WgEncap {
         let (core, now, mut io) = split(w, s, ctr);
         core.follow(peers, now, &mut io);
         let cx = round(w, peers, now);
-        let mut any = false;
-        for _ in 0..INBOX_BUDGET {
-            let Ok(mut m) = w.encap.inbox.rx.try_recv() else {
-                break;
-            };
-            any = true;
-            let d = &mut m.buf[..m.len];
-            match m.kind {
-                Kind::Tun => {
-                    if let Err(r) = io.tun_tx(core, &cx, d) {
-                        io.ctr.drop(r, 1);
-                    }
+        let any = w.encap.inbox.take(&w.encap.hub, |kind, d| match kind {
+            Kind::Tun => {
+                if let Err(r) = io.tun_tx(core, &cx, d) {
+                    io.ctr.drop(r, 1);
                 }
-                Kind::Udp(how) => core.train(&cx, d, how, &mut io),
             }
-            w.encap.hub.recycle(m.buf);
-        }
+            Kind::Udp(how) => core.train(&cx, d, how, &mut io),
+        });
         io.flush();
         any
     }

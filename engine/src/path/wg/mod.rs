@@ -61,7 +61,7 @@ use peer::{ById, Decap, Owned, Run, decap, seal};
 pub const TIMER_TICK: Duration = Duration::from_millis(250);
 /// Room [`Core::datagram`] asks for to send one packet that waited for a
 /// handshake (a TUN packet up to 64 KiB, encrypted).
-pub const DRAIN_ROOM: usize = 65536 + OVERHEAD;
+const DRAIN_ROOM: usize = 65536 + OVERHEAD;
 
 /// The worker whose gate checks initiations from `src`: one per source
 /// address, so that its token bucket lives in one place.

@@ -184,8 +184,9 @@ def engine():
 
 
 def wg_input():
-    """Mode byte 0: a received datagram; 1: plaintexts the peer encrypts
-    (record `len | flags | pos | val | packet`); 2: a genuine initiation."""
+    """Mode byte 0: a received datagram; 1: plaintexts node 1 sends
+    (record `len | flags | pos | val | packet`, flag 8: from a roamed
+    address); 2: a genuine initiation; 3: a TUN read with a vnet header."""
 
     def rec(pkt, flags=0, pos=0, val=0):
         return struct.pack("<HBHB", len(pkt), flags, pos, val) + pkt
@@ -209,6 +210,11 @@ def wg_input():
     write("wg_input", "handshake", b"\2" + struct.pack("<BHB", 0, 0, 0))
     write("wg_input", "handshake-under-load", b"\2" + struct.pack("<BHB", 2, 0, 0))
     write("wg_input", "handshake-flip-static", b"\2" + struct.pack("<BHB", 1, 50, 1))
+    write("wg_input", "handshake-mac2-only-under-load", b"\2" + struct.pack("<BHB", 3, 140, 1))
+    write("wg_input", "roamed", b"\1" + rec(tcp4(A, B, 7, payload(300)), 8) + rec(tcp4(A, B, 307, payload(300)), 12, 30, 1))
+    sp = tcp4(A, B, 1, payload(20000))
+    write("wg_input", "tun-gso-tcpv4", b"\3" + vnet(1, 1, 40, 1368, 20, 16) + sp)
+    write("wg_input", "tun-plain-udp", b"\3" + vnet() + udp4(A, B, payload(500)))
 
 
 def fnv1a64(b):

@@ -52,9 +52,9 @@ fn tx_super_packet(c: &mut Criterion) {
         g.throughput(Throughput::Bytes(read.len() as u64));
         g.bench_function(BenchmarkId::new("plan_and_segment", mss), |b| {
             b.iter(|| {
-                let (plan, dst, o) =
+                let plan =
                     tx::ipip_plan(&peers, black_box(&mut read), true, out.len()).expect("plan");
-                black_box((dst, o, tx::write(&plan, &read, &mut out)))
+                black_box((plan.outer, tx::write(&plan, &read, &mut out)))
             })
         });
     }

@@ -1,13 +1,12 @@
 //! Packet builders and fixtures shared by the criterion benches (`benches/`)
-//! and the allocation check (`tests/no_alloc.rs`): pod addresses
+//! and the allocation check (`tests/no_alloc.rs`); the WireGuard pair is the
+//! engine's own (`weft_engine::path::wg::sim::Pair`): pod addresses
 //! 10.244.1.2 -> 10.244.2.3, underlay 192.0.2.1 -> 192.0.2.2. Set-up code
 //! only: it allocates and panics on impossible input, never inside a
 //! measured loop.
 
 use std::net::IpAddr;
 
-use boringtun::noise::{Tunn, TunnResult};
-use boringtun::x25519::{PublicKey, StaticSecret};
 use weft_engine::peers::{Peer, PeerTable};
 use weft_engine::wire::vnet::{self, VnetHdr};
 
@@ -95,30 +94,6 @@ pub fn udp_super_read(size: usize) -> Vec<u8> {
     tun_read(vnet::GSO_UDP_L4, size, &udp_packet(65000))
 }
 
-/// Two boringtun tunnels with an established session (a full handshake
-/// between fixed keys): `.0` encrypts what `.1` decrypts, and back.
-pub fn wg_pair() -> (Tunn, Tunn) {
-    let (a, b) = (StaticSecret::from([1u8; 32]), StaticSecret::from([2u8; 32]));
-    let (pa, pb) = (PublicKey::from(&a), PublicKey::from(&b));
-    let mut ta = Tunn::new(a, pb, None, None, 1, None);
-    let mut tb = Tunn::new(b, pa, None, None, 2, None);
-    let (mut x, mut y) = (vec![0u8; 2048], vec![0u8; 2048]);
-    let init = match ta.format_handshake_initiation(&mut x, false) {
-        TunnResult::WriteToNetwork(p) => p.to_vec(),
-        r => panic!("{r:?}"),
-    };
-    let resp = match tb.decapsulate(None, &init, &mut y) {
-        TunnResult::WriteToNetwork(p) => p.to_vec(),
-        r => panic!("{r:?}"),
-    };
-    let ka = match ta.decapsulate(None, &resp, &mut x) {
-        TunnResult::WriteToNetwork(p) => p.to_vec(),
-        r => panic!("{r:?}"),
-    };
-    let _ = tb.decapsulate(None, &ka, &mut y);
-    (ta, tb)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,15 +107,5 @@ mod tests {
         assert_eq!(t.len(), 20 + 32 + 100);
         let outer = ipip_packet(&t);
         assert_eq!((outer.len(), outer[9]), (20 + t.len(), 4));
-        let (mut a, mut b) = wg_pair();
-        let (mut x, mut y) = (vec![0u8; 2048], vec![0u8; 2048]);
-        let sealed = match a.encapsulate(&t, &mut x) {
-            TunnResult::WriteToNetwork(p) => p.to_vec(),
-            r => panic!("{r:?}"),
-        };
-        match b.decapsulate(None, &sealed, &mut y) {
-            TunnResult::WriteToTunnelV4(p, _) => assert_eq!(p, &t[..]),
-            r => panic!("{r:?}"),
-        }
     }
 }

@@ -11,10 +11,9 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use boringtun::noise::TunnResult;
 use weft_benches::{
     LOCAL, PEER, SIZES, ipip_packet, peer_tables, tcp_packet, tcp_super_read, udp_packet,
-    udp_super_read, wg_pair,
+    udp_super_read,
 };
 use weft_engine::AntiSpoofing;
 use weft_engine::encap::{Codec, VXLAN_HEADROOM, Vxlan};
@@ -171,24 +170,45 @@ fn gro_coalescing_allocates_nothing() {
     }
 }
 
+/// The WireGuard core's steps as the worker takes them
+/// (`path::wg::Core`, an established session): a TUN read encrypted into
+/// the caller's buffer, the datagrams received as one train (decrypted,
+/// checked and delivered), a TCP super-packet cut in place and sealed;
+/// and the timer tick of a quiet session.
 #[test]
-fn wireguard_encap_decap_allocate_nothing() {
-    let (mut ta, mut tb) = wg_pair();
+fn wireguard_core_steps_allocate_nothing() {
+    use weft_engine::path::wg::sim::Pair;
+    use weft_engine::path::wg::{Now, TIMER_TICK};
+    let mut p = Pair::connect(Now::read());
+    let n = allocations(100, || {
+        p.advance(TIMER_TICK);
+        p.tick();
+    });
+    assert_eq!(n, 0, "wireguard, timer ticks");
+    let step = |p: &mut Pair, read: &mut [u8], vnet_hdr: bool| {
+        p.nodes[0].io.clear();
+        p.nodes[1].io.clear();
+        p.send(0, read, vnet_hdr).expect("sent");
+        p.receive_train(0, vnet_hdr);
+        let [a, b] = &p.nodes;
+        assert_eq!(b.io.delivered.len(), a.io.sent.len(), "{:?}", b.io.dropped);
+    };
     for size in SIZES {
         let pkt = udp_packet(size);
-        let (mut wire, mut plain) = (vec![0u8; size + 64], vec![0u8; size + 64]);
+        let mut read = pkt.clone();
         let n = allocations(100, || {
-            let len = match ta.encapsulate(&pkt, &mut wire) {
-                TunnResult::WriteToNetwork(p) => p.len(),
-                r => panic!("encapsulate: {r:?}"),
-            };
-            match tb.decapsulate(None, &wire[..len], &mut plain) {
-                TunnResult::WriteToTunnelV4(p, _) => assert_eq!(p.len(), pkt.len()),
-                r => panic!("decapsulate: {r:?}"),
-            }
+            read.copy_from_slice(&pkt);
+            step(&mut p, &mut read, false);
         });
         assert_eq!(n, 0, "wireguard, {size}-byte packets");
     }
+    let sp = tcp_super_read(1368);
+    let mut read = sp.clone();
+    let n = allocations(10, || {
+        read.copy_from_slice(&sp);
+        step(&mut p, &mut read, true);
+    });
+    assert_eq!(n, 0, "wireguard, a 64 KiB super-packet");
 }
 
 /// The workers' own per-packet steps (`weft_engine::path`): route, cut and
@@ -229,7 +249,7 @@ fn packet_path_steps_allocate_nothing() {
         let inner = tcp_packet(1, size);
         let mut pkt = ipip_packet(&inner);
         let n = allocations(10, || {
-            let (plan, _, _) = tx::ipip_plan(&peers1, &mut read, true, arena.len()).expect("plan");
+            let plan = tx::ipip_plan(&peers1, &mut read, true, arena.len()).expect("plan");
             tx::write(&plan, &read, &mut arena).expect("write");
             rx::ipip(AntiSpoofing::Strict, &peers2, &mut pkt).expect("ipip rx");
         });

@@ -19,26 +19,11 @@ use crate::idle::Spin;
 use crate::peers::PeerTable;
 use crate::spare;
 use crate::sys::tun;
-use crate::worker::{Encapsulation, Worker};
+use crate::worker::{Encapsulation, SharedState, Worker};
 use crate::{Engine, EngineConfig, EngineError, OffloadState};
 
 /// Most workers (and TUN queues) an engine runs.
 const MAX_WORKERS: usize = 64;
-
-/// The state every worker of one engine holds a clone of.
-#[derive(Clone)]
-pub(crate) struct SharedState {
-    /// The peer table snapshot (the control plane's one handoff).
-    pub peers: Arc<ArcSwap<PeerTable>>,
-    /// Set when the engine stops.
-    pub stop: Arc<AtomicBool>,
-    /// The anti-spoofing mode, read once per receive batch.
-    pub anti_spoof: Arc<antispoof::Mode>,
-    /// Whether UDP GSO is in use (turns off at runtime on `EIO`).
-    pub udp_gso: Arc<AtomicBool>,
-    /// The workers' poll-on window (`WEFT_ENGINE_SPIN_US`).
-    pub spin: Spin,
-}
 
 /// An engine being started.
 pub(crate) struct Builder<'c> {

@@ -15,11 +15,13 @@
 //! addresses, MTU or routes of the TUN device: the daemon does, over netlink
 //! (the engine only lengthens its transmit queue, [`TUN_TXQUEUELEN`]).
 //!
-//! Code map: [`wire`] (zero-copy header views, checksums), [`encap`] (sans-IO
-//! flannel-UDP and VXLAN), [`offload`] (userspace GSO, USO and GRO),
+//! Code map: [`wire`] (zero-copy header views, checksums), [`encap`] (the
+//! one sans-IO codec layer: flannel-UDP, VXLAN, IPIP and WireGuard's
+//! framing), [`offload`] (userspace GSO, USO and GRO),
 //! [`path`] (every per-packet decision, sans-IO: the transmit step from a
 //! TUN read to datagrams in the caller's arena, the receive step from a
-//! datagram to the inner packet to deliver, or a drop reason), [`peers`]
+//! datagram to the inner packet to deliver, or a drop reason; [`path::wg`]
+//! is WireGuard's core, which owns the sessions), [`peers`]
 //! (the snapshot), `builder` (the one start-up every encapsulation shares),
 //! `worker` (the one worker run loop, generic over an `Encapsulation`:
 //! budgeted TUN reads, the receive step, counters, the idle wait, and the
@@ -66,12 +68,13 @@
 //! on receive, and an ICMP net-unreachable written back into the TUN when no
 //! peer matches.
 //!
-//! WireGuard ([`wg`]) walks the same way with boringtun's `Tunn` as the codec:
-//! segments are encrypted one by one into the TX arena and leave as a UDP GSO
-//! train from the listen port; received trains are decrypted segment by
-//! segment, checked against the peer's AllowedIPs and coalesced. A peer's
-//! `Tunn` is owned by exactly one worker; the [`wg`] docs explain how packets
-//! reach it without a lock.
+//! WireGuard walks the same way through its core ([`path::wg::Core`], on
+//! boringtun's `Tunn`): segments are encrypted one by one into the TX arena
+//! and leave as a UDP GSO train from the listen port; received trains are
+//! decrypted segment by segment (handshakes behind the gate: MAC1, cookies,
+//! a token bucket per source), checked against the peer's AllowedIPs and
+//! coalesced. A peer's `Tunn` is owned by exactly one worker; the [`wg`]
+//! docs explain how packets reach it without a lock.
 //!
 //! IPIP ([`ipip`]) has no header of its own: segments leave one by one on a
 //! raw `IPPROTO_IPIP` socket (the kernel writes the outer IPv4 header; raw IP
@@ -86,7 +89,9 @@
 //! - Encapsulation code and the packet path ([`encap`], [`offload`],
 //!   [`wire`], [`path`]) do no I/O and never panic on any input; untrusted
 //!   bytes go through `new_checked`. Workers make no per-packet decision of
-//!   their own: they read, write, flush and count around [`path`].
+//!   their own: they read, write, flush and count around [`path`]. These
+//!   modules import no worker, builder or start-up module
+//!   (`tests/layers.rs`), so the import graph has no circle.
 //! - One run loop (`worker.rs`) serves every encapsulation, statically
 //!   dispatched: the round, the TUN budget, counter publishing and the idle
 //!   policy exist once.

@@ -46,7 +46,10 @@ pub struct WgPeer {
 impl std::fmt::Debug for WgPeer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WgPeer")
-            .field("public_key", &crate::wg::key_to_base64(&self.public_key))
+            .field(
+                "public_key",
+                &crate::encap::key::key_to_base64(&self.public_key),
+            )
             .field("port", &self.port)
             .field("psk", &self.psk.map(|_| "<redacted>"))
             .field("keepalive", &self.keepalive)

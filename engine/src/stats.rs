@@ -227,6 +227,10 @@ counters! {
         Replay replay = "WireGuard: a data packet whose counter was already seen or is too old";
         Handshake handshake = "WireGuard: no session yet / handshake state does not fit (a stray \
             or expired message), or a handshake refused (rate limit, old timestamp)";
+        RateLimited rate_limited = "WireGuard: a handshake with a valid cookie over its source's \
+            rate while under load (a token bucket per source address: 20/s, burst 5)";
+        Expired expired = "WireGuard: a data packet of a session past its message limit \
+            (REJECT_AFTER_MESSAGES) or its age limit (REJECT_AFTER_TIME)";
         Backlog backlog = "The cross-worker handoff had no free buffer";
         UdpSendError udp_send_error = "Datagrams (or GSO trains) that sendmmsg failed to send";
         TunWriteError tun_write_error = "TUN writes that failed";

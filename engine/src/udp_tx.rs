@@ -8,8 +8,8 @@ use crate::encap::DropReason;
 use crate::stats::{Ctr, Local};
 use crate::sys::udp::{TxMsg, Udp};
 
-/// Largest UDP payload (IPv4: 65535 - 20 - 8).
-pub(crate) const MAX_UDP_PAYLOAD: usize = 65507;
+pub(crate) use crate::encap::MAX_UDP_PAYLOAD;
+
 /// Kernel limit on segments per `UDP_SEGMENT` train (UDP_MAX_SEGMENTS is 128 on new kernels).
 pub(crate) const MAX_GSO_SEGS: usize = 64;
 

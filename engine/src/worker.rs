@@ -43,7 +43,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use arc_swap::ArcSwap;
 
 use crate::antispoof;
-use crate::builder::SharedState;
 use crate::encap::DropReason;
 use crate::idle::{Idle, Spin};
 use crate::path::rx::Delivery;
@@ -106,6 +105,21 @@ pub(crate) trait Encapsulation: Sized + Send + 'static {
     fn wake(&self) -> Option<&Event> {
         None
     }
+}
+
+/// The state every worker of one engine holds a clone of.
+#[derive(Clone)]
+pub(crate) struct SharedState {
+    /// The peer table snapshot (the control plane's one handoff).
+    pub peers: Arc<ArcSwap<PeerTable>>,
+    /// Set when the engine stops.
+    pub stop: Arc<AtomicBool>,
+    /// The anti-spoofing mode, read once per receive batch.
+    pub anti_spoof: Arc<antispoof::Mode>,
+    /// Whether UDP GSO is in use (turns off at runtime on `EIO`).
+    pub udp_gso: Arc<AtomicBool>,
+    /// The workers' poll-on window (`WEFT_ENGINE_SPIN_US`).
+    pub spin: Spin,
 }
 
 /// One worker, moved into its thread: what every encapsulation's worker
@@ -226,13 +240,26 @@ impl<E: Encapsulation> Worker<E> {
 
     /// Counts the datagrams `out` that [`crate::path::tx`] wrote for `entry`.
     pub(crate) fn count_tx(&self, entry: &Entry, out: &Datagrams, ctr: &mut Local) {
-        if out.cut {
+        let (count, inner) = (out.count() as u64, out.inner_bytes() as u64);
+        self.count_sent(entry, count, inner, out.cut, ctr);
+    }
+
+    /// Counts `packets` inner packets of `bytes` sent to `entry` (`cut`: a
+    /// super-packet became them).
+    pub(crate) fn count_sent(
+        &self,
+        entry: &Entry,
+        packets: u64,
+        bytes: u64,
+        cut: bool,
+        ctr: &mut Local,
+    ) {
+        if cut {
             ctr.add(Ctr::GsoSuperPackets, 1);
         }
-        let (count, inner) = (out.count() as u64, out.inner_bytes() as u64);
-        entry.counters.add(self.index, true, count, inner);
-        ctr.add(Ctr::TxPackets, count);
-        ctr.add(Ctr::TxBytes, inner);
+        entry.counters.add(self.index, true, packets, bytes);
+        ctr.add(Ctr::TxPackets, packets);
+        ctr.add(Ctr::TxBytes, bytes);
     }
 
     /// Counts the delivery `d` of the packet at `base + d.inner` in `arena`

@@ -6,7 +6,8 @@
 //! receive step ([`rx::udp`], strict anti-spoofing) decaps and checks every
 //! segment, and userspace GRO coalesces them into one TUN write that must
 //! carry exactly the original byte stream. The same calls the workers make,
-//! without their sockets.
+//! without their sockets. WireGuard runs the same way through its core on
+//! an in-memory pair of engines (`path::wg::sim::Pair`).
 
 use std::io::IoSlice;
 use std::net::IpAddr;
@@ -34,6 +35,19 @@ fn super_packet(payload: &[u8]) -> Vec<u8> {
     v
 }
 
+/// A TUN read: a virtio-net header asking for TCP segments that fit `mtu`,
+/// and a TCP super-packet carrying `payload`.
+fn tcp_read(mtu: usize, payload: &[u8]) -> Vec<u8> {
+    let hdr = VnetHdr {
+        gso_type: vnet::GSO_TCPV4,
+        gso_size: u16::try_from(mtu - 40).expect("mss"),
+        ..VnetHdr::default()
+    };
+    let mut read = hdr.to_bytes().to_vec();
+    read.extend_from_slice(&super_packet(payload));
+    read
+}
+
 /// A node's peer table: the other node's subnet and address.
 fn table(subnet: &str, endpoint: [u8; 4], mac: [u8; 6]) -> PeerTable {
     let peer = Peer {
@@ -53,13 +67,7 @@ fn pipeline(
     lose: Option<usize>,
 ) -> (Vec<(VnetHdr, Vec<u8>)>, Vec<u8>) {
     let data: Vec<u8> = (0..payload_len).map(|i| (i * 7 % 251) as u8).collect();
-    let hdr = VnetHdr {
-        gso_type: vnet::GSO_TCPV4,
-        gso_size: u16::try_from(mtu - 40).expect("mss"),
-        ..VnetHdr::default()
-    };
-    let mut read = hdr.to_bytes().to_vec();
-    read.extend_from_slice(&super_packet(&data));
+    let mut read = tcp_read(mtu, &data);
     // Node 1.
     let peers1 = table("10.244.2.0/24", NODE2, MAC2);
     let plan = tx::udp_plan(&tx_codec, &peers1, &mut read, true, 1 << 20).expect("plan");
@@ -151,4 +159,44 @@ fn a_lost_segment_splits_the_train_but_keeps_order() {
     let mut want = data[..5 * 1410].to_vec();
     want.extend_from_slice(&data[6 * 1410..]);
     assert_eq!(got, want);
+}
+
+/// WireGuard, two engines' cores in process (as quinn tests its
+/// endpoints): node 1's `Core::tun_tx` cuts and seals a TCP super-packet,
+/// the wire hands node 2 the datagrams as one UDP-GRO train, node 2's
+/// `Core::train` opens each (AllowedIPs, strict; the checksum marked
+/// trusted for the TUN's virtio-net header) into its plaintext room, and
+/// GRO makes one TUN write of exactly the original stream. The handshake
+/// that precedes it is the cores' own.
+#[test]
+fn wireguard_pair_carries_a_super_packet_as_one_write() {
+    use weft_engine::path::wg::Now;
+    use weft_engine::path::wg::sim::Pair;
+
+    let mut p = Pair::connect(Now::read());
+    let mtu = 1420;
+    let data: Vec<u8> = (0..50_000).map(|i| (i * 13 % 251) as u8).collect();
+    let mut read = tcp_read(mtu, &data);
+    p.send(0, &mut read, true).expect("sent");
+    p.receive_train(0, true);
+    let [a, b] = &mut p.nodes;
+    assert!(a.io.sent.iter().all(|s| s.0 == b.addr));
+    assert_eq!(b.io.delivered.len(), a.io.sent.len(), "{:?}", b.io.dropped);
+    let mut gro = Gro::new(mtu);
+    let delivered = b.io.delivered.clone();
+    let arena = b.io.plain();
+    for r in delivered {
+        assert_eq!(gro.push(arena, r.start, r.len()), Pushed::Queued);
+    }
+    let mut writes = Vec::new();
+    gro.flush(arena, |iov: &[IoSlice<'_>]| {
+        let b: Vec<u8> = iov.iter().flat_map(|s| s.iter().copied()).collect();
+        writes.push((
+            VnetHdr::parse(&b).expect("vnet"),
+            b[vnet::HEADER_LEN..].to_vec(),
+        ));
+    });
+    assert_eq!(writes.len(), 1);
+    assert_eq!(writes[0].0.gso_type, vnet::GSO_TCPV4);
+    assert_eq!(tcp_payload(&writes[0].0, writes[0].1.clone()), data);
 }

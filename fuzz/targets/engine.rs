@@ -1,8 +1,8 @@
 //! Engine targets: the receive path (decapsulation and the source checks,
 //! then what the worker does with the inner packet), userspace GRO, and the
 //! TUN transmit path (virtio-net header, route, GSO/USO, checksum
-//! completion, encapsulation). The userspace WireGuard receive path is in
-//! `wg.rs` and reuses the GRO checks.
+//! completion, encapsulation). The userspace WireGuard path (its core,
+//! both directions) is `wg.rs`.
 //!
 //! The bodies call the functions the workers call: `weft_engine::path`'s
 //! transmit and receive steps (`tx::udp_plan`/`udp_write`,
@@ -605,8 +605,11 @@ fn tx_udp(codec: &Codec, t: &PeerTable, read: &mut [u8]) {
 
 /// `tx::ipip_plan` + `tx::write`.
 fn tx_ipip(t: &PeerTable, read: &mut [u8]) {
-    let Ok((plan, dst, outer)) = tx::ipip_plan(t, read, true, TX_ARENA) else {
+    let Ok(plan) = tx::ipip_plan(t, read, true, TX_ARENA) else {
         return;
+    };
+    let tx::Outer::Ipip { dst, params: outer } = plan.outer else {
+        panic!("an ipip plan without ipip outer fields: {:?}", plan.outer)
     };
     assert_eq!(IpAddr::V4(dst), plan.entry.dst.ip());
     assert!(outer.ttl >= 1 && outer.tos & 0xfc == 0);

@@ -61,7 +61,10 @@ impl Encapsulation for IpipEncap {
         read: &mut [u8],
         ctr: &mut Local,
     ) -> Result<(), DropReason> {
-        let (plan, dst, o) = tx::ipip_plan(peers, read, w.vnet_hdr, b.tx.buf.len())?;
+        let plan = tx::ipip_plan(peers, read, w.vnet_hdr, b.tx.buf.len())?;
+        let tx::Outer::Ipip { dst, params: o } = plan.outer else {
+            return Err(DropReason::NoRoute);
+        };
         if !b.tx.fits(plan.need, plan.datagrams) {
             Self::flush(w, b, ctr);
         }

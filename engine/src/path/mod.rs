@@ -8,13 +8,17 @@
 //!   the [`DropReason`] (flannel-UDP: an ICMP net-unreachable to answer).
 //! - [`rx`]: a received datagram (or raw IPIP packet) -> decapsulated,
 //!   sources checked ([`crate::antispoof`]), the inner range to deliver and
-//!   the peer entry to count it on; or the [`DropReason`]. WireGuard: a
-//!   handshake initiation to the peer whose static key it carries (MAC1,
-//!   the cookie reply under load), and the AllowedIPs check of a decrypted
-//!   packet.
+//!   the peer entry to count it on; or the [`DropReason`].
+//! - [`wg`]: WireGuard's core, which owns the sessions: the transmit and
+//!   receive steps above for WireGuard (encryption, the handshake gate,
+//!   decryption, AllowedIPs, roaming) and the protocol's timers, with the
+//!   time as an argument.
 //!
 //! Contract: functions over the peer table and caller-owned buffers only.
-//! No I/O, no clock, no allocation, no lock, no logging; counting is the
+//! No I/O, no clock read, no allocation, no lock, no logging (boringtun's
+//! sessions keep their own timer clock and queue a packet per `Vec` while
+//! a handshake runs: see [`wg`]); nothing here imports a worker, the
+//! builder or a start-up module (`tests/layers.rs`); counting is the
 //! caller's (they return what to count). The workers (`udp/worker.rs`,
 //! `wg/worker.rs`, `ipip/worker.rs`) are I/O shells around them, and the
 //! fuzz targets, `tests/pipeline.rs` and the criterion benches call the
@@ -22,6 +26,7 @@
 
 pub mod rx;
 pub mod tx;
+pub mod wg;
 
 pub use crate::stats::DropReason;
 

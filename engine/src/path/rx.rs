@@ -4,14 +4,9 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::ops::Range;
 
-use boringtun::noise::handshake::parse_handshake_anon;
-use boringtun::noise::rate_limiter::RateLimiter;
-use boringtun::noise::{Packet, TunnResult};
-use boringtun::x25519;
-
 use crate::antispoof::{self, AntiSpoofing, Verdict};
+use crate::encap::ipip;
 use crate::encap::{Codec, DropReason};
-use crate::ipip;
 use crate::peers::{Entry, PeerTable};
 use crate::wire::ip;
 
@@ -87,64 +82,4 @@ pub fn ipip<'t>(
     let r = ipip::decap(pkt)?;
     let d = admit(mode, peers, outer, pkt, r)?;
     Ok((src, d))
-}
-
-/// WireGuard: a packet of `len` bytes that peer `id` sent from inner source
-/// `inner_src` (boringtun has decrypted it): it must hold its IP header and,
-/// unless anti-spoofing is off, come from the peer's AllowedIPs. Returns the
-/// entry counting it.
-pub fn wg(
-    mode: AntiSpoofing,
-    peers: &PeerTable,
-    id: u32,
-    inner_src: IpAddr,
-    len: usize,
-) -> Result<Option<&Entry>, DropReason> {
-    if !crate::wg::input::holds_ip_header(inner_src, len) {
-        return Err(DropReason::Malformed);
-    }
-    let (allowed, from) = crate::wg::input::source_allowed(peers, id, inner_src);
-    if !allowed && mode != AntiSpoofing::Off {
-        return Err(DropReason::SpoofedSource);
-    }
-    Ok(from)
-}
-
-/// What a WireGuard datagram without a receiver index (a handshake
-/// initiation, or junk) asks for; see [`wg_initiation`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Initiation {
-    /// An initiation from the peer with this id: its owner handles it.
-    Peer(u32),
-    /// Under load: answer the source with the cookie reply in the first
-    /// this many bytes of the cookie buffer, and count a `Handshake` drop.
-    Cookie(usize),
-}
-
-/// WireGuard: a datagram without a receiver index, from `src`. Checks MAC1
-/// (under load, MAC2 too: without a valid cookie the answer is a cookie
-/// reply written into `cookie`), then decrypts the initiator's static key
-/// with our `secret` (`public` is its public key) and finds that key's peer
-/// in `peers`. `UnknownKey` for a key of no peer.
-pub fn wg_initiation(
-    limiter: &RateLimiter,
-    secret: &x25519::StaticSecret,
-    public: &x25519::PublicKey,
-    peers: &PeerTable,
-    d: &[u8],
-    src: IpAddr,
-    cookie: &mut [u8; 64],
-) -> Result<Initiation, DropReason> {
-    let pkt = match limiter.verify_packet(Some(src), d, cookie) {
-        Ok(Packet::HandshakeInit(h)) => h,
-        Ok(_) => return Err(DropReason::Malformed),
-        Err(TunnResult::WriteToNetwork(c)) => return Ok(Initiation::Cookie(c.len())),
-        Err(TunnResult::Err(e)) => return Err(crate::wg::classify(&e)),
-        Err(_) => return Err(DropReason::Malformed),
-    };
-    let half = parse_handshake_anon(secret, public, &pkt).map_err(|e| crate::wg::classify(&e))?;
-    match peers.wg_by_key(&half.peer_static_public) {
-        Some(w) => Ok(Initiation::Peer(w.id)),
-        None => Err(DropReason::UnknownKey),
-    }
 }

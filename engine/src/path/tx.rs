@@ -9,12 +9,12 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use crate::encap::{Codec, DropReason};
-use crate::ipip::{self, OuterParams};
+use crate::encap::ipip::{self, OuterParams};
+use crate::encap::wg::{OVERHEAD as WG_OVERHEAD, owner};
+use crate::encap::{Codec, DropReason, MAX_UDP_PAYLOAD};
 use crate::offload::gso::{self, Segments};
 use crate::offload::uso;
 use crate::peers::{Entry, PeerTable};
-use crate::udp_tx::MAX_UDP_PAYLOAD;
 use crate::wire::{ip, ip_version, vnet};
 
 /// Largest inner packet an outer IPv4 packet can carry (IPIP).
@@ -60,7 +60,7 @@ pub const UDP_CUTS: Cuts = Cuts {
     tcp6: true,
     udp: true,
 };
-/// WireGuard: TCP over both versions (segmented in place, `wg::seg`).
+/// WireGuard: TCP over both versions (segmented in place, `path::wg::seg`).
 pub const WG_CUTS: Cuts = Cuts {
     tcp6: true,
     udp: false,
@@ -117,7 +117,27 @@ pub fn single(
     Ok(())
 }
 
-/// A TUN read routed and prepared: what [`write()`] needs and the room it takes.
+/// What the outer side of a planned read needs besides the peer entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outer {
+    /// flannel-UDP / VXLAN: the entry's endpoint and VTEP MAC.
+    Udp,
+    /// IPIP: the outer destination and header fields.
+    Ipip {
+        /// The peer's (IPv4) address.
+        dst: Ipv4Addr,
+        /// TTL, TOS and DF of the outer header.
+        params: OuterParams,
+    },
+    /// WireGuard: the peer (sessions are [`crate::path::wg`]'s).
+    Wg {
+        /// The peer's id.
+        id: u32,
+    },
+}
+
+/// A TUN read routed and prepared: what [`write()`] (or the WireGuard
+/// core) needs and the room it takes. One shape for every encapsulation.
 #[derive(Debug, Clone, Copy)]
 pub struct Plan<'t> {
     /// The peer it goes to.
@@ -132,6 +152,8 @@ pub struct Plan<'t> {
     pub need: usize,
     /// At most this many datagrams (messages) come out (for a super-packet, with a margin).
     pub datagrams: usize,
+    /// The outer side.
+    pub outer: Outer,
 }
 
 /// Why a TUN read is not sent.
@@ -219,17 +241,18 @@ pub fn udp_plan<'t>(
         headroom,
         need,
         datagrams,
+        outer: Outer::Udp,
     })
 }
 
 /// IPIP: routes `read` (IPv4 only; a peer with an IPv6 endpoint is no route)
-/// and derives the outer header fields.
+/// and derives the outer header fields ([`Outer::Ipip`]).
 pub fn ipip_plan<'t>(
     peers: &'t PeerTable,
     read: &mut [u8],
     vnet_hdr: bool,
     arena: usize,
-) -> Result<(Plan<'t>, Ipv4Addr, OuterParams), DropReason> {
+) -> Result<Plan<'t>, DropReason> {
     let pkt = parse(read, vnet_hdr).map_err(|e| {
         // The TUN has no IPv6 routes: link-local chatter ends here.
         let off = if vnet_hdr { vnet::HEADER_LEN } else { 0 };
@@ -246,18 +269,18 @@ pub fn ipip_plan<'t>(
         return Err(DropReason::NoRoute);
     };
     let ip = &mut read[pkt.start..];
-    let outer = ipip::outer_params(ip).ok_or(DropReason::Malformed)?;
+    let params = ipip::outer_params(ip).ok_or(DropReason::Malformed)?;
     let shape = Shape::of(&pkt.hdr, IPIP_CUTS)?;
     let (need, datagrams) = room(ip, shape, 0, arena, MAX_IPIP_INNER)?;
-    let plan = Plan {
+    Ok(Plan {
         entry,
         pkt,
         shape,
         headroom: 0,
         need,
         datagrams,
-    };
-    Ok((plan, dst, outer))
+        outer: Outer::Ipip { dst, params },
+    })
 }
 
 /// Where [`write()`] put the datagrams in the arena.
@@ -338,27 +361,22 @@ pub fn udp_write(
 /// Where a WireGuard TUN read goes.
 #[derive(Debug, Clone, Copy)]
 pub enum WgRoute<'t> {
-    /// The worker with this index owns the peer: hand the whole read over.
+    /// The worker with this index owns the peer: hand the whole read over
+    /// (untouched: its checksum is completed where it is encrypted).
     HandOff(usize),
-    /// This worker owns peer `id`: segment (or finish) and encrypt here.
-    Local {
-        /// The peer's id.
-        id: u32,
-        /// The entry counting the packet.
-        entry: &'t Entry,
-        /// The read.
-        pkt: TunPacket,
-    },
+    /// This worker owns the peer ([`Outer::Wg`]): segment (or finish) and
+    /// encrypt here; [`Plan::headroom`] is the 32 bytes WireGuard adds.
+    Here(Plan<'t>),
 }
 
-/// WireGuard: the peer of `read` and the worker (of `workers`) that owns it;
-/// this one is `me`.
-pub fn wg_route<'t>(
+/// WireGuard: the peer of `read` and the worker (of `workers`) that owns
+/// it; this one is `me`. Planned for an arena of `arena` bytes.
+pub fn wg_plan<'t>(
     peers: &'t PeerTable,
-    read: &[u8],
+    read: &mut [u8],
     vnet_hdr: bool,
-    me: usize,
-    workers: usize,
+    (me, workers): (usize, usize),
+    arena: usize,
 ) -> Result<WgRoute<'t>, DropReason> {
     let pkt = parse(read, vnet_hdr)?;
     let entry = peers.lookup(pkt.dst).ok_or(DropReason::NoRoute)?;
@@ -366,15 +384,23 @@ pub fn wg_route<'t>(
         .wg
         .and_then(|i| peers.wg_peers().get(i))
         .ok_or(DropReason::NoRoute)?;
-    let home = crate::wg::owner(w.id, workers);
+    let home = owner(w.id, workers);
     if home != me {
         return Ok(WgRoute::HandOff(home));
     }
-    Ok(WgRoute::Local {
-        id: w.id,
+    let ip = &mut read[pkt.start..];
+    let shape = Shape::of(&pkt.hdr, WG_CUTS)?;
+    let h = WG_OVERHEAD;
+    let (need, datagrams) = room(ip, shape, h, arena, MAX_UDP_PAYLOAD - h)?;
+    Ok(WgRoute::Here(Plan {
         entry,
         pkt,
-    })
+        shape,
+        headroom: h,
+        need,
+        datagrams,
+        outer: Outer::Wg { id: w.id },
+    }))
 }
 
 /// FNV-style hash of the inner flow (addresses + TCP/UDP ports), like the

@@ -5,23 +5,25 @@
 //! after the owner has processed them; inboxes are bounded. Nothing is
 //! allocated after start. A full inbox or an empty pool drops the packet.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
 
+use crate::path::wg::Train;
 use crate::sys::event::Event;
 
 /// Pool buffers per worker.
 const BUFFERS_PER_WORKER: usize = 16;
+/// Handed-off packets a worker takes per step ([`Inbox::take`]).
+const BUDGET: usize = 32;
 
 /// What a handed-off buffer holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     /// A TUN read (with its vnet header when the TUN has one).
     Tun,
-    /// A received datagram or GRO train with this segment size, from `src`.
-    Udp { src: SocketAddr, stride: usize },
+    /// A received datagram or GRO train, and how it arrived.
+    Udp(Train),
 }
 
 /// One handed-off packet: `buf[..len]`.
@@ -44,8 +46,26 @@ pub(crate) struct Hub {
 /// A worker's own half.
 #[derive(Debug)]
 pub(crate) struct Inbox {
-    pub rx: Receiver<Msg>,
+    rx: Receiver<Msg>,
     pub event: Arc<Event>,
+}
+
+impl Inbox {
+    /// Up to [`BUDGET`] packets other workers handed over, each given to
+    /// `f` (its kind and bytes) and its buffer then returned to `hub`'s
+    /// pool; whether there were any.
+    pub fn take(&self, hub: &Hub, mut f: impl FnMut(Kind, &mut [u8])) -> bool {
+        let mut any = false;
+        for _ in 0..BUDGET {
+            let Ok(mut m) = self.rx.try_recv() else {
+                break;
+            };
+            any = true;
+            f(m.kind, &mut m.buf[..m.len]);
+            hub.recycle(m.buf);
+        }
+        any
+    }
 }
 
 /// Why a handoff failed.
@@ -116,17 +136,37 @@ impl Hub {
 
 #[cfg(test)]
 mod tests {
+    use std::net::SocketAddr;
+
     use super::*;
 
     #[test]
     fn buffers_circulate_and_the_pool_bounds_the_backlog() {
         let (hub, inboxes) = Hub::new(2, 64).expect("hub");
         let src: SocketAddr = "192.0.2.1:51820".parse().expect("sa");
-        assert_eq!(hub.send(1, Kind::Udp { src, stride: 3 }, b"abc"), Ok(()));
+        assert_eq!(
+            hub.send(
+                1,
+                Kind::Udp(Train {
+                    src,
+                    stride: 3,
+                    vouched: None,
+                }),
+                b"abc"
+            ),
+            Ok(())
+        );
         let m = inboxes[1].rx.try_recv().expect("queued");
         assert_eq!(
             (m.kind, &m.buf[..m.len]),
-            (Kind::Udp { src, stride: 3 }, &b"abc"[..])
+            (
+                Kind::Udp(Train {
+                    src,
+                    stride: 3,
+                    vouched: None,
+                }),
+                &b"abc"[..]
+            )
         );
         hub.recycle(m.buf);
         assert_eq!(
@@ -140,5 +180,15 @@ mod tests {
         }
         assert_eq!(sent, 2 * BUFFERS_PER_WORKER);
         assert_eq!(hub.send(7, Kind::Tun, b"x"), Err(Full));
+        // The owner takes them (a budget's worth), and their buffers are free again.
+        let mut taken = 0;
+        assert!(inboxes[0].take(&hub, |k, d| {
+            assert_eq!((k, &*d), (Kind::Tun, &b"x"[..]));
+            taken += 1;
+        }));
+        assert_eq!(taken, BUDGET.min(sent));
+        assert!(hub.send(1, Kind::Tun, b"y").is_ok());
+        assert!(inboxes[1].take(&hub, |_, d| assert_eq!(&*d, b"y")));
+        assert!(!inboxes[1].take(&hub, |_, _| panic!("an empty inbox")));
     }
 }

@@ -150,6 +150,16 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         let c = checksum::checksum(&b[..hl]);
         put16(b, field::CHECKSUM.start, c);
     }
+    /// Marks the packet Congestion Experienced (ECN field 11, RFC 3168) and
+    /// patches the checksum incrementally (RFC 1624).
+    pub fn set_ecn_ce(&mut self) {
+        let b = self.buffer.as_mut();
+        let old = be16(b, field::VER_IHL);
+        b[field::TOS] |= 0x03;
+        let new = be16(b, field::VER_IHL);
+        let c = checksum::update16(be16(b, field::CHECKSUM.start), old, new);
+        put16(b, field::CHECKSUM.start, c);
+    }
     /// Decrements the TTL and patches the checksum incrementally (RFC 1624).
     /// Returns `false` (and leaves the packet unchanged) when the TTL would reach 0.
     pub fn decrement_ttl(&mut self) -> bool {

@@ -15,6 +15,7 @@ pub mod ipv6;
 pub mod tcp;
 pub mod vnet;
 pub mod vxlan;
+pub mod wg;
 
 /// A field is a byte range inside a header.
 pub type Field = std::ops::Range<usize>;

@@ -1,6 +1,12 @@
-//! Sans-IO encapsulation: flannel-UDP and VXLAN over caller-owned buffers.
+//! The codec layer, sans-IO, for all four encapsulations: flannel-UDP and
+//! VXLAN (here), IPIP ([`ipip`]) and WireGuard's framing ([`wg`]: the
+//! receiver index, the owner worker, drop reasons, AllowedIPs; its
+//! sessions are [`crate::path::wg`]'s).
 //!
-//! Contract: no I/O, no clock, no allocation, no logging. Encapsulation is
+//! Contract: no I/O, no clock, no allocation, no logging; headers are read
+//! and written through [`crate::wire`] views. Nothing here imports a
+//! worker, the builder or a start-up module (`tests/layers.rs` checks).
+//! flannel-UDP and VXLAN encapsulation is
 //! split in two steps so that userspace GSO can run in between:
 //! [`Codec::prepare_inner`] edits the inner packet once (flannel-UDP
 //! decrements the TTL), then [`Codec::write_header`] fills the
@@ -8,6 +14,10 @@
 //! outer IP/UDP headers are the kernel's (we send through UDP sockets).
 //! [`Codec::decap`] validates an untrusted datagram in place and returns the
 //! range of the inner IP packet, or the [`DropReason`] to count.
+
+pub mod ipip;
+pub mod key;
+pub mod wg;
 
 use std::ops::Range;
 
@@ -53,6 +63,9 @@ pub struct Vxlan {
     /// Our VTEP MAC.
     pub local_mac: [u8; 6],
 }
+
+/// Largest UDP payload (IPv4: 65535 - 20 - 8); a GSO train's total, too.
+pub const MAX_UDP_PAYLOAD: usize = 65507;
 
 /// VXLAN + inner Ethernet bytes in front of the inner IP packet.
 pub const VXLAN_HEADROOM: usize = vxlan::HEADER_LEN + ethernet::HEADER_LEN;
@@ -153,5 +166,4 @@ impl Codec {
 }
 
 #[cfg(test)]
-#[path = "encap_tests.rs"]
 mod tests;

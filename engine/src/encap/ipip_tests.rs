@@ -1,5 +1,6 @@
 use super::*;
 use crate::test_util::{payload, run_cbpf, tcp4, udp4};
+use crate::wire::put16;
 
 /// Wraps `inner` in an outer IPv4 header as the kernel's ipip device (and
 /// our raw socket) would send it: protocol 4, `src -> dst`, TTL/TOS from

@@ -36,6 +36,7 @@ LABELS = {
     "veth": "veth (no overlay)",
     "kvxlan": "kernel vxlan (flannel)",
     "wggo": "wireguard-go",
+    "wggo-new": "wireguard-go (newest)",
     "weft-udp": "weft udp",
     "weft-vxlan": "weft vxlan (userspace)",
     "weft-kvxlan": "weft vxlan (kernel)",
@@ -275,7 +276,7 @@ def chart(argv):
     info = dict(line.split(": ", 1) for line in open(machine).read().splitlines() if ": " in line)
     fig, axes = plt.subplots(len(tests), 1, figsize=(11, 3.2 * len(tests) + 0.8), squeeze=False)
     colors = {c: ("#7f7f7f" if not c.startswith("weft") else "#1f77b4") for c in cases}
-    colors.update({"kvxlan": "#2ca02c", "veth": "#4d4d4d", "wggo": "#9467bd"})
+    colors.update({"kvxlan": "#2ca02c", "veth": "#4d4d4d", "wggo": "#9467bd", "wggo-new": "#c5b0d5"})
     colors.update({c: "#ff7f0e" for c in cases if "@" in c})
     for ax, t in zip(axes[:, 0], tests):
         if t.startswith("rr"):

@@ -7,6 +7,7 @@
 #   veth          node to node over the underlay, no overlay (the physical limit)
 #   kvxlan        kernel vxlan programmed by hand exactly as flannel's vxlan backend does
 #   wggo          wireguard-go + wg (Debian), flannel's wireguard layout
+#   wggo-new      the same with the wireguard-go binary $WGGO_NEW (a newer build, made apart; never committed)
 #   weft-udp      weftd, backend udp (userspace engine)
 #   weft-vxlan    weftd, backend vxlan, --dataplane=userspace
 #   weft-kvxlan   weftd, backend vxlan, --dataplane=kernel
@@ -195,12 +196,14 @@ setup() { # case[@variant]
             bridge -n $P-n$n fdb replace 02:00:00:00:0$m:01 dev flannel.1 dst 192.0.2.$m self permanent
             subnet_env $n 10.244.$n.1/24 1450
         done ;;
-    wggo)
+    wggo|wggo-new)
+        # wggo-new: a newer wireguard-go than Debian's (WGGO_NEW, built apart; never committed).
+        WG=wireguard-go; [ "${1%@*}" = wggo-new ] && WG=${WGGO_NEW:?"wggo-new needs WGGO_NEW=<a wireguard-go binary>"}
         # Distinct device names: wireguard-go's UAPI socket (/var/run/wireguard/<dev>.sock)
         # lives on the shared filesystem, not in the network namespace.
         for n in 1 2; do
             m=$((3 - n)); N="ip -n $P-n$n"; D=wgh$n
-            ip netns exec $P-n$n env WG_PROCESS_FOREGROUND=1 LOG_LEVEL=error wireguard-go -f $D >"$OUT/logs/wggo-$ROUND-n$n.log" 2>&1 &
+            ip netns exec $P-n$n env WG_PROCESS_FOREGROUND=1 LOG_LEVEL=error $WG -f $D >"$OUT/logs/${1%@*}-$ROUND-n$n.log" 2>&1 &
             DAEMON_PIDS+=($!)
             for _ in $(seq 50); do $N link show $D >/dev/null 2>&1 && break; sleep 0.1; done
             ip netns exec $P-n$n wg set $D private-key "$OUT/wg$n.key" listen-port 51820 \

@@ -319,13 +319,13 @@ impl Observe for Dual {
         self.active.as_ref().map(|(p, _)| *p)
     }
 
-    fn status(&self) -> crate::status::BackendStatus {
+    fn view(&self) -> crate::view::BackendView {
         match &self.active {
-            Some((_, b)) => crate::status::BackendStatus {
-                name: self.core.name.into(),
-                ..b.status()
+            Some((_, b)) => crate::view::BackendView {
+                name: self.core.name,
+                ..b.view()
             },
-            None => crate::status::BackendStatus::new(self.core.name, None),
+            None => crate::view::BackendView::new(self.core.name, None),
         }
     }
 }

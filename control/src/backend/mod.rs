@@ -67,6 +67,8 @@ use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
 use crate::netlink::{Client, Netlink, NetlinkError, WgClient, WgNetlink, XfrmClient, XfrmNetlink};
+use crate::view::BackendView;
+pub use crate::view::Dataplane;
 
 /// Errors from a backend.
 #[derive(Debug, thiserror::Error)]
@@ -141,9 +143,12 @@ pub trait Observe {
     /// Which dataplane runs it (`None`: nothing forwards, e.g. `alloc`).
     fn dataplane(&self) -> Option<Dataplane>;
 
-    /// Its devices and per-peer counters.
-    fn status(&self) -> crate::status::BackendStatus {
-        crate::status::BackendStatus::new(self.name(), self.dataplane())
+    /// What it publishes of itself for readers ([`crate::view`]): its
+    /// devices, each a probe a reader asks for counters without asking the
+    /// backend. Cheap (it clones handles); the backend's task publishes it
+    /// after setup and after every step that may change it.
+    fn view(&self) -> BackendView {
+        BackendView::new(self.name(), self.dataplane())
     }
 }
 
@@ -296,36 +301,6 @@ impl EngineTuning {
             offload: self.offload,
             anti_spoof: self.anti_spoof != weft_engine::AntiSpoofing::Off,
         }
-    }
-}
-
-/// Which implementation carries a backend's traffic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dataplane {
-    /// The kernel's drivers.
-    Kernel,
-    /// weft's userspace engine.
-    Userspace,
-}
-
-impl std::fmt::Display for Dataplane {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl Dataplane {
-    /// "kernel" or "userspace" (status, logs, `--dataplane`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Dataplane::Kernel => "kernel",
-            Dataplane::Userspace => "userspace",
-        }
-    }
-
-    /// [`Dataplane::as_str`], "none" for a backend that forwards nothing.
-    pub fn name(d: Option<Dataplane>) -> &'static str {
-        d.map_or("none", Dataplane::as_str)
     }
 }
 

@@ -17,6 +17,7 @@ use crate::config::backend::UdpOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
+use crate::view::BackendView;
 
 /// See the module docs.
 #[derive(Debug)]
@@ -52,8 +53,8 @@ impl Observe for Udp {
         Some(Dataplane::Userspace)
     }
 
-    fn status(&self) -> crate::status::BackendStatus {
-        tunnel::status(self.name(), &self.tunnel)
+    fn view(&self) -> BackendView {
+        tunnel::view(self.name(), &self.tunnel)
     }
 }
 
@@ -118,7 +119,7 @@ impl Backend for Udp {
 
     async fn teardown(&mut self) {
         if let Some(mut t) = self.tunnel.take() {
-            t.stop();
+            t.stop().await;
         }
     }
 }

@@ -114,6 +114,15 @@ async fn start(
         .expect("start")
 }
 
+/// What weftd's main loop and the backend's task do with a request: the
+/// task switches, the control hears the outcome.
+async fn drive(ctl: &mut DataplaneControl, b: &mut dyn Switch, req: Option<SwitchRequest>) {
+    if let Some(req) = req {
+        let out = switch(b, req.want).await;
+        ctl.on_switched(req, out);
+    }
+}
+
 /// Sends one command and returns the reply (or `None` while it waits).
 async fn command(
     ctl: &mut DataplaneControl,
@@ -121,15 +130,21 @@ async fn command(
     req: serde_json::Value,
 ) -> oneshot::Receiver<serde_json::Value> {
     let (tx, rx) = oneshot::channel();
-    ctl.on_command(
+    let req = ctl.on_command(
         Command {
             request: req,
             reply: tx,
         },
-        b,
-    )
-    .await;
+        b.name(),
+    );
+    drive(ctl, b, req).await;
     rx
+}
+
+/// SIGHUP.
+async fn hup(ctl: &mut DataplaneControl, b: &mut dyn Switch) {
+    let req = ctl.on_hup(b.name());
+    drive(ctl, b, req).await;
 }
 
 #[tokio::test]
@@ -235,11 +250,11 @@ async fn sighup_validates_a_hand_written_file_like_a_command() {
     let (mut ctl, mut b) = start(&env, Auto, &[Auto, Userspace]).await;
     // A word the kernel cannot run: refused, the file put back (none).
     std::fs::write(&file, "kernel\n").expect("write");
-    ctl.on_hup(b.as_mut()).await;
+    hup(&mut ctl, b.as_mut()).await;
     assert_eq!((ctl.requested(), file.exists()), (Auto, false));
     // A word it can run: switched, and rewritten with its record.
     std::fs::write(&file, "userspace\n").expect("write");
-    ctl.on_hup(b.as_mut()).await;
+    hup(&mut ctl, b.as_mut()).await;
     assert_eq!(ctl.requested(), Userspace);
     assert_eq!(
         Record::parse(&std::fs::read_to_string(&file).expect("file")),
@@ -247,7 +262,7 @@ async fn sighup_validates_a_hand_written_file_like_a_command() {
     );
     // Garbage: not switched, the file says again what runs.
     std::fs::write(&file, "dataplane=turbo\n").expect("write");
-    ctl.on_hup(b.as_mut()).await;
+    hup(&mut ctl, b.as_mut()).await;
     assert_eq!(ctl.requested(), Userspace);
     assert!(
         std::fs::read_to_string(&file).is_ok_and(|t| t.contains("dataplane=userspace")),
@@ -255,7 +270,7 @@ async fn sighup_validates_a_hand_written_file_like_a_command() {
     );
     // Deleted by hand: back to the flag.
     std::fs::remove_file(&file).expect("rm");
-    ctl.on_hup(b.as_mut()).await;
+    hup(&mut ctl, b.as_mut()).await;
     assert_eq!((ctl.requested(), file.exists()), (Auto, false));
 }
 
@@ -276,7 +291,8 @@ async fn a_pending_switch_is_answered_and_persisted_when_it_completes() {
     assert!(rx.try_recv().is_err(), "no answer while pending");
     assert_eq!(ctl.requested(), Kernel);
     assert!(!file.exists(), "not persisted while pending");
-    ctl.on_due(b.as_mut()).await;
+    let due = ctl.on_due();
+    drive(&mut ctl, b.as_mut(), Some(due)).await;
     let reply = rx.await.expect("answered when done");
     assert_eq!(reply["dataplane"], "kernel", "{reply}");
     assert!(file.exists());

@@ -135,13 +135,12 @@ impl Observe for Ipip {
         Some(Dataplane::Kernel)
     }
 
-    fn status(&self) -> crate::status::BackendStatus {
-        let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
-        if self.index != 0 {
-            st.devices
-                .extend(crate::status::devices::kernel_device(DEVICE));
+    fn view(&self) -> crate::view::BackendView {
+        let v = crate::view::BackendView::new(self.name(), self.dataplane());
+        match self.index {
+            0 => v,
+            _ => v.device(crate::view::devices::KernelDevice::probe(DEVICE)),
         }
-        st
     }
 }
 

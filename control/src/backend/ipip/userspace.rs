@@ -95,8 +95,8 @@ impl Observe for IpipUser {
         Some(Dataplane::Userspace)
     }
 
-    fn status(&self) -> crate::status::BackendStatus {
-        tunnel::status(self.name(), &self.tunnel)
+    fn view(&self) -> crate::view::BackendView {
+        tunnel::view(self.name(), &self.tunnel)
     }
 }
 
@@ -143,7 +143,7 @@ impl Backend for IpipUser {
 
     async fn teardown(&mut self) {
         if let Some(mut t) = self.tunnel.take() {
-            t.stop();
+            t.stop().await;
         }
     }
 }

@@ -77,6 +77,30 @@ impl FakeEngines {
 
 struct Handle(Arc<FakeEngine>);
 
+/// What readers see of a fake engine: its TUN and peer table, no counters.
+#[derive(Debug)]
+struct Probe(Arc<FakeEngine>);
+
+impl crate::view::DeviceProbe for Probe {
+    fn report(&self, st: &mut crate::view::BackendStatus) {
+        if self.0.stopped.load(Ordering::Relaxed) {
+            return;
+        }
+        let peers = self.0.peers();
+        st.devices.push(crate::view::DeviceStatus {
+            name: self.0.cfg.tun_name.clone(),
+            kind: "engine".into(),
+            workers: None,
+            offloads: None,
+            counters: Default::default(),
+            batching: None,
+            drops: None,
+            peers: u32::try_from(peers.len()).ok(),
+            poll_window: None,
+        });
+    }
+}
+
 impl StartEngine for FakeEngines {
     fn start(
         &self,
@@ -113,8 +137,8 @@ impl TunnelEngine for Handle {
     fn peer_stats(&self) -> Option<Vec<(IpNet, PeerStats)>> {
         None
     }
-    fn report(&self, st: &mut crate::status::BackendStatus) {
-        let _ = st;
+    fn probe(&self) -> Arc<dyn crate::view::DeviceProbe> {
+        Arc::new(Probe(self.0.clone()))
     }
     fn describe(&self) -> String {
         "fake engine".into()

@@ -314,15 +314,15 @@ impl Observe for KernelVxlan {
         Some(Dataplane::Kernel)
     }
 
-    fn status(&self) -> crate::status::BackendStatus {
-        let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
+    fn view(&self) -> crate::view::BackendView {
+        let mut v = crate::view::BackendView::new(self.name(), self.dataplane());
         let devs = [&self.v4, &self.v6]
             .into_iter()
             .flatten()
             .filter(|d| d.index != 0);
-        st.devices
-            .extend(devs.filter_map(|d| crate::status::devices::kernel_device(&d.spec.name)));
-        st
+        v.devices
+            .extend(devs.map(|d| crate::view::devices::KernelDevice::probe(&d.spec.name)));
+        v
     }
 }
 

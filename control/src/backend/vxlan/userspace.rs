@@ -88,9 +88,9 @@ impl Observe for Vxlan {
         Some(Dataplane::Userspace)
     }
 
-    fn status(&self) -> crate::status::BackendStatus {
+    fn view(&self) -> crate::view::BackendView {
         let families = [&self.v4, &self.v6].into_iter().flatten();
-        tunnel::status(self.name(), families.filter_map(|f| f.tunnel.as_ref()))
+        tunnel::view(self.name(), families.filter_map(|f| f.tunnel.as_ref()))
     }
 }
 
@@ -194,7 +194,7 @@ impl Backend for Vxlan {
     async fn teardown(&mut self) {
         for f in [self.v4.as_mut(), self.v6.as_mut()].into_iter().flatten() {
             if let Some(mut t) = f.tunnel.take() {
-                t.stop();
+                t.stop().await;
             }
         }
     }

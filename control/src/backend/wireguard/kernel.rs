@@ -282,14 +282,14 @@ impl Observe for KernelWireguard {
         Some(Dataplane::Kernel)
     }
 
-    fn status(&self) -> crate::status::BackendStatus {
-        let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
-        st.devices.extend(
+    fn view(&self) -> crate::view::BackendView {
+        let mut v = crate::view::BackendView::new(self.name(), self.dataplane());
+        v.devices.extend(
             self.devices
                 .iter()
-                .filter_map(|d| crate::status::devices::kernel_device(d.name)),
+                .map(|d| crate::view::devices::KernelDevice::probe(d.name)),
         );
-        st
+        v
     }
 }
 

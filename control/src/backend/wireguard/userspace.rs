@@ -158,8 +158,8 @@ impl Observe for Wireguard {
         Some(Dataplane::Userspace)
     }
 
-    fn status(&self) -> crate::status::BackendStatus {
-        tunnel::status(self.name(), self.devices.iter().map(|d| &d.tunnel))
+    fn view(&self) -> crate::view::BackendView {
+        tunnel::view(self.name(), self.devices.iter().map(|d| &d.tunnel))
     }
 }
 
@@ -203,7 +203,7 @@ impl Backend for Wireguard {
 
     async fn teardown(&mut self) {
         for mut d in self.devices.drain(..) {
-            d.tunnel.stop();
+            d.tunnel.stop().await;
         }
     }
 }

@@ -60,6 +60,15 @@ cleanup() {
     ip netns pids $NS 2>/dev/null | xargs -r kill -9 2>/dev/null || true
     ip netns del $NS 2>/dev/null || true
 }
+fresh_ns() {
+    cleanup
+    ip netns add $NS
+    ip -n $NS link set lo up
+    ip -n $NS link add eth0 type veth peer name eth1
+    ip -n $NS addr add 192.0.2.1/24 dev eth0
+    ip -n $NS link set eth0 up
+    ip -n $NS link set eth1 up
+}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
@@ -70,16 +79,11 @@ trap 'exit 130' INT TERM
 for r in $(seq "$REPS"); do
     for s in $STORES; do
         for b in $BACKENDS; do
-            cleanup
-            ip netns add $NS
-            ip -n $NS link set lo up
-            ip -n $NS link add eth0 type veth peer name eth1
-            ip -n $NS addr add 192.0.2.1/24 dev eth0
-            ip -n $NS link set eth0 up
-            ip -n $NS link set eth1 up
+            fresh_ns
             if [ "$MODE" = churn ]; then
                 for build in $BUILDS; do
-                    ip netns pids $NS 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+                    # Each build on a clean namespace: no routes left by the one before.
+                    fresh_ns
                     if line=$(ip netns exec $NS "$BIN/examples/lease_bench" churn "$s" "$N" "${b%%:*}" "${b##*:}" "${build#*=}/weftd" eth0 "$RATE" "$SECS"); then
                         printf '%s\t%s\n' "$line" "build=${build%%=*}" | tee -a "$OUT"
                     else

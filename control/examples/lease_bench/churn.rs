@@ -16,7 +16,7 @@
 //!   interval beyond the 3 s due is how late the renewal started, plus the
 //!   store's round trip).
 //!
-//! Prints one `churn` line: p50/p99/max of each, the changes whose route
+//! `LEASE_BENCH_LOG=PATH` keeps weftd's log there. Prints one `churn` line: p50/p99/max of each, the changes whose route
 //! never came, and the load average. Only kernel-route backends (host-gw,
 //! vxlan with the kernel dataplane) show routes per peer.
 
@@ -270,6 +270,9 @@ fn measure<R: Registry>(
     anyhow::ensure!(alive, "weftd exited during the churn");
     let (route, route_missing) = monitor.match_writes(&writes);
     let (renewals, renew_late_max) = renewals(&std::fs::read_to_string(&log_path)?);
+    if let Some(keep) = std::env::var_os("LEASE_BENCH_LOG") {
+        std::fs::copy(&log_path, keep)?;
+    }
     Ok(Figures {
         status,
         healthz,
@@ -427,7 +430,15 @@ impl Monitor {
             }
             match q.pop_front() {
                 Some(t) => s.d.push(t - *at),
-                None => missing += 1,
+                None => {
+                    if missing < 5 {
+                        eprintln!(
+                            "no route event for {} {dst}",
+                            if *add { "adding" } else { "removing" }
+                        );
+                    }
+                    missing += 1;
+                }
             }
         }
         (s, missing)

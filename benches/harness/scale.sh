@@ -18,6 +18,7 @@
 # 100) for SECS seconds (default 60) while `weft status` and /healthz are
 # timed, each change's route is timed and the lease renewals' delays read
 # (`lease_bench churn`); STORES defaults to etcd, BACKENDS to host-gw:auto.
+# CHURN_SWITCH_SECS=K also switches the dataplane every K seconds (vxlan).
 # BUILDS="before=DIR after=DIR" runs the weftd of each DIR in turn, one after
 # the other within every round (interleaved: the machine's load hits them
 # alike), all driven by $BIN's lease_bench:
@@ -112,6 +113,8 @@ for line in open(sys.argv[1]):
     rows.setdefault((kv["build"], f[1], f[2], f[3], f[4]), []).append(kv)
 keys = ["status_p50_ms", "status_p99_ms", "status_max_ms", "healthz_p99_ms", "healthz_max_ms",
         "route_p50_ms", "route_p99_ms", "route_max_ms", "renew_late_max_ms"]
+if any("switch_max_ms" in r for runs in rows.values() for r in runs):
+    keys += ["switch_p50_ms", "switch_max_ms"]
 print("\n%-8s %-6s %-8s %-9s %6s " % ("build", "store", "backend", "dataplane", "leases")
       + " ".join("%14s" % k for k in keys) + "  (median of runs; goal: status/healthz p99 < 50 ms, route p99 < 1000 ms, no renewal late)")
 for (build, store, backend, dp, n), runs in sorted(rows.items()):

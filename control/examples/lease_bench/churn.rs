@@ -16,7 +16,10 @@
 //!   interval beyond the 3 s due is how late the renewal started, plus the
 //!   store's round trip).
 //!
-//! `LEASE_BENCH_LOG=PATH` keeps weftd's log there. Prints one `churn` line: p50/p99/max of each, the changes whose route
+//! `CHURN_SWITCH_SECS=K` also asks weftd every K seconds to switch its
+//! dataplane (`weft dataplane set`, userspace and kernel in turn: vxlan,
+//! ipip, wireguard), the longest stall the old main loop had: the whole
+//! switch, every peer replayed. `LEASE_BENCH_LOG=PATH` keeps weftd's log there. Prints one `churn` line: p50/p99/max of each, the changes whose route
 //! never came, and the load average. Only kernel-route backends (host-gw,
 //! vxlan with the kernel dataplane) show routes per peer.
 
@@ -114,8 +117,12 @@ pub fn run(rt: &tokio::runtime::Runtime, args: &[String]) -> anyhow::Result<()> 
     };
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    let switches = f
+        .switches
+        .as_ref()
+        .map_or_else(String::new, |s| format!("\t{}", s.line("switch")));
     println!(
-        "churn\t{store}\t{backend}\t{dataplane}\t{n}\trate={:.0}\t{}\t{}\t{}\troute_missing={}\trenewals={}\trenew_late_max_ms={:.1}\tload={}",
+        "churn\t{store}\t{backend}\t{dataplane}\t{n}\trate={:.0}\t{}\t{}\t{}\troute_missing={}\trenewals={}\trenew_late_max_ms={:.1}\tload={}{switches}",
         f.achieved_rate,
         f.status.line("status"),
         f.healthz.line("healthz"),
@@ -165,6 +172,8 @@ struct Plan {
 }
 
 struct Figures {
+    /// The dataplane switches' durations (`CHURN_SWITCH_SECS`).
+    switches: Option<Samples>,
     status: Samples,
     healthz: Samples,
     route: Samples,
@@ -215,6 +224,13 @@ fn measure<R: Registry>(
         status_once(&socket)
     });
     let healthz = prober(&stop, Duration::from_millis(50), move || healthz_once(port));
+    let switches = std::env::var("CHURN_SWITCH_SECS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(|every| {
+            let socket = weft_control::status::server::socket_path(&work.join("subnet.env"));
+            switcher(&stop, Duration::from_secs(every), socket)
+        });
 
     // The churn: add and remove leases of the pool in turn.
     let pool: Vec<SubnetKey> = (0..1024u32)
@@ -265,6 +281,10 @@ fn measure<R: Registry>(
     let healthz = healthz
         .join()
         .map_err(|_| anyhow::anyhow!("healthz prober"))?;
+    let switches = match switches {
+        Some(h) => Some(h.join().map_err(|_| anyhow::anyhow!("switcher"))?),
+        None => None,
+    };
     let alive = matches!(guard.0.try_wait(), Ok(None));
     guard.stop();
     anyhow::ensure!(alive, "weftd exited during the churn");
@@ -274,6 +294,7 @@ fn measure<R: Registry>(
         std::fs::copy(&log_path, keep)?;
     }
     Ok(Figures {
+        switches,
         status,
         healthz,
         route,
@@ -338,6 +359,45 @@ fn prober(
                 s.failed += 1;
             }
             std::thread::sleep(every);
+        }
+        s
+    })
+}
+
+/// Every `every`, asks weftd to switch its dataplane (userspace and kernel
+/// in turn), timing each switch to its reply.
+fn switcher(
+    stop: &Arc<AtomicBool>,
+    every: Duration,
+    socket: std::path::PathBuf,
+) -> std::thread::JoinHandle<Samples> {
+    let stop = stop.clone();
+    std::thread::spawn(move || {
+        let mut s = Samples::default();
+        let mut last = Instant::now();
+        let mut to = "userspace";
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(100));
+            if last.elapsed() < every {
+                continue;
+            }
+            let t = Instant::now();
+            let r = weft_control::status::server::call(
+                &socket,
+                &serde_json::json!({"op": "dataplane", "set": to}),
+                Duration::from_secs(120),
+            );
+            s.d.push(t.elapsed());
+            if let Err(e) = r {
+                eprintln!("switch to {to}: {e}");
+                s.failed += 1;
+            }
+            to = if to == "kernel" {
+                "userspace"
+            } else {
+                "kernel"
+            };
+            last = Instant::now();
         }
         s
     })

@@ -30,7 +30,7 @@ pub enum Work {
     Apply(Outgoing),
     /// Restore state that went missing (the periodic tick).
     Reconcile,
-    /// Tear the backend down and set it up again on this lease (its device
+    /// Rebuild the backend on this lease ([`Switch::rebuild`]: its device
     /// was deleted); the loop replays every peer afterwards.
     Rebuild(Lease),
     /// Switch the dataplane.
@@ -44,8 +44,8 @@ pub enum Done {
     Applied(Outgoing, Result<(), ApplyError>),
     /// The reconcile's outcome.
     Reconciled(Result<(), BackendError>),
-    /// The rebuild's outcome (`FLANNEL_MTU` on success).
-    Rebuilt(Result<u32, BackendError>),
+    /// The rebuild's outcome.
+    Rebuilt(Result<(), BackendError>),
     /// The switch's outcome.
     Switched(SwitchOutcome),
 }
@@ -158,10 +158,7 @@ async fn run(
                 Done::Applied(out, r)
             }
             Work::Reconcile => Done::Reconciled(backend.reconcile().await),
-            Work::Rebuild(lease) => {
-                backend.teardown().await;
-                Done::Rebuilt(backend.setup(&lease).await)
-            }
+            Work::Rebuild(lease) => Done::Rebuilt(backend.rebuild(&lease).await),
             Work::Switch(to) => Done::Switched(dataplane_ctl::switch(backend.as_mut(), to).await),
         };
         publish.publish(backend.view());

@@ -259,9 +259,16 @@ fn on_done(
         }
         Done::Switched(out) => {
             q.switch_due = out.pending;
+            let lost = match &out.result {
+                Err(e @ BackendError::NoDataplane { .. }) => Some(e.to_string()),
+                _ => None,
+            };
             match q.switching.take() {
                 Some(req) => ctl.on_switched(req, out),
                 None => tracing::warn!("a switch finished that nobody requested"),
+            }
+            if let Some(e) = lost {
+                bail!("{e}; nothing forwards, exiting so that the supervisor restarts weftd");
             }
         }
     }

@@ -158,7 +158,7 @@ pub async fn run_with<M: SubnetManager>(
         Dataplane::Userspace => backend::DataplaneChoice::Userspace,
     };
     // A choice persisted by `weft dataplane set`, if it still applies, else the flag.
-    let (mut ctl, mut backend) = backend::dataplane_ctl::DataplaneControl::start(
+    let (mut ctl, backend) = backend::dataplane_ctl::DataplaneControl::start(
         &flags.subnet_file,
         &cfg.backend_type,
         dataplane,
@@ -167,7 +167,11 @@ pub async fn run_with<M: SubnetManager>(
     .await
     .context("Error fetching backend")?;
     let own_prev = mgr.previous_own_lease(&ext).await;
-    let attrs = backend
+    // The backend's stages: as built, prepared (lease attributes), running.
+    let backend::Prepared {
+        attrs,
+        backend: prepared,
+    } = backend
         .lease_attrs(&ext, own_prev.as_ref())
         .await
         .context("Error registering network")?;
@@ -194,10 +198,11 @@ pub async fn run_with<M: SubnetManager>(
     let mut lease = lease.context("Error registering network")?;
     shown.metrics.lease_acquired();
     shown.publisher.daemon(|d| d.lease = Some(lease.clone()));
-    let mtu = backend
+    let backend = prepared
         .setup(&lease)
         .await
         .context("Error registering network")?;
+    let mtu = backend.mtu();
     for w in config_warnings(
         flags,
         backend.name(),

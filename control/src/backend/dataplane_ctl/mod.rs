@@ -36,7 +36,7 @@ use std::time::SystemTime;
 use tokio::sync::{mpsc, oneshot};
 
 use self::record::{MadeFor, Record, Verdict};
-use super::{BackendError, Dataplane, DataplaneChoice, Switch};
+use super::{Backend, BackendError, Dataplane, DataplaneChoice, Switch};
 use crate::status::server::Command;
 
 /// Commands queued for the main loop before the socket waits.
@@ -67,8 +67,8 @@ impl DataplaneControl {
         subnet_file: &Path,
         backend_type: &str,
         flag: DataplaneChoice,
-        build: impl Fn(DataplaneChoice) -> Result<Box<dyn Switch>, BackendError>,
-    ) -> Result<(DataplaneControl, Box<dyn Switch>), BackendError> {
+        build: impl Fn(DataplaneChoice) -> Result<Box<dyn Backend<dyn Switch>>, BackendError>,
+    ) -> Result<(DataplaneControl, Box<dyn Backend<dyn Switch>>), BackendError> {
         let file = record::path(subnet_file);
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let mut ctl = DataplaneControl {

@@ -9,7 +9,7 @@ use tokio::sync::oneshot;
 
 use super::record::{self, MadeFor, Record};
 use super::*;
-use crate::backend::{ApplyError, Backend, Batch, Dataplane, Observe};
+use crate::backend::{ApplyError, Backend, Batch, Dataplane, Observe, Prepared, Running, Setup};
 use crate::iface::ExternalInterface;
 use crate::lease::{Lease, LeaseAttrs};
 use DataplaneChoice::{Auto, Kernel, Userspace};
@@ -24,7 +24,7 @@ struct Fake {
     pending: Option<SystemTime>,
 }
 
-fn fake(allowed: &[DataplaneChoice]) -> Box<dyn Switch> {
+fn fake(allowed: &[DataplaneChoice]) -> Box<Fake> {
     Box::new(Fake {
         runs: Dataplane::Userspace,
         allowed: allowed.to_vec(),
@@ -42,17 +42,47 @@ impl Observe for Fake {
     }
 }
 
+/// One type for the three stages (the fake has nothing to prepare or set up).
 #[async_trait]
-impl Backend for Fake {
+impl Backend<dyn Switch> for Fake {
+    fn name(&self) -> &'static str {
+        "vxlan"
+    }
     async fn lease_attrs(
-        &mut self,
+        self: Box<Self>,
         _: &ExternalInterface,
         _: Option<&Lease>,
-    ) -> Result<LeaseAttrs, BackendError> {
-        Ok(LeaseAttrs::default())
+    ) -> Result<Prepared<dyn Switch>, BackendError> {
+        Ok(Prepared {
+            attrs: LeaseAttrs::default(),
+            backend: self,
+        })
     }
-    async fn setup(&mut self, _: &Lease) -> Result<u32, BackendError> {
-        Ok(1450)
+    async fn can_run(&mut self, to: DataplaneChoice) -> Result<Dataplane, BackendError> {
+        if !self.allowed.contains(&to) {
+            return Err(BackendError::Config(format!(
+                "--dataplane={}: this kernel cannot run the vxlan backend: no vxlan support",
+                to.as_str()
+            )));
+        }
+        Ok(match to {
+            Kernel => Dataplane::Kernel,
+            _ => Dataplane::Userspace,
+        })
+    }
+}
+
+#[async_trait]
+impl Setup<dyn Switch> for Fake {
+    async fn setup(self: Box<Self>, _: &Lease) -> Result<Box<dyn Switch>, BackendError> {
+        Ok(self)
+    }
+}
+
+#[async_trait]
+impl Running for Fake {
+    fn mtu(&self) -> u32 {
+        1450
     }
     async fn apply(&mut self, _: Batch<'_>) -> Result<(), ApplyError> {
         Ok(())
@@ -69,7 +99,7 @@ impl Switch for Fake {
         self.pending
     }
     async fn switch_dataplane(&mut self, to: DataplaneChoice) -> Result<Dataplane, BackendError> {
-        let path = self.can_run(to).await?;
+        let path = Backend::can_run(self, to).await?;
         if self.delay && path == Dataplane::Kernel && self.pending.is_none() {
             self.pending = Some(SystemTime::now());
             return Ok(self.runs);
@@ -78,17 +108,8 @@ impl Switch for Fake {
         self.runs = path;
         Ok(path)
     }
-    async fn can_run(&mut self, to: DataplaneChoice) -> Result<Dataplane, BackendError> {
-        if !self.allowed.contains(&to) {
-            return Err(BackendError::Config(format!(
-                "--dataplane={}: this kernel cannot run the vxlan backend: no vxlan support",
-                to.as_str()
-            )));
-        }
-        Ok(match to {
-            Kernel => Dataplane::Kernel,
-            _ => Dataplane::Userspace,
-        })
+    async fn rebuild(&mut self, _: &Lease) -> Result<(), BackendError> {
+        Ok(())
     }
 }
 
@@ -103,15 +124,20 @@ fn recorded(choice: DataplaneChoice, backend: &str, flag: DataplaneChoice) -> St
     .render()
 }
 
+/// The control's start, and the backend it chose run through its stages.
 async fn start(
     env: &Path,
     flag: DataplaneChoice,
     allowed: &[DataplaneChoice],
 ) -> (DataplaneControl, Box<dyn Switch>) {
     let allowed = allowed.to_vec();
-    DataplaneControl::start(env, "vxlan", flag, |_| Ok(fake(&allowed)))
+    let (ctl, b) = DataplaneControl::start(env, "vxlan", flag, |_| Ok(fake(&allowed)))
         .await
-        .expect("start")
+        .expect("start");
+    let ext = crate::backend::test_util::ext();
+    let lease = crate::backend::test_util::lease("10.244.1.0/24", "192.0.2.1", "vxlan", None);
+    let p = b.lease_attrs(&ext, None).await.expect("attrs");
+    (ctl, p.backend.setup(&lease).await.expect("setup"))
 }
 
 /// What weftd's main loop and the backend's task do with a request: the

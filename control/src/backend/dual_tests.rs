@@ -53,7 +53,7 @@ impl Setup for Recorder {
     async fn setup(self: Box<Self>, _: &Lease) -> Result<Box<dyn Running>, BackendError> {
         self.log.lock().expect("log").push("setup".into());
         if self.fail_setup {
-            return Err(BackendError::Engine("no".into()));
+            return Err(BackendError::TunVanished("no".into()));
         }
         Ok(self)
     }

@@ -91,9 +91,13 @@ pub enum BackendError {
     /// Programming the kernel failed.
     #[error(transparent)]
     Netlink(#[from] NetlinkError),
-    /// The userspace engine failed.
-    #[error("engine: {0}")]
-    Engine(String),
+    /// The userspace engine could not start (the message adds the fix for a
+    /// TUN failure, [`probe::engine_error`]).
+    #[error("engine: {}", probe::engine_error(.0))]
+    Engine(#[source] weft_engine::EngineError),
+    /// The engine's TUN device was gone right after the engine made it.
+    #[error("engine: tun {0} vanished")]
+    TunVanished(String),
     /// The IKE daemon (charon) could not be started or refused a request.
     #[error(transparent)]
     Ike(#[from] ipsec::charon::CharonError),
@@ -419,7 +423,7 @@ impl DataplaneChoice {
 }
 
 /// The kernel device names a backend owns in its network namespace: what
-/// weftd locks at start ([`crate::daemon::node_lock`], so that two daemons
+/// weftd locks at start (`daemon/node_lock.rs`, so that two daemons
 /// never run one device) and what a userspace path clears of a kernel path's
 /// leftovers. udp's TUN is `flannel%d` (the kernel picks the number) but its
 /// route to the whole network is one per namespace, so it is locked as

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use super::backend_task::{BackendTask, Done, Work};
 use super::backlog::Backlog;
 use super::flags::Flags;
-use super::run::Stop;
+use super::stop::Stop;
 use crate::backend::BackendError;
 use crate::backend::dataplane_ctl::{DataplaneControl, SwitchRequest};
 use crate::lease::watcher::{Change, LeaseWatcher};

@@ -21,6 +21,7 @@ pub mod healthz;
 mod main_loop;
 pub mod node_lock;
 mod run;
+mod stop;
 mod stores;
 
 pub use run::run;

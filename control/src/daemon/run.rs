@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use tokio::signal::unix::{SignalKind, signal};
 use weft_compat::subnet_env::SubnetEnv;
 
 use super::backend_task::BackendTask;
@@ -12,6 +11,7 @@ use super::blackhole;
 use super::flags::{AntiSpoofingMode, Dataplane, Flags, StoreKind, TrafficManagerKind};
 use super::healthz;
 use super::main_loop::{self, LoopCx};
+use super::stop::Stop;
 use crate::backend;
 use crate::config::{Config, parse_config};
 use crate::iface::{self, ExternalInterface, IfaceOptions};
@@ -338,9 +338,10 @@ async fn host_rules(
         },
     });
     let m = mgr.clone();
+    let random_fully_disable = flags.ip_masq_fully_random_disable;
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         tracing::info!("Cleaning-up unused traffic manager rules");
-        if let Err(e) = m.cleanup_other() {
+        if let Err(e) = traffic::cleanup_other(kind, random_fully_disable, traffic::Runner::new()) {
             tracing::warn!("failed to clean up the other traffic manager's rules: {e}");
         }
         match kind {
@@ -479,44 +480,6 @@ async fn acquire<M: SubnetManager>(
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
             Err(e) => return Err(e).context("failed to acquire lease"),
-        }
-    }
-}
-
-/// SIGTERM / SIGINT (and SIGHUP, installed early so that it never kills
-/// the daemon; the main loop takes it to switch the dataplane).
-pub struct Stop {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-    hup: Option<tokio::signal::unix::Signal>,
-}
-
-impl Stop {
-    fn install() -> anyhow::Result<Stop> {
-        Ok(Stop {
-            term: signal(SignalKind::terminate())?,
-            int: signal(SignalKind::interrupt())?,
-            hup: Some(signal(SignalKind::hangup())?),
-        })
-    }
-
-    /// The SIGHUP stream, for the main loop.
-    pub(super) fn take_hup(&mut self) -> Option<tokio::signal::unix::Signal> {
-        self.hup.take()
-    }
-
-    pub(super) async fn wait(&mut self) {
-        tokio::select! {
-            _ = self.term.recv() => {}
-            _ = self.int.recv() => {}
-        }
-    }
-
-    /// Runs `f` unless a stop signal comes first (`None`).
-    pub(super) async fn until<T>(&mut self, f: impl std::future::Future<Output = T>) -> Option<T> {
-        tokio::select! {
-            v = f => Some(v),
-            _ = self.wait() => None,
         }
     }
 }

@@ -10,7 +10,7 @@
 //! weft_lease_renew_delay_seconds                      histogram   renewal started this long after it was due
 //! weft_lease_events_total{kind="snapshot|added|removed"} counter
 //! weft_peer_apply_seconds{op="add|remove"}            histogram   lease event -> route/peer in place
-//! # dataplane (read from the backend on each scrape, see crate::status)
+//! # dataplane (read from the backend on each scrape, see crate::view)
 //! weft_backend_info{backend,dataplane}                gauge 1
 //! weft_peers{backend}                                 gauge
 //! weft_lease_expiry_timestamp_seconds                 gauge

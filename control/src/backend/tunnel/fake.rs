@@ -108,9 +108,11 @@ impl StartEngine for FakeEngines {
         anti: AntiSpoofing,
     ) -> Result<Box<dyn TunnelEngine>, BackendError> {
         if self.fail.load(Ordering::Relaxed) {
-            return Err(BackendError::Engine(
-                "cannot open /dev/net/tun (fake)".into(),
-            ));
+            // What a node without /dev/net/tun gives.
+            return Err(BackendError::Engine(weft_engine::EngineError::Tun {
+                name: cfg.tun_name,
+                source: std::io::Error::from_raw_os_error(libc::ENOENT),
+            }));
         }
         self.nl
             .insert_link(&cfg.tun_name, LinkKind::Tun, u32::from(cfg.mtu), None);

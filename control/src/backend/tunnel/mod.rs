@@ -79,8 +79,7 @@ impl StartEngine for RealEngines {
         cfg: EngineConfig,
         anti: AntiSpoofing,
     ) -> Result<Box<dyn TunnelEngine>, BackendError> {
-        let engine =
-            Engine::start(cfg).map_err(|e| BackendError::Engine(super::probe::engine_error(&e)))?;
+        let engine = Engine::start(cfg).map_err(BackendError::Engine)?;
         engine.set_anti_spoofing(anti);
         Ok(Box::new(Shared(Arc::new(engine))))
     }
@@ -189,7 +188,7 @@ impl Tunnel {
         let link = nl
             .link_detail(&name)
             .await?
-            .ok_or_else(|| BackendError::Engine(format!("tun {name} vanished")))?
+            .ok_or_else(|| BackendError::TunVanished(name.clone()))?
             .link;
         nl.link_up(link.index, Some(mtu)).await?;
         nl.add_addr(link.index, addr).await?;

@@ -259,7 +259,7 @@ fn measure<R: Registry>(
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
-        let add = present.len() < PRESENT || i % 2 == 0;
+        let add = present.len() < PRESENT || i.is_multiple_of(2);
         let at = Instant::now();
         if add {
             let k = next % pool.len();

@@ -84,8 +84,8 @@ impl Backlog {
     }
 
     fn mark(&mut self, key: SubnetKey, at: Instant) {
-        if !self.since.contains_key(&key) {
-            self.since.insert(key, at);
+        if let std::collections::btree_map::Entry::Vacant(e) = self.since.entry(key) {
+            e.insert(at);
             self.order.push_back(key);
         }
     }

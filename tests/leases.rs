@@ -203,10 +203,13 @@ fn embedded_subnet_env_and_readyz() {
         .mode()
         & 0o777;
     assert_eq!(mode, 0o644);
-    assert_eq!(
-        http_get(port, "/readyz"),
-        (200, "flanneld is ready".to_string())
-    );
+    // Ready once the first lease snapshot is programmed too, right after
+    // subnet.env (no peers here: milliseconds).
+    let ready = wait_for("/readyz 200", Duration::from_secs(5), || {
+        let r = http_get(port, "/readyz");
+        (r.0 == 200).then_some(r)
+    });
+    assert_eq!(ready, (200, "flanneld is ready".to_string()));
     assert_eq!(
         http_get(port, "/healthz"),
         (200, "flanneld is running".to_string())

@@ -13,7 +13,27 @@
 # default "host-gw:auto vxlan:userspace vxlan:kernel"), OUT (results file,
 # default /tmp/weft-scale.tsv), BIN (weftd and lease_bench; default
 # $CARGO_TARGET_DIR/release, built with cargo unless NO_BUILD=1).
+#
+# MODE=churn (issue 33): N leases, then RATE lease changes per second (default
+# 100) for SECS seconds (default 60) while `weft status` and /healthz are
+# timed, each change's route is timed and the lease renewals' delays read
+# (`lease_bench churn`); STORES defaults to etcd, BACKENDS to host-gw:auto.
+# CHURN_SWITCH_SECS=K also switches the dataplane every K seconds (vxlan).
+# BUILDS="before=DIR after=DIR" runs the weftd of each DIR in turn, one after
+# the other within every round (interleaved: the machine's load hits them
+# alike), all driven by $BIN's lease_bench:
+#
+#   MODE=churn BUILDS="before=/tmp/main/target/release after=target/release" REPS=3 \
+#       NO_BUILD=1 sudo -E benches/harness/scale.sh
 set -euo pipefail
+
+MODE=${MODE:-scale}
+if [ "$MODE" = churn ]; then
+    STORES=${STORES:-etcd}
+    BACKENDS=${BACKENDS:-host-gw:auto}
+fi
+RATE=${RATE:-100}
+SECS=${SECS:-60}
 
 N=${N:-5000}
 REPS=${REPS:-3}
@@ -32,10 +52,23 @@ fi
 for b in weftd examples/lease_bench; do
     [ -x "$BIN/$b" ] || { echo "no $b in $BIN: cargo build --release -p weft-control --bins --example lease_bench" >&2; exit 1; }
 done
+BUILDS=${BUILDS:-"this=$BIN"}
+for b in $BUILDS; do
+    [ -x "${b#*=}/weftd" ] || { echo "no weftd in ${b#*=} (BUILDS)" >&2; exit 1; }
+done
 
 cleanup() {
     ip netns pids $NS 2>/dev/null | xargs -r kill -9 2>/dev/null || true
     ip netns del $NS 2>/dev/null || true
+}
+fresh_ns() {
+    cleanup
+    ip netns add $NS
+    ip -n $NS link set lo up
+    ip -n $NS link add eth0 type veth peer name eth1
+    ip -n $NS addr add 192.0.2.1/24 dev eth0
+    ip -n $NS link set eth0 up
+    ip -n $NS link set eth1 up
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -47,14 +80,18 @@ trap 'exit 130' INT TERM
 for r in $(seq "$REPS"); do
     for s in $STORES; do
         for b in $BACKENDS; do
-            cleanup
-            ip netns add $NS
-            ip -n $NS link set lo up
-            ip -n $NS link add eth0 type veth peer name eth1
-            ip -n $NS addr add 192.0.2.1/24 dev eth0
-            ip -n $NS link set eth0 up
-            ip -n $NS link set eth1 up
-            if line=$(ip netns exec $NS "$BIN/examples/lease_bench" scale "$s" "$N" "${b%%:*}" "${b##*:}" "$BIN/weftd" eth0); then
+            fresh_ns
+            if [ "$MODE" = churn ]; then
+                for build in $BUILDS; do
+                    # Each build on a clean namespace: no routes left by the one before.
+                    fresh_ns
+                    if line=$(ip netns exec $NS "$BIN/examples/lease_bench" churn "$s" "$N" "${b%%:*}" "${b##*:}" "${build#*=}/weftd" eth0 "$RATE" "$SECS"); then
+                        printf '%s\t%s\n' "$line" "build=${build%%=*}" | tee -a "$OUT"
+                    else
+                        echo "round $r $s $b ${build%%=*}: failed" >&2
+                    fi
+                done
+            elif line=$(ip netns exec $NS "$BIN/examples/lease_bench" scale "$s" "$N" "${b%%:*}" "${b##*:}" "$BIN/weftd" eth0); then
                 echo "$line" | tee -a "$OUT"
             else
                 echo "round $r $s $b: failed" >&2
@@ -63,6 +100,30 @@ for r in $(seq "$REPS"); do
     done
 done
 cleanup
+
+if [ "$MODE" = churn ]; then
+    python3 - "$OUT" <<'PY'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    if not line.startswith("churn\t"):
+        continue
+    f = line.rstrip("\n").split("\t")
+    kv = dict(x.split("=", 1) for x in f[5:] if "=" in x)
+    rows.setdefault((kv["build"], f[1], f[2], f[3], f[4]), []).append(kv)
+keys = ["status_p50_ms", "status_p99_ms", "status_max_ms", "healthz_p99_ms", "healthz_max_ms",
+        "route_p50_ms", "route_p99_ms", "route_max_ms", "renew_late_max_ms"]
+if any("switch_max_ms" in r for runs in rows.values() for r in runs):
+    keys += ["switch_p50_ms", "switch_max_ms"]
+print("\n%-8s %-6s %-8s %-9s %6s " % ("build", "store", "backend", "dataplane", "leases")
+      + " ".join("%14s" % k for k in keys) + "  (median of runs; goal: status/healthz p99 < 50 ms, route p99 < 1000 ms, no renewal late)")
+for (build, store, backend, dp, n), runs in sorted(rows.items()):
+    med = lambda k: statistics.median(float(r[k]) for r in runs)
+    print("%-8s %-6s %-8s %-9s %6s " % (build, store, backend, dp, n)
+          + " ".join("%14.1f" % med(k) for k in keys) + "  (%d runs)" % len(runs))
+PY
+    exit 0
+fi
 
 # Medians per combination.
 python3 - "$OUT" <<'PY'

@@ -17,6 +17,16 @@
 //! ip netns exec NS lease_bench scale embedded 5000 host-gw auto /path/to/weftd eth0
 //! ```
 //!
+//! `churn` mode (root, in such a namespace too; issue 33): N leases, one
+//! weftd, then RATE lease changes per second for SECS seconds while `weft
+//! status` and `/healthz` are timed, each change's route is timed from the
+//! store write to the kernel's notification, and the lease renewals' delays
+//! are read from weftd's log (see `lease_bench/churn.rs`).
+//!
+//! ```sh
+//! ip netns exec NS lease_bench churn etcd 5000 host-gw auto /path/to/weftd eth0 100 60
+//! ```
+//!
 //! For each store (the embedded store in a temp dir, and a real etcd started
 //! on 127.0.0.1 when `/usr/bin/etcd` exists):
 //! - allocation: N nodes (distinct public IPs) each run the real allocator
@@ -37,6 +47,8 @@ use weft_control::store::embedded::EmbeddedStore;
 use weft_control::store::etcd::{EtcdOptions, EtcdStore};
 use weft_control::subnet::{LocalManager, Previous};
 
+#[path = "lease_bench/churn.rs"]
+mod churn;
 #[path = "lease_bench/scale.rs"]
 mod scale;
 
@@ -53,6 +65,9 @@ fn main() -> anyhow::Result<()> {
     }
     if args.get(1).map(String::as_str) == Some("scale") {
         return scale::run(&rt, &args[2..]);
+    }
+    if args.get(1).map(String::as_str) == Some("churn") {
+        return churn::run(&rt, &args[2..]);
     }
     let which = args.get(1).cloned().unwrap_or_else(|| "all".into());
     let n: u32 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1000);

@@ -27,6 +27,7 @@ pub mod status;
 pub mod store;
 pub mod subnet;
 pub mod traffic;
+pub mod view;
 
 /// The flannel and Go contracts this crate shares with the CNI plugin
 /// (`weft-compat`), re-exported so that users of this crate's API (tests,

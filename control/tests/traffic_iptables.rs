@@ -320,9 +320,9 @@ fn switching_to_nftables_removes_the_iptables_chains() {
         "FLANNEL-FWD",
     ]);
 
-    let nft = new_manager(Kind::Nftables, false, ns.runner());
-    nft.cleanup_other().expect("cleanup iptables");
-    nft.cleanup_other().expect("idempotent");
+    weft_control::traffic::cleanup_other(Kind::Nftables, false, ns.runner())
+        .expect("cleanup iptables");
+    weft_control::traffic::cleanup_other(Kind::Nftables, false, ns.runner()).expect("idempotent");
     for tool in ["iptables", "ip6tables"] {
         let nat = ns.exec(&[tool, "-t", "nat", "-S"]);
         let filter = ns.exec(&[tool, "-S"]);

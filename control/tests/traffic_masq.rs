@@ -116,7 +116,7 @@ fn masquerades_only_non_cluster_traffic(kind: Kind, tag: &str) {
     );
 
     let mgr = new_manager(kind, false, t.node.runner());
-    mgr.cleanup_other().expect("cleanup other");
+    weft_control::traffic::cleanup_other(kind, false, t.node.runner()).expect("cleanup other");
     mgr.init().expect("init");
     let network = Networks {
         v4: Some("10.244.0.0/16".parse().expect("cidr")),

@@ -5,9 +5,7 @@
 mod traffic_util;
 
 use traffic_util::{Netns, count};
-use weft_control::traffic::{
-    Kind, Networks, NftablesManager, Previous, TrafficManager, new_manager,
-};
+use weft_control::traffic::{Kind, Networks, NftablesManager, Previous, TrafficManager};
 use weft_testenv::require_root;
 
 const N4: &str = "10.244.0.0/16";
@@ -236,9 +234,9 @@ fn switching_to_iptables_deletes_the_nft_tables() {
     require_root!();
     let ns = Netns::new("nft-sw");
     let _nft = setup(&ns, false, "10.244.1.0/24", "2001:db8:42:1::/64");
-    let ipt = new_manager(Kind::Iptables, false, ns.runner());
-    ipt.cleanup_other().expect("cleanup nftables");
-    ipt.cleanup_other().expect("idempotent");
+    weft_control::traffic::cleanup_other(Kind::Iptables, false, ns.runner())
+        .expect("cleanup nftables");
+    weft_control::traffic::cleanup_other(Kind::Iptables, false, ns.runner()).expect("idempotent");
     let tables = ns.exec(&["nft", "list", "tables"]);
     assert!(!tables.contains("flannel"), "{tables}");
 }

@@ -26,7 +26,7 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 const TARGET_SECS: f64 = 2.0;
 const TARGET_MIB: f64 = 64.0;
 /// TTL of the fake leases (an hour: none expires during a run).
-const LEASE_TTL_MS: u64 = 3_600_000;
+pub(super) const LEASE_TTL_MS: u64 = 3_600_000;
 
 /// What one run measured.
 struct Figures {
@@ -174,7 +174,7 @@ fn measure(
 }
 
 /// The `n` peer leases: `10.<1 + i/256>.<i%256>.0/24`, public IPs 192.0.2.2-254.
-fn leases(n: u32, backend: &str) -> anyhow::Result<Vec<(SubnetKey, LeaseAttrs)>> {
+pub(super) fn leases(n: u32, backend: &str) -> anyhow::Result<Vec<(SubnetKey, LeaseAttrs)>> {
     (0..n)
         .map(|i| {
             let key: SubnetKey = format!("10.{}.{}.0-24", 1 + i / 256, i % 256).parse()?;
@@ -208,7 +208,7 @@ fn leases(n: u32, backend: &str) -> anyhow::Result<Vec<(SubnetKey, LeaseAttrs)>>
 }
 
 /// Writes every lease into the embedded store in one locked generation.
-fn fill_embedded(dir: &Path, leases: &[(SubnetKey, LeaseAttrs)]) -> anyhow::Result<()> {
+pub(super) fn fill_embedded(dir: &Path, leases: &[(SubnetKey, LeaseAttrs)]) -> anyhow::Result<()> {
     let paths = Paths::new(dir.to_path_buf());
     file::modify(&paths, |data, now| {
         for (k, a) in leases {
@@ -226,7 +226,7 @@ fn fill_embedded(dir: &Path, leases: &[(SubnetKey, LeaseAttrs)]) -> anyhow::Resu
 }
 
 /// Writes the config and every lease through the store's API, 64 at a time.
-async fn fill_registry<R: Registry>(
+pub(super) async fn fill_registry<R: Registry>(
     reg: &R,
     net_conf: &str,
     leases: Vec<(SubnetKey, LeaseAttrs)>,
@@ -297,7 +297,7 @@ fn wait(
 }
 
 /// Routes to the fake peers' subnets in this namespace's main table.
-fn count_routes() -> anyhow::Result<u32> {
+pub(super) fn count_routes() -> anyhow::Result<u32> {
     let out = Command::new("ip")
         .args(["-4", "route", "show", "root", "10.0.0.0/8"])
         .output()?;
@@ -317,10 +317,10 @@ fn vm_hwm(pid: u32) -> Option<u64> {
 }
 
 /// The weftd under test; stopped (SIGTERM, then SIGKILL) when dropped.
-struct Weftd(Child);
+pub(super) struct Weftd(pub(super) Child);
 
 impl Weftd {
-    fn stop(&mut self) {
+    pub(super) fn stop(&mut self) {
         if !matches!(self.0.try_wait(), Ok(None)) {
             return;
         }

@@ -4,25 +4,61 @@
 use async_trait::async_trait;
 
 use super::{
-    ApplyError, Backend, BackendError, Batch, Dataplane, DataplaneChoice, Observe, Switch,
+    ApplyError, Backend, BackendError, Batch, Dataplane, DataplaneChoice, Observe, Prepared,
+    Running, Setup, Switch,
 };
 use crate::iface::ExternalInterface;
 use crate::lease::{Lease, LeaseAttrs};
 
 /// See the module docs.
 #[derive(Debug, Default)]
-pub struct Alloc {
+pub struct Alloc;
+
+/// alloc once its lease attributes are known, and running.
+#[derive(Debug)]
+struct Ready {
     mtu: u32,
 }
 
 impl Alloc {
     /// An alloc backend.
     pub fn new() -> Alloc {
-        Alloc::default()
+        Alloc
     }
 }
 
-impl Observe for Alloc {
+#[async_trait]
+impl Backend<dyn Switch> for Alloc {
+    fn name(&self) -> &'static str {
+        "alloc"
+    }
+
+    async fn lease_attrs(
+        self: Box<Self>,
+        ext: &ExternalInterface,
+        _prev: Option<&Lease>,
+    ) -> Result<Prepared<dyn Switch>, BackendError> {
+        // flannel: PublicIP = ExtAddr, no BackendType, no BackendData.
+        let attrs = LeaseAttrs {
+            public_ip: ext.ext_addr.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
+            public_ipv6: ext.ext_v6_addr,
+            ..Default::default()
+        };
+        Ok(Prepared {
+            attrs,
+            backend: Box::new(Ready { mtu: ext.iface.mtu }),
+        })
+    }
+}
+
+#[async_trait]
+impl Setup<dyn Switch> for Ready {
+    async fn setup(self: Box<Self>, _lease: &Lease) -> Result<Box<dyn Switch>, BackendError> {
+        Ok(self)
+    }
+}
+
+impl Observe for Ready {
     fn name(&self) -> &'static str {
         "alloc"
     }
@@ -33,23 +69,9 @@ impl Observe for Alloc {
 }
 
 #[async_trait]
-impl Backend for Alloc {
-    async fn lease_attrs(
-        &mut self,
-        ext: &ExternalInterface,
-        _prev: Option<&Lease>,
-    ) -> Result<LeaseAttrs, BackendError> {
-        self.mtu = ext.iface.mtu;
-        // flannel: PublicIP = ExtAddr, no BackendType, no BackendData.
-        Ok(LeaseAttrs {
-            public_ip: ext.ext_addr.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
-            public_ipv6: ext.ext_v6_addr,
-            ..Default::default()
-        })
-    }
-
-    async fn setup(&mut self, _lease: &Lease) -> Result<u32, BackendError> {
-        Ok(self.mtu)
+impl Running for Ready {
+    fn mtu(&self) -> u32 {
+        self.mtu
     }
 
     async fn apply(&mut self, _batch: Batch<'_>) -> Result<(), ApplyError> {
@@ -63,9 +85,9 @@ impl Backend for Alloc {
     async fn teardown(&mut self) {}
 }
 
-/// alloc has no dataplane to switch.
+/// alloc has no dataplane to switch and nothing to rebuild.
 #[async_trait]
-impl Switch for Alloc {
+impl Switch for Ready {
     fn switch_pending(&self) -> Option<std::time::SystemTime> {
         None
     }
@@ -75,5 +97,9 @@ impl Switch for Alloc {
             "switching the dataplane of {}",
             self.name()
         )))
+    }
+
+    async fn rebuild(&mut self, _lease: &Lease) -> Result<(), BackendError> {
+        Ok(())
     }
 }

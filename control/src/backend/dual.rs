@@ -2,7 +2,9 @@
 //! implementation, the choice between them (`--dataplane`), capability
 //! probing, and live switching.
 //!
-//! - At start ([`Backend::lease_attrs`]) the path is resolved: `kernel` needs
+//! - Its stages are [`Dual`] (as built: the paths), a prepared path
+//!   ([`Setup`]) and the running node ([`Switch`]). At start
+//!   ([`Backend::lease_attrs`]) the path is resolved: `kernel` needs
 //!   a kernel implementation and the kernel capability ([`probe`]); `userspace`
 //!   needs weft's engine implementation; `auto` takes the kernel when it can,
 //!   else the userspace engine with the same wire format. The choice and the
@@ -15,8 +17,10 @@
 //!   is set up and every known peer is applied again. Both vxlan paths use
 //!   the same UDP port and device name, so this is break-before-make; the
 //!   gap is one engine stop (≤ 100 ms) plus a few netlink round trips per
-//!   peer, and is logged. A failed setup rolls back to the old path.
-//! - Before that, the old path may ask for time ([`Implementation::handover_at`]):
+//!   peer, and is logged. A failed setup rolls back to the old path; when
+//!   that fails too the switch ends in [`BackendError::NoDataplane`] (the
+//!   daemon exits and its supervisor restarts it).
+//! - Before that, the old path may ask for time ([`Running::handover_at`]):
 //!   peers that got handshake initiations from weft's userspace WireGuard
 //!   refuse the kernel's for 27 s after the last one (boringtun's TAI64N
 //!   timestamps run 27 s ahead of the kernel's, and a peer only accepts
@@ -38,57 +42,67 @@ use async_trait::async_trait;
 
 use super::probe::{self, Capability};
 use super::{
-    ApplyError, Backend, BackendError, Batch, Dataplane, DataplaneChoice, Observe, Switch,
+    ApplyError, Backend, BackendError, Batch, Dataplane, DataplaneChoice, Observe, Prepared,
+    Running, Setup, Switch,
 };
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs, SubnetKey};
 use crate::netlink::{Client, LinkKind, XfrmClient};
+use crate::view::BackendView;
 
-/// What [`Dual`] needs of each implementation beyond [`Backend`]: to be
-/// removed completely, and to say when another may take over its peers.
-#[async_trait]
-pub trait Implementation: Backend {
-    /// Removes everything `setup` and `apply` made, including what
-    /// `teardown` leaves for a restart (kernel devices, routes): the node
-    /// moves to the other implementation. Best effort.
-    async fn remove_all(&mut self) {
-        self.teardown().await;
-    }
+/// Makes a fresh implementation of one path, as the factory builds it.
+pub type Make = Box<dyn Fn() -> Box<dyn Backend> + Send + Sync>;
 
-    /// When another implementation of this backend can take over this one's
-    /// peers without the peers refusing it; `None` (the default) or a past
-    /// time: at once. [`Dual`] keeps this implementation running until then
-    /// when it switches away from it. The userspace WireGuard engine's peers
-    /// hold its handshake timestamps, which run 27 s ahead of the kernel's
-    /// ([`weft_engine::wg::BORINGTUN_TAI64_AHEAD`]).
-    fn handover_at(&self) -> Option<SystemTime> {
-        None
-    }
-}
-
-/// Makes a fresh, not yet set up, implementation.
-pub type Make = Box<dyn Fn() -> Box<dyn Implementation> + Send + Sync>;
-
-/// See the module docs.
+/// See the module docs: the backend as the factory builds it (its paths,
+/// not yet chosen).
 pub struct Dual {
     core: Core,
-    active: Option<(Dataplane, Box<dyn Implementation>)>,
-    pending: Option<Pending>,
 }
 
-/// A switch waiting for the old path's [`Implementation::handover_at`].
+/// A [`Dual`] whose path is chosen and prepared ([`Setup`]).
+struct Ready {
+    core: Core,
+    ext: ExternalInterface,
+    attrs: LeaseAttrs,
+    path: Dataplane,
+    next: Box<dyn Setup>,
+}
+
+/// A running [`Dual`]: the running implementation, and everything a switch
+/// or a rebuild needs to make another that publishes the same lease.
+struct Live {
+    core: Core,
+    cx: Cx,
+    path: Dataplane,
+    active: Box<dyn Running>,
+    pending: Option<Pending>,
+    /// Every peer applied so far (replayed into a new path).
+    peers: BTreeMap<SubnetKey, Lease>,
+}
+
+/// What a new path is prepared and set up with (kept apart from the
+/// implementations, so that it can be borrowed across awaits while one is
+/// borrowed mutably).
+struct Cx {
+    ext: ExternalInterface,
+    attrs: LeaseAttrs,
+    lease: Lease,
+    /// `FLANNEL_MTU` as subnet.env says it (the first path's).
+    mtu: u32,
+}
+
+/// A switch waiting for the old path's [`Running::handover_at`].
 struct Pending {
     path: Dataplane,
     why: String,
     /// The prepared (not set up) implementation.
-    next: Box<dyn Implementation>,
+    next: Box<dyn Setup>,
     /// [`MAX_HANDOVER_WAIT`] after the request.
     latest: SystemTime,
 }
 
-/// Everything but the running implementation (kept `Sync` so that it can be
-/// borrowed across awaits while the implementation is borrowed mutably).
+/// The paths and how to probe and make them.
 struct Core {
     name: &'static str,
     choice: DataplaneChoice,
@@ -100,11 +114,6 @@ struct Core {
     kernel_links: Vec<String>,
     nl: Arc<dyn Client>,
     xfrm: Arc<dyn XfrmClient>,
-    ext: Option<ExternalInterface>,
-    attrs: Option<LeaseAttrs>,
-    lease: Option<Lease>,
-    mtu: Option<u32>,
-    peers: BTreeMap<SubnetKey, Lease>,
 }
 
 impl std::fmt::Debug for Dual {
@@ -112,8 +121,16 @@ impl std::fmt::Debug for Dual {
         f.debug_struct("Dual")
             .field("name", &self.core.name)
             .field("choice", &self.core.choice)
-            .field("active", &self.active.as_ref().map(|a| a.0))
-            .field("peers", &self.core.peers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Live {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dual")
+            .field("name", &self.core.name)
+            .field("path", &self.path)
+            .field("peers", &self.peers.len())
             .finish_non_exhaustive()
     }
 }
@@ -126,24 +143,16 @@ impl Dual {
         nl: Arc<dyn Client>,
         xfrm: Arc<dyn XfrmClient>,
     ) -> Dual {
-        let core = Core {
-            name,
-            choice,
-            kernel: None,
-            userspace: None,
-            kernel_links: Vec::new(),
-            nl,
-            xfrm,
-            ext: None,
-            attrs: None,
-            lease: None,
-            mtu: None,
-            peers: BTreeMap::new(),
-        };
         Dual {
-            core,
-            active: None,
-            pending: None,
+            core: Core {
+                name,
+                choice,
+                kernel: None,
+                userspace: None,
+                kernel_links: Vec::new(),
+                nl,
+                xfrm,
+            },
         }
     }
 
@@ -220,11 +229,12 @@ impl Core {
         }
     }
 
-    fn make(&self, path: Dataplane) -> Option<Box<dyn Implementation>> {
-        match path {
+    fn make(&self, path: Dataplane) -> Result<Box<dyn Backend>, BackendError> {
+        let made = match path {
             Dataplane::Kernel => self.kernel.as_ref().map(|(_, m)| m()),
             Dataplane::Userspace => self.userspace.as_ref().map(|m| m()),
-        }
+        };
+        made.ok_or_else(|| BackendError::Unsupported(format!("{} {}", self.name, path.as_str())))
     }
 
     /// Removes kernel links that would clash with the userspace devices.
@@ -244,185 +254,202 @@ impl Core {
     }
 
     /// A fresh `path` implementation that publishes exactly the current
-    /// lease attributes (given the current lease as its previous one).
-    async fn prepare(&self, path: Dataplane) -> Result<Box<dyn Implementation>, BackendError> {
-        let (Some(ext), Some(lease)) = (&self.ext, &self.lease) else {
-            return Err(BackendError::Config("switching before setup".into()));
-        };
-        let mut b = self
-            .make(path)
-            .ok_or_else(|| BackendError::Unsupported(format!("{} {}", self.name, path.as_str())))?;
-        let attrs = b.lease_attrs(ext, Some(lease)).await?;
-        if Some(&attrs) != self.attrs.as_ref() {
+    /// attributes (given the current lease as its previous one).
+    async fn prepare(&self, path: Dataplane, cx: &Cx) -> Result<Box<dyn Setup>, BackendError> {
+        let p = self
+            .make(path)?
+            .lease_attrs(&cx.ext, Some(&cx.lease))
+            .await?;
+        if p.attrs != cx.attrs {
             return Err(BackendError::Config(format!(
                 "the {} dataplane would publish different lease attributes ({}); not switching",
                 path.as_str(),
-                attrs.to_json()
+                p.attrs.to_json()
             )));
         }
-        Ok(b)
+        Ok(p.backend)
     }
+}
 
-    /// Sets `b` (a [`Dual::prepare`]d `path`) up for the current lease and
-    /// applies every known peer.
+impl Core {
+    /// Sets `first` (a [`Core::prepare`]d `path`) up for the current lease
+    /// (retrying with fresh ones until `deadline`: the old path's UDP socket
+    /// may take a moment to go) and applies `replay`, every known peer.
     async fn start(
         &self,
-        mut b: Box<dyn Implementation>,
+        cx: &Cx,
+        first: Box<dyn Setup>,
         path: Dataplane,
         deadline: Instant,
-    ) -> Result<Box<dyn Implementation>, BackendError> {
-        let lease = self
-            .lease
-            .clone()
-            .ok_or_else(|| BackendError::Config("switching before setup".into()))?;
+        replay: Option<&BTreeMap<SubnetKey, Lease>>,
+    ) -> Result<Box<dyn Running>, BackendError> {
         if path == Dataplane::Userspace {
             self.clear_kernel_links().await;
         }
-        // The old path's UDP socket may take a moment to go; retry briefly.
-        let mtu = loop {
-            match b.setup(&lease).await {
-                Ok(m) => break m,
+        let mut next = first;
+        let mut b = loop {
+            match next.setup(&cx.lease).await {
+                Ok(b) => break b,
                 Err(e) if Instant::now() < deadline => {
                     tracing::debug!("setup of the {} path failed ({e}); retrying", path.as_str());
-                    b.remove_all().await;
                     tokio::time::sleep(Duration::from_millis(20)).await;
+                    next = self.prepare(path, cx).await?;
                 }
-                Err(e) => {
-                    b.remove_all().await;
-                    return Err(e);
-                }
+                Err(e) => return Err(e),
             }
         };
-        if Some(mtu) != self.mtu {
+        if b.mtu() != cx.mtu {
             tracing::warn!(
-                "the {} path has MTU {mtu}, subnet.env says {:?}",
+                "the {} path has MTU {}, subnet.env says {}",
                 path.as_str(),
-                self.mtu
+                b.mtu(),
+                cx.mtu
             );
         }
-        let all: Vec<Change> = self.peers.values().cloned().map(Change::Add).collect();
-        if let Err(e) = b.apply(Batch::of(&all)).await {
-            for (c, e) in e.failures(&all) {
-                tracing::error!("failed to apply {} after switching: {e}", c.lease().key());
+        if let Some(peers) = replay {
+            let all: Vec<Change> = peers.values().cloned().map(Change::Add).collect();
+            if let Err(e) = b.apply(Batch::of(&all)).await {
+                for (c, e) in e.failures(&all) {
+                    tracing::error!("failed to apply {} after switching: {e}", c.lease().key());
+                }
             }
         }
         Ok(b)
     }
 }
 
-impl Observe for Dual {
+impl Live {
+    /// The running implementation's [`Running::handover_at`].
+    fn handover(&self) -> Option<SystemTime> {
+        self.active.handover_at()
+    }
+}
+
+#[async_trait]
+impl Backend<dyn Switch> for Dual {
+    fn name(&self) -> &'static str {
+        self.core.name
+    }
+
+    async fn lease_attrs(
+        self: Box<Self>,
+        ext: &ExternalInterface,
+        prev: Option<&Lease>,
+    ) -> Result<Prepared<dyn Switch>, BackendError> {
+        let core = self.core;
+        let (path, why) = core.resolve(core.choice).await?;
+        tracing::info!(
+            "dataplane: the {} backend runs in the {} ({why})",
+            core.name,
+            path.as_str()
+        );
+        let Prepared { attrs, backend } = core.make(path)?.lease_attrs(ext, prev).await?;
+        let ready = Ready {
+            core,
+            ext: ext.clone(),
+            attrs: attrs.clone(),
+            path,
+            next: backend,
+        };
+        Ok(Prepared {
+            attrs,
+            backend: Box::new(ready),
+        })
+    }
+
+    async fn can_run(&mut self, to: DataplaneChoice) -> Result<Dataplane, BackendError> {
+        self.core.resolve(to).await.map(|(path, _)| path)
+    }
+}
+
+#[async_trait]
+impl Setup<dyn Switch> for Ready {
+    async fn setup(self: Box<Self>, lease: &Lease) -> Result<Box<dyn Switch>, BackendError> {
+        let Ready {
+            core,
+            ext,
+            attrs,
+            path,
+            next,
+        } = *self;
+        if path == Dataplane::Userspace {
+            core.clear_kernel_links().await;
+        }
+        let active = next.setup(lease).await?;
+        let cx = Cx {
+            ext,
+            attrs,
+            lease: lease.clone(),
+            mtu: active.mtu(),
+        };
+        Ok(Box::new(Live {
+            core,
+            cx,
+            path,
+            active,
+            pending: None,
+            peers: BTreeMap::new(),
+        }))
+    }
+}
+
+impl Observe for Live {
     fn name(&self) -> &'static str {
         self.core.name
     }
 
     fn dataplane(&self) -> Option<Dataplane> {
-        self.active.as_ref().map(|(p, _)| *p)
+        Some(self.path)
     }
 
-    fn status(&self) -> crate::status::BackendStatus {
-        match &self.active {
-            Some((_, b)) => crate::status::BackendStatus {
-                name: self.core.name.into(),
-                ..b.status()
-            },
-            None => crate::status::BackendStatus::new(self.core.name, None),
+    fn view(&self) -> BackendView {
+        BackendView {
+            name: self.core.name,
+            ..self.active.view()
         }
     }
 }
 
 #[async_trait]
-impl Backend for Dual {
-    async fn lease_attrs(
-        &mut self,
-        ext: &ExternalInterface,
-        prev: Option<&Lease>,
-    ) -> Result<LeaseAttrs, BackendError> {
-        let (path, why) = self.core.resolve(self.core.choice).await?;
-        tracing::info!(
-            "dataplane: the {} backend runs in the {} ({why})",
-            self.core.name,
-            path.as_str()
-        );
-        let mut b = self
-            .core
-            .make(path)
-            .ok_or_else(|| BackendError::Unsupported(self.core.name.into()))?;
-        let attrs = b.lease_attrs(ext, prev).await?;
-        self.core.ext = Some(ext.clone());
-        self.core.attrs = Some(attrs.clone());
-        self.active = Some((path, b));
-        Ok(attrs)
-    }
-
-    async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        if self
-            .active
-            .as_ref()
-            .is_some_and(|(p, _)| *p == Dataplane::Userspace)
-        {
-            self.core.clear_kernel_links().await;
-        }
-        let (_, b) = self
-            .active
-            .as_mut()
-            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        let mtu = b.setup(lease).await?;
-        self.core.lease = Some(lease.clone());
-        self.core.mtu = Some(mtu);
-        Ok(mtu)
+impl Running for Live {
+    fn mtu(&self) -> u32 {
+        self.cx.mtu
     }
 
     async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
         for change in batch.changes {
             match change {
-                Change::Add(l) => self.core.peers.insert(l.key(), l.clone()),
-                Change::Remove(l) => self.core.peers.remove(&l.key()),
+                Change::Add(l) => self.peers.insert(l.key(), l.clone()),
+                Change::Remove(l) => self.peers.remove(&l.key()),
             };
         }
-        match self.active.as_mut() {
-            Some((_, b)) => b.apply(batch).await,
-            None => Ok(()),
-        }
+        self.active.apply(batch).await
     }
 
     async fn reconcile(&mut self) -> Result<(), BackendError> {
-        match self.active.as_mut() {
-            Some((_, b)) => b.reconcile().await,
-            None => Ok(()),
-        }
+        self.active.reconcile().await
     }
 
     async fn teardown(&mut self) {
         self.pending = None;
-        if let Some((_, b)) = self.active.as_mut() {
-            b.teardown().await;
-        }
+        self.active.teardown().await;
     }
-}
 
-impl Dual {
-    /// The running implementation's [`Implementation::handover_at`].
     fn handover_at(&self) -> Option<SystemTime> {
-        self.active.as_ref().and_then(|(_, b)| b.handover_at())
+        self.handover()
     }
 }
 
 #[async_trait]
-impl Switch for Dual {
-    async fn can_run(&mut self, to: DataplaneChoice) -> Result<Dataplane, BackendError> {
-        self.core.resolve(to).await.map(|(path, _)| path)
-    }
-
+impl Switch for Live {
     fn switch_pending(&self) -> Option<SystemTime> {
         let p = self.pending.as_ref()?;
-        Some(self.handover_at().map_or(p.latest, |at| at.min(p.latest)))
+        Some(self.handover().map_or(p.latest, |at| at.min(p.latest)))
     }
 
     async fn switch_dataplane(&mut self, to: DataplaneChoice) -> Result<Dataplane, BackendError> {
         let (path, why) = self.core.resolve(to).await?;
-        let Some(cur) = self.active.as_ref().map(|(p, _)| *p) else {
-            return Err(BackendError::Config("switching before setup".into()));
-        };
+        let cur = self.path;
         if path == cur {
             if let Some(p) = self.pending.take() {
                 tracing::info!(
@@ -439,7 +466,7 @@ impl Switch for Dual {
         }
         let (next, why) = match self.pending.take() {
             Some(p) if p.path == path => {
-                if let Some(left) = handover_left(self.handover_at(), p.latest) {
+                if let Some(left) = handover_left(self.handover(), p.latest) {
                     tracing::debug!(
                         "dataplane: switch still pending for {} ms",
                         left.as_millis()
@@ -447,9 +474,10 @@ impl Switch for Dual {
                     self.pending = Some(p);
                     return Ok(cur);
                 }
-                if self.handover_at().is_some_and(|at| at > SystemTime::now()) {
+                if self.handover().is_some_and(|at| at > SystemTime::now()) {
                     tracing::warn!(
-                        "dataplane: the {} path takes over after waiting {} s; some peers may                          refuse its handshakes for a while",
+                        "dataplane: the {} path takes over after waiting {} s; some peers may \
+                         refuse its handshakes for a while",
                         path.as_str(),
                         MAX_HANDOVER_WAIT.as_secs()
                     );
@@ -458,9 +486,9 @@ impl Switch for Dual {
             }
             _ => {
                 // Refused here, before anything is touched, if the lease would change.
-                let next = self.core.prepare(path).await?;
+                let next = self.core.prepare(path, &self.cx).await?;
                 let latest = SystemTime::now() + MAX_HANDOVER_WAIT;
-                if let Some(left) = handover_left(self.handover_at(), latest) {
+                if let Some(left) = handover_left(self.handover(), latest) {
                     tracing::info!(
                         "dataplane: the {} path of the {} backend takes over in {} ms, until then \
                          the {} path carries the traffic: the peers hold handshake timestamps from \
@@ -489,23 +517,21 @@ impl Switch for Dual {
             cur.as_str(),
             path.as_str()
         );
-        if let Some((_, mut old)) = self.active.take() {
-            old.remove_all().await;
-        }
-        match self
-            .core
-            .start(next, path, t0 + Duration::from_secs(2))
-            .await
-        {
+        self.active.remove_all().await;
+        let deadline = t0 + Duration::from_secs(2);
+        let started = (self.core)
+            .start(&self.cx, next, path, deadline, Some(&self.peers))
+            .await;
+        match started {
             Ok(b) => {
-                self.active = Some((path, b));
-                let gap = t0.elapsed();
+                self.active = b;
+                self.path = path;
                 tracing::info!(
                     "dataplane: the {} backend now runs in the {} (switched in {} ms, {} peers)",
                     self.core.name,
                     path.as_str(),
-                    gap.as_millis(),
-                    self.core.peers.len()
+                    t0.elapsed().as_millis(),
+                    self.peers.len()
                 );
                 Ok(path)
             }
@@ -515,23 +541,49 @@ impl Switch for Dual {
                     path.as_str(),
                     cur.as_str()
                 );
-                let back = self.core.prepare(cur).await?;
-                let b = self
-                    .core
-                    .start(back, cur, Instant::now() + Duration::from_secs(2))
-                    .await?;
-                self.active = Some((cur, b));
-                Err(e)
+                let deadline = Instant::now() + Duration::from_secs(2);
+                let back = match self.core.prepare(cur, &self.cx).await {
+                    Ok(back) => {
+                        (self.core)
+                            .start(&self.cx, back, cur, deadline, Some(&self.peers))
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                match back {
+                    Ok(b) => {
+                        self.active = b;
+                        Err(e)
+                    }
+                    Err(restore) => Err(BackendError::NoDataplane {
+                        to: path,
+                        from: cur,
+                        error: Box::new(e),
+                        restore: Box::new(restore),
+                    }),
+                }
             }
         }
     }
+
+    async fn rebuild(&mut self, lease: &Lease) -> Result<(), BackendError> {
+        self.pending = None;
+        self.active.teardown().await;
+        self.cx.lease = lease.clone();
+        let next = self.core.prepare(self.path, &self.cx).await?;
+        let deadline = Instant::now() + Duration::from_secs(2);
+        self.active = (self.core)
+            .start(&self.cx, next, self.path, deadline, None)
+            .await?;
+        Ok(())
+    }
 }
 
-/// The longest a switch stays pending for [`Implementation::handover_at`] (more
+/// The longest a switch stays pending for [`Running::handover_at`] (more
 /// than boringtun's 27 s lead plus a rekey during the wait).
 const MAX_HANDOVER_WAIT: Duration = Duration::from_secs(40);
 
-/// How long until `handover` (the old path's [`Implementation::handover_at`]), no
+/// How long until `handover` (the old path's [`Running::handover_at`]), no
 /// later than `latest`; `None` when it has passed.
 fn handover_left(handover: Option<SystemTime>, latest: SystemTime) -> Option<Duration> {
     let at = handover?.min(latest);

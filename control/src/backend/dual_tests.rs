@@ -26,25 +26,43 @@ impl Observe for Recorder {
     }
 }
 
+/// One type for the three stages (the stand-in has nothing to prepare).
 #[async_trait]
 impl Backend for Recorder {
+    fn name(&self) -> &'static str {
+        "vxlan"
+    }
     async fn lease_attrs(
-        &mut self,
+        self: Box<Self>,
         _: &ExternalInterface,
         prev: Option<&Lease>,
-    ) -> Result<LeaseAttrs, BackendError> {
+    ) -> Result<Prepared, BackendError> {
         self.log
             .lock()
             .expect("log")
             .push(format!("attrs prev={}", prev.is_some()));
-        Ok(self.attrs.clone())
+        Ok(Prepared {
+            attrs: self.attrs.clone(),
+            backend: self,
+        })
     }
-    async fn setup(&mut self, _: &Lease) -> Result<u32, BackendError> {
+}
+
+#[async_trait]
+impl Setup for Recorder {
+    async fn setup(self: Box<Self>, _: &Lease) -> Result<Box<dyn Running>, BackendError> {
         self.log.lock().expect("log").push("setup".into());
         if self.fail_setup {
-            return Err(BackendError::Engine("no".into()));
+            return Err(BackendError::TunVanished("no".into()));
         }
-        Ok(1450)
+        Ok(self)
+    }
+}
+
+#[async_trait]
+impl Running for Recorder {
+    fn mtu(&self) -> u32 {
+        1450
     }
     async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
         for c in batch.changes {
@@ -62,13 +80,15 @@ impl Backend for Recorder {
     async fn teardown(&mut self) {
         self.log.lock().expect("log").push("teardown".into());
     }
-}
-
-#[async_trait]
-impl Implementation for Recorder {
     async fn remove_all(&mut self) {
         self.log.lock().expect("log").push("remove_all".into());
     }
+}
+
+/// Runs `d` through its stages for `own`.
+async fn up(d: Dual, own: &Lease) -> Box<dyn Switch> {
+    let p = Box::new(d).lease_attrs(&ext(), None).await.expect("attrs");
+    p.backend.setup(own).await.expect("setup")
 }
 
 fn vx_opts() -> VxlanOptions {
@@ -110,10 +130,18 @@ fn vxlan_dual(
 
 async fn kernel_attrs() -> LeaseAttrs {
     let f = fake(&["vxlan"], false);
-    KernelVxlan::new(vx_opts(), true, false, f)
+    Box::new(KernelVxlan::new(vx_opts(), true, false, f))
         .lease_attrs(&ext(), None)
         .await
         .expect("attrs")
+        .attrs
+}
+
+/// The own lease with `attrs`.
+fn own(attrs: &LeaseAttrs) -> Lease {
+    let mut own = lease("10.244.1.0/24", "192.0.2.1", "vxlan", None);
+    own.attrs = attrs.clone();
+    own
 }
 
 #[test]
@@ -129,17 +157,17 @@ fn auto_prefers_the_kernel_and_falls_back_to_userspace() {
         // The probe left nothing behind.
         assert_eq!(with.links().len(), 2);
         let without = fake(&[], false);
-        let (mut d, _) = vxlan_dual(DataplaneChoice::Auto, &without, attrs, false);
+        let (d, _) = vxlan_dual(DataplaneChoice::Auto, &without, attrs.clone(), false);
         assert_eq!(
             d.resolve(DataplaneChoice::Auto).await.expect("resolve").0,
             Dataplane::Userspace
         );
-        d.lease_attrs(&ext(), None).await.expect("attrs");
-        assert_eq!(d.dataplane(), Some(Dataplane::Userspace));
         let err = d
             .resolve(DataplaneChoice::Kernel)
             .await
             .expect_err("kernel");
+        let s = up(d, &own(&attrs)).await;
+        assert_eq!(s.dataplane(), Some(Dataplane::Userspace));
         assert_eq!(
             err.to_string(),
             "--dataplane=kernel: this kernel cannot run the vxlan backend: no vxlan support"
@@ -208,11 +236,10 @@ fn switching_keeps_the_lease_and_reapplies_every_peer() {
     block_on(async {
         let attrs = kernel_attrs().await;
         let f = fake(&["vxlan"], false);
-        let (mut d, log) = vxlan_dual(DataplaneChoice::Kernel, &f, attrs.clone(), false);
-        assert_eq!(d.lease_attrs(&ext(), None).await.expect("attrs"), attrs);
-        let mut own = lease("10.244.1.0/24", "192.0.2.1", "vxlan", None);
-        own.attrs = attrs.clone();
-        d.setup(&own).await.expect("setup");
+        let (d, log) = vxlan_dual(DataplaneChoice::Kernel, &f, attrs.clone(), false);
+        let p = Box::new(d).lease_attrs(&ext(), None).await.expect("attrs");
+        assert_eq!(p.attrs, attrs);
+        let mut d = p.backend.setup(&own(&attrs)).await.expect("setup");
         let mac = crate::backend::vxlan::backend_data(1, [2, 0, 0, 0, 0, 2]);
         d.apply(Batch::one(&Change::Add(lease(
             "10.244.2.0/24",
@@ -292,11 +319,8 @@ fn switching_is_refused_when_the_lease_would_change_and_rolled_back_on_failure()
         let mut other = attrs.clone();
         other.backend_data = Some(crate::backend::vxlan::backend_data(1, [2, 1, 1, 1, 1, 1]));
         let f = fake(&["vxlan"], false);
-        let (mut d, log) = vxlan_dual(DataplaneChoice::Kernel, &f, other, false);
-        d.lease_attrs(&ext(), None).await.expect("attrs");
-        let mut own = lease("10.244.1.0/24", "192.0.2.1", "vxlan", None);
-        own.attrs = attrs.clone();
-        d.setup(&own).await.expect("setup");
+        let (d, log) = vxlan_dual(DataplaneChoice::Kernel, &f, other, false);
+        let mut d = up(d, &own(&attrs)).await;
         let e = d
             .switch_dataplane(DataplaneChoice::Userspace)
             .await
@@ -309,9 +333,8 @@ fn switching_is_refused_when_the_lease_would_change_and_rolled_back_on_failure()
         );
         assert!(!log.lock().expect("log").contains(&"setup".to_string()));
 
-        let (mut d, _) = vxlan_dual(DataplaneChoice::Kernel, &f, attrs.clone(), true);
-        d.lease_attrs(&ext(), None).await.expect("attrs");
-        d.setup(&own).await.expect("setup");
+        let (d, _) = vxlan_dual(DataplaneChoice::Kernel, &f, attrs.clone(), true);
+        let mut d = up(d, &own(&attrs)).await;
         assert!(
             d.switch_dataplane(DataplaneChoice::Userspace)
                 .await
@@ -343,17 +366,35 @@ impl Observe for Handing {
     }
 }
 
+/// One type for the three stages.
 #[async_trait]
 impl Backend for Handing {
+    fn name(&self) -> &'static str {
+        "vxlan"
+    }
     async fn lease_attrs(
-        &mut self,
+        self: Box<Self>,
         _: &ExternalInterface,
         _: Option<&Lease>,
-    ) -> Result<LeaseAttrs, BackendError> {
-        Ok(self.attrs.clone())
+    ) -> Result<Prepared, BackendError> {
+        Ok(Prepared {
+            attrs: self.attrs.clone(),
+            backend: self,
+        })
     }
-    async fn setup(&mut self, _: &Lease) -> Result<u32, BackendError> {
-        Ok(1450)
+}
+
+#[async_trait]
+impl Setup for Handing {
+    async fn setup(self: Box<Self>, _: &Lease) -> Result<Box<dyn Running>, BackendError> {
+        Ok(self)
+    }
+}
+
+#[async_trait]
+impl Running for Handing {
+    fn mtu(&self) -> u32 {
+        1450
     }
     async fn apply(&mut self, _: Batch<'_>) -> Result<(), ApplyError> {
         Ok(())
@@ -362,10 +403,6 @@ impl Backend for Handing {
         Ok(())
     }
     async fn teardown(&mut self) {}
-}
-
-#[async_trait]
-impl Implementation for Handing {
     fn handover_at(&self) -> Option<SystemTime> {
         *self.handover.lock().expect("lock")
     }
@@ -382,7 +419,7 @@ fn switching_away_keeps_the_old_path_until_its_peers_accept_the_new_one() {
         let handover = Arc::new(Mutex::new(None));
         let removed = Arc::new(Mutex::new(Vec::new()));
         let (c, a, h, r) = (f.clone(), attrs.clone(), handover.clone(), removed.clone());
-        let mut d = Dual::new("vxlan", DataplaneChoice::Userspace, f.clone(), f.clone())
+        let d = Dual::new("vxlan", DataplaneChoice::Userspace, f.clone(), f.clone())
             .kernel(
                 Some(Capability::Vxlan),
                 Box::new(move || Box::new(KernelVxlan::new(vx_opts(), true, false, c.clone()))),
@@ -394,10 +431,7 @@ fn switching_away_keeps_the_old_path_until_its_peers_accept_the_new_one() {
                     removed: r.clone(),
                 })
             }));
-        d.lease_attrs(&ext(), None).await.expect("attrs");
-        let mut own = lease("10.244.1.0/24", "192.0.2.1", "vxlan", None);
-        own.attrs = attrs.clone();
-        d.setup(&own).await.expect("setup");
+        let mut d = up(d, &own(&attrs)).await;
         assert_eq!(d.dataplane(), Some(Dataplane::Userspace));
 
         // Peers accept the kernel path in 600 ms: the userspace path runs

@@ -12,9 +12,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ipnet::IpNet;
 
-use super::dual::Implementation;
 use super::route_set::RouteSet;
-use super::{ApplyError, Backend, BackendError, Batch, Dataplane, Observe};
+use super::{
+    ApplyError, Backend, BackendError, Batch, Dataplane, Observe, Prepared, Running, Setup,
+};
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
@@ -23,39 +24,45 @@ use crate::netlink::{Client, Route};
 /// flannel's refusal text.
 pub const NAT_ERROR: &str = "your PublicIP differs from interface IP, meaning that probably you're on a NAT, which is not supported by host-gw backend";
 
-/// See the module docs.
+/// See the module docs. Built by the factory, prepared by
+/// [`Backend::lease_attrs`] and running after [`Setup::setup`] (it needs no
+/// device: the stages differ only in what they know).
 #[derive(Debug)]
 pub struct HostGw {
     v4: bool,
     v6: bool,
-    ext: Option<ExternalInterface>,
+    nl: Arc<dyn Client>,
+}
+
+/// A running (or prepared) host-gw backend.
+#[derive(Debug)]
+struct Live {
+    v4: bool,
+    v6: bool,
+    ext: ExternalInterface,
     routes: RouteSet,
 }
 
 impl HostGw {
     /// A host-gw backend for the enabled families.
     pub fn new(v4: bool, v6: bool, nl: Arc<dyn Client>) -> HostGw {
-        HostGw {
-            v4,
-            v6,
-            ext: None,
-            routes: RouteSet::new(nl),
-        }
-    }
-
-    fn route(&self, dst: IpNet, gw: IpAddr) -> Option<Route> {
-        let oif = self.ext.as_ref()?.iface.index;
-        Some(Route {
-            dst,
-            gateway: Some(gw),
-            oif: Some(oif),
-            onlink: false,
-            scope_link: false,
-        })
+        HostGw { v4, v6, nl }
     }
 }
 
-impl Observe for HostGw {
+impl Live {
+    fn route(&self, dst: IpNet, gw: IpAddr) -> Route {
+        Route {
+            dst,
+            gateway: Some(gw),
+            oif: Some(self.ext.iface.index),
+            onlink: false,
+            scope_link: false,
+        }
+    }
+}
+
+impl Observe for Live {
     fn name(&self) -> &'static str {
         "host-gw"
     }
@@ -67,15 +74,18 @@ impl Observe for HostGw {
 
 #[async_trait]
 impl Backend for HostGw {
+    fn name(&self) -> &'static str {
+        "host-gw"
+    }
+
     async fn lease_attrs(
-        &mut self,
+        self: Box<Self>,
         ext: &ExternalInterface,
         _prev: Option<&Lease>,
-    ) -> Result<LeaseAttrs, BackendError> {
+    ) -> Result<Prepared, BackendError> {
         if ext.ext_addr != ext.iface_addr {
             return Err(BackendError::Config(NAT_ERROR.into()));
         }
-        self.ext = Some(ext.clone());
         let mut attrs = LeaseAttrs {
             backend_type: "host-gw".into(),
             ..Default::default()
@@ -91,15 +101,30 @@ impl Backend for HostGw {
                     BackendError::Config("host-gw: no IPv6 public address".into())
                 })?);
         }
-        Ok(attrs)
+        let live = Live {
+            v4: self.v4,
+            v6: self.v6,
+            ext: ext.clone(),
+            routes: RouteSet::new(self.nl),
+        };
+        Ok(Prepared {
+            attrs,
+            backend: Box::new(live),
+        })
     }
+}
 
-    async fn setup(&mut self, _lease: &Lease) -> Result<u32, BackendError> {
-        let ext = self
-            .ext
-            .as_ref()
-            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        Ok(ext.iface.mtu)
+#[async_trait]
+impl Setup for Live {
+    async fn setup(self: Box<Self>, _lease: &Lease) -> Result<Box<dyn Running>, BackendError> {
+        Ok(self)
+    }
+}
+
+#[async_trait]
+impl Running for Live {
+    fn mtu(&self) -> u32 {
+        self.ext.iface.mtu
     }
 
     async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
@@ -116,16 +141,13 @@ impl Backend for HostGw {
     }
 
     async fn teardown(&mut self) {}
-}
 
-#[async_trait]
-impl Implementation for HostGw {
     async fn remove_all(&mut self) {
         self.routes.clear().await;
     }
 }
 
-impl HostGw {
+impl Live {
     /// Programs (`Add`) or removes (`Remove`) one peer.
     async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         match change {
@@ -136,10 +158,10 @@ impl HostGw {
                 }
                 let mut want = Vec::new();
                 if let (true, Some(s)) = (self.v4, l.subnet) {
-                    want.extend(self.route(IpNet::V4(s), IpAddr::V4(l.attrs.public_ip)));
+                    want.push(self.route(IpNet::V4(s), IpAddr::V4(l.attrs.public_ip)));
                 }
                 if let (true, Some(s), Some(gw)) = (self.v6, l.ipv6_subnet, l.attrs.public_ipv6) {
-                    want.extend(self.route(IpNet::V6(s), IpAddr::V6(gw)));
+                    want.push(self.route(IpNet::V6(s), IpAddr::V6(gw)));
                 }
                 for r in want {
                     self.routes.add(r).await?;

@@ -1,28 +1,33 @@
 //! Backends: what a node does with its lease and its peers' leases.
 //!
 //! One module per backend, one factory ([`new`]) that is the only place
-//! naming them (style: netavark's `NetworkDriver`), and three small traits,
-//! each with one consumer:
+//! naming them (style: netavark's `NetworkDriver`), and a lifecycle of three
+//! stages, each its own type so that a wrong order does not compile:
 //!
-//! - [`Backend`], what the daemon drives: [`Backend::lease_attrs`] (before
-//!   the lease is acquired: the attributes depend on devices and keys),
-//!   [`Backend::setup`] (devices for the acquired lease; returns
-//!   `FLANNEL_MTU`), then [`Backend::apply`] for every [`Batch`] of peer
-//!   changes (one dataplane update per batch; after a lease snapshot the
-//!   backend also removes state no known peer accounts for) and
-//!   [`Backend::reconcile`] every period, and [`Backend::teardown`] on exit.
+//! - [`Backend`] (what the factory builds): [`Backend::lease_attrs`]
+//!   (before the lease is acquired: the attributes depend on devices and
+//!   keys) gives the [`Prepared`] backend, a [`Setup`];
+//! - [`Setup::setup`] (devices for the acquired lease) gives the
+//!   [`Running`] backend: [`Running::mtu`] is `FLANNEL_MTU`,
+//!   [`Running::apply`] takes every [`Batch`] of peer changes (one
+//!   dataplane update per batch; after a lease snapshot the backend also
+//!   removes state no known peer accounts for), [`Running::reconcile`]
+//!   every period, [`Running::teardown`] on exit;
 //! - [`Observe`], what `weft status`, `/metrics` and the log read: name,
-//!   dataplane, devices and counters.
-//! - [`Switch`], `weft dataplane set`: [`Switch::switch_dataplane`] (any
-//!   time after `setup`) moves the node between the kernel and userspace
-//!   implementations of its backend without changing its lease; a switch
-//!   the old path must delay is pending ([`Switch::switch_pending`]).
+//!   dataplane, and the [`crate::view::BackendView`] it publishes;
+//! - [`Switch`], the running backend the daemon owns: `weft dataplane set`
+//!   ([`Switch::switch_dataplane`] moves the node between the kernel and
+//!   userspace implementations of its backend without changing its lease;
+//!   a switch the old path must delay is pending,
+//!   [`Switch::switch_pending`]) and [`Switch::rebuild`] after a device was
+//!   deleted.
 //!
-//! Every backend except `alloc` is wrapped in a [`dual::Dual`], which picks
-//! the kernel or the userspace implementation (`--dataplane`, capability
-//! probing in [`probe`]) and implements [`Switch`]; what it needs of each
-//! implementation beyond [`Backend`] (complete removal, when another may
-//! take over its peers) is [`dual::Implementation`]:
+//! The stages are generic over what runs: an implementation of one path is
+//! a `Backend` (of [`Running`]); what the daemon runs is a
+//! `Backend<dyn Switch>`. Every backend except `alloc` is a [`dual::Dual`],
+//! which picks the kernel or the userspace implementation (`--dataplane`,
+//! capability probing in [`probe`]) and implements [`Switch`] over them
+//! (with [`Running::remove_all`] and [`Running::handover_at`]):
 //!
 //! | type | kernel | userspace |
 //! |---|---|---|
@@ -67,6 +72,8 @@ use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
 use crate::netlink::{Client, Netlink, NetlinkError, WgClient, WgNetlink, XfrmClient, XfrmNetlink};
+use crate::view::BackendView;
+pub use crate::view::Dataplane;
 
 /// Errors from a backend.
 #[derive(Debug, thiserror::Error)]
@@ -84,9 +91,13 @@ pub enum BackendError {
     /// Programming the kernel failed.
     #[error(transparent)]
     Netlink(#[from] NetlinkError),
-    /// The userspace engine failed.
-    #[error("engine: {0}")]
-    Engine(String),
+    /// The userspace engine could not start (the message adds the fix for a
+    /// TUN failure, [`probe::engine_error`]).
+    #[error("engine: {}", probe::engine_error(.0))]
+    Engine(#[source] weft_engine::EngineError),
+    /// The engine's TUN device was gone right after the engine made it.
+    #[error("engine: tun {0} vanished")]
+    TunVanished(String),
     /// The IKE daemon (charon) could not be started or refused a request.
     #[error(transparent)]
     Ike(#[from] ipsec::charon::CharonError),
@@ -94,24 +105,86 @@ pub enum BackendError {
     /// flannel.1`); the daemon rebuilds the backend on the same lease.
     #[error("device {0} was deleted")]
     DeviceGone(String),
+    /// A dataplane switch failed and the old path could not be restored:
+    /// nothing forwards; the daemon exits (its supervisor restarts it).
+    #[error(
+        "switching to the {to} path failed ({error}) and the {from} path could not be restored ({restore})"
+    )]
+    NoDataplane {
+        /// The path switched to.
+        to: Dataplane,
+        /// The path that ran.
+        from: Dataplane,
+        /// Why the new path failed.
+        error: Box<BackendError>,
+        /// Why the old one could not come back.
+        restore: Box<BackendError>,
+    },
 }
 
-/// What a backend does; the daemon calls these in order (see the module
-/// docs). Every backend implements it, and so does [`dual::Dual`], which
-/// forwards to the implementation that runs.
+/// A backend before its lease, as the factory builds it: the first of three
+/// stages, each its own type, so that a wrong order does not compile.
+/// [`Backend::lease_attrs`] gives the [`Prepared`] backend (the attributes
+/// depend on devices and keys), [`Setup::setup`] the running one (`R`:
+/// [`Running`] for the implementations of a path, [`Switch`] for what the
+/// daemon runs, a [`dual::Dual`] or `alloc`).
 #[async_trait]
-pub trait Backend: Observe + Send {
-    /// The attributes this node publishes in its lease. `prev` is the lease
-    /// the store still holds for this node's public IP, if any (to keep
-    /// identities such as the VTEP MAC across restarts).
+pub trait Backend<R: ?Sized + Send = dyn Running>: Send {
+    /// The backend's name as logged and shown in status.
+    fn name(&self) -> &'static str;
+
+    /// The attributes this node publishes in its lease, and the backend
+    /// prepared to set them up. `prev` is the lease the store still holds
+    /// for this node's public IP, if any (to keep identities such as the
+    /// VTEP MAC across restarts).
     async fn lease_attrs(
-        &mut self,
+        self: Box<Self>,
         ext: &ExternalInterface,
         prev: Option<&Lease>,
-    ) -> Result<LeaseAttrs, BackendError>;
+    ) -> Result<Prepared<R>, BackendError>;
 
-    /// Creates what the node needs for `lease`; returns `FLANNEL_MTU`.
-    async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError>;
+    /// The path `to` would give on this kernel, or why it cannot run here;
+    /// changes nothing (a persisted choice is checked with it at start).
+    /// A backend without paths to choose from (`alloc`) can run none.
+    async fn can_run(&mut self, to: DataplaneChoice) -> Result<Dataplane, BackendError> {
+        Err(BackendError::Unsupported(format!(
+            "choosing the dataplane ({}) of {}",
+            to.as_str(),
+            self.name()
+        )))
+    }
+}
+
+/// What [`Backend::lease_attrs`] gives: the attributes and the next stage.
+pub struct Prepared<R: ?Sized = dyn Running> {
+    /// The attributes this node publishes.
+    pub attrs: LeaseAttrs,
+    /// The backend, ready for [`Setup::setup`].
+    pub backend: Box<dyn Setup<R>>,
+}
+
+impl<R: ?Sized> std::fmt::Debug for Prepared<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("attrs", &self.attrs)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A backend whose lease attributes are known (the second stage).
+#[async_trait]
+pub trait Setup<R: ?Sized + Send = dyn Running>: Send {
+    /// Creates what the node needs for `lease`; the running backend
+    /// ([`Running::mtu`] is `FLANNEL_MTU`).
+    async fn setup(self: Box<Self>, lease: &Lease) -> Result<Box<R>, BackendError>;
+}
+
+/// A running backend (the third stage): what the daemon's backend task
+/// drives for every batch of peer changes and every period.
+#[async_trait]
+pub trait Running: Observe + Send + std::fmt::Debug {
+    /// `FLANNEL_MTU`: the MTU pods get.
+    fn mtu(&self) -> u32;
 
     /// Programs (`Add`) or removes (`Remove`) the batch's peers in order,
     /// then hands the dataplane the result in one step (the userspace
@@ -124,12 +197,30 @@ pub trait Backend: Observe + Send {
 
     /// Restores state that went missing (deleted routes, ...). Called every
     /// period; a deleted device is [`BackendError::DeviceGone`], on which the
-    /// daemon tears the backend down, sets it up again and replays its peers.
+    /// daemon rebuilds the backend ([`Switch::rebuild`]) and replays its peers.
     async fn reconcile(&mut self) -> Result<(), BackendError>;
 
     /// Removes what `setup` made that must not outlive the daemon (kernel
     /// devices and routes stay, so that a restart does not interrupt pods).
+    /// Best effort and idempotent.
     async fn teardown(&mut self);
+
+    /// Removes everything `setup` and `apply` made, including what
+    /// `teardown` leaves for a restart (kernel devices, routes): the node
+    /// moves to another implementation ([`dual::Dual`]). Best effort.
+    async fn remove_all(&mut self) {
+        self.teardown().await;
+    }
+
+    /// When another implementation of this backend can take over this one's
+    /// peers without the peers refusing it; `None` (the default) or a past
+    /// time: at once. [`dual::Dual`] keeps this implementation running until
+    /// then when it switches away from it. The userspace WireGuard engine's
+    /// peers hold its handshake timestamps, which run 27 s ahead of the
+    /// kernel's ([`weft_engine::wg::BORINGTUN_TAI64_AHEAD`]).
+    fn handover_at(&self) -> Option<SystemTime> {
+        None
+    }
 }
 
 /// What a backend shows of itself to `weft status`, `/metrics` and the log.
@@ -141,37 +232,37 @@ pub trait Observe {
     /// Which dataplane runs it (`None`: nothing forwards, e.g. `alloc`).
     fn dataplane(&self) -> Option<Dataplane>;
 
-    /// Its devices and per-peer counters.
-    fn status(&self) -> crate::status::BackendStatus {
-        crate::status::BackendStatus::new(self.name(), self.dataplane())
+    /// What it publishes of itself for readers ([`crate::view`]): its
+    /// devices, each a probe a reader asks for counters without asking the
+    /// backend. Cheap (it clones handles); the backend's task publishes it
+    /// after setup and after every step that may change it.
+    fn view(&self) -> BackendView {
+        BackendView::new(self.name(), self.dataplane())
     }
 }
 
-/// Moving a running node between the kernel and userspace implementations
-/// of its backend without changing its lease (`weft dataplane set`):
-/// [`dual::Dual`] does it; `alloc`, which forwards nothing, refuses.
+/// The running backend the daemon owns: a [`Running`] that can move
+/// between the kernel and userspace implementations of its backend without
+/// changing its lease (`weft dataplane set`) and be rebuilt on its lease
+/// when a device was deleted. [`dual::Dual`] does it; `alloc`, which
+/// forwards nothing, refuses to switch.
 #[async_trait]
-pub trait Switch: Backend {
+pub trait Switch: Running {
     /// A [`Switch::switch_dataplane`] that is waiting for the running
-    /// implementation's [`dual::Implementation::handover_at`]: when to call
-    /// it again (with the same choice) to complete it. `None`: nothing pending.
+    /// implementation's [`Running::handover_at`]: when to call it again
+    /// (with the same choice) to complete it. `None`: nothing pending.
     fn switch_pending(&self) -> Option<SystemTime>;
 
-    /// Moves the node to the `to` implementation (any time after `setup`);
-    /// returns the dataplane that runs afterwards (the old one while the
-    /// switch is pending, see [`Switch::switch_pending`]).
+    /// Moves the node to the `to` implementation; returns the dataplane that
+    /// runs afterwards (the old one while the switch is pending, see
+    /// [`Switch::switch_pending`]). [`BackendError::NoDataplane`]: the new
+    /// path failed and the old one could not be restored.
     async fn switch_dataplane(&mut self, to: DataplaneChoice) -> Result<Dataplane, BackendError>;
 
-    /// The path `to` would give on this kernel, or why it cannot run here;
-    /// changes nothing (a persisted choice is checked with it at start).
-    /// A backend without paths to choose from (`alloc`) can run none.
-    async fn can_run(&mut self, to: DataplaneChoice) -> Result<Dataplane, BackendError> {
-        Err(BackendError::Unsupported(format!(
-            "choosing the dataplane ({}) of {}",
-            to.as_str(),
-            self.name()
-        )))
-    }
+    /// Tears the running implementation down and sets it up again on
+    /// `lease` (a device it runs on was deleted); the daemon replays every
+    /// peer afterwards.
+    async fn rebuild(&mut self, lease: &Lease) -> Result<(), BackendError>;
 }
 
 /// The peer changes of one [`Backend::apply`].
@@ -299,36 +390,6 @@ impl EngineTuning {
     }
 }
 
-/// Which implementation carries a backend's traffic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dataplane {
-    /// The kernel's drivers.
-    Kernel,
-    /// weft's userspace engine.
-    Userspace,
-}
-
-impl std::fmt::Display for Dataplane {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl Dataplane {
-    /// "kernel" or "userspace" (status, logs, `--dataplane`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Dataplane::Kernel => "kernel",
-            Dataplane::Userspace => "userspace",
-        }
-    }
-
-    /// [`Dataplane::as_str`], "none" for a backend that forwards nothing.
-    pub fn name(d: Option<Dataplane>) -> &'static str {
-        d.map_or("none", Dataplane::as_str)
-    }
-}
-
 /// Which dataplane to use where both exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DataplaneChoice {
@@ -362,7 +423,7 @@ impl DataplaneChoice {
 }
 
 /// The kernel device names a backend owns in its network namespace: what
-/// weftd locks at start ([`crate::daemon::node_lock`], so that two daemons
+/// weftd locks at start (`daemon/node_lock.rs`, so that two daemons
 /// never run one device) and what a userspace path clears of a kernel path's
 /// leftovers. udp's TUN is `flannel%d` (the kernel picks the number) but its
 /// route to the whole network is one per namespace, so it is locked as
@@ -396,7 +457,7 @@ pub fn new(
     dataplane: DataplaneChoice,
     tuning: EngineTuning,
     nl: &Netlink,
-) -> Result<Box<dyn Switch>, BackendError> {
+) -> Result<Box<dyn Backend<dyn Switch>>, BackendError> {
     let client: Arc<dyn Client> = Arc::new(nl.clone());
     let us = tunnel::Userspace {
         nl: client.clone(),
@@ -430,7 +491,7 @@ pub fn build(
     tuning: EngineTuning,
     us: &tunnel::Userspace,
     kernel: Kernel,
-) -> Result<Box<dyn Switch>, BackendError> {
+) -> Result<Box<dyn Backend<dyn Switch>>, BackendError> {
     use ipip::{kernel::Ipip, userspace::IpipUser};
     use vxlan::{kernel::KernelVxlan, userspace::Vxlan};
     use wireguard::{kernel::KernelWireguard, userspace::Wireguard};
@@ -440,7 +501,7 @@ pub fn build(
     let (v4, v6) = (cfg.enable_ipv4, cfg.enable_ipv6);
     let dual = |name| dual::Dual::new(name, dataplane, client.clone(), xfrm.clone());
     let c = client.clone();
-    let b: Box<dyn Switch> = match opts {
+    let b: Box<dyn Backend<dyn Switch>> = match opts {
         BackendOptions::Alloc => Box::new(alloc::Alloc::new()),
         BackendOptions::Udp(o) => {
             let network = cfg.network.filter(|_| cfg.enable_ipv4).ok_or_else(|| {

@@ -27,10 +27,10 @@ fn host_gw_refuses_nat_with_flannels_message() {
     block_on(async {
         let mut e = ext();
         e.ext_addr = Some("203.0.113.9".parse().expect("ip"));
-        let mut b = HostGw::new(true, false, fake(&[], false));
-        let err = b.lease_attrs(&e, None).await.expect_err("nat");
+        let b = || Box::new(HostGw::new(true, false, fake(&[], false)));
+        let err = b().lease_attrs(&e, None).await.expect_err("nat");
         assert_eq!(err.to_string(), NAT_ERROR);
-        let attrs = b.lease_attrs(&ext(), None).await.expect("attrs");
+        let attrs = b().lease_attrs(&ext(), None).await.expect("attrs").attrs;
         assert_eq!(
             attrs.to_json(),
             r#"{"PublicIP":"192.0.2.1","PublicIPv6":null,"BackendType":"host-gw"}"#
@@ -42,14 +42,14 @@ fn host_gw_refuses_nat_with_flannels_message() {
 fn host_gw_routes_via_the_peer_on_the_external_interface() {
     block_on(async {
         let f = fake(&[], false);
-        let mut b = HostGw::new(true, false, f.clone());
-        b.lease_attrs(&ext(), None).await.expect("attrs");
-        assert_eq!(
-            b.setup(&lease("10.244.1.0/24", "192.0.2.1", "host-gw", None))
-                .await
-                .expect("setup"),
-            1500
-        );
+        let b = HostGw::new(true, false, f.clone());
+        let p = Box::new(b).lease_attrs(&ext(), None).await.expect("attrs");
+        let mut b = p
+            .backend
+            .setup(&lease("10.244.1.0/24", "192.0.2.1", "host-gw", None))
+            .await
+            .expect("setup");
+        assert_eq!(b.mtu(), 1500);
         let p = lease("10.244.2.0/24", "192.0.2.2", "host-gw", None);
         b.apply(Batch::one(&Change::Add(p.clone())))
             .await
@@ -97,23 +97,24 @@ fn host_gw_routes_via_the_peer_on_the_external_interface() {
 fn ipip_device_and_onlink_routes_as_flannel() {
     block_on(async {
         let f = fake(&["ipip"], false);
-        let mut b = Ipip::new(
+        let b = Ipip::new(
             IpipOptions {
                 direct_routing: false,
             },
             f.clone(),
         );
-        let attrs = b.lease_attrs(&ext(), None).await.expect("attrs");
+        let p = Box::new(b).lease_attrs(&ext(), None).await.expect("attrs");
+        let attrs = p.attrs.clone();
         assert_eq!(
             attrs.to_json(),
             r#"{"PublicIP":"192.0.2.1","PublicIPv6":null,"BackendType":"ipip"}"#
         );
-        assert_eq!(
-            b.setup(&lease("10.244.1.0/24", "192.0.2.1", "ipip", None))
-                .await
-                .expect("setup"),
-            1480
-        );
+        let mut b = p
+            .backend
+            .setup(&lease("10.244.1.0/24", "192.0.2.1", "ipip", None))
+            .await
+            .expect("setup");
+        assert_eq!(b.mtu(), 1480);
         let idx = f
             .links()
             .values()
@@ -162,14 +163,16 @@ fn ipip_device_and_onlink_routes_as_flannel() {
 fn ipip_direct_routing_and_device_checks() {
     block_on(async {
         let f = fake(&["ipip"], false);
-        let mut b = Ipip::new(
+        let b = Ipip::new(
             IpipOptions {
                 direct_routing: true,
             },
             f.clone(),
         );
-        b.lease_attrs(&ext(), None).await.expect("attrs");
-        b.setup(&lease("10.244.1.0/24", "192.0.2.1", "ipip", None))
+        let p = Box::new(b).lease_attrs(&ext(), None).await.expect("attrs");
+        let mut b = p
+            .backend
+            .setup(&lease("10.244.1.0/24", "192.0.2.1", "ipip", None))
             .await
             .expect("setup");
         let idx = f
@@ -206,9 +209,10 @@ fn ipip_direct_routing_and_device_checks() {
         // A non-ipip device with the name is an error; a mismatched ipip one is recreated.
         let f = fake(&["ipip"], false);
         f.insert_link("flannel.ipip", LinkKind::Tun, 1480, None);
-        let mut b = Ipip::new(IpipOptions::default(), f.clone());
-        b.lease_attrs(&ext(), None).await.expect("attrs");
-        let e = b
+        let b = Ipip::new(IpipOptions::default(), f.clone());
+        let p = Box::new(b).lease_attrs(&ext(), None).await.expect("attrs");
+        let e = p
+            .backend
             .setup(&lease("10.244.1.0/24", "192.0.2.1", "ipip", None))
             .await
             .expect_err("not ipip");
@@ -223,9 +227,11 @@ fn ipip_direct_routing_and_device_checks() {
             1480,
             None,
         );
-        let mut b = Ipip::new(IpipOptions::default(), f.clone());
-        b.lease_attrs(&ext(), None).await.expect("attrs");
-        b.setup(&lease("10.244.1.0/24", "192.0.2.1", "ipip", None))
+        let b = Ipip::new(IpipOptions::default(), f.clone());
+        let p = Box::new(b).lease_attrs(&ext(), None).await.expect("attrs");
+        let _b = p
+            .backend
+            .setup(&lease("10.244.1.0/24", "192.0.2.1", "ipip", None))
             .await
             .expect("setup");
         assert!(f.ops().contains(&Op::DelLink(old)));
@@ -244,16 +250,18 @@ fn ipsec_opts() -> IpsecOptions {
 fn ipsec_installs_out_in_fwd_policies_with_reqid_11() {
     block_on(async {
         let f = fake(&[], true);
-        let mut b = Ipsec::new(ipsec_opts(), f.clone())
+        let b = Ipsec::new(ipsec_opts(), f.clone())
             .with_ike(Box::new(crate::backend::test_util::RecordingIke::default()));
-        let attrs = b.lease_attrs(&ext(), None).await.expect("attrs");
+        let p = Box::new(b).lease_attrs(&ext(), None).await.expect("attrs");
+        let attrs = p.attrs.clone();
         assert_eq!(
             attrs.to_json(),
             r#"{"PublicIP":"192.0.2.1","PublicIPv6":null,"BackendType":"ipsec"}"#
         );
         let mut own = lease("10.244.1.0/24", "192.0.2.1", "ipsec", None);
         own.attrs = attrs;
-        assert_eq!(b.setup(&own).await.expect("setup"), 1423);
+        let mut b = p.backend.setup(&own).await.expect("setup");
+        assert_eq!(b.mtu(), 1423);
         let p = lease("10.244.2.0/24", "192.0.2.2", "ipsec", None);
         b.apply(Batch::one(&Change::Add(p.clone())))
             .await

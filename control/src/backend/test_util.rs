@@ -114,3 +114,105 @@ impl crate::backend::ipsec::Ike for RecordingIke {
             .push(("stop".into(), Default::default()));
     }
 }
+
+/// `b`'s lease attributes for [`ext`] and `prev` (its first stage).
+pub async fn attrs_of<B: crate::backend::Backend + 'static>(
+    b: B,
+    prev: Option<&Lease>,
+) -> Result<LeaseAttrs, crate::backend::BackendError> {
+    Ok(Box::new(b).lease_attrs(&ext(), prev).await?.attrs)
+}
+
+/// `b` run through its stages on [`ext`] for the own lease `own`.
+pub async fn up<B: crate::backend::Backend + 'static>(
+    b: B,
+    own: &Lease,
+) -> Result<Box<dyn crate::backend::Running>, crate::backend::BackendError> {
+    up_on(b, &ext(), own).await
+}
+
+/// [`up`] on another external interface.
+pub async fn up_on<B: crate::backend::Backend + 'static>(
+    b: B,
+    ext: &ExternalInterface,
+    own: &Lease,
+) -> Result<Box<dyn crate::backend::Running>, crate::backend::BackendError> {
+    let p = Box::new(b).lease_attrs(ext, None).await?;
+    p.backend.setup(own).await
+}
+
+/// A backend behind the calls its tests make, whatever its stage: the
+/// lifecycle's order is the test's to keep (a call out of order panics).
+#[derive(Debug)]
+pub struct Staged {
+    built: Option<Box<dyn crate::backend::Backend>>,
+    prepared: Option<Box<dyn crate::backend::Setup>>,
+    running: Option<Box<dyn crate::backend::Running>>,
+}
+
+impl std::fmt::Debug for dyn crate::backend::Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::fmt::Debug for dyn crate::backend::Setup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("prepared")
+    }
+}
+
+impl Staged {
+    /// `b` as built.
+    pub fn new(b: impl crate::backend::Backend + 'static) -> Staged {
+        Staged {
+            built: Some(Box::new(b)),
+            prepared: None,
+            running: None,
+        }
+    }
+
+    /// The first stage: the lease attributes for `ext` and `prev`.
+    pub async fn lease_attrs(
+        &mut self,
+        ext: &ExternalInterface,
+        prev: Option<&Lease>,
+    ) -> Result<LeaseAttrs, crate::backend::BackendError> {
+        let b = self.built.take().expect("lease_attrs on a built backend");
+        let p = b.lease_attrs(ext, prev).await?;
+        self.prepared = Some(p.backend);
+        Ok(p.attrs)
+    }
+
+    /// The second stage: set up for `lease`; returns `FLANNEL_MTU`.
+    pub async fn setup(&mut self, lease: &Lease) -> Result<u32, crate::backend::BackendError> {
+        let p = self.prepared.take().expect("setup on a prepared backend");
+        let r = p.setup(lease).await?;
+        let mtu = r.mtu();
+        self.running = Some(r);
+        Ok(mtu)
+    }
+
+    /// The running backend.
+    pub fn running(&mut self) -> &mut dyn crate::backend::Running {
+        self.running.as_deref_mut().expect("a running backend")
+    }
+
+    /// [`crate::backend::Running::apply`].
+    pub async fn apply(
+        &mut self,
+        batch: crate::backend::Batch<'_>,
+    ) -> Result<(), crate::backend::ApplyError> {
+        self.running().apply(batch).await
+    }
+
+    /// [`crate::backend::Running::reconcile`].
+    pub async fn reconcile(&mut self) -> Result<(), crate::backend::BackendError> {
+        self.running().reconcile().await
+    }
+
+    /// [`crate::backend::Running::teardown`].
+    pub async fn teardown(&mut self) {
+        self.running().teardown().await
+    }
+}

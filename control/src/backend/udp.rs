@@ -10,22 +10,39 @@ use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net};
 use weft_engine::Encap;
 
-use super::dual::Implementation;
 use super::tunnel::{self, Tunnel, Userspace};
-use super::{ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe};
+use super::{
+    ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe, Prepared, Running,
+    Setup,
+};
 use crate::config::backend::UdpOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
+use crate::view::BackendView;
 
 /// See the module docs.
 #[derive(Debug)]
 pub struct Udp {
     opts: UdpOptions,
     network: Ipv4Net,
-    ext: Option<ExternalInterface>,
     tuning: EngineTuning,
     us: Userspace,
+}
+
+/// [`Udp`] with its lease attributes: what setup needs of the interface.
+#[derive(Debug)]
+struct Ready {
+    udp: Udp,
+    /// The interface's IPv4 address (the engine sends from it) and MTU.
+    local: std::net::Ipv4Addr,
+    iface_mtu: u32,
+}
+
+/// [`Udp`] running: its engine and TUN.
+#[derive(Debug)]
+struct Live {
+    mtu: u32,
     tunnel: Option<Tunnel>,
 }
 
@@ -35,15 +52,71 @@ impl Udp {
         Udp {
             opts,
             network,
-            ext: None,
             tuning,
             us,
-            tunnel: None,
         }
     }
 }
 
-impl Observe for Udp {
+#[async_trait]
+impl Backend for Udp {
+    fn name(&self) -> &'static str {
+        "udp"
+    }
+
+    async fn lease_attrs(
+        self: Box<Self>,
+        ext: &ExternalInterface,
+        _prev: Option<&Lease>,
+    ) -> Result<Prepared, BackendError> {
+        let attrs = LeaseAttrs {
+            public_ip: ext
+                .ext_addr
+                .ok_or_else(|| BackendError::Config("udp backend needs IPv4".into()))?,
+            ..Default::default()
+        };
+        let local = ext.iface_addr.ok_or_else(|| {
+            BackendError::Config("udp backend needs an IPv4 interface address".into())
+        })?;
+        Ok(Prepared {
+            attrs,
+            backend: Box::new(Ready {
+                udp: *self,
+                local,
+                iface_mtu: ext.iface.mtu,
+            }),
+        })
+    }
+}
+
+#[async_trait]
+impl Setup for Ready {
+    async fn setup(self: Box<Self>, lease: &Lease) -> Result<Box<dyn Running>, BackendError> {
+        let Ready {
+            udp,
+            local,
+            iface_mtu,
+        } = *self;
+        let subnet = lease
+            .subnet
+            .ok_or_else(|| BackendError::Config("udp backend needs an IPv4 lease".into()))?;
+        let mtu = iface_mtu.saturating_sub(28);
+        let encap = Encap::FlannelUdp {
+            port: udp.opts.port,
+        };
+        let tun_addr = Some(subnet.network().into());
+        let cfg = (udp.tuning).engine("flannel%d".into(), encap, local.into(), tun_addr, mtu);
+        let addr = IpNet::from(std::net::IpAddr::V4(subnet.network()));
+        let mut t = Tunnel::start(&udp.us, cfg, addr, mtu, udp.tuning.anti_spoof).await?;
+        t.add_route(IpNet::V4(udp.network), true).await?;
+        Ok(Box::new(Live {
+            mtu,
+            tunnel: Some(t),
+        }))
+    }
+}
+
+impl Observe for Live {
     fn name(&self) -> &'static str {
         "udp"
     }
@@ -52,61 +125,26 @@ impl Observe for Udp {
         Some(Dataplane::Userspace)
     }
 
-    fn status(&self) -> crate::status::BackendStatus {
-        tunnel::status(self.name(), &self.tunnel)
+    fn view(&self) -> BackendView {
+        tunnel::view(self.name(), &self.tunnel)
     }
 }
 
 #[async_trait]
-impl Backend for Udp {
-    async fn lease_attrs(
-        &mut self,
-        ext: &ExternalInterface,
-        _prev: Option<&Lease>,
-    ) -> Result<LeaseAttrs, BackendError> {
-        self.ext = Some(ext.clone());
-        Ok(LeaseAttrs {
-            public_ip: ext
-                .ext_addr
-                .ok_or_else(|| BackendError::Config("udp backend needs IPv4".into()))?,
-            ..Default::default()
-        })
-    }
-
-    async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        let ext = self
-            .ext
-            .as_ref()
-            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        let subnet = lease
-            .subnet
-            .ok_or_else(|| BackendError::Config("udp backend needs an IPv4 lease".into()))?;
-        let local = ext.iface_addr.ok_or_else(|| {
-            BackendError::Config("udp backend needs an IPv4 interface address".into())
-        })?;
-        let mtu = ext.iface.mtu.saturating_sub(28);
-        let encap = Encap::FlannelUdp {
-            port: self.opts.port,
-        };
-        let tun_addr = Some(subnet.network().into());
-        let cfg = (self.tuning).engine("flannel%d".into(), encap, local.into(), tun_addr, mtu);
-        let addr = IpNet::from(std::net::IpAddr::V4(subnet.network()));
-        let mut t = Tunnel::start(&self.us, cfg, addr, mtu, self.tuning.anti_spoof).await?;
-        t.add_route(IpNet::V4(self.network), true).await?;
-        self.tunnel = Some(t);
-        Ok(mtu)
+impl Running for Live {
+    fn mtu(&self) -> u32 {
+        self.mtu
     }
 
     async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
-        let mut out = ApplyError::default();
-        for (i, c) in batch.changes.iter().enumerate() {
-            out.record(i, self.change(c).await);
+        let Some(t) = self.tunnel.as_mut() else {
+            return Ok(());
+        };
+        for c in batch.changes {
+            change(t, c);
         }
-        if let Some(t) = self.tunnel.as_mut() {
-            t.flush();
-        }
-
-        out.into_result()
+        t.flush();
+        Ok(())
     }
 
     async fn reconcile(&mut self) -> Result<(), BackendError> {
@@ -118,32 +156,23 @@ impl Backend for Udp {
 
     async fn teardown(&mut self) {
         if let Some(mut t) = self.tunnel.take() {
-            t.stop();
+            t.stop().await;
         }
     }
 }
 
-#[async_trait]
-impl Implementation for Udp {}
-
-impl Udp {
-    /// Programs (`Add`) or removes (`Remove`) one peer.
-    async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
-        let Some(t) = self.tunnel.as_mut() else {
-            return Ok(());
-        };
-        match change {
-            Change::Add(l) => {
-                if let Some(s) = l.subnet {
-                    t.upsert_peer(IpNet::V4(s), l.attrs.public_ip.into(), None);
-                }
-            }
-            Change::Remove(l) => {
-                if let Some(s) = l.subnet {
-                    t.remove_peer(IpNet::V4(s));
-                }
+/// Programs (`Add`) or removes (`Remove`) one peer.
+fn change(t: &mut Tunnel, change: &Change) {
+    match change {
+        Change::Add(l) => {
+            if let Some(s) = l.subnet {
+                t.upsert_peer(IpNet::V4(s), l.attrs.public_ip.into(), None);
             }
         }
-        Ok(())
+        Change::Remove(l) => {
+            if let Some(s) = l.subnet {
+                t.remove_peer(IpNet::V4(s));
+            }
+        }
     }
 }

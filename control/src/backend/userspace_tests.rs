@@ -9,9 +9,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use ipnet::IpNet;
 use weft_engine::{AntiSpoofing, Encap, Peer};
 
-use super::test_util::{block_on, ext, fake, lease};
+use super::test_util::{block_on, ext, fake, lease, up};
 use super::tunnel::fake::FakeEngines;
-use super::{Backend, Batch, Change, EngineTuning};
+use super::{Backend, Batch, Change, EngineTuning, Running};
 use crate::config::backend::{BackendOptions, IpipOptions, VxlanOptions, WireguardOptions};
 
 fn tuning() -> EngineTuning {
@@ -63,7 +63,7 @@ fn routes_to(f: &crate::netlink::FakeNetlink, dst: &str) -> Vec<(Option<IpAddr>,
 }
 
 /// Removes `peer`'s lease: the engine's table is empty again.
-async fn remove(b: &mut dyn Backend, e: &super::tunnel::fake::FakeEngine, peer: super::Lease) {
+async fn remove(b: &mut dyn Running, e: &super::tunnel::fake::FakeEngine, peer: super::Lease) {
     b.apply(Batch::one(&Change::Remove(peer)))
         .await
         .expect("remove");
@@ -75,10 +75,9 @@ fn vxlan_peers_carry_the_vtep_mac_and_get_a_route_each() {
     block_on(async {
         let f = fake(&[], false);
         let (engines, us) = FakeEngines::new(&f);
-        let mut b =
-            super::vxlan::userspace::Vxlan::new(vxlan_opts("{}"), true, false, tuning(), us);
-        b.lease_attrs(&ext(), None).await.expect("attrs");
-        assert_eq!(b.setup(&own()).await.expect("setup"), 1450);
+        let b = super::vxlan::userspace::Vxlan::new(vxlan_opts("{}"), true, false, tuning(), us);
+        let mut b = up(b, &own()).await.expect("up");
+        assert_eq!(b.mtu(), 1450);
         let e = engines.running("flannel.1");
         assert!(
             matches!(
@@ -132,7 +131,7 @@ fn vxlan_peers_carry_the_vtep_mac_and_get_a_route_each() {
         assert!(routes_to(&f, "10.244.3.0/24").is_empty());
         assert!(routes_to(&f, "10.244.4.0/24").is_empty());
 
-        remove(&mut b, &e, peer).await;
+        remove(b.as_mut(), &e, peer).await;
         assert!(routes_to(&f, "10.244.2.0/24").is_empty());
         b.teardown().await;
         assert!(e.stopped.load(std::sync::atomic::Ordering::Relaxed));
@@ -145,9 +144,8 @@ fn vxlan_direct_routing_sends_on_link_peers_around_the_engine() {
         let f = fake(&[], false);
         let (engines, us) = FakeEngines::new(&f);
         let opts = vxlan_opts(r#"{"DirectRouting":true}"#);
-        let mut b = super::vxlan::userspace::Vxlan::new(opts, true, false, tuning(), us);
-        b.lease_attrs(&ext(), None).await.expect("attrs");
-        b.setup(&own()).await.expect("setup");
+        let b = super::vxlan::userspace::Vxlan::new(opts, true, false, tuning(), us);
+        let mut b = up(b, &own()).await.expect("up");
         let data = super::vxlan::backend_data(1, [2, 0, 0, 0, 0, 9]);
         for (sn, pub_ip) in [
             ("10.244.2.0/24", "192.0.2.2"),
@@ -171,7 +169,7 @@ fn udp_peers_are_public_ips_behind_one_network_route() {
     block_on(async {
         let f = fake(&[], false);
         let (engines, us) = FakeEngines::new(&f);
-        let mut b = super::udp::Udp::new(
+        let b = super::udp::Udp::new(
             match options("udp", "{}") {
                 BackendOptions::Udp(o) => o,
                 other => panic!("{other:?}"),
@@ -180,8 +178,8 @@ fn udp_peers_are_public_ips_behind_one_network_route() {
             tuning(),
             us,
         );
-        b.lease_attrs(&ext(), None).await.expect("attrs");
-        assert_eq!(b.setup(&own()).await.expect("setup"), 1472);
+        let mut b = up(b, &own()).await.expect("up");
+        assert_eq!(b.mtu(), 1472);
         let e = engines.running("flannel%d");
         assert!(
             matches!(e.cfg.encap, Encap::FlannelUdp { port: 8285 }),
@@ -202,7 +200,7 @@ fn udp_peers_are_public_ips_behind_one_network_route() {
                 wireguard: None,
             }]
         );
-        remove(&mut b, &e, peer).await;
+        remove(b.as_mut(), &e, peer).await;
     });
 }
 
@@ -211,9 +209,9 @@ fn ipip_peers_get_a_route_through_the_tun() {
     block_on(async {
         let f = fake(&[], false);
         let (engines, us) = FakeEngines::new(&f);
-        let mut b = super::ipip::userspace::IpipUser::new(IpipOptions::default(), tuning(), us);
-        b.lease_attrs(&ext(), None).await.expect("attrs");
-        assert_eq!(b.setup(&own()).await.expect("setup"), 1480);
+        let b = super::ipip::userspace::IpipUser::new(IpipOptions::default(), tuning(), us);
+        let mut b = up(b, &own()).await.expect("up");
+        assert_eq!(b.mtu(), 1480);
         let e = engines.running("flannel.ipip");
         let peer = lease("10.244.2.0/24", "203.0.113.2", "ipip", None);
         b.apply(Batch::one(&Change::Add(peer.clone())))
@@ -226,7 +224,7 @@ fn ipip_peers_get_a_route_through_the_tun() {
             (net("10.244.2.0/24"), ip("203.0.113.2"))
         );
         assert_eq!(routes_to(&f, "10.244.2.0/24").len(), 1, "{:?}", f.routes());
-        remove(&mut b, &e, peer).await;
+        remove(b.as_mut(), &e, peer).await;
         assert!(routes_to(&f, "10.244.2.0/24").is_empty());
     });
 }
@@ -241,7 +239,7 @@ fn wireguard_peers_carry_key_port_psk_and_keepalive() {
         let opts = wg_opts(&format!(
             r#"{{"PSK":"{psk}","PersistentKeepaliveInterval":25}}"#
         ));
-        let mut b = super::wireguard::userspace::Wireguard::new(
+        let b = super::wireguard::userspace::Wireguard::new(
             opts,
             Some("10.244.0.0/16".parse().expect("net")),
             None,
@@ -249,13 +247,14 @@ fn wireguard_peers_carry_key_port_psk_and_keepalive() {
             us,
         )
         .with_key_file(dir.path().join("wgkey"));
-        let attrs = b.lease_attrs(&ext(), None).await.expect("attrs");
+        let p = Box::new(b).lease_attrs(&ext(), None).await.expect("attrs");
         assert!(
-            attrs
+            p.attrs
                 .backend_data
                 .is_some_and(|d| d.contains("\"Port\":51820"))
         );
-        assert_eq!(b.setup(&own()).await.expect("setup"), 1420);
+        let mut b = p.backend.setup(&own()).await.expect("setup");
+        assert_eq!(b.mtu(), 1420);
         let e = engines.running("flannel-wg");
         assert!(
             matches!(e.cfg.encap, Encap::WireGuard { port: 51820, .. }),
@@ -286,7 +285,7 @@ fn wireguard_peers_carry_key_port_psk_and_keepalive() {
         );
         assert_eq!((wg.public_key, wg.port, wg.keepalive), (key, 51999, 25));
         assert_eq!(wg.psk, weft_engine::wg::key_from_base64(psk));
-        remove(&mut b, &e, peer).await;
+        remove(b.as_mut(), &e, peer).await;
     });
 }
 
@@ -298,10 +297,8 @@ fn an_engine_that_cannot_start_fails_setup_with_its_reason() {
         engines
             .fail
             .store(true, std::sync::atomic::Ordering::Relaxed);
-        let mut b =
-            super::vxlan::userspace::Vxlan::new(vxlan_opts("{}"), true, false, tuning(), us);
-        b.lease_attrs(&ext(), None).await.expect("attrs");
-        let e = b.setup(&own()).await.expect_err("no engine");
+        let b = super::vxlan::userspace::Vxlan::new(vxlan_opts("{}"), true, false, tuning(), us);
+        let e = up(b, &own()).await.expect_err("no engine");
         assert!(e.to_string().contains("/dev/net/tun"), "{e}");
     });
 }

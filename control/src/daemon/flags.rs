@@ -236,6 +236,15 @@ pub struct Flags {
     /// Lease TTL in seconds (flannel: 24 h; shorter only for tests).
     #[arg(long, env = "WEFT_LEASE_TTL", default_value_t = 86_400, hide = true)]
     pub lease_ttl: u64,
+    /// Test hook: the backend's task waits this long (milliseconds) before
+    /// each batch of peer changes, as a slow kernel would make it (0: off).
+    #[arg(
+        long,
+        env = "WEFT_TEST_APPLY_DELAY_MS",
+        default_value_t = 0,
+        hide = true
+    )]
+    pub test_apply_delay_ms: u64,
     /// Kernel or userspace dataplane for backends that have both.
     #[arg(long, env = "WEFT_DATAPLANE", value_enum, default_value = "auto")]
     pub dataplane: Dataplane,

@@ -1,47 +1,40 @@
 //! flanneld's health endpoints (spec §9.2): `GET /healthz` → 200
 //! `flanneld is running`; `GET /readyz` → 503 `flanneld is not ready yet`
-//! until subnet.env has been written, then 200 `flanneld is ready`.
+//! until the node is ready, then 200 `flanneld is ready`. Ready is real
+//! state, read from the published [`view::DaemonView`] at the time of
+//! asking: the lease is held (not expired), subnet.env is written (flannel's
+//! only condition) and the dataplane is programmed for the latest lease
+//! snapshot (after a start, a watch gap or a rebuild), like flannel's newer
+//! `/readyz`.
 //!
 //! `GET /metrics` serves weft's Prometheus metrics (see [`crate::metrics`])
-//! and `GET /status` the node's [`status::Status`] as one JSON object (what
-//! `weft status --http ADDR` reads; 503 when the main loop does not answer)
-//! when the daemon passes a [`status::Handle`]. Both show only what the
-//! leases already publish (subnets, public addresses) and counters: no keys.
+//! and `GET /status` the node's [`view::Status`] as one JSON object (what
+//! `weft status --http ADDR` reads; 503 until the backend is set up). Both
+//! show only what the leases already publish (subnets, public addresses)
+//! and counters: no keys.
+//!
+//! Every answer comes from the latest snapshots ([`view::Observer`]), never
+//! from weftd's main loop: the endpoints answer within milliseconds whatever
+//! the loop or the backend is doing.
 //!
 //! A deliberately tiny HTTP/1.x responder: one request per connection, no
 //! bodies read, bounded header size, a short read timeout.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::status;
-
-/// Shared readiness flag, set once subnet.env is written.
-#[derive(Debug, Clone, Default)]
-pub struct Readiness(Arc<AtomicBool>);
-
-impl Readiness {
-    /// Marks the daemon ready.
-    pub fn set_ready(&self) {
-        self.0.store(true, Ordering::Release);
-    }
-
-    /// Whether the daemon is ready.
-    pub fn is_ready(&self) -> bool {
-        self.0.load(Ordering::Acquire)
-    }
-}
+use crate::metrics::DaemonMetrics;
+use crate::view;
 
 /// Binds the listener (so bind errors surface at start) and serves forever.
 pub async fn serve(
     addr: SocketAddr,
-    ready: Readiness,
-    obs: Option<status::Handle>,
+    view: view::Observer,
+    metrics: Arc<DaemonMetrics>,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let listener = TcpListener::bind(addr).await?;
     tracing::info!("Start healthz server on {addr}");
@@ -49,11 +42,13 @@ pub async fn serve(
         loop {
             match listener.accept().await {
                 Ok((conn, _)) => {
-                    let (ready, obs) = (ready.clone(), obs.clone());
+                    let (view, metrics) = (view.clone(), metrics.clone());
                     tokio::spawn(async move {
-                        let _ =
-                            tokio::time::timeout(Duration::from_secs(5), handle(conn, ready, obs))
-                                .await;
+                        let _ = tokio::time::timeout(
+                            Duration::from_secs(5),
+                            handle(conn, view, metrics),
+                        )
+                        .await;
                     });
                 }
                 Err(e) => {
@@ -67,8 +62,8 @@ pub async fn serve(
 
 async fn handle(
     mut conn: TcpStream,
-    ready: Readiness,
-    obs: Option<status::Handle>,
+    view: view::Observer,
+    metrics: Arc<DaemonMetrics>,
 ) -> std::io::Result<()> {
     let mut buf = [0u8; 2048];
     let mut n = 0;
@@ -84,20 +79,29 @@ async fn handle(
             break;
         }
     }
-    let (status, body, ctype) = match (&obs, get_path(&buf[..n])) {
-        (Some(h), Some(b"/metrics")) => {
-            ("200 OK", h.prometheus().await, crate::metrics::CONTENT_TYPE)
+    let (status, body, ctype) = match get_path(&buf[..n]) {
+        Some(b"/metrics") => {
+            let v = view.clone();
+            let status = tokio::task::spawn_blocking(move || v.status())
+                .await
+                .ok()
+                .flatten();
+            (
+                "200 OK",
+                metrics.encode(status.as_ref()),
+                crate::metrics::CONTENT_TYPE,
+            )
         }
-        (Some(h), Some(b"/status")) => match h.status().await.map(|s| serde_json::to_string(&s)) {
+        Some(b"/status") => match crate::status::server::status_json(&view).await {
             Some(Ok(j)) => ("200 OK", j + "\n", "application/json"),
             _ => (
                 "503 Service Unavailable",
-                "weftd did not answer\n".to_string(),
+                "weftd has not published its state yet\n".to_string(),
                 "text/plain; charset=utf-8",
             ),
         },
         _ => {
-            let (s, b) = respond(&buf[..n], ready.is_ready());
+            let (s, b) = respond(&buf[..n], view.unready().is_none());
             (s, b.to_string(), "text/plain; charset=utf-8")
         }
     };
@@ -169,11 +173,14 @@ mod tests {
 
     #[tokio::test]
     async fn serves_over_tcp() {
-        let ready = Readiness::default();
+        let publisher = view::Publisher::new();
         let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = l.local_addr().expect("addr");
         drop(l);
-        let _h = serve(addr, ready.clone(), None).await.expect("serve");
+        let metrics = Arc::new(DaemonMetrics::new());
+        let _h = serve(addr, publisher.observer(), metrics)
+            .await
+            .expect("serve");
         let get = |path: &'static str| async move {
             let mut c = TcpStream::connect(addr).await.expect("connect");
             c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
@@ -184,7 +191,22 @@ mod tests {
             s
         };
         assert!(get("/readyz").await.starts_with("HTTP/1.1 503"));
-        ready.set_ready();
+        assert!(get("/status").await.starts_with("HTTP/1.1 503"));
+        let lease = crate::lease::Lease {
+            subnet: Some("10.244.1.0/24".parse().expect("net")),
+            ipv6_subnet: None,
+            attrs: crate::lease::LeaseAttrs::default(),
+            expiration: None,
+        };
+        publisher.daemon(|d| {
+            d.lease = Some(lease);
+            d.subnet_env = true;
+        });
+        assert!(
+            get("/readyz").await.starts_with("HTTP/1.1 503"),
+            "not ready before the first snapshot is programmed"
+        );
+        publisher.daemon(|d| d.synced = true);
         let r = get("/readyz").await;
         assert!(
             r.starts_with("HTTP/1.1 200") && r.ends_with("flanneld is ready"),

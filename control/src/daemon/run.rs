@@ -1,29 +1,36 @@
 //! The daemon's start-up and main loop; see the module docs of `daemon`.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
-use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::mpsc;
 use weft_compat::subnet_env::SubnetEnv;
 
+use super::backend_task::BackendTask;
 use super::blackhole;
 use super::flags::{AntiSpoofingMode, Dataplane, Flags, StoreKind, TrafficManagerKind};
-use super::healthz::{self, Readiness};
-use crate::backend::{self, BackendError, Batch, Switch};
+use super::healthz;
+use super::main_loop::{self, LoopCx};
+use super::stop::Stop;
+use crate::backend;
 use crate::config::{Config, parse_config};
 use crate::iface::{self, ExternalInterface, IfaceOptions};
-use crate::lease::watcher::{Change, LeaseWatcher};
-use crate::lease::{Lease, LeaseEvent};
+use crate::lease::Lease;
+use crate::metrics::DaemonMetrics;
 use crate::netlink::{Client, Netlink};
 use crate::store::Registry;
 use crate::store::embedded::EmbeddedStore;
-use crate::subnet::{LocalManager, Previous, SubnetManager, renew_at};
+use crate::subnet::{LocalManager, Previous, SubnetManager};
 use crate::traffic;
+use crate::view::Publisher;
 
-/// How often backends re-check kernel state.
-const RECONCILE_PERIOD: Duration = Duration::from_secs(10);
+/// What the daemon publishes and counts, shared with its readers.
+pub struct Shown {
+    /// Snapshots for status, metrics and health.
+    pub publisher: Publisher,
+    /// The daemon's own metrics.
+    pub metrics: Arc<DaemonMetrics>,
+}
 
 /// Runs weftd until a signal or the loss of its lease; returns the exit code.
 pub async fn run(flags: Flags, etcd_explicit: bool) -> anyhow::Result<i32> {
@@ -33,11 +40,13 @@ pub async fn run(flags: Flags, etcd_explicit: bool) -> anyhow::Result<i32> {
     tracing::info!("CLI flags config: {flags:?}");
     let mut stop = Stop::install()?;
     tracing::info!("Installing signal handlers");
-    let ready = Readiness::default();
-    let mut obs = crate::status::Source::new();
+    let shown = Shown {
+        publisher: Publisher::new(),
+        metrics: Arc::new(DaemonMetrics::new()),
+    };
     if flags.healthz_port != 0 {
         let addr = std::net::SocketAddr::new(flags.healthz_ip, flags.healthz_port);
-        healthz::serve(addr, ready.clone(), Some(obs.handle()))
+        healthz::serve(addr, shown.publisher.observer(), shown.metrics.clone())
             .await
             .with_context(|| format!("failed to listen on {addr}"))?;
     }
@@ -57,7 +66,7 @@ pub async fn run(flags: Flags, etcd_explicit: bool) -> anyhow::Result<i32> {
             };
             let cfg = cfg?;
             let mgr = local_manager(&flags, store, &cfg);
-            run_with(&flags, kind, cfg, mgr, &mut stop, &ready, &mut obs).await
+            run_with(&flags, kind, cfg, mgr, &mut stop, &shown).await
         }
         StoreKind::Etcd => {
             let store = super::stores::etcd(&flags).await?;
@@ -66,14 +75,14 @@ pub async fn run(flags: Flags, etcd_explicit: bool) -> anyhow::Result<i32> {
             };
             let cfg = cfg?;
             let mgr = local_manager(&flags, store, &cfg);
-            run_with(&flags, kind, cfg, mgr, &mut stop, &ready, &mut obs).await
+            run_with(&flags, kind, cfg, mgr, &mut stop, &shown).await
         }
         StoreKind::Kube => {
             let (mgr, cfg, flags) = match stop.until(kube_manager(&flags)).await {
                 None => return Ok(0),
                 Some(r) => r.context("Failed to create SubnetManager")?,
             };
-            run_with(&flags, kind, cfg, mgr, &mut stop, &ready, &mut obs).await
+            run_with(&flags, kind, cfg, mgr, &mut stop, &shown).await
         }
     }
 }
@@ -130,8 +139,7 @@ pub async fn run_with<M: SubnetManager>(
     cfg: Config,
     mgr: M,
     stop: &mut Stop,
-    ready: &Readiness,
-    obs: &mut crate::status::Source,
+    shown: &Shown,
 ) -> anyhow::Result<i32> {
     tracing::info!("Created subnet manager: {}", mgr.name());
     tracing::info!("Found network config - Backend type: {}", cfg.backend_type);
@@ -150,7 +158,7 @@ pub async fn run_with<M: SubnetManager>(
         Dataplane::Userspace => backend::DataplaneChoice::Userspace,
     };
     // A choice persisted by `weft dataplane set`, if it still applies, else the flag.
-    let (mut ctl, mut backend) = backend::dataplane_ctl::DataplaneControl::start(
+    let (mut ctl, backend) = backend::dataplane_ctl::DataplaneControl::start(
         &flags.subnet_file,
         &cfg.backend_type,
         dataplane,
@@ -159,7 +167,11 @@ pub async fn run_with<M: SubnetManager>(
     .await
     .context("Error fetching backend")?;
     let own_prev = mgr.previous_own_lease(&ext).await;
-    let attrs = backend
+    // The backend's stages: as built, prepared (lease attributes), running.
+    let backend::Prepared {
+        attrs,
+        backend: prepared,
+    } = backend
         .lease_attrs(&ext, own_prev.as_ref())
         .await
         .context("Error registering network")?;
@@ -184,11 +196,13 @@ pub async fn run_with<M: SubnetManager>(
         return Ok(0);
     };
     let mut lease = lease.context("Error registering network")?;
-    obs.metrics().lease_acquired();
-    let mtu = backend
+    shown.metrics.lease_acquired();
+    shown.publisher.daemon(|d| d.lease = Some(lease.clone()));
+    let backend = prepared
         .setup(&lease)
         .await
         .context("Error registering network")?;
+    let mtu = backend.mtu();
     for w in config_warnings(
         flags,
         backend.name(),
@@ -209,7 +223,11 @@ pub async fn run_with<M: SubnetManager>(
         store: Some(super::stores::info(flags, kind)),
         commands: Some(ctl.commands()),
     };
-    let _status = crate::status::server::start(&flags.subnet_file, obs.handle(), extras);
+    // From here on the backend has its own task; the loop only sends it work.
+    let delay = Duration::from_millis(flags.test_apply_delay_ms);
+    let mut task = BackendTask::spawn(backend, shown.publisher.backend(), delay);
+    let observer = shown.publisher.observer();
+    let _status = crate::status::server::start(&flags.subnet_file, observer, extras);
 
     let env = SubnetEnv {
         network: cfg.network.filter(|_| cfg.enable_ipv4),
@@ -222,7 +240,7 @@ pub async fn run_with<M: SubnetManager>(
     match env.write(&flags.subnet_file) {
         Ok(()) => {
             tracing::info!("Wrote subnet file to {}", flags.subnet_file.display());
-            ready.set_ready();
+            shown.publisher.daemon(|d| d.subnet_env = true);
             tracing::info!("flannel is ready");
         }
         Err(e) => tracing::warn!("Failed to write subnet file: {e}"),
@@ -232,18 +250,16 @@ pub async fn run_with<M: SubnetManager>(
     }
     tracing::info!("Running backend.");
 
-    let code = main_loop(
+    let cx = LoopCx {
         flags,
-        &mgr,
-        backend.as_mut(),
-        &mut lease,
-        stop,
-        &mut ctl,
-        obs,
-    )
-    .await;
+        mgr: &mgr,
+        ctl: &mut ctl,
+        publisher: &shown.publisher,
+        metrics: &shown.metrics,
+    };
+    let code = main_loop::run(cx, &mut task, &mut lease, stop).await;
     tracing::info!("Waiting for all goroutines to exit");
-    backend.teardown().await;
+    task.finish().await;
     tracing::info!("Exiting cleanly...");
     code
 }
@@ -322,9 +338,10 @@ async fn host_rules(
         },
     });
     let m = mgr.clone();
+    let random_fully_disable = flags.ip_masq_fully_random_disable;
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         tracing::info!("Cleaning-up unused traffic manager rules");
-        if let Err(e) = m.cleanup_other() {
+        if let Err(e) = traffic::cleanup_other(kind, random_fully_disable, traffic::Runner::new()) {
             tracing::warn!("failed to clean up the other traffic manager's rules: {e}");
         }
         match kind {
@@ -341,121 +358,6 @@ async fn host_rules(
     .await
     .context("traffic rules task")??;
     Ok(Some(traffic::spawn_resync(mgr, tflags.resync)?))
-}
-
-async fn main_loop<M: SubnetManager>(
-    flags: &Flags,
-    mgr: &M,
-    backend: &mut dyn Switch,
-    lease: &mut Lease,
-    stop: &mut Stop,
-    ctl: &mut backend::dataplane_ctl::DataplaneControl,
-    obs: &mut crate::status::Source,
-) -> anyhow::Result<i32> {
-    let ttl = Duration::from_secs(flags.lease_ttl);
-    let mut hup = stop.take_hup();
-    let Some(mut events) = watch(mgr, stop).await else {
-        return Ok(0);
-    };
-    let own = lease.key();
-    let mut watcher = LeaseWatcher::new(own);
-    let margin =
-        Duration::from_secs(60 * u64::try_from(flags.subnet_lease_renew_margin).unwrap_or(60));
-    let mut reconcile = tokio::time::interval(RECONCILE_PERIOD);
-    reconcile.tick().await;
-    loop {
-        let renew = sleep_until(lease.expiration.map(|e| renew_at(e, margin, ttl)));
-        tokio::select! {
-            _ = stop.wait() => {
-                tracing::info!("shutdownHandler sent cancel signal...");
-                return Ok(0);
-            }
-            reply = obs.next() => {
-                let mut st = backend.status();
-                st.requested = ctl.requested().as_str().to_string();
-                let _ = reply.send(crate::status::Status::build(Some(lease), st, watcher.leases()));
-            }
-            ev = events.recv() => {
-                let Some(ev) = ev else { bail!("lease watch ended unexpectedly") };
-                let received = std::time::Instant::now();
-                obs.metrics().lease_event(match &ev {
-                    LeaseEvent::Snapshot(_) => "snapshot",
-                    LeaseEvent::Added(_) => "added",
-                    LeaseEvent::Removed(_) => "removed",
-                });
-                if own_lease_gone(&ev, &own) {
-                    tracing::info!("Lease has been revoked. Shutting down daemon.");
-                    return Ok(0);
-                }
-                if let LeaseEvent::Added(l) = &ev
-                    && l.key() == own
-                {
-                    tracing::info!("Waiting for {} to renew lease", own);
-                    lease.expiration = l.expiration;
-                }
-                let snapshot = matches!(ev, LeaseEvent::Snapshot(_));
-                let changes = watcher.apply(ev);
-                for change in &changes {
-                    match change {
-                        Change::Add(l) => tracing::info!("Subnet added: {} {}", l.key(), l.attrs.to_json()),
-                        Change::Remove(l) => tracing::info!("Subnet removed: {}", l.key()),
-                    }
-                }
-                // One dataplane update for the whole batch (a snapshot can hold thousands).
-                let batch = if snapshot { Batch::snapshot(&changes) } else { Batch::of(&changes) };
-                let failed = backend.apply(batch).await.err().unwrap_or_default();
-                for (change, e) in failed.failures(&changes) {
-                    tracing::error!("failed to apply {change:?}: {e}");
-                }
-                if let Some(e) = &failed.prune {
-                    tracing::warn!("pruning state of unknown peers: {e}");
-                }
-                for (i, change) in changes.iter().enumerate() {
-                    if !failed.is_failed(i) {
-                        obs.metrics().peer_applied(matches!(change, Change::Add(_)), received.elapsed());
-                    }
-                }
-            }
-            _ = renew => {
-                match mgr.renew_lease(lease).await {
-                    Ok(l) => {
-                        obs.metrics().lease_renewed(true);
-                        *lease = l;
-                        tracing::info!("Lease renewed, new expiration: {:?}", lease.expiration.map(humantime));
-                    }
-                    Err(e) => {
-                        obs.metrics().lease_renewed(false);
-                        tracing::error!("Error renewing lease (trying again in 1 min): {e}");
-                        // Retry in a minute, or sooner when the TTL is short.
-                        let retry = Duration::from_secs(60).min(ttl / 4);
-                        lease.expiration = Some(SystemTime::now() + retry + margin.min(ttl / 2));
-                    }
-                }
-            }
-            Some(()) = recv_hup(&mut hup) => ctl.on_hup(backend).await,
-            Some(cmd) = ctl.next_command() => ctl.on_command(cmd, backend).await,
-            _ = sleep_until(backend.switch_pending()) => ctl.on_due(backend).await,
-            _ = reconcile.tick() => {
-                match backend.reconcile().await {
-                    Ok(()) => {}
-                    Err(BackendError::DeviceGone(dev)) => {
-                        // Rebuild on the same lease, then replay every known peer.
-                        tracing::error!("device {dev} was deleted; recreating the {} backend", backend.name());
-                        backend.teardown().await;
-                        backend.setup(lease).await.context("failed to recreate the backend")?;
-                        let all: Vec<Change> = watcher.leases().cloned().map(Change::Add).collect();
-                        if let Err(e) = backend.apply(Batch::of(&all)).await {
-                            for (c, e) in e.failures(&all) {
-                                tracing::error!("failed to re-apply {}: {e}", c.lease().key());
-                            }
-                        }
-                        tracing::info!("backend recreated on {}", lease.key());
-                    }
-                    Err(e) => tracing::warn!("reconcile: {e}"),
-                }
-            }
-        }
-    }
 }
 
 /// Flag combinations that start but do not do what a user expects, each as
@@ -483,34 +385,6 @@ fn config_warnings(flags: &Flags, backend: &str, dataplane: &str) -> Vec<String>
         );
     }
     out
-}
-
-fn own_lease_gone(ev: &LeaseEvent, own: &crate::lease::SubnetKey) -> bool {
-    match ev {
-        LeaseEvent::Removed(l) => l.key() == *own,
-        LeaseEvent::Snapshot(all) => !all.iter().any(|l| l.key() == *own),
-        LeaseEvent::Added(_) => false,
-    }
-}
-
-fn humantime(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    format!("unix {secs}")
-}
-
-async fn sleep_until(at: Option<SystemTime>) {
-    match at {
-        Some(at) => {
-            let d = at
-                .duration_since(SystemTime::now())
-                .unwrap_or(Duration::ZERO);
-            tokio::time::sleep(d).await;
-        }
-        None => std::future::pending().await,
-    }
 }
 
 /// Reads and checks the network config: the file for the embedded store
@@ -606,67 +480,6 @@ async fn acquire<M: SubnetManager>(
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
             Err(e) => return Err(e).context("failed to acquire lease"),
-        }
-    }
-}
-
-/// Starts the lease watch, retrying while the store is unreachable; `None` on stop.
-async fn watch<M: SubnetManager>(mgr: &M, stop: &mut Stop) -> Option<mpsc::Receiver<LeaseEvent>> {
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        match stop.until(mgr.watch_leases()).await? {
-            Ok(rx) => return Some(rx),
-            Err(e) => {
-                tracing::error!("failed to watch leases: {e}; retrying in {backoff:?}");
-                stop.until(tokio::time::sleep(backoff)).await?;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-            }
-        }
-    }
-}
-
-/// SIGTERM / SIGINT (and SIGHUP, installed early so that it never kills
-/// the daemon; the main loop takes it to switch the dataplane).
-pub struct Stop {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-    hup: Option<tokio::signal::unix::Signal>,
-}
-
-/// The next SIGHUP (never, without a handler).
-async fn recv_hup(hup: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
-    match hup {
-        Some(s) => s.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
-impl Stop {
-    fn install() -> anyhow::Result<Stop> {
-        Ok(Stop {
-            term: signal(SignalKind::terminate())?,
-            int: signal(SignalKind::interrupt())?,
-            hup: Some(signal(SignalKind::hangup())?),
-        })
-    }
-
-    /// The SIGHUP stream, for the main loop.
-    fn take_hup(&mut self) -> Option<tokio::signal::unix::Signal> {
-        self.hup.take()
-    }
-
-    async fn wait(&mut self) {
-        tokio::select! {
-            _ = self.term.recv() => {}
-            _ = self.int.recv() => {}
-        }
-    }
-
-    /// Runs `f` unless a stop signal comes first (`None`).
-    async fn until<T>(&mut self, f: impl std::future::Future<Output = T>) -> Option<T> {
-        tokio::select! {
-            v = f => Some(v),
-            _ = self.wait() => None,
         }
     }
 }

@@ -2,8 +2,13 @@
 //! (flannel's `LeaseWatcher`, pkg/lease/lease.go): a [`LeaseEvent::Snapshot`]
 //! is diffed against what the backend already has, and events about the
 //! node's own lease are dropped.
+//!
+//! The leases are kept behind `Arc`s so that publishing the set
+//! ([`LeaseWatcher::shared`], what `weft status` lists) copies pointers, not
+//! 5,000 leases.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use super::{Lease, LeaseEvent, SubnetKey};
 
@@ -29,7 +34,7 @@ impl Change {
 #[derive(Debug, Default)]
 pub struct LeaseWatcher {
     own: Option<SubnetKey>,
-    leases: BTreeMap<SubnetKey, Lease>,
+    leases: BTreeMap<SubnetKey, Arc<Lease>>,
 }
 
 impl LeaseWatcher {
@@ -43,7 +48,22 @@ impl LeaseWatcher {
 
     /// The peers currently known, in subnet order.
     pub fn leases(&self) -> impl Iterator<Item = &Lease> {
-        self.leases.values()
+        self.leases.values().map(|l| &**l)
+    }
+
+    /// The known peer with key `key`.
+    pub fn get(&self, key: &SubnetKey) -> Option<&Lease> {
+        self.leases.get(key).map(|l| &**l)
+    }
+
+    /// The keys of every known peer, in subnet order.
+    pub fn keys(&self) -> impl Iterator<Item = &SubnetKey> {
+        self.leases.keys()
+    }
+
+    /// The known peers as one shareable list, in subnet order.
+    pub fn shared(&self) -> Arc<[Arc<Lease>]> {
+        self.leases.values().cloned().collect()
     }
 
     /// Applies one store event and returns the changes it implies.
@@ -73,18 +93,20 @@ impl LeaseWatcher {
         match self.leases.get(&key) {
             Some(old) if old.attrs == lease.attrs => {
                 // Only the expiry moved (a renewal): nothing to reprogram.
-                self.leases.insert(key, lease);
+                self.leases.insert(key, Arc::new(lease));
                 None
             }
             _ => {
-                self.leases.insert(key, lease.clone());
+                self.leases.insert(key, Arc::new(lease.clone()));
                 Some(Change::Add(lease))
             }
         }
     }
 
     fn remove(&mut self, key: &SubnetKey) -> Option<Change> {
-        self.leases.remove(key).map(Change::Remove)
+        self.leases
+            .remove(key)
+            .map(|l| Change::Remove(Arc::unwrap_or_clone(l)))
     }
 
     fn reset(&mut self, all: Vec<Lease>) -> Vec<Change> {

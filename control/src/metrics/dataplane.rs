@@ -9,8 +9,8 @@ use prometheus_client::metrics::gauge::ConstGauge;
 
 use weft_engine::{Batching, CounterSet};
 
-use crate::status::Status;
-use crate::status::model::{Counters, DeviceStatus, Offloads, PeerCounters};
+use crate::view::Status;
+use crate::view::model::{Counters, DeviceStatus, Offloads, PeerCounters};
 
 /// The snapshot to encode.
 #[derive(Debug)]

@@ -7,9 +7,10 @@
 //! # daemon (updated by the main loop, never by the dataplane)
 //! weft_lease_acquisitions_total                       counter
 //! weft_lease_renewals_total{result="ok|error"}        counter
+//! weft_lease_renew_delay_seconds                      histogram   renewal started this long after it was due
 //! weft_lease_events_total{kind="snapshot|added|removed"} counter
 //! weft_peer_apply_seconds{op="add|remove"}            histogram   lease event -> route/peer in place
-//! # dataplane (read from the backend on each scrape, see crate::status)
+//! # dataplane (read from the backend on each scrape, see crate::view)
 //! weft_backend_info{backend,dataplane}                gauge 1
 //! weft_peers{backend}                                 gauge
 //! weft_lease_expiry_timestamp_seconds                 gauge
@@ -31,10 +32,11 @@
 //!                                                       (only where the dataplane keeps per-peer counters)
 //! ```
 //!
-//! Contract: a scrape costs one [`crate::status`] request to the main loop
-//! (which sums the engine's per-worker counters once) and no work at all on
-//! the packet path. Without an answer (weftd still starting) only the
-//! daemon metrics are served.
+//! Contract: a scrape reads the latest published snapshots
+//! ([`crate::view::Observer::status`], which sums the engine's per-worker
+//! counters once) and never asks the main loop; it costs no work at all on
+//! the packet path. Before the backend is set up only the daemon metrics
+//! are served.
 
 mod dataplane;
 
@@ -46,7 +48,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::status::Status;
+use crate::view::Status;
 
 /// The `Content-Type` of [`DaemonMetrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
@@ -62,6 +64,7 @@ pub struct DaemonMetrics {
     renewals: Family<Labels, Counter>,
     events: Family<Labels, Counter>,
     apply: HistogramFamily,
+    renew_delay: Histogram,
 }
 
 impl Default for DaemonMetrics {
@@ -85,6 +88,7 @@ impl DaemonMetrics {
         let renewals = Family::<Labels, Counter>::default();
         let events = Family::<Labels, Counter>::default();
         let apply: HistogramFamily = Family::new_with_constructor(apply_histogram);
+        let renew_delay = apply_histogram();
         registry.register(
             "lease_acquisitions",
             "Leases acquired by this node",
@@ -105,6 +109,11 @@ impl DaemonMetrics {
             "Time from a lease event to the peer's routes and dataplane entry being in place",
             apply.clone(),
         );
+        registry.register(
+            "lease_renew_delay_seconds",
+            "How long after it was due each lease renewal started",
+            renew_delay.clone(),
+        );
         // Zero series, so that dashboards see them before the first event.
         for r in ["ok", "error"] {
             let _ = renewals.get_or_create(&vec![("result", r)]);
@@ -121,6 +130,7 @@ impl DaemonMetrics {
             renewals,
             events,
             apply,
+            renew_delay,
         }
     }
 
@@ -134,6 +144,11 @@ impl DaemonMetrics {
         self.renewals
             .get_or_create(&vec![("result", if ok { "ok" } else { "error" })])
             .inc();
+    }
+
+    /// A renewal started `late` after it was due.
+    pub fn lease_renew_started(&self, late: Duration) {
+        self.renew_delay.observe(late.as_secs_f64());
     }
 
     /// A lease event of `kind` (`snapshot`, `added`, `removed`) arrived.

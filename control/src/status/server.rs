@@ -5,7 +5,8 @@
 //!
 //! Protocol (line-delimited JSON, like the IPAM API): the client sends one
 //! line and the server answers one line, then closes the connection:
-//! - `{"op":"status"}` → the [`Status`] object;
+//! - `{"op":"status"}` → the [`Status`] object, built from the latest
+//!   published snapshots (never by asking the main loop, see [`crate::view`]);
 //! - `{"op":"store"}` → the lease store weftd uses ([`StoreInfo`], no
 //!   secrets), so that `weft leases` acts on the node's own store;
 //! - `{"op":"dataplane","set":"kernel"}` / `{"op":"dataplane","reset":true}`
@@ -25,8 +26,9 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Handle, Status};
+use super::Status;
 use crate::store::StoreInfo;
+use crate::view::Observer;
 
 /// The socket's file name (see the module docs for the prefix rule).
 pub const SOCKET_NAME: &str = "weft-status.sock";
@@ -108,10 +110,10 @@ impl Drop for StatusServer {
 }
 
 /// Serves status (and `extras`) on `socket`.
-pub fn serve(socket: &Path, handle: Handle, extras: Extras) -> Result<StatusServer, StatusError> {
+pub fn serve(socket: &Path, view: Observer, extras: Extras) -> Result<StatusServer, StatusError> {
     let (listener, owned) = crate::ipam::server::bind(socket)?;
     tracing::info!("status: serving on {}", socket.display());
-    let accept = tokio::spawn(accept_loop(listener, handle, extras));
+    let accept = tokio::spawn(accept_loop(listener, view, extras));
     Ok(StatusServer {
         socket: owned,
         accept,
@@ -119,8 +121,8 @@ pub fn serve(socket: &Path, handle: Handle, extras: Extras) -> Result<StatusServ
 }
 
 /// weftd's start-up hook: serves next to `subnet_file`; failures are logged, not fatal.
-pub fn start(subnet_file: &Path, handle: Handle, extras: Extras) -> Option<StatusServer> {
-    match serve(&socket_path(subnet_file), handle, extras) {
+pub fn start(subnet_file: &Path, view: Observer, extras: Extras) -> Option<StatusServer> {
+    match serve(&socket_path(subnet_file), view, extras) {
         Ok(s) => Some(s),
         Err(e) => {
             tracing::error!("status socket not started: {e}");
@@ -129,13 +131,13 @@ pub fn start(subnet_file: &Path, handle: Handle, extras: Extras) -> Option<Statu
     }
 }
 
-async fn accept_loop(listener: UnixListener, handle: Handle, extras: Extras) {
+async fn accept_loop(listener: UnixListener, view: Observer, extras: Extras) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                let (h, x) = (handle.clone(), extras.clone());
+                let (v, x) = (view.clone(), extras.clone());
                 tokio::spawn(async move {
-                    if let Err(e) = connection(stream, h, x).await {
+                    if let Err(e) = connection(stream, v, x).await {
                         tracing::debug!("status: connection: {e}");
                     }
                 });
@@ -148,7 +150,7 @@ async fn accept_loop(listener: UnixListener, handle: Handle, extras: Extras) {
     }
 }
 
-async fn connection(stream: UnixStream, handle: Handle, extras: Extras) -> std::io::Result<()> {
+async fn connection(stream: UnixStream, view: Observer, extras: Extras) -> std::io::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut line = Vec::with_capacity(64);
     let limit = u64::try_from(MAX_REQUEST).unwrap_or(u64::MAX) + 1;
@@ -158,7 +160,7 @@ async fn connection(stream: UnixStream, handle: Handle, extras: Extras) -> std::
         Err(_) => return Ok(()),
         Ok(r) => {
             r?;
-            answer(&line, &handle, &extras).await
+            answer(&line, &view, &extras).await
         }
     };
     write.write_all(reply.as_bytes()).await?;
@@ -166,7 +168,7 @@ async fn connection(stream: UnixStream, handle: Handle, extras: Extras) -> std::
 }
 
 /// The reply line for one request line.
-async fn answer(line: &[u8], handle: &Handle, extras: &Extras) -> String {
+async fn answer(line: &[u8], view: &Observer, extras: &Extras) -> String {
     let err = |m: &str| format!("{}\n", serde_json::json!({ "error": m }));
     if line.len() > MAX_REQUEST {
         return err(&format!("request longer than {MAX_REQUEST} bytes"));
@@ -198,16 +200,28 @@ async fn answer(line: &[u8], handle: &Handle, extras: &Extras) -> String {
                 )),
             }
         }
-        Some("status") => match handle.status().await {
-            Some(s) => match serde_json::to_string(&s) {
-                Ok(t) => t + "\n",
-                Err(e) => err(&e.to_string()),
-            },
-            None => err("the main loop did not answer (still starting?)"),
+        Some("status") => match status_json(view).await {
+            Some(Ok(t)) => t + "\n",
+            Some(Err(e)) => err(&e),
+            None => err("weftd has not published its state yet (still starting?)"),
         },
         Some(other) => err(&format!("unknown op {other:?}")),
         None => err(r#"expected {"op":"status"}, {"op":"store"} or {"op":"dataplane",...}"#),
     }
+}
+
+/// The node's status as one JSON line body, built from the latest snapshots
+/// on a blocking thread (5,000 peers take a few milliseconds to join and
+/// encode: never on a runtime thread the main loop may need); `None` until
+/// the backend is set up.
+pub async fn status_json(view: &Observer) -> Option<Result<String, String>> {
+    let view = view.clone();
+    tokio::task::spawn_blocking(move || {
+        view.status()
+            .map(|s| serde_json::to_string(&s).map_err(|e| e.to_string()))
+    })
+    .await
+    .unwrap_or_else(|e| Some(Err(format!("status task: {e}"))))
 }
 
 /// Client: asks the weftd serving `socket` for its status (blocking).

@@ -71,12 +71,19 @@ pub(crate) fn full() -> Status {
         ],
     };
     let own = lease("10.244.1.0/24", "192.0.2.1");
-    let peers = [
+    Status::build(Some(&own), backend, full_peers().iter().map(|l| &**l))
+}
+
+/// The peers of [`full`].
+fn full_peers() -> std::sync::Arc<[std::sync::Arc<Lease>]> {
+    [
         lease("10.244.2.0/24", "192.0.2.2"),
         lease("10.244.3.0/24", "192.0.2.3"),
         lease("10.244.4.0/24", "192.0.2.4"),
-    ];
-    Status::build(Some(&own), backend, peers.iter())
+    ]
+    .into_iter()
+    .map(std::sync::Arc::new)
+    .collect()
 }
 
 fn shape() -> Value {
@@ -194,7 +201,7 @@ fn text_shows_the_node_devices_and_every_peer() {
 }
 
 #[tokio::test]
-async fn the_socket_is_root_only_and_answers_from_the_main_loop() {
+async fn the_socket_is_root_only_and_answers_from_the_published_snapshots() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("tempdir");
     let sock = server::socket_path(&dir.path().join("n1.env"));
@@ -202,7 +209,7 @@ async fn the_socket_is_root_only_and_answers_from_the_main_loop() {
         sock.file_name().and_then(|n| n.to_str()),
         Some("n1.weft-status.sock")
     );
-    let mut src = Source::new();
+    let publisher = crate::view::Publisher::new();
     let store = crate::store::StoreInfo {
         kind: "etcd".into(),
         etcd_endpoints: Some("http://192.0.2.9:2379".into()),
@@ -213,9 +220,9 @@ async fn the_socket_is_root_only_and_answers_from_the_main_loop() {
         store: Some(store.clone()),
         commands: None,
     };
-    let srv = server::serve(&sock, src.handle(), extras.clone()).expect("serve");
+    let srv = server::serve(&sock, publisher.observer(), extras.clone()).expect("serve");
     // A second server on a live socket is refused and leaves it alone.
-    let e = server::serve(&sock, src.handle(), extras).expect_err("live socket");
+    let e = server::serve(&sock, publisher.observer(), extras).expect_err("live socket");
     assert!(e.to_string().contains("another process is serving"), "{e}");
     let mode = std::fs::metadata(&sock)
         .expect("socket")
@@ -223,19 +230,26 @@ async fn the_socket_is_root_only_and_answers_from_the_main_loop() {
         .mode()
         & 0o777;
     assert_eq!(mode, 0o600);
-    // The "main loop": answers one request.
-    let main = tokio::spawn(async move {
-        let reply = src.next().await;
-        let _ = reply.send(full());
-        src
-    });
+    // Nothing published yet (still starting): an error, at once.
+    let path = sock.clone();
+    let e = tokio::task::spawn_blocking(move || server::query(&path, Duration::from_secs(5)))
+        .await
+        .expect("join")
+        .expect_err("nothing published");
+    assert!(e.to_string().contains("still starting"), "{e}");
+    // Published: answered from the snapshots, nobody else asked.
+    publisher.backend().publish(crate::view::BackendView::new(
+        "vxlan",
+        Some(crate::view::Dataplane::Kernel),
+    ));
+    let peers = full_peers();
+    publisher.daemon(|d| d.peers = peers);
     let path = sock.clone();
     let got = tokio::task::spawn_blocking(move || server::query(&path, Duration::from_secs(5)))
         .await
         .expect("join")
         .expect("query");
     assert_eq!(got.peers.len(), 3);
-    let _src = main.await.expect("main");
     // A bad request gets an error line, not a hang.
     let path = sock.clone();
     let raw = tokio::task::spawn_blocking(move || {
@@ -278,7 +292,8 @@ async fn the_socket_is_root_only_and_answers_from_the_main_loop() {
 async fn a_socket_replaced_by_another_process_is_not_removed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let sock = dir.path().join("weft-status.sock");
-    let srv = server::serve(&sock, Source::new().handle(), Default::default()).expect("serve");
+    let publisher = crate::view::Publisher::new();
+    let srv = server::serve(&sock, publisher.observer(), Default::default()).expect("serve");
     // Another process's socket renamed over ours (what a second weftd did).
     let tmp = dir.path().join("other.sock");
     let _other = std::os::unix::net::UnixListener::bind(&tmp).expect("bind");

@@ -19,7 +19,6 @@ use ipnet::IpNet;
 
 use super::{
     Error, Networks, Previous, Runner, TrafficManager, masq_plan,
-    nftables::NftablesManager,
     rules::{self, ChainRules, FWD_CHAIN, Family, POSTRTG_CHAIN},
 };
 
@@ -252,10 +251,6 @@ impl TrafficManager for IptablesManager {
         tracing::info!("Starting flannel in iptables mode...");
         let mut st = self.lock();
         self.caps(&mut st, Family::V4).map(drop)
-    }
-
-    fn cleanup_other(&self) -> Result<(), Error> {
-        NftablesManager::new(self.runner.clone(), self.random_fully_disable).cleanup()
     }
 
     fn setup_masq(

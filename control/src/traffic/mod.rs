@@ -23,8 +23,8 @@
 //!    `Failed to check br_netfilter: <error>`.
 //! 2. Acquire the lease (backend registration).
 //! 3. `let mgr = new_manager(Kind::from_config(enable_nftables), flags.random_fully_disable,
-//!    Runner::new())`; log `Cleaning-up unused traffic manager rules`; `mgr.cleanup_other()`
-//!    (best-effort: log a warning on error); `mgr.init()?`.
+//!    Runner::new())`; log `Cleaning-up unused traffic manager rules`; [`cleanup_other`]
+//!    (the factory's: best-effort, log a warning on error); `mgr.init()?`.
 //! 4. If `--ip-masq`: read the previous `FLANNEL_NETWORK`/`FLANNEL_SUBNET` (and v6) from the old
 //!    subnet.env into a [`Previous`], then `mgr.setup_masq(&network, &subnet, Some(&prev))`; an
 //!    error is fatal (`Failed to setup masq rules, <error>`).
@@ -127,11 +127,6 @@ pub trait TrafficManager: Send + Sync + fmt::Debug {
     /// (nftables, flannel's `Init`).
     fn init(&self) -> Result<(), Error>;
 
-    /// Removes the rules of the *other* driver (flannel's startup `CleanUp` of the unused
-    /// traffic manager): with iptables active the nftables tables, with nftables active the
-    /// iptables chains and the jumps to them. Best-effort; missing state is not an error.
-    fn cleanup_other(&self) -> Result<(), Error>;
-
     /// Installs the masquerade rules for every family that has both a `network` and a `subnet`
     /// (only call this with `--ip-masq`). With `prev`, stale rules built from the previous
     /// values are deleted first when they differ; a family that was enabled in `prev` and is
@@ -187,6 +182,18 @@ pub fn new_manager(
         Kind::Iptables => Arc::new(IptablesManager::new(runner, random_fully_disable)),
         Kind::Nftables => Arc::new(NftablesManager::new(runner, random_fully_disable)),
         Kind::None => Arc::new(NoneManager::new()),
+    }
+}
+
+/// Removes the rules of the driver other than `kind`'s (flannel's startup `CleanUp` of the
+/// unused traffic manager): with iptables active the nftables tables, with nftables active the
+/// iptables chains and the jumps to them; nothing for [`Kind::None`]. Best-effort; missing
+/// state is not an error. The factory does it, so that no driver names another.
+pub fn cleanup_other(kind: Kind, random_fully_disable: bool, runner: Runner) -> Result<(), Error> {
+    match kind {
+        Kind::Iptables => NftablesManager::new(runner, random_fully_disable).cleanup(),
+        Kind::Nftables => IptablesManager::new(runner, random_fully_disable).cleanup(),
+        Kind::None => Ok(()),
     }
 }
 

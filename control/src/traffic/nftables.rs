@@ -16,9 +16,7 @@
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::{
-    Error, Networks, Previous, Runner, TrafficManager,
-    iptables::IptablesManager,
-    masq_plan,
+    Error, Networks, Previous, Runner, TrafficManager, masq_plan,
     nft_rules::{self, NftChain},
     rules::Family,
 };
@@ -130,10 +128,6 @@ impl TrafficManager for NftablesManager {
     fn init(&self) -> Result<(), Error> {
         tracing::info!("Starting flannel in nftables mode...");
         self.script(&nft_rules::init_payload())
-    }
-
-    fn cleanup_other(&self) -> Result<(), Error> {
-        IptablesManager::new(self.runner.clone(), self.random_fully_disable).cleanup()
     }
 
     fn setup_masq(

@@ -12,8 +12,6 @@ use super::{Error, Networks, Previous, TrafficManager};
 pub enum Call {
     /// `init()`.
     Init,
-    /// `cleanup_other()`.
-    CleanupOther,
     /// `setup_masq(network, subnet, prev)`.
     SetupMasq {
         /// Cluster networks.
@@ -81,11 +79,6 @@ impl TrafficManager for NoneManager {
 
     fn init(&self) -> Result<(), Error> {
         self.record(Call::Init);
-        Ok(())
-    }
-
-    fn cleanup_other(&self) -> Result<(), Error> {
-        self.record(Call::CleanupOther);
         Ok(())
     }
 

@@ -2,11 +2,15 @@
 //!
 //! - `weft dataplane set auto|kernel|userspace` and `weft dataplane reset`
 //!   ask the running weftd over its status socket (`{"op":"dataplane",...}`,
-//!   see [`crate::status::server`]); the main loop switches
-//!   ([`super::Switch::switch_dataplane`]) and answers once the switch is
-//!   done, or at once with the backend's own reason when it is refused. A
-//!   switch the old path must delay (WireGuard's handover) is answered when
-//!   it completes; the loop keeps serving meanwhile.
+//!   see [`crate::status::server`]); the main loop turns each into a
+//!   [`SwitchRequest`], the backend's task switches ([`switch`], which calls
+//!   [`super::Switch::switch_dataplane`]) and the loop hands the
+//!   [`SwitchOutcome`] back here ([`DataplaneControl::on_switched`]), which
+//!   answers once the switch is done, or with the backend's own reason when
+//!   it is refused. A switch the old path must delay (WireGuard's handover)
+//!   is answered when it completes; the loop keeps serving meanwhile.
+//!   [`DataplaneControl`] itself does no I/O but the record file: it is the
+//!   state machine, the backend's task does the work.
 //! - A switch that succeeded is persisted in the [`record`] file
 //!   (`weft-dataplane` next to the subnet file), with the backend type and
 //!   `--dataplane` it was made under; a failed one never is. Back on the
@@ -27,10 +31,12 @@ pub mod record;
 
 use std::path::{Path, PathBuf};
 
+use std::time::SystemTime;
+
 use tokio::sync::{mpsc, oneshot};
 
 use self::record::{MadeFor, Record, Verdict};
-use super::{BackendError, DataplaneChoice, Switch};
+use super::{Backend, BackendError, Dataplane, DataplaneChoice, Switch};
 use crate::status::server::Command;
 
 /// Commands queued for the main loop before the socket waits.
@@ -61,8 +67,8 @@ impl DataplaneControl {
         subnet_file: &Path,
         backend_type: &str,
         flag: DataplaneChoice,
-        build: impl Fn(DataplaneChoice) -> Result<Box<dyn Switch>, BackendError>,
-    ) -> Result<(DataplaneControl, Box<dyn Switch>), BackendError> {
+        build: impl Fn(DataplaneChoice) -> Result<Box<dyn Backend<dyn Switch>>, BackendError>,
+    ) -> Result<(DataplaneControl, Box<dyn Backend<dyn Switch>>), BackendError> {
         let file = record::path(subnet_file);
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let mut ctl = DataplaneControl {
@@ -137,27 +143,30 @@ impl DataplaneControl {
     }
 
     /// A `{"op":"dataplane","set":...}` or `{"op":"dataplane","reset":true}`
-    /// command: switch, persist on success, reply (or reply when the pending
-    /// switch completes).
-    pub async fn on_command(&mut self, cmd: Command, backend: &mut dyn Switch) {
+    /// command: the switch to ask the backend for (a malformed command is
+    /// answered here, and asks for none).
+    pub fn on_command(&mut self, cmd: Command, backend: &'static str) -> Option<SwitchRequest> {
         let want = match parse_command(&cmd.request, self.flag) {
             Ok(w) => w,
             Err(e) => {
                 let _ = cmd.reply.send(error_reply(&e));
-                return;
+                return None;
             }
         };
         tracing::info!(
-            "dataplane {} requested (weft dataplane) for the {} backend",
+            "dataplane {} requested (weft dataplane) for the {backend} backend",
             want.as_str(),
-            backend.name()
         );
-        self.switch(want, Some(cmd.reply), backend).await;
+        Some(SwitchRequest {
+            want,
+            reply: Some(cmd.reply),
+        })
     }
 
-    /// SIGHUP: apply what the file (written by hand) asks for, validated as
-    /// a command is; a file that cannot be used is put back to what runs.
-    pub async fn on_hup(&mut self, backend: &mut dyn Switch) {
+    /// SIGHUP: the switch the file (written by hand) asks for, validated as
+    /// a command is; a file that cannot be used is put back to what runs
+    /// (and asks for none).
+    pub fn on_hup(&mut self, backend: &'static str) -> Option<SwitchRequest> {
         let want = match record::read(&self.file) {
             Ok(None) => Ok(self.flag),
             Ok(Some(text)) => Record::parse(&text).and_then(|r| match r.made_for {
@@ -175,12 +184,11 @@ impl DataplaneControl {
         match want {
             Ok(want) => {
                 tracing::info!(
-                    "SIGHUP: dataplane {} requested ({}) for the {} backend",
+                    "SIGHUP: dataplane {} requested ({}) for the {backend} backend",
                     want.as_str(),
                     self.file.display(),
-                    backend.name()
                 );
-                self.switch(want, None, backend).await;
+                Some(SwitchRequest { want, reply: None })
             }
             Err(e) => {
                 tracing::error!(
@@ -188,40 +196,41 @@ impl DataplaneControl {
                     self.file.display()
                 );
                 let _ = self.persist();
+                None
             }
         }
     }
 
-    /// A pending switch is due ([`Switch::switch_pending`]): completes it.
-    pub async fn on_due(&mut self, backend: &mut dyn Switch) {
-        let want = self.requested;
-        let waiter = self.waiter.take();
-        self.switch(want, waiter, backend).await;
+    /// A pending switch is due ([`SwitchOutcome::pending`]): the request
+    /// that completes it (answered to whoever waits for it).
+    pub fn on_due(&mut self) -> SwitchRequest {
+        SwitchRequest {
+            want: self.requested,
+            reply: self.waiter.take(),
+        }
     }
 
-    async fn switch(
-        &mut self,
-        want: DataplaneChoice,
-        reply: Option<oneshot::Sender<serde_json::Value>>,
-        backend: &mut dyn Switch,
-    ) {
+    /// What the backend did with `req`: persist on success, reply (or keep
+    /// the reply for when the pending switch completes).
+    pub fn on_switched(&mut self, req: SwitchRequest, out: SwitchOutcome) {
+        let SwitchRequest { want, reply } = req;
         if let Some(old) = self.waiter.take() {
             let _ = old.send(error_reply(&format!(
                 "superseded by a newer request ({})",
                 want.as_str()
             )));
         }
-        match backend.switch_dataplane(want).await {
-            Ok(now) if backend.switch_pending().is_some() => {
+        let backend = out.backend;
+        match out.result {
+            Ok(now) if out.pending.is_some() => {
                 tracing::info!(
-                    "dataplane: {} runs in the {now} until the pending switch is due",
-                    backend.name()
+                    "dataplane: {backend} runs in the {now} until the pending switch is due"
                 );
                 self.requested = want;
                 self.waiter = reply;
             }
             Ok(now) => {
-                tracing::info!("dataplane: {} runs in the {now}", backend.name());
+                tracing::info!("dataplane: {backend} runs in the {now}");
                 self.requested = want;
                 self.effective = want;
                 let persisted = self.persist();
@@ -229,7 +238,7 @@ impl DataplaneControl {
                     let mut v = serde_json::json!({
                         "ok": true,
                         "pid": std::process::id(),
-                        "backend": backend.name(),
+                        "backend": backend,
                         "dataplane": now.as_str(),
                         "requested": want.as_str(),
                         "flag": self.flag.as_str(),
@@ -279,6 +288,37 @@ impl DataplaneControl {
             tracing::error!("{msg}");
             msg
         })
+    }
+}
+
+/// A switch to ask the backend for, and who waits for its outcome.
+#[derive(Debug)]
+pub struct SwitchRequest {
+    /// The choice to switch to.
+    pub want: DataplaneChoice,
+    reply: Option<oneshot::Sender<serde_json::Value>>,
+}
+
+/// What the backend did with a [`SwitchRequest`] ([`switch`]).
+#[derive(Debug)]
+pub struct SwitchOutcome {
+    /// The backend's name.
+    pub backend: &'static str,
+    /// The dataplane that runs afterwards, or why the switch was refused.
+    pub result: Result<Dataplane, BackendError>,
+    /// When a pending switch is due ([`Switch::switch_pending`]; `None`:
+    /// nothing pending).
+    pub pending: Option<SystemTime>,
+}
+
+/// The backend's side of a [`SwitchRequest`]: switches `backend` to `want`
+/// (run by the task that owns the backend, never by the main loop).
+pub async fn switch(backend: &mut dyn Switch, want: DataplaneChoice) -> SwitchOutcome {
+    let result = backend.switch_dataplane(want).await;
+    SwitchOutcome {
+        backend: backend.name(),
+        result,
+        pending: backend.switch_pending(),
     }
 }
 

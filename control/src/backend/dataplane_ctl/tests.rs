@@ -9,7 +9,7 @@ use tokio::sync::oneshot;
 
 use super::record::{self, MadeFor, Record};
 use super::*;
-use crate::backend::{ApplyError, Backend, Batch, Dataplane, Observe};
+use crate::backend::{ApplyError, Backend, Batch, Dataplane, Observe, Prepared, Running, Setup};
 use crate::iface::ExternalInterface;
 use crate::lease::{Lease, LeaseAttrs};
 use DataplaneChoice::{Auto, Kernel, Userspace};
@@ -24,7 +24,7 @@ struct Fake {
     pending: Option<SystemTime>,
 }
 
-fn fake(allowed: &[DataplaneChoice]) -> Box<dyn Switch> {
+fn fake(allowed: &[DataplaneChoice]) -> Box<Fake> {
     Box::new(Fake {
         runs: Dataplane::Userspace,
         allowed: allowed.to_vec(),
@@ -42,17 +42,47 @@ impl Observe for Fake {
     }
 }
 
+/// One type for the three stages (the fake has nothing to prepare or set up).
 #[async_trait]
-impl Backend for Fake {
+impl Backend<dyn Switch> for Fake {
+    fn name(&self) -> &'static str {
+        "vxlan"
+    }
     async fn lease_attrs(
-        &mut self,
+        self: Box<Self>,
         _: &ExternalInterface,
         _: Option<&Lease>,
-    ) -> Result<LeaseAttrs, BackendError> {
-        Ok(LeaseAttrs::default())
+    ) -> Result<Prepared<dyn Switch>, BackendError> {
+        Ok(Prepared {
+            attrs: LeaseAttrs::default(),
+            backend: self,
+        })
     }
-    async fn setup(&mut self, _: &Lease) -> Result<u32, BackendError> {
-        Ok(1450)
+    async fn can_run(&mut self, to: DataplaneChoice) -> Result<Dataplane, BackendError> {
+        if !self.allowed.contains(&to) {
+            return Err(BackendError::Config(format!(
+                "--dataplane={}: this kernel cannot run the vxlan backend: no vxlan support",
+                to.as_str()
+            )));
+        }
+        Ok(match to {
+            Kernel => Dataplane::Kernel,
+            _ => Dataplane::Userspace,
+        })
+    }
+}
+
+#[async_trait]
+impl Setup<dyn Switch> for Fake {
+    async fn setup(self: Box<Self>, _: &Lease) -> Result<Box<dyn Switch>, BackendError> {
+        Ok(self)
+    }
+}
+
+#[async_trait]
+impl Running for Fake {
+    fn mtu(&self) -> u32 {
+        1450
     }
     async fn apply(&mut self, _: Batch<'_>) -> Result<(), ApplyError> {
         Ok(())
@@ -69,7 +99,7 @@ impl Switch for Fake {
         self.pending
     }
     async fn switch_dataplane(&mut self, to: DataplaneChoice) -> Result<Dataplane, BackendError> {
-        let path = self.can_run(to).await?;
+        let path = Backend::can_run(self, to).await?;
         if self.delay && path == Dataplane::Kernel && self.pending.is_none() {
             self.pending = Some(SystemTime::now());
             return Ok(self.runs);
@@ -78,17 +108,8 @@ impl Switch for Fake {
         self.runs = path;
         Ok(path)
     }
-    async fn can_run(&mut self, to: DataplaneChoice) -> Result<Dataplane, BackendError> {
-        if !self.allowed.contains(&to) {
-            return Err(BackendError::Config(format!(
-                "--dataplane={}: this kernel cannot run the vxlan backend: no vxlan support",
-                to.as_str()
-            )));
-        }
-        Ok(match to {
-            Kernel => Dataplane::Kernel,
-            _ => Dataplane::Userspace,
-        })
+    async fn rebuild(&mut self, _: &Lease) -> Result<(), BackendError> {
+        Ok(())
     }
 }
 
@@ -103,15 +124,29 @@ fn recorded(choice: DataplaneChoice, backend: &str, flag: DataplaneChoice) -> St
     .render()
 }
 
+/// The control's start, and the backend it chose run through its stages.
 async fn start(
     env: &Path,
     flag: DataplaneChoice,
     allowed: &[DataplaneChoice],
 ) -> (DataplaneControl, Box<dyn Switch>) {
     let allowed = allowed.to_vec();
-    DataplaneControl::start(env, "vxlan", flag, |_| Ok(fake(&allowed)))
+    let (ctl, b) = DataplaneControl::start(env, "vxlan", flag, |_| Ok(fake(&allowed)))
         .await
-        .expect("start")
+        .expect("start");
+    let ext = crate::backend::test_util::ext();
+    let lease = crate::backend::test_util::lease("10.244.1.0/24", "192.0.2.1", "vxlan", None);
+    let p = b.lease_attrs(&ext, None).await.expect("attrs");
+    (ctl, p.backend.setup(&lease).await.expect("setup"))
+}
+
+/// What weftd's main loop and the backend's task do with a request: the
+/// task switches, the control hears the outcome.
+async fn drive(ctl: &mut DataplaneControl, b: &mut dyn Switch, req: Option<SwitchRequest>) {
+    if let Some(req) = req {
+        let out = switch(b, req.want).await;
+        ctl.on_switched(req, out);
+    }
 }
 
 /// Sends one command and returns the reply (or `None` while it waits).
@@ -121,15 +156,21 @@ async fn command(
     req: serde_json::Value,
 ) -> oneshot::Receiver<serde_json::Value> {
     let (tx, rx) = oneshot::channel();
-    ctl.on_command(
+    let req = ctl.on_command(
         Command {
             request: req,
             reply: tx,
         },
-        b,
-    )
-    .await;
+        b.name(),
+    );
+    drive(ctl, b, req).await;
     rx
+}
+
+/// SIGHUP.
+async fn hup(ctl: &mut DataplaneControl, b: &mut dyn Switch) {
+    let req = ctl.on_hup(b.name());
+    drive(ctl, b, req).await;
 }
 
 #[tokio::test]
@@ -235,11 +276,11 @@ async fn sighup_validates_a_hand_written_file_like_a_command() {
     let (mut ctl, mut b) = start(&env, Auto, &[Auto, Userspace]).await;
     // A word the kernel cannot run: refused, the file put back (none).
     std::fs::write(&file, "kernel\n").expect("write");
-    ctl.on_hup(b.as_mut()).await;
+    hup(&mut ctl, b.as_mut()).await;
     assert_eq!((ctl.requested(), file.exists()), (Auto, false));
     // A word it can run: switched, and rewritten with its record.
     std::fs::write(&file, "userspace\n").expect("write");
-    ctl.on_hup(b.as_mut()).await;
+    hup(&mut ctl, b.as_mut()).await;
     assert_eq!(ctl.requested(), Userspace);
     assert_eq!(
         Record::parse(&std::fs::read_to_string(&file).expect("file")),
@@ -247,7 +288,7 @@ async fn sighup_validates_a_hand_written_file_like_a_command() {
     );
     // Garbage: not switched, the file says again what runs.
     std::fs::write(&file, "dataplane=turbo\n").expect("write");
-    ctl.on_hup(b.as_mut()).await;
+    hup(&mut ctl, b.as_mut()).await;
     assert_eq!(ctl.requested(), Userspace);
     assert!(
         std::fs::read_to_string(&file).is_ok_and(|t| t.contains("dataplane=userspace")),
@@ -255,7 +296,7 @@ async fn sighup_validates_a_hand_written_file_like_a_command() {
     );
     // Deleted by hand: back to the flag.
     std::fs::remove_file(&file).expect("rm");
-    ctl.on_hup(b.as_mut()).await;
+    hup(&mut ctl, b.as_mut()).await;
     assert_eq!((ctl.requested(), file.exists()), (Auto, false));
 }
 
@@ -276,7 +317,8 @@ async fn a_pending_switch_is_answered_and_persisted_when_it_completes() {
     assert!(rx.try_recv().is_err(), "no answer while pending");
     assert_eq!(ctl.requested(), Kernel);
     assert!(!file.exists(), "not persisted while pending");
-    ctl.on_due(b.as_mut()).await;
+    let due = ctl.on_due();
+    drive(&mut ctl, b.as_mut(), Some(due)).await;
     let reply = rx.await.expect("answered when done");
     assert_eq!(reply["dataplane"], "kernel", "{reply}");
     assert!(file.exists());

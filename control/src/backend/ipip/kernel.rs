@@ -19,47 +19,55 @@ use async_trait::async_trait;
 use ipnet::IpNet;
 
 use super::{DEVICE, accepts, device_addr, lease_attrs, local, mtu, route};
-use crate::backend::dual::Implementation;
 use crate::backend::route_set::RouteSet;
-use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, Observe};
+use crate::backend::{
+    ApplyError, Backend, BackendError, Batch, Dataplane, Observe, Prepared, Running, Setup,
+};
 use crate::config::backend::IpipOptions;
 use crate::iface::ExternalInterface;
+use crate::lease::Lease;
 use crate::lease::watcher::Change;
-use crate::lease::{Lease, LeaseAttrs};
 use crate::netlink::{Client, IpipLink, LinkKind, LinkSpec, NetlinkError, Route};
 
-/// See the module docs.
+/// See the module docs: the backend as the factory builds it.
 #[derive(Debug)]
 pub struct Ipip {
     opts: IpipOptions,
     nl: Arc<dyn Client>,
-    ext: Option<ExternalInterface>,
+}
+
+/// [`Ipip`] with its lease attributes.
+#[derive(Debug)]
+struct Ready {
+    opts: IpipOptions,
+    nl: Arc<dyn Client>,
+    ext: ExternalInterface,
+}
+
+/// [`Ipip`] running: its device and routes.
+#[derive(Debug)]
+struct Live {
+    opts: IpipOptions,
+    nl: Arc<dyn Client>,
+    ext: ExternalInterface,
+    /// `flannel.ipip`'s index and address.
     index: u32,
-    addr: Option<IpNet>,
+    addr: IpNet,
     routes: RouteSet,
 }
 
 impl Ipip {
     /// A kernel ipip backend.
     pub fn new(opts: IpipOptions, nl: Arc<dyn Client>) -> Ipip {
-        Ipip {
-            opts,
-            routes: RouteSet::new(nl.clone()),
-            nl,
-            ext: None,
-            index: 0,
-            addr: None,
-        }
+        Ipip { opts, nl }
     }
+}
 
+impl Live {
     /// Creates or reuses `flannel.ipip`, sets MTU, address, up; returns the MTU.
     async fn bring_up(&mut self) -> Result<u32, BackendError> {
-        let ext = self
-            .ext
-            .clone()
-            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        let local = local(&ext)?;
-        let want = mtu(&ext);
+        let local = local(&self.ext)?;
+        let want = mtu(&self.ext);
         let mut link = self.nl.link_detail(DEVICE).await?;
         if let Some(d) = &link {
             match d.kind {
@@ -93,21 +101,20 @@ impl Ipip {
         let d = link.ok_or_else(|| NetlinkError::NoSuchLink(DEVICE.into()))?;
         self.index = d.link.index;
         let mtu = (d.link.mtu > want || d.link.mtu == 0).then_some(want);
-        if let Some(addr) = self.addr {
-            for a in self.nl.addrs_on(self.index).await? {
-                if a.net != addr && a.net.addr().is_ipv4() {
-                    self.nl.remove_addr(self.index, a.net).await?;
-                }
+        let addr = self.addr;
+        for a in self.nl.addrs_on(self.index).await? {
+            if a.net != addr && a.net.addr().is_ipv4() {
+                self.nl.remove_addr(self.index, a.net).await?;
             }
-            if !self
-                .nl
-                .addrs_on(self.index)
-                .await?
-                .iter()
-                .any(|a| a.net == addr)
-            {
-                self.nl.add_addr(self.index, addr).await?;
-            }
+        }
+        if !self
+            .nl
+            .addrs_on(self.index)
+            .await?
+            .iter()
+            .any(|a| a.net == addr)
+        {
+            self.nl.add_addr(self.index, addr).await?;
         }
         self.nl.link_up(self.index, mtu).await?;
         Ok(want)
@@ -120,13 +127,13 @@ impl Ipip {
             && r.len() == 1
             && r[0].gateway.is_none()
         {
-            oif = self.ext.as_ref().map_or(oif, |e| e.iface.index);
+            oif = self.ext.iface.index;
         }
         route(subnet, public, oif)
     }
 }
 
-impl Observe for Ipip {
+impl Observe for Live {
     fn name(&self) -> &'static str {
         "ipip"
     }
@@ -135,30 +142,60 @@ impl Observe for Ipip {
         Some(Dataplane::Kernel)
     }
 
-    fn status(&self) -> crate::status::BackendStatus {
-        let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
-        if self.index != 0 {
-            st.devices
-                .extend(crate::status::devices::kernel_device(DEVICE));
+    fn view(&self) -> crate::view::BackendView {
+        let v = crate::view::BackendView::new(self.name(), self.dataplane());
+        match self.index {
+            0 => v,
+            _ => v.device(crate::view::devices::KernelDevice::probe(DEVICE)),
         }
-        st
     }
 }
 
 #[async_trait]
 impl Backend for Ipip {
-    async fn lease_attrs(
-        &mut self,
-        ext: &ExternalInterface,
-        _prev: Option<&Lease>,
-    ) -> Result<LeaseAttrs, BackendError> {
-        self.ext = Some(ext.clone());
-        lease_attrs(&self.opts, ext)
+    fn name(&self) -> &'static str {
+        "ipip"
     }
 
-    async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        self.addr = Some(device_addr(lease)?);
-        self.bring_up().await
+    async fn lease_attrs(
+        self: Box<Self>,
+        ext: &ExternalInterface,
+        _prev: Option<&Lease>,
+    ) -> Result<Prepared, BackendError> {
+        let attrs = lease_attrs(&self.opts, ext)?;
+        let ready = Ready {
+            opts: self.opts,
+            nl: self.nl,
+            ext: ext.clone(),
+        };
+        Ok(Prepared {
+            attrs,
+            backend: Box::new(ready),
+        })
+    }
+}
+
+#[async_trait]
+impl Setup for Ready {
+    async fn setup(self: Box<Self>, lease: &Lease) -> Result<Box<dyn Running>, BackendError> {
+        let Ready { opts, nl, ext } = *self;
+        let mut live = Live {
+            addr: device_addr(lease)?,
+            routes: RouteSet::new(nl.clone()),
+            opts,
+            nl,
+            ext,
+            index: 0,
+        };
+        live.bring_up().await?;
+        Ok(Box::new(live))
+    }
+}
+
+#[async_trait]
+impl Running for Live {
+    fn mtu(&self) -> u32 {
+        mtu(&self.ext)
     }
 
     async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
@@ -171,8 +208,7 @@ impl Backend for Ipip {
 
     async fn reconcile(&mut self) -> Result<(), BackendError> {
         let present = self.nl.link_detail(DEVICE).await?;
-        if !present.is_some_and(|d| d.link.index == self.index && d.link.up) && self.addr.is_some()
-        {
+        if !present.is_some_and(|d| d.link.index == self.index && d.link.up) {
             tracing::warn!("{DEVICE} is gone or down; recreating it");
             let old = self.index;
             self.bring_up().await?;
@@ -191,10 +227,7 @@ impl Backend for Ipip {
     }
 
     async fn teardown(&mut self) {}
-}
 
-#[async_trait]
-impl Implementation for Ipip {
     async fn remove_all(&mut self) {
         self.routes.clear().await;
         if let Ok(Some(d)) = self.nl.link_detail(DEVICE).await {
@@ -203,7 +236,7 @@ impl Implementation for Ipip {
     }
 }
 
-impl Ipip {
+impl Live {
     /// Programs (`Add`) or removes (`Remove`) one peer.
     async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         match change {

@@ -26,22 +26,38 @@ use ipnet::IpNet;
 use weft_engine::Encap;
 
 use super::{DEVICE, accepts, device_addr, lease_attrs, local, mtu, route};
-use crate::backend::dual::Implementation;
 use crate::backend::tunnel::{self, Tunnel, Userspace, recover_routes};
-use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe};
+use crate::backend::{
+    ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe, Prepared, Running,
+    Setup,
+};
 use crate::config::backend::IpipOptions;
 use crate::iface::ExternalInterface;
+use crate::lease::Lease;
 use crate::lease::watcher::Change;
-use crate::lease::{Lease, LeaseAttrs};
 use crate::netlink::Route;
 
-/// See the module docs.
+/// See the module docs: the backend as the factory builds it.
 #[derive(Debug)]
 pub struct IpipUser {
     opts: IpipOptions,
     tuning: EngineTuning,
     us: Userspace,
-    ext: Option<ExternalInterface>,
+}
+
+/// [`IpipUser`] with its lease attributes.
+#[derive(Debug)]
+struct Ready {
+    user: IpipUser,
+    ext: ExternalInterface,
+}
+
+/// [`IpipUser`] running: its engine and TUN.
+#[derive(Debug)]
+struct Live {
+    opts: IpipOptions,
+    us: Userspace,
+    ext: ExternalInterface,
     tunnel: Option<Tunnel>,
     /// Direct routes installed for on-link peers (DirectRouting).
     direct: Vec<Route>,
@@ -50,32 +66,25 @@ pub struct IpipUser {
 impl IpipUser {
     /// A userspace ipip backend.
     pub fn new(opts: IpipOptions, tuning: EngineTuning, us: Userspace) -> IpipUser {
-        IpipUser {
-            opts,
-            tuning,
-            us,
-            ext: None,
-            tunnel: None,
-            direct: Vec::new(),
-        }
+        IpipUser { opts, tuning, us }
     }
+}
 
-    fn ext(&self) -> Result<&ExternalInterface, BackendError> {
-        self.ext
-            .as_ref()
-            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))
-    }
+/// The route the kernel path installs for an on-link peer with DirectRouting.
+fn direct_route(
+    opts: &IpipOptions,
+    ext: &ExternalInterface,
+    subnet: IpNet,
+    public: Ipv4Addr,
+) -> Option<Route> {
+    let on_link = ext
+        .connected
+        .iter()
+        .any(|n| n.contains(&IpAddr::V4(public)));
+    (opts.direct_routing && on_link).then(|| route(subnet, public, ext.iface.index))
+}
 
-    /// The route the kernel path installs for an on-link peer with DirectRouting.
-    fn direct_route(&self, subnet: IpNet, public: Ipv4Addr) -> Option<Route> {
-        let ext = self.ext.as_ref()?;
-        let on_link = ext
-            .connected
-            .iter()
-            .any(|n| n.contains(&IpAddr::V4(public)));
-        (self.opts.direct_routing && on_link).then(|| route(subnet, public, ext.iface.index))
-    }
-
+impl Live {
     async fn remove_direct(&mut self, subnet: IpNet) {
         if let Some(i) = self.direct.iter().position(|r| r.dst == subnet) {
             let r = self.direct.remove(i);
@@ -86,7 +95,7 @@ impl IpipUser {
     }
 }
 
-impl Observe for IpipUser {
+impl Observe for Live {
     fn name(&self) -> &'static str {
         "ipip"
     }
@@ -95,31 +104,56 @@ impl Observe for IpipUser {
         Some(Dataplane::Userspace)
     }
 
-    fn status(&self) -> crate::status::BackendStatus {
-        tunnel::status(self.name(), &self.tunnel)
+    fn view(&self) -> crate::view::BackendView {
+        tunnel::view(self.name(), &self.tunnel)
     }
 }
 
 #[async_trait]
 impl Backend for IpipUser {
-    async fn lease_attrs(
-        &mut self,
-        ext: &ExternalInterface,
-        _prev: Option<&Lease>,
-    ) -> Result<LeaseAttrs, BackendError> {
-        self.ext = Some(ext.clone());
-        lease_attrs(&self.opts, ext)
+    fn name(&self) -> &'static str {
+        "ipip"
     }
 
-    async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        let ext = self.ext()?;
+    async fn lease_attrs(
+        self: Box<Self>,
+        ext: &ExternalInterface,
+        _prev: Option<&Lease>,
+    ) -> Result<Prepared, BackendError> {
+        let attrs = lease_attrs(&self.opts, ext)?;
+        Ok(Prepared {
+            attrs,
+            backend: Box::new(Ready {
+                user: *self,
+                ext: ext.clone(),
+            }),
+        })
+    }
+}
+
+#[async_trait]
+impl Setup for Ready {
+    async fn setup(self: Box<Self>, lease: &Lease) -> Result<Box<dyn Running>, BackendError> {
+        let Ready { user, ext } = *self;
         let addr = device_addr(lease)?;
-        let local = local(ext)?;
-        let mtu = mtu(ext);
-        let local = IpAddr::V4(local);
-        let cfg = (self.tuning).engine(DEVICE.into(), Encap::Ipip, local, Some(addr.addr()), mtu);
-        self.tunnel = Some(Tunnel::start(&self.us, cfg, addr, mtu, self.tuning.anti_spoof).await?);
-        Ok(mtu)
+        let local = IpAddr::V4(local(&ext)?);
+        let mtu = mtu(&ext);
+        let cfg = (user.tuning).engine(DEVICE.into(), Encap::Ipip, local, Some(addr.addr()), mtu);
+        let t = Tunnel::start(&user.us, cfg, addr, mtu, user.tuning.anti_spoof).await?;
+        Ok(Box::new(Live {
+            opts: user.opts,
+            us: user.us,
+            ext,
+            tunnel: Some(t),
+            direct: Vec::new(),
+        }))
+    }
+}
+
+#[async_trait]
+impl Running for Live {
+    fn mtu(&self) -> u32 {
+        mtu(&self.ext)
     }
 
     async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
@@ -143,13 +177,10 @@ impl Backend for IpipUser {
 
     async fn teardown(&mut self) {
         if let Some(mut t) = self.tunnel.take() {
-            t.stop();
+            t.stop().await;
         }
     }
-}
 
-#[async_trait]
-impl Implementation for IpipUser {
     async fn remove_all(&mut self) {
         self.teardown().await;
         for r in std::mem::take(&mut self.direct) {
@@ -158,7 +189,7 @@ impl Implementation for IpipUser {
     }
 }
 
-impl IpipUser {
+impl Live {
     /// Programs (`Add`) or removes (`Remove`) one peer.
     async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         match change {
@@ -168,7 +199,7 @@ impl IpipUser {
                 }
                 let Some(s) = l.subnet else { return Ok(()) };
                 let subnet = IpNet::V4(s);
-                let direct = self.direct_route(subnet, l.attrs.public_ip);
+                let direct = direct_route(&self.opts, &self.ext, subnet, l.attrs.public_ip);
                 let Some(t) = self.tunnel.as_mut() else {
                     return Ok(());
                 };
@@ -208,7 +239,7 @@ impl IpipUser {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::test_util::{block_on, ext, fake};
+    use crate::backend::test_util::{block_on, ext, fake, lease, up};
     use crate::backend::tunnel::fake::FakeEngines;
 
     fn tuning() -> EngineTuning {
@@ -225,11 +256,14 @@ mod tests {
             let mut e = ext();
             e.ext_addr = Some(Ipv4Addr::new(198, 51, 100, 1));
             let (_, us) = FakeEngines::new(&fake(&[], false));
-            let mut u = IpipUser::new(IpipOptions::default(), tuning(), us);
-            let mut k =
-                super::super::kernel::Ipip::new(IpipOptions::default(), fake(&["ipip"], false));
-            let a = u.lease_attrs(&e, None).await.expect("attrs");
-            assert_eq!(a, k.lease_attrs(&e, None).await.expect("kernel attrs"));
+            let u = Box::new(IpipUser::new(IpipOptions::default(), tuning(), us));
+            let k = Box::new(super::super::kernel::Ipip::new(
+                IpipOptions::default(),
+                fake(&["ipip"], false),
+            ));
+            let a = u.lease_attrs(&e, None).await.expect("attrs").attrs;
+            let ka = k.lease_attrs(&e, None).await.expect("kernel attrs").attrs;
+            assert_eq!(a, ka);
             assert_eq!(a.public_ip, Ipv4Addr::new(198, 51, 100, 1));
             assert_eq!(a.backend_type, "ipip");
             assert_eq!(a.backend_data, None);
@@ -259,10 +293,14 @@ mod tests {
                     wg: f.clone(),
                 };
                 let (_, us) = FakeEngines::new(&f);
-                let mut b = build(&cfg, choice, tuning(), &us, kernel).expect("backend");
-                let r = b.lease_attrs(&ext(), None).await;
+                let b = build(&cfg, choice, tuning(), &us, kernel).expect("backend");
+                let own = lease("10.244.1.0/24", "192.0.2.1", "ipip", None);
+                let ran = match b.lease_attrs(&ext(), None).await {
+                    Ok(p) => Some(p.backend.setup(&own).await.expect("setup")),
+                    Err(_) => None,
+                };
                 assert_eq!(
-                    r.is_ok().then(|| Dataplane::name(b.dataplane())),
+                    ran.map(|b| Dataplane::name(b.dataplane())),
                     want,
                     "{kinds:?} {choice:?}"
                 );
@@ -273,35 +311,41 @@ mod tests {
     #[test]
     fn direct_routing_only_for_on_link_peers() {
         block_on(async {
-            let (_, us) = FakeEngines::new(&fake(&[], false));
-            let mut u = IpipUser::new(
-                IpipOptions {
-                    direct_routing: true,
-                },
-                tuning(),
-                us.clone(),
-            );
-            let _ = u.lease_attrs(&ext(), None).await.expect("attrs");
+            let direct = IpipOptions {
+                direct_routing: true,
+            };
             let sn: IpNet = "10.244.2.0/24".parse().expect("cidr");
-            let r = u
-                .direct_route(sn, Ipv4Addr::new(192, 0, 2, 2))
+            let r = direct_route(&direct, &ext(), sn, Ipv4Addr::new(192, 0, 2, 2))
                 .expect("on-link peer");
             assert_eq!(
                 (r.gateway, r.oif, r.onlink),
                 (Some(IpAddr::from([192, 0, 2, 2])), Some(2), true)
             );
             assert_eq!(
-                u.direct_route(sn, Ipv4Addr::new(203, 0, 113, 2)),
+                direct_route(&direct, &ext(), sn, Ipv4Addr::new(203, 0, 113, 2)),
                 None,
                 "off-link peer"
             );
-            let mut plain = IpipUser::new(IpipOptions::default(), tuning(), us);
-            let _ = plain.lease_attrs(&ext(), None).await.expect("attrs");
             assert_eq!(
-                plain.direct_route(sn, Ipv4Addr::new(192, 0, 2, 2)),
+                direct_route(
+                    &IpipOptions::default(),
+                    &ext(),
+                    sn,
+                    Ipv4Addr::new(192, 0, 2, 2)
+                ),
                 None,
                 "DirectRouting off"
             );
+            // And the running backend uses it: the on-link peer is routed around the TUN.
+            let f = fake(&[], false);
+            let (_, us) = FakeEngines::new(&f);
+            let own = lease("10.244.1.0/24", "192.0.2.1", "ipip", None);
+            let mut b = up(IpipUser::new(direct, tuning(), us), &own)
+                .await
+                .expect("up");
+            let peer = lease("10.244.2.0/24", "192.0.2.2", "ipip", None);
+            b.apply(Batch::one(&Change::Add(peer))).await.expect("add");
+            assert!(f.routes().contains(&r), "{:?}", f.routes());
         });
     }
 }

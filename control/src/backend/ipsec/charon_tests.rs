@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::backend::ipsec::charon::{Launch, find_exec, look_path};
-use crate::backend::test_util::{ext, fake, lease};
+use crate::backend::test_util::{Staged, ext, fake, lease};
 
 /// charon, when the test can run (root, charon and swanctl installed); `None`
 /// when it is to skip (under CI the guard fails the test instead).
@@ -123,7 +123,7 @@ async fn flannels_connections_load_into_a_real_charon() {
     let (sock, launch) = charon_in(&ns, dir.path(), &charon);
     let ike = CharonIke::new(sock.clone(), Some(launch));
     let f = fake(&[], true);
-    let mut b = Ipsec::new(opts(), f.clone()).with_ike(Box::new(ike));
+    let mut b = Staged::new(Ipsec::new(opts(), f.clone()).with_ike(Box::new(ike)));
     b.lease_attrs(&ext(), None).await.expect("attrs");
     b.setup(&lease("10.244.1.0/24", "192.0.2.1", "ipsec", None))
         .await
@@ -280,8 +280,10 @@ async fn two_charons_negotiate_ike_and_the_child_sa_needs_esp() {
         let mut e = ext();
         e.ext_addr = Some(me.parse().expect("ip"));
         e.iface_addr = e.ext_addr;
-        let mut b = Ipsec::new(opts(), fake(&[], true))
-            .with_ike(Box::new(CharonIke::new(sock.clone(), Some(launch))));
+        let mut b = Staged::new(
+            Ipsec::new(opts(), fake(&[], true))
+                .with_ike(Box::new(CharonIke::new(sock.clone(), Some(launch)))),
+        );
         b.lease_attrs(&e, None).await.expect("attrs");
         b.setup(&lease(sn, me, "ipsec", None)).await.expect("setup");
         b.apply(Batch::one(&Change::Add(lease(psn, peer, "ipsec", None))))

@@ -53,8 +53,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net};
 
-use crate::backend::dual::Implementation;
-use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, Observe};
+use crate::backend::{
+    ApplyError, Backend, BackendError, Batch, Dataplane, Observe, Prepared, Running, Setup,
+};
 use crate::config::backend::IpsecOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -253,19 +254,36 @@ struct PeerState {
     policies: [XfrmPolicy; 3],
 }
 
-/// See the module docs.
+/// See the module docs: the backend as the factory builds it.
 #[derive(Debug)]
 pub struct Ipsec {
     opts: IpsecOptions,
     xfrm: Arc<dyn XfrmClient>,
     ike: Box<dyn Ike>,
-    ext: Option<ExternalInterface>,
-    own: Option<(Ipv4Net, IpAddr)>,
+    /// [`SA_SETTLE`] (shorter in tests).
+    sa_settle: Duration,
+}
+
+/// [`Ipsec`] with its lease attributes.
+#[derive(Debug)]
+struct Ready {
+    ipsec: Ipsec,
+    iface_mtu: u32,
+}
+
+/// [`Ipsec`] running: charon and the peers' policies.
+#[derive(Debug)]
+struct Live {
+    opts: IpsecOptions,
+    xfrm: Arc<dyn XfrmClient>,
+    ike: Box<dyn Ike>,
+    /// The own subnet and public address.
+    own: (Ipv4Net, IpAddr),
     peers: BTreeMap<Ipv4Net, PeerState>,
     /// Per peer subnet: what reconciliation knows about its SAs.
     sa_watch: BTreeMap<Ipv4Net, SaWatch>,
-    /// [`SA_SETTLE`] (shorter in tests).
     sa_settle: Duration,
+    mtu: u32,
 }
 
 impl Ipsec {
@@ -276,10 +294,6 @@ impl Ipsec {
             opts,
             xfrm,
             ike,
-            ext: None,
-            own: None,
-            peers: BTreeMap::new(),
-            sa_watch: BTreeMap::new(),
             sa_settle: SA_SETTLE,
         }
     }
@@ -317,12 +331,12 @@ impl Ipsec {
             pol(remote, local, remote_pub, local_pub, XfrmDir::Fwd),
         ]
     }
+}
 
+impl Live {
     /// Loads the peer's key and connection into charon.
     async fn load_peer(&mut self, remote: Ipv4Net, public: IpAddr) -> Result<(), BackendError> {
-        let Some((local, local_pub)) = self.own else {
-            return Ok(());
-        };
+        let (local, local_pub) = self.own;
         self.ike
             .call("load-shared", shared_key(self.opts.psk.expose(), public))
             .await?;
@@ -343,7 +357,7 @@ impl Ipsec {
     }
 }
 
-impl Ipsec {
+impl Live {
     /// Renews the child of every peer whose SAs are missing from the
     /// kernel (see the module docs).
     async fn reconcile_sas(
@@ -394,7 +408,7 @@ impl Ipsec {
     }
 }
 
-impl Observe for Ipsec {
+impl Observe for Live {
     fn name(&self) -> &'static str {
         "ipsec"
     }
@@ -406,47 +420,70 @@ impl Observe for Ipsec {
 
 #[async_trait]
 impl Backend for Ipsec {
+    fn name(&self) -> &'static str {
+        "ipsec"
+    }
+
     async fn lease_attrs(
-        &mut self,
+        self: Box<Self>,
         ext: &ExternalInterface,
         _prev: Option<&Lease>,
-    ) -> Result<LeaseAttrs, BackendError> {
+    ) -> Result<Prepared, BackendError> {
         tracing::info!(
             "IPSec config: UDPEncap={} ESPProposal={}",
             self.opts.udp_encap,
             self.opts.esp_proposal
         );
-        self.ext = Some(ext.clone());
         let public_ip = ext
             .ext_addr
             .ok_or_else(|| BackendError::Config("ipsec: no IPv4 public address".into()))?;
-        Ok(LeaseAttrs {
+        let attrs = LeaseAttrs {
             public_ip,
             backend_type: "ipsec".into(),
             ..Default::default()
+        };
+        Ok(Prepared {
+            attrs,
+            backend: Box::new(Ready {
+                ipsec: *self,
+                iface_mtu: ext.iface.mtu,
+            }),
         })
     }
+}
 
-    async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        let ext = self
-            .ext
-            .as_ref()
-            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
-        let mtu = ext
-            .iface
-            .mtu
-            .saturating_sub(if self.opts.udp_encap { 85 } else { 77 });
+#[async_trait]
+impl Setup for Ready {
+    async fn setup(self: Box<Self>, lease: &Lease) -> Result<Box<dyn Running>, BackendError> {
+        let Ready { ipsec, iface_mtu } = *self;
+        let mtu = iface_mtu.saturating_sub(if ipsec.opts.udp_encap { 85 } else { 77 });
         let sn = lease
             .subnet
             .ok_or_else(|| BackendError::Config("ipsec backend needs an IPv4 lease".into()))?;
         let own_pub = IpAddr::V4(lease.attrs.public_ip);
-        self.own = Some((sn, own_pub));
-        self.ike.start().await?;
-        self.ike
-            .call("load-shared", shared_key(self.opts.psk.expose(), own_pub))
+        let mut live = Live {
+            opts: ipsec.opts,
+            xfrm: ipsec.xfrm,
+            ike: ipsec.ike,
+            own: (sn, own_pub),
+            peers: BTreeMap::new(),
+            sa_watch: BTreeMap::new(),
+            sa_settle: ipsec.sa_settle,
+            mtu,
+        };
+        live.ike.start().await?;
+        live.ike
+            .call("load-shared", shared_key(live.opts.psk.expose(), own_pub))
             .await?;
         tracing::info!("Loaded shared key for: {own_pub}");
-        Ok(mtu)
+        Ok(Box::new(live))
+    }
+}
+
+#[async_trait]
+impl Running for Live {
+    fn mtu(&self) -> u32 {
+        self.mtu
     }
 
     async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
@@ -464,9 +501,7 @@ impl Backend for Ipsec {
                 tracing::info!("XFRM policy recovered: {p}");
             }
         }
-        let Some((local, local_pub)) = self.own else {
-            return Ok(());
-        };
+        let (local, local_pub) = self.own;
         if self.peers.is_empty() {
             return Ok(());
         }
@@ -500,33 +535,27 @@ impl Backend for Ipsec {
     async fn teardown(&mut self) {
         self.ike.stop().await;
     }
-}
 
-#[async_trait]
-impl Implementation for Ipsec {
     async fn remove_all(&mut self) {
-        if let Some((local, local_pub)) = self.own {
-            for (remote, st) in std::mem::take(&mut self.peers) {
-                let name = conn_name(local, local_pub, remote, st.public);
-                let _ = self
-                    .ike
-                    .call("unload-conn", Section::new().kv("name", &name))
-                    .await;
-                for p in &st.policies {
-                    let _ = self.xfrm.policy_del(p).await;
-                }
+        let (local, local_pub) = self.own;
+        for (remote, st) in std::mem::take(&mut self.peers) {
+            let name = conn_name(local, local_pub, remote, st.public);
+            let _ = self
+                .ike
+                .call("unload-conn", Section::new().kv("name", &name))
+                .await;
+            for p in &st.policies {
+                let _ = self.xfrm.policy_del(p).await;
             }
         }
         self.ike.stop().await;
     }
 }
 
-impl Ipsec {
+impl Live {
     /// Programs (`Add`) or removes (`Remove`) one peer.
     async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
-        let Some((local, local_pub)) = self.own else {
-            return Ok(());
-        };
+        let (local, local_pub) = self.own;
         let (l, add) = match change {
             Change::Add(l) => (l, true),
             Change::Remove(l) => (l, false),

@@ -7,7 +7,7 @@ use crate::backend::DataplaneChoice;
 use crate::backend::dual::Dual;
 use crate::backend::ipsec::vici::Packet;
 use crate::backend::probe::Capability;
-use crate::backend::test_util::{RecordingIke, block_on, ext, fake, lease};
+use crate::backend::test_util::{RecordingIke, Staged, block_on, ext, fake, lease};
 use crate::netlink::Op;
 
 fn opts(encap: bool) -> IpsecOptions {
@@ -98,7 +98,7 @@ fn connection_and_key_are_flannels() {
 fn peers_load_and_unload_charon_connections_in_flannels_order() {
     let f = fake(&[], true);
     let ike = RecordingIke::default();
-    let mut b = Ipsec::new(opts(false), f.clone()).with_ike(Box::new(ike.clone()));
+    let mut b = Staged::new(Ipsec::new(opts(false), f.clone()).with_ike(Box::new(ike.clone())));
     let cmds = |ike: &RecordingIke| {
         ike.log
             .lock()
@@ -189,13 +189,13 @@ fn without_esp_start_up_fails_clearly_and_charon_is_not_started() {
     let ike = RecordingIke::default();
     let make_ike = ike.clone();
     let x = f.clone();
-    let mut d = Dual::new("ipsec", DataplaneChoice::Auto, f.clone(), f.clone()).kernel(
+    let d = Dual::new("ipsec", DataplaneChoice::Auto, f.clone(), f.clone()).kernel(
         Some(Capability::Esp),
         Box::new(move || {
             Box::new(Ipsec::new(opts(false), x.clone()).with_ike(Box::new(make_ike.clone())))
         }),
     );
-    let e = block_on(d.lease_attrs(&ext(), None)).expect_err("no esp");
+    let e = block_on(Box::new(d).lease_attrs(&ext(), None)).expect_err("no esp");
     assert_eq!(
         e.to_string(),
         "this kernel cannot run the ipsec backend (no esp4 (CONFIG_INET_ESP) support) and weft has no userspace ipsec engine yet"
@@ -227,7 +227,7 @@ fn deleted_sas_get_the_child_rekeyed() {
     use crate::netlink::XfrmSa;
     let f = fake(&[], true);
     let ike = RecordingIke::default();
-    let mut b = Ipsec::new(opts(false), f.clone()).with_ike(Box::new(ike.clone()));
+    let mut b = Staged::new(Ipsec::new(opts(false), f.clone()).with_ike(Box::new(ike.clone())));
     let log = |ike: &RecordingIke| -> Vec<(String, Section)> {
         ike.log
             .lock()
@@ -293,9 +293,11 @@ fn deleted_sas_get_the_child_rekeyed() {
 fn sas_never_seen_are_renewed_once_after_the_settle_time() {
     let f = fake(&[], true);
     let ike = RecordingIke::default();
-    let mut b = Ipsec::new(opts(false), f.clone())
-        .with_ike(Box::new(ike.clone()))
-        .with_sa_settle(Duration::ZERO);
+    let mut b = Staged::new(
+        Ipsec::new(opts(false), f.clone())
+            .with_ike(Box::new(ike.clone()))
+            .with_sa_settle(Duration::ZERO),
+    );
     let initiates = |ike: &RecordingIke| {
         ike.log
             .lock()

@@ -77,6 +77,30 @@ impl FakeEngines {
 
 struct Handle(Arc<FakeEngine>);
 
+/// What readers see of a fake engine: its TUN and peer table, no counters.
+#[derive(Debug)]
+struct Probe(Arc<FakeEngine>);
+
+impl crate::view::DeviceProbe for Probe {
+    fn report(&self, st: &mut crate::view::BackendStatus) {
+        if self.0.stopped.load(Ordering::Relaxed) {
+            return;
+        }
+        let peers = self.0.peers();
+        st.devices.push(crate::view::DeviceStatus {
+            name: self.0.cfg.tun_name.clone(),
+            kind: "engine".into(),
+            workers: None,
+            offloads: None,
+            counters: Default::default(),
+            batching: None,
+            drops: None,
+            peers: u32::try_from(peers.len()).ok(),
+            poll_window: None,
+        });
+    }
+}
+
 impl StartEngine for FakeEngines {
     fn start(
         &self,
@@ -84,9 +108,11 @@ impl StartEngine for FakeEngines {
         anti: AntiSpoofing,
     ) -> Result<Box<dyn TunnelEngine>, BackendError> {
         if self.fail.load(Ordering::Relaxed) {
-            return Err(BackendError::Engine(
-                "cannot open /dev/net/tun (fake)".into(),
-            ));
+            // What a node without /dev/net/tun gives.
+            return Err(BackendError::Engine(weft_engine::EngineError::Tun {
+                name: cfg.tun_name,
+                source: std::io::Error::from_raw_os_error(libc::ENOENT),
+            }));
         }
         self.nl
             .insert_link(&cfg.tun_name, LinkKind::Tun, u32::from(cfg.mtu), None);
@@ -113,8 +139,8 @@ impl TunnelEngine for Handle {
     fn peer_stats(&self) -> Option<Vec<(IpNet, PeerStats)>> {
         None
     }
-    fn report(&self, st: &mut crate::status::BackendStatus) {
-        let _ = st;
+    fn probe(&self) -> Arc<dyn crate::view::DeviceProbe> {
+        Arc::new(Probe(self.0.clone()))
     }
     fn describe(&self) -> String {
         "fake engine".into()

@@ -15,12 +15,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use weft_engine::{AntiSpoofing, Engine, EngineConfig, Peer, PeerStats};
 
 use super::BackendError;
 use crate::netlink::{Client, Route};
+use crate::view::{BackendView, Dataplane, DeviceProbe, devices::EngineProbe};
 
 /// The engine under a [`Tunnel`].
 pub trait TunnelEngine: Send + Sync {
@@ -30,11 +32,14 @@ pub trait TunnelEngine: Send + Sync {
     fn set_peers(&self, peers: Vec<Peer>);
     /// Per-peer counters, when the engine keeps them.
     fn peer_stats(&self) -> Option<Vec<(IpNet, PeerStats)>>;
-    /// The device and peer table as status shows them.
-    fn report(&self, st: &mut crate::status::BackendStatus);
+    /// The device and its peer table as readers see them: a probe that
+    /// reads the engine's counters without asking the backend (see
+    /// [`crate::view`]).
+    fn probe(&self) -> Arc<dyn DeviceProbe>;
     /// One line for the log: workers, anti-spoofing, offloads.
     fn describe(&self) -> String;
-    /// Stops the workers; the TUN device goes with them.
+    /// Stops the workers and joins them (blocking: [`Tunnel::stop`] runs it
+    /// on a blocking thread); the TUN device goes with them.
     fn stop(self: Box<Self>);
 }
 
@@ -74,35 +79,42 @@ impl StartEngine for RealEngines {
         cfg: EngineConfig,
         anti: AntiSpoofing,
     ) -> Result<Box<dyn TunnelEngine>, BackendError> {
-        let engine =
-            Engine::start(cfg).map_err(|e| BackendError::Engine(super::probe::engine_error(&e)))?;
+        let engine = Engine::start(cfg).map_err(BackendError::Engine)?;
         engine.set_anti_spoofing(anti);
-        Ok(Box::new(engine))
+        Ok(Box::new(Shared(Arc::new(engine))))
     }
 }
 
-impl TunnelEngine for Engine {
+/// A real engine, shared with status readers through weak references
+/// ([`EngineProbe`]): the backend holds the only strong one, so a stop
+/// waits out at most a report in progress and then joins the workers.
+struct Shared(Arc<Engine>);
+
+/// How long a stop waits for readers' reports in progress (a report of
+/// 5,000 peers takes about a millisecond).
+const REPORT_WAIT: Duration = Duration::from_secs(1);
+
+impl TunnelEngine for Shared {
     fn tun_name(&self) -> &str {
-        Engine::tun_name(self)
+        self.0.tun_name()
     }
     fn set_peers(&self, peers: Vec<Peer>) {
-        Engine::set_peers(self, peers);
+        self.0.set_peers(peers);
     }
     fn peer_stats(&self) -> Option<Vec<(IpNet, PeerStats)>> {
-        Engine::peer_stats(self)
+        self.0.peer_stats()
     }
-    fn report(&self, st: &mut crate::status::BackendStatus) {
-        let (dev, peers) = crate::status::devices::engine_device(self);
-        st.devices.push(dev);
-        st.peer_counters.extend(peers);
+    fn probe(&self) -> Arc<dyn DeviceProbe> {
+        Arc::new(EngineProbe(Arc::downgrade(&self.0)))
     }
     fn describe(&self) -> String {
-        let o = self.offloads();
+        let e = &self.0;
+        let o = e.offloads();
         format!(
             "{} workers, anti-spoofing {}, poll-on window {}, offloads: tun vnet_hdr={} tso={} uso={} csum={}, udp gso={} gro={}",
-            self.workers(),
-            self.anti_spoofing(),
-            self.poll_window(),
+            e.workers(),
+            e.anti_spoofing(),
+            e.poll_window(),
             o.tun_vnet_hdr,
             o.tun_tso,
             o.tun_uso,
@@ -112,7 +124,25 @@ impl TunnelEngine for Engine {
         )
     }
     fn stop(self: Box<Self>) {
-        Engine::stop(*self);
+        let mut engine = self.0;
+        let since = Instant::now();
+        loop {
+            match Arc::try_unwrap(engine) {
+                Ok(e) => return e.stop(),
+                // A reader is summing the counters: it lets go within a millisecond.
+                Err(e) if since.elapsed() < REPORT_WAIT => {
+                    engine = e;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "engine on {}: a status reader held it for {REPORT_WAIT:?}; it stops when the reader lets go",
+                        e.tun_name()
+                    );
+                    return;
+                }
+            }
+        }
     }
 }
 
@@ -158,7 +188,7 @@ impl Tunnel {
         let link = nl
             .link_detail(&name)
             .await?
-            .ok_or_else(|| BackendError::Engine(format!("tun {name} vanished")))?
+            .ok_or_else(|| BackendError::TunVanished(name.clone()))?
             .link;
         nl.link_up(link.index, Some(mtu)).await?;
         nl.add_addr(link.index, addr).await?;
@@ -284,19 +314,21 @@ impl Tunnel {
         self.warned.retain(|s| peers.contains_key(s));
     }
 
-    /// Stops the engine; closing the TUN removes the device and its routes.
-    pub fn stop(&mut self) {
+    /// Stops the engine (joining its workers on a blocking thread, never on
+    /// the runtime's); closing the TUN removes the device and its routes.
+    pub async fn stop(&mut self) {
         if let Some(e) = self.engine.take() {
-            e.stop();
+            let name = e.tun_name().to_string();
+            if let Err(err) = tokio::task::spawn_blocking(move || e.stop()).await {
+                tracing::warn!("stopping the engine on {name}: {err}");
+            }
         }
     }
 
-    /// Adds this tunnel's device and peer table to `st` (counters are read
-    /// from the engine's per-worker blocks; see [`crate::status::devices`]).
-    pub fn report(&self, st: &mut crate::status::BackendStatus) {
-        if let Some(e) = &self.engine {
-            e.report(st);
-        }
+    /// This tunnel's device as readers see it (counters read from the
+    /// engine's per-worker blocks; see [`crate::view::devices`]).
+    pub fn probe(&self) -> Option<Arc<dyn DeviceProbe>> {
+        self.engine.as_ref().map(|e| e.probe())
     }
 
     /// The engine's per-peer counters, while it runs.
@@ -306,8 +338,15 @@ impl Tunnel {
 }
 
 impl Drop for Tunnel {
+    /// A tunnel dropped without [`Tunnel::stop`] (an error path) stops its
+    /// engine on a blocking thread when a runtime runs, else here.
     fn drop(&mut self) {
-        self.stop();
+        if let Some(e) = self.engine.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => drop(rt.spawn_blocking(move || e.stop())),
+                Err(_) => e.stop(),
+            }
+        }
     }
 }
 
@@ -325,17 +364,13 @@ pub async fn recover_routes<'a>(
     Ok(())
 }
 
-/// What status shows of a userspace backend named `name`: the devices and
-/// peer tables of its `tunnels`.
-pub fn status<'a>(
-    name: &str,
-    tunnels: impl IntoIterator<Item = &'a Tunnel>,
-) -> crate::status::BackendStatus {
-    let mut st = crate::status::BackendStatus::new(name, Some(super::Dataplane::Userspace));
-    for t in tunnels {
-        t.report(&mut st);
-    }
-    st
+/// What a userspace backend named `name` publishes: the devices and peer
+/// tables of its `tunnels`.
+pub fn view<'a>(name: &'static str, tunnels: impl IntoIterator<Item = &'a Tunnel>) -> BackendView {
+    let mut v = BackendView::new(name, Some(Dataplane::Userspace));
+    v.devices
+        .extend(tunnels.into_iter().filter_map(Tunnel::probe));
+    v
 }
 
 /// The warning for a peer whose packets arrive from `from` although it

@@ -20,7 +20,7 @@
 //! Unlike flannel, `reconcile` re-adds missing neighbours, fdb entries and
 //! routes, and recreates a deleted device with all its peers. On exit the
 //! device stays (flannel: a restart must not interrupt traffic);
-//! [`Implementation::remove_all`] deletes it (used when switching to userspace).
+//! [`Running::remove_all`] deletes it (used when switching to userspace).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -30,12 +30,13 @@ use async_trait::async_trait;
 use ipnet::IpNet;
 
 use super::{Mtus, Target, direct_route, fmt_mac, lease_attrs, log_config, peer_change};
-use crate::backend::dual::Implementation;
-use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, Observe};
+use crate::backend::{
+    ApplyError, Backend, BackendError, Batch, Dataplane, Observe, Prepared, Running, Setup,
+};
 use crate::config::backend::VxlanOptions;
 use crate::iface::ExternalInterface;
+use crate::lease::Lease;
 use crate::lease::watcher::Change;
-use crate::lease::{Lease, LeaseAttrs};
 use crate::netlink::{Client, Fdb, LinkKind, LinkSpec, Neigh, Route, VxlanLink};
 
 /// One family's device.
@@ -61,16 +62,26 @@ enum Entry {
     Direct(Route),
 }
 
-/// See the module docs.
+/// See the module docs: the backend as the factory builds it.
 #[derive(Debug)]
 pub struct KernelVxlan {
     opts: VxlanOptions,
     nl: Arc<dyn Client>,
-    v4: Option<Dev>,
-    v6: Option<Dev>,
     want_v4: bool,
     want_v6: bool,
-    ext: Option<ExternalInterface>,
+}
+
+/// A kernel vxlan backend with its lease attributes (its devices planned,
+/// [`Setup`]) and, once set up, running.
+#[derive(Debug)]
+struct Live {
+    opts: VxlanOptions,
+    nl: Arc<dyn Client>,
+    /// Each family's device (planned when the lease attributes asked for it).
+    v4: Option<Dev>,
+    v6: Option<Dev>,
+    /// `FLANNEL_MTU`.
+    mtu: u32,
     peers: BTreeMap<IpNet, Entry>,
 }
 
@@ -80,19 +91,13 @@ impl KernelVxlan {
         KernelVxlan {
             opts,
             nl,
-            v4: None,
-            v6: None,
             want_v4: v4,
             want_v6: v6,
-            ext: None,
-            peers: BTreeMap::new(),
         }
     }
+}
 
-    fn mtus(&self, ext: &ExternalInterface) -> Mtus {
-        Mtus::new(ext.backend_mtu(self.opts.mtu), self.want_v6)
-    }
-
+impl Live {
     /// flannel's `ensureLink`: create, or reuse a compatible device, or recreate.
     async fn ensure_link(&self, spec: &VxlanLink) -> Result<u32, BackendError> {
         if let Some(d) = self.nl.link_detail(&spec.name).await? {
@@ -305,7 +310,7 @@ fn incompatible(want: &VxlanLink, have: &LinkKind, mac: Option<&[u8]>) -> Option
     None
 }
 
-impl Observe for KernelVxlan {
+impl Observe for Live {
     fn name(&self) -> &'static str {
         "vxlan"
     }
@@ -314,30 +319,33 @@ impl Observe for KernelVxlan {
         Some(Dataplane::Kernel)
     }
 
-    fn status(&self) -> crate::status::BackendStatus {
-        let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
+    fn view(&self) -> crate::view::BackendView {
+        let mut v = crate::view::BackendView::new(self.name(), self.dataplane());
         let devs = [&self.v4, &self.v6]
             .into_iter()
             .flatten()
             .filter(|d| d.index != 0);
-        st.devices
-            .extend(devs.filter_map(|d| crate::status::devices::kernel_device(&d.spec.name)));
-        st
+        v.devices
+            .extend(devs.map(|d| crate::view::devices::KernelDevice::probe(&d.spec.name)));
+        v
     }
 }
 
 #[async_trait]
 impl Backend for KernelVxlan {
+    fn name(&self) -> &'static str {
+        "vxlan"
+    }
+
     async fn lease_attrs(
-        &mut self,
+        self: Box<Self>,
         ext: &ExternalInterface,
         prev: Option<&Lease>,
-    ) -> Result<LeaseAttrs, BackendError> {
+    ) -> Result<Prepared, BackendError> {
         log_config(&self.opts);
-        self.ext = Some(ext.clone());
         let vni = self.opts.vni;
         let (attrs, vteps) = lease_attrs(vni, ext, prev, self.want_v4, self.want_v6)?;
-        let mtus = self.mtus(ext);
+        let mtus = Mtus::new(ext.backend_mtu(self.opts.mtu), self.want_v6);
         let spec = |name: String, local: IpAddr, mac: [u8; 6], mtu: u32| VxlanLink {
             name,
             vni,
@@ -349,28 +357,37 @@ impl Backend for KernelVxlan {
             mtu,
             mac,
         };
-        if let (Some(mac), Some(ip)) = (vteps.v4, ext.ext_addr) {
-            self.v4 = Some(Dev {
-                spec: spec(format!("flannel.{vni}"), ip.into(), mac, mtus.v4),
-                addr: None,
-                index: 0,
-            });
-        }
-        if let (Some(mac), Some(ip)) = (vteps.v6, ext.ext_v6_addr) {
-            self.v6 = Some(Dev {
-                spec: spec(format!("flannel-v6.{vni}"), ip.into(), mac, mtus.v6),
-                addr: None,
-                index: 0,
-            });
-        }
-        Ok(attrs)
+        let dev = |spec| Dev {
+            spec,
+            addr: None,
+            index: 0,
+        };
+        let v4 = vteps
+            .v4
+            .zip(ext.ext_addr)
+            .map(|(mac, ip)| dev(spec(format!("flannel.{vni}"), ip.into(), mac, mtus.v4)));
+        let v6 = vteps
+            .v6
+            .zip(ext.ext_v6_addr)
+            .map(|(mac, ip)| dev(spec(format!("flannel-v6.{vni}"), ip.into(), mac, mtus.v6)));
+        let live = Live {
+            opts: self.opts,
+            nl: self.nl,
+            v4,
+            v6,
+            mtu: mtus.env,
+            peers: BTreeMap::new(),
+        };
+        Ok(Prepared {
+            attrs,
+            backend: Box::new(live),
+        })
     }
+}
 
-    async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        let ext = self
-            .ext
-            .clone()
-            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+#[async_trait]
+impl Setup for Live {
+    async fn setup(mut self: Box<Self>, lease: &Lease) -> Result<Box<dyn Running>, BackendError> {
         if let (Some(mut d), Some(sn)) = (self.v4.take(), lease.subnet) {
             d.addr = Some(
                 IpNet::new(sn.network().into(), 32)
@@ -389,7 +406,14 @@ impl Backend for KernelVxlan {
             self.v6 = Some(d);
             r?;
         }
-        Ok(self.mtus(&ext).env)
+        Ok(self)
+    }
+}
+
+#[async_trait]
+impl Running for Live {
+    fn mtu(&self) -> u32 {
+        self.mtu
     }
 
     async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
@@ -486,10 +510,7 @@ impl Backend for KernelVxlan {
     }
 
     async fn teardown(&mut self) {}
-}
 
-#[async_trait]
-impl Implementation for KernelVxlan {
     async fn remove_all(&mut self) {
         for e in std::mem::take(&mut self.peers).into_values() {
             if let Entry::Direct(r) = &e {
@@ -507,7 +528,7 @@ impl Implementation for KernelVxlan {
     }
 }
 
-impl KernelVxlan {
+impl Live {
     /// Programs (`Add`) or removes (`Remove`) one peer.
     async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         let Some((add, targets)) = peer_change(change) else {

@@ -3,10 +3,10 @@
 use std::net::IpAddr;
 
 use super::*;
-use crate::backend::EngineTuning;
-use crate::backend::test_util::{block_on, ext, fake, lease};
+use crate::backend::test_util::{attrs_of, block_on, ext, fake, lease};
 use crate::backend::vxlan::userspace::Vxlan;
 use crate::backend::vxlan::{backend_data, derive_mac};
+use crate::backend::{EngineTuning, Running};
 use crate::netlink::{FakeNetlink, Op, VxlanAttrs};
 
 fn opts(direct: bool) -> VxlanOptions {
@@ -27,13 +27,15 @@ fn peer(subnet: &str, public: &str) -> Lease {
 }
 
 /// A backend set up for 10.244.1.0/24 on the fake; returns it, the fake and the device index.
-async fn up(direct: bool) -> (KernelVxlan, Arc<FakeNetlink>, u32) {
+async fn up(direct: bool) -> (Box<dyn Running>, Arc<FakeNetlink>, u32) {
     let f = fake(&["vxlan"], false);
-    let mut b = KernelVxlan::new(opts(direct), true, false, f.clone());
-    let attrs = b.lease_attrs(&ext(), None).await.expect("attrs");
+    let b = KernelVxlan::new(opts(direct), true, false, f.clone());
+    let p = Box::new(b).lease_attrs(&ext(), None).await.expect("attrs");
+    let attrs = p.attrs.clone();
     let mut own = lease("10.244.1.0/24", "192.0.2.1", "vxlan", None);
     own.attrs = attrs;
-    assert_eq!(b.setup(&own).await.expect("setup"), 1450);
+    let b = p.backend.setup(&own).await.expect("setup");
+    assert_eq!(b.mtu(), 1450);
     let index = f
         .links()
         .values()
@@ -81,11 +83,11 @@ fn lease_is_byte_identical_to_the_userspace_backend() {
             offload: false,
             anti_spoof: weft_engine::AntiSpoofing::Strict,
         };
-        let mut k = KernelVxlan::new(opts(false), true, false, f.clone());
-        let mut u = Vxlan::new(opts(false), true, false, tuning, us);
+        let k = || KernelVxlan::new(opts(false), true, false, f.clone());
+        let u = || Vxlan::new(opts(false), true, false, tuning, us.clone());
         let (ka, ua) = (
-            k.lease_attrs(&ext(), None).await.expect("k"),
-            u.lease_attrs(&ext(), None).await.expect("u"),
+            attrs_of(k(), None).await.expect("k"),
+            attrs_of(u(), None).await.expect("u"),
         );
         assert_eq!(ka, ua);
         assert_eq!(ka.to_json(), ua.to_json());
@@ -97,8 +99,8 @@ fn lease_is_byte_identical_to_the_userspace_backend() {
             Some(&backend_data(1, PEER_MAC)),
         );
         let (ka, ua) = (
-            k.lease_attrs(&ext(), Some(&prev)).await.expect("k"),
-            u.lease_attrs(&ext(), Some(&prev)).await.expect("u"),
+            attrs_of(k(), Some(&prev)).await.expect("k"),
+            attrs_of(u(), Some(&prev)).await.expect("u"),
         );
         assert_eq!(
             ka.backend_data.as_deref(),
@@ -278,9 +280,11 @@ fn compatible_device_is_reused_and_incompatible_recreated() {
         for (vni, reused) in [(1, true), (2, false)] {
             let f = fake(&["vxlan"], false);
             let old = f.insert_link("flannel.1", LinkKind::Vxlan(attrs(vni)), 1450, Some(mac));
-            let mut b = KernelVxlan::new(opts(false), true, false, f.clone());
-            b.lease_attrs(&ext(), None).await.expect("attrs");
-            b.setup(&lease("10.244.1.0/24", "192.0.2.1", "vxlan", None))
+            let b = KernelVxlan::new(opts(false), true, false, f.clone());
+            let p = Box::new(b).lease_attrs(&ext(), None).await.expect("attrs");
+            let _b = p
+                .backend
+                .setup(&lease("10.244.1.0/24", "192.0.2.1", "vxlan", None))
                 .await
                 .expect("setup");
             let ops = f.ops();
@@ -294,9 +298,11 @@ fn compatible_device_is_reused_and_incompatible_recreated() {
         // A non-vxlan link of that name (e.g. a leftover TUN) is replaced too.
         let f = fake(&["vxlan"], false);
         f.insert_link("flannel.1", LinkKind::Tun, 1450, None);
-        let mut b = KernelVxlan::new(opts(false), true, false, f.clone());
-        b.lease_attrs(&ext(), None).await.expect("attrs");
-        b.setup(&lease("10.244.1.0/24", "192.0.2.1", "vxlan", None))
+        let b = KernelVxlan::new(opts(false), true, false, f.clone());
+        let p = Box::new(b).lease_attrs(&ext(), None).await.expect("attrs");
+        let _b = p
+            .backend
+            .setup(&lease("10.244.1.0/24", "192.0.2.1", "vxlan", None))
             .await
             .expect("setup");
         assert!(matches!(
@@ -338,11 +344,12 @@ fn prune_removes_state_of_peers_that_went_while_no_weftd_ran() {
             old.apply(Batch::one(&Change::Add(l))).await.expect("add");
         }
         drop(old); // SIGKILL: the device and its entries stay.
-        let mut b = KernelVxlan::new(opts(false), true, false, f.clone());
-        let attrs = b.lease_attrs(&ext(), None).await.expect("attrs");
+        let b = KernelVxlan::new(opts(false), true, false, f.clone());
+        let p = Box::new(b).lease_attrs(&ext(), None).await.expect("attrs");
+        let attrs = p.attrs.clone();
         let mut own = lease("10.244.1.0/24", "192.0.2.1", "vxlan", None);
         own.attrs = attrs;
-        b.setup(&own).await.expect("setup");
+        let mut b = p.backend.setup(&own).await.expect("setup");
         // The snapshot holds 10.244.2.0/24 only: 10.244.3.0/24 went meanwhile.
         b.apply(Batch::one(&Change::Add(peer("10.244.2.0/24", "192.0.2.2"))))
             .await

@@ -19,13 +19,15 @@ use ipnet::IpNet;
 use weft_engine::Encap;
 
 use super::{Mtus, direct_route, lease_attrs, log_config, peer_change};
-use crate::backend::dual::Implementation;
 use crate::backend::tunnel::{self, Tunnel, Userspace, recover_routes};
-use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe};
+use crate::backend::{
+    ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe, Prepared, Running,
+    Setup,
+};
 use crate::config::backend::VxlanOptions;
 use crate::iface::ExternalInterface;
+use crate::lease::Lease;
 use crate::lease::watcher::Change;
-use crate::lease::{Lease, LeaseAttrs};
 use crate::netlink::Route;
 
 /// One address family's device.
@@ -35,15 +37,28 @@ struct Family {
     tunnel: Option<Tunnel>,
 }
 
-/// See the module docs.
+/// See the module docs: the backend as the factory builds it.
 #[derive(Debug)]
 pub struct Vxlan {
     opts: VxlanOptions,
-    v4: Option<Family>,
-    v6: Option<Family>,
-    ext: Option<ExternalInterface>,
+    v4: bool,
+    v6: bool,
     tuning: EngineTuning,
     us: Userspace,
+}
+
+/// A userspace vxlan backend with its lease attributes ([`Setup`]) and, once
+/// set up, running.
+#[derive(Debug)]
+struct Live {
+    opts: VxlanOptions,
+    v4: Option<Family>,
+    v6: Option<Family>,
+    ext: ExternalInterface,
+    tuning: EngineTuning,
+    us: Userspace,
+    /// `FLANNEL_MTU`.
+    mtu: u32,
     /// Direct routes installed for on-link peers (DirectRouting).
     direct: Vec<Route>,
 }
@@ -57,29 +72,17 @@ impl Vxlan {
         tuning: EngineTuning,
         us: Userspace,
     ) -> Vxlan {
-        let fam = |on: bool| {
-            on.then_some(Family {
-                mac: [0; 6],
-                tunnel: None,
-            })
-        };
         Vxlan {
             opts,
-            v4: fam(v4),
-            v6: fam(v6),
-            ext: None,
+            v4,
+            v6,
             tuning,
             us,
-            direct: Vec::new(),
         }
-    }
-
-    fn port(&self) -> u16 {
-        self.opts.effective_port()
     }
 }
 
-impl Observe for Vxlan {
+impl Observe for Live {
     fn name(&self) -> &'static str {
         "vxlan"
     }
@@ -88,43 +91,54 @@ impl Observe for Vxlan {
         Some(Dataplane::Userspace)
     }
 
-    fn status(&self) -> crate::status::BackendStatus {
+    fn view(&self) -> crate::view::BackendView {
         let families = [&self.v4, &self.v6].into_iter().flatten();
-        tunnel::status(self.name(), families.filter_map(|f| f.tunnel.as_ref()))
+        tunnel::view(self.name(), families.filter_map(|f| f.tunnel.as_ref()))
     }
 }
 
 #[async_trait]
 impl Backend for Vxlan {
+    fn name(&self) -> &'static str {
+        "vxlan"
+    }
+
     async fn lease_attrs(
-        &mut self,
+        self: Box<Self>,
         ext: &ExternalInterface,
         prev: Option<&Lease>,
-    ) -> Result<LeaseAttrs, BackendError> {
+    ) -> Result<Prepared, BackendError> {
         if self.opts.gbp {
             return Err(BackendError::Config(
                 "VXLAN GBP is not supported by the userspace engine".into(),
             ));
         }
         log_config(&self.opts);
-        self.ext = Some(ext.clone());
-        let (v4, v6) = (self.v4.is_some(), self.v6.is_some());
-        let (attrs, vteps) = lease_attrs(self.opts.vni, ext, prev, v4, v6)?;
-        for (f, mac) in [(self.v4.as_mut(), vteps.v4), (self.v6.as_mut(), vteps.v6)] {
-            if let (Some(f), Some(mac)) = (f, mac) {
-                f.mac = mac;
-            }
-        }
-        Ok(attrs)
+        let (attrs, vteps) = lease_attrs(self.opts.vni, ext, prev, self.v4, self.v6)?;
+        let fam = |mac: Option<[u8; 6]>| mac.map(|mac| Family { mac, tunnel: None });
+        let live = Live {
+            v4: fam(vteps.v4.filter(|_| self.v4)),
+            v6: fam(vteps.v6.filter(|_| self.v6)),
+            mtu: Mtus::new(ext.backend_mtu(self.opts.mtu), self.v6).env,
+            opts: self.opts,
+            ext: ext.clone(),
+            tuning: self.tuning,
+            us: self.us,
+            direct: Vec::new(),
+        };
+        Ok(Prepared {
+            attrs,
+            backend: Box::new(live),
+        })
     }
+}
 
-    async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        let ext = self
-            .ext
-            .clone()
-            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+#[async_trait]
+impl Setup for Live {
+    async fn setup(mut self: Box<Self>, lease: &Lease) -> Result<Box<dyn Running>, BackendError> {
+        let ext = &self.ext;
         let mtus = Mtus::new(ext.backend_mtu(self.opts.mtu), self.v6.is_some());
-        let (vni, port, tuning) = (self.opts.vni, self.port(), self.tuning);
+        let (vni, port, tuning) = (self.opts.vni, self.opts.effective_port(), self.tuning);
         let engine = |name: String, mac: [u8; 6], local: IpAddr, tun_addr: IpAddr, mtu: u32| {
             let encap = Encap::Vxlan {
                 vni,
@@ -133,9 +147,9 @@ impl Backend for Vxlan {
             };
             tuning.engine(name, encap, local, Some(tun_addr), mtu)
         };
+        let (ext_v4, ext_v6) = (ext.ext_addr, ext.ext_v6_addr);
         if let (Some(f), Some(sn)) = (self.v4.as_mut(), lease.subnet) {
-            let local = ext
-                .ext_addr
+            let local = ext_v4
                 .map(IpAddr::V4)
                 .ok_or_else(|| BackendError::Config("no IPv4 address".into()))?;
             let mtu = mtus.v4;
@@ -150,8 +164,7 @@ impl Backend for Vxlan {
             f.tunnel = Some(Tunnel::start(&self.us, cfg, addr, mtu, tuning.anti_spoof).await?);
         }
         if let (Some(f), Some(sn)) = (self.v6.as_mut(), lease.ipv6_subnet) {
-            let local = ext
-                .ext_v6_addr
+            let local = ext_v6
                 .map(IpAddr::V6)
                 .ok_or_else(|| BackendError::Config("no IPv6 address".into()))?;
             let cfg = engine(
@@ -164,7 +177,14 @@ impl Backend for Vxlan {
             let addr = IpNet::from(IpAddr::V6(sn.network()));
             f.tunnel = Some(Tunnel::start(&self.us, cfg, addr, mtus.v6, tuning.anti_spoof).await?);
         }
-        Ok(mtus.env)
+        Ok(self)
+    }
+}
+
+#[async_trait]
+impl Running for Live {
+    fn mtu(&self) -> u32 {
+        self.mtu
     }
 
     async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
@@ -194,23 +214,19 @@ impl Backend for Vxlan {
     async fn teardown(&mut self) {
         for f in [self.v4.as_mut(), self.v6.as_mut()].into_iter().flatten() {
             if let Some(mut t) = f.tunnel.take() {
-                t.stop();
+                t.stop().await;
             }
         }
     }
 }
 
-#[async_trait]
-impl Implementation for Vxlan {}
-
-impl Vxlan {
+impl Live {
     /// Programs (`Add`) or removes (`Remove`) one peer.
     async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         let Some((add, targets)) = peer_change(change) else {
             return Ok(());
         };
         let direct = self.opts.direct_routing;
-        let ext = self.ext.clone();
         let mut direct_routes = Vec::new();
         for target in targets {
             let subnet = target.subnet;
@@ -230,7 +246,7 @@ impl Vxlan {
             let Some(endpoint) = target.public else {
                 continue;
             };
-            if direct && ext.as_ref().is_some_and(|e| on_link(e, endpoint)) {
+            if direct && on_link(&self.ext, endpoint) {
                 direct_routes.push((subnet, Some(endpoint)));
                 continue;
             }

@@ -40,13 +40,14 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use super::{Carries, Node};
-use crate::backend::dual::Implementation;
-use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, Observe};
+use super::{Carries, Node, NodeSpec};
+use crate::backend::{
+    ApplyError, Backend, BackendError, Batch, Dataplane, Observe, Prepared, Running, Setup,
+};
 use crate::config::backend::WireguardOptions;
 use crate::iface::ExternalInterface;
+use crate::lease::Lease;
 use crate::lease::watcher::Change;
-use crate::lease::{Lease, LeaseAttrs};
 use crate::netlink::{Client, LinkSpec, Route, WgClient, WgPeerSet, WgSet, WireguardLink};
 
 #[derive(Debug)]
@@ -63,13 +64,23 @@ struct Device {
     want: BTreeMap<[u8; 32], WgPeerSet>,
 }
 
-/// See the module docs.
+/// See the module docs: the backend as the factory builds it.
 #[derive(Debug)]
 pub struct KernelWireguard {
+    spec: NodeSpec,
+    nl: Arc<dyn Client>,
+    wg: Arc<dyn WgClient>,
+}
+
+/// [`KernelWireguard`] with its key ([`Setup`]) and, once set up, running.
+#[derive(Debug)]
+struct Live {
     node: Node,
     nl: Arc<dyn Client>,
     wg: Arc<dyn WgClient>,
     devices: Vec<Device>,
+    /// `FLANNEL_MTU` (set up).
+    mtu: u32,
 }
 
 /// `peer` with a persistent keepalive of 1 s: configured on an up device
@@ -99,21 +110,22 @@ impl KernelWireguard {
         wg: Arc<dyn WgClient>,
     ) -> KernelWireguard {
         KernelWireguard {
-            node: Node::new(opts, network, network_v6),
+            spec: NodeSpec::new(opts, network, network_v6),
             nl,
             wg,
-            devices: Vec::new(),
         }
     }
 
     /// Uses `path` instead of `$WIREGUARD_KEY_FILE` / `/run/flannel/wgkey` (tests).
     pub fn with_key_file(mut self, path: PathBuf) -> KernelWireguard {
-        self.node.key_file = path;
+        self.spec.key_file = path;
         self
     }
+}
 
-    fn private_key(&self) -> Result<[u8; 32], BackendError> {
-        Ok(self.node.secret()?.0)
+impl Live {
+    fn private_key(&self) -> [u8; 32] {
+        self.node.key.0
     }
 
     async fn create_device(
@@ -143,7 +155,7 @@ impl KernelWireguard {
             .index;
         let set = WgSet {
             ifname: name.into(),
-            private_key: Some(self.private_key()?),
+            private_key: Some(self.private_key()),
             listen_port: Some(port),
             replace_peers: true,
             peers: Vec::new(),
@@ -264,7 +276,7 @@ impl KernelWireguard {
     async fn set(&self, d: &Device, peers: Vec<WgPeerSet>) -> Result<(), BackendError> {
         let set = WgSet {
             ifname: d.name.into(),
-            private_key: Some(self.private_key()?),
+            private_key: Some(self.private_key()),
             listen_port: Some(d.port),
             replace_peers: false,
             peers,
@@ -273,7 +285,7 @@ impl KernelWireguard {
     }
 }
 
-impl Observe for KernelWireguard {
+impl Observe for Live {
     fn name(&self) -> &'static str {
         "wireguard"
     }
@@ -282,34 +294,60 @@ impl Observe for KernelWireguard {
         Some(Dataplane::Kernel)
     }
 
-    fn status(&self) -> crate::status::BackendStatus {
-        let mut st = crate::status::BackendStatus::new(self.name(), self.dataplane());
-        st.devices.extend(
+    fn view(&self) -> crate::view::BackendView {
+        let mut v = crate::view::BackendView::new(self.name(), self.dataplane());
+        v.devices.extend(
             self.devices
                 .iter()
-                .filter_map(|d| crate::status::devices::kernel_device(d.name)),
+                .map(|d| crate::view::devices::KernelDevice::probe(d.name)),
         );
-        st
+        v
     }
 }
 
 #[async_trait]
 impl Backend for KernelWireguard {
-    async fn lease_attrs(
-        &mut self,
-        ext: &ExternalInterface,
-        _prev: Option<&Lease>,
-    ) -> Result<LeaseAttrs, BackendError> {
-        self.node.lease_attrs(ext, " (kernel module)")
+    fn name(&self) -> &'static str {
+        "wireguard"
     }
 
-    async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        let (mtu, plan) = self.node.plan(lease)?;
+    async fn lease_attrs(
+        self: Box<Self>,
+        ext: &ExternalInterface,
+        _prev: Option<&Lease>,
+    ) -> Result<Prepared, BackendError> {
+        let (attrs, node) = self.spec.lease_attrs(ext, " (kernel module)")?;
+        let live = Live {
+            node,
+            nl: self.nl,
+            wg: self.wg,
+            devices: Vec::new(),
+            mtu: 0,
+        };
+        Ok(Prepared {
+            attrs,
+            backend: Box::new(live),
+        })
+    }
+}
+
+#[async_trait]
+impl Setup for Live {
+    async fn setup(mut self: Box<Self>, lease: &Lease) -> Result<Box<dyn Running>, BackendError> {
+        let (mtu, plan) = self.node.plan(lease);
         for d in plan {
             self.create_device(d.name, d.carries, d.port, d.addrs, mtu)
                 .await?;
         }
-        Ok(mtu)
+        self.mtu = mtu;
+        Ok(self)
+    }
+}
+
+#[async_trait]
+impl Running for Live {
+    fn mtu(&self) -> u32 {
+        self.mtu
     }
 
     async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
@@ -342,10 +380,7 @@ impl Backend for KernelWireguard {
     }
 }
 
-#[async_trait]
-impl Implementation for KernelWireguard {}
-
-impl KernelWireguard {
+impl Live {
     /// Programs (`Add`) or removes (`Remove`) one peer.
     async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         let (lease, add) = match change {

@@ -15,10 +15,11 @@ use rtnetlink::packet_core::{Emitable, NetlinkMessage, ParseableParametrized};
 use super::*;
 use crate::backend::dual::Dual;
 use crate::backend::probe::Capability;
-use crate::backend::test_util::{block_on, ext, fake, lease};
+use crate::backend::test_util::{Staged, block_on, ext, fake, lease};
 use crate::backend::wireguard::{backend_data, key, select_endpoint};
 use crate::backend::{Dataplane, DataplaneChoice, Switch};
 use crate::config::backend::WireguardMode;
+use crate::lease::LeaseAttrs;
 use crate::netlink::{FakeNetlink, LinkKind, Op, WgPeerSet, WgSet};
 
 const PEER_KEY: &str = "hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=";
@@ -42,7 +43,7 @@ fn opts(mode: WireguardMode, psk: &str, keepalive: u64) -> WireguardOptions {
 
 struct Rig {
     nl: Arc<FakeNetlink>,
-    b: KernelWireguard,
+    b: Staged,
     _dir: tempfile::TempDir,
     secret: [u8; 32],
 }
@@ -64,7 +65,7 @@ fn rig(mode: WireguardMode, psk: &str, keepalive: u64) -> Rig {
     .with_key_file(path);
     Rig {
         nl,
-        b,
+        b: Staged::new(b),
         _dir: dir,
         secret,
     }
@@ -311,14 +312,16 @@ fn single_device_modes_carry_both_families() {
     let nl = fake(&["wireguard"], false);
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("wgkey");
-    let mut b = KernelWireguard::new(
-        opts(WireguardMode::Auto, "", 0),
-        Some("10.244.0.0/16".parse().expect("net")),
-        Some("fd00:10::/56".parse().expect("net")),
-        nl.clone(),
-        nl.clone(),
-    )
-    .with_key_file(path);
+    let mut b = Staged::new(
+        KernelWireguard::new(
+            opts(WireguardMode::Auto, "", 0),
+            Some("10.244.0.0/16".parse().expect("net")),
+            Some("fd00:10::/56".parse().expect("net")),
+            nl.clone(),
+            nl.clone(),
+        )
+        .with_key_file(path),
+    );
     let mut e = ext();
     e.ext_v6_addr = Some("2001:db8::1".parse().expect("ip"));
     let mut own = lease("10.244.1.0/24", "192.0.2.1", "wireguard", None);
@@ -385,18 +388,36 @@ impl Observe for UserspaceStandIn {
     }
 }
 
+/// One type for the three stages.
 #[async_trait]
 impl Backend for UserspaceStandIn {
+    fn name(&self) -> &'static str {
+        "wireguard"
+    }
     async fn lease_attrs(
-        &mut self,
+        self: Box<Self>,
         _: &ExternalInterface,
         _: Option<&Lease>,
-    ) -> Result<LeaseAttrs, BackendError> {
-        Ok(self.attrs.clone())
+    ) -> Result<Prepared, BackendError> {
+        Ok(Prepared {
+            attrs: self.attrs.clone(),
+            backend: self,
+        })
     }
-    async fn setup(&mut self, _: &Lease) -> Result<u32, BackendError> {
+}
+
+#[async_trait]
+impl Setup for UserspaceStandIn {
+    async fn setup(self: Box<Self>, _: &Lease) -> Result<Box<dyn Running>, BackendError> {
         self.log.lock().expect("log").push("setup".into());
-        Ok(1420)
+        Ok(self)
+    }
+}
+
+#[async_trait]
+impl Running for UserspaceStandIn {
+    fn mtu(&self) -> u32 {
+        1420
     }
     async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
         for c in batch.changes {
@@ -413,7 +434,11 @@ impl Backend for UserspaceStandIn {
     async fn teardown(&mut self) {}
 }
 
-impl Implementation for UserspaceStandIn {}
+/// `d` run through its stages for `own`.
+async fn up_dual(d: Dual, own: &Lease) -> Box<dyn Switch> {
+    let p = Box::new(d).lease_attrs(&ext(), None).await.expect("attrs");
+    p.backend.setup(own).await.expect("setup")
+}
 
 fn dual(
     nl: &Arc<FakeNetlink>,
@@ -462,25 +487,29 @@ fn kernel_without_wireguard_fails_clearly_and_auto_picks_userspace() {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = Arc::new(Mutex::new(Vec::new()));
     let err = block_on(
-        dual(&nl, DataplaneChoice::Kernel, dir.path(), log.clone()).lease_attrs(&ext(), None),
+        Box::new(dual(&nl, DataplaneChoice::Kernel, dir.path(), log.clone()))
+            .lease_attrs(&ext(), None),
     )
     .expect_err("kernel");
     assert_eq!(
         err.to_string(),
         "--dataplane=kernel: this kernel cannot run the wireguard backend: no wireguard support"
     );
-    let mut d = dual(&nl, DataplaneChoice::Auto, dir.path(), log);
-    block_on(d.lease_attrs(&ext(), None)).expect("auto");
+    let own = lease("10.244.1.0/24", "192.0.2.1", "wireguard", None);
+    let d = block_on(up_dual(
+        dual(&nl, DataplaneChoice::Auto, dir.path(), log),
+        &own,
+    ));
     assert_eq!(d.dataplane(), Some(Dataplane::Userspace));
     // With the module, auto takes the kernel.
     let nl = fake(&["wireguard"], false);
-    let mut d = dual(
+    let d = dual(
         &nl,
         DataplaneChoice::Auto,
         dir.path(),
         Arc::new(Mutex::new(Vec::new())),
     );
-    block_on(d.lease_attrs(&ext(), None)).expect("auto");
+    let d = block_on(up_dual(d, &own));
     assert_eq!(d.dataplane(), Some(Dataplane::Kernel));
 }
 
@@ -489,15 +518,15 @@ fn live_switch_between_kernel_and_userspace_keeps_the_lease() {
     let nl = fake(&["wireguard"], false);
     let dir = tempfile::tempdir().expect("tempdir");
     let log = Arc::new(Mutex::new(Vec::new()));
-    let mut d = dual(&nl, DataplaneChoice::Auto, dir.path(), log.clone());
+    let d = dual(&nl, DataplaneChoice::Auto, dir.path(), log.clone());
     let own = lease("10.244.1.0/24", "192.0.2.1", "wireguard", None);
     let p = peer_lease("10.244.2.0/24", "192.0.2.2", PEER_KEY, Some(51820));
-    block_on(async {
-        d.lease_attrs(&ext(), None).await.expect("attrs");
-        d.setup(&own).await.expect("setup");
+    let mut d = block_on(async {
+        let mut d = up_dual(d, &own).await;
         d.apply(Batch::one(&Change::Add(p.clone())))
             .await
             .expect("add");
+        d
     });
     assert_eq!(d.dataplane(), Some(Dataplane::Kernel));
     let has_dev = |nl: &FakeNetlink| nl.links().values().any(|l| l.link.name == "flannel-wg");
@@ -587,9 +616,15 @@ fn a_new_peer_is_greeted_with_a_handshake_unless_it_has_a_keepalive() {
             set(vec![WgPeerSet::removal(key(PEER_KEY))]),
         ]
     );
-    // After a device is recreated (teardown, setup), every peer is new again.
+    // After a device is recreated (teardown, a new backend set up), every peer is new again.
     block_on(async {
         r.b.teardown().await;
+        let path = r._dir.path().join("wgkey");
+        let net = Some("10.244.0.0/16".parse().expect("net"));
+        let opts = opts(WireguardMode::Separate, "", 0);
+        let b = KernelWireguard::new(opts, net, None, r.nl.clone(), r.nl.clone());
+        r.b = Staged::new(b.with_key_file(path));
+        r.b.lease_attrs(&ext(), None).await.expect("attrs");
         r.b.setup(&own).await.expect("setup again");
     });
     r.nl.take_ops();

@@ -161,17 +161,39 @@ pub fn parse_backend_data(text: &str) -> Option<([u8; 32], u16)> {
     Some((weft_engine::wg::key_from_base64(&key)?, port))
 }
 
-/// What both WireGuard paths hold and decide alike: the options, the
-/// networks, the key and PSK, the external interface; the lease attributes,
-/// the device plan, each device's routes and the peer each lease gives it.
-pub(super) struct Node {
+/// What both WireGuard paths are built with: the options, the networks, the
+/// key file and the PSK. [`NodeSpec::lease_attrs`] reads the key and gives
+/// the [`Node`].
+pub(super) struct NodeSpec {
     pub opts: WireguardOptions,
     pub network: Option<Ipv4Net>,
     pub network_v6: Option<Ipv6Net>,
     pub key_file: PathBuf,
-    pub key: Option<WgSecret>,
     pub psk: Option<[u8; 32]>,
-    pub ext: Option<ExternalInterface>,
+}
+
+/// What both WireGuard paths hold and decide alike once the key is read: the
+/// options, the networks, the key and PSK, the external interface; the
+/// device plan, each device's routes and the peer each lease gives it.
+pub(super) struct Node {
+    pub opts: WireguardOptions,
+    pub network: Option<Ipv4Net>,
+    pub network_v6: Option<Ipv6Net>,
+    pub key: WgSecret,
+    pub psk: Option<[u8; 32]>,
+    pub ext: ExternalInterface,
+}
+
+impl std::fmt::Debug for NodeSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeSpec")
+            .field("opts", &self.opts)
+            .field("network", &self.network)
+            .field("network_v6", &self.network_v6)
+            .field("key_file", &self.key_file)
+            .field("psk", &crate::secret::redacted(&self.psk))
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for Node {
@@ -180,7 +202,6 @@ impl std::fmt::Debug for Node {
             .field("opts", &self.opts)
             .field("network", &self.network)
             .field("network_v6", &self.network_v6)
-            .field("key_file", &self.key_file)
             .field("key", &self.key)
             .field("psk", &crate::secret::redacted(&self.psk))
             .field("ext", &self.ext)
@@ -219,73 +240,70 @@ pub fn validate(
     Ok(())
 }
 
-impl Node {
+impl NodeSpec {
     /// A node for the enabled networks ([`validate`] first: an invalid PSK
-    /// is ignored here); the key is read by [`Node::lease_attrs`].
+    /// is ignored here); the key is read by [`NodeSpec::lease_attrs`].
     pub fn new(
         opts: WireguardOptions,
         network: Option<Ipv4Net>,
         network_v6: Option<Ipv6Net>,
-    ) -> Node {
+    ) -> NodeSpec {
         let psk = weft_engine::wg::key_from_base64(opts.psk.expose());
-        Node {
+        NodeSpec {
             opts,
             network,
             network_v6,
             key_file: key::key_file_path(),
-            key: None,
             psk,
-            ext: None,
         }
     }
 
+    /// Loads (or makes) the key, logs the config (`path` ends the line) and
+    /// returns the lease attributes and the node with its key.
+    pub fn lease_attrs(
+        self,
+        ext: &ExternalInterface,
+        path: &str,
+    ) -> Result<(LeaseAttrs, Node), BackendError> {
+        let key = key::load_or_generate(&self.key_file)
+            .map_err(|e| BackendError::Config(e.to_string()))?;
+        let public = key.public_key();
+        let node = Node {
+            opts: self.opts,
+            network: self.network,
+            network_v6: self.network_v6,
+            key,
+            psk: self.psk,
+            ext: ext.clone(),
+        };
+        log_config(
+            &node.opts,
+            node.keepalive(),
+            node.psk.is_some(),
+            &public,
+            path,
+        );
+        let attrs = lease_attrs(
+            &public,
+            ext,
+            &node.opts,
+            node.network.is_some(),
+            node.network_v6.is_some(),
+        )?;
+        Ok((attrs, node))
+    }
+}
+
+impl Node {
     /// PersistentKeepaliveInterval in seconds.
     pub fn keepalive(&self) -> u16 {
         u16::try_from(self.opts.persistent_keepalive_interval.as_secs()).unwrap_or(u16::MAX)
     }
 
-    /// Loads (or makes) the key, logs the config (`path` ends the line) and
-    /// returns the lease attributes.
-    pub fn lease_attrs(
-        &mut self,
-        ext: &ExternalInterface,
-        path: &str,
-    ) -> Result<LeaseAttrs, BackendError> {
-        let key = key::load_or_generate(&self.key_file)
-            .map_err(|e| BackendError::Config(e.to_string()))?;
-        let public = key.public_key();
-        self.key = Some(key);
-        self.ext = Some(ext.clone());
-        log_config(
-            &self.opts,
-            self.keepalive(),
-            self.psk.is_some(),
-            &public,
-            path,
-        );
-        lease_attrs(
-            &public,
-            ext,
-            &self.opts,
-            self.network.is_some(),
-            self.network_v6.is_some(),
-        )
-    }
-
-    /// The private key, once [`Node::lease_attrs`] has read it.
-    pub fn secret(&self) -> Result<WgSecret, BackendError> {
-        self.key
-            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))
-    }
-
     /// [`device_plan`] for `lease`.
-    pub fn plan(&self, lease: &Lease) -> Result<(u32, Vec<DevicePlan>), BackendError> {
-        let ext = self
-            .ext
-            .as_ref()
-            .ok_or_else(|| BackendError::Config("setup before lease_attrs".into()))?;
+    pub fn plan(&self, lease: &Lease) -> (u32, Vec<DevicePlan>) {
         let (v4, v6) = (self.network.is_some(), self.network_v6.is_some());
-        Ok(device_plan(&self.opts, ext, v4, v6, lease))
+        device_plan(&self.opts, &self.ext, v4, v6, lease)
     }
 
     /// The networks a device carrying `carries` routes (`Network dev NAME`).
@@ -346,7 +364,7 @@ impl Node {
                 let ip = match self.opts.mode {
                     WireguardMode::Ipv6 => IpAddr::V6(a.public_ipv6?),
                     WireguardMode::Auto if select => {
-                        select_endpoint(a.public_ip, a.public_ipv6, self.ext.as_ref()?)
+                        select_endpoint(a.public_ip, a.public_ipv6, &self.ext)
                     }
                     _ => IpAddr::V4(a.public_ip),
                 };

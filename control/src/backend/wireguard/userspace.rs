@@ -26,14 +26,16 @@ use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use weft_engine::{Encap, Peer, WgPeer};
 
-use super::{Carries, Node};
-use crate::backend::dual::Implementation;
+use super::{Carries, Node, NodeSpec};
 use crate::backend::tunnel::{self, Tunnel, Userspace};
-use crate::backend::{ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe};
+use crate::backend::{
+    ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe, Prepared, Running,
+    Setup,
+};
 use crate::config::backend::WireguardOptions;
 use crate::iface::ExternalInterface;
+use crate::lease::Lease;
 use crate::lease::watcher::Change;
-use crate::lease::{Lease, LeaseAttrs};
 
 #[derive(Debug)]
 struct Device {
@@ -42,13 +44,23 @@ struct Device {
     tunnel: Tunnel,
 }
 
-/// See the module docs.
+/// See the module docs: the backend as the factory builds it.
 #[derive(Debug)]
 pub struct Wireguard {
+    spec: NodeSpec,
+    tuning: EngineTuning,
+    us: Userspace,
+}
+
+/// [`Wireguard`] with its key ([`Setup`]) and, once set up, running.
+#[derive(Debug)]
+struct Live {
     node: Node,
     tuning: EngineTuning,
     us: Userspace,
     devices: Vec<Device>,
+    /// `FLANNEL_MTU` (set up).
+    mtu: u32,
 }
 
 /// Margin on top of [`weft_engine::wg::BORINGTUN_TAI64_AHEAD`]: the kernel
@@ -76,19 +88,20 @@ impl Wireguard {
         us: Userspace,
     ) -> Wireguard {
         Wireguard {
-            node: Node::new(opts, network, network_v6),
+            spec: NodeSpec::new(opts, network, network_v6),
             tuning,
             us,
-            devices: Vec::new(),
         }
     }
 
     /// Uses `path` instead of `$WIREGUARD_KEY_FILE` / `/run/flannel/wgkey` (tests).
     pub fn with_key_file(mut self, path: std::path::PathBuf) -> Wireguard {
-        self.node.key_file = path;
+        self.spec.key_file = path;
         self
     }
+}
 
+impl Live {
     async fn start_device(
         &mut self,
         name: &str,
@@ -98,7 +111,7 @@ impl Wireguard {
         addrs: &[IpNet],
         mtu: u32,
     ) -> Result<(), BackendError> {
-        let key = self.node.secret()?;
+        let key = self.node.key;
         if let Some(old) = self.us.nl.link_detail(name).await? {
             tracing::info!("deleting existing device {name}");
             self.us.nl.delete_link(old.link.index).await?;
@@ -149,7 +162,7 @@ impl Wireguard {
     }
 }
 
-impl Observe for Wireguard {
+impl Observe for Live {
     fn name(&self) -> &'static str {
         "wireguard"
     }
@@ -158,28 +171,54 @@ impl Observe for Wireguard {
         Some(Dataplane::Userspace)
     }
 
-    fn status(&self) -> crate::status::BackendStatus {
-        tunnel::status(self.name(), self.devices.iter().map(|d| &d.tunnel))
+    fn view(&self) -> crate::view::BackendView {
+        tunnel::view(self.name(), self.devices.iter().map(|d| &d.tunnel))
     }
 }
 
 #[async_trait]
 impl Backend for Wireguard {
-    async fn lease_attrs(
-        &mut self,
-        ext: &ExternalInterface,
-        _prev: Option<&Lease>,
-    ) -> Result<LeaseAttrs, BackendError> {
-        self.node.lease_attrs(ext, "")
+    fn name(&self) -> &'static str {
+        "wireguard"
     }
 
-    async fn setup(&mut self, lease: &Lease) -> Result<u32, BackendError> {
-        let (mtu, plan) = self.node.plan(lease)?;
+    async fn lease_attrs(
+        self: Box<Self>,
+        ext: &ExternalInterface,
+        _prev: Option<&Lease>,
+    ) -> Result<Prepared, BackendError> {
+        let (attrs, node) = self.spec.lease_attrs(ext, "")?;
+        let live = Live {
+            node,
+            tuning: self.tuning,
+            us: self.us,
+            devices: Vec::new(),
+            mtu: 0,
+        };
+        Ok(Prepared {
+            attrs,
+            backend: Box::new(live),
+        })
+    }
+}
+
+#[async_trait]
+impl Setup for Live {
+    async fn setup(mut self: Box<Self>, lease: &Lease) -> Result<Box<dyn Running>, BackendError> {
+        let (mtu, plan) = self.node.plan(lease);
         for d in plan {
             self.start_device(d.name, d.carries, d.port, d.bind, &d.addrs, mtu)
                 .await?;
         }
-        Ok(mtu)
+        self.mtu = mtu;
+        Ok(self)
+    }
+}
+
+#[async_trait]
+impl Running for Live {
+    fn mtu(&self) -> u32 {
+        self.mtu
     }
 
     async fn apply(&mut self, batch: Batch<'_>) -> Result<(), ApplyError> {
@@ -203,13 +242,10 @@ impl Backend for Wireguard {
 
     async fn teardown(&mut self) {
         for mut d in self.devices.drain(..) {
-            d.tunnel.stop();
+            d.tunnel.stop().await;
         }
     }
-}
 
-#[async_trait]
-impl Implementation for Wireguard {
     fn handover_at(&self) -> Option<SystemTime> {
         let last = self
             .devices
@@ -221,7 +257,7 @@ impl Implementation for Wireguard {
     }
 }
 
-impl Wireguard {
+impl Live {
     /// Programs (`Add`) or removes (`Remove`) one peer.
     async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         let (lease, add) = match change {

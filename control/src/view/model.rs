@@ -76,7 +76,7 @@ pub struct LeaseStatus {
     pub expires: Option<u64>,
 }
 
-/// What a backend reports ([`crate::backend::Observe::status`]).
+/// What a backend reports ([`super::BackendView::read`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BackendStatus {
     /// Backend type.
@@ -217,10 +217,10 @@ impl LeaseStatus {
 
 impl BackendStatus {
     /// A backend with no devices.
-    pub fn new(name: &str, dataplane: Option<crate::backend::Dataplane>) -> BackendStatus {
+    pub fn new(name: &str, dataplane: Option<super::Dataplane>) -> BackendStatus {
         BackendStatus {
             name: name.to_string(),
-            dataplane: crate::backend::Dataplane::name(dataplane).to_string(),
+            dataplane: super::Dataplane::name(dataplane).to_string(),
             ..Default::default()
         }
     }

@@ -1,13 +1,50 @@
 //! Device reports for [`super::BackendStatus`]: a userspace engine's counters
 //! (read from its per-worker blocks on request) and a kernel device's own
-//! statistics (`/sys/class/net/<dev>/statistics`). Nothing here runs per
-//! packet.
+//! statistics (`/sys/class/net/<dev>/statistics`), each also as a
+//! [`DeviceProbe`] a backend publishes ([`EngineProbe`], [`KernelDevice`]).
+//! Nothing here runs per packet.
 
 use std::path::Path;
+use std::sync::{Arc, Weak};
 
 use weft_engine::{Engine, Report};
 
-use super::model::{Counters, DeviceStatus, Offloads, PeerCounters};
+use super::DeviceProbe;
+use super::model::{BackendStatus, Counters, DeviceStatus, Offloads, PeerCounters};
+
+/// A running engine as readers see it: a weak reference, so that a reader
+/// never keeps an engine alive that its backend stopped (the backend waits
+/// out a report in progress before it stops the engine; see
+/// `backend::tunnel`).
+#[derive(Debug, Clone)]
+pub struct EngineProbe(pub Weak<Engine>);
+
+impl DeviceProbe for EngineProbe {
+    fn report(&self, st: &mut BackendStatus) {
+        if let Some(e) = self.0.upgrade() {
+            let (dev, peers) = engine_device(&e);
+            st.devices.push(dev);
+            st.peer_counters.extend(peers);
+        }
+    }
+}
+
+/// A kernel device, by name (absent devices report nothing).
+#[derive(Debug, Clone)]
+pub struct KernelDevice(pub String);
+
+impl KernelDevice {
+    /// The probe of kernel device `name`.
+    pub fn probe(name: &str) -> Arc<dyn DeviceProbe> {
+        Arc::new(KernelDevice(name.to_string()))
+    }
+}
+
+impl DeviceProbe for KernelDevice {
+    fn report(&self, st: &mut BackendStatus) {
+        st.devices.extend(kernel_device(&self.0));
+    }
+}
 
 /// The status of an engine's TUN device, and its peer table, from one
 /// [`Engine::report`] (peers come already joined to their counters).

@@ -201,9 +201,12 @@ impl Core {
                 None => Err(BackendError::Unsupported(format!(
                     "{name} with --dataplane=kernel (it has no kernel dataplane)"
                 ))),
-                Some(Err(m)) => Err(BackendError::Config(format!(
-                    "--dataplane=kernel: this kernel cannot run the {name} backend: no {m} support"
-                ))),
+                Some(Err(m)) => Err(BackendError::KernelLacks {
+                    backend: name,
+                    feature: m,
+                    forced: true,
+                    userspace: self.userspace.is_some(),
+                }),
                 Some(Ok(())) => Ok((Dataplane::Kernel, "--dataplane=kernel".into())),
             },
             DataplaneChoice::Userspace => match self.userspace {
@@ -219,9 +222,12 @@ impl Core {
                     format!("auto: the kernel has no {m} support; same wire format in userspace"),
                 )),
                 (None, Some(_)) => Ok((Dataplane::Userspace, "auto: userspace only".into())),
-                (Some(Err(m)), None) => Err(BackendError::Config(format!(
-                    "this kernel cannot run the {name} backend (no {m} support) and weft has no userspace {name} engine yet"
-                ))),
+                (Some(Err(m)), None) => Err(BackendError::KernelLacks {
+                    backend: name,
+                    feature: m,
+                    forced: false,
+                    userspace: false,
+                }),
                 (None, None) => Err(BackendError::Unsupported(format!(
                     "{name} (weft implements neither its kernel nor its userspace dataplane yet)"
                 ))),
@@ -261,11 +267,10 @@ impl Core {
             .lease_attrs(&cx.ext, Some(&cx.lease))
             .await?;
         if p.attrs != cx.attrs {
-            return Err(BackendError::Config(format!(
-                "the {} dataplane would publish different lease attributes ({}); not switching",
-                path.as_str(),
-                p.attrs.to_json()
-            )));
+            return Err(BackendError::AttrsDiffer {
+                path,
+                attrs: p.attrs.to_json(),
+            });
         }
         Ok(p.backend)
     }

@@ -16,6 +16,7 @@ use super::route_set::RouteSet;
 use super::{
     ApplyError, Backend, BackendError, Batch, Dataplane, Observe, Prepared, Running, Setup,
 };
+use crate::backend::Missing;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
@@ -91,15 +92,16 @@ impl Backend for HostGw {
             ..Default::default()
         };
         if self.v4 {
-            attrs.public_ip = ext
-                .ext_addr
-                .ok_or_else(|| BackendError::Config("host-gw: no IPv4 public address".into()))?;
+            attrs.public_ip = ext.ext_addr.ok_or_else(|| BackendError::Missing {
+                backend: "host-gw",
+                what: Missing::PublicV4,
+            })?;
         }
         if self.v6 {
-            attrs.public_ipv6 =
-                Some(ext.ext_v6_addr.ok_or_else(|| {
-                    BackendError::Config("host-gw: no IPv6 public address".into())
-                })?);
+            attrs.public_ipv6 = Some(ext.ext_v6_addr.ok_or_else(|| BackendError::Missing {
+                backend: "host-gw",
+                what: Missing::PublicV6,
+            })?);
         }
         let live = Live {
             v4: self.v4,

@@ -45,6 +45,7 @@
 pub mod alloc;
 pub mod dataplane_ctl;
 pub mod dual;
+mod error;
 pub mod host_gw;
 pub mod ipip;
 pub mod ipsec;
@@ -71,56 +72,10 @@ use crate::config::backend::BackendOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
 use crate::lease::{Lease, LeaseAttrs};
-use crate::netlink::{Client, Netlink, NetlinkError, WgClient, WgNetlink, XfrmClient, XfrmNetlink};
+use crate::netlink::{Client, Netlink, WgClient, WgNetlink, XfrmClient, XfrmNetlink};
 use crate::view::BackendView;
 pub use crate::view::Dataplane;
-
-/// Errors from a backend.
-#[derive(Debug, thiserror::Error)]
-pub enum BackendError {
-    /// The `Backend` object of net-conf.json: an unknown type (flannel's
-    /// message) or an option of the wrong type or range.
-    #[error(transparent)]
-    Options(#[from] crate::config::OptionsError),
-    /// A backend flannel knows but weft does not implement (yet).
-    #[error("backend type {0:?} is not supported by weft")]
-    Unsupported(String),
-    /// The backend's options are invalid.
-    #[error("{0}")]
-    Config(String),
-    /// Programming the kernel failed.
-    #[error(transparent)]
-    Netlink(#[from] NetlinkError),
-    /// The userspace engine could not start (the message adds the fix for a
-    /// TUN failure, [`probe::engine_error`]).
-    #[error("engine: {}", probe::engine_error(.0))]
-    Engine(#[source] weft_engine::EngineError),
-    /// The engine's TUN device was gone right after the engine made it.
-    #[error("engine: tun {0} vanished")]
-    TunVanished(String),
-    /// The IKE daemon (charon) could not be started or refused a request.
-    #[error(transparent)]
-    Ike(#[from] ipsec::charon::CharonError),
-    /// A device the backend runs on was deleted under it (e.g. `ip link del
-    /// flannel.1`); the daemon rebuilds the backend on the same lease.
-    #[error("device {0} was deleted")]
-    DeviceGone(String),
-    /// A dataplane switch failed and the old path could not be restored:
-    /// nothing forwards; the daemon exits (its supervisor restarts it).
-    #[error(
-        "switching to the {to} path failed ({error}) and the {from} path could not be restored ({restore})"
-    )]
-    NoDataplane {
-        /// The path switched to.
-        to: Dataplane,
-        /// The path that ran.
-        from: Dataplane,
-        /// Why the new path failed.
-        error: Box<BackendError>,
-        /// Why the old one could not come back.
-        restore: Box<BackendError>,
-    },
-}
+pub use error::{BackendError, Missing};
 
 /// A backend before its lease, as the factory builds it: the first of three
 /// stages, each its own type, so that a wrong order does not compile.
@@ -504,9 +459,13 @@ pub fn build(
     let b: Box<dyn Backend<dyn Switch>> = match opts {
         BackendOptions::Alloc => Box::new(alloc::Alloc::new()),
         BackendOptions::Udp(o) => {
-            let network = cfg.network.filter(|_| cfg.enable_ipv4).ok_or_else(|| {
-                BackendError::Config("the udp backend needs an IPv4 Network".into())
-            })?;
+            let network =
+                cfg.network
+                    .filter(|_| cfg.enable_ipv4)
+                    .ok_or_else(|| BackendError::Missing {
+                        backend: "udp",
+                        what: Missing::NetworkV4,
+                    })?;
             let us = us.clone();
             Box::new(dual("udp").userspace(Box::new(move || {
                 Box::new(udp::Udp::new(o.clone(), network, tuning, us.clone()))

@@ -15,6 +15,7 @@ use super::{
     ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe, Prepared, Running,
     Setup,
 };
+use crate::backend::Missing;
 use crate::config::backend::UdpOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -70,13 +71,15 @@ impl Backend for Udp {
         _prev: Option<&Lease>,
     ) -> Result<Prepared, BackendError> {
         let attrs = LeaseAttrs {
-            public_ip: ext
-                .ext_addr
-                .ok_or_else(|| BackendError::Config("udp backend needs IPv4".into()))?,
+            public_ip: ext.ext_addr.ok_or_else(|| BackendError::Missing {
+                backend: "udp",
+                what: Missing::PublicV4,
+            })?,
             ..Default::default()
         };
-        let local = ext.iface_addr.ok_or_else(|| {
-            BackendError::Config("udp backend needs an IPv4 interface address".into())
+        let local = ext.iface_addr.ok_or_else(|| BackendError::Missing {
+            backend: "udp",
+            what: Missing::InterfaceV4,
         })?;
         Ok(Prepared {
             attrs,
@@ -97,9 +100,10 @@ impl Setup for Ready {
             local,
             iface_mtu,
         } = *self;
-        let subnet = lease
-            .subnet
-            .ok_or_else(|| BackendError::Config("udp backend needs an IPv4 lease".into()))?;
+        let subnet = lease.subnet.ok_or_else(|| BackendError::Missing {
+            backend: "udp",
+            what: Missing::LeaseV4,
+        })?;
         let mtu = iface_mtu.saturating_sub(28);
         let encap = Encap::FlannelUdp {
             port: udp.opts.port,

@@ -83,9 +83,10 @@ impl Live {
                     link = None;
                 }
                 _ => {
-                    return Err(BackendError::Config(format!(
-                        "{DEVICE} isn't an ipip mode device"
-                    )));
+                    return Err(BackendError::ForeignDevice {
+                        name: DEVICE.into(),
+                        why: "isn't an ipip mode device".into(),
+                    });
                 }
             }
         }

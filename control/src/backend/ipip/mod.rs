@@ -11,6 +11,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use ipnet::IpNet;
 
 use crate::backend::BackendError;
+use crate::backend::Missing;
 use crate::config::backend::IpipOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::{Lease, LeaseAttrs};
@@ -26,9 +27,10 @@ pub(super) fn lease_attrs(
     ext: &ExternalInterface,
 ) -> Result<LeaseAttrs, BackendError> {
     tracing::info!("IPIP config: DirectRouting={}", opts.direct_routing);
-    let public_ip = ext
-        .ext_addr
-        .ok_or_else(|| BackendError::Config("ipip: no IPv4 public address".into()))?;
+    let public_ip = ext.ext_addr.ok_or_else(|| BackendError::Missing {
+        backend: "ipip",
+        what: Missing::PublicV4,
+    })?;
     Ok(LeaseAttrs {
         public_ip,
         backend_type: "ipip".into(),
@@ -43,16 +45,18 @@ pub(super) fn mtu(ext: &ExternalInterface) -> u32 {
 
 /// The outer source address: the external interface's IPv4 address.
 pub(super) fn local(ext: &ExternalInterface) -> Result<Ipv4Addr, BackendError> {
-    ext.iface_addr.ok_or_else(|| {
-        BackendError::Config("ipip: the external interface has no IPv4 address".into())
+    ext.iface_addr.ok_or_else(|| BackendError::Missing {
+        backend: "ipip",
+        what: Missing::InterfaceV4,
     })
 }
 
 /// The device's address, `<subnet IP>/32`, from this node's lease.
 pub(super) fn device_addr(lease: &Lease) -> Result<IpNet, BackendError> {
-    let sn = lease
-        .subnet
-        .ok_or_else(|| BackendError::Config("ipip backend needs an IPv4 lease".into()))?;
+    let sn = lease.subnet.ok_or_else(|| BackendError::Missing {
+        backend: "ipip",
+        what: Missing::LeaseV4,
+    })?;
     Ok(IpNet::from(IpAddr::V4(sn.network())))
 }
 

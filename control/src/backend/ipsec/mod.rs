@@ -53,6 +53,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net};
 
+use crate::backend::Missing;
 use crate::backend::{
     ApplyError, Backend, BackendError, Batch, Dataplane, Observe, Prepared, Running, Setup,
 };
@@ -434,9 +435,10 @@ impl Backend for Ipsec {
             self.opts.udp_encap,
             self.opts.esp_proposal
         );
-        let public_ip = ext
-            .ext_addr
-            .ok_or_else(|| BackendError::Config("ipsec: no IPv4 public address".into()))?;
+        let public_ip = ext.ext_addr.ok_or_else(|| BackendError::Missing {
+            backend: "ipsec",
+            what: Missing::PublicV4,
+        })?;
         let attrs = LeaseAttrs {
             public_ip,
             backend_type: "ipsec".into(),
@@ -457,9 +459,10 @@ impl Setup for Ready {
     async fn setup(self: Box<Self>, lease: &Lease) -> Result<Box<dyn Running>, BackendError> {
         let Ready { ipsec, iface_mtu } = *self;
         let mtu = iface_mtu.saturating_sub(if ipsec.opts.udp_encap { 85 } else { 77 });
-        let sn = lease
-            .subnet
-            .ok_or_else(|| BackendError::Config("ipsec backend needs an IPv4 lease".into()))?;
+        let sn = lease.subnet.ok_or_else(|| BackendError::Missing {
+            backend: "ipsec",
+            what: Missing::LeaseV4,
+        })?;
         let own_pub = IpAddr::V4(lease.attrs.public_ip);
         let mut live = Live {
             opts: ipsec.opts,

@@ -14,6 +14,7 @@ use ipnet::IpNet;
 use weft_compat::gojson;
 
 use crate::backend::BackendError;
+use crate::backend::Missing;
 use crate::config::backend::VxlanOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
@@ -99,9 +100,10 @@ pub(super) fn lease_attrs(
     };
     let mut vteps = Vteps::default();
     if v4 {
-        let ip = ext
-            .ext_addr
-            .ok_or_else(|| BackendError::Config("vxlan: no IPv4 public address".into()))?;
+        let ip = ext.ext_addr.ok_or_else(|| BackendError::Missing {
+            backend: "vxlan",
+            what: Missing::PublicV4,
+        })?;
         let mac = reuse(prev.and_then(|p| p.attrs.backend_data.as_ref()))
             .unwrap_or_else(|| derive_mac(ip.into(), vni, 4));
         attrs.public_ip = ip;
@@ -109,9 +111,10 @@ pub(super) fn lease_attrs(
         vteps.v4 = Some(mac);
     }
     if v6 {
-        let ip = ext
-            .ext_v6_addr
-            .ok_or_else(|| BackendError::Config("vxlan: no IPv6 public address".into()))?;
+        let ip = ext.ext_v6_addr.ok_or_else(|| BackendError::Missing {
+            backend: "vxlan",
+            what: Missing::PublicV6,
+        })?;
         let mac = reuse(prev.and_then(|p| p.attrs.backend_v6_data.as_ref()))
             .unwrap_or_else(|| derive_mac(ip.into(), vni, 6));
         attrs.public_ipv6 = Some(ip);

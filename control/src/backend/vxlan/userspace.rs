@@ -19,6 +19,7 @@ use ipnet::IpNet;
 use weft_engine::Encap;
 
 use super::{Mtus, direct_route, lease_attrs, log_config, peer_change};
+use crate::backend::Missing;
 use crate::backend::tunnel::{self, Tunnel, Userspace, recover_routes};
 use crate::backend::{
     ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe, Prepared, Running,
@@ -151,7 +152,10 @@ impl Setup for Live {
         if let (Some(f), Some(sn)) = (self.v4.as_mut(), lease.subnet) {
             let local = ext_v4
                 .map(IpAddr::V4)
-                .ok_or_else(|| BackendError::Config("no IPv4 address".into()))?;
+                .ok_or_else(|| BackendError::Missing {
+                    backend: "vxlan",
+                    what: Missing::PublicV4,
+                })?;
             let mtu = mtus.v4;
             let cfg = engine(
                 format!("flannel.{vni}"),
@@ -166,7 +170,10 @@ impl Setup for Live {
         if let (Some(f), Some(sn)) = (self.v6.as_mut(), lease.ipv6_subnet) {
             let local = ext_v6
                 .map(IpAddr::V6)
-                .ok_or_else(|| BackendError::Config("no IPv6 address".into()))?;
+                .ok_or_else(|| BackendError::Missing {
+                    backend: "vxlan",
+                    what: Missing::PublicV6,
+                })?;
             let cfg = engine(
                 format!("flannel-v6.{vni}"),
                 f.mac,

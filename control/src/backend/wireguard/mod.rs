@@ -17,6 +17,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use weft_engine::WgSecret;
 
 use crate::backend::BackendError;
+use crate::backend::Missing;
 use crate::config::backend::{WireguardMode, WireguardOptions};
 use crate::gojson;
 use crate::iface::ExternalInterface;
@@ -138,15 +139,17 @@ pub(super) fn lease_attrs(
         ..Default::default()
     };
     if v4 {
-        attrs.public_ip = ext
-            .ext_addr
-            .ok_or_else(|| BackendError::Config("wireguard: no IPv4 public address".into()))?;
+        attrs.public_ip = ext.ext_addr.ok_or_else(|| BackendError::Missing {
+            backend: "wireguard",
+            what: Missing::PublicV4,
+        })?;
         attrs.backend_data = Some(backend_data(public, opts.listen_port));
     }
     if v6 {
-        let ip = ext
-            .ext_v6_addr
-            .ok_or_else(|| BackendError::Config("wireguard: no IPv6 public address".into()))?;
+        let ip = ext.ext_v6_addr.ok_or_else(|| BackendError::Missing {
+            backend: "wireguard",
+            what: Missing::PublicV6,
+        })?;
         attrs.public_ipv6 = Some(ip);
         attrs.backend_v6_data = Some(backend_data(public, opts.listen_port_v6));
     }
@@ -265,8 +268,8 @@ impl NodeSpec {
         ext: &ExternalInterface,
         path: &str,
     ) -> Result<(LeaseAttrs, Node), BackendError> {
-        let key = key::load_or_generate(&self.key_file)
-            .map_err(|e| BackendError::Config(e.to_string()))?;
+        let key =
+            key::load_or_generate(&self.key_file).map_err(|e| BackendError::Key(e.to_string()))?;
         let public = key.public_key();
         let node = Node {
             opts: self.opts,

@@ -27,6 +27,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use weft_engine::{Encap, Peer, WgPeer};
 
 use super::{Carries, Node, NodeSpec};
+use crate::backend::Missing;
 use crate::backend::tunnel::{self, Tunnel, Userspace};
 use crate::backend::{
     ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe, Prepared, Running,
@@ -121,9 +122,10 @@ impl Live {
             private_key: key,
         };
         let cfg = (self.tuning).engine(name.to_string(), encap, local, None, mtu);
-        let first = *addrs
-            .first()
-            .ok_or_else(|| BackendError::Config("no device address".into()))?;
+        let first = *addrs.first().ok_or_else(|| BackendError::Missing {
+            backend: "wireguard",
+            what: Missing::DeviceAddress,
+        })?;
         let mut tunnel = Tunnel::start(&self.us, cfg, first, mtu, self.tuning.anti_spoof).await?;
         for a in &addrs[1..] {
             self.us.nl.add_addr(tunnel.index(), *a).await?;

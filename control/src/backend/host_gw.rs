@@ -92,13 +92,13 @@ impl Backend for HostGw {
             ..Default::default()
         };
         if self.v4 {
-            attrs.public_ip = ext.ext_addr.ok_or_else(|| BackendError::Missing {
+            attrs.public_ip = ext.ext_addr.ok_or(BackendError::Missing {
                 backend: "host-gw",
                 what: Missing::PublicV4,
             })?;
         }
         if self.v6 {
-            attrs.public_ipv6 = Some(ext.ext_v6_addr.ok_or_else(|| BackendError::Missing {
+            attrs.public_ipv6 = Some(ext.ext_v6_addr.ok_or(BackendError::Missing {
                 backend: "host-gw",
                 what: Missing::PublicV6,
             })?);

@@ -459,13 +459,13 @@ pub fn build(
     let b: Box<dyn Backend<dyn Switch>> = match opts {
         BackendOptions::Alloc => Box::new(alloc::Alloc::new()),
         BackendOptions::Udp(o) => {
-            let network =
-                cfg.network
-                    .filter(|_| cfg.enable_ipv4)
-                    .ok_or_else(|| BackendError::Missing {
-                        backend: "udp",
-                        what: Missing::NetworkV4,
-                    })?;
+            let network = cfg
+                .network
+                .filter(|_| cfg.enable_ipv4)
+                .ok_or(BackendError::Missing {
+                    backend: "udp",
+                    what: Missing::NetworkV4,
+                })?;
             let us = us.clone();
             Box::new(dual("udp").userspace(Box::new(move || {
                 Box::new(udp::Udp::new(o.clone(), network, tuning, us.clone()))

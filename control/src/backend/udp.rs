@@ -71,13 +71,13 @@ impl Backend for Udp {
         _prev: Option<&Lease>,
     ) -> Result<Prepared, BackendError> {
         let attrs = LeaseAttrs {
-            public_ip: ext.ext_addr.ok_or_else(|| BackendError::Missing {
+            public_ip: ext.ext_addr.ok_or(BackendError::Missing {
                 backend: "udp",
                 what: Missing::PublicV4,
             })?,
             ..Default::default()
         };
-        let local = ext.iface_addr.ok_or_else(|| BackendError::Missing {
+        let local = ext.iface_addr.ok_or(BackendError::Missing {
             backend: "udp",
             what: Missing::InterfaceV4,
         })?;
@@ -100,7 +100,7 @@ impl Setup for Ready {
             local,
             iface_mtu,
         } = *self;
-        let subnet = lease.subnet.ok_or_else(|| BackendError::Missing {
+        let subnet = lease.subnet.ok_or(BackendError::Missing {
             backend: "udp",
             what: Missing::LeaseV4,
         })?;

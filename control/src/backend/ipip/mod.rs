@@ -27,7 +27,7 @@ pub(super) fn lease_attrs(
     ext: &ExternalInterface,
 ) -> Result<LeaseAttrs, BackendError> {
     tracing::info!("IPIP config: DirectRouting={}", opts.direct_routing);
-    let public_ip = ext.ext_addr.ok_or_else(|| BackendError::Missing {
+    let public_ip = ext.ext_addr.ok_or(BackendError::Missing {
         backend: "ipip",
         what: Missing::PublicV4,
     })?;
@@ -45,7 +45,7 @@ pub(super) fn mtu(ext: &ExternalInterface) -> u32 {
 
 /// The outer source address: the external interface's IPv4 address.
 pub(super) fn local(ext: &ExternalInterface) -> Result<Ipv4Addr, BackendError> {
-    ext.iface_addr.ok_or_else(|| BackendError::Missing {
+    ext.iface_addr.ok_or(BackendError::Missing {
         backend: "ipip",
         what: Missing::InterfaceV4,
     })
@@ -53,7 +53,7 @@ pub(super) fn local(ext: &ExternalInterface) -> Result<Ipv4Addr, BackendError> {
 
 /// The device's address, `<subnet IP>/32`, from this node's lease.
 pub(super) fn device_addr(lease: &Lease) -> Result<IpNet, BackendError> {
-    let sn = lease.subnet.ok_or_else(|| BackendError::Missing {
+    let sn = lease.subnet.ok_or(BackendError::Missing {
         backend: "ipip",
         what: Missing::LeaseV4,
     })?;

@@ -435,7 +435,7 @@ impl Backend for Ipsec {
             self.opts.udp_encap,
             self.opts.esp_proposal
         );
-        let public_ip = ext.ext_addr.ok_or_else(|| BackendError::Missing {
+        let public_ip = ext.ext_addr.ok_or(BackendError::Missing {
             backend: "ipsec",
             what: Missing::PublicV4,
         })?;
@@ -459,7 +459,7 @@ impl Setup for Ready {
     async fn setup(self: Box<Self>, lease: &Lease) -> Result<Box<dyn Running>, BackendError> {
         let Ready { ipsec, iface_mtu } = *self;
         let mtu = iface_mtu.saturating_sub(if ipsec.opts.udp_encap { 85 } else { 77 });
-        let sn = lease.subnet.ok_or_else(|| BackendError::Missing {
+        let sn = lease.subnet.ok_or(BackendError::Missing {
             backend: "ipsec",
             what: Missing::LeaseV4,
         })?;

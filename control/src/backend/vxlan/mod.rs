@@ -100,7 +100,7 @@ pub(super) fn lease_attrs(
     };
     let mut vteps = Vteps::default();
     if v4 {
-        let ip = ext.ext_addr.ok_or_else(|| BackendError::Missing {
+        let ip = ext.ext_addr.ok_or(BackendError::Missing {
             backend: "vxlan",
             what: Missing::PublicV4,
         })?;
@@ -111,7 +111,7 @@ pub(super) fn lease_attrs(
         vteps.v4 = Some(mac);
     }
     if v6 {
-        let ip = ext.ext_v6_addr.ok_or_else(|| BackendError::Missing {
+        let ip = ext.ext_v6_addr.ok_or(BackendError::Missing {
             backend: "vxlan",
             what: Missing::PublicV6,
         })?;

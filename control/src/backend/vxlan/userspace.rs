@@ -150,12 +150,10 @@ impl Setup for Live {
         };
         let (ext_v4, ext_v6) = (ext.ext_addr, ext.ext_v6_addr);
         if let (Some(f), Some(sn)) = (self.v4.as_mut(), lease.subnet) {
-            let local = ext_v4
-                .map(IpAddr::V4)
-                .ok_or_else(|| BackendError::Missing {
-                    backend: "vxlan",
-                    what: Missing::PublicV4,
-                })?;
+            let local = ext_v4.map(IpAddr::V4).ok_or(BackendError::Missing {
+                backend: "vxlan",
+                what: Missing::PublicV4,
+            })?;
             let mtu = mtus.v4;
             let cfg = engine(
                 format!("flannel.{vni}"),
@@ -168,12 +166,10 @@ impl Setup for Live {
             f.tunnel = Some(Tunnel::start(&self.us, cfg, addr, mtu, tuning.anti_spoof).await?);
         }
         if let (Some(f), Some(sn)) = (self.v6.as_mut(), lease.ipv6_subnet) {
-            let local = ext_v6
-                .map(IpAddr::V6)
-                .ok_or_else(|| BackendError::Missing {
-                    backend: "vxlan",
-                    what: Missing::PublicV6,
-                })?;
+            let local = ext_v6.map(IpAddr::V6).ok_or(BackendError::Missing {
+                backend: "vxlan",
+                what: Missing::PublicV6,
+            })?;
             let cfg = engine(
                 format!("flannel-v6.{vni}"),
                 f.mac,

@@ -139,14 +139,14 @@ pub(super) fn lease_attrs(
         ..Default::default()
     };
     if v4 {
-        attrs.public_ip = ext.ext_addr.ok_or_else(|| BackendError::Missing {
+        attrs.public_ip = ext.ext_addr.ok_or(BackendError::Missing {
             backend: "wireguard",
             what: Missing::PublicV4,
         })?;
         attrs.backend_data = Some(backend_data(public, opts.listen_port));
     }
     if v6 {
-        let ip = ext.ext_v6_addr.ok_or_else(|| BackendError::Missing {
+        let ip = ext.ext_v6_addr.ok_or(BackendError::Missing {
             backend: "wireguard",
             what: Missing::PublicV6,
         })?;

@@ -122,7 +122,7 @@ impl Live {
             private_key: key,
         };
         let cfg = (self.tuning).engine(name.to_string(), encap, local, None, mtu);
-        let first = *addrs.first().ok_or_else(|| BackendError::Missing {
+        let first = *addrs.first().ok_or(BackendError::Missing {
             backend: "wireguard",
             what: Missing::DeviceAddress,
         })?;

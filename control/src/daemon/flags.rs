@@ -191,6 +191,11 @@ pub struct Flags {
     /// The port to listen on for health checks (0 disables).
     #[arg(long, env = "FLANNELD_HEALTHZ_PORT", default_value_t = 0)]
     pub healthz_port: u16,
+    /// weft: the UDP port of the overlay probes between nodes, bound on the
+    /// node's overlay address (docs/probes.md; every node must use the same;
+    /// 0 disables).
+    #[arg(long, env = "WEFT_PROBE_PORT", default_value_t = crate::probe::DEFAULT_PORT)]
+    pub probe_port: u16,
     /// Resync period for iptables rules, in seconds.
     #[arg(long, env = "FLANNELD_IPTABLES_RESYNC", default_value_t = 5)]
     pub iptables_resync: u64,

@@ -66,6 +66,19 @@ impl Netlink {
         Ok(msgs.into_iter().map(|m| detail_from(m).link).collect())
     }
 
+    /// `ip -d link show`: every link with its kind.
+    pub async fn link_details(&self) -> Result<Vec<LinkDetail>, NetlinkError> {
+        let msgs: Vec<LinkMessage> = self
+            .handle
+            .link()
+            .get()
+            .execute()
+            .try_collect()
+            .await
+            .map_err(req("ip -d link show"))?;
+        Ok(msgs.into_iter().map(detail_from).collect())
+    }
+
     /// `ip link show dev NAME`; `None` if it does not exist.
     pub async fn link_by_name(&self, name: &str) -> Result<Option<Link>, NetlinkError> {
         Ok(self.links().await?.into_iter().find(|l| l.name == name))

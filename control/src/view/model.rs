@@ -192,6 +192,25 @@ pub struct PeerStatus {
     /// epoch (`null`: not WireGuard, not in a userspace peer table, or none yet).
     #[serde(default)]
     pub last_handshake: Option<u64>,
+    /// What weftd's overlay probes learned of the peer (`null`: not probed,
+    /// e.g. probing off or the node holds no overlay address).
+    #[serde(default)]
+    pub probe: Option<ProbeStatus>,
+}
+
+/// A peer's health as weftd's overlay probes see it (docs/probes.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeStatus {
+    /// Reachable over the overlay (`null`: no verdict yet).
+    pub reachable: Option<bool>,
+    /// The last round trip, microseconds.
+    pub rtt_us: Option<u64>,
+    /// Consecutive probes lost.
+    pub losses: u32,
+    /// Probes sent.
+    pub sent: u64,
+    /// Acks received.
+    pub received: u64,
 }
 
 // === impl LeaseStatus ===
@@ -287,6 +306,7 @@ impl Status {
                     device,
                     counters,
                     last_handshake,
+                    probe: None,
                 }
             })
             .collect();

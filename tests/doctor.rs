@@ -1,0 +1,317 @@
+//! `weft doctor` on a real cluster in namespaces: a healthy three-node
+//! kernel-vxlan cluster (one pod per node, weft's CNI config and plugins in
+//! a directory of the test) gets a clean report; then each row breaks one
+//! thing on a node, expects the finding by id, restores it and expects the
+//! report clean again, so the rows share one cluster and stay independent.
+//!
+//! A row whose fault weftd repairs itself (a route, an fdb entry: the
+//! reconcile every 10 s) is broken again right before each of up to three
+//! doctor runs, so a reconcile tick between the break and the doctor's
+//! netlink dump (a window of ~0.1 s in 10 s) cannot make it flaky.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use weft_testenv::require_root;
+use weft_tests::cluster::{self, Cluster};
+
+/// weft's CNI config and plugin directories for node `i`.
+fn cni_dirs(c: &Cluster, i: usize) -> (PathBuf, PathBuf) {
+    let d = c.nodes[i].dir.join("cni");
+    (d.join("net.d"), d.join("bin"))
+}
+
+/// Installs node `i`'s CNI config and the plugins it needs, as the
+/// DaemonSet's install-conf would.
+fn install_cni(c: &Cluster, i: usize) {
+    let (conf, bin) = cni_dirs(c, i);
+    std::fs::create_dir_all(&conf).expect("CNI conf dir");
+    std::fs::create_dir_all(&bin).expect("CNI bin dir");
+    let mut flannel: serde_json::Value =
+        serde_json::from_str(&c.cni_conf(i, Default::default())).expect("CNI config");
+    flannel
+        .as_object_mut()
+        .expect("an object")
+        .remove("cniVersion");
+    let list = serde_json::json!({
+        "cniVersion": "1.0.0", "name": "cbr0",
+        "plugins": [flannel, {"type": "portmap", "capabilities": {"portMappings": true}}]
+    });
+    std::fs::write(conf.join("10-flannel.conflist"), list.to_string())
+        .expect("write the CNI config");
+    let _ = std::os::unix::fs::symlink(weft_tests::bins::path("flannel"), bin.join("flannel"));
+    for p in ["bridge", "host-local", "portmap"] {
+        let _ = std::os::unix::fs::symlink(Path::new(cluster::CNI_PLUGIN_DIR).join(p), bin.join(p));
+    }
+}
+
+/// `weft doctor --json` on node `i`: (exit code, report).
+fn doctor(c: &Cluster, i: usize) -> (i32, serde_json::Value) {
+    let (conf, bin) = cni_dirs(c, i);
+    let out = c.nodes[i]
+        .ns
+        .command(&weft_tests::bins::path("weft").to_string_lossy())
+        .arg("doctor")
+        .arg("--json")
+        .arg(format!("--subnet-file={}", c.subnet_file(i).display()))
+        .arg(format!("--cni-conf-dir={}", conf.display()))
+        .arg(format!("--cni-bin-dir={}", bin.display()))
+        .output()
+        .expect("run weft doctor");
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "weft doctor printed no JSON ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code().unwrap_or(-1), v)
+}
+
+/// The ids of the findings at `severity` or worse.
+fn ids(v: &serde_json::Value, worst_to: &[&str]) -> Vec<String> {
+    v["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter(|f| worst_to.contains(&f["severity"].as_str().unwrap_or("")))
+        .map(|f| f["id"].as_str().expect("id").to_string())
+        .collect()
+}
+
+#[track_caller]
+fn assert_clean(c: &Cluster, i: usize, after: &str) {
+    let (code, v) = doctor(c, i);
+    assert!(
+        code == 0 && ids(&v, &["error", "warning"]).is_empty(),
+        "node {i} after {after}: exit {code}, report {v:#}\nlog:\n{}",
+        c.log(i)
+    );
+}
+
+/// One fault: shell on the node to break it and to restore it, the
+/// finding (id and severity) it must give.
+struct Row {
+    name: &'static str,
+    node: usize,
+    brk: String,
+    restore: String,
+    id: &'static str,
+    severity: &'static str,
+    exit: i32,
+}
+
+fn row(
+    name: &'static str,
+    node: usize,
+    brk: String,
+    restore: String,
+    id: &'static str,
+    severity: &'static str,
+    exit: i32,
+) -> Row {
+    Row {
+        name,
+        node,
+        brk,
+        restore,
+        id,
+        severity,
+        exit,
+    }
+}
+
+#[test]
+fn doctor_finds_each_fault_and_a_healthy_cluster_is_clean() {
+    require_root!();
+    let (_w, mut c) = cluster::start_nodes(
+        "dr",
+        &cluster::net_conf(r#"{"Type":"vxlan"}"#),
+        &[&["--dataplane=kernel"][..]; 3],
+        &[],
+    );
+    for i in 0..3 {
+        c.add_pod(i, &format!("p{i}"))
+            .unwrap_or_else(|e| panic!("pod: {e}"));
+        install_cni(&c, i);
+    }
+    c.assert_mesh();
+    for i in 0..3 {
+        assert_clean(&c, i, "start");
+    }
+
+    // Node 1 (index 0) is where things break; node 2 is its peer.
+    let peer_ip = c.nodes[1].addr.clone();
+    let peer_net = c.subnet(1);
+    let peer_gw = peer_net.trim_end_matches("/24");
+    let neigh = c.nodes[0]
+        .ns
+        .exec(&["ip", "neigh", "show", "dev", "flannel.1", "to", peer_gw]);
+    let mac = neigh
+        .split_whitespace()
+        .skip_while(|w| *w != "lladdr")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no neighbour for {peer_gw}: {neigh}"))
+        .to_string();
+    let env_path = c.subnet_file(0);
+    let env = std::fs::read_to_string(&env_path).expect("subnet.env");
+    let edited = env
+        .lines()
+        .map(|l| {
+            if l.starts_with("FLANNEL_SUBNET=") {
+                "FLANNEL_SUBNET=10.244.250.1/24"
+            } else {
+                l
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let (_, bin) = cni_dirs(&c, 0);
+    let route = format!("{peer_net} via {peer_gw} dev flannel.1 onlink");
+    let rows = [
+        row(
+            "ip_forward off",
+            0,
+            "sysctl -qw net.ipv4.ip_forward=0".into(),
+            "sysctl -qw net.ipv4.ip_forward=1".into(),
+            "ip_forward_off",
+            "error",
+            1,
+        ),
+        row(
+            "bridge-nf-call-iptables off",
+            0,
+            "sysctl -qw net.bridge.bridge-nf-call-iptables=0".into(),
+            "sysctl -qw net.bridge.bridge-nf-call-iptables=1".into(),
+            "bridge_nf_call_iptables_off",
+            "error",
+            1,
+        ),
+        row(
+            "FORWARD DROP ahead of weft's rules",
+            0,
+            "iptables -w -I FORWARD 1 -j DROP".into(),
+            "iptables -w -D FORWARD -j DROP".into(),
+            "forward_drop",
+            "error",
+            1,
+        ),
+        row(
+            "rp_filter strict",
+            0,
+            "sysctl -qw net.ipv4.conf.all.rp_filter=1".into(),
+            "sysctl -qw net.ipv4.conf.all.rp_filter=0".into(),
+            "rp_filter_strict",
+            "warning",
+            0,
+        ),
+        row(
+            "a second interface the peer is routed through",
+            0,
+            format!(
+                "ip link add eth1 type veth peer name eth1p; ip link set eth1p up; ip addr add 198.51.100.1/24 dev eth1; ip link set eth1 up; ip route add {peer_ip}/32 dev eth1"
+            ),
+            "ip link del eth1".into(),
+            "wrong_iface",
+            "error",
+            1,
+        ),
+        row(
+            "rp_filter strict with that asymmetric path",
+            0,
+            format!(
+                "sysctl -qw net.ipv4.conf.all.rp_filter=1; ip link add eth1 type veth peer name eth1p; ip link set eth1p up; ip link set eth1 up; ip route add {peer_ip}/32 dev eth1"
+            ),
+            "ip link del eth1; sysctl -qw net.ipv4.conf.all.rp_filter=0".into(),
+            "rp_filter_strict",
+            "error",
+            1,
+        ),
+        row(
+            "a stale fdb entry (the peer's MAC at a wrong VTEP)",
+            0,
+            format!("bridge fdb replace {mac} dev flannel.1 dst 192.0.2.99 self permanent"),
+            format!("bridge fdb replace {mac} dev flannel.1 dst {peer_ip} self permanent"),
+            "fdb_stale",
+            "error",
+            1,
+        ),
+        row(
+            "a deleted route",
+            0,
+            format!("ip route del {peer_net}"),
+            format!("ip route replace {route}"),
+            "route_missing",
+            "error",
+            1,
+        ),
+        row(
+            "subnet.env edited",
+            0,
+            format!(
+                "printf '%s\\n' '{}' > {}",
+                edited.replace('\'', ""),
+                env_path.display()
+            ),
+            format!(
+                "printf '%s' '{}' > {}",
+                env.replace('\'', ""),
+                env_path.display()
+            ),
+            "subnet_env_mismatch",
+            "error",
+            1,
+        ),
+        row(
+            "the bridge CNI plugin missing",
+            0,
+            format!("rm {}", bin.join("bridge").display()),
+            format!(
+                "ln -s {}/bridge {}",
+                cluster::CNI_PLUGIN_DIR,
+                bin.join("bridge").display()
+            ),
+            "cni_plugin_missing",
+            "error",
+            1,
+        ),
+    ];
+    for r in &rows {
+        let ns = &c.nodes[r.node].ns;
+        let mut last = None;
+        for _ in 0..3 {
+            ns.sh(&r.brk);
+            let (code, v) = doctor(&c, r.node);
+            let found = v["findings"]
+                .as_array()
+                .expect("findings")
+                .iter()
+                .any(|f| f["id"] == r.id && f["severity"] == r.severity);
+            if found {
+                assert_eq!(code, r.exit, "{}: exit code; report {v:#}", r.name);
+                last = None;
+                break;
+            }
+            last = Some(v);
+            ns.sh(&r.restore);
+        }
+        if let Some(v) = last {
+            panic!("{}: no {} ({}) finding in {v:#}", r.name, r.id, r.severity);
+        }
+        ns.sh(&r.restore);
+        assert_clean(&c, r.node, r.name);
+    }
+
+    // A stopped weftd: its node's doctor says so (exit 3) and still runs
+    // the host checks; then it starts again and the report is clean.
+    c.stop_weftd(1);
+    let (code, v) = doctor(&c, 1);
+    assert_eq!(code, 3, "{v:#}");
+    assert_eq!(ids(&v, &["error"]), ["weftd_down"], "{v:#}");
+    c.start_weftd(1).expect("restart weftd");
+    weft_tests::proc::wait_for("weftd's status socket", Duration::from_secs(60), || {
+        (doctor(&c, 1).0 != 3).then_some(())
+    });
+    c.assert_mesh();
+    assert_clean(&c, 1, "weftd restarted");
+}

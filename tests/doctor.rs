@@ -121,14 +121,21 @@ fn row(
     }
 }
 
+/// Each node's healthz listener (/metrics), on its own loopback.
+const HEALTHZ_PORT: u16 = 8471;
+
 #[test]
 fn doctor_finds_each_fault_and_a_healthy_cluster_is_clean() {
     require_root!();
+    weft_testenv::require_tool!("curl", "curl", "curl");
     let (_w, mut c) = cluster::start_nodes(
         "dr",
         &cluster::net_conf(r#"{"Type":"vxlan"}"#),
         &[&["--dataplane=kernel"][..]; 3],
-        &[],
+        &[
+            "--healthz-ip=127.0.0.1",
+            &format!("--healthz-port={HEALTHZ_PORT}"),
+        ],
     );
     for i in 0..3 {
         c.add_pod(i, &format!("p{i}"))
@@ -302,16 +309,137 @@ fn doctor_finds_each_fault_and_a_healthy_cluster_is_clean() {
         assert_clean(&c, r.node, r.name);
     }
 
-    // A stopped weftd: its node's doctor says so (exit 3) and still runs
-    // the host checks; then it starts again and the report is clean.
-    c.stop_weftd(1);
-    let (code, v) = doctor(&c, 1);
+    // The probes: every node sees every peer reachable, in `weft status`
+    // (JSON and its REACH column) and in /metrics.
+    for i in 0..3 {
+        wait_reach(&c, i, &[], Duration::from_secs(30));
+    }
+    let text = status_text(&c, 0);
+    assert!(text.contains("REACH") && text.contains(" ok "), "{text}");
+    let m = metrics(&c, 0);
+    for ip in [&c.nodes[1].addr, &c.nodes[2].addr] {
+        assert!(
+            m.lines().any(|l| l.starts_with("weft_peer_reachable{")
+                && l.contains(&format!("public_ip=\"{ip}\""))
+                && l.ends_with(" 1")),
+            "{m}"
+        );
+    }
+    assert!(m.contains("weft_peer_rtt_seconds{"), "{m}");
+
+    // Two peers lost at once, for different reasons: node 2's firewall
+    // drops the overlay port (vxlan, UDP 8472), node 3's weftd is stopped.
+    // Node 1's doctor names both; node 3's says its weftd is down (exit 3)
+    // and still runs the host checks.
+    let drop_port = "iptables -w -I INPUT -p udp --dport 8472 -j DROP";
+    c.nodes[1].ns.sh(drop_port);
+    c.stop_weftd(2);
+    let lost = [c.nodes[1].addr.clone(), c.nodes[2].addr.clone()];
+    wait_reach(&c, 0, &lost, Duration::from_secs(45));
+    let (code, v) = doctor(&c, 0);
+    assert_eq!(code, 1, "{v:#}");
+    for ip in &lost {
+        assert!(
+            v["findings"]
+                .as_array()
+                .expect("findings")
+                .iter()
+                .any(|f| f["id"] == "peer_unreachable"
+                    && f["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains(ip.as_str()))),
+            "no peer_unreachable for {ip}: {v:#}"
+        );
+    }
+    let text = status_text(&c, 0);
+    assert!(text.contains("LOST x"), "{text}");
+    eprintln!(
+        "weft status with two peers lost:\n{text}\nweft doctor:\n{}",
+        doctor_text(&c, 0)
+    );
+    let m = metrics(&c, 0);
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("weft_peer_reachable{") && l.ends_with(" 0")),
+        "{m}"
+    );
+    let (code, v) = doctor(&c, 2);
     assert_eq!(code, 3, "{v:#}");
     assert_eq!(ids(&v, &["error"]), ["weftd_down"], "{v:#}");
-    c.start_weftd(1).expect("restart weftd");
+
+    c.nodes[1].ns.sh(&drop_port.replace("-I INPUT", "-D INPUT"));
+    c.start_weftd(2).expect("restart weftd");
     weft_tests::proc::wait_for("weftd's status socket", Duration::from_secs(60), || {
-        (doctor(&c, 1).0 != 3).then_some(())
+        (doctor(&c, 2).0 != 3).then_some(())
     });
+    for i in 0..3 {
+        wait_reach(&c, i, &[], Duration::from_secs(30));
+    }
     c.assert_mesh();
-    assert_clean(&c, 1, "weftd restarted");
+    for i in 0..3 {
+        assert_clean(&c, i, "the peers came back");
+    }
+}
+
+/// Waits until node `i`'s status shows the peers at `lost` unreachable and
+/// every other peer reachable (by the overlay probes).
+fn wait_reach(c: &Cluster, i: usize, lost: &[String], timeout: Duration) {
+    let mut last = String::new();
+    let ok = weft_tests::proc::wait_for_or_show(
+        "the probes' verdicts",
+        timeout,
+        || {
+            let st = c.status(i);
+            last = format!(
+                "{:?}",
+                st.peers
+                    .iter()
+                    .map(|p| (&p.public_ip, &p.probe))
+                    .collect::<Vec<_>>()
+            );
+            let want = |ip: &String| Some(!lost.contains(ip));
+            (st.peers.len() == 2
+                && st
+                    .peers
+                    .iter()
+                    .all(|p| p.probe.as_ref().and_then(|x| x.reachable) == want(&p.public_ip)))
+            .then_some(true)
+        },
+        || format!("node {i}, want lost {lost:?}"),
+    );
+    assert!(ok, "{last}");
+}
+
+/// `weft status` (text) of node `i`.
+fn status_text(c: &Cluster, i: usize) -> String {
+    let out = std::process::Command::new(weft_tests::bins::path("weft"))
+        .arg("status")
+        .arg(format!("--subnet-file={}", c.subnet_file(i).display()))
+        .output()
+        .expect("run weft status");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `weft doctor` (text) on node `i`.
+fn doctor_text(c: &Cluster, i: usize) -> String {
+    let (conf, bin) = cni_dirs(c, i);
+    let out = c.nodes[i]
+        .ns
+        .command(&weft_tests::bins::path("weft").to_string_lossy())
+        .arg("doctor")
+        .arg(format!("--subnet-file={}", c.subnet_file(i).display()))
+        .arg(format!("--cni-conf-dir={}", conf.display()))
+        .arg(format!("--cni-bin-dir={}", bin.display()))
+        .output()
+        .expect("run weft doctor");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `GET /metrics` on node `i`'s healthz listener.
+fn metrics(c: &Cluster, i: usize) -> String {
+    c.nodes[i].ns.exec(&[
+        "curl",
+        "-sf",
+        &format!("http://127.0.0.1:{HEALTHZ_PORT}/metrics"),
+    ])
 }

@@ -412,7 +412,7 @@ pub fn peers(f: &Facts) -> Vec<Finding> {
                         .unwrap_or_default()
                 ),
                 format!(
-                    "check, in this order: that weftd runs on {} (weft doctor there); that {} and weft's probe port (UDP 8475) pass between the nodes' addresses (host firewall, cloud security group, VMware NSX); that the path's MTU is not below the overlay's",
+                    "check, in this order: that weftd runs on {} (weft doctor there); that {} passes between the nodes' addresses (host firewall, cloud security group, VMware NSX) and the peer accepts weft's probes (UDP 8475 on its overlay device); that the path's MTU is not below the overlay's",
                     p.public_ip,
                     overlay_port(&st.backend.name)
                 ),

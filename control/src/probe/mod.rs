@@ -39,6 +39,8 @@ pub const DEFAULT_PORT: u16 = 8475;
 const BIND_RETRY: Duration = Duration::from_secs(5);
 /// How often the published view is refreshed at most.
 const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+/// The shortest time between two scans of the table for due probes.
+const DUE_SCAN: Duration = Duration::from_millis(100);
 /// The largest datagram read (probes are 24 bytes; PMTU probes larger).
 const RECV_BUF: usize = 9216;
 
@@ -61,19 +63,25 @@ pub fn spawn(port: u16, observer: Observer, out: ProbePublisher) -> Option<Probe
     Some(Prober(tokio::spawn(run(port, observer, out))))
 }
 
-/// The own overlay address and the peers' subnets, from the latest snapshot.
-fn targets(observer: &Observer) -> (Option<Ipv4Addr>, Vec<Ipv4Net>) {
+/// The peer leases of one snapshot (compared by pointer: the main loop
+/// publishes a new slice only when the lease set changes).
+type Peers = Arc<[Arc<crate::lease::Lease>]>;
+
+/// The own overlay address and the peer leases, from the latest snapshot.
+fn targets(observer: &Observer) -> (Option<Ipv4Addr>, Option<Peers>) {
     let Some(d) = observer.daemon() else {
-        return (None, Vec::new());
+        return (None, None);
     };
     let own = d.lease.as_ref().and_then(|l| l.subnet);
-    let peers = d
-        .peers
+    (own.map(|s| s.network()), Some(d.peers))
+}
+
+/// The subnets to probe: every peer's IPv4 subnet but the own.
+fn subnets(peers: &Peers, own: Option<Ipv4Addr>) -> impl Iterator<Item = Ipv4Net> + '_ {
+    peers
         .iter()
         .filter_map(|l| l.subnet)
-        .filter(|s| Some(*s) != own)
-        .collect();
-    (own.map(|s| s.network()), peers)
+        .filter(move |s| Some(s.network()) != own)
 }
 
 fn bind(addr: Ipv4Addr, port: u16) -> std::io::Result<UdpSocket> {
@@ -100,6 +108,8 @@ async fn run(port: u16, observer: Observer, out: ProbePublisher) {
     let mut published = start;
     let mut buf = vec![0u8; RECV_BUF];
     let mut logged = false;
+    let mut synced: Option<Peers> = None;
+    let mut due_at = start;
     loop {
         let (own, peers) = targets(&observer);
         if own != bound {
@@ -125,8 +135,18 @@ async fn run(port: u16, observer: Observer, out: ProbePublisher) {
                 }
             }
         }
-        if let Some(s) = &sock {
-            t.sync(peers.iter().copied(), now());
+        if let (Some(_), Some(peers)) = (&sock, &peers)
+            && !synced.as_ref().is_some_and(|p| Arc::ptr_eq(p, peers))
+        {
+            t.sync(subnets(peers, own), now());
+            synced = Some(peers.clone());
+        }
+        if let Some(s) = &sock
+            && Instant::now() >= due_at
+        {
+            // One scan of the table per DUE_SCAN at most, so that 5,000
+            // peers (1,000 probes/s) cost 10 scans a second, not one per probe.
+            due_at = Instant::now() + DUE_SCAN;
             for (dst, m) in t.due(now()) {
                 if let Some(n) = m.write(&mut buf[..wire::HEADER]) {
                     // A failed send is a loss, found by the timeout.
@@ -143,11 +163,14 @@ async fn run(port: u16, observer: Observer, out: ProbePublisher) {
             .map_or(PUBLISH_EVERY, |w| {
                 Duration::from_nanos(w.saturating_sub(now()))
             })
-            .min(PUBLISH_EVERY);
+            .clamp(
+                due_at.saturating_duration_since(Instant::now()),
+                PUBLISH_EVERY,
+            );
         tokio::select! {
             r = recv(&sock, &mut buf) => match r {
                 Ok((n, SocketAddr::V4(from))) => {
-                    let known = peers.iter().any(|p| p.network() == *from.ip());
+                    let known = t.knows(*from.ip());
                     if let (true, Ok(m), Some(s)) = (known, wire::Msg::parse(&buf[..n]), &sock) {
                         match m.kind {
                             wire::Kind::Probe => {

@@ -10,7 +10,7 @@
 //! unreachable, one ack makes it reachable again. At most one probe per
 //! peer is outstanding.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
@@ -29,17 +29,19 @@ pub const TIMEOUT: u64 = 2_000_000_000;
 /// Consecutive losses that make a peer unreachable.
 pub const LOST_AFTER: u32 = 3;
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct Peer {
+    subnet: Ipv4Net,
     due: u64,
     outstanding: Option<(u64, u64)>,
     st: ProbeStatus,
 }
 
-/// Every peer's probe state, by the peer's subnet.
+/// Every peer's probe state, by the peer's overlay address (its subnet's
+/// first address): one hash lookup per ack, whatever the peer count.
 #[derive(Debug)]
 pub struct Table {
-    peers: HashMap<Ipv4Net, Peer>,
+    peers: HashMap<Ipv4Addr, Peer>,
     seq: u64,
     rng: u64,
 }
@@ -65,27 +67,34 @@ impl Table {
     /// Makes the table probe exactly `subnets` (new ones first within one
     /// jitter period, gone ones forgotten).
     pub fn sync(&mut self, subnets: impl IntoIterator<Item = Ipv4Net>, now: u64) {
-        let want: Vec<Ipv4Net> = subnets.into_iter().collect();
-        self.peers.retain(|k, _| want.contains(k));
+        let want: HashSet<Ipv4Net> = subnets.into_iter().collect();
+        self.peers.retain(|_, p| want.contains(&p.subnet));
         for s in want {
-            if !self.peers.contains_key(&s) {
+            if !self.peers.contains_key(&s.network()) {
                 let due = now + self.jitter() / 4;
                 self.peers.insert(
-                    s,
+                    s.network(),
                     Peer {
+                        subnet: s,
                         due,
-                        ..Peer::default()
+                        outstanding: None,
+                        st: ProbeStatus::default(),
                     },
                 );
             }
         }
     }
 
+    /// Whether `addr` is a probed peer's overlay address.
+    pub fn knows(&self, addr: Ipv4Addr) -> bool {
+        self.peers.contains_key(&addr)
+    }
+
     /// Expires unanswered probes and returns the probes due now, each with
     /// the peer's overlay address (its subnet's first address).
     pub fn due(&mut self, now: u64) -> Vec<(Ipv4Addr, Msg)> {
         let mut out = Vec::new();
-        let keys: Vec<Ipv4Net> = self.peers.keys().copied().collect();
+        let keys: Vec<Ipv4Addr> = self.peers.keys().copied().collect();
         for k in keys {
             let j = self.jitter();
             let seq = self.seq;
@@ -107,7 +116,7 @@ impl Table {
                 p.st.sent += 1;
                 self.seq += 1;
                 out.push((
-                    k.network(),
+                    k,
                     Msg {
                         kind: Kind::Probe,
                         seq,
@@ -125,12 +134,7 @@ impl Table {
         if !matches!(m.kind, Kind::Ack { .. }) {
             return false;
         }
-        let Some(p) = self
-            .peers
-            .iter_mut()
-            .find(|(k, _)| k.network() == from)
-            .map(|(_, p)| p)
-        else {
+        let Some(p) = self.peers.get_mut(&from) else {
             return false;
         };
         match p.outstanding {
@@ -160,7 +164,10 @@ impl Table {
 
     /// Every peer's health, by subnet.
     pub fn report(&self) -> HashMap<Ipv4Net, ProbeStatus> {
-        self.peers.iter().map(|(k, p)| (*k, p.st.clone())).collect()
+        self.peers
+            .values()
+            .map(|p| (p.subnet, p.st.clone()))
+            .collect()
     }
 }
 

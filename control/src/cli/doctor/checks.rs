@@ -4,8 +4,8 @@
 //! socket and subnet file); [`super::overlay`] those of the overlay itself.
 
 use super::facts::Facts;
-use super::overlay;
 use super::{Finding, Severity};
+use super::{overlay, peers};
 use crate::traffic::rules::FWD_CHAIN;
 
 /// A check: its name and its judgement.
@@ -24,7 +24,7 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("vxlan_l2", overlay::vxlan_l2),
     ("interface", overlay::interface),
     ("rp_filter", overlay::rp_filter),
-    ("peers", overlay::peers),
+    ("peers", peers::peers),
 ];
 
 /// Runs every check: errors first, then warnings, then notes (stable within each).

@@ -16,6 +16,7 @@
 pub mod checks;
 pub mod facts;
 mod overlay;
+mod peers;
 
 use std::path::PathBuf;
 

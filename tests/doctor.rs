@@ -327,6 +327,33 @@ fn doctor_finds_each_fault_and_a_healthy_cluster_is_clean() {
     }
     assert!(m.contains("weft_peer_rtt_seconds{"), "{m}");
 
+    // A smaller underlay MTU on one path (node 2's eth0 at 1400, the
+    // overlay's 1450 assumes 1500; node 1's weftd restarted to search at
+    // once rather than at its 10-minute re-search): its path-MTU probes find what
+    // passes (1400 - 50 bytes of VXLAN, +4 for the veth's L2 allowance),
+    // /metrics and weft status show it, and its doctor says so.
+    c.nodes[1].ns.sh("ip link set eth0 mtu 1400");
+    restart_weftd(&mut c, 0);
+    let pmtu =
+        weft_tests::proc::wait_for("node 1's path-MTU search", Duration::from_secs(60), || {
+            let st = c.status(0);
+            let p = st.peers.iter().find(|p| p.public_ip == peer_ip)?;
+            p.probe.as_ref()?.pmtu.filter(|m| *m < 1450)
+        });
+    assert!((1340..=1360).contains(&pmtu), "path MTU {pmtu}");
+    eprintln!("path MTU to node 2 with its eth0 at 1400: {pmtu}");
+    let (code, v) = doctor(&c, 0);
+    assert_eq!(code, 1, "{v:#}");
+    assert_eq!(ids(&v, &["error"]), ["path_mtu_low"], "{v:#}");
+    assert!(metrics(&c, 0).contains(&format!(
+        "weft_peer_path_mtu_bytes{{subnet=\"{peer_net}\",public_ip=\"{peer_ip}\"}} {pmtu}"
+    )));
+    assert!(status_text(&c, 0).contains(&format!("pmtu {pmtu}")));
+    c.nodes[1].ns.sh("ip link set eth0 mtu 1500");
+    // A found path MTU is searched again after 10 minutes (RFC 8899's
+    // PMTU_RAISE_TIMER); a restarted weftd searches at once.
+    restart_weftd(&mut c, 0);
+
     // Two peers lost at once, for different reasons: node 2's firewall
     // drops the overlay port (vxlan, UDP 8472), node 3's weftd is stopped.
     // Node 1's doctor names both; node 3's says its weftd is down (exit 3)
@@ -418,6 +445,15 @@ fn status_text(c: &Cluster, i: usize) -> String {
         .output()
         .expect("run weft status");
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Restarts node `i`'s weftd and waits until its status socket answers.
+fn restart_weftd(c: &mut Cluster, i: usize) {
+    c.stop_weftd(i);
+    c.start_weftd(i).expect("restart weftd");
+    weft_tests::proc::wait_for("weftd's status socket", Duration::from_secs(60), || {
+        (doctor(c, i).0 != 3).then_some(())
+    });
 }
 
 /// `weft doctor` (text) on node `i`.

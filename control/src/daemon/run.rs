@@ -230,6 +230,7 @@ pub async fn run_with<M: SubnetManager>(
     let _status = crate::status::server::start(&flags.subnet_file, observer, extras);
     let _probes = crate::probe::spawn(
         flags.probe_port,
+        mtu,
         shown.publisher.observer(),
         shown.publisher.probes(),
     );

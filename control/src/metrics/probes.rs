@@ -61,6 +61,17 @@ impl PromCollector for Collector {
             }
         }
         let mut m = enc.encode_descriptor(
+            "peer_path_mtu_bytes",
+            "The largest packet the path to the peer carries, as the last path-MTU search found it",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (p, s) in self.probed() {
+            if let Some(mtu) = s.pmtu {
+                ConstGauge::new(i64::from(mtu)).encode(m.encode_family(&labels(p))?)?;
+            }
+        }
+        let mut m = enc.encode_descriptor(
             "peer_probe_losses",
             "Consecutive overlay probes to the peer that got no answer",
             None,

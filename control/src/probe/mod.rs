@@ -21,6 +21,7 @@
 //! alloc: no device holds it) keeps trying to bind every 5 s and publishes
 //! nothing, so its peers show no verdict rather than a false one.
 
+pub mod pmtu;
 pub mod table;
 pub mod wire;
 
@@ -54,13 +55,15 @@ impl Drop for Prober {
     }
 }
 
-/// Starts the prober on `port` (`None` when 0: probing off).
-pub fn spawn(port: u16, observer: Observer, out: ProbePublisher) -> Option<Prober> {
+/// Starts the prober on `port` (`None` when 0: probing off); path-MTU
+/// searches go up to `mtu`, the overlay MTU.
+pub fn spawn(port: u16, mtu: u32, observer: Observer, out: ProbePublisher) -> Option<Prober> {
     if port == 0 {
         tracing::info!("overlay probes off (--probe-port=0)");
         return None;
     }
-    Some(Prober(tokio::spawn(run(port, observer, out))))
+    let mtu = mtu.min(RECV_BUF as u32);
+    Some(Prober(tokio::spawn(run(port, mtu, observer, out))))
 }
 
 /// The peer leases of one snapshot (compared by pointer: the main loop
@@ -87,6 +90,10 @@ fn subnets(peers: &Peers, own: Option<Ipv4Addr>) -> impl Iterator<Item = Ipv4Net
 fn bind(addr: Ipv4Addr, port: u16) -> std::io::Result<UdpSocket> {
     let s = std::net::UdpSocket::bind(SocketAddrV4::new(addr, port))?;
     s.set_nonblocking(true)?;
+    {
+        use std::os::fd::AsRawFd;
+        weft_engine::set_pmtu_probe(s.as_raw_fd())?;
+    }
     UdpSocket::from_std(s)
 }
 
@@ -97,11 +104,11 @@ async fn recv(sock: &Option<UdpSocket>, buf: &mut [u8]) -> std::io::Result<(usiz
     }
 }
 
-async fn run(port: u16, observer: Observer, out: ProbePublisher) {
+async fn run(port: u16, mtu: u32, observer: Observer, out: ProbePublisher) {
     let start = Instant::now();
     let now = || u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
     let seed = u64::from(std::process::id()) ^ now().rotate_left(32);
-    let mut t = table::Table::new(seed);
+    let mut t = table::Table::new(seed, mtu);
     let mut sock: Option<UdpSocket> = None;
     let mut bound: Option<Ipv4Addr> = None;
     let mut next_bind = start;
@@ -147,10 +154,13 @@ async fn run(port: u16, observer: Observer, out: ProbePublisher) {
             // One scan of the table per DUE_SCAN at most, so that 5,000
             // peers (1,000 probes/s) cost 10 scans a second, not one per probe.
             due_at = Instant::now() + DUE_SCAN;
-            for (dst, m) in t.due(now()) {
-                if let Some(n) = m.write(&mut buf[..wire::HEADER]) {
-                    // A failed send is a loss, found by the timeout.
-                    let _ = s.try_send_to(&buf[..n], SocketAddrV4::new(dst, port).into());
+            for p in t.due(now()) {
+                let Some(room) = buf.get_mut(..p.len) else {
+                    continue;
+                };
+                if let Some(n) = p.msg.write(room) {
+                    // A failed send (EMSGSIZE included) is a loss, found by the timeout.
+                    let _ = s.try_send_to(&buf[..n], SocketAddrV4::new(p.dst, port).into());
                 }
             }
             if published.elapsed() >= PUBLISH_EVERY {

@@ -8,14 +8,16 @@
 //! many nodes do not line up); a probe unanswered after [`TIMEOUT`] is a
 //! loss; [`LOST_AFTER`] consecutive losses (about 15 s) make the peer
 //! unreachable, one ack makes it reachable again. At most one probe per
-//! peer is outstanding.
+//! peer is outstanding. While a peer answers, its path MTU is searched
+//! beside ([`super::pmtu`]), with probes of their own.
 
 use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
-use super::wire::{Kind, Msg};
+use super::pmtu::Search;
+use super::wire::{HEADER, Kind, Msg};
 use crate::view::model::ProbeStatus;
 
 /// The shortest interval between two probes to one peer (ns).
@@ -35,7 +37,22 @@ struct Peer {
     due: u64,
     outstanding: Option<(u64, u64)>,
     st: ProbeStatus,
+    pmtu: Option<Search>,
 }
+
+/// A probe to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Probe {
+    /// The peer's overlay address.
+    pub dst: Ipv4Addr,
+    /// The message.
+    pub msg: Msg,
+    /// Its UDP payload length (24, or a path-MTU probe's size minus 28).
+    pub len: usize,
+}
+
+/// IPv4 and UDP headers: a probe of payload `n` is an `n + 28`-byte packet.
+const IP_UDP: u32 = 28;
 
 /// Every peer's probe state, by the peer's overlay address (its subnet's
 /// first address): one hash lookup per ack, whatever the peer count.
@@ -44,15 +61,22 @@ pub struct Table {
     peers: HashMap<Ipv4Addr, Peer>,
     seq: u64,
     rng: u64,
+    ceiling: u32,
 }
 
 impl Table {
-    /// An empty table; `seed` (non-zero) drives the jitter.
-    pub fn new(seed: u64) -> Table {
+    /// An empty table; `seed` (non-zero) drives the jitter; `mtu` is the
+    /// overlay MTU path-MTU searches go up to (0: no path-MTU probes).
+    pub fn new(seed: u64, mtu: u32) -> Table {
         Table {
             peers: HashMap::new(),
             seq: 0,
             rng: seed | 1,
+            ceiling: if mtu >= IP_UDP + HEADER as u32 {
+                mtu
+            } else {
+                0
+            },
         }
     }
 
@@ -79,6 +103,7 @@ impl Table {
                         due,
                         outstanding: None,
                         st: ProbeStatus::default(),
+                        pmtu: (self.ceiling > 0).then(|| Search::new(self.ceiling, now)),
                     },
                 );
             }
@@ -92,7 +117,7 @@ impl Table {
 
     /// Expires unanswered probes and returns the probes due now, each with
     /// the peer's overlay address (its subnet's first address).
-    pub fn due(&mut self, now: u64) -> Vec<(Ipv4Addr, Msg)> {
+    pub fn due(&mut self, now: u64) -> Vec<Probe> {
         let mut out = Vec::new();
         let keys: Vec<Ipv4Addr> = self.peers.keys().copied().collect();
         for k in keys {
@@ -115,14 +140,32 @@ impl Table {
                 p.due = now + INTERVAL_MIN + j;
                 p.st.sent += 1;
                 self.seq += 1;
-                out.push((
-                    k,
-                    Msg {
+                out.push(Probe {
+                    dst: k,
+                    msg: Msg {
                         kind: Kind::Probe,
                         seq,
                         stamp: now,
                     },
-                ));
+                    len: HEADER,
+                });
+            }
+            let answering = p.st.reachable == Some(true) && p.st.losses == 0;
+            if let Some(pm) = &mut p.pmtu {
+                let seq = self.seq;
+                if let Some(size) = pm.next(seq, now, answering) {
+                    self.seq += 1;
+                    out.push(Probe {
+                        dst: k,
+                        msg: Msg {
+                            kind: Kind::Probe,
+                            seq,
+                            stamp: now,
+                        },
+                        len: (size - IP_UDP) as usize,
+                    });
+                }
+                p.st.pmtu = pm.found;
             }
         }
         out
@@ -146,7 +189,10 @@ impl Table {
                 p.st.rtt_us = Some((now - sent) / 1_000);
                 true
             }
-            _ => false,
+            _ => p
+                .pmtu
+                .as_mut()
+                .is_some_and(|pm| pm.ack(m.seq, m.stamp, now)),
         }
     }
 
@@ -154,10 +200,17 @@ impl Table {
     pub fn next_wake(&self) -> Option<u64> {
         self.peers
             .values()
-            .map(|p| match p.outstanding {
-                // The due time is always later (INTERVAL_MIN > TIMEOUT).
-                Some((_, sent)) => sent + TIMEOUT,
-                None => p.due,
+            .map(|p| {
+                let probe = match p.outstanding {
+                    // The due time is always later (INTERVAL_MIN > TIMEOUT).
+                    Some((_, sent)) => sent + TIMEOUT,
+                    None => p.due,
+                };
+                let answering = p.st.reachable == Some(true) && p.st.losses == 0;
+                match &p.pmtu {
+                    Some(pm) if answering => probe.min(pm.wake()),
+                    _ => probe,
+                }
             })
             .min()
     }
@@ -187,20 +240,20 @@ mod tests {
 
     #[test]
     fn probes_at_the_interval_with_jitter_and_measures_rtt() {
-        let mut t = Table::new(42);
+        let mut t = Table::new(42, 0);
         t.sync([net("10.244.2.0/24")], 0);
         let first = t.next_wake().expect("test fixture");
         assert!(first < JITTER, "{first}");
         let out = t.due(first);
         assert_eq!(out.len(), 1);
         assert_eq!(
-            out[0].0,
+            out[0].dst,
             "10.244.2.0".parse::<Ipv4Addr>().expect("test fixture")
         );
         assert!(t.due(first + 1).is_empty(), "one probe outstanding at most");
         assert!(t.ack(
             "10.244.2.0".parse().expect("test fixture"),
-            &ack_of(&out[0].1),
+            &ack_of(&out[0].msg),
             first + 3_000_000
         ));
         let st = &t.report()[&net("10.244.2.0/24")];
@@ -210,7 +263,7 @@ mod tests {
         // A duplicate ack counts nothing.
         assert!(!t.ack(
             "10.244.2.0".parse().expect("test fixture"),
-            &ack_of(&out[0].1),
+            &ack_of(&out[0].msg),
             first + 4_000_000
         ));
         let next = t.next_wake().expect("test fixture") - first;
@@ -223,7 +276,7 @@ mod tests {
     #[test]
     fn three_losses_make_a_peer_unreachable_and_one_ack_reachable() {
         let n = net("10.244.3.0/24");
-        let mut t = Table::new(7);
+        let mut t = Table::new(7, 0);
         t.sync([n], 0);
         let mut sent = 0;
         while t.report()[&n].reachable != Some(false) {
@@ -237,22 +290,22 @@ mod tests {
         let now = t.next_wake().expect("test fixture");
         let probe = t.due(now).pop().expect("probes continue while unreachable");
         // A forged ack (wrong seq, wrong source) does not revive it.
-        let mut forged = ack_of(&probe.1);
+        let mut forged = ack_of(&probe.msg);
         forged.seq += 1;
-        assert!(!t.ack(probe.0, &forged, now + 1));
+        assert!(!t.ack(probe.dst, &forged, now + 1));
         assert!(!t.ack(
             "10.244.9.0".parse().expect("test fixture"),
-            &ack_of(&probe.1),
+            &ack_of(&probe.msg),
             now + 1
         ));
-        assert!(t.ack(probe.0, &ack_of(&probe.1), now + 1));
+        assert!(t.ack(probe.dst, &ack_of(&probe.msg), now + 1));
         assert_eq!(t.report()[&n].reachable, Some(true));
         assert_eq!(t.report()[&n].losses, 0);
     }
 
     #[test]
     fn sync_adds_and_forgets_peers() {
-        let mut t = Table::new(1);
+        let mut t = Table::new(1, 0);
         t.sync([net("10.244.2.0/24"), net("10.244.3.0/24")], 0);
         assert_eq!(t.report().len(), 2);
         t.sync([net("10.244.3.0/24")], 10 * S);

@@ -188,16 +188,20 @@ pub fn text(s: &Status) -> String {
 }
 
 /// The probes' verdict on a peer: `ok 0.42ms`, `LOST x3`, `?` (no verdict
-/// yet) or `-` (not probed).
+/// yet) or `-` (not probed), then the path MTU once searched (`pmtu 1450`).
 fn reach(p: Option<&ProbeStatus>) -> String {
-    match p {
-        None => "-".into(),
-        Some(p) => match (p.reachable, p.rtt_us) {
-            (Some(true), Some(us)) => format!("ok {:.2}ms", us as f64 / 1000.0),
-            (Some(true), None) => "ok".into(),
-            (Some(false), _) => format!("LOST x{}", p.losses),
-            (None, _) => "?".into(),
-        },
+    let Some(p) = p else {
+        return "-".into();
+    };
+    let verdict = match (p.reachable, p.rtt_us) {
+        (Some(true), Some(us)) => format!("ok {:.2}ms", us as f64 / 1000.0),
+        (Some(true), None) => "ok".into(),
+        (Some(false), _) => format!("LOST x{}", p.losses),
+        (None, _) => "?".into(),
+    };
+    match p.pmtu {
+        Some(m) => format!("{verdict} pmtu {m}"),
+        None => verdict,
     }
 }
 

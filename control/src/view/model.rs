@@ -211,6 +211,10 @@ pub struct ProbeStatus {
     pub sent: u64,
     /// Acks received.
     pub received: u64,
+    /// The largest packet (IP length) the path carries, as the last
+    /// path-MTU search found it (`null`: not searched yet).
+    #[serde(default)]
+    pub pmtu: Option<u32>,
 }
 
 // === impl LeaseStatus ===

@@ -25,6 +25,7 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("interface", overlay::interface),
     ("rp_filter", overlay::rp_filter),
     ("peers", peers::peers),
+    ("path_mtu", peers::path_mtu),
 ];
 
 /// Runs every check: errors first, then warnings, then notes (stable within each).

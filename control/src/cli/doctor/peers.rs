@@ -51,3 +51,43 @@ pub fn peers(f: &Facts) -> Vec<Finding> {
         })
         .collect()
 }
+
+/// Peers whose path carries less than the overlay MTU (from the probes'
+/// path-MTU search): bigger packets to them are black-holed.
+pub fn path_mtu(f: &Facts) -> Vec<Finding> {
+    let Some(st) = f.daemon.as_ref().ok() else {
+        return Vec::new();
+    };
+    let Some(mtu) = f
+        .subnet_env
+        .as_ref()
+        .ok()
+        .and_then(|e| e.as_ref())
+        .map(|e| e.mtu)
+        .filter(|m| *m > 0)
+    else {
+        return Vec::new();
+    };
+    st.peers
+        .iter()
+        .filter_map(|p| Some((p, p.probe.as_ref()?.pmtu?)))
+        .filter(|(_, pmtu)| *pmtu < mtu)
+        .map(|(p, pmtu)| {
+            Finding::new(
+                "path_mtu_low",
+                Severity::Error,
+                format!(
+                    "the path to peer {} carries packets of at most {pmtu} bytes, but pods send up to {mtu}: bigger packets (TCP at full size) are black-holed",
+                    p.public_ip
+                ),
+                format!(
+                    "path-MTU probes: {pmtu} bytes acked, larger lost; FLANNEL_MTU={mtu} in {}",
+                    f.subnet_file.display()
+                ),
+                format!(
+                    "give every node's underlay interface the same MTU (one has a smaller one: a VPN, a cloud with 1450, jumbo frames on one side), or set the network config's backend MTU so that pods use at most {pmtu} bytes, and restart weftd"
+                ),
+            )
+        })
+        .collect()
+}

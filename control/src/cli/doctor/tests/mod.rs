@@ -188,3 +188,17 @@ fn errors_sort_first() {
     assert_eq!(found[0].id, "ip_forward_off");
     assert_eq!(found.last().expect("test fixture").severity, Severity::Info);
 }
+
+#[test]
+fn a_path_as_large_as_the_overlay_mtu_is_fine() {
+    let mut f = healthy();
+    status_mut(&mut f).peers[0].probe = Some(crate::view::ProbeStatus {
+        reachable: Some(true),
+        rtt_us: Some(300),
+        losses: 0,
+        sent: 3,
+        received: 3,
+        pmtu: Some(1450),
+    });
+    assert!(checks::run(&f).is_empty());
+}

@@ -244,9 +244,25 @@ const ROWS: &[Row] = &[
                 losses: 3,
                 sent: 9,
                 received: 6,
+                pmtu: None,
             })
         },
         "peer_unreachable",
+        Severity::Error,
+    ),
+    (
+        "a path smaller than the overlay MTU",
+        |f| {
+            status_mut(f).peers[0].probe = Some(crate::view::ProbeStatus {
+                reachable: Some(true),
+                rtt_us: Some(400),
+                losses: 0,
+                sent: 9,
+                received: 9,
+                pmtu: Some(1350),
+            })
+        },
+        "path_mtu_low",
         Severity::Error,
     ),
 ];

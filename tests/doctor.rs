@@ -128,6 +128,7 @@ const HEALTHZ_PORT: u16 = 8471;
 fn doctor_finds_each_fault_and_a_healthy_cluster_is_clean() {
     require_root!();
     weft_testenv::require_tool!("curl", "curl", "curl");
+    weft_testenv::require_tool!("iperf3", "iperf3", "iperf3");
     let (_w, mut c) = cluster::start_nodes(
         "dr",
         &cluster::net_conf(r#"{"Type":"vxlan"}"#),
@@ -349,10 +350,27 @@ fn doctor_finds_each_fault_and_a_healthy_cluster_is_clean() {
         "weft_peer_path_mtu_bytes{{subnet=\"{peer_net}\",public_ip=\"{peer_ip}\"}} {pmtu}"
     )));
     assert!(status_text(&c, 0).contains(&format!("pmtu {pmtu}")));
+    // weftd acted: node 1's route to node 2's pods carries the path MTU, so
+    // DF packets up to it pass, bigger ones get "fragmentation needed" from
+    // node 1 itself, and TCP flows at the reduced size with no manual change.
+    let route = |c: &Cluster| c.nodes[0].ns.exec(&["ip", "route", "show", &peer_net]);
+    weft_tests::proc::wait_for("the lowered route MTU", Duration::from_secs(10), || {
+        route(&c).contains(&format!("mtu {pmtu}")).then_some(())
+    });
+    c.assert_df_ping(0, 1, pmtu, true);
+    let bytes = c.iperf_bytes(0, 1, 2);
+    assert!(
+        bytes > 1_000_000,
+        "TCP over the smaller path moved {bytes} bytes"
+    );
     c.nodes[1].ns.sh("ip link set eth0 mtu 1500");
     // A found path MTU is searched again after 10 minutes (RFC 8899's
-    // PMTU_RAISE_TIMER); a restarted weftd searches at once.
+    // PMTU_RAISE_TIMER); a restarted weftd searches at once, finds the path
+    // whole and removes the route's MTU.
     restart_weftd(&mut c, 0);
+    weft_tests::proc::wait_for("the route MTU removed", Duration::from_secs(20), || {
+        (!route(&c).contains(" mtu ")).then_some(())
+    });
 
     // Two peers lost at once, for different reasons: node 2's firewall
     // drops the overlay port (vxlan, UDP 8472), node 3's weftd is stopped.

@@ -196,6 +196,11 @@ pub struct Flags {
     /// 0 disables).
     #[arg(long, env = "WEFT_PROBE_PORT", default_value_t = crate::probe::DEFAULT_PORT)]
     pub probe_port: u16,
+    /// weft: lower the route MTU of a peer whose path carries less than the
+    /// overlay MTU (found by the path-MTU probes), and restore it when the
+    /// path is whole again; only weft's own routes are touched.
+    #[arg(long, env = "WEFT_PROBE_ROUTE_MTU", default_value = "true", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
+    pub probe_route_mtu: bool,
     /// Resync period for iptables rules, in seconds.
     #[arg(long, env = "FLANNELD_IPTABLES_RESYNC", default_value_t = 5)]
     pub iptables_resync: u64,

@@ -231,6 +231,7 @@ pub async fn run_with<M: SubnetManager>(
     let _probes = crate::probe::spawn(
         flags.probe_port,
         mtu,
+        flags.probe_route_mtu,
         shown.publisher.observer(),
         shown.publisher.probes(),
     );

@@ -22,6 +22,7 @@
 //! nothing, so its peers show no verdict rather than a false one.
 
 pub mod pmtu;
+pub mod routes;
 pub mod table;
 pub mod wire;
 
@@ -56,14 +57,22 @@ impl Drop for Prober {
 }
 
 /// Starts the prober on `port` (`None` when 0: probing off); path-MTU
-/// searches go up to `mtu`, the overlay MTU.
-pub fn spawn(port: u16, mtu: u32, observer: Observer, out: ProbePublisher) -> Option<Prober> {
+/// searches go up to `mtu`, the overlay MTU; `route_mtu`: lower a peer's
+/// route MTU to its path MTU ([`routes`]).
+pub fn spawn(
+    port: u16,
+    mtu: u32,
+    route_mtu: bool,
+    observer: Observer,
+    out: ProbePublisher,
+) -> Option<Prober> {
     if port == 0 {
         tracing::info!("overlay probes off (--probe-port=0)");
         return None;
     }
     let mtu = mtu.min(RECV_BUF as u32);
-    Some(Prober(tokio::spawn(run(port, mtu, observer, out))))
+    let routes = route_mtu.then(|| routes::RouteMtus::new(mtu));
+    Some(Prober(tokio::spawn(run(port, mtu, routes, observer, out))))
 }
 
 /// The peer leases of one snapshot (compared by pointer: the main loop
@@ -104,7 +113,13 @@ async fn recv(sock: &Option<UdpSocket>, buf: &mut [u8]) -> std::io::Result<(usiz
     }
 }
 
-async fn run(port: u16, mtu: u32, observer: Observer, out: ProbePublisher) {
+async fn run(
+    port: u16,
+    mtu: u32,
+    mut routes: Option<routes::RouteMtus>,
+    observer: Observer,
+    out: ProbePublisher,
+) {
     let start = Instant::now();
     let now = || u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
     let seed = u64::from(std::process::id()) ^ now().rotate_left(32);
@@ -164,7 +179,11 @@ async fn run(port: u16, mtu: u32, observer: Observer, out: ProbePublisher) {
                 }
             }
             if published.elapsed() >= PUBLISH_EVERY {
-                out.publish(ProbeView::from(Arc::new(t.report())));
+                let report = t.report();
+                if let Some(r) = &mut routes {
+                    r.apply(&report).await;
+                }
+                out.publish(ProbeView::from(Arc::new(report)));
                 published = Instant::now();
             }
         }

@@ -77,7 +77,7 @@ pub fn path_mtu(f: &Facts) -> Vec<Finding> {
                 "path_mtu_low",
                 Severity::Error,
                 format!(
-                    "the path to peer {} carries packets of at most {pmtu} bytes, but pods send up to {mtu}: bigger packets (TCP at full size) are black-holed",
+                    "the path to peer {} carries packets of at most {pmtu} bytes, but pods send up to {mtu}: bigger packets are black-holed unless weftd lowered that route's MTU (--probe-route-mtu, on by default)",
                     p.public_ip
                 ),
                 format!(

@@ -497,3 +497,46 @@ fn metrics(c: &Cluster, i: usize) -> String {
         &format!("http://127.0.0.1:{HEALTHZ_PORT}/metrics"),
     ])
 }
+
+/// The probes cross the encapsulation on every userspace dataplane (the
+/// engine carries them as pod traffic): two nodes each, every peer reachable
+/// and its path MTU found whole (the overlay MTU, one probe); host-gw, whose
+/// nodes hold no overlay address, shows no verdict rather than a false one.
+#[test]
+fn probes_cross_every_userspace_dataplane() {
+    require_root!();
+    for backend in ["vxlan", "udp", "wireguard", "ipip"] {
+        let (_w, c) = cluster::start(
+            &format!("p{}", &backend[..2]),
+            &cluster::net_conf(&format!(r#"{{"Type":"{backend}"}}"#)),
+            2,
+            &["--traffic-manager=none", "--dataplane=userspace"],
+        );
+        let mtu: u32 = c.env_var(0, "FLANNEL_MTU").parse().expect("FLANNEL_MTU");
+        for i in 0..2 {
+            weft_tests::proc::wait_for_or_show(
+                &format!("{backend}: node {i}'s probe verdict"),
+                Duration::from_secs(30),
+                || {
+                    let st = c.status(i);
+                    let p = st.peers.first()?.probe.clone()?;
+                    (p.reachable == Some(true) && p.pmtu == Some(mtu)).then_some(())
+                },
+                || format!("{:?}\n{}", c.status(i).peers, c.log(i)),
+            );
+        }
+    }
+    let (_w, c) = cluster::start(
+        "phg",
+        &cluster::net_conf(r#"{"Type":"host-gw"}"#),
+        2,
+        &["--traffic-manager=none"],
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let st = c.status(0);
+    assert!(
+        st.peers.len() == 1 && st.peers[0].probe.is_none(),
+        "{:?}",
+        st.peers
+    );
+}

@@ -36,9 +36,30 @@ pub fn run(f: &Facts) -> Vec<Finding> {
 }
 
 fn weftd(f: &Facts) -> Vec<Finding> {
+    let mut out = Vec::new();
+    if let Some(e) = &f.netlink_error {
+        out.push(Finding::new(
+            "netlink_unreadable",
+            Severity::Warning,
+            "links, addresses and routes could not be read: the overlay checks were skipped",
+            e.clone(),
+            "run weft doctor as root on the node (in the host's network namespace)",
+        ));
+    }
     match &f.daemon {
-        Ok(_) => Vec::new(),
-        Err(e) => vec![Finding::new(
+        Ok(_) => out,
+        Err(e) if e.contains("ermission denied") => {
+            out.push(Finding::new(
+                "not_root",
+                Severity::Error,
+                "weftd's status socket is root-only: without it the overlay checks cannot run",
+                e.clone(),
+                "run weft doctor as root (sudo weft doctor)",
+            ));
+            out
+        }
+        Err(e) => {
+            out.push(Finding::new(
             "weftd_down",
             Severity::Error,
             "weftd is not running (its status socket does not answer): no lease is renewed and no peer change is programmed",
@@ -47,7 +68,9 @@ fn weftd(f: &Facts) -> Vec<Finding> {
                 "start weftd with --subnet-file={} (systemctl start weftd, or see the DaemonSet's pod log); the checks that need it were skipped",
                 f.subnet_file.display()
             ),
-        )],
+            ));
+            out
+        }
     }
 }
 

@@ -9,6 +9,21 @@ type Row = (&'static str, fn(&mut Facts), &'static str, Severity);
 
 const ROWS: &[Row] = &[
     (
+        "not root",
+        |f| {
+            f.daemon =
+                Err("connect /run/flannel/weft-status.sock: Permission denied (os error 13)".into())
+        },
+        "not_root",
+        Severity::Error,
+    ),
+    (
+        "netlink unreadable",
+        |f| f.netlink_error = Some("ip link show: EPERM".into()),
+        "netlink_unreadable",
+        Severity::Warning,
+    ),
+    (
         "weftd down",
         |f| f.daemon = Err("connection refused".into()),
         "weftd_down",

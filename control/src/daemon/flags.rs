@@ -547,8 +547,9 @@ mod tests {
                 }
             }
         }
-        // flanneld's 7 booleans; its 20 value flags and weft's own.
-        assert!(seen.0 >= 30 && seen.1 == 7, "{seen:?}");
+        // flanneld's 7 booleans and weft's --probe-route-mtu; flanneld's 20
+        // value flags and weft's own.
+        assert!(seen.0 >= 30 && seen.1 == 8, "{seen:?}");
         // `--` ends the flags; a lone `-` and non-flags are left alone.
         assert_eq!(norm(&["--", "-v", "2"]), vec!["--", "-v", "2"]);
         assert_eq!(norm(&["-", "x"]), vec!["-", "x"]);

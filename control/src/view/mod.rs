@@ -10,6 +10,8 @@
 //!   (name, dataplane, its devices as [`DeviceProbe`]s);
 //! - [`DaemonView`]: what the main loop publishes (the own lease, the peer
 //!   leases it knows, the dataplane choice, what readiness hangs on);
+//! - [`ProbeView`]: what weftd's overlay prober publishes (each probed
+//!   peer's reachability, round trip and path MTU), merged into the peers;
 //! - [`Publisher`] / [`Observer`]: the two ends.
 //!
 //! Contract: **observation never waits for work.** A reader takes the

@@ -17,7 +17,9 @@
 //!   "peers": [ { "subnet": "10.244.2.0/24", "ipv6_subnet": null, "public_ip": "192.0.2.2",
 //!                "public_ipv6": null, "backend_type": "vxlan", "device": "flannel.1",
 //!                "counters": { "tx_packets": 5, "tx_bytes": 420, "rx_packets": 5, "rx_bytes": 420 },
-//!                "last_handshake": null } ]
+//!                "last_handshake": null,
+//!                "probe": { "reachable": true, "rtt_us": 420, "losses": 0, "sent": 12,
+//!                           "received": 12, "pmtu": 1450 } } ]
 //! }
 //! ```
 //!
@@ -27,7 +29,9 @@
 //! statistics); a peer's `device` and `counters` when the dataplane keeps no
 //! per-peer counters (the kernel) or does not carry that peer; a peer's
 //! `last_handshake` unless it is a userspace WireGuard peer that has
-//! completed a handshake.
+//! completed a handshake; a peer's `probe` when weftd's overlay prober has
+//! no result for it (probing off, no overlay address, not probed yet), and
+//! its `reachable`, `rtt_us` and `pmtu` until known (docs/probes.md).
 //!
 //! `batching` and `drops` are the engine's counter sets ([`Batching`],
 //! [`Drops`]): their keys are the engine's counter names, in the engine's

@@ -270,6 +270,13 @@ impl Observer {
         Some(status)
     }
 
+    /// Waits until the prober publishes again and returns what it
+    /// published (`None`: the publisher is gone).
+    pub async fn probes_changed(&mut self) -> Option<ProbeView> {
+        self.probes.changed().await.ok()?;
+        self.probes.borrow_and_update().clone()
+    }
+
     /// Why the node is not ready (`/readyz`), if it is not.
     pub fn unready(&self) -> Option<&'static str> {
         match self.daemon.borrow().as_ref() {

@@ -48,6 +48,17 @@ fn doctor_finds_each_fault_and_a_healthy_cluster_is_clean() {
     for i in 0..3 {
         assert_clean(&c, i, "start");
     }
+    let out = c.nodes[0]
+        .ns
+        .command(&weft_tests::bins::path("weft").to_string_lossy())
+        .args(["doctor", "--skip", "nope"])
+        .output()
+        .expect("run weft doctor");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an unknown --skip is a usage error"
+    );
 
     // Node 1 (index 0) is where things break; node 2 is its peer.
     let peer_ip = c.nodes[1].addr.clone();

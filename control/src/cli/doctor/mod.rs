@@ -86,6 +86,10 @@ pub struct DoctorArgs {
     /// The CNI plugin directory.
     #[arg(long, value_name = "DIR", default_value = "/opt/cni/bin")]
     cni_bin_dir: PathBuf,
+    /// Skip a check by name (repeatable; e.g. `cni` where the CNI
+    /// directories are not visible, as inside weft's pod).
+    #[arg(long, value_name = "CHECK")]
+    skip: Vec<String>,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -102,8 +106,19 @@ pub fn run(a: &DoctorArgs) -> Result<(), CliError> {
         conf_dir: a.cni_conf_dir.clone(),
         bin_dir: a.cni_bin_dir.clone(),
     };
+    if let Some(bad) = a
+        .skip
+        .iter()
+        .find(|s| !checks::CHECKS.iter().any(|(n, _)| n == s))
+    {
+        let names: Vec<&str> = checks::CHECKS.iter().map(|(n, _)| *n).collect();
+        return Err(CliError::usage(format!(
+            "--skip {bad}: no such check (checks: {})",
+            names.join(", ")
+        )));
+    }
     let f = facts::gather(&file, &socket, &cni);
-    let findings = checks::run(&f);
+    let findings = checks::run_except(&f, &a.skip);
     let errors = findings
         .iter()
         .filter(|x| x.severity == Severity::Error)
@@ -114,7 +129,11 @@ pub fn run(a: &DoctorArgs) -> Result<(), CliError> {
         .count();
     if a.json {
         print_json(&serde_json::json!({
-            "checks": checks::CHECKS.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            "checks": checks::CHECKS
+                .iter()
+                .map(|(n, _)| *n)
+                .filter(|n| !a.skip.iter().any(|s| s == n))
+                .collect::<Vec<_>>(),
             "errors": errors,
             "warnings": warnings,
             "findings": findings,

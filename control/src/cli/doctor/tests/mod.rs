@@ -202,3 +202,20 @@ fn a_path_as_large_as_the_overlay_mtu_is_fine() {
     });
     assert!(checks::run(&f).is_empty());
 }
+
+#[test]
+fn skipped_checks_report_nothing() {
+    let mut f = healthy();
+    f.ip_forward = Some(0);
+    f.cni.confs = None;
+    let ids = |skip: &[&str]| {
+        let skip: Vec<String> = skip.iter().map(|s| s.to_string()).collect();
+        checks::run_except(&f, &skip)
+            .into_iter()
+            .map(|x| x.id)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&[]), ["ip_forward_off", "cni_conf_missing"]);
+    assert_eq!(ids(&["cni"]), ["ip_forward_off"]);
+    assert!(ids(&["cni", "ip_forward"]).is_empty());
+}

@@ -92,15 +92,6 @@ pub struct Facts {
     pub daemon: Result<Status, String>,
 }
 
-impl Default for CniFactsOpt {
-    fn default() -> Self {
-        CniFactsOpt {
-            conf_dir: PathBuf::from("/etc/cni/net.d"),
-            bin_dir: PathBuf::from("/opt/cni/bin"),
-        }
-    }
-}
-
 /// Where the CNI config and plugins are looked for.
 #[derive(Debug, Clone)]
 pub struct CniFactsOpt {
@@ -108,6 +99,16 @@ pub struct CniFactsOpt {
     pub conf_dir: PathBuf,
     /// The plugin directory (`--cni-bin-dir`).
     pub bin_dir: PathBuf,
+}
+
+/// The kubelet's defaults.
+impl Default for CniFactsOpt {
+    fn default() -> Self {
+        CniFactsOpt {
+            conf_dir: PathBuf::from("/etc/cni/net.d"),
+            bin_dir: PathBuf::from("/opt/cni/bin"),
+        }
+    }
 }
 
 fn sysctl(path: &str) -> Option<u8> {

@@ -12,7 +12,10 @@
 //! smallest size lost, one probe in flight, [`GAP`] apart, until they are
 //! one byte apart: at most 10 steps from 1450 (~10 s with losses). Probes
 //! run only while the peer answers the small probes (a lost peer says
-//! nothing about its MTU); the result is searched again after [`RAISE`]
+//! nothing about its MTU), and a lost size counts only once a small probe
+//! sent after it is answered ([`Search::path_up`]; the table sends one at
+//! once), so that a moment of loss on the path is not taken for a small
+//! MTU; the result is searched again after [`RAISE`]
 //! (RFC 8899's PMTU_RAISE_TIMER), keeping the last result meanwhile.
 //! Sizes are IP packet lengths (the probe's UDP payload plus 28 bytes).
 
@@ -35,6 +38,8 @@ pub struct Search {
     hi: u32,
     fails: u8,
     outstanding: Option<(u64, u64, u32)>,
+    /// A size lost, not yet judged: (size, when it was sent).
+    suspect: Option<(u32, u64)>,
     due: u64,
     /// The largest size the last finished search saw acked.
     pub found: Option<u32>,
@@ -49,6 +54,7 @@ impl Search {
             hi: ceiling + 1,
             fails: 0,
             outstanding: None,
+            suspect: None,
             due: now,
             found: None,
         }
@@ -63,14 +69,10 @@ impl Search {
             self.outstanding = None;
             self.due = now + GAP;
             if answering {
-                self.fails += 1;
-                if self.fails >= FAILS {
-                    self.hi = size;
-                    self.fails = 0;
-                }
+                self.suspect = Some((size, sent));
             }
         }
-        if !answering || self.outstanding.is_some() || now < self.due {
+        if !answering || self.outstanding.is_some() || self.suspect.is_some() || now < self.due {
             return None;
         }
         if self.hi - self.lo <= 1 {
@@ -104,8 +106,34 @@ impl Search {
         }
     }
 
-    /// When the search next has something to do.
+    /// Whether a lost size waits for a small probe to prove the path up.
+    pub fn wants_check(&self) -> bool {
+        self.suspect.is_some()
+    }
+
+    /// A small probe sent at `sent` was answered at `now`: a size lost
+    /// before it was lost to its size, not to the path ([`FAILS`] such
+    /// losses make it too big).
+    pub fn path_up(&mut self, sent: u64, now: u64) {
+        if let Some((size, lost_at)) = self.suspect
+            && sent >= lost_at
+        {
+            self.suspect = None;
+            self.fails += 1;
+            if self.fails >= FAILS {
+                self.hi = size;
+                self.fails = 0;
+            }
+            self.due = now + GAP;
+        }
+    }
+
+    /// When the search next has something to do (never while a lost size
+    /// waits for the table's small probe: that one wakes the table).
     pub fn wake(&self) -> u64 {
+        if self.suspect.is_some() {
+            return u64::MAX;
+        }
         self.outstanding
             .map_or(self.due, |(_, sent, _)| sent + TIMEOUT)
     }
@@ -128,6 +156,11 @@ mod tests {
                     assert!(s.ack(seq, now, now + 1_000_000));
                 }
                 seq += 1;
+            }
+            if s.wants_check() {
+                // The table's small probe, sent now, answered in 1 ms.
+                s.path_up(now, now + 1_000_000);
+                now += 1_000_000;
             }
             assert!(now < 120_000_000_000, "no result after {now} ns");
         }
@@ -158,6 +191,7 @@ mod tests {
         for t in 1..10 {
             assert_eq!(s.next(2, t * TIMEOUT, false), None);
         }
+        assert!(!s.wants_check());
         assert!(!s.ack(7, 0, 11 * TIMEOUT));
         assert_eq!(s.next(3, 11 * TIMEOUT, true), Some(1450));
         assert!(s.ack(3, 11 * TIMEOUT, 11 * TIMEOUT + 1));
@@ -165,5 +199,26 @@ mod tests {
         assert_eq!(s.found, Some(1450));
         // Searched again after RAISE.
         assert_eq!(s.next(5, 12 * TIMEOUT + RAISE, true), Some(1450));
+    }
+
+    #[test]
+    fn a_size_lost_while_the_path_was_down_counts_nothing() {
+        let mut s = Search::new(1450, 0);
+        assert_eq!(s.next(1, 10, true), Some(1450));
+        // Lost; the peer still answered small probes, so the size is suspect.
+        assert_eq!(s.next(2, 10 + TIMEOUT, true), None);
+        assert!(s.wants_check());
+        assert_eq!(s.wake(), u64::MAX, "the table's small probe wakes it");
+        // An ack of a small probe sent before the size probe proves nothing.
+        s.path_up(5, 10 + TIMEOUT + 1);
+        assert!(s.wants_check());
+        // One sent after it does: one failure, not yet FAILS.
+        s.path_up(10 + TIMEOUT, 10 + TIMEOUT + 2);
+        assert!(!s.wants_check());
+        assert_eq!(
+            s.next(3, 10 + 2 * TIMEOUT, true),
+            Some(1450),
+            "retried at the same size"
+        );
     }
 }

@@ -38,6 +38,8 @@ struct Peer {
     outstanding: Option<(u64, u64)>,
     st: ProbeStatus,
     pmtu: Option<Search>,
+    /// A small probe was moved up to judge a lost size.
+    check: bool,
 }
 
 /// A probe to send.
@@ -104,6 +106,7 @@ impl Table {
                         outstanding: None,
                         st: ProbeStatus::default(),
                         pmtu: (self.ceiling > 0).then(|| Search::new(self.ceiling, now)),
+                        check: false,
                     },
                 );
             }
@@ -166,6 +169,12 @@ impl Table {
                     });
                 }
                 p.st.pmtu = pm.found;
+                // A lost size waits for a small probe sent after it: send
+                // one at the next scan rather than at the interval.
+                if pm.wants_check() && p.outstanding.is_none() && !p.check {
+                    p.due = p.due.min(now);
+                    p.check = true;
+                }
             }
         }
         out
@@ -187,6 +196,10 @@ impl Table {
                 p.st.losses = 0;
                 p.st.reachable = Some(true);
                 p.st.rtt_us = Some((now - sent) / 1_000);
+                p.check = false;
+                if let Some(pm) = &mut p.pmtu {
+                    pm.path_up(sent, now);
+                }
                 true
             }
             _ => p

@@ -245,6 +245,11 @@ def control():
         write("subnet_key", n, k)
 
     write("subnet_env", "dual-stack", "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.1.1/24\nFLANNEL_IPV6_NETWORK=fc00::/48\nFLANNEL_IPV6_SUBNET=fc00:0:0:1::1/64\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n")
+    probe = b"WFPR" + bytes([1, 1]) + struct.pack("!HQQ", 0, 7, 123456789)
+    write("probe_msg", "probe", probe)
+    write("probe_msg", "probe-padded", probe + bytes(1400 - len(probe)))
+    write("probe_msg", "ack", b"WFPR" + bytes([1, 2]) + struct.pack("!HQQ", 1400, 7, 123456789))
+    write("probe_msg", "version-2", b"WFPR" + bytes([2, 1]) + struct.pack("!HQQ", 0, 7, 1))
     write("subnet_env", "v4", "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.7.1/24\nFLANNEL_MTU=1472\nFLANNEL_IPMASQ=false\n")
     write("subnet_env", "godotenv-quirks", "# written by hand\nexport FLANNEL_NETWORK='10.244.0.0/16'\nFLANNEL_SUBNET=\"10.244.3.1/24,bogus\"\nFLANNEL_MTU = 1450\r\nFLANNEL_IPMASQ=true # comment\n")
 

@@ -53,6 +53,7 @@ fn every_target_has_a_replay_test_and_a_corpus() {
         "vxlan_backend_data",
         "node_annotations",
         "vici",
+        "probe_msg",
         "cni_command",
         "cni_config",
     ];
@@ -100,6 +101,7 @@ replay_tests!(
     vxlan_backend_data,
     node_annotations,
     vici,
+    probe_msg,
     cni_command,
     cni_config,
 );

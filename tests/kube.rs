@@ -220,6 +220,18 @@ fn nodes_take_pod_cidrs_and_see_peers() {
         nodes[0].log(),
         nodes[1].log()
     );
+    // weft's own condition from its overlay probes: every peer reachable.
+    for n in &nodes[..2] {
+        weft_tests::proc::wait_for(
+            &format!("{}'s WeftPeersReachable condition", n.name),
+            Duration::from_secs(30),
+            || {
+                let c = condition(&cp.node_json(&n.name), "WeftPeersReachable")?;
+                assert_eq!(c["reason"], "AllPeersReachable", "{c}");
+                (c["status"] == "True").then_some(())
+            },
+        );
+    }
 
     // A third node joins, with the user annotations: node-public-ip picks
     // the external address, public-ip-overwrite is what gets published.

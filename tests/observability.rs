@@ -36,6 +36,8 @@ fn cluster_of(tag: &str, backend: &str, dataplane: &str) -> (tempfile::TempDir, 
             &format!("--dataplane={dataplane}"),
             &format!("--healthz-port={HEALTHZ_PORT}"),
             "--engine-workers=2",
+            // The counters are checked to the packet: no overlay probes.
+            "--probe-port=0",
         ],
     )
 }

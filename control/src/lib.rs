@@ -22,6 +22,7 @@ pub mod lockfile;
 pub mod logging;
 pub mod metrics;
 pub mod netlink;
+pub mod probe;
 pub mod secret;
 pub mod status;
 pub mod store;

@@ -135,6 +135,7 @@ pub use peers::{Peer, PeerTable, WgPeer};
 pub use stats::{
     Batching, Counter, CounterSet, DropReason, Drops, PeerReport, PeerStats, Report, Stats,
 };
+pub use sys::udp::set_pmtu_probe;
 pub use wg::WgSecret;
 
 use crate::peers::WgIds;

@@ -263,3 +263,24 @@ pub fn vici(data: &[u8]) {
         "decode accepted a non-canonical encoding"
     );
 }
+
+/// A datagram on weftd's probe port (`probe::wire::Msg::parse`): anything
+/// may arrive there. What parses writes back to the same 24-byte header (a
+/// probe with its padding zeroed, an ack as exactly the header) and parses
+/// again to the same message.
+pub fn probe_msg(data: &[u8]) {
+    use weft_control::probe::wire::{HEADER, Kind, Msg};
+    let Ok(m) = Msg::parse(data) else {
+        return;
+    };
+    let mut out = vec![0xa5u8; data.len()];
+    let n = m
+        .write(&mut out)
+        .expect("a parsed message fits its own datagram");
+    assert_eq!(out[..HEADER], data[..HEADER], "header written differently");
+    match m.kind {
+        Kind::Probe => assert!(n == data.len() && out[HEADER..].iter().all(|b| *b == 0)),
+        Kind::Ack { .. } => assert_eq!(n, HEADER),
+    }
+    assert_eq!(Msg::parse(&out[..n]), Ok(m), "does not read back");
+}

@@ -36,6 +36,7 @@ pub const ALL: &[Target] = &[
     ("vxlan_backend_data", control::vxlan_backend_data),
     ("node_annotations", control::node_annotations),
     ("vici", control::vici),
+    ("probe_msg", control::probe_msg),
     ("cni_command", cni::cni_command),
     ("cni_config", cni::cni_config),
 ];

@@ -15,6 +15,7 @@
 
 mod dataplane;
 mod demo;
+pub mod doctor;
 mod leases;
 
 use std::path::PathBuf;
@@ -95,6 +96,10 @@ enum Cmd {
     Status(dataplane::StatusArgs),
     /// List, write or delete the leases in a store.
     Leases(Box<leases::LeasesArgs>),
+    /// Check this node's setup, its weftd and its peers; print each problem
+    /// with its evidence and the fix (exit 1 on an error finding, 3 when
+    /// weftd does not answer).
+    Doctor(doctor::DoctorArgs),
 }
 
 /// The socket weftd serves status on for `subnet_file`.
@@ -110,6 +115,7 @@ pub fn main() -> u8 {
         Cmd::Demo(a) => demo::run(&a),
         Cmd::Dataplane(a) => dataplane::dataplane(&a),
         Cmd::Status(a) => dataplane::status(&a),
+        Cmd::Doctor(a) => doctor::run(&a),
         Cmd::Leases(a) => match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

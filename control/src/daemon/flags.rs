@@ -191,6 +191,16 @@ pub struct Flags {
     /// The port to listen on for health checks (0 disables).
     #[arg(long, env = "FLANNELD_HEALTHZ_PORT", default_value_t = 0)]
     pub healthz_port: u16,
+    /// weft: the UDP port of the overlay probes between nodes, bound on the
+    /// node's overlay address (docs/probes.md; every node must use the same;
+    /// 0 disables).
+    #[arg(long, env = "WEFT_PROBE_PORT", default_value_t = crate::probe::DEFAULT_PORT)]
+    pub probe_port: u16,
+    /// weft: lower the route MTU of a peer whose path carries less than the
+    /// overlay MTU (found by the path-MTU probes), and restore it when the
+    /// path is whole again; only weft's own routes are touched.
+    #[arg(long, env = "WEFT_PROBE_ROUTE_MTU", default_value = "true", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
+    pub probe_route_mtu: bool,
     /// Resync period for iptables rules, in seconds.
     #[arg(long, env = "FLANNELD_IPTABLES_RESYNC", default_value_t = 5)]
     pub iptables_resync: u64,
@@ -537,8 +547,9 @@ mod tests {
                 }
             }
         }
-        // flanneld's 7 booleans; its 20 value flags and weft's own.
-        assert!(seen.0 >= 30 && seen.1 == 7, "{seen:?}");
+        // flanneld's 7 booleans and weft's --probe-route-mtu; flanneld's 20
+        // value flags and weft's own.
+        assert!(seen.0 >= 30 && seen.1 == 8, "{seen:?}");
         // `--` ends the flags; a lone `-` and non-flags are left alone.
         assert_eq!(norm(&["--", "-v", "2"]), vec!["--", "-v", "2"]);
         assert_eq!(norm(&["-", "x"]), vec!["-", "x"]);

@@ -92,6 +92,8 @@ pub async fn run<M: SubnetManager>(
     let mut reconcile = tokio::time::interval(RECONCILE_PERIOD);
     reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     reconcile.tick().await;
+    let mut probes = publisher.observer();
+    let mut peers_reported: Option<Vec<String>> = None;
     loop {
         if !task.is_busy() {
             dispatch(task, &mut q, &mut backlog, &watcher, lease)?;
@@ -145,12 +147,49 @@ pub async fn run<M: SubnetManager>(
                 q.switch = Some(ctl.on_due());
             }
             _ = reconcile.tick() => q.reconcile = true,
+            Some(view) = probes.probes_changed() => {
+                // Only a changed set is reported (a store round trip, as the
+                // lease renewal: the loop's own job); a failed report is
+                // tried again at the next publication.
+                let lost = unreachable(&view, &watcher);
+                if peers_reported.as_ref() != Some(&lost) {
+                    match mgr.report_peers(&lost).await {
+                        Ok(()) => peers_reported = Some(lost),
+                        Err(e) => tracing::warn!("cannot report the unreachable peers: {e}"),
+                    }
+                }
+            }
             done = task.done() => {
                 let done = done?;
                 on_done(done, task.name(), &mut q, &mut backlog, ctl, metrics)?;
             }
         }
     }
+}
+
+/// The peers the probes found unreachable, as `subnet (public IP)`, in
+/// subnet order.
+fn unreachable(view: &crate::view::ProbeView, watcher: &LeaseWatcher) -> Vec<String> {
+    let mut lost: Vec<ipnet::Ipv4Net> = view
+        .iter()
+        .filter(|(_, st)| st.reachable == Some(false))
+        .map(|(net, _)| *net)
+        .collect();
+    if lost.is_empty() {
+        return Vec::new();
+    }
+    lost.sort();
+    let peers = watcher.shared();
+    lost.into_iter()
+        .map(|net| {
+            let ip = peers
+                .iter()
+                .find(|l| l.subnet == Some(net))
+                .map(|l| l.attrs.public_ip.to_string())
+                .unwrap_or_default();
+            format!("{net} ({ip})")
+        })
+        .collect()
 }
 
 /// Hands the idle task the most urgent item: a switch, a rebuild, a

@@ -228,6 +228,13 @@ pub async fn run_with<M: SubnetManager>(
     let mut task = BackendTask::spawn(backend, shown.publisher.backend(), delay);
     let observer = shown.publisher.observer();
     let _status = crate::status::server::start(&flags.subnet_file, observer, extras);
+    let _probes = crate::probe::spawn(
+        flags.probe_port,
+        mtu,
+        flags.probe_route_mtu,
+        shown.publisher.observer(),
+        shown.publisher.probes(),
+    );
 
     let env = SubnetEnv {
         network: cfg.network.filter(|_| cfg.enable_ipv4),

@@ -310,6 +310,20 @@ impl SubnetManager for KubeManager {
         Ok(())
     }
 
+    async fn report_peers(&self, unreachable: &[String]) -> Result<(), SubnetError> {
+        if !self.opts.set_node_network_unavailable {
+            return Ok(());
+        }
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        self.patch_status(
+            "condition WeftPeersReachable",
+            node::peers_reachable_patch(now, unreachable),
+        )
+        .await
+        .map_err(|e| SubnetError::Store(e.into()))?;
+        Ok(())
+    }
+
     async fn watch_leases(&self) -> Result<mpsc::Receiver<LeaseEvent>, StoreError> {
         Ok(lock(&self.state).subscribe(self.opts.event_queue_depth))
     }

@@ -306,6 +306,52 @@ pub fn network_available_patch(now: Time) -> Value {
     json!({ "status": { "conditions": [cond] } })
 }
 
+/// The most unreachable peers a `WeftPeersReachable` message names.
+pub const CONDITION_NAMES: usize = 10;
+
+/// weft's own node condition from its overlay probes (docs/probes.md):
+/// `WeftPeersReachable`, `True` (reason `AllPeersReachable`) or `False`
+/// (reason `PeersUnreachable`, the first [`CONDITION_NAMES`] unreachable
+/// peers named), both times `now`.
+pub fn peers_reachable_patch(now: Time, unreachable: &[String]) -> Value {
+    let (status, reason, message) = if unreachable.is_empty() {
+        (
+            "True",
+            "AllPeersReachable",
+            "weftd's overlay probes reach every peer".to_string(),
+        )
+    } else {
+        let mut names = unreachable
+            .iter()
+            .take(CONDITION_NAMES)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ");
+        if unreachable.len() > CONDITION_NAMES {
+            names.push_str(&format!(
+                " and {} more",
+                unreachable.len() - CONDITION_NAMES
+            ));
+        }
+        (
+            "False",
+            "PeersUnreachable",
+            format!(
+                "weftd's overlay probes get no answer from: {names} (run weft doctor on this node)"
+            ),
+        )
+    };
+    let cond = NodeCondition {
+        type_: "WeftPeersReachable".into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        message: Some(message),
+        last_transition_time: Some(now.clone()),
+        last_heartbeat_time: Some(now),
+    };
+    json!({ "status": { "conditions": [cond] } })
+}
+
 #[cfg(test)]
 #[path = "node_tests.rs"]
 mod tests;

@@ -249,3 +249,34 @@ fn network_available_condition() {
     assert_eq!(c["lastHeartbeatTime"], "2026-01-02T03:04:05Z");
     assert_eq!(c["lastTransitionTime"], "2026-01-02T03:04:05Z");
 }
+
+#[test]
+fn peers_reachable_condition() {
+    let t = || Time("2026-01-02T03:04:05Z".parse().expect("time"));
+    let p = peers_reachable_patch(t(), &[]);
+    let c = &p["status"]["conditions"][0];
+    assert_eq!(c["type"], "WeftPeersReachable");
+    assert_eq!(c["status"], "True");
+    assert_eq!(c["reason"], "AllPeersReachable");
+    let lost: Vec<String> = (1..=12)
+        .map(|i| format!("10.244.{i}.0/24 (192.0.2.{i})"))
+        .collect();
+    let p = peers_reachable_patch(t(), &lost[..2]);
+    let c = &p["status"]["conditions"][0];
+    assert_eq!(c["status"], "False");
+    assert_eq!(c["reason"], "PeersUnreachable");
+    let m = c["message"].as_str().expect("message");
+    assert!(
+        m.contains("10.244.1.0/24 (192.0.2.1), 10.244.2.0/24 (192.0.2.2)"),
+        "{m}"
+    );
+    let p = peers_reachable_patch(t(), &lost);
+    let m = p["status"]["conditions"][0]["message"]
+        .as_str()
+        .expect("message")
+        .to_string();
+    assert!(
+        m.contains("192.0.2.10)") && !m.contains("192.0.2.11)") && m.contains("and 2 more"),
+        "{m}"
+    );
+}

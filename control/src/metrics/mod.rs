@@ -39,6 +39,7 @@
 //! are served.
 
 mod dataplane;
+mod probes;
 
 use std::time::Duration;
 
@@ -172,6 +173,7 @@ impl DaemonMetrics {
         if let Some(s) = status {
             let mut reg = Registry::with_prefix("weft");
             reg.register_collector(Box::new(dataplane::Collector(s.clone())));
+            reg.register_collector(Box::new(probes::Collector(s.clone())));
             if let Err(e) = prometheus_text::encode(&mut out, &reg) {
                 tracing::warn!("metrics: encoding failed: {e}");
             }

@@ -167,6 +167,37 @@ fn dataplane_metrics_come_from_the_status() {
 }
 
 #[test]
+fn probe_metrics_come_from_the_peers() {
+    let text = DaemonMetrics::new().encode(Some(&crate::status::tests::full()));
+    let (s, t) = parse(&text).expect("parses");
+    let peer = r#"subnet="10.244.2.0/24",public_ip="192.0.2.2""#;
+    for (name, want) in [
+        ("weft_peer_reachable", 1.0),
+        ("weft_peer_rtt_seconds", 0.00042),
+        ("weft_peer_path_mtu_bytes", 1450.0),
+        ("weft_peer_probe_losses", 0.0),
+        ("weft_peer_probes_sent_total", 12.0),
+        ("weft_peer_probes_received_total", 12.0),
+    ] {
+        assert_eq!(
+            s.get(&format!("{name}{{{peer}}}")),
+            Some(&want),
+            "{name}: {text}"
+        );
+    }
+    assert_eq!(
+        t.get("weft_peer_rtt_seconds").map(String::as_str),
+        Some("gauge")
+    );
+    // Peers without probe results have no series.
+    assert!(
+        !s.keys()
+            .any(|k| k.starts_with("weft_peer_") && k.contains("192.0.2.3")),
+        "{text}"
+    );
+}
+
+#[test]
 fn the_parser_rejects_garbage() {
     assert!(parse("weft_x{a=\"b\" 1").is_err());
     assert!(parse("weft x 1").is_err());

@@ -18,7 +18,8 @@ use rtnetlink::packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
 };
 use rtnetlink::packet_route::route::{
-    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteScope, RouteType,
+    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteMetric, RouteProtocol, RouteScope,
+    RouteType,
 };
 use rtnetlink::packet_route::{AddressFamily, RouteNetlinkMessage};
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
@@ -64,6 +65,19 @@ impl Netlink {
             .await
             .map_err(req("ip link show"))?;
         Ok(msgs.into_iter().map(|m| detail_from(m).link).collect())
+    }
+
+    /// `ip -d link show`: every link with its kind.
+    pub async fn link_details(&self) -> Result<Vec<LinkDetail>, NetlinkError> {
+        let msgs: Vec<LinkMessage> = self
+            .handle
+            .link()
+            .get()
+            .execute()
+            .try_collect()
+            .await
+            .map_err(req("ip -d link show"))?;
+        Ok(msgs.into_iter().map(detail_from).collect())
     }
 
     /// `ip link show dev NAME`; `None` if it does not exist.
@@ -168,6 +182,53 @@ impl Netlink {
             .execute()
             .await
             .map_err(req(format!("ip route replace {r}")))
+    }
+
+    /// Sets (or, with `None`, removes) the `mtu` metric of the main table's
+    /// route to exactly `dst`, keeping the rest of it (`ip route change DST
+    /// ... mtu MTU`). Returns whether it changed anything (`false`: no such
+    /// route, or the metric is already so).
+    pub async fn set_route_mtu(&self, dst: IpNet, mtu: Option<u32>) -> Result<bool, NetlinkError> {
+        let Some(mut m) = self.routes_to(dst).await?.into_iter().next() else {
+            return Ok(false);
+        };
+        let mut metrics: Vec<RouteMetric> = m
+            .attributes
+            .iter()
+            .find_map(|a| match a {
+                RouteAttribute::Metrics(ms) => Some(ms.clone()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        let current = metrics.iter().find_map(|x| match x {
+            RouteMetric::Mtu(v) => Some(*v),
+            _ => None,
+        });
+        if current == mtu {
+            return Ok(false);
+        }
+        metrics.retain(|x| !matches!(x, RouteMetric::Mtu(_)));
+        metrics.extend(mtu.map(RouteMetric::Mtu));
+        m.attributes.retain(|a| {
+            !matches!(
+                a,
+                RouteAttribute::Metrics(_)
+                    | RouteAttribute::CacheInfo(_)
+                    | RouteAttribute::Expires(_)
+            )
+        });
+        if !metrics.is_empty() {
+            m.attributes.push(RouteAttribute::Metrics(metrics));
+        }
+        let shown = mtu.map_or("without mtu".to_string(), |v| format!("mtu {v}"));
+        self.handle
+            .route()
+            .add(m)
+            .replace()
+            .execute()
+            .await
+            .map_err(req(format!("ip route change {dst} {shown}")))?;
+        Ok(true)
     }
 
     /// `ip route del DST [via GW] [dev OIF]`; a missing route is not an error.

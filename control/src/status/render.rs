@@ -6,7 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use weft_engine::CounterSet;
 
-use super::model::{Counters, Status};
+use super::model::{Counters, ProbeStatus, Status};
 
 /// Renders `s` for a terminal.
 pub fn text(s: &Status) -> String {
@@ -114,7 +114,7 @@ pub fn text(s: &Status) -> String {
     }
     let _ = writeln!(o, "peers:     {}", s.peers.len());
     // Both families of a dual-stack peer: its subnets and its endpoints.
-    let rows: Vec<[String; 5]> = s
+    let rows: Vec<[String; 6]> = s
         .peers
         .iter()
         .map(|p| {
@@ -147,39 +147,62 @@ pub fn text(s: &Status) -> String {
                     p.backend_type.clone()
                 },
                 p.device.clone().unwrap_or_else(|| "-".into()),
+                reach(p.probe.as_ref()),
                 traffic,
             ]
         })
         .collect();
     if !rows.is_empty() {
-        let head = ["SUBNET", "ENDPOINT", "BACKEND", "DEVICE", "TRAFFIC"];
-        let mut w = [20, 16, 10, 12];
+        let head = [
+            "SUBNET", "ENDPOINT", "BACKEND", "DEVICE", "REACH", "TRAFFIC",
+        ];
+        let mut w = [20, 16, 10, 12, 11];
         for r in &rows {
             for (i, width) in w.iter_mut().enumerate() {
                 *width = (*width).max(r[i].len());
             }
         }
-        let line = |o: &mut String, c: [&str; 5]| {
+        let line = |o: &mut String, c: [&str; 6]| {
             let _ = writeln!(
                 o,
-                "  {:<w0$} {:<w1$} {:<w2$} {:<w3$} {}",
+                "  {:<w0$} {:<w1$} {:<w2$} {:<w3$} {:<w4$} {}",
                 c[0],
                 c[1],
                 c[2],
                 c[3],
                 c[4],
+                c[5],
                 w0 = w[0],
                 w1 = w[1],
                 w2 = w[2],
-                w3 = w[3]
+                w3 = w[3],
+                w4 = w[4]
             );
         };
         line(&mut o, head);
         for r in &rows {
-            line(&mut o, [&r[0], &r[1], &r[2], &r[3], &r[4]]);
+            line(&mut o, [&r[0], &r[1], &r[2], &r[3], &r[4], &r[5]]);
         }
     }
     o
+}
+
+/// The probes' verdict on a peer: `ok 0.42ms`, `LOST x3`, `?` (no verdict
+/// yet) or `-` (not probed), then the path MTU once searched (`pmtu 1450`).
+fn reach(p: Option<&ProbeStatus>) -> String {
+    let Some(p) = p else {
+        return "-".into();
+    };
+    let verdict = match (p.reachable, p.rtt_us) {
+        (Some(true), Some(us)) => format!("ok {:.2}ms", us as f64 / 1000.0),
+        (Some(true), None) => "ok".into(),
+        (Some(false), _) => format!("LOST x{}", p.losses),
+        (None, _) => "?".into(),
+    };
+    match p.pmtu {
+        Some(m) => format!("{verdict} pmtu {m}"),
+        None => verdict,
+    }
 }
 
 fn counters(c: &Counters) -> String {

@@ -71,7 +71,16 @@ pub(crate) fn full() -> Status {
         ],
     };
     let own = lease("10.244.1.0/24", "192.0.2.1");
-    Status::build(Some(&own), backend, full_peers().iter().map(|l| &**l))
+    let mut st = Status::build(Some(&own), backend, full_peers().iter().map(|l| &**l));
+    st.peers[0].probe = Some(crate::view::ProbeStatus {
+        reachable: Some(true),
+        rtt_us: Some(420),
+        losses: 0,
+        sent: 12,
+        received: 12,
+        pmtu: Some(1450),
+    });
+    st
 }
 
 /// The peers of [`full`].

@@ -42,6 +42,15 @@ pub trait SubnetManager: Send + Sync + 'static {
         async { Ok(()) }
     }
 
+    /// Reports the peers weftd's overlay probes cannot reach (kube: the node
+    /// condition `WeftPeersReachable`); called when the set changes.
+    fn report_peers(
+        &self,
+        _unreachable: &[String],
+    ) -> impl Future<Output = Result<(), SubnetError>> + Send {
+        async { Ok(()) }
+    }
+
     /// Every lease: a snapshot, then changes; a new snapshot after any gap.
     fn watch_leases(
         &self,

@@ -10,6 +10,8 @@
 //!   (name, dataplane, its devices as [`DeviceProbe`]s);
 //! - [`DaemonView`]: what the main loop publishes (the own lease, the peer
 //!   leases it knows, the dataplane choice, what readiness hangs on);
+//! - [`ProbeView`]: what weftd's overlay prober publishes (each probed
+//!   peer's reachability, round trip and path MTU), merged into the peers;
 //! - [`Publisher`] / [`Observer`]: the two ends.
 //!
 //! Contract: **observation never waits for work.** A reader takes the
@@ -31,7 +33,13 @@ use std::time::SystemTime;
 
 use tokio::sync::watch;
 
-pub use model::{BackendStatus, Batching, Counters, DeviceStatus, Drops, PeerStatus, Status};
+pub use model::{
+    BackendStatus, Batching, Counters, DeviceStatus, Drops, PeerStatus, ProbeStatus, Status,
+};
+
+/// What weftd's overlay prober publishes: each probed peer's health, by
+/// the peer's subnet.
+pub type ProbeView = Arc<std::collections::HashMap<ipnet::Ipv4Net, ProbeStatus>>;
 
 use crate::lease::Lease;
 
@@ -154,6 +162,7 @@ impl DaemonView {
 pub struct Publisher {
     daemon: watch::Sender<Option<DaemonView>>,
     backend: watch::Sender<Option<BackendView>>,
+    probes: watch::Sender<Option<ProbeView>>,
 }
 
 /// The readers' end (cheap to clone; never waits for the publishers).
@@ -161,6 +170,7 @@ pub struct Publisher {
 pub struct Observer {
     daemon: watch::Receiver<Option<DaemonView>>,
     backend: watch::Receiver<Option<BackendView>>,
+    probes: watch::Receiver<Option<ProbeView>>,
 }
 
 impl Default for Publisher {
@@ -177,6 +187,7 @@ impl Publisher {
         Publisher {
             daemon: watch::Sender::new(None),
             backend: watch::Sender::new(None),
+            probes: watch::Sender::new(None),
         }
     }
 
@@ -185,6 +196,7 @@ impl Publisher {
         Observer {
             daemon: self.daemon.subscribe(),
             backend: self.backend.subscribe(),
+            probes: self.probes.subscribe(),
         }
     }
 
@@ -192,6 +204,11 @@ impl Publisher {
     pub fn daemon(&self, f: impl FnOnce(&mut DaemonView)) {
         self.daemon
             .send_modify(|v| f(v.get_or_insert_with(DaemonView::default)));
+    }
+
+    /// Where the overlay prober publishes its [`ProbeView`].
+    pub fn probes(&self) -> ProbePublisher {
+        ProbePublisher(self.probes.clone())
     }
 
     /// Where the backend task publishes its [`BackendView`].
@@ -207,6 +224,17 @@ pub struct BackendPublisher(watch::Sender<Option<BackendView>>);
 impl BackendPublisher {
     /// Publishes `view`.
     pub fn publish(&self, view: BackendView) {
+        self.0.send_replace(Some(view));
+    }
+}
+
+/// The prober's end of a [`Publisher`].
+#[derive(Debug, Clone)]
+pub struct ProbePublisher(watch::Sender<Option<ProbeView>>);
+
+impl ProbePublisher {
+    /// Publishes `view`.
+    pub fn publish(&self, view: ProbeView) {
         self.0.send_replace(Some(view));
     }
 }
@@ -231,11 +259,22 @@ impl Observer {
         let daemon = self.daemon().unwrap_or_default();
         let mut st = backend.read();
         st.requested = daemon.requested.clone();
-        Some(Status::build(
-            daemon.lease.as_ref(),
-            st,
-            daemon.peers.iter().map(|l| &**l),
-        ))
+        let mut status =
+            Status::build(daemon.lease.as_ref(), st, daemon.peers.iter().map(|l| &**l));
+        if let Some(probes) = self.probes.borrow().clone() {
+            for p in &mut status.peers {
+                let net = p.subnet.as_deref().and_then(|s| s.parse().ok());
+                p.probe = net.and_then(|n| probes.get(&n).cloned());
+            }
+        }
+        Some(status)
+    }
+
+    /// Waits until the prober publishes again and returns what it
+    /// published (`None`: the publisher is gone).
+    pub async fn probes_changed(&mut self) -> Option<ProbeView> {
+        self.probes.changed().await.ok()?;
+        self.probes.borrow_and_update().clone()
     }
 
     /// Why the node is not ready (`/readyz`), if it is not.

@@ -17,7 +17,9 @@
 //!   "peers": [ { "subnet": "10.244.2.0/24", "ipv6_subnet": null, "public_ip": "192.0.2.2",
 //!                "public_ipv6": null, "backend_type": "vxlan", "device": "flannel.1",
 //!                "counters": { "tx_packets": 5, "tx_bytes": 420, "rx_packets": 5, "rx_bytes": 420 },
-//!                "last_handshake": null } ]
+//!                "last_handshake": null,
+//!                "probe": { "reachable": true, "rtt_us": 420, "losses": 0, "sent": 12,
+//!                           "received": 12, "pmtu": 1450 } } ]
 //! }
 //! ```
 //!
@@ -27,7 +29,9 @@
 //! statistics); a peer's `device` and `counters` when the dataplane keeps no
 //! per-peer counters (the kernel) or does not carry that peer; a peer's
 //! `last_handshake` unless it is a userspace WireGuard peer that has
-//! completed a handshake.
+//! completed a handshake; a peer's `probe` when weftd's overlay prober has
+//! no result for it (probing off, no overlay address, not probed yet), and
+//! its `reachable`, `rtt_us` and `pmtu` until known (docs/probes.md).
 //!
 //! `batching` and `drops` are the engine's counter sets ([`Batching`],
 //! [`Drops`]): their keys are the engine's counter names, in the engine's
@@ -192,6 +196,29 @@ pub struct PeerStatus {
     /// epoch (`null`: not WireGuard, not in a userspace peer table, or none yet).
     #[serde(default)]
     pub last_handshake: Option<u64>,
+    /// What weftd's overlay probes learned of the peer (`null`: not probed,
+    /// e.g. probing off or the node holds no overlay address).
+    #[serde(default)]
+    pub probe: Option<ProbeStatus>,
+}
+
+/// A peer's health as weftd's overlay probes see it (docs/probes.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeStatus {
+    /// Reachable over the overlay (`null`: no verdict yet).
+    pub reachable: Option<bool>,
+    /// The last round trip, microseconds.
+    pub rtt_us: Option<u64>,
+    /// Consecutive probes lost.
+    pub losses: u32,
+    /// Probes sent.
+    pub sent: u64,
+    /// Acks received.
+    pub received: u64,
+    /// The largest packet (IP length) the path carries, as the last
+    /// path-MTU search found it (`null`: not searched yet).
+    #[serde(default)]
+    pub pmtu: Option<u32>,
 }
 
 // === impl LeaseStatus ===
@@ -287,6 +314,7 @@ impl Status {
                     device,
                     counters,
                     last_handshake,
+                    probe: None,
                 }
             })
             .collect();

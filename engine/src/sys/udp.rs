@@ -19,6 +19,19 @@ const UDP_GRO: libc::c_int = 104;
 
 pub use super::mmsg::BATCH;
 
+/// Sets `IP_MTU_DISCOVER` to `IP_PMTUDISC_PROBE` on an IPv4 UDP socket: DF
+/// on every datagram, and the route's cached path MTU ignored, so a datagram
+/// larger than the path is lost instead of fragmented or refused locally
+/// (what packetization-layer path-MTU probes need, RFC 8899).
+pub fn set_pmtu_probe(fd: RawFd) -> io::Result<()> {
+    mmsg::setsockopt_int(
+        fd,
+        libc::IPPROTO_IP,
+        libc::IP_MTU_DISCOVER,
+        libc::IP_PMTUDISC_PROBE,
+    )
+}
+
 /// One datagram (or GSO train) to send: `arena[start..start + len]` to `dst`.
 #[derive(Debug, Clone, Copy)]
 pub struct TxMsg {

@@ -2,11 +2,15 @@
 //! VXLAN, WireGuard): queuing datagrams of the TX arena into `UDP_SEGMENT`
 //! trains, and sending a batch with the fallbacks the kernel may force.
 
+use std::io::IoSlice;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::encap::DropReason;
+use crate::offload::gso::Gathered;
+use crate::path::gather::MAX_GATHER_SEGS;
 use crate::stats::{Ctr, Local};
-use crate::sys::udp::{TxMsg, Udp};
+use crate::sys::udp::{IovMsg, TxMsg, Udp};
 
 pub(crate) use crate::encap::MAX_UDP_PAYLOAD;
 
@@ -87,6 +91,114 @@ pub(crate) fn send_all(
                 }
                 i += 1;
             }
+        }
+    }
+}
+
+/// Sends the gathered super-packet `g` to `dst` through `sock`: segment
+/// `i` is `hdrs[g.header(i)]` + `ip[g.payload(i)]`, two iovecs; equal
+/// segments form `UDP_SEGMENT` trains (at most [`MAX_GSO_SEGS`] and
+/// [`MAX_UDP_PAYLOAD`] bytes each) while `udp_gso` holds, else one
+/// datagram each. Errors take [`send_all`]'s fallbacks. Nothing is
+/// allocated: the iovec and message lists live on the stack.
+pub(crate) fn send_gathered(
+    sock: &Udp,
+    dst: SocketAddr,
+    g: &Gathered,
+    (hdrs, ip): (&[u8], &[u8]),
+    udp_gso: &AtomicBool,
+    ctr: &mut Local,
+) {
+    let count = g.count.min(MAX_GATHER_SEGS);
+    let empty: &[u8] = &[];
+    let mut iovs = [IoSlice::new(empty); 2 * MAX_GATHER_SEGS];
+    for i in 0..count {
+        let (h, p) = (g.header(i), g.payload(i));
+        let (Some(h), Some(p)) = (hdrs.get(h), ip.get(p)) else {
+            ctr.add(Ctr::UdpSendError, 1);
+            return;
+        };
+        iovs[2 * i] = IoSlice::new(h);
+        iovs[2 * i + 1] = IoSlice::new(p);
+    }
+    let stride = g.head + g.gso_size;
+    let per_train = if udp_gso.load(Ordering::Relaxed) {
+        (MAX_UDP_PAYLOAD / stride.max(1)).clamp(1, MAX_GSO_SEGS)
+    } else {
+        1
+    };
+    let none = IovMsg {
+        dst,
+        first: 0,
+        pieces: 0,
+        len: 0,
+        segment: 0,
+    };
+    let mut msgs = [none; MAX_GATHER_SEGS];
+    let mut n = 0;
+    let mut i = 0;
+    while i < count {
+        let segs = per_train.min(count - i);
+        let len = (i..i + segs).map(|j| g.head + g.payload(j).len()).sum();
+        msgs[n] = IovMsg {
+            dst,
+            first: 2 * i,
+            pieces: 2 * segs,
+            len,
+            segment: if segs > 1 {
+                u16::try_from(stride).unwrap_or(0)
+            } else {
+                0
+            },
+        };
+        n += 1;
+        i += segs;
+    }
+    let msgs = &msgs[..n];
+    let iovs = &iovs[..2 * count];
+    let mut i = 0;
+    while i < msgs.len() {
+        ctr.add(Ctr::UdpSends, 1);
+        match sock.send_gathered(&msgs[i..], iovs) {
+            Ok(0) => {
+                ctr.add(Ctr::UdpSendError, (msgs.len() - i) as u64);
+                return;
+            }
+            Ok(k) => i += k,
+            Err(e) => {
+                let m = msgs[i];
+                let train = m.pieces > 2;
+                if e.raw_os_error() == Some(libc::EIO) && train {
+                    udp_gso.store(false, Ordering::Relaxed);
+                    resend_split_gathered(sock, m, iovs, ctr);
+                } else if matches!(e.raw_os_error(), Some(libc::EMSGSIZE | libc::EINVAL)) && train {
+                    resend_split_gathered(sock, m, iovs, ctr);
+                } else if e.raw_os_error() == Some(libc::EMSGSIZE) {
+                    ctr.drop(DropReason::Mtu, 1);
+                } else {
+                    ctr.add(Ctr::UdpSendError, 1);
+                }
+                i += 1;
+            }
+        }
+    }
+}
+
+/// Sends the gathered train `m` as separate datagrams (two pieces each).
+fn resend_split_gathered(sock: &Udp, m: IovMsg, iovs: &[IoSlice<'_>], ctr: &mut Local) {
+    for first in (m.first..m.first + m.pieces).step_by(2) {
+        let len = iovs
+            .get(first..first + 2)
+            .map_or(0, |p| p[0].len() + p[1].len());
+        let one = [IovMsg {
+            first,
+            pieces: 2,
+            len,
+            segment: 0,
+            ..m
+        }];
+        if sock.send_gathered(&one, iovs).is_err() {
+            ctr.add(Ctr::UdpSendError, 1);
         }
     }
 }

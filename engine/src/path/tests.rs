@@ -378,3 +378,38 @@ fn super_packets_of_tiny_segments_are_not_gathered() {
     let g = super::gather::udp_gather(&Codec::FlannelUdp, &plan, &r, &mut hdrs).expect("ok");
     assert!(g.is_none(), "200 segments gathered");
 }
+
+/// Over an IPv6 underlay (the kernel verified the mandatory UDP checksum)
+/// the inner TCP checksum is marked trusted (partial); over IPv4, where
+/// the outer checksum may be zero, it is left for GRO to verify.
+#[test]
+fn inner_checksums_are_trusted_only_where_the_outer_one_was_checked() {
+    let pkt = tcp4(
+        [10, 244, 1, 2],
+        [10, 244, 2, 3],
+        9,
+        &payload(1000, 4),
+        false,
+    );
+    let mut dgram = vec![0u8; VXLAN_HEADROOM];
+    vxlan([2, 0, 0, 0, 1, 1]).write_header(&mut dgram, MAC, 4);
+    dgram.extend_from_slice(&pkt);
+    for (src, trusted) in [("192.0.2.1", false), ("2001:db8::1", true)] {
+        let src: IpAddr = src.parse().expect("addr");
+        let mut node1 = peer("10.244.1.0/24", [192, 0, 2, 1]);
+        node1.endpoint = src;
+        let t = PeerTable::new(&[node1], 8472);
+        let mut d = dgram.clone();
+        let from = t.endpoint_entries(src);
+        let got = rx::udp_from(&vxlan(MAC), AntiSpoofing::Strict, &t, (src, from), &mut d)
+            .expect("delivered");
+        let inner = &d[got.inner];
+        assert_eq!(
+            crate::offload::partial_checksum(inner).is_some(),
+            trusted,
+            "from {src}"
+        );
+        assert_eq!(inner[..36], pkt[..36], "only the checksum changes");
+        assert_eq!(inner[38..], pkt[38..], "only the checksum changes");
+    }
+}

@@ -10,9 +10,10 @@
 //!   headed by [`tx::udp_write`], and queued as `sendmmsg` messages whose equal-size
 //!   runs become one `UDP_SEGMENT` train; the arena is sent once it holds
 //!   [`FLUSH_AT`] bytes, when full and at the end of the TUN step.
-//! - UDP -> TUN: one `recvmmsg` (with `UDP_GRO` trains), [`rx::udp`] per
-//!   segment (decap + anti-spoofing), userspace GRO, one `writev` per
-//!   (coalesced) packet.
+//! - UDP -> TUN: one `recvmmsg` (with `UDP_GRO` trains), [`rx::udp_from`]
+//!   per segment (decap + anti-spoofing; over an IPv6 underlay the inner
+//!   TCP checksum trusted, [`rx::outer_checksum_covers`]), userspace GRO,
+//!   one `writev` per (coalesced) packet.
 
 use std::io::IoSlice;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -156,7 +157,7 @@ impl Encapsulation for UdpEncap {
             }
             for seg in rx::train(len, m.stride) {
                 let dgram = &mut b.rx[base + seg.start..base + seg.end];
-                match rx::udp(&e.codec, mode, peers, entries, dgram) {
+                match rx::udp_from(&e.codec, mode, peers, (m.src, entries), dgram) {
                     Ok(d) => w.deliver(&mut b.out, &mut b.rx, base + seg.start, &d, m.src, ctr),
                     Err(r) => ctr.drop(r, 1),
                 }

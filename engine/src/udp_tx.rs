@@ -10,7 +10,7 @@ use crate::encap::DropReason;
 use crate::offload::gso::Gathered;
 use crate::path::gather::MAX_GATHER_SEGS;
 use crate::stats::{Ctr, Local};
-use crate::sys::udp::{IovMsg, TxMsg, Udp};
+use crate::sys::udp::{GATHER_BATCH, IovMsg, TxMsg, Udp};
 
 pub(crate) use crate::encap::MAX_UDP_PAYLOAD;
 
@@ -127,6 +127,7 @@ pub(crate) fn send_gathered(
     } else {
         1
     };
+    let iovs = &iovs[..2 * count];
     let none = IovMsg {
         dst,
         first: 0,
@@ -134,39 +135,37 @@ pub(crate) fn send_gathered(
         len: 0,
         segment: 0,
     };
-    let mut msgs = [none; MAX_GATHER_SEGS];
-    let mut n = 0;
-    let mut i = 0;
-    while i < count {
-        let segs = per_train.min(count - i);
-        let len = (i..i + segs).map(|j| g.head + g.payload(j).len()).sum();
-        msgs[n] = IovMsg {
-            dst,
-            first: 2 * i,
-            pieces: 2 * segs,
-            len,
-            segment: if segs > 1 {
-                u16::try_from(stride).unwrap_or(0)
-            } else {
-                0
-            },
-        };
-        n += 1;
-        i += segs;
-    }
-    let msgs = &msgs[..n];
-    let iovs = &iovs[..2 * count];
-    let mut i = 0;
-    while i < msgs.len() {
+    // Segments from `next` on are unsent; messages are made a batch at a time.
+    let mut next = 0;
+    while next < count {
+        let mut msgs = [none; GATHER_BATCH];
+        let (mut n, mut i) = (0, next);
+        while n < GATHER_BATCH && i < count {
+            let segs = per_train.min(count - i);
+            msgs[n] = IovMsg {
+                dst,
+                first: 2 * i,
+                pieces: 2 * segs,
+                len: (i..i + segs).map(|j| g.head + g.payload(j).len()).sum(),
+                segment: if segs > 1 {
+                    u16::try_from(stride).unwrap_or(0)
+                } else {
+                    0
+                },
+            };
+            n += 1;
+            i += segs;
+        }
+        let end = |m: &IovMsg| (m.first + m.pieces) / 2;
         ctr.add(Ctr::UdpSends, 1);
-        match sock.send_gathered(&msgs[i..], iovs) {
+        match sock.send_gathered(&msgs[..n], iovs) {
             Ok(0) => {
-                ctr.add(Ctr::UdpSendError, (msgs.len() - i) as u64);
+                ctr.add(Ctr::UdpSendError, 1);
                 return;
             }
-            Ok(k) => i += k,
+            Ok(k) => next = end(&msgs[k.min(n) - 1]),
             Err(e) => {
-                let m = msgs[i];
+                let m = msgs[0];
                 let train = m.pieces > 2;
                 if e.raw_os_error() == Some(libc::EIO) && train {
                     udp_gso.store(false, Ordering::Relaxed);
@@ -178,7 +177,7 @@ pub(crate) fn send_gathered(
                 } else {
                     ctr.add(Ctr::UdpSendError, 1);
                 }
-                i += 1;
+                next = end(&m);
             }
         }
     }
@@ -276,6 +275,65 @@ mod tests {
         assert_eq!(got.0, vec![(1400, 0), (1400, 1), (1400, 2), (1400, 3)]);
         assert!(got.1, "GSO turned off");
         assert_eq!(got.2, 0, "send errors counted");
+    }
+
+    /// A gathered super-packet (header block + payload slice per segment)
+    /// arrives as its segments: as one train on a wide path, and resent one
+    /// by one when the path MTU (1280, `lo` in a private namespace) refuses
+    /// the train; GSO stays on either way.
+    #[test]
+    fn gathered_segments_arrive_whole_and_in_order() {
+        if !weft_testenv::require_root() {
+            return;
+        }
+        let got = std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare netns");
+            let mut out = Vec::new();
+            for mtu in ["65536", "1280"] {
+                let ok = std::process::Command::new("ip")
+                    .args(["link", "set", "lo", "up", "mtu", mtu])
+                    .status()
+                    .expect("ip");
+                assert!(ok.success(), "ip link set lo");
+                let lo = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+                let rx = std::net::UdpSocket::bind(lo).expect("bind rx");
+                rx.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+                    .expect("timeout");
+                let tx = Udp::bind(lo, false, false, 1 << 20).expect("bind tx");
+                let g = Gathered {
+                    count: 4,
+                    head: 100,
+                    payload_start: 10,
+                    end: 10 + 3 * 1300 + 700,
+                    gso_size: 1300,
+                };
+                let hdrs: Vec<u8> = (0..400).map(|i| 0x80 | (i / 100) as u8).collect();
+                let ip: Vec<u8> = (0..g.end).map(|i| ((i + 1290) / 1300) as u8).collect();
+                let gso = AtomicBool::new(true);
+                let mut ctr = Local::default();
+                let to = rx.local_addr().expect("addr");
+                send_gathered(&tx, to, &g, (&hdrs, &ip), &gso, &mut ctr);
+                let mut buf = [0u8; 2000];
+                for i in 0..4u8 {
+                    let n = rx.recv(&mut buf).expect("datagram");
+                    out.push((n, buf[0], buf[99], buf[100], buf[n - 1], i));
+                }
+                assert!(gso.load(Ordering::Relaxed), "GSO turned off");
+                assert_eq!(ctr.get(Ctr::UdpSendError), 0, "send errors counted");
+            }
+            out
+        })
+        .join()
+        .expect("thread");
+        for mtu in got.chunks(4) {
+            let want: Vec<_> = (0..4u8)
+                .map(|i| {
+                    let n = if i == 3 { 800 } else { 1400 };
+                    (n, 0x80 | i, 0x80 | i, i + 1, i + 1, i)
+                })
+                .collect();
+            assert_eq!(mtu, &want[..]);
+        }
     }
 
     #[test]

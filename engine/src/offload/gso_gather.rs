@@ -55,7 +55,7 @@ pub fn headers_required(pkt: &[u8], gso_size: usize, headroom: usize) -> Option<
     Some((n, n * (headroom + l.hdrs)))
 }
 
-/// [`tcp_segment`] without copying payload: only each segment's (fixed)
+/// [`super::tcp_segment`] without copying payload: only each segment's (fixed)
 /// headers are written to `out`, `headroom` bytes after the start of each
 /// header block; the payload stays in `pkt` ([`Gathered::payload`]) and is
 /// read once, for the TCP checksum.

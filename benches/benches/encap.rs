@@ -18,7 +18,7 @@ use weft_benches::{
 use weft_engine::AntiSpoofing;
 use weft_engine::encap::{Codec, VXLAN_HEADROOM, Vxlan};
 use weft_engine::offload::{self, gro::Gro, gso};
-use weft_engine::path::{rx, tx};
+use weft_engine::path::{gather, rx, tx};
 use weft_engine::wire::checksum;
 
 fn flannel_udp(c: &mut Criterion) {
@@ -138,7 +138,8 @@ fn vxlan_codecs() -> (Codec, Codec) {
     (v(LOCAL), v(PEER))
 }
 
-/// The transmit step of a 64 KiB super-packet read: `udp_plan` + `udp_write`.
+/// The transmit step of a 64 KiB super-packet read: `udp_plan` + `udp_write`
+/// (copied into the arena), and for TCP `udp_plan` + `udp_gather` (not copied).
 fn path_tx(c: &mut Criterion) {
     let mut g = c.benchmark_group("path_tx_64k");
     let (peers, _) = peer_tables();
@@ -163,6 +164,18 @@ fn path_tx(c: &mut Criterion) {
                 })
             });
         }
+        // The same TCP read, gathered: header blocks written, the payload
+        // summed where it lies (what the worker sends since issue 32).
+        let read = tcp_super_read(size);
+        g.throughput(Throughput::Bytes(read.len() as u64));
+        g.bench_function(BenchmarkId::new("vxlan_tcp_gathered", size), |b| {
+            let mut read = read.clone();
+            b.iter(|| {
+                let plan = tx::udp_plan(&vxlan, &peers, black_box(&mut read), true, arena.len())
+                    .expect("plan");
+                black_box(gather::udp_gather(&vxlan, &plan, &read, &mut arena).expect("gather"))
+            })
+        });
     }
     g.finish();
 }
@@ -191,6 +204,32 @@ fn path_rx(c: &mut Criterion) {
                         let d =
                             rx::udp(&rx_codec, AntiSpoofing::Strict, &peers2, from, &mut a[seg])
                                 .expect("decap");
+                        let _ = gro.push(a, off + d.inner.start, d.inner.len());
+                    }
+                    let mut writes = 0;
+                    gro.flush(a, |_| writes += 1);
+                    black_box(writes)
+                },
+                BatchSize::LargeInput,
+            );
+        });
+        // The same train from an IPv6 underlay: the outer UDP checksum was
+        // the kernel's to check, so the inner one is trusted, not summed.
+        let v6: std::net::IpAddr = "2001:db8::1".parse().expect("v6");
+        g.bench_function(BenchmarkId::new("vxlan_strict_v6_outer", mss), |b| {
+            b.iter_batched_ref(
+                || train.clone(),
+                |a| {
+                    for seg in rx::train(a.len(), out.segs.stride) {
+                        let off = seg.start;
+                        let d = rx::udp_from(
+                            &rx_codec,
+                            AntiSpoofing::Strict,
+                            &peers2,
+                            (v6, from),
+                            &mut a[seg],
+                        )
+                        .expect("decap");
                         let _ = gro.push(a, off + d.inner.start, d.inner.len());
                     }
                     let mut writes = 0;

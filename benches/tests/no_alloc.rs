@@ -1,8 +1,9 @@
 //! The per-packet path allocates nothing: a counting global allocator around
 //! every encapsulation, decapsulation, segmentation and coalescing call the
 //! engine's workers make per packet (flannel-UDP, VXLAN, IPIP, WireGuard's
-//! `Tunn`, userspace GSO/GRO and checksum completion, and the packet path's
-//! steps that call them, `weft_engine::path`), in the steady state
+//! `Tunn`, userspace GSO/GRO and checksum completion, the gathered transmit
+//! step, and the packet path's steps that call them, `weft_engine::path`),
+//! in the steady state
 //! (after one warm-up call, with the caller-owned buffers the workers keep).
 //!
 //! Counting is per thread (a thread-local switch and a thread-local count),
@@ -18,7 +19,7 @@ use weft_benches::{
 use weft_engine::AntiSpoofing;
 use weft_engine::encap::{Codec, VXLAN_HEADROOM, Vxlan};
 use weft_engine::offload::{self, gro::Gro, gso};
-use weft_engine::path::{rx, tx};
+use weft_engine::path::{gather, rx, tx};
 
 struct Counting;
 
@@ -221,12 +222,15 @@ fn packet_path_steps_allocate_nothing() {
     let (tx_codec, rx_codec) = (v(LOCAL), v(PEER));
     let from = peers2.endpoint_entries([192, 0, 2, 1].into());
     let mut arena = vec![0u8; 1 << 20];
+    let mut hdrs = vec![0u8; 64 << 10];
     let mut gro = Gro::new(9100);
     for size in [1400, 8950] {
         for mut read in [tcp_super_read(size), udp_super_read(size)] {
             let n = allocations(10, || {
                 let plan =
                     tx::udp_plan(&tx_codec, &peers1, &mut read, true, arena.len()).expect("plan");
+                let g = gather::udp_gather(&tx_codec, &plan, &read, &mut hdrs).expect("gather");
+                assert_eq!(g.is_some(), matches!(plan.shape, tx::Shape::Tcp(_)));
                 let out = tx::udp_write(&tx_codec, &plan, &read, &mut arena).expect("write");
                 let train = &mut arena[..out.segs.total_len()];
                 for seg in rx::train(train.len(), out.segs.stride) {

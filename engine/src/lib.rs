@@ -45,16 +45,19 @@
 //!    inner flow, so both directions of a flow meet one worker per node.
 //! 2. The worker's run loop loads the peer snapshot once per round and hands
 //!    each TUN read to its encapsulation's transmit step
-//!    ([`path::tx::udp_plan`], then
-//!    [`path::tx::udp_write`]) looks the destination up in the peer snapshot (longest prefix),
-//!    cuts the super-packet into MSS-sized IP packets directly into its TX arena,
-//!    leaving 22 bytes of headroom in front of each (userspace GSO: IPv4 length,
-//!    ID and checksum, TCP seq/flags/checksum fixed per segment), and writes the
-//!    VXLAN header (I flag, VNI) and inner Ethernet header (dst = peer VtepMAC,
-//!    src = our VTEP MAC) into the headroom.
+//!    ([`path::tx::udp_plan`], then [`path::gather::udp_gather`]) looks the
+//!    destination up in the peer snapshot (longest prefix) and writes, per
+//!    MSS-sized segment of the super-packet, a header block into its TX
+//!    arena: the VXLAN header (I flag, VNI), the inner Ethernet header
+//!    (dst = peer VtepMAC, src = our VTEP MAC) and the segment's IP and TCP
+//!    headers (userspace GSO: IPv4 length, ID and checksum, TCP
+//!    seq/flags/checksum fixed per segment); the payload stays in the TUN
+//!    read (one packet or a UDP super-packet is copied or cut into the arena
+//!    by [`path::tx::udp_write`] instead).
 //! 3. The equal-size segments form one `sendmmsg` message with a `UDP_SEGMENT`
-//!    control message (UDP GSO); the kernel adds outer UDP/IP headers once per
-//!    segment, to `peer:8472`.
+//!    control message (UDP GSO), gathered from header block + payload slice
+//!    per segment; the kernel adds outer UDP/IP headers once per segment, to
+//!    `peer:8472`.
 //! 4. On node 2 the receive socket (with `UDP_GRO`) returns the train as one
 //!    buffer; the receive step ([`path::rx::udp`]) checks the VNI, the inner destination MAC, and the
 //!    outer and inner sources against the peer table ([`antispoof`]: in

@@ -2,11 +2,15 @@
 //! VXLAN, WireGuard): queuing datagrams of the TX arena into `UDP_SEGMENT`
 //! trains, and sending a batch with the fallbacks the kernel may force.
 
+use std::io::IoSlice;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::encap::DropReason;
+use crate::offload::gso::Gathered;
+use crate::path::gather::MAX_GATHER_SEGS;
 use crate::stats::{Ctr, Local};
-use crate::sys::udp::{TxMsg, Udp};
+use crate::sys::udp::{GATHER_BATCH, IovMsg, TxMsg, Udp};
 
 pub(crate) use crate::encap::MAX_UDP_PAYLOAD;
 
@@ -91,6 +95,113 @@ pub(crate) fn send_all(
     }
 }
 
+/// Sends the gathered super-packet `g` to `dst` through `sock`: segment
+/// `i` is `hdrs[g.header(i)]` + `ip[g.payload(i)]`, two iovecs; equal
+/// segments form `UDP_SEGMENT` trains (at most [`MAX_GSO_SEGS`] and
+/// [`MAX_UDP_PAYLOAD`] bytes each) while `udp_gso` holds, else one
+/// datagram each. Errors take [`send_all`]'s fallbacks. Nothing is
+/// allocated: the iovec and message lists live on the stack.
+pub(crate) fn send_gathered(
+    sock: &Udp,
+    dst: SocketAddr,
+    g: &Gathered,
+    (hdrs, ip): (&[u8], &[u8]),
+    udp_gso: &AtomicBool,
+    ctr: &mut Local,
+) {
+    let count = g.count.min(MAX_GATHER_SEGS);
+    let empty: &[u8] = &[];
+    let mut iovs = [IoSlice::new(empty); 2 * MAX_GATHER_SEGS];
+    for i in 0..count {
+        let (h, p) = (g.header(i), g.payload(i));
+        let (Some(h), Some(p)) = (hdrs.get(h), ip.get(p)) else {
+            ctr.add(Ctr::UdpSendError, 1);
+            return;
+        };
+        iovs[2 * i] = IoSlice::new(h);
+        iovs[2 * i + 1] = IoSlice::new(p);
+    }
+    let stride = g.head + g.gso_size;
+    let per_train = if udp_gso.load(Ordering::Relaxed) {
+        (MAX_UDP_PAYLOAD / stride.max(1)).clamp(1, MAX_GSO_SEGS)
+    } else {
+        1
+    };
+    let iovs = &iovs[..2 * count];
+    let none = IovMsg {
+        dst,
+        first: 0,
+        pieces: 0,
+        len: 0,
+        segment: 0,
+    };
+    // Segments from `next` on are unsent; messages are made a batch at a time.
+    let mut next = 0;
+    while next < count {
+        let mut msgs = [none; GATHER_BATCH];
+        let (mut n, mut i) = (0, next);
+        while n < GATHER_BATCH && i < count {
+            let segs = per_train.min(count - i);
+            msgs[n] = IovMsg {
+                dst,
+                first: 2 * i,
+                pieces: 2 * segs,
+                len: (i..i + segs).map(|j| g.head + g.payload(j).len()).sum(),
+                segment: if segs > 1 {
+                    u16::try_from(stride).unwrap_or(0)
+                } else {
+                    0
+                },
+            };
+            n += 1;
+            i += segs;
+        }
+        let end = |m: &IovMsg| (m.first + m.pieces) / 2;
+        ctr.add(Ctr::UdpSends, 1);
+        match sock.send_gathered(&msgs[..n], iovs) {
+            Ok(0) => {
+                ctr.add(Ctr::UdpSendError, 1);
+                return;
+            }
+            Ok(k) => next = end(&msgs[k.min(n) - 1]),
+            Err(e) => {
+                let m = msgs[0];
+                let train = m.pieces > 2;
+                if e.raw_os_error() == Some(libc::EIO) && train {
+                    udp_gso.store(false, Ordering::Relaxed);
+                    resend_split_gathered(sock, m, iovs, ctr);
+                } else if matches!(e.raw_os_error(), Some(libc::EMSGSIZE | libc::EINVAL)) && train {
+                    resend_split_gathered(sock, m, iovs, ctr);
+                } else if e.raw_os_error() == Some(libc::EMSGSIZE) {
+                    ctr.drop(DropReason::Mtu, 1);
+                } else {
+                    ctr.add(Ctr::UdpSendError, 1);
+                }
+                next = end(&m);
+            }
+        }
+    }
+}
+
+/// Sends the gathered train `m` as separate datagrams (two pieces each).
+fn resend_split_gathered(sock: &Udp, m: IovMsg, iovs: &[IoSlice<'_>], ctr: &mut Local) {
+    for first in (m.first..m.first + m.pieces).step_by(2) {
+        let len = iovs
+            .get(first..first + 2)
+            .map_or(0, |p| p[0].len() + p[1].len());
+        let one = [IovMsg {
+            first,
+            pieces: 2,
+            len,
+            segment: 0,
+            ..m
+        }];
+        if sock.send_gathered(&one, iovs).is_err() {
+            ctr.add(Ctr::UdpSendError, 1);
+        }
+    }
+}
+
 /// Sends the train `m` as separate datagrams.
 fn resend_split(sock: &Udp, m: TxMsg, arena: &[u8], ctr: &mut Local) {
     let seg = usize::from(m.segment).max(1);
@@ -164,6 +275,65 @@ mod tests {
         assert_eq!(got.0, vec![(1400, 0), (1400, 1), (1400, 2), (1400, 3)]);
         assert!(got.1, "GSO turned off");
         assert_eq!(got.2, 0, "send errors counted");
+    }
+
+    /// A gathered super-packet (header block + payload slice per segment)
+    /// arrives as its segments: as one train on a wide path, and resent one
+    /// by one when the path MTU (1280, `lo` in a private namespace) refuses
+    /// the train; GSO stays on either way.
+    #[test]
+    fn gathered_segments_arrive_whole_and_in_order() {
+        if !weft_testenv::require_root() {
+            return;
+        }
+        let got = std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare netns");
+            let mut out = Vec::new();
+            for mtu in ["65536", "1280"] {
+                let ok = std::process::Command::new("ip")
+                    .args(["link", "set", "lo", "up", "mtu", mtu])
+                    .status()
+                    .expect("ip");
+                assert!(ok.success(), "ip link set lo");
+                let lo = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+                let rx = std::net::UdpSocket::bind(lo).expect("bind rx");
+                rx.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+                    .expect("timeout");
+                let tx = Udp::bind(lo, false, false, 1 << 20).expect("bind tx");
+                let g = Gathered {
+                    count: 4,
+                    head: 100,
+                    payload_start: 10,
+                    end: 10 + 3 * 1300 + 700,
+                    gso_size: 1300,
+                };
+                let hdrs: Vec<u8> = (0..400).map(|i| 0x80 | (i / 100) as u8).collect();
+                let ip: Vec<u8> = (0..g.end).map(|i| ((i + 1290) / 1300) as u8).collect();
+                let gso = AtomicBool::new(true);
+                let mut ctr = Local::default();
+                let to = rx.local_addr().expect("addr");
+                send_gathered(&tx, to, &g, (&hdrs, &ip), &gso, &mut ctr);
+                let mut buf = [0u8; 2000];
+                for i in 0..4u8 {
+                    let n = rx.recv(&mut buf).expect("datagram");
+                    out.push((n, buf[0], buf[99], buf[100], buf[n - 1], i));
+                }
+                assert!(gso.load(Ordering::Relaxed), "GSO turned off");
+                assert_eq!(ctr.get(Ctr::UdpSendError), 0, "send errors counted");
+            }
+            out
+        })
+        .join()
+        .expect("thread");
+        for mtu in got.chunks(4) {
+            let want: Vec<_> = (0..4u8)
+                .map(|i| {
+                    let n = if i == 3 { 800 } else { 1400 };
+                    (n, 0x80 | i, 0x80 | i, i + 1, i + 1, i)
+                })
+                .collect();
+            assert_eq!(mtu, &want[..]);
+        }
     }
 
     #[test]

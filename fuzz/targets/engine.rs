@@ -25,6 +25,7 @@ use weft_engine::ipip;
 use weft_engine::offload::gro::{Gro, Pushed};
 use weft_engine::offload::gso::{self, Segments};
 use weft_engine::offload::partial_checksum;
+use weft_engine::path::gather;
 use weft_engine::path::rx::{self, Delivery};
 use weft_engine::path::tx::{self, Refusal, Shape};
 use weft_engine::peers::{Peer, PeerTable};
@@ -577,6 +578,7 @@ fn tx_udp(codec: &Codec, t: &PeerTable, read: &mut [u8]) {
         return;
     };
     assert!(out.segs.total_len() <= plan.need && out.count() <= plan.datagrams);
+    check_gather(codec, &plan, read, &arena, &out);
     let ip = &read[plan.pkt.start..];
     let ranges = match plan.shape {
         Shape::Tcp(gs) => check_cut(ip, ipv4::PROTO_TCP, gs, headroom, &arena, out.segs),
@@ -600,6 +602,39 @@ fn tx_udp(codec: &Codec, t: &PeerTable, read: &mut [u8]) {
             Err(_) if !cut => {}
             Err(e) => panic!("our own segment is rejected by decap: {e:?}"),
         }
+    }
+}
+
+/// `gather::udp_gather` of a TCP super-packet: header block + payload
+/// slice of every segment are exactly the datagram `udp_write` copied.
+fn check_gather(
+    codec: &Codec,
+    plan: &tx::Plan<'_>,
+    read: &[u8],
+    arena: &[u8],
+    out: &tx::Datagrams,
+) {
+    let mut hdrs = vec![0; TX_ARENA];
+    let g = match gather::udp_gather(codec, plan, read, &mut hdrs) {
+        Ok(Some(g)) => g,
+        Ok(None) => {
+            let few = out.count() <= gather::MAX_GATHER_SEGS;
+            assert!(!matches!(plan.shape, Shape::Tcp(_)) || !few, "not gathered");
+            return;
+        }
+        Err(e) => panic!("gather refused what udp_write cut: {e:?}"),
+    };
+    assert!(
+        matches!(plan.shape, Shape::Tcp(_)),
+        "gathered a {:?}",
+        plan.shape
+    );
+    assert_eq!(g.count, out.count());
+    let ip = &read[plan.pkt.start..];
+    for i in 0..g.count {
+        let mut seg = hdrs[g.header(i)].to_vec();
+        seg.extend_from_slice(&ip[g.payload(i)]);
+        assert!(seg == arena[out.range(i)], "gathered segment {i} differs");
     }
 }
 

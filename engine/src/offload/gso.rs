@@ -209,7 +209,29 @@ impl TcpHeaders {
     /// the sequence number, FIN/PSH only on the last and CWR only on the
     /// first segment, and the full TCP checksum.
     pub(crate) fn fix(&self, seg: &mut [u8], i: usize, count: usize) -> Result<(), DropReason> {
-        self.ip.apply(seg, i)?;
+        let hdrs = self.ip_hl + self.tcp_hl;
+        if seg.len() < hdrs {
+            return Err(DropReason::Malformed);
+        }
+        let (h, p) = seg.split_at_mut(hdrs);
+        self.fix_parts(h, p, i, count)
+    }
+
+    /// [`TcpHeaders::fix`] for a segment whose IP + TCP headers (`hdr`,
+    /// exactly their length) and payload lie apart: the checksum sums
+    /// `payload` where it lies (the one pass over it), nothing is copied.
+    pub(crate) fn fix_parts(
+        &self,
+        hdr: &mut [u8],
+        payload: &[u8],
+        i: usize,
+        count: usize,
+    ) -> Result<(), DropReason> {
+        if hdr.len() != self.ip_hl + self.tcp_hl {
+            return Err(DropReason::Malformed);
+        }
+        let total = hdr.len() + payload.len();
+        self.ip.apply(hdr, i, total)?;
         let mut flags = self.flags0;
         if i + 1 != count {
             flags &= !(tcp::FIN | tcp::PSH);
@@ -220,8 +242,8 @@ impl TcpHeaders {
         let seq = self
             .seq0
             .wrapping_add(u32::try_from(i * self.gso_size).unwrap_or(0));
-        let l4_len = u32::try_from(seg.len() - self.ip_hl).map_err(|_| DropReason::Mtu)?;
-        let mut th = tcp::Packet::new_unchecked(&mut seg[self.ip_hl..]);
+        let l4_len = u32::try_from(total - self.ip_hl).map_err(|_| DropReason::Mtu)?;
+        let mut th = tcp::Packet::new_unchecked(&mut hdr[self.ip_hl..]);
         th.set_seq(seq);
         th.set_flags(flags);
         let mut s = self.base;
@@ -231,12 +253,12 @@ impl TcpHeaders {
             seq >> 16,
             seq & 0xffff,
             (u32::from(self.doff) << 8) | u32::from(flags),
-            checksum::sum(&seg[self.ip_hl + self.tcp_hl..]),
+            checksum::sum(payload),
         ] {
             s = checksum::combine(s, v);
         }
         put16(
-            &mut seg[self.ip_hl..],
+            &mut hdr[self.ip_hl..],
             tcp::CHECKSUM_OFFSET,
             checksum::finish(s),
         );
@@ -279,10 +301,10 @@ impl IpFix {
         }
     }
 
-    /// Fixes the IP header of segment `i` (the whole segment is `seg`):
-    /// IPv6 payload length, or IPv4 total length, ID (+i) and header checksum.
-    pub(crate) fn apply(&self, seg: &mut [u8], i: usize) -> Result<(), DropReason> {
-        let seg_len = seg.len();
+    /// Fixes the IP header of segment `i` (its header starts `seg`; the
+    /// whole segment is `seg_len` bytes): IPv6 payload length, or IPv4 total
+    /// length, ID (+i) and header checksum.
+    pub(crate) fn apply(&self, seg: &mut [u8], i: usize, seg_len: usize) -> Result<(), DropReason> {
         if self.v6 {
             let pl = u16::try_from(seg_len - ipv6::HEADER_LEN).map_err(|_| DropReason::Mtu)?;
             ipv6::Packet::new_unchecked(seg).set_payload_len(pl);
@@ -356,6 +378,10 @@ pub fn complete_checksum(
     put16(pkt, field, c);
     Ok(())
 }
+
+#[path = "gso_gather.rs"]
+mod gather;
+pub use gather::{Gathered, headers_required, tcp_headers};
 
 #[cfg(test)]
 #[path = "gso_tests.rs"]

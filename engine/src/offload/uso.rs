@@ -89,7 +89,8 @@ pub fn udp_segment(
         headroom,
         out,
         |seg, i, _| {
-            ip.apply(seg, i)?;
+            let n = seg.len();
+            ip.apply(seg, i, n)?;
             let u = &mut seg[l.ip_hl..];
             let udp_len = u16::try_from(u.len()).map_err(|_| DropReason::Mtu)?;
             put16(u, UDP_LEN_OFFSET, udp_len);

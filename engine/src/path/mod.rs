@@ -6,6 +6,9 @@
 //!   completion, MTU limits, the room it needs, then its datagrams written
 //!   into the caller's transmit arena with the encapsulation's headers; or
 //!   the [`DropReason`] (flannel-UDP: an ICMP net-unreachable to answer).
+//! - [`gather`]: the transmit step for TCP super-packets over flannel-UDP
+//!   and VXLAN without a payload copy (header blocks written, payload left
+//!   in the TUN read for a gathered send).
 //! - [`rx`]: a received datagram (or raw IPIP packet) -> decapsulated,
 //!   sources checked ([`crate::antispoof`]), the inner range to deliver and
 //!   the peer entry to count it on; or the [`DropReason`].
@@ -24,6 +27,7 @@
 //! fuzz targets, `tests/pipeline.rs` and the criterion benches call the
 //! same functions.
 
+pub mod gather;
 pub mod rx;
 pub mod tx;
 pub mod wg;

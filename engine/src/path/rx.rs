@@ -67,6 +67,38 @@ pub fn udp<'t>(
     admit(mode, peers, outer, dgram, r)
 }
 
+/// Whether the kernel has checked an integrity sum that covers the whole
+/// inner packet of a flannel-UDP / VXLAN datagram from `src`: over IPv6 a
+/// UDP checksum is mandatory and the engine's sockets leave
+/// `UDP_NO_CHECK6_RX` off, so a datagram with a zero checksum never reaches
+/// them and every other one was verified (or came over a veth from a local
+/// `CHECKSUM_PARTIAL` skb, which the kernel trusts alike). Over IPv4 the
+/// checksum may be zero, and kernel vxlan sends it zero by default (flannel
+/// does not ask for `udpcsum`); a UDP socket does not say which, so IPv4
+/// datagrams get no trust here and GRO verifies their inner TCP checksums.
+pub fn outer_checksum_covers(src: IpAddr) -> bool {
+    matches!(src, IpAddr::V6(a) if a.to_ipv4_mapped().is_none())
+}
+
+/// flannel-UDP / VXLAN: [`udp`], then, when [`outer_checksum_covers`] the
+/// datagram from `src`, its inner TCP checksum marked trusted (as WireGuard
+/// does after Poly1305, [`crate::path::wg::seg::trust_tcp_checksum`]): GRO
+/// merges it without summing the payload again, and the TUN write says
+/// `NEEDS_CSUM`, so the kernel does not either.
+pub fn udp_from<'t>(
+    codec: &Codec,
+    mode: AntiSpoofing,
+    peers: &'t PeerTable,
+    (src, outer): (IpAddr, &[usize]),
+    dgram: &mut [u8],
+) -> Result<Delivery<'t>, DropReason> {
+    let d = udp(codec, mode, peers, outer, dgram)?;
+    if outer_checksum_covers(src) {
+        crate::path::wg::seg::trust_tcp_checksum(&mut dgram[d.inner.clone()]);
+    }
+    Ok(d)
+}
+
 /// IPIP: one packet from the raw socket (outer header first), validated in
 /// place; with its outer source.
 pub fn ipip<'t>(

@@ -4,7 +4,7 @@
 //! Messages point into one caller-owned arena; the `mmsghdr`/`iovec`/control
 //! arrays are built on the stack per call (nothing is allocated).
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -44,6 +44,27 @@ pub struct TxMsg {
     /// GSO segment size; 0 sends one plain datagram.
     pub segment: u16,
 }
+
+/// One datagram (or GSO train) gathered from several buffers:
+/// `iovs[first..first + pieces]` of [`Udp::send_gathered`] to `dst`.
+#[derive(Debug, Clone, Copy)]
+pub struct IovMsg {
+    /// Destination.
+    pub dst: SocketAddr,
+    /// Its first piece in the iovec list.
+    pub first: usize,
+    /// Its number of pieces.
+    pub pieces: usize,
+    /// Length in bytes (the pieces' sum).
+    pub len: usize,
+    /// GSO segment size; 0 (or `len` or more) sends one plain datagram.
+    pub segment: u16,
+}
+
+/// Messages per `sendmmsg` of [`Udp::send_gathered`] (a 64 KiB
+/// super-packet is one to three trains, or one datagram per segment
+/// without UDP GSO): small, so that the headers built per call stay cheap.
+pub const GATHER_BATCH: usize = 16;
 
 /// One received datagram (or GRO train) in slot `i` of the receive arena.
 #[derive(Debug, Clone, Copy)]
@@ -161,6 +182,58 @@ impl Udp {
             }
         }
         mmsg::send(self.fd.as_raw_fd(), &mut hdrs, n)
+    }
+
+    /// Sends up to [`GATHER_BATCH`] of `msgs`, each gathered from its pieces
+    /// of `iovs`, with one `sendmmsg` (`UDP_SEGMENT` for trains). Returns
+    /// how many were sent; an error refers to `msgs[0]`. A message whose
+    /// range lies outside `iovs` ends the batch before it (`InvalidInput` if first).
+    pub fn send_gathered(&self, msgs: &[IovMsg], iovs: &[IoSlice<'_>]) -> io::Result<usize> {
+        // SAFETY: all-zero is a valid value for these plain C structs.
+        let mut hdrs: [libc::mmsghdr; GATHER_BATCH] = unsafe { zeroed() };
+        // SAFETY: as above.
+        let mut names: [libc::sockaddr_in6; GATHER_BATCH] = unsafe { zeroed() };
+        let mut ctrl = [[0u64; 4]; GATHER_BATCH];
+        let mut n = 0;
+        for (i, m) in msgs.iter().take(GATHER_BATCH).enumerate() {
+            let Some(pieces) = iovs.get(m.first..m.first + m.pieces) else {
+                break;
+            };
+            let namelen = write_sockaddr(&mut names[i], m.dst);
+            let h = &mut hdrs[i].msg_hdr;
+            h.msg_name = (&mut names[i] as *mut libc::sockaddr_in6).cast();
+            h.msg_namelen = namelen;
+            // `IoSlice` is ABI compatible with `iovec` (std guarantees it on
+            // Unix); the kernel only reads through this pointer.
+            h.msg_iov = pieces.as_ptr().cast::<libc::iovec>().cast_mut();
+            h.msg_iovlen = pieces.len();
+            if m.segment != 0 && usize::from(m.segment) < m.len {
+                h.msg_control = ctrl[i].as_mut_ptr().cast();
+                // SAFETY: CMSG_SPACE is a pure size computation.
+                h.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as usize;
+                // SAFETY: msg_control points to 32 zeroed bytes, enough for CMSG_SPACE(2) = 24.
+                unsafe {
+                    let c = libc::CMSG_FIRSTHDR(h);
+                    (*c).cmsg_level = SOL_UDP;
+                    (*c).cmsg_type = UDP_SEGMENT;
+                    (*c).cmsg_len = libc::CMSG_LEN(2) as usize;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), m.segment);
+                }
+            }
+            n += 1;
+        }
+        if n == 0 {
+            return if msgs.is_empty() {
+                Ok(0)
+            } else {
+                Err(io::ErrorKind::InvalidInput.into())
+            };
+        }
+        let cnt = libc::c_uint::try_from(n).unwrap_or(0);
+        // The first `n` headers point at live names, iovecs (borrowed from
+        // `iovs` for this call) and control buffers on this stack frame.
+        let sent = super::syscall!(sendmmsg(self.fd.as_raw_fd(), hdrs.as_mut_ptr(), cnt, 0))?;
+        Ok(usize::try_from(sent).unwrap_or(0))
     }
 
     /// Receives up to `meta.len()` datagrams into `arena`, slot `i` at

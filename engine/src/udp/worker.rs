@@ -2,14 +2,18 @@
 //! ([`crate::worker`]): a receive socket (shared port via `SO_REUSEPORT`)
 //! and [`SEND_SOCKETS`] send sockets on ephemeral ports.
 //!
-//! - TUN -> UDP: each read is planned by [`tx::udp_plan`], segmented
-//!   (userspace GSO/USO) into the TX arena with headroom and headed by
-//!   [`tx::udp_write`], and queued as `sendmmsg` messages whose equal-size
+//! - TUN -> UDP: each read is planned by [`tx::udp_plan`]; a TCP
+//!   super-packet is sent at once without a payload copy
+//!   ([`gather::udp_gather`] writes header blocks into the TX arena, the
+//!   payload stays in the TUN read; [`udp_tx::send_gathered`]), anything
+//!   else is segmented (USO) or copied into the TX arena with headroom and
+//!   headed by [`tx::udp_write`], and queued as `sendmmsg` messages whose equal-size
 //!   runs become one `UDP_SEGMENT` train; the arena is sent once it holds
 //!   [`FLUSH_AT`] bytes, when full and at the end of the TUN step.
-//! - UDP -> TUN: one `recvmmsg` (with `UDP_GRO` trains), [`rx::udp`] per
-//!   segment (decap + anti-spoofing), userspace GRO, one `writev` per
-//!   (coalesced) packet.
+//! - UDP -> TUN: one `recvmmsg` (with `UDP_GRO` trains), [`rx::udp_from`]
+//!   per segment (decap + anti-spoofing; over an IPv6 underlay the inner
+//!   TCP checksum trusted, [`rx::outer_checksum_covers`]), userspace GRO,
+//!   one `writev` per (coalesced) packet.
 
 use std::io::IoSlice;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -17,8 +21,8 @@ use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 
 use crate::encap::{Codec, DropReason};
-use crate::path::rx;
 use crate::path::tx::{self, Refusal};
+use crate::path::{gather, rx};
 use crate::peers::PeerTable;
 use crate::stats::{Ctr, Local};
 use crate::sys::udp::{BATCH, RxMeta, TxMsg, Udp};
@@ -87,10 +91,25 @@ impl Encapsulation for UdpEncap {
                 return Err(r.reason());
             }
         };
+        let sock = (tx::flow_hash(&read[plan.pkt.start..]) as usize) % e.tx.len().max(1);
+        if matches!(plan.shape, tx::Shape::Tcp(_)) {
+            // Gathered: what is queued goes first (order, and the arena is
+            // free for the header blocks), then the super-packet, before the
+            // next read overwrites it.
+            Self::flush(w, b, ctr);
+            if let Some(g) = gather::udp_gather(&e.codec, &plan, read, &mut b.tx.buf)?
+                && let Some(s) = e.tx.get(sock)
+            {
+                let ip = &read[plan.pkt.start..];
+                udp_tx::send_gathered(s, plan.entry.dst, &g, (&b.tx.buf, ip), &w.udp_gso, ctr);
+                let inner = g.count * (g.head - plan.headroom) + g.payload_bytes();
+                w.count_sent(plan.entry, g.count as u64, inner as u64, true, ctr);
+                return Ok(());
+            }
+        }
         if !b.tx.fits(plan.need, plan.datagrams) {
             Self::flush(w, b, ctr);
         }
-        let sock = (tx::flow_hash(&read[plan.pkt.start..]) as usize) % e.tx.len().max(1);
         let start = b.tx.pos;
         let out = tx::udp_write(&e.codec, &plan, read, &mut b.tx.buf[start..])?;
         for i in 0..out.count() {
@@ -138,7 +157,7 @@ impl Encapsulation for UdpEncap {
             }
             for seg in rx::train(len, m.stride) {
                 let dgram = &mut b.rx[base + seg.start..base + seg.end];
-                match rx::udp(&e.codec, mode, peers, entries, dgram) {
+                match rx::udp_from(&e.codec, mode, peers, (m.src, entries), dgram) {
                     Ok(d) => w.deliver(&mut b.out, &mut b.rx, base + seg.start, &d, m.src, ctr),
                     Err(r) => ctr.drop(r, 1),
                 }

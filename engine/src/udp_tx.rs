@@ -78,16 +78,8 @@ pub(crate) fn send_all(
             Ok(k) => i += k,
             Err(e) => {
                 let m = msgs[i];
-                let train = usize::from(m.segment) < m.len;
-                if e.raw_os_error() == Some(libc::EIO) && train {
-                    udp_gso.store(false, Ordering::Relaxed);
+                if split_after(&e, usize::from(m.segment) < m.len, udp_gso, ctr) {
                     resend_split(sock, m, arena, ctr);
-                } else if matches!(e.raw_os_error(), Some(libc::EMSGSIZE | libc::EINVAL)) && train {
-                    resend_split(sock, m, arena, ctr);
-                } else if e.raw_os_error() == Some(libc::EMSGSIZE) {
-                    ctr.drop(DropReason::Mtu, 1);
-                } else {
-                    ctr.add(Ctr::UdpSendError, 1);
                 }
                 i += 1;
             }
@@ -166,16 +158,8 @@ pub(crate) fn send_gathered(
             Ok(k) => next = end(&msgs[k.min(n) - 1]),
             Err(e) => {
                 let m = msgs[0];
-                let train = m.pieces > 2;
-                if e.raw_os_error() == Some(libc::EIO) && train {
-                    udp_gso.store(false, Ordering::Relaxed);
+                if split_after(&e, m.pieces > 2, udp_gso, ctr) {
                     resend_split_gathered(sock, m, iovs, ctr);
-                } else if matches!(e.raw_os_error(), Some(libc::EMSGSIZE | libc::EINVAL)) && train {
-                    resend_split_gathered(sock, m, iovs, ctr);
-                } else if e.raw_os_error() == Some(libc::EMSGSIZE) {
-                    ctr.drop(DropReason::Mtu, 1);
-                } else {
-                    ctr.add(Ctr::UdpSendError, 1);
                 }
                 next = end(&m);
             }
@@ -184,6 +168,28 @@ pub(crate) fn send_gathered(
 }
 
 /// Sends the gathered train `m` as separate datagrams (two pieces each).
+/// The one policy for a message whose send failed with `e` (`train`: it
+/// was a `UDP_SEGMENT` train): true when it is to be resent datagram by
+/// datagram (EIO turns GSO off for good: the device cannot segment;
+/// EMSGSIZE and EINVAL refuse the train, not its datagrams); otherwise the
+/// message is counted, an MTU drop for EMSGSIZE, a send error else.
+fn split_after(e: &std::io::Error, train: bool, udp_gso: &AtomicBool, ctr: &mut Local) -> bool {
+    let code = e.raw_os_error();
+    if train && code == Some(libc::EIO) {
+        udp_gso.store(false, Ordering::Relaxed);
+        return true;
+    }
+    if train && matches!(code, Some(libc::EMSGSIZE | libc::EINVAL)) {
+        return true;
+    }
+    if code == Some(libc::EMSGSIZE) {
+        ctr.drop(DropReason::Mtu, 1);
+    } else {
+        ctr.add(Ctr::UdpSendError, 1);
+    }
+    false
+}
+
 fn resend_split_gathered(sock: &Udp, m: IovMsg, iovs: &[IoSlice<'_>], ctr: &mut Local) {
     for first in (m.first..m.first + m.pieces).step_by(2) {
         let len = iovs

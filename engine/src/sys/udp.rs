@@ -168,17 +168,7 @@ impl Udp {
             h.msg_iov = &mut iovs[i];
             h.msg_iovlen = 1;
             if m.segment != 0 && usize::from(m.segment) < m.len {
-                h.msg_control = ctrl[i].as_mut_ptr().cast();
-                // SAFETY: CMSG_SPACE is a pure size computation.
-                h.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as usize;
-                // SAFETY: msg_control points to 32 zeroed bytes, enough for CMSG_SPACE(2) = 24.
-                unsafe {
-                    let c = libc::CMSG_FIRSTHDR(h);
-                    (*c).cmsg_level = SOL_UDP;
-                    (*c).cmsg_type = UDP_SEGMENT;
-                    (*c).cmsg_len = libc::CMSG_LEN(2) as usize;
-                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), m.segment);
-                }
+                set_segment(h, &mut ctrl[i], m.segment);
             }
         }
         mmsg::send(self.fd.as_raw_fd(), &mut hdrs, n)
@@ -208,17 +198,7 @@ impl Udp {
             h.msg_iov = pieces.as_ptr().cast::<libc::iovec>().cast_mut();
             h.msg_iovlen = pieces.len();
             if m.segment != 0 && usize::from(m.segment) < m.len {
-                h.msg_control = ctrl[i].as_mut_ptr().cast();
-                // SAFETY: CMSG_SPACE is a pure size computation.
-                h.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as usize;
-                // SAFETY: msg_control points to 32 zeroed bytes, enough for CMSG_SPACE(2) = 24.
-                unsafe {
-                    let c = libc::CMSG_FIRSTHDR(h);
-                    (*c).cmsg_level = SOL_UDP;
-                    (*c).cmsg_type = UDP_SEGMENT;
-                    (*c).cmsg_len = libc::CMSG_LEN(2) as usize;
-                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), m.segment);
-                }
+                set_segment(h, &mut ctrl[i], m.segment);
             }
             n += 1;
         }
@@ -345,5 +325,22 @@ fn read_sockaddr(s: &libc::sockaddr_storage) -> (IpAddr, u16) {
             )
         }
         _ => (IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+    }
+}
+
+/// Points `h`'s control data at `ctrl` holding one `UDP_SEGMENT` cmsg of
+/// `segment` bytes (the kernel splits the message into datagrams of that
+/// size). `ctrl` must outlive the send that reads `h`.
+fn set_segment(h: &mut libc::msghdr, ctrl: &mut [u64; 4], segment: u16) {
+    h.msg_control = ctrl.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    h.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as usize;
+    // SAFETY: msg_control points to 32 zeroed bytes, enough for CMSG_SPACE(2) = 24.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(h);
+        (*c).cmsg_level = SOL_UDP;
+        (*c).cmsg_type = UDP_SEGMENT;
+        (*c).cmsg_len = libc::CMSG_LEN(2) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), segment);
     }
 }

@@ -11,7 +11,7 @@
 //! and the full TCP checksum, as the kernel's `tcp_gso_segment` does.
 
 use crate::encap::DropReason;
-use crate::wire::{checksum, ipv4, ipv6, put16, tcp};
+use crate::wire::{checksum, ip, ipv4, ipv6, put16, tcp};
 
 /// Where the segments of one super-packet ended up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -359,11 +359,20 @@ pub(crate) fn plan(
 /// Completes a partial checksum (`VIRTIO_NET_HDR_F_NEEDS_CSUM` on a non-GSO
 /// packet): the field at `csum_start + csum_offset` holds the folded
 /// pseudo-header sum; the result covers everything from `csum_start`.
+///
+/// `pkt` is an IP packet and `csum_start` must lie past its IP header: the
+/// kernel only sets it at the transport header, and a start inside the IP
+/// header (a forged vnet header, found by the `tun_tx` fuzz target) would
+/// rewrite the version byte or the addresses after routing read them.
 pub fn complete_checksum(
     pkt: &mut [u8],
     csum_start: usize,
     csum_offset: usize,
 ) -> Result<(), DropReason> {
+    let ip = ip::Packet::new_checked(&*pkt).map_err(|_| DropReason::Malformed)?;
+    if csum_start < ip.header_len().max(ipv4::HEADER_LEN) {
+        return Err(DropReason::Malformed);
+    }
     let field = csum_start
         .checked_add(csum_offset)
         .ok_or(DropReason::Malformed)?;

@@ -130,4 +130,13 @@ fn partial_udp_checksum_is_completed() {
         complete_checksum(&mut p, 20, 400),
         Err(DropReason::Malformed)
     );
+    // A start inside the IP header would overwrite it (the version byte at 0).
+    let before = p.clone();
+    for start in [0, 10, 19] {
+        assert_eq!(
+            complete_checksum(&mut p, start, 0),
+            Err(DropReason::Malformed)
+        );
+    }
+    assert_eq!(p, before, "a refused completion wrote into the packet");
 }

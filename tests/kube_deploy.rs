@@ -201,6 +201,19 @@ fn manifests_are_a_drop_in_for_flannels() {
         c["securityContext"]["capabilities"]["add"],
         serde_json::json!(["NET_ADMIN", "NET_RAW"])
     );
+    // `weft doctor` in the pod reads the node's CNI directories, read-only.
+    let mounts = c["volumeMounts"].as_array().expect("volumeMounts");
+    for (vol, path) in [
+        ("cni", "/host/etc/cni/net.d"),
+        ("cni-plugin", "/host/opt/cni/bin"),
+    ] {
+        assert!(
+            mounts.iter().any(|m| m["name"] == vol
+                && m["mountPath"] == path
+                && m["readOnly"] == serde_json::json!(true)),
+            "kube-flannel lacks the read-only {vol} mount at {path}"
+        );
+    }
     let tun = pod["volumes"]
         .as_array()
         .expect("volumes")
@@ -229,7 +242,7 @@ fn dockerfile_copies_what_the_workspace_builds() {
         .filter(|w| w[0] == "--bin")
         .map(|w| w[1])
         .collect();
-    assert_eq!(bins, ["flannel", "install-conf", "weftd"].into());
+    assert_eq!(bins, ["flannel", "install-conf", "weft", "weftd"].into());
     for b in &bins {
         assert!(
             weft_tests::bins::dir().join(b).exists(),
@@ -256,6 +269,7 @@ fn dockerfile_copies_what_the_workspace_builds() {
     for p in [
         "/opt/bin/flanneld",
         "/opt/bin/install-conf",
+        "/opt/bin/weft",
         "/flannel",
         "/opt/cni/bin/flannel",
     ] {

@@ -411,6 +411,7 @@ pub fn new(
     cfg: &Config,
     dataplane: DataplaneChoice,
     tuning: EngineTuning,
+    vxlan_tx_csum: vxlan::TxCsumOffload,
     nl: &Netlink,
 ) -> Result<Box<dyn Backend<dyn Switch>>, BackendError> {
     let client: Arc<dyn Client> = Arc::new(nl.clone());
@@ -422,6 +423,7 @@ pub fn new(
         client,
         xfrm: Arc::new(XfrmNetlink::new()),
         wg: Arc::new(WgNetlink::new()),
+        vxlan_tx_csum,
     };
     build(cfg, dataplane, tuning, &us, kernel)
 }
@@ -436,6 +438,8 @@ pub struct Kernel {
     pub xfrm: Arc<dyn XfrmClient>,
     /// WireGuard devices (generic netlink).
     pub wg: Arc<dyn WgClient>,
+    /// kernel vxlan's transmit checksum offload (`--vxlan-tx-checksum-offload`).
+    pub vxlan_tx_csum: vxlan::TxCsumOffload,
 }
 
 /// [`new`] with explicit kernel clients for the kernel paths and what the
@@ -450,7 +454,12 @@ pub fn build(
     use ipip::{kernel::Ipip, userspace::IpipUser};
     use vxlan::{kernel::KernelVxlan, userspace::Vxlan};
     use wireguard::{kernel::KernelWireguard, userspace::Wireguard};
-    let Kernel { client, xfrm, wg } = kernel;
+    let Kernel {
+        client,
+        xfrm,
+        wg,
+        vxlan_tx_csum,
+    } = kernel;
     let opts = BackendOptions::from_config(&cfg.backend_type, cfg.backend.as_deref())?;
     let links = device_names(&opts);
     let (v4, v6) = (cfg.enable_ipv4, cfg.enable_ipv6);
@@ -477,7 +486,12 @@ pub fn build(
                 dual("vxlan")
                     .kernel(
                         Some(probe::Capability::Vxlan),
-                        Box::new(move || Box::new(KernelVxlan::new(ok.clone(), v4, v6, c.clone()))),
+                        Box::new(move || {
+                            Box::new(
+                                KernelVxlan::new(ok.clone(), v4, v6, c.clone())
+                                    .with_tx_csum(vxlan_tx_csum, &vxlan::kernel_release()),
+                            )
+                        }),
                     )
                     .userspace(Box::new(move || {
                         Box::new(Vxlan::new(ou.clone(), v4, v6, tuning, us.clone()))

@@ -201,6 +201,18 @@ pub struct Flags {
     /// path is whole again; only weft's own routes are touched.
     #[arg(long, env = "WEFT_PROBE_ROUTE_MTU", default_value = "true", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
     pub probe_route_mtu: bool,
+    /// weft: the kernel vxlan device's transmit checksum offload: `auto`
+    /// (off below kernel 5.7, where the checksum bug that stalls NATed
+    /// connections for 63 s lives; else the kernel's default), `off`
+    /// (flannel's `ethtool -K flannel.1 tx-checksum-ip-generic off`, kept
+    /// across restarts and recreated devices) or `on`.
+    #[arg(
+        long,
+        env = "WEFT_VXLAN_TX_CHECKSUM_OFFLOAD",
+        default_value = "auto",
+        value_name = "auto|on|off"
+    )]
+    pub vxlan_tx_checksum_offload: crate::backend::vxlan::TxCsumOffload,
     /// Resync period for iptables rules, in seconds.
     #[arg(long, env = "FLANNELD_IPTABLES_RESYNC", default_value_t = 5)]
     pub iptables_resync: u64,

@@ -162,7 +162,7 @@ pub async fn run_with<M: SubnetManager>(
         &flags.subnet_file,
         &cfg.backend_type,
         dataplane,
-        |choice| backend::new(&cfg, choice, tuning, &nl),
+        |choice| backend::new(&cfg, choice, tuning, flags.vxlan_tx_checksum_offload, &nl),
     )
     .await
     .context("Error fetching backend")?;

@@ -82,6 +82,10 @@ pub trait Client: Send + Sync + std::fmt::Debug {
     /// `sysctl -w KEY=VALUE`, where `key` is the path under /proc/sys
     /// (e.g. `net/ipv6/conf/flannel.1/accept_ra`).
     async fn sysctl(&self, key: &str, value: &str) -> Result<(), NetlinkError>;
+
+    /// `ethtool -K DEV tx on|off` (every transmit checksum offload of the
+    /// device); returns whether that changed it.
+    async fn set_tx_checksum(&self, dev: &str, on: bool) -> Result<bool, NetlinkError>;
 }
 
 /// IPsec policies, the kernel's SAs (read only) and the ESP capability probe.

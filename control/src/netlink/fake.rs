@@ -47,6 +47,8 @@ pub enum Op {
     FdbDel(Fdb),
     /// A sysctl write (key under /proc/sys, value).
     Sysctl(String, String),
+    /// `ethtool -K DEV tx on|off` that changed the device.
+    TxChecksum(String, bool),
     /// `ip xfrm policy update`.
     PolicyUpdate(XfrmPolicy),
     /// `ip xfrm policy delete`.
@@ -77,6 +79,8 @@ struct State {
     connected: Vec<(IpNet, u32)>,
     /// The default gateway and device for `route_get`.
     default_via: Option<(IpAddr, u32)>,
+    /// Devices whose transmit checksum offload was turned off.
+    tx_csum_off: BTreeSet<String>,
 }
 
 /// See the module docs.
@@ -521,6 +525,22 @@ impl Client for FakeNetlink {
     async fn sysctl(&self, key: &str, value: &str) -> Result<(), NetlinkError> {
         self.lock().ops.push(Op::Sysctl(key.into(), value.into()));
         Ok(())
+    }
+
+    /// Devices start with the offload on (as the kernel creates a vxlan device).
+    async fn set_tx_checksum(&self, dev: &str, on: bool) -> Result<bool, NetlinkError> {
+        let mut st = self.lock();
+        let was = !st.tx_csum_off.contains(dev);
+        if was == on {
+            return Ok(false);
+        }
+        if on {
+            st.tx_csum_off.remove(dev);
+        } else {
+            st.tx_csum_off.insert(dev.to_string());
+        }
+        st.ops.push(Op::TxChecksum(dev.into(), on));
+        Ok(true)
     }
 }
 

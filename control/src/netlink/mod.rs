@@ -83,6 +83,15 @@ pub enum NetlinkError {
     /// A link that must exist does not.
     #[error("link {0:?} not found")]
     NoSuchLink(String),
+    /// Reading or setting a device's offloads (SIOCETHTOOL) failed.
+    #[error("ethtool {dev}: {source}")]
+    Ethtool {
+        /// The device.
+        dev: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
     /// Writing a sysctl file failed.
     #[error("sysctl {path}: {source}")]
     Sysctl {

@@ -584,6 +584,13 @@ impl Client for Netlink {
         let path = format!("/proc/sys/{key}");
         std::fs::write(&path, value).map_err(|source| NetlinkError::Sysctl { path, source })
     }
+
+    async fn set_tx_checksum(&self, dev: &str, on: bool) -> Result<bool, NetlinkError> {
+        weft_engine::set_tx_checksum(dev, on).map_err(|source| NetlinkError::Ethtool {
+            dev: dev.into(),
+            source,
+        })
+    }
 }
 
 /// A main-table blackhole route to `dst` at `metric` (`proto boot`, as

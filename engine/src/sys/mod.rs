@@ -1,7 +1,9 @@
-//! The only place with `unsafe`: raw syscalls for the TUN device, batched UDP and raw IPIP
+//! The only place with `unsafe`: raw syscalls for the TUN device, batched UDP and raw IPIP,
+//! a device's transmit checksum offload (ethtool)
 //! and the run-time-dispatched AVX2 checksum loop.
 
 pub mod csum;
+pub mod ethtool;
 pub mod event;
 mod mmsg;
 pub mod raw;

@@ -291,6 +291,7 @@ mod tests {
                     client: f.clone(),
                     xfrm: f.clone(),
                     wg: f.clone(),
+                    vxlan_tx_csum: Default::default(),
                 };
                 let (_, us) = FakeEngines::new(&f);
                 let b = build(&cfg, choice, tuning(), &us, kernel).expect("backend");

@@ -6,6 +6,9 @@
 //!   cfg.MTU − 50 (− 70 for IPv6: [`super::Mtus`]), the persisted VTEP MAC, `accept_ra=0`, address `<subnet
 //!   IP>/32` (`/128`), up. An existing device is reused when compatible
 //!   (flannel's `vxlanLinksIncompat`, plus the MAC), else recreated.
+//!   weft, not flannel: its transmit checksum offload as
+//!   `--vxlan-tx-checksum-offload` wants it ([`super::TxCsumOffload`]: off
+//!   below kernel 5.7), at setup and every reconcile.
 //! - per peer, in this order, with rollback on failure: a permanent neighbour
 //!   `<peer subnet IP> lladdr <VtepMAC>`, a permanent self fdb entry
 //!   `<VtepMAC> dst <peer PublicIP>`, and `ip route replace <peer subnet> via
@@ -29,7 +32,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ipnet::IpNet;
 
-use super::{Mtus, Target, direct_route, fmt_mac, lease_attrs, log_config, peer_change};
+use super::{
+    Mtus, Target, TxCsumOffload, direct_route, fmt_mac, lease_attrs, log_config, peer_change,
+};
 use crate::backend::{
     ApplyError, Backend, BackendError, Batch, Dataplane, Observe, Prepared, Running, Setup,
 };
@@ -69,6 +74,8 @@ pub struct KernelVxlan {
     nl: Arc<dyn Client>,
     want_v4: bool,
     want_v6: bool,
+    /// See [`Live::tx_csum`].
+    tx_csum: Option<bool>,
 }
 
 /// A kernel vxlan backend with its lease attributes (its devices planned,
@@ -83,6 +90,9 @@ struct Live {
     /// `FLANNEL_MTU`.
     mtu: u32,
     peers: BTreeMap<IpNet, Entry>,
+    /// The devices' transmit checksum offload, when weft sets it
+    /// ([`TxCsumOffload::wanted`] on this kernel).
+    tx_csum: Option<bool>,
 }
 
 impl KernelVxlan {
@@ -93,11 +103,36 @@ impl KernelVxlan {
             nl,
             want_v4: v4,
             want_v6: v6,
+            tx_csum: None,
         }
+    }
+
+    /// `--vxlan-tx-checksum-offload` on a kernel of `release` ([`TxCsumOffload`];
+    /// without it the offload stays as the kernel makes it).
+    pub fn with_tx_csum(mut self, policy: TxCsumOffload, release: &str) -> KernelVxlan {
+        self.tx_csum = policy.wanted(release);
+        self
     }
 }
 
 impl Live {
+    /// Sets the device's transmit checksum offload where weft manages it
+    /// (the kernel vxlan checksum bug's workaround); a failure is logged, the
+    /// device works either way.
+    async fn offload(&self, name: &str) {
+        let Some(on) = self.tx_csum else { return };
+        match self.nl.set_tx_checksum(name, on).await {
+            Ok(true) => tracing::info!(
+                "{name}: transmit checksum offload turned {} (--vxlan-tx-checksum-offload; \
+                 flannel's `ethtool -K {name} tx-checksum-ip-generic off` workaround for the \
+                 kernel vxlan checksum bug)",
+                if on { "on" } else { "off" }
+            ),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("{name}: cannot set transmit checksum offload: {e}"),
+        }
+    }
+
     /// flannel's `ensureLink`: create, or reuse a compatible device, or recreate.
     async fn ensure_link(&self, spec: &VxlanLink) -> Result<u32, BackendError> {
         if let Some(d) = self.nl.link_detail(&spec.name).await? {
@@ -150,6 +185,7 @@ impl Live {
             }
         }
         self.nl.link_up(dev.index, None).await?;
+        self.offload(&dev.spec.name).await;
         let got = self
             .nl
             .link_detail(&dev.spec.name)
@@ -377,6 +413,7 @@ impl Backend for KernelVxlan {
             v6,
             mtu: mtus.env,
             peers: BTreeMap::new(),
+            tx_csum: self.tx_csum,
         };
         Ok(Prepared {
             attrs,
@@ -440,6 +477,8 @@ impl Running for Live {
                 .as_ref()
                 .is_some_and(|d| d.link.index == dev.index && d.link.up)
             {
+                // An ethtool run by hand, or a udev rule, may have changed it.
+                self.offload(&dev.spec.name).await;
                 continue;
             }
             tracing::warn!("{} is gone or down; recreating it", dev.spec.name);

@@ -5,9 +5,9 @@ use std::net::IpAddr;
 use super::*;
 use crate::backend::test_util::{attrs_of, block_on, ext, fake, lease};
 use crate::backend::vxlan::userspace::Vxlan;
-use crate::backend::vxlan::{backend_data, derive_mac};
+use crate::backend::vxlan::{TxCsumOffload, backend_data, derive_mac};
 use crate::backend::{EngineTuning, Running};
-use crate::netlink::{FakeNetlink, Op, VxlanAttrs};
+use crate::netlink::{Client, FakeNetlink, Op, VxlanAttrs};
 
 fn opts(direct: bool) -> VxlanOptions {
     VxlanOptions {
@@ -375,5 +375,53 @@ fn prune_removes_state_of_peers_that_went_while_no_weftd_ran() {
             3,
             "one delete each for route, fdb, neighbour: {ops:?}"
         );
+    });
+}
+
+#[test]
+fn checksum_offload_is_set_where_the_flag_wants_it_and_kept_so() {
+    block_on(async {
+        for (policy, release, want) in [
+            (TxCsumOffload::Auto, "4.19.0-27-amd64", Some(false)),
+            (TxCsumOffload::Auto, "6.18.1", None),
+            (TxCsumOffload::Off, "6.18.1", Some(false)),
+        ] {
+            let f = fake(&["vxlan"], false);
+            let b =
+                KernelVxlan::new(opts(false), true, false, f.clone()).with_tx_csum(policy, release);
+            let p = Box::new(b).lease_attrs(&ext(), None).await.expect("attrs");
+            let mut own = lease("10.244.1.0/24", "192.0.2.1", "vxlan", None);
+            own.attrs = p.attrs.clone();
+            let mut b = p.backend.setup(&own).await.expect("setup");
+            let set = |f: &FakeNetlink| {
+                f.ops()
+                    .into_iter()
+                    .filter(|o| matches!(o, Op::TxChecksum(..)))
+                    .collect::<Vec<_>>()
+            };
+            let expect: Vec<Op> = want
+                .map(|on| Op::TxChecksum("flannel.1".into(), on))
+                .into_iter()
+                .collect();
+            assert_eq!(set(&f), expect, "{policy:?} on {release}");
+            // Turned back on by hand: the reconcile turns it off again.
+            if want == Some(false) {
+                f.set_tx_checksum("flannel.1", true).await.expect("by hand");
+                b.reconcile().await.expect("reconcile");
+                let ops = set(&f);
+                assert_eq!(
+                    ops.last(),
+                    Some(&Op::TxChecksum("flannel.1".into(), false)),
+                    "{ops:?}"
+                );
+                assert_eq!(ops.len(), 3);
+                b.reconcile().await.expect("reconcile");
+                assert_eq!(
+                    set(&f).len(),
+                    3,
+                    "a reconcile with nothing to do changed it"
+                );
+            }
+        }
     });
 }

@@ -5,8 +5,11 @@
 //! ([`Mtus`]). [`kernel`] runs it on the kernel's vxlan driver,
 //! [`userspace`] on weft's engine; [`super::dual`] switches between them.
 
+mod csum;
 pub mod kernel;
 pub mod userspace;
+
+pub use csum::{TxCsumOffload, kernel_release};
 
 use std::net::IpAddr;
 

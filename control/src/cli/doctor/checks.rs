@@ -5,7 +5,7 @@
 
 use super::facts::Facts;
 use super::{Finding, Severity};
-use super::{overlay, peers};
+use super::{csum, overlay, peers};
 use crate::traffic::rules::FWD_CHAIN;
 
 /// A check: its name and its judgement.
@@ -26,6 +26,7 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("rp_filter", overlay::rp_filter),
     ("peers", peers::peers),
     ("path_mtu", peers::path_mtu),
+    ("checksums", csum::checksums),
 ];
 
 /// Runs every check: errors first, then warnings, then notes (stable within each).

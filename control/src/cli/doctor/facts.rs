@@ -90,6 +90,10 @@ pub struct Facts {
     pub cni: CniFacts,
     /// weftd's status (`Err`: why the status socket did not answer).
     pub daemon: Result<Status, String>,
+    /// UDP datagrams dropped for a bad checksum since boot (both families).
+    pub udp_csum_errors: Option<u64>,
+    /// weft's kernel vxlan devices whose transmit checksum offload is off.
+    pub tx_csum_off: Vec<String>,
 }
 
 /// Where the CNI config and plugins are looked for.
@@ -137,6 +141,11 @@ pub fn gather(subnet_file: &Path, socket: &Path, cni: &CniFactsOpt) -> Facts {
         cni: cni_facts(cni),
         daemon: crate::status::server::query(socket, Duration::from_secs(5))
             .map_err(|e| e.to_string()),
+        udp_csum_errors: super::csum::in_csum_errors(
+            &std::fs::read_to_string("/proc/net/snmp").unwrap_or_default(),
+            &std::fs::read_to_string("/proc/net/snmp6").unwrap_or_default(),
+        ),
+        tx_csum_off: Vec::new(),
     };
     if let Err(e) = netlink_facts(&mut f) {
         f.netlink_error = Some(e);
@@ -196,6 +205,9 @@ fn netlink_facts(f: &mut Facts) -> Result<(), String> {
                 });
             }
             if l.kind == "vxlan" {
+                if weft_engine::tx_checksum(&l.name).is_ok_and(|on| !on) {
+                    f.tx_csum_off.push(l.name.clone());
+                }
                 for e in nl.fdbs(l.index).await.map_err(|e| e.to_string())? {
                     f.fdbs.push(L2Entry {
                         dev: l.name.clone(),

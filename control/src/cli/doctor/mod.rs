@@ -14,6 +14,7 @@
 //! is still printed: the host checks do not need it); 2 usage.
 
 pub mod checks;
+mod csum;
 pub mod facts;
 mod overlay;
 mod peers;

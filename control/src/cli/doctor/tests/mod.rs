@@ -110,6 +110,8 @@ fn healthy() -> Facts {
             ),
         },
         daemon: Ok(serde_json::from_value(status).expect("test fixture")),
+        udp_csum_errors: Some(0),
+        tx_csum_off: Vec::new(),
     }
 }
 

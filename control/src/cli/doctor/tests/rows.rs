@@ -280,6 +280,18 @@ const ROWS: &[Row] = &[
         "path_mtu_low",
         Severity::Error,
     ),
+    (
+        "UDP datagrams dropped for bad checksums",
+        |f| f.udp_csum_errors = Some(5),
+        "udp_checksum_errors",
+        Severity::Warning,
+    ),
+    (
+        "the vxlan device's checksum offload off",
+        |f| f.tx_csum_off = vec!["flannel.1".into()],
+        "vxlan_tx_csum_off",
+        Severity::Info,
+    ),
 ];
 
 #[test]

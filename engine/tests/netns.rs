@@ -141,9 +141,17 @@ fn three_nodes(test: &str, vxlan: bool, offload: bool) {
     for e in engines {
         e.stop();
     }
-    // stop() closes every queue: the TUN disappears.
+    // stop() closes every queue: the TUN disappears (within a moment: a
+    // forked child of another test's thread may hold a copy until its exec).
     assert!(
-        !try_sh(&["ip", "-n", &t.node(1), "link", "show", dev]),
+        wait_for(5, || !try_sh(&[
+            "ip",
+            "-n",
+            &t.node(1),
+            "link",
+            "show",
+            dev
+        ])),
         "tun device must be gone after stop"
     );
 }
@@ -313,6 +321,21 @@ fn garbage_is_dropped_and_counted() {
     );
     assert_eq!(e.stats().rx_packets, 1);
     e.stop();
+    // The TUN goes when its last descriptor closes: a child of another
+    // test's thread, forked before its exec closed the inherited copy
+    // (O_CLOEXEC), can hold it a moment longer on a loaded machine. The
+    // next engine must not attach to the old device (its address is still on).
+    assert!(
+        wait_for(5, || !try_sh(&[
+            "ip",
+            "-n",
+            &t.node(1),
+            "link",
+            "show",
+            "flannel.1"
+        ])),
+        "flannel.1 outlived its engine by 5 s"
+    );
 
     // With anti-spoofing off the spoofed and the stranger's packets are delivered.
     let mut cfg = vxlan_cfg(1);

@@ -5,7 +5,7 @@
 
 use super::facts::Facts;
 use super::{Finding, Severity};
-use super::{overlay, peers};
+use super::{overlay, peers, policy};
 use crate::traffic::rules::FWD_CHAIN;
 
 /// A check: its name and its judgement.
@@ -21,6 +21,7 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("cni", cni),
     ("devices", overlay::devices),
     ("peer_routes", overlay::peer_routes),
+    ("policy_rules", policy::policy_rules),
     ("vxlan_l2", overlay::vxlan_l2),
     ("interface", overlay::interface),
     ("rp_filter", overlay::rp_filter),

@@ -2,7 +2,8 @@
 //! command) into [`Facts`], plain data that the checks judge without I/O.
 //!
 //! Everything is read-only: `/proc/sys` files, netlink dumps (links,
-//! addresses, the main table, neighbour and fdb entries of weft's devices),
+//! addresses, the main table, the policy rules and the tables they look
+//! up, neighbour and fdb entries of weft's devices),
 //! `iptables -S FORWARD`, the subnet file, the CNI conf and binary
 //! directories and the status socket's snapshot. A fact that cannot be read
 //! is `None` (or an `Err` with the reason), and the check that needs it
@@ -16,7 +17,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use weft_compat::subnet_env::SubnetEnv;
 
-use crate::netlink::{Client, LinkKind, Netlink, Route};
+use crate::netlink::{Client, LinkKind, Netlink, Route, Rule, RuleDo};
 use crate::status::model::Status;
 
 /// One link as the checks need it.
@@ -74,6 +75,10 @@ pub struct Facts {
     pub addrs: Vec<(u32, IpNet)>,
     /// The main table (IPv4).
     pub routes: Vec<Route>,
+    /// The IPv4 policy-routing rules, by priority.
+    pub rules: Vec<Rule>,
+    /// The routes of each table a rule looks up (but main, local, default).
+    pub tables: BTreeMap<u32, Vec<Route>>,
     /// Permanent neighbour entries of weft's kernel devices.
     pub neighs: Vec<L2Entry>,
     /// fdb entries of weft's kernel vxlan devices.
@@ -128,6 +133,8 @@ pub fn gather(subnet_file: &Path, socket: &Path, cni: &CniFactsOpt) -> Facts {
         links: Vec::new(),
         addrs: Vec::new(),
         routes: Vec::new(),
+        rules: Vec::new(),
+        tables: BTreeMap::new(),
         neighs: Vec::new(),
         fdbs: Vec::new(),
         netlink_error: None,
@@ -187,6 +194,16 @@ fn netlink_facts(f: &mut Facts) -> Result<(), String> {
             .map(|a| (a.index, a.net))
             .collect();
         f.routes = nl.routes_main(false).await.map_err(|e| e.to_string())?;
+        f.rules = nl.rules(false).await.map_err(|e| e.to_string())?;
+        for r in &f.rules {
+            if let RuleDo::Table(t) = r.action
+                && ![253, 254, 255].contains(&t)
+                && !f.tables.contains_key(&t)
+            {
+                let routes = nl.routes_in(t, false).await.map_err(|e| e.to_string())?;
+                f.tables.insert(t, routes);
+            }
+        }
         for l in f.links.iter().filter(|l| weft_devs.contains(&l.name)) {
             for n in nl.neighs(l.index).await.map_err(|e| e.to_string())? {
                 f.neighs.push(L2Entry {

@@ -17,6 +17,7 @@ pub mod checks;
 pub mod facts;
 mod overlay;
 mod peers;
+mod policy;
 
 use std::path::PathBuf;
 

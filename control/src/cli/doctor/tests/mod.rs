@@ -75,6 +75,8 @@ fn healthy() -> Facts {
             route("10.244.1.0/24", None, Some(3)),
             route("10.244.2.0/24", Some("10.244.2.0"), Some(4)),
         ],
+        rules: Vec::new(),
+        tables: BTreeMap::new(),
         neighs: vec![L2Entry {
             dev: "flannel.1".into(),
             ip: ip("10.244.2.0"),
@@ -123,6 +125,7 @@ fn a_healthy_node_has_no_finding() {
     assert!(found.is_empty(), "{found:#?}");
 }
 
+mod policy;
 mod rows;
 
 #[test]

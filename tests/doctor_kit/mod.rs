@@ -187,3 +187,17 @@ pub fn metrics(c: &Cluster, i: usize) -> String {
         &format!("http://127.0.0.1:{HEALTHZ_PORT}/metrics"),
     ])
 }
+
+/// subnet.env's text `env` with `FLANNEL_SUBNET` set to `subnet`.
+pub fn with_subnet(env: &str, subnet: &str) -> String {
+    env.lines()
+        .map(|l| {
+            if l.starts_with("FLANNEL_SUBNET=") {
+                format!("FLANNEL_SUBNET={subnet}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}

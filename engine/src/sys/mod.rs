@@ -1,6 +1,7 @@
-//! The only place with `unsafe`: raw syscalls for the TUN device, batched UDP and raw IPIP
-//! and the run-time-dispatched AVX2 checksum loop.
+//! The only place with `unsafe`: raw syscalls for the TUN device, batched UDP and raw IPIP,
+//! the run-time-dispatched AVX2 checksum loop and the clock state read for `weft doctor`.
 
+pub mod clock;
 pub mod csum;
 pub mod event;
 mod mmsg;

@@ -5,7 +5,7 @@
 
 use super::facts::Facts;
 use super::{Finding, Severity};
-use super::{overlay, peers, policy};
+use super::{overlay, peers, policy, wg};
 use crate::traffic::rules::FWD_CHAIN;
 
 /// A check: its name and its judgement.
@@ -26,6 +26,7 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("interface", overlay::interface),
     ("rp_filter", overlay::rp_filter),
     ("peers", peers::peers),
+    ("wg_handshakes", wg::handshakes),
     ("path_mtu", peers::path_mtu),
 ];
 

@@ -3,9 +3,9 @@
 //!
 //! Everything is read-only: `/proc/sys` files, netlink dumps (links,
 //! addresses, the main table, the policy rules and the tables they look
-//! up, neighbour and fdb entries of weft's devices),
-//! `iptables -S FORWARD`, the subnet file, the CNI conf and binary
-//! directories and the status socket's snapshot. A fact that cannot be read
+//! up, neighbour and fdb entries of weft's devices), `iptables -S
+//! FORWARD`, the clock's NTP state (`adjtimex`), the subnet file, the CNI
+//! conf and binary directories and the status socket's snapshot. A fact that cannot be read
 //! is `None` (or an `Err` with the reason), and the check that needs it
 //! says so instead of guessing.
 
@@ -93,6 +93,10 @@ pub struct Facts {
     pub subnet_env: Result<Option<SubnetEnv>, String>,
     /// The CNI config and plugins.
     pub cni: CniFacts,
+    /// When the facts were gathered (seconds since the Unix epoch).
+    pub now: u64,
+    /// Whether the kernel's clock is NTP-synchronised (`Err`: unreadable).
+    pub clock_synced: Result<bool, String>,
     /// weftd's status (`Err`: why the status socket did not answer).
     pub daemon: Result<Status, String>,
 }
@@ -142,6 +146,10 @@ pub fn gather(subnet_file: &Path, socket: &Path, cni: &CniFactsOpt) -> Facts {
         subnet_file: subnet_file.to_path_buf(),
         subnet_env: SubnetEnv::read(subnet_file).map_err(|e| e.to_string()),
         cni: cni_facts(cni),
+        now: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        clock_synced: weft_engine::clock_synchronised().map_err(|e| format!("adjtimex: {e}")),
         daemon: crate::status::server::query(socket, Duration::from_secs(5))
             .map_err(|e| e.to_string()),
     };

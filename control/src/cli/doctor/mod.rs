@@ -18,6 +18,7 @@ pub mod facts;
 mod overlay;
 mod peers;
 mod policy;
+mod wg;
 
 use std::path::PathBuf;
 

@@ -111,6 +111,8 @@ fn healthy() -> Facts {
                     .into(),
             ),
         },
+        now: 1_764_547_200,
+        clock_synced: Ok(true),
         daemon: Ok(serde_json::from_value(status).expect("test fixture")),
     }
 }
@@ -127,6 +129,7 @@ fn a_healthy_node_has_no_finding() {
 
 mod policy;
 mod rows;
+mod wg;
 
 #[test]
 fn strict_rp_filter_with_an_asymmetric_path_is_an_error() {

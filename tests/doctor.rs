@@ -165,15 +165,6 @@ fn doctor_finds_each_fault_and_a_healthy_cluster_is_clean() {
             1,
         ),
         row(
-            "a policy rule sending the pod network to another table",
-            0,
-            "ip route add 10.244.0.0/16 dev eth0 table 100; ip rule add to 10.244.0.0/16 lookup 100 pref 100".into(),
-            "ip rule del pref 100; ip route flush table 100".into(),
-            "policy_rule_steals",
-            "error",
-            1,
-        ),
-        row(
             "subnet.env edited",
             0,
             format!(
@@ -204,7 +195,7 @@ fn doctor_finds_each_fault_and_a_healthy_cluster_is_clean() {
             1,
         ),
     ];
-    for r in &rows {
+    for r in rows.iter().chain(&firewall_and_rule_rows()) {
         let ns = &c.nodes[r.node].ns;
         let mut last = None;
         for _ in 0..3 {

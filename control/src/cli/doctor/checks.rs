@@ -5,7 +5,7 @@
 
 use super::facts::Facts;
 use super::{Finding, Severity};
-use super::{overlay, peers, policy, wg};
+use super::{nft, overlay, peers, policy, wg};
 use crate::traffic::rules::FWD_CHAIN;
 
 /// A check: its name and its judgement.
@@ -17,6 +17,7 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("ip_forward", ip_forward),
     ("br_netfilter", br_netfilter),
     ("forward_chain", forward_chain),
+    ("nft_forward", nft::nft_forward),
     ("subnet_env", subnet_env),
     ("cni", cni),
     ("devices", overlay::devices),

@@ -4,10 +4,11 @@
 //! Everything is read-only: `/proc/sys` files, netlink dumps (links,
 //! addresses, the main table, the policy rules and the tables they look
 //! up, neighbour and fdb entries of weft's devices), `iptables -S
-//! FORWARD`, the clock's NTP state (`adjtimex`), the subnet file, the CNI
-//! conf and binary directories and the status socket's snapshot. A fact that cannot be read
-//! is `None` (or an `Err` with the reason), and the check that needs it
-//! says so instead of guessing.
+//! FORWARD`, `nft -j list ruleset`, the clock's NTP state (`adjtimex`),
+//! the subnet file, the CNI conf and binary directories and the status
+//! socket's snapshot. A fact that cannot be read is `None` (or an `Err`
+//! with the reason), and the check that needs it says so instead of
+//! guessing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -87,6 +88,8 @@ pub struct Facts {
     pub netlink_error: Option<String>,
     /// `iptables -S FORWARD` (`Err`: iptables missing or failed).
     pub forward: Result<Vec<String>, String>,
+    /// `nft -j list ruleset` (`Err`: nft missing or failed).
+    pub nft: Result<serde_json::Value, String>,
     /// The subnet file's path and contents (`Ok(None)`: missing).
     pub subnet_file: PathBuf,
     /// See `subnet_file`.
@@ -143,6 +146,7 @@ pub fn gather(subnet_file: &Path, socket: &Path, cni: &CniFactsOpt) -> Facts {
         fdbs: Vec::new(),
         netlink_error: None,
         forward: forward_rules(),
+        nft: nft_ruleset(),
         subnet_file: subnet_file.to_path_buf(),
         subnet_env: SubnetEnv::read(subnet_file).map_err(|e| e.to_string()),
         cni: cni_facts(cni),
@@ -250,6 +254,21 @@ fn forward_rules() -> Result<Vec<String>, String> {
         .lines()
         .map(str::to_string)
         .collect())
+}
+
+/// `nft -j list ruleset` (read only).
+fn nft_ruleset() -> Result<serde_json::Value, String> {
+    let out = std::process::Command::new("nft")
+        .args(["-j", "list", "ruleset"])
+        .output()
+        .map_err(|e| format!("cannot run nft: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "nft -j list ruleset failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("nft -j list ruleset: {e}"))
 }
 
 /// The CNI conf files (by name, as the kubelet orders them) and plugins.

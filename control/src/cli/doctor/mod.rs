@@ -15,6 +15,7 @@
 
 pub mod checks;
 pub mod facts;
+mod nft;
 mod overlay;
 mod peers;
 mod policy;

@@ -5,7 +5,10 @@
 //! so on a working path the last handshake is never older than ~131 s;
 //! [`STALE`] leaves some slack over that. Only the userspace dataplane
 //! reports handshake times (`last_handshake` in `weft status`); kernel
-//! WireGuard peers are judged by `peer_unreachable` alone.
+//! WireGuard peers are judged by `peer_unreachable` alone. A block in one
+//! direction only may still show a recent handshake here (the engine counts
+//! an initiation from the peer it answered, though no packet of that
+//! session arrives): then only `peer_unreachable` reports.
 //!
 //! The fix names the causes in order: the port, the keys, and the clock.
 //! The clock is a cause of its own: a handshake initiation carries a TAI64N

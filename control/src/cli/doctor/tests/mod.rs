@@ -92,6 +92,7 @@ fn healthy() -> Facts {
             "-P FORWARD ACCEPT".into(),
             "-A FORWARD -m comment --comment \"flanneld forward\" -j FLANNEL-FWD".into(),
         ]),
+        nft: Err("nft not installed".into()),
         subnet_file: "/run/flannel/subnet.env".into(),
         subnet_env: Ok(Some(SubnetEnv::parse(
             "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.1.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n",

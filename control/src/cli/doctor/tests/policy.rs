@@ -115,3 +115,22 @@ fn rules_that_leave_the_pod_network_alone_are_fine() {
     );
     assert!(ids(&f).is_empty());
 }
+
+#[test]
+fn iptables_own_forward_chain_is_left_to_the_iptables_check() {
+    // iptables-nft's `ip filter FORWARD` with policy drop and weft's jump:
+    // the iptables check reads it (and finds weft's accept), so no nft finding.
+    let mut f = healthy();
+    f.nft = Ok(serde_json::json!({"nftables": [
+        {"chain": {"family": "ip", "table": "filter", "name": "FORWARD",
+            "type": "filter", "hook": "forward", "prio": 0, "policy": "drop"}}]}));
+    f.forward.as_mut().expect("test fixture")[0] = "-P FORWARD DROP".into();
+    assert!(ids(&f).is_empty(), "{:#?}", checks::run(&f));
+    // Without iptables to read it, it is judged here.
+    f.forward = Err("cannot run iptables".into());
+    assert!(
+        ids(&f).contains(&"nft_forward_drop"),
+        "{:#?}",
+        checks::run(&f)
+    );
+}

@@ -9,7 +9,7 @@
 //! 2's pod completes without manual change, while node 3's pods stay on the
 //! network route at the full MTU. The route survives the backend's
 //! reconcile, goes when the path is whole again, and goes when the peer
-//! leaves. ~40 s per backend on this machine.
+//! leaves. ~55 s per backend on this machine.
 
 #[allow(dead_code)] // shared with tests/doctor.rs, which uses all of it
 mod doctor_kit;

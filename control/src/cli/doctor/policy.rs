@@ -38,7 +38,7 @@ fn matches_pods(r: &Rule, network: Ipv4Net) -> bool {
 }
 
 /// The routes of `table` that take part of the pod network away from weft.
-fn stolen<'a>(f: &'a Facts, table: u32, network: Ipv4Net) -> Vec<&'a Route> {
+fn stolen(f: &Facts, table: u32, network: Ipv4Net) -> Vec<&Route> {
     let ours: Vec<u32> = f
         .links
         .iter()

@@ -15,8 +15,12 @@
 //! timestamp and the responder drops one not newer than the last it
 //! accepted from that peer (replay protection), so a node whose wall clock
 //! stepped backwards (no NTP, a bad RTC after a reboot) cannot handshake
-//! until its clock passes the old time. This node's clock discipline state
-//! (`adjtimex`) is part of the evidence; the peer's must be read there.
+//! until its clock passes the old time; the peer can still initiate, so
+//! with weft's probes running both ways a stepped clock alone rarely stops
+//! a pair (the same replay rule makes a switch from this engine to kernel
+//! WireGuard wait `weft_engine::wg::BORINGTUN_TAI64_AHEAD`). This node's
+//! clock discipline state (`adjtimex`) is part of the evidence; the peer's
+//! must be read there.
 
 use super::facts::Facts;
 use super::{Finding, Severity};
@@ -60,9 +64,7 @@ pub fn handshakes(f: &Facts) -> Vec<Finding> {
                 format!(
                     "last handshake: {last} (a working session renews every 2 min while the probes run); this node's clock: {clock}"
                 ),
-                format!(
-                    "check, in this order: that UDP 51820 (or the network config's ListenPort) passes both ways between the nodes; that the peer's lease PublicKey (weft leases) is the key its weftd runs with (a key file replaced under a running weftd); that neither node's clock stepped backwards (WireGuard drops a handshake older than the last one its peer accepted until the clock catches up): timedatectl or chronyc tracking on both, then restart weftd on the node whose clock jumped"
-                ),
+                "check, in this order: that UDP 51820 (or the network config's ListenPort) passes both ways between the nodes; that the peer's lease PublicKey (weft leases) is the key its weftd runs with (a key file replaced under a running weftd); the clocks (timedatectl or chronyc tracking on both): WireGuard drops an initiation older than the last one the peer accepted from that key, so a node whose clock stepped back starts no handshake until its clock passes the old time (the peer still can, when it has traffic); put both under NTP",
             ))
         })
         .collect()

@@ -75,17 +75,7 @@ fn doctor_finds_each_fault_and_a_healthy_cluster_is_clean() {
         .to_string();
     let env_path = c.subnet_file(0);
     let env = std::fs::read_to_string(&env_path).expect("subnet.env");
-    let edited = env
-        .lines()
-        .map(|l| {
-            if l.starts_with("FLANNEL_SUBNET=") {
-                "FLANNEL_SUBNET=10.244.250.1/24"
-            } else {
-                l
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
+    let edited = with_subnet(&env, "10.244.250.1/24");
     let (_, bin) = cni_dirs(&c, 0);
     let route = format!("{peer_net} via {peer_gw} dev flannel.1 onlink");
     let rows = [
@@ -205,7 +195,7 @@ fn doctor_finds_each_fault_and_a_healthy_cluster_is_clean() {
             1,
         ),
     ];
-    for r in &rows {
+    for r in rows.iter().chain(&firewall_and_rule_rows()) {
         let ns = &c.nodes[r.node].ns;
         let mut last = None;
         for _ in 0..3 {
@@ -278,6 +268,13 @@ fn doctor_finds_each_fault_and_a_healthy_cluster_is_clean() {
     weft_tests::proc::wait_for("the lowered route MTU", Duration::from_secs(10), || {
         route(&c).contains(&format!("mtu {pmtu}")).then_some(())
     });
+    // A route the backend writes again (its reconcile after a delete)
+    // carries the lowered MTU from its first appearance.
+    c.nodes[0].ns.sh(&format!("ip route del {peer_net}"));
+    let back = weft_tests::proc::wait_for("the route back", Duration::from_secs(15), || {
+        Some(route(&c)).filter(|r| !r.trim().is_empty())
+    });
+    assert!(back.contains(&format!("mtu {pmtu}")), "rewritten: {back}");
     c.assert_df_ping(0, 1, pmtu, true);
     let bytes = c.iperf_bytes(0, 1, 2);
     assert!(

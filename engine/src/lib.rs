@@ -138,6 +138,7 @@ pub use peers::{Peer, PeerTable, WgPeer};
 pub use stats::{
     Batching, Counter, CounterSet, DropReason, Drops, PeerReport, PeerStats, Report, Stats,
 };
+pub use sys::clock::clock_synchronised;
 pub use sys::ethtool::{set_tx_checksum, tx_checksum};
 pub use sys::udp::set_pmtu_probe;
 pub use wg::WgSecret;

@@ -187,3 +187,45 @@ pub fn metrics(c: &Cluster, i: usize) -> String {
         &format!("http://127.0.0.1:{HEALTHZ_PORT}/metrics"),
     ])
 }
+
+/// subnet.env's text `env` with `FLANNEL_SUBNET` set to `subnet`.
+pub fn with_subnet(env: &str, subnet: &str) -> String {
+    env.lines()
+        .map(|l| {
+            if l.starts_with("FLANNEL_SUBNET=") {
+                format!("FLANNEL_SUBNET={subnet}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Rows that break node 1's policy routing or its nftables firewall: an
+/// `ip rule` sending the pod network to a table routing it out of eth0;
+/// an nftables base chain on the forward hook with policy drop (outside
+/// iptables' tables, as firewalld's nftables backend or /etc/nftables.conf
+/// make it), which drops pod traffic whatever iptables accepts.
+pub fn firewall_and_rule_rows() -> [Row; 2] {
+    [
+        row(
+            "a policy rule sending the pod network to another table",
+            0,
+            "ip route add 10.244.0.0/16 dev eth0 table 100; ip rule add to 10.244.0.0/16 lookup 100 pref 100".into(),
+            "ip rule del pref 100; ip route flush table 100".into(),
+            "policy_rule_steals",
+            "error",
+            1,
+        ),
+        row(
+            "an nftables forward chain with policy drop",
+            0,
+            "nft add table inet wefttest; nft add chain inet wefttest fw '{ type filter hook forward priority 0; policy drop; }'".into(),
+            "nft delete table inet wefttest".into(),
+            "nft_forward_drop",
+            "error",
+            1,
+        ),
+    ]
+}

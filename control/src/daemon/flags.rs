@@ -198,7 +198,8 @@ pub struct Flags {
     pub probe_port: u16,
     /// weft: lower the route MTU of a peer whose path carries less than the
     /// overlay MTU (found by the path-MTU probes), and restore it when the
-    /// path is whole again; only weft's own routes are touched.
+    /// path is whole again; only weft's own routes are touched (udp and
+    /// WireGuard, one route for the network: a route for that peer alone).
     #[arg(long, env = "WEFT_PROBE_ROUTE_MTU", default_value = "true", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
     pub probe_route_mtu: bool,
     /// weft: the kernel vxlan device's transmit checksum offload: `auto`

@@ -33,6 +33,8 @@ mod tests;
 pub use client::{Client, WgClient, XfrmClient};
 pub use fake::{FakeNetlink, Op};
 pub use real::Netlink;
+pub use real::route_mtu::{PEER_ROUTE_PROTO, lowered_mtu, set_lowered_mtu};
+pub use real::rules::{Rule, RuleDo};
 pub use types::{
     Addr, Fdb, IpipLink, Link, LinkDetail, LinkKind, LinkSpec, Neigh, Route, VxlanAttrs, VxlanLink,
     WireguardLink,

@@ -18,8 +18,7 @@ use rtnetlink::packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
 };
 use rtnetlink::packet_route::route::{
-    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteMetric, RouteProtocol, RouteScope,
-    RouteType,
+    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
 use rtnetlink::packet_route::{AddressFamily, RouteNetlinkMessage};
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
@@ -27,6 +26,11 @@ use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 use super::{
     Addr, Client, Fdb, Link, LinkDetail, LinkKind, LinkSpec, Neigh, NetlinkError, Route, VxlanAttrs,
 };
+
+#[path = "route_mtu.rs"]
+pub(super) mod route_mtu;
+#[path = "rules.rs"]
+pub(super) mod rules;
 
 fn req(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetlinkError {
     let op = op.into();
@@ -174,61 +178,20 @@ impl Netlink {
     }
 
     /// `ip route replace DST [via GW] [dev OIF] [onlink] [scope link]`.
+    /// A destination whose path MTU the prober lowered keeps it: the
+    /// message carries its `mtu` metric ([`route_mtu::lowered_mtu`]).
     pub async fn replace_route(&self, r: &Route) -> Result<(), NetlinkError> {
-        self.handle
-            .route()
-            .add(r.message())
-            .replace()
-            .execute()
-            .await
-            .map_err(req(format!("ip route replace {r}")))
-    }
-
-    /// Sets (or, with `None`, removes) the `mtu` metric of the main table's
-    /// route to exactly `dst`, keeping the rest of it (`ip route change DST
-    /// ... mtu MTU`). Returns whether it changed anything (`false`: no such
-    /// route, or the metric is already so).
-    pub async fn set_route_mtu(&self, dst: IpNet, mtu: Option<u32>) -> Result<bool, NetlinkError> {
-        let Some(mut m) = self.routes_to(dst).await?.into_iter().next() else {
-            return Ok(false);
-        };
-        let mut metrics: Vec<RouteMetric> = m
-            .attributes
-            .iter()
-            .find_map(|a| match a {
-                RouteAttribute::Metrics(ms) => Some(ms.clone()),
-                _ => None,
-            })
-            .unwrap_or_default();
-        let current = metrics.iter().find_map(|x| match x {
-            RouteMetric::Mtu(v) => Some(*v),
-            _ => None,
-        });
-        if current == mtu {
-            return Ok(false);
+        let mut m = r.message();
+        if let Some(mtu) = route_mtu::lowered_mtu(r.dst) {
+            route_mtu::set_mtu_metric(&mut m, Some(mtu));
         }
-        metrics.retain(|x| !matches!(x, RouteMetric::Mtu(_)));
-        metrics.extend(mtu.map(RouteMetric::Mtu));
-        m.attributes.retain(|a| {
-            !matches!(
-                a,
-                RouteAttribute::Metrics(_)
-                    | RouteAttribute::CacheInfo(_)
-                    | RouteAttribute::Expires(_)
-            )
-        });
-        if !metrics.is_empty() {
-            m.attributes.push(RouteAttribute::Metrics(metrics));
-        }
-        let shown = mtu.map_or("without mtu".to_string(), |v| format!("mtu {v}"));
         self.handle
             .route()
             .add(m)
             .replace()
             .execute()
             .await
-            .map_err(req(format!("ip route change {dst} {shown}")))?;
-        Ok(true)
+            .map_err(req(format!("ip route replace {r}")))
     }
 
     /// `ip route del DST [via GW] [dev OIF]`; a missing route is not an error.

@@ -1,7 +1,8 @@
 //! The only place with `unsafe`: raw syscalls for the TUN device, batched UDP and raw IPIP,
-//! a device's transmit checksum offload (ethtool)
-//! and the run-time-dispatched AVX2 checksum loop.
+//! a device's transmit checksum offload (ethtool), the run-time-dispatched AVX2
+//! checksum loop and the clock state read for `weft doctor`.
 
+pub mod clock;
 pub mod csum;
 pub mod ethtool;
 pub mod event;

@@ -5,7 +5,7 @@
 
 use super::facts::Facts;
 use super::{Finding, Severity};
-use super::{csum, overlay, peers};
+use super::{csum, nft, overlay, peers, policy, wg};
 use crate::traffic::rules::FWD_CHAIN;
 
 /// A check: its name and its judgement.
@@ -17,14 +17,17 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("ip_forward", ip_forward),
     ("br_netfilter", br_netfilter),
     ("forward_chain", forward_chain),
+    ("nft_forward", nft::nft_forward),
     ("subnet_env", subnet_env),
     ("cni", cni),
     ("devices", overlay::devices),
     ("peer_routes", overlay::peer_routes),
+    ("policy_rules", policy::policy_rules),
     ("vxlan_l2", overlay::vxlan_l2),
     ("interface", overlay::interface),
     ("rp_filter", overlay::rp_filter),
     ("peers", peers::peers),
+    ("wg_handshakes", wg::handshakes),
     ("path_mtu", peers::path_mtu),
     ("checksums", csum::checksums),
 ];

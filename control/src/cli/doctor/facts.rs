@@ -2,11 +2,13 @@
 //! command) into [`Facts`], plain data that the checks judge without I/O.
 //!
 //! Everything is read-only: `/proc/sys` files, netlink dumps (links,
-//! addresses, the main table, neighbour and fdb entries of weft's devices),
-//! `iptables -S FORWARD`, the subnet file, the CNI conf and binary
-//! directories and the status socket's snapshot. A fact that cannot be read
-//! is `None` (or an `Err` with the reason), and the check that needs it
-//! says so instead of guessing.
+//! addresses, the main table, the policy rules and the tables they look
+//! up, neighbour and fdb entries of weft's devices), `iptables -S
+//! FORWARD`, `nft -j list ruleset`, the clock's NTP state (`adjtimex`),
+//! the subnet file, the CNI conf and binary directories and the status
+//! socket's snapshot. A fact that cannot be read is `None` (or an `Err`
+//! with the reason), and the check that needs it says so instead of
+//! guessing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -16,7 +18,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use weft_compat::subnet_env::SubnetEnv;
 
-use crate::netlink::{Client, LinkKind, Netlink, Route};
+use crate::netlink::{Client, LinkKind, Netlink, Route, Rule, RuleDo};
 use crate::status::model::Status;
 
 /// One link as the checks need it.
@@ -74,6 +76,10 @@ pub struct Facts {
     pub addrs: Vec<(u32, IpNet)>,
     /// The main table (IPv4).
     pub routes: Vec<Route>,
+    /// The IPv4 policy-routing rules, by priority.
+    pub rules: Vec<Rule>,
+    /// The routes of each table a rule looks up (but main, local, default).
+    pub tables: BTreeMap<u32, Vec<Route>>,
     /// Permanent neighbour entries of weft's kernel devices.
     pub neighs: Vec<L2Entry>,
     /// fdb entries of weft's kernel vxlan devices.
@@ -82,12 +88,18 @@ pub struct Facts {
     pub netlink_error: Option<String>,
     /// `iptables -S FORWARD` (`Err`: iptables missing or failed).
     pub forward: Result<Vec<String>, String>,
+    /// `nft -j list ruleset` (`Err`: nft missing or failed).
+    pub nft: Result<serde_json::Value, String>,
     /// The subnet file's path and contents (`Ok(None)`: missing).
     pub subnet_file: PathBuf,
     /// See `subnet_file`.
     pub subnet_env: Result<Option<SubnetEnv>, String>,
     /// The CNI config and plugins.
     pub cni: CniFacts,
+    /// When the facts were gathered (seconds since the Unix epoch).
+    pub now: u64,
+    /// Whether the kernel's clock is NTP-synchronised (`Err`: unreadable).
+    pub clock_synced: Result<bool, String>,
     /// weftd's status (`Err`: why the status socket did not answer).
     pub daemon: Result<Status, String>,
     /// UDP datagrams dropped for a bad checksum since boot (both families).
@@ -132,13 +144,20 @@ pub fn gather(subnet_file: &Path, socket: &Path, cni: &CniFactsOpt) -> Facts {
         links: Vec::new(),
         addrs: Vec::new(),
         routes: Vec::new(),
+        rules: Vec::new(),
+        tables: BTreeMap::new(),
         neighs: Vec::new(),
         fdbs: Vec::new(),
         netlink_error: None,
         forward: forward_rules(),
+        nft: nft_ruleset(),
         subnet_file: subnet_file.to_path_buf(),
         subnet_env: SubnetEnv::read(subnet_file).map_err(|e| e.to_string()),
         cni: cni_facts(cni),
+        now: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        clock_synced: weft_engine::clock_synchronised().map_err(|e| format!("adjtimex: {e}")),
         daemon: crate::status::server::query(socket, Duration::from_secs(5))
             .map_err(|e| e.to_string()),
         udp_csum_errors: super::csum::in_csum_errors(
@@ -196,6 +215,16 @@ fn netlink_facts(f: &mut Facts) -> Result<(), String> {
             .map(|a| (a.index, a.net))
             .collect();
         f.routes = nl.routes_main(false).await.map_err(|e| e.to_string())?;
+        f.rules = nl.rules(false).await.map_err(|e| e.to_string())?;
+        for r in &f.rules {
+            if let RuleDo::Table(t) = r.action
+                && ![253, 254, 255].contains(&t)
+                && !f.tables.contains_key(&t)
+            {
+                let routes = nl.routes_in(t, false).await.map_err(|e| e.to_string())?;
+                f.tables.insert(t, routes);
+            }
+        }
         for l in f.links.iter().filter(|l| weft_devs.contains(&l.name)) {
             for n in nl.neighs(l.index).await.map_err(|e| e.to_string())? {
                 f.neighs.push(L2Entry {
@@ -237,6 +266,21 @@ fn forward_rules() -> Result<Vec<String>, String> {
         .lines()
         .map(str::to_string)
         .collect())
+}
+
+/// `nft -j list ruleset` (read only).
+fn nft_ruleset() -> Result<serde_json::Value, String> {
+    let out = std::process::Command::new("nft")
+        .args(["-j", "list", "ruleset"])
+        .output()
+        .map_err(|e| format!("cannot run nft: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "nft -j list ruleset failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("nft -j list ruleset: {e}"))
 }
 
 /// The CNI conf files (by name, as the kubelet orders them) and plugins.

@@ -16,8 +16,11 @@
 pub mod checks;
 mod csum;
 pub mod facts;
+mod nft;
 mod overlay;
 mod peers;
+mod policy;
+mod wg;
 
 use std::path::PathBuf;
 

@@ -75,6 +75,8 @@ fn healthy() -> Facts {
             route("10.244.1.0/24", None, Some(3)),
             route("10.244.2.0/24", Some("10.244.2.0"), Some(4)),
         ],
+        rules: Vec::new(),
+        tables: BTreeMap::new(),
         neighs: vec![L2Entry {
             dev: "flannel.1".into(),
             ip: ip("10.244.2.0"),
@@ -90,6 +92,7 @@ fn healthy() -> Facts {
             "-P FORWARD ACCEPT".into(),
             "-A FORWARD -m comment --comment \"flanneld forward\" -j FLANNEL-FWD".into(),
         ]),
+        nft: Err("nft not installed".into()),
         subnet_file: "/run/flannel/subnet.env".into(),
         subnet_env: Ok(Some(SubnetEnv::parse(
             "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.1.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n",
@@ -109,6 +112,8 @@ fn healthy() -> Facts {
                     .into(),
             ),
         },
+        now: 1_764_547_200,
+        clock_synced: Ok(true),
         daemon: Ok(serde_json::from_value(status).expect("test fixture")),
         udp_csum_errors: Some(0),
         tx_csum_off: Vec::new(),
@@ -125,7 +130,9 @@ fn a_healthy_node_has_no_finding() {
     assert!(found.is_empty(), "{found:#?}");
 }
 
+mod policy;
 mod rows;
+mod wg;
 
 #[test]
 fn strict_rp_filter_with_an_asymmetric_path_is_an_error() {

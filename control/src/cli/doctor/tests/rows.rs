@@ -59,6 +59,20 @@ const ROWS: &[Row] = &[
         Severity::Error,
     ),
     (
+        "an nftables-only firewall whose forward chain drops (no iptables)",
+        |f| {
+            f.forward = Err("cannot run iptables: No such file or directory".into());
+            f.nft = Ok(serde_json::json!({"nftables": [
+                {"chain": {"family": "inet", "table": "filter", "name": "forward",
+                    "type": "filter", "hook": "forward", "prio": 0, "policy": "drop"}},
+                {"rule": {"family": "inet", "table": "filter", "chain": "forward",
+                    "expr": [{"match": {"op": "in", "left": {"ct": {"key": "state"}},
+                        "right": "established"}}, {"accept": null}]}}]}))
+        },
+        "nft_forward_drop",
+        Severity::Error,
+    ),
+    (
         "an unconditional drop before weft's jump",
         |f| {
             f.forward

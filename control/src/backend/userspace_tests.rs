@@ -16,6 +16,7 @@ use crate::config::backend::{BackendOptions, IpipOptions, VxlanOptions, Wireguar
 
 fn tuning() -> EngineTuning {
     EngineTuning {
+        nat: false,
         workers: 1,
         offload: false,
         anti_spoof: AntiSpoofing::Subnet,

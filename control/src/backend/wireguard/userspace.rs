@@ -15,17 +15,24 @@
 //!   endpoint `PublicIP:Port` (`[PublicIPv6]:Port`), a missing or 0 Port
 //!   meaning our own port; PSK and PersistentKeepaliveInterval from the
 //!   options. Non-wireguard leases are ignored.
+//! - NAT traversal (`--nat-traversal` or `WeftNATTraversal`, docs/nat.md,
+//!   [`super::nat`]): the lease gets `WeftNAT`, the engine asks the peers
+//!   [`super::nat::server`] names for this node's endpoint (the main loop
+//!   publishes it), a punched peer's endpoint is the one its lease
+//!   publishes, and keepalives hold the mappings. Off: nothing of it runs.
 //! - Differences: the engine's socket listens on one address family, so in
 //!   `auto` mode the endpoint family is the underlay family we listen on (IPv4
 //!   when IPv4 is enabled), not flannel's per-peer `selectMode`.
 
-use std::net::IpAddr;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use weft_engine::{Encap, Peer, WgPeer};
 
+use super::nat::{self, Path};
 use super::{Carries, Node, NodeSpec};
 use crate::backend::Missing;
 use crate::backend::tunnel::{self, Tunnel, Userspace};
@@ -35,8 +42,8 @@ use crate::backend::{
 };
 use crate::config::backend::WireguardOptions;
 use crate::iface::ExternalInterface;
-use crate::lease::Lease;
 use crate::lease::watcher::Change;
+use crate::lease::{Lease, NatAttrs};
 
 #[derive(Debug)]
 struct Device {
@@ -62,6 +69,10 @@ struct Live {
     devices: Vec<Device>,
     /// `FLANNEL_MTU` (set up).
     mtu: u32,
+    /// NAT traversal: the discovery servers by lease key, and each peer's
+    /// path (logged when it changes).
+    servers: BTreeMap<String, SocketAddr>,
+    paths: BTreeMap<String, Path>,
 }
 
 /// Margin on top of [`weft_engine::wg::BORINGTUN_TAI64_AHEAD`]: the kernel
@@ -141,18 +152,34 @@ impl Live {
         Ok(())
     }
 
-    /// The peers a lease gives each device (empty when it is not usable).
-    fn peers_for(&self, lease: &Lease, dev: &Device) -> Vec<Peer> {
-        let Some(p) = self.node.peer(lease, dev.carries, false) else {
-            return Vec::new();
+    /// The peers a lease gives each device (empty when it is not usable)
+    /// and the path to it.
+    fn peers_for(&self, lease: &Lease, dev: &Device) -> (Vec<Peer>, Path) {
+        let Some(mut p) = self.node.peer(lease, dev.carries, false) else {
+            return (Vec::new(), Path::Direct);
         };
+        let (mut path, mut keepalive) = (Path::Direct, self.node.keepalive());
+        if self.tuning.nat && p.endpoint.is_ipv4() {
+            path = nat::path(lease, p.port, dev.tunnel.seen());
+            if let Path::Punched(e) = path {
+                (p.endpoint, p.port) = (IpAddr::V4(*e.ip()), e.port());
+            }
+            let own = IpAddr::V4(
+                self.node
+                    .ext
+                    .ext_addr
+                    .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
+            );
+            keepalive = nat::keepalive(keepalive, path, own);
+        }
         let wg = WgPeer {
             public_key: p.key,
             port: p.port,
             psk: self.node.psk,
-            keepalive: self.node.keepalive(),
+            keepalive,
         };
-        p.subnets
+        let peers = p
+            .subnets
             .into_iter()
             .map(|subnet| Peer {
                 subnet,
@@ -160,7 +187,33 @@ impl Live {
                 vtep_mac: None,
                 wireguard: Some(wg.clone()),
             })
-            .collect()
+            .collect();
+        (peers, path)
+    }
+
+    /// NAT traversal: `lease`'s node as a discovery server (or not) and
+    /// its path, logged when it changes.
+    fn note_nat(&mut self, lease: &Lease, add: bool, path: Path) {
+        let key = lease.key().to_string();
+        let port = self.devices.first().map_or(0, |d| d.port);
+        match nat::server(lease, port).filter(|_| add) {
+            Some(s) => self.servers.insert(key.clone(), s),
+            None => self.servers.remove(&key),
+        };
+        if !add {
+            self.paths.remove(&key);
+            return;
+        }
+        if self.paths.insert(key.clone(), path) != Some(path) {
+            match path {
+                Path::Direct => {
+                    tracing::info!("NAT: peer {key} is direct at {}", lease.attrs.public_ip)
+                }
+                Path::Punched(e) => {
+                    tracing::info!("NAT: peer {key} is behind NAT, punching to {e}")
+                }
+            }
+        }
     }
 }
 
@@ -189,13 +242,18 @@ impl Backend for Wireguard {
         ext: &ExternalInterface,
         _prev: Option<&Lease>,
     ) -> Result<Prepared, BackendError> {
-        let (attrs, node) = self.spec.lease_attrs(ext, "")?;
+        let (mut attrs, node) = self.spec.lease_attrs(ext, "")?;
+        if self.tuning.nat {
+            attrs.weft_nat = Some(NatAttrs::default());
+        }
         let live = Live {
             node,
             tuning: self.tuning,
             us: self.us,
             devices: Vec::new(),
             mtu: 0,
+            servers: BTreeMap::new(),
+            paths: BTreeMap::new(),
         };
         Ok(Prepared {
             attrs,
@@ -211,6 +269,12 @@ impl Setup for Live {
         for d in plan {
             self.start_device(d.name, d.carries, d.port, d.bind, &d.addrs, mtu)
                 .await?;
+        }
+        if self.tuning.nat {
+            // Answer discovery from the start; servers come with the peers.
+            for d in &self.devices {
+                d.tunnel.set_discovery(true, Vec::new());
+            }
         }
         self.mtu = mtu;
         Ok(self)
@@ -228,10 +292,15 @@ impl Running for Live {
         for (i, c) in batch.changes.iter().enumerate() {
             out.record(i, self.change(c).await);
         }
+        if self.tuning.nat {
+            let servers: Vec<SocketAddr> = self.servers.values().copied().collect();
+            for d in &self.devices {
+                d.tunnel.set_discovery(true, servers.clone());
+            }
+        }
         for d in &mut self.devices {
             d.tunnel.flush();
         }
-
         out.into_result()
     }
 
@@ -280,11 +349,14 @@ impl Live {
             lease.ipv6_subnet.map(IpNet::V6),
         ];
         for i in 0..self.devices.len() {
-            let peers = if add {
+            let (peers, path) = if add {
                 self.peers_for(lease, &self.devices[i])
             } else {
-                Vec::new()
+                (Vec::new(), Path::Direct)
             };
+            if self.tuning.nat && i == 0 {
+                self.note_nat(lease, add, path);
+            }
             let dev = &mut self.devices[i];
             if add && peers.is_empty() {
                 tracing::error!(

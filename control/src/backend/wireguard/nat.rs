@@ -1,0 +1,147 @@
+//! NAT traversal for the userspace WireGuard path (docs/nat.md): which
+//! peers this node asks for its endpoint, which endpoint it sends a peer's
+//! traffic to, and the keepalive that holds a NAT mapping open. Pure
+//! functions of leases; `userspace.rs` applies them.
+//!
+//! - A peer is **asked** (a discovery server) when it runs NAT traversal
+//!   (its lease has `WeftNAT`) and its address is reachable: its
+//!   `PublicIP` is not private (RFC 1918, 100.64/10 shared, loopback,
+//!   link-local), or it was itself seen from exactly its `PublicIP` and port.
+//! - A peer is **punched** when both nodes run NAT traversal and the peer
+//!   was seen from an endpoint other than its `PublicIP`: its traffic goes
+//!   to that endpoint (the lease store is the only source of it; WireGuard
+//!   roaming may move it further, authenticated), unless this node was seen
+//!   from the same public address (the same NAT: Linux MASQUERADE does not
+//!   hairpin, so the pair talk over their LAN, directly). Every other peer
+//!   is **direct**, exactly as without the feature.
+//! - **Keepalive**: a punched peer, and every peer of a node whose own
+//!   address is private, gets at least [`NAT_KEEPALIVE`] seconds: WireGuard's
+//!   own recommendation for NAT, below the 30 s Linux keeps an unreplied UDP
+//!   mapping (`nf_conntrack_udp_timeout`) and the 120 s of an assured one.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+
+use crate::lease::Lease;
+
+/// The persistent keepalive (seconds) that holds a NAT mapping.
+pub const NAT_KEEPALIVE: u16 = 25;
+
+/// How this node reaches a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// At its `PublicIP` (as without NAT traversal).
+    Direct,
+    /// At the endpoint it was seen from, through its NAT.
+    Punched(SocketAddrV4),
+}
+
+/// Whether `ip` looks reachable from other sites (not a private range).
+pub fn is_public(ip: Ipv4Addr) -> bool {
+    let shared = ip.octets()[0] == 100 && (ip.octets()[1] & 0xc0) == 64;
+    !(ip.is_private() || shared || ip.is_loopback() || ip.is_link_local() || ip.is_unspecified())
+}
+
+/// The address to ask `lease`'s node (listening on `port`) for our
+/// endpoint, if it is a discovery server (see the module docs).
+pub fn server(lease: &Lease, port: u16) -> Option<SocketAddr> {
+    let nat = lease.attrs.weft_nat?;
+    let own = SocketAddrV4::new(lease.attrs.public_ip, port);
+    (is_public(lease.attrs.public_ip) || nat.endpoint == Some(own)).then_some(SocketAddr::V4(own))
+}
+
+/// How to reach `lease`'s node, listening on `port`, when this node was
+/// seen from `seen` (see the module docs).
+pub fn path(lease: &Lease, port: u16, seen: Option<SocketAddrV4>) -> Path {
+    let Some(e) = lease.attrs.weft_nat.and_then(|n| n.endpoint) else {
+        return Path::Direct;
+    };
+    let direct = SocketAddrV4::new(lease.attrs.public_ip, port);
+    if e == direct || seen.is_some_and(|s| s.ip() == e.ip()) {
+        return Path::Direct;
+    }
+    Path::Punched(e)
+}
+
+/// The keepalive for a peer on `path` of a node at `own` configured with
+/// `configured` seconds (0: off).
+pub fn keepalive(configured: u16, path: Path, own: IpAddr) -> u16 {
+    let behind = matches!(own, IpAddr::V4(a) if !is_public(a));
+    if matches!(path, Path::Punched(_)) || behind {
+        match configured {
+            0 => NAT_KEEPALIVE,
+            c => c.min(NAT_KEEPALIVE),
+        }
+    } else {
+        configured
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::{LeaseAttrs, NatAttrs};
+
+    fn lease(ip: &str, nat: Option<&str>) -> Lease {
+        Lease {
+            subnet: Some("10.244.3.0/24".parse().expect("net")),
+            ipv6_subnet: None,
+            attrs: LeaseAttrs {
+                public_ip: ip.parse().expect("ip"),
+                backend_type: "wireguard".into(),
+                weft_nat: nat.map(|e| NatAttrs {
+                    endpoint: (!e.is_empty()).then(|| e.parse().expect("ep")),
+                }),
+                ..Default::default()
+            },
+            expiration: None,
+        }
+    }
+
+    fn v4(s: &str) -> SocketAddrV4 {
+        s.parse().expect("addr")
+    }
+
+    #[test]
+    fn servers_are_reachable_nodes_with_the_feature() {
+        let s = |l: &Lease| server(l, 51820);
+        assert_eq!(
+            s(&lease("192.0.2.1", Some(""))),
+            Some("192.0.2.1:51820".parse().expect("a"))
+        );
+        assert_eq!(s(&lease("192.0.2.1", None)), None, "feature off");
+        assert_eq!(s(&lease("10.12.0.2", Some(""))), None, "private");
+        assert_eq!(s(&lease("100.64.1.2", Some(""))), None, "shared range");
+        let seen_as_itself = lease("10.12.0.2", Some("10.12.0.2:51820"));
+        assert!(s(&seen_as_itself).is_some());
+    }
+
+    #[test]
+    fn a_peer_seen_through_a_nat_is_punched_unless_it_shares_ours() {
+        let behind = lease("10.12.0.2", Some("203.0.113.9:40001"));
+        assert_eq!(
+            path(&behind, 51820, None),
+            Path::Punched(v4("203.0.113.9:40001"))
+        );
+        let ours = Some(v4("203.0.113.9:51820"));
+        assert_eq!(path(&behind, 51820, ours), Path::Direct, "same NAT");
+        assert_eq!(path(&lease("10.12.0.2", None), 51820, None), Path::Direct);
+        assert_eq!(
+            path(&lease("10.12.0.2", Some("")), 51820, None),
+            Path::Direct
+        );
+        let public = lease("192.0.2.1", Some("192.0.2.1:51820"));
+        assert_eq!(path(&public, 51820, None), Path::Direct);
+    }
+
+    #[test]
+    fn keepalive_holds_mappings() {
+        let public: IpAddr = "192.0.2.1".parse().expect("ip");
+        let private: IpAddr = "10.12.0.2".parse().expect("ip");
+        let punched = Path::Punched(v4("203.0.113.9:1"));
+        assert_eq!(keepalive(0, Path::Direct, public), 0);
+        assert_eq!(keepalive(0, punched, public), NAT_KEEPALIVE);
+        assert_eq!(keepalive(0, Path::Direct, private), NAT_KEEPALIVE);
+        assert_eq!(keepalive(5, punched, public), 5);
+        assert_eq!(keepalive(60, Path::Direct, private), NAT_KEEPALIVE);
+    }
+}

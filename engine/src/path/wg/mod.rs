@@ -170,6 +170,10 @@ impl Core {
                     if o.configured != w.endpoint {
                         o.configured = w.endpoint;
                         o.endpoint = w.endpoint;
+                        // NAT traversal: a peer's published endpoint moved
+                        // (a hole to punch): greet it there now rather than
+                        // at the next retry, up to 5 s later.
+                        o.greet = self.disco.enabled();
                     }
                 }
                 _ => {

@@ -12,7 +12,8 @@
 //!   answer one atomic store).
 //! - **Asking** (worker 0 only; the steering program sends every discovery
 //!   message there, byte 5 being 0): every [`SLOW`] (every [`FAST`] until an
-//!   answer came, or when the last one is older than three [`SLOW`]s) a
+//!   answer came, when the last one is older than three [`SLOW`]s, or while
+//!   a kept-alive peer's handshakes have stopped, [`STALE`]) a
 //!   fresh random nonce goes to each server, at most [`MAX_SERVERS`], from
 //!   the listen port, so a NAT maps the request exactly as it maps the
 //!   node's WireGuard traffic. 15 s is half of the 30 s that Linux keeps
@@ -48,6 +49,12 @@ use crate::wire::disco::{self, Disco, LEN};
 pub const FAST: Duration = Duration::from_secs(1);
 /// The round once an answer is known (see the module docs).
 pub const SLOW: Duration = Duration::from_secs(15);
+/// A kept-alive peer whose last handshake is older than this has lost its
+/// path: WireGuard starts a new handshake 120 s into a session
+/// (`REKEY_AFTER_TIME`) and retries every 5 s, so a live peer with a
+/// persistent keepalive never gets here; then discovery runs its [`FAST`]
+/// round (a NAT mapping may have changed under the node).
+pub const STALE: Duration = Duration::from_secs(135);
 /// At most this many servers are asked each round.
 pub const MAX_SERVERS: usize = 4;
 
@@ -62,6 +69,8 @@ pub struct Discovery {
     seen_at: AtomicU64,
     /// Requests answered (this node as a server).
     answered: AtomicU64,
+    /// A core saw a kept-alive peer without a recent handshake ([`STALE`]).
+    hurry: AtomicBool,
 }
 
 impl Discovery {
@@ -89,6 +98,11 @@ impl Discovery {
         let ip = Ipv4Addr::from(((v >> 16) & 0xffff_ffff) as u32);
         let at = UNIX_EPOCH + Duration::from_millis(self.seen_at.load(Ordering::Relaxed));
         Some((SocketAddrV4::new(ip, v as u16), at))
+    }
+
+    /// Asks for the [`FAST`] round: a peer's handshakes stopped.
+    pub fn hurry(&self) {
+        self.hurry.store(true, Ordering::Relaxed);
     }
 
     /// Requests this node answered.
@@ -129,9 +143,11 @@ impl Asker {
 
     /// One round: a request with `nonce` to each server.
     pub fn ask(&mut self, now: Now, nonce: [u8; 16], out: &mut impl Out) -> usize {
-        let fresh = self
-            .last_answer
-            .is_some_and(|t| now.mono.saturating_duration_since(t) < 3 * SLOW);
+        let hurry = self.shared.hurry.swap(false, Ordering::Relaxed);
+        let fresh = !hurry
+            && self
+                .last_answer
+                .is_some_and(|t| now.mono.saturating_duration_since(t) < 3 * SLOW);
         self.next = now.mono + if fresh { SLOW } else { FAST };
         self.nonce = Some(nonce);
         let servers = self.shared.servers.load();
@@ -153,7 +169,9 @@ impl Asker {
             return false;
         }
         self.last_answer = Some(now.mono);
-        self.next = now.mono + SLOW;
+        if !self.shared.hurry.load(Ordering::Relaxed) {
+            self.next = now.mono + SLOW;
+        }
         if let SocketAddr::V4(v4) = seen {
             self.shared.publish(v4, now);
         }

@@ -126,3 +126,22 @@ fn another_worker_hands_discovery_to_worker_0() {
     assert!(matches!(got, Rx::Drop(DropReason::Malformed)));
     assert!(io.sent.is_empty());
 }
+
+#[test]
+fn stopped_handshakes_bring_the_fast_round_back() {
+    let mut p = asking_pair();
+    let req = ask(&mut p, [8; 16]);
+    p.nodes[1].io.clear();
+    let nat = addr("203.0.113.9:40001");
+    assert_eq!(p.receive(1, &req, nat, Strict), Outcome::Done(1));
+    let answer = p.nodes[1].io.datagram(0).to_vec();
+    let server = p.nodes[1].addr;
+    assert_eq!(p.receive(0, &answer, server, Strict), Outcome::Done(0));
+    p.advance(FAST);
+    assert!(!p.nodes[0].core.disco_due(p.now), "SLOW once answered");
+    p.advance(SLOW);
+    p.nodes[0].core.disco.hurry();
+    ask(&mut p, [9; 16]);
+    p.advance(FAST);
+    assert!(p.nodes[0].core.disco_due(p.now), "FAST while hurried");
+}

@@ -453,16 +453,19 @@ impl Core {
         }
         self.next_tick = now.mono + TIMER_TICK;
         boringtun::clock::set(now.mono);
+        let disco = self.disco.enabled();
+        let mut stale = false;
         for o in self.owned.values_mut() {
-            if let Some(at) = o
-                .tunn
-                .time_since_last_handshake()
-                .and_then(|d| now.wall.checked_sub(d))
-            {
+            let age = o.tunn.time_since_last_handshake();
+            if let Some(at) = age.and_then(|d| now.wall.checked_sub(d)) {
                 let secs = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
                 o.handshake.store(secs, Ordering::Relaxed);
             }
+            stale |= disco && o.keepalive > 0 && age.is_none_or(|a| a > disco::STALE);
             o.send(MIN_DST, now, out, |t, b| t.update_timers(b));
+        }
+        if stale {
+            self.disco.hurry();
         }
         true
     }

@@ -86,6 +86,19 @@ for _ in range(20):
     );
 }
 
+/// Every packet node `i`'s engine dropped so far, whatever the reason.
+fn drops(c: &Cluster, i: usize) -> u64 {
+    let st = serde_json::to_value(c.status(i)).expect("status JSON");
+    let devs = st["backend"]["devices"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    devs.iter()
+        .filter_map(|d| d["drops"].as_object().cloned())
+        .flat_map(|m| m.into_iter().filter_map(|(_, v)| v.as_u64()))
+        .sum()
+}
+
 /// A discovery answer (docs/nat.md) with a guessed nonce naming `seen`.
 fn forged_answer(seen: [u8; 4], port: u16) -> String {
     let mut b = vec![0xd1, b'W', b'D', 1, 2, 0, 0, 0];
@@ -152,6 +165,7 @@ fn nodes_behind_two_nats_punch_through_and_heal() {
     let attacker = Netns::new(&format!("{}-x", n.prefix));
     attach_attacker(&n, &attacker);
     let s = Stream::start(&c.pods[1].ns, &c.pods[2].ip);
+    let dropped = drops(c, 1);
     let lie = forged_answer([192, 0, 2, 66], 9);
     forge(&attacker, "192.0.2.1", "192.0.2.102", 51820, &lie);
     forge(&attacker, "192.0.2.66", "192.0.2.1", 51820, &lie);

@@ -27,6 +27,8 @@ pub struct FakeEngine {
     pub tables: Mutex<usize>,
     /// Whether it was stopped.
     pub stopped: AtomicBool,
+    /// Endpoint discovery: on, and the servers, as last set (`None`: never).
+    pub discovery: Mutex<Option<(bool, Vec<std::net::SocketAddr>)>>,
 }
 
 impl FakeEngine {
@@ -122,6 +124,7 @@ impl StartEngine for FakeEngines {
             peers: Mutex::new(Vec::new()),
             tables: Mutex::new(0),
             stopped: AtomicBool::new(false),
+            discovery: Mutex::new(None),
         });
         self.started.lock().expect("lock").push(e.clone());
         Ok(Box::new(Handle(e)))
@@ -144,6 +147,9 @@ impl TunnelEngine for Handle {
     }
     fn describe(&self) -> String {
         "fake engine".into()
+    }
+    fn set_discovery(&self, on: bool, servers: Vec<std::net::SocketAddr>) {
+        *self.0.discovery.lock().expect("lock") = Some((on, servers));
     }
     fn stop(self: Box<Self>) {
         self.0.stopped.store(true, Ordering::Relaxed);

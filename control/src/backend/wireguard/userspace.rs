@@ -160,7 +160,9 @@ impl Live {
         };
         let (mut path, mut keepalive) = (Path::Direct, self.node.keepalive());
         if self.tuning.nat && p.endpoint.is_ipv4() {
-            path = nat::path(lease, p.port, dev.tunnel.seen());
+            // BackendData's Port 0 means our own port (flannel's rule).
+            let port = if p.port == 0 { dev.port } else { p.port };
+            path = nat::path(lease, port, dev.tunnel.seen());
             if let Path::Punched(e) = path {
                 (p.endpoint, p.port) = (IpAddr::V4(*e.ip()), e.port());
             }

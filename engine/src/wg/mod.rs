@@ -62,6 +62,13 @@
 //! restart) would otherwise keep encrypting into it until its 15 s rekey
 //! timer gave up. The owner follows the peer's endpoint to the source of
 //! authenticated packets (WireGuard roaming).
+//!
+//! NAT traversal's endpoint discovery (docs/nat.md,
+//! [`crate::path::wg::disco`]) shares the listen socket, so a NAT maps its
+//! requests as it maps WireGuard's packets: off until the control plane
+//! turns it on ([`crate::Engine::discovery`]); worker 0 asks, on its timer
+//! tick, with a nonce drawn here; the core looks at a datagram's first byte
+//! only after WireGuard's own check refused it.
 
 pub(crate) mod handoff;
 pub(crate) mod worker;

@@ -178,6 +178,13 @@ fn nodes_behind_two_nats_punch_through_and_heal() {
         gap.longest < Duration::from_secs(1),
         "forged packets hurt: {gap}"
     );
+    // They reached node 2's engine through its NAT (20 of each kind) and
+    // were dropped there.
+    let more = drops(c, 1) - dropped;
+    assert!(
+        more >= 40,
+        "only {more} forged packets reached node 2's engine"
+    );
     assert_eq!(
         weft_nat(c, "10.12.0.2"),
         serde_json::json!({"Endpoint": "192.0.2.102:51820"})

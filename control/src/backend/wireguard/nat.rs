@@ -19,6 +19,7 @@
 //!   own recommendation for NAT, below the 30 s Linux keeps an unreplied UDP
 //!   mapping (`nf_conntrack_udp_timeout`) and the 120 s of an assured one.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 
 use crate::lease::Lease;
@@ -41,10 +42,16 @@ pub fn is_public(ip: Ipv4Addr) -> bool {
     !(ip.is_private() || shared || ip.is_loopback() || ip.is_link_local() || ip.is_unspecified())
 }
 
-/// The address to ask `lease`'s node (listening on `port`) for our
-/// endpoint, if it is a discovery server (see the module docs).
+/// The address to ask `lease`'s node for our endpoint, if it is a
+/// discovery server (see the module docs): its BackendData's port, or
+/// `port` (ours) when that is 0 or missing, as flannel reads it.
 pub fn server(lease: &Lease, port: u16) -> Option<SocketAddr> {
     let nat = lease.attrs.weft_nat?;
+    let data = lease.attrs.backend_data.as_deref();
+    let port = match data.and_then(super::parse_backend_data) {
+        Some((_, p)) if p != 0 => p,
+        _ => port,
+    };
     let own = SocketAddrV4::new(lease.attrs.public_ip, port);
     (is_public(lease.attrs.public_ip) || nat.endpoint == Some(own)).then_some(SocketAddr::V4(own))
 }
@@ -73,6 +80,45 @@ pub fn keepalive(configured: u16, path: Path, own: IpAddr) -> u16 {
         }
     } else {
         configured
+    }
+}
+
+/// What the backend knows of its peers: the discovery servers and each
+/// peer's path, by lease key.
+#[derive(Debug, Default)]
+pub struct Peers {
+    servers: BTreeMap<String, SocketAddr>,
+    paths: BTreeMap<String, Path>,
+}
+
+impl Peers {
+    /// `lease` added (or removed) on `path`, its node listening on `port`
+    /// if its lease says nothing else; a changed path is logged.
+    pub fn note(&mut self, lease: &Lease, add: bool, path: Path, port: u16) {
+        let key = lease.key().to_string();
+        match server(lease, port).filter(|_| add) {
+            Some(s) => self.servers.insert(key.clone(), s),
+            None => self.servers.remove(&key),
+        };
+        if !add {
+            self.paths.remove(&key);
+            return;
+        }
+        if self.paths.insert(key.clone(), path) != Some(path) {
+            match path {
+                Path::Direct => {
+                    tracing::info!("NAT: peer {key} is direct at {}", lease.attrs.public_ip)
+                }
+                Path::Punched(e) => {
+                    tracing::info!("NAT: peer {key} is behind NAT, punching to {e}")
+                }
+            }
+        }
+    }
+
+    /// The discovery servers.
+    pub fn servers(&self) -> Vec<SocketAddr> {
+        self.servers.values().copied().collect()
     }
 }
 

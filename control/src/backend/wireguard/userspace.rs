@@ -24,8 +24,7 @@
 //!   `auto` mode the endpoint family is the underlay family we listen on (IPv4
 //!   when IPv4 is enabled), not flannel's per-peer `selectMode`.
 
-use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -69,10 +68,8 @@ struct Live {
     devices: Vec<Device>,
     /// `FLANNEL_MTU` (set up).
     mtu: u32,
-    /// NAT traversal: the discovery servers by lease key, and each peer's
-    /// path (logged when it changes).
-    servers: BTreeMap<String, SocketAddr>,
-    paths: BTreeMap<String, Path>,
+    /// NAT traversal: the discovery servers and each peer's path.
+    nat: nat::Peers,
 }
 
 /// Margin on top of [`weft_engine::wg::BORINGTUN_TAI64_AHEAD`]: the kernel
@@ -192,31 +189,6 @@ impl Live {
             .collect();
         (peers, path)
     }
-
-    /// NAT traversal: `lease`'s node as a discovery server (or not) and
-    /// its path, logged when it changes.
-    fn note_nat(&mut self, lease: &Lease, add: bool, path: Path) {
-        let key = lease.key().to_string();
-        let port = self.devices.first().map_or(0, |d| d.port);
-        match nat::server(lease, port).filter(|_| add) {
-            Some(s) => self.servers.insert(key.clone(), s),
-            None => self.servers.remove(&key),
-        };
-        if !add {
-            self.paths.remove(&key);
-            return;
-        }
-        if self.paths.insert(key.clone(), path) != Some(path) {
-            match path {
-                Path::Direct => {
-                    tracing::info!("NAT: peer {key} is direct at {}", lease.attrs.public_ip)
-                }
-                Path::Punched(e) => {
-                    tracing::info!("NAT: peer {key} is behind NAT, punching to {e}")
-                }
-            }
-        }
-    }
 }
 
 impl Observe for Live {
@@ -254,8 +226,7 @@ impl Backend for Wireguard {
             us: self.us,
             devices: Vec::new(),
             mtu: 0,
-            servers: BTreeMap::new(),
-            paths: BTreeMap::new(),
+            nat: nat::Peers::default(),
         };
         Ok(Prepared {
             attrs,
@@ -295,7 +266,7 @@ impl Running for Live {
             out.record(i, self.change(c).await);
         }
         if self.tuning.nat {
-            let servers: Vec<SocketAddr> = self.servers.values().copied().collect();
+            let servers = self.nat.servers();
             for d in &self.devices {
                 d.tunnel.set_discovery(true, servers.clone());
             }
@@ -357,7 +328,8 @@ impl Live {
                 (Vec::new(), Path::Direct)
             };
             if self.tuning.nat && i == 0 {
-                self.note_nat(lease, add, path);
+                let port = self.devices[0].port;
+                self.nat.note(lease, add, path, port);
             }
             let dev = &mut self.devices[i];
             if add && peers.is_empty() {

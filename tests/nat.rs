@@ -131,6 +131,7 @@ fn nodes_behind_two_nats_punch_through_and_heal() {
     require_tool!("conntrack", "conntrack", "conntrack");
     require_tool!("iptables", "iptables", "iptables");
     require_tool!("python3", "python3", "python3");
+    require_tool!("curl", "curl", "curl");
     let mut n = NatCluster::create("nat", true);
     let first = start(&mut n, Duration::from_secs(60));
     let c = &n.c;
@@ -150,6 +151,16 @@ fn nodes_behind_two_nats_punch_through_and_heal() {
     wait_path(c, 2, "10.12.0.2", "punched");
     wait_path(c, 1, "192.0.2.1", "direct");
     wait_path(c, 0, "10.12.0.2", "punched");
+    let m = c.nodes[1]
+        .ns
+        .exec(&["curl", "-sf", "http://127.0.0.1:8471/metrics"]);
+    let punched = m
+        .lines()
+        .find(|l| l.starts_with("weft_peer_path{") && l.contains("punched"));
+    assert!(
+        punched.is_some_and(|l| l.ends_with(" 1")),
+        "no punched peer in /metrics:\n{m}"
+    );
     let ct = n
         .router(1)
         .exec(&["conntrack", "-L", "-p", "udp", "--dst", "192.0.2.103"]);

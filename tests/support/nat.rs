@@ -64,6 +64,7 @@ impl NatCluster {
             "--traffic-manager=none",
             "--dataplane=userspace",
             "--probe-port=0",
+            "--healthz-port=8471",
         ];
         let spec = cluster::spec(tag, &net_conf(nat), 3, &args, work.path());
         let prefix = spec.prefix.clone();

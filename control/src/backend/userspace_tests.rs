@@ -349,6 +349,15 @@ fn wireguard_nat_traversal_punches_to_published_endpoints() {
                 let servers = e.discovery.lock().expect("lock").clone();
                 let want = vec!["198.51.100.3:51820".parse().expect("addr")];
                 assert_eq!(servers, Some((true, want)));
+                // We turn out to sit behind the same NAT: the peer is on our
+                // LAN (no hairpin), chosen again at the next reconcile.
+                *e.seen.lock().expect("lock") = Some("203.0.113.9:51820".parse().expect("a"));
+                b.reconcile().await.expect("reconcile");
+                let p2 = e
+                    .peers()
+                    .into_iter()
+                    .find(|p| p.subnet == net("10.244.2.0/24"));
+                assert_eq!(p2.map(|p| p.endpoint), Some(ip("10.12.0.2")));
             } else {
                 assert_eq!(
                     (p2.endpoint, wg2.port, wg2.keepalive),

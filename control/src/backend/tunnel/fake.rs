@@ -29,6 +29,8 @@ pub struct FakeEngine {
     pub stopped: AtomicBool,
     /// Endpoint discovery: on, and the servers, as last set (`None`: never).
     pub discovery: Mutex<Option<(bool, Vec<std::net::SocketAddr>)>>,
+    /// The endpoint discovery "saw" (set by the test).
+    pub seen: Mutex<Option<std::net::SocketAddrV4>>,
 }
 
 impl FakeEngine {
@@ -125,6 +127,7 @@ impl StartEngine for FakeEngines {
             tables: Mutex::new(0),
             stopped: AtomicBool::new(false),
             discovery: Mutex::new(None),
+            seen: Mutex::new(None),
         });
         self.started.lock().expect("lock").push(e.clone());
         Ok(Box::new(Handle(e)))
@@ -150,6 +153,9 @@ impl TunnelEngine for Handle {
     }
     fn set_discovery(&self, on: bool, servers: Vec<std::net::SocketAddr>) {
         *self.0.discovery.lock().expect("lock") = Some((on, servers));
+    }
+    fn seen(&self) -> Option<std::net::SocketAddrV4> {
+        *self.0.seen.lock().expect("lock")
     }
     fn stop(self: Box<Self>) {
         self.0.stopped.store(true, Ordering::Relaxed);

@@ -89,6 +89,10 @@ pub fn keepalive(configured: u16, path: Path, own: IpAddr) -> u16 {
 pub struct Peers {
     servers: BTreeMap<String, SocketAddr>,
     paths: BTreeMap<String, Path>,
+    /// The leases, to choose the paths again when our own endpoint changes.
+    leases: BTreeMap<String, Lease>,
+    /// Our own endpoint when the paths were chosen.
+    pub seen: Option<SocketAddrV4>,
 }
 
 impl Peers {
@@ -102,8 +106,10 @@ impl Peers {
         };
         if !add {
             self.paths.remove(&key);
+            self.leases.remove(&key);
             return;
         }
+        self.leases.insert(key.clone(), lease.clone());
         if self.paths.insert(key.clone(), path) != Some(path) {
             match path {
                 Path::Direct => {
@@ -119,6 +125,17 @@ impl Peers {
     /// The discovery servers.
     pub fn servers(&self) -> Vec<SocketAddr> {
         self.servers.values().copied().collect()
+    }
+
+    /// The leases to choose paths for again when our own endpoint moved
+    /// from the one they were chosen with (a peer behind our own NAT is
+    /// direct, others are not): empty when it did not.
+    pub fn again(&mut self, seen: Option<SocketAddrV4>) -> Vec<Lease> {
+        if seen == self.seen {
+            return Vec::new();
+        }
+        self.seen = seen;
+        self.leases.values().cloned().collect()
     }
 }
 

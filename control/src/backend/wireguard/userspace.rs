@@ -281,6 +281,16 @@ impl Running for Live {
         for d in &mut self.devices {
             d.tunnel.reconcile().await?;
         }
+        if self.tuning.nat {
+            // Our own endpoint moved: which peers share our NAT may have too.
+            let seen = self.devices.first().and_then(|d| d.tunnel.seen());
+            for lease in self.nat.again(seen) {
+                self.change(&Change::Add(lease)).await?;
+            }
+            for d in &mut self.devices {
+                d.tunnel.flush();
+            }
+        }
         Ok(())
     }
 

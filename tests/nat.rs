@@ -169,6 +169,14 @@ fn nodes_behind_two_nats_punch_through_and_heal() {
         "no mapping to the other NAT:\n{ct}"
     );
     c.assert_mesh();
+    // The transitions are in the log.
+    let log = c.log(1);
+    for line in [
+        "NAT: this node is seen from 192.0.2.102:51820",
+        "is behind NAT, punching to 192.0.2.103:51820",
+    ] {
+        assert!(log.contains(line), "no {line:?} in node 2's log:\n{log}");
+    }
 
     // Forged answers and packets from an off-path address: one with the
     // public node's address forged (it passes node 2's NAT, which holds a

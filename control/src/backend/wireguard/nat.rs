@@ -21,8 +21,12 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::SystemTime;
+
+use ipnet::IpNet;
 
 use crate::lease::Lease;
+use crate::view::path::FRESH;
 
 /// The persistent keepalive (seconds) that holds a NAT mapping.
 pub const NAT_KEEPALIVE: u16 = 25;
@@ -93,6 +97,8 @@ pub struct Peers {
     leases: BTreeMap<String, Lease>,
     /// Our own endpoint when the paths were chosen.
     pub seen: Option<SocketAddrV4>,
+    /// Whether each peer (by subnet) had a live session at the last look.
+    live: BTreeMap<IpNet, bool>,
 }
 
 impl Peers {
@@ -125,6 +131,29 @@ impl Peers {
     /// The discovery servers.
     pub fn servers(&self) -> Vec<SocketAddr> {
         self.servers.values().copied().collect()
+    }
+
+    /// The peers (by subnet) whose session came or went since the last
+    /// look, from each one's last handshake at `now`: live while younger
+    /// than [`FRESH`] (WireGuard's `REJECT_AFTER_TIME`). A peer seen for
+    /// the first time is reported only when live.
+    pub fn sessions(
+        &mut self,
+        handshakes: impl IntoIterator<Item = (IpNet, Option<SystemTime>)>,
+        now: SystemTime,
+    ) -> Vec<(IpNet, bool)> {
+        let mut changed = Vec::new();
+        let mut next = BTreeMap::new();
+        for (net, at) in handshakes {
+            let age = at.and_then(|t| now.duration_since(t).ok());
+            let live = age.is_some_and(|a| a.as_secs() <= FRESH);
+            if self.live.get(&net).copied().unwrap_or(false) != live {
+                changed.push((net, live));
+            }
+            next.insert(net, live);
+        }
+        self.live = next;
+        changed
     }
 
     /// The leases to choose paths for again when our own endpoint moved
@@ -194,6 +223,24 @@ mod tests {
         );
         let public = lease("192.0.2.1", Some("192.0.2.1:51820"));
         assert_eq!(path(&public, 51820, None), Path::Direct);
+    }
+
+    #[test]
+    fn sessions_that_come_and_go_are_reported_once() {
+        use std::time::{Duration, UNIX_EPOCH};
+        let mut p = Peers::default();
+        let t = |s| UNIX_EPOCH + Duration::from_secs(s);
+        let a: IpNet = "10.244.2.0/24".parse().expect("net");
+        let b: IpNet = "10.244.3.0/24".parse().expect("net");
+        assert_eq!(
+            p.sessions([(a, Some(t(990))), (b, None)], t(1000)),
+            vec![(a, true)]
+        );
+        assert_eq!(p.sessions([(a, Some(t(990))), (b, None)], t(1100)), vec![]);
+        assert_eq!(
+            p.sessions([(a, Some(t(990))), (b, Some(t(1190)))], t(1200)),
+            vec![(a, false), (b, true)]
+        );
     }
 
     #[test]

@@ -290,6 +290,16 @@ impl Running for Live {
             for d in &mut self.devices {
                 d.tunnel.flush();
             }
+            let stats = self.devices.iter().filter_map(|d| d.tunnel.peer_stats());
+            let handshakes = stats.flatten().map(|(net, s)| (net, s.last_handshake));
+            for (net, live) in self.nat.sessions(handshakes, SystemTime::now()) {
+                match live {
+                    true => tracing::info!("NAT: peer {net} has a session"),
+                    false => {
+                        tracing::warn!("NAT: peer {net} is unreachable (no handshake for 180 s)")
+                    }
+                }
+            }
         }
         Ok(())
     }

@@ -120,6 +120,7 @@ impl<'c> Builder<'c> {
             spin: spin.clone(),
             sampler: None,
             poll_window_off: None,
+            disco: None,
         };
         for (i, w) in workers.into_iter().enumerate() {
             let h = std::thread::Builder::new()

@@ -294,6 +294,8 @@ pub struct Engine {
     sampler: Option<JoinHandle<()>>,
     /// Why the default window stays closed for good, if it does.
     poll_window_off: Option<String>,
+    /// WireGuard's endpoint discovery (`None` for other encapsulations).
+    disco: Option<Arc<path::wg::disco::Discovery>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -397,6 +399,12 @@ impl Engine {
             udp_gso: self.udp_gso.load(Ordering::Relaxed),
             ..self.offloads
         }
+    }
+
+    /// WireGuard's endpoint discovery (docs/nat.md): off until turned on;
+    /// `None` for the other encapsulations.
+    pub fn discovery(&self) -> Option<&path::wg::disco::Discovery> {
+        self.disco.as_deref()
     }
 
     /// The TUN device's name as the kernel reports it.

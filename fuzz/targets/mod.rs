@@ -28,6 +28,7 @@ pub const ALL: &[Target] = &[
     ("tun_tx", engine::tun_tx),
     ("ipip_decap", engine::ipip_decap),
     ("wg_input", wg::wg_input),
+    ("disco_msg", wg::disco_msg),
     ("net_conf", control::net_conf),
     ("lease_attrs", control::lease_attrs),
     ("subnet_key", control::subnet_key),

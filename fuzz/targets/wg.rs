@@ -230,3 +230,19 @@ fn tun_read(p: &mut Pair, read: &[u8]) {
         "our own datagrams did not decrypt: {got:?}"
     );
 }
+
+/// `disco_msg`: a datagram on the WireGuard port that WireGuard refused, as
+/// endpoint discovery parses it (`wire::disco::Disco::parse`). What parses
+/// starts with the first byte the receive path checks and writes back to
+/// exactly the same 48 bytes (the format has one encoding per message).
+pub fn disco_msg(data: &[u8]) {
+    use weft_engine::wire::disco::{Disco, LEN, maybe};
+    let Ok(m) = Disco::parse(data) else {
+        return;
+    };
+    assert!(maybe(data), "parsed without the first byte");
+    let mut out = [0xa5u8; LEN + 8];
+    assert_eq!(m.write(&mut out), Some(LEN));
+    assert_eq!(&out[..LEN], data, "written differently");
+    assert_eq!(Disco::parse(&out[..LEN]), Ok(m));
+}

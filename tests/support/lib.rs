@@ -32,6 +32,7 @@ pub mod bins;
 pub mod cluster;
 pub mod etcd;
 pub mod k8s;
+pub mod nat;
 pub mod netns;
 pub mod ping;
 pub mod proc;

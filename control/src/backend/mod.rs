@@ -318,6 +318,9 @@ pub struct EngineTuning {
     /// How the engine checks the sources of decapsulated packets
     /// (`--anti-spoofing`; see [`weft_engine::antispoof`]).
     pub anti_spoof: weft_engine::AntiSpoofing,
+    /// NAT traversal (docs/nat.md): `--nat-traversal` or net-conf.json's
+    /// `WeftNATTraversal`; only the userspace WireGuard path acts on it.
+    pub nat: bool,
 }
 
 impl EngineTuning {

@@ -16,6 +16,7 @@ use crate::config::backend::{BackendOptions, IpipOptions, VxlanOptions, Wireguar
 
 fn tuning() -> EngineTuning {
     EngineTuning {
+        nat: false,
         workers: 1,
         offload: false,
         anti_spoof: AntiSpoofing::Subnet,
@@ -287,6 +288,85 @@ fn wireguard_peers_carry_key_port_psk_and_keepalive() {
         assert_eq!(wg.psk, weft_engine::wg::key_from_base64(psk));
         remove(b.as_mut(), &e, peer).await;
     });
+}
+
+/// NAT traversal (docs/nat.md): the lease says so, a peer behind NAT is
+/// sent to the endpoint its lease publishes with a keepalive that holds the
+/// mapping, reachable peers with the feature are asked for ours; with the
+/// feature off the same leases give exactly what they gave before.
+#[test]
+fn wireguard_nat_traversal_punches_to_published_endpoints() {
+    use crate::lease::NatAttrs;
+    let nat = |mut l: super::Lease, ep: Option<&str>| {
+        l.attrs.weft_nat = Some(NatAttrs {
+            endpoint: ep.map(|e| e.parse().expect("endpoint")),
+        });
+        l
+    };
+    for on in [true, false] {
+        block_on(async {
+            let f = fake(&[], false);
+            let (engines, us) = FakeEngines::new(&f);
+            let dir = tempfile::tempdir().expect("tempdir");
+            let b = super::wireguard::userspace::Wireguard::new(
+                wg_opts("{}"),
+                Some("10.244.0.0/16".parse().expect("net")),
+                None,
+                EngineTuning {
+                    nat: on,
+                    ..tuning()
+                },
+                us,
+            )
+            .with_key_file(dir.path().join("wgkey"));
+            let p = Box::new(b).lease_attrs(&ext(), None).await.expect("attrs");
+            assert_eq!(p.attrs.weft_nat.is_some(), on);
+            assert_eq!(p.attrs.to_json().ends_with(r#""WeftNAT":{}}"#), on);
+            let mut b = p.backend.setup(&own()).await.expect("setup");
+            let e = engines.running("flannel-wg");
+            let data = super::wireguard::backend_data(&[7u8; 32], 0);
+            let behind = lease("10.244.2.0/24", "10.12.0.2", "wireguard", Some(&data));
+            let behind = nat(behind, Some("203.0.113.9:40001"));
+            let public = lease("10.244.3.0/24", "198.51.100.3", "wireguard", Some(&data));
+            let public = nat(public, None);
+            for l in [behind, public] {
+                b.apply(Batch::one(&Change::Add(l))).await.expect("add");
+            }
+            let peers = e.peers();
+            let by = |s: &str| peers.iter().find(|p| p.subnet == net(s)).expect("peer");
+            let (p2, p3) = (by("10.244.2.0/24"), by("10.244.3.0/24"));
+            let wg2 = p2.wireguard.clone().expect("wg");
+            let wg3 = p3.wireguard.clone().expect("wg");
+            if on {
+                assert_eq!(
+                    (p2.endpoint, wg2.port, wg2.keepalive),
+                    (ip("203.0.113.9"), 40001, 25)
+                );
+                assert_eq!(
+                    (p3.endpoint, wg3.port, wg3.keepalive),
+                    (ip("198.51.100.3"), 0, 0)
+                );
+                let servers = e.discovery.lock().expect("lock").clone();
+                let want = vec!["198.51.100.3:51820".parse().expect("addr")];
+                assert_eq!(servers, Some((true, want)));
+                // We turn out to sit behind the same NAT: the peer is on our
+                // LAN (no hairpin), chosen again at the next reconcile.
+                *e.seen.lock().expect("lock") = Some("203.0.113.9:51820".parse().expect("a"));
+                b.reconcile().await.expect("reconcile");
+                let p2 = e
+                    .peers()
+                    .into_iter()
+                    .find(|p| p.subnet == net("10.244.2.0/24"));
+                assert_eq!(p2.map(|p| p.endpoint), Some(ip("10.12.0.2")));
+            } else {
+                assert_eq!(
+                    (p2.endpoint, wg2.port, wg2.keepalive),
+                    (ip("10.12.0.2"), 0, 0)
+                );
+                assert_eq!(*e.discovery.lock().expect("lock"), None);
+            }
+        });
+    }
 }
 
 #[test]

@@ -147,6 +147,11 @@ pub struct Config {
     /// The raw JSON text of `Backend`, like Go's `json.RawMessage` (`None` when
     /// absent, `Some("null")` for `null`); decode it with [`BackendOptions::parse`].
     pub backend: Option<String>,
+    /// weft only: `WeftNATTraversal` (docs/nat.md), default false. flanneld
+    /// decodes net-conf.json with Go's `encoding/json`, which ignores keys
+    /// its struct does not have (spec §0), so the key is safe in a network
+    /// shared with flanneld nodes.
+    pub weft_nat_traversal: bool,
 }
 
 impl Default for Config {
@@ -166,6 +171,7 @@ impl Default for Config {
             ipv6_subnet_max: None,
             backend_type: "udp".to_string(),
             backend: None,
+            weft_nat_traversal: false,
         }
     }
 }
@@ -229,6 +235,10 @@ fn decode_members(
             "ipv6subnetmax" => cfg.ipv6_subnet_max = parse_ip6_field(v)?,
             // json.RawMessage keeps any value, `null` included.
             "backend" => cfg.backend = Some(v.get().to_string()),
+            "weftnattraversal" => set(
+                &mut cfg.weft_nat_traversal,
+                field("WeftNATTraversal").bool(v)?,
+            ),
             _ => {}
         }
         Ok(())

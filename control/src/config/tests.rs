@@ -666,3 +666,12 @@ fn structured_random_configs_never_panic() {
         }
     }
 }
+
+#[test]
+fn weft_nat_traversal_is_opt_in_and_typed() {
+    assert!(!parse(r#"{"Network":"10.244.0.0/16"}"#).weft_nat_traversal);
+    assert!(parse(r#"{"Network":"10.244.0.0/16","WeftNATTraversal":true}"#).weft_nat_traversal);
+    assert!(parse(r#"{"weftnattraversal":true}"#).weft_nat_traversal);
+    let e = parse_err(r#"{"WeftNATTraversal":"yes"}"#);
+    assert!(e.contains("WeftNATTraversal"), "{e}");
+}

@@ -214,6 +214,12 @@ pub struct Flags {
         value_name = "auto|on|off"
     )]
     pub vxlan_tx_checksum_offload: crate::backend::vxlan::TxCsumOffload,
+    /// weft: nodes behind NAT (docs/nat.md): discover the endpoint this node
+    /// is seen from on the WireGuard port, publish it in the lease and punch
+    /// holes to peers that do the same (userspace WireGuard only). Also on
+    /// when net-conf.json has `"WeftNATTraversal": true`.
+    #[arg(long, env = "WEFT_NAT_TRAVERSAL", default_value = "false", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
+    pub nat_traversal: bool,
     /// Resync period for iptables rules, in seconds.
     #[arg(long, env = "FLANNELD_IPTABLES_RESYNC", default_value_t = 5)]
     pub iptables_resync: u64,
@@ -560,9 +566,9 @@ mod tests {
                 }
             }
         }
-        // flanneld's 7 booleans and weft's --probe-route-mtu; flanneld's 20
-        // value flags and weft's own.
-        assert!(seen.0 >= 30 && seen.1 == 8, "{seen:?}");
+        // flanneld's 7 booleans, weft's --probe-route-mtu and
+        // --nat-traversal; flanneld's 20 value flags and weft's own.
+        assert!(seen.0 >= 30 && seen.1 == 9, "{seen:?}");
         // `--` ends the flags; a lone `-` and non-flags are left alone.
         assert_eq!(norm(&["--", "-v", "2"]), vec!["--", "-v", "2"]);
         assert_eq!(norm(&["-", "x"]), vec!["-", "x"]);

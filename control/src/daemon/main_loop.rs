@@ -93,6 +93,9 @@ pub async fn run<M: SubnetManager>(
     reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     reconcile.tick().await;
     let mut probes = publisher.observer();
+    let nat_obs = publisher.observer();
+    let mut nat_tick = tokio::time::interval(super::nat::POLL);
+    nat_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut peers_reported: Option<Vec<String>> = None;
     loop {
         if !task.is_busy() {
@@ -147,6 +150,15 @@ pub async fn run<M: SubnetManager>(
                 q.switch = Some(ctl.on_due());
             }
             _ = reconcile.tick() => q.reconcile = true,
+            _ = nat_tick.tick(), if lease.attrs.weft_nat.is_some() => {
+                // A new endpoint from discovery: published with the lease.
+                if let Some(next) = super::nat::changed(&nat_obs, lease) {
+                    match mgr.renew_lease(&next).await {
+                        Ok(l) => *lease = l,
+                        Err(e) => tracing::warn!("cannot publish the NAT endpoint: {e}"),
+                    }
+                }
+            }
             Some(view) = probes.probes_changed() => {
                 // Only a changed set is reported (a store round trip, as the
                 // lease renewal: the loop's own job); a failed report is

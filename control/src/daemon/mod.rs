@@ -19,6 +19,7 @@ mod blackhole;
 pub mod flags;
 pub mod healthz;
 mod main_loop;
+mod nat;
 pub mod node_lock;
 mod run;
 mod stop;

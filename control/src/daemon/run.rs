@@ -151,6 +151,7 @@ pub async fn run_with<M: SubnetManager>(
         workers: flags.engine_workers,
         offload: true,
         anti_spoof: flags.anti_spoofing.engine(),
+        nat: flags.nat_traversal || cfg.weft_nat_traversal,
     };
     let dataplane = match flags.dataplane {
         Dataplane::Auto => backend::DataplaneChoice::Auto,

@@ -10,11 +10,17 @@
 //! `BackendData` and `BackendV6Data` are omitted when empty. Backend data is
 //! kept as compact raw JSON text so it round-trips byte for byte.
 //! Decoding follows Go's rules ([`weft_compat::gojson`]).
+//!
+//! weft adds one field of its own, last and only when set: `WeftNAT`
+//! ([`super::nat`], NAT traversal), which flanneld ignores as an unknown
+//! key. A lease without it is byte for byte what flannel writes.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use serde_json::Value;
 use weft_compat::gojson::{self, GoJsonError};
+
+use super::NatAttrs;
 
 /// What a node publishes about itself in its lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +35,8 @@ pub struct LeaseAttrs {
     pub backend_data: Option<String>,
     /// Backend-specific data for IPv6, as compact JSON text.
     pub backend_v6_data: Option<String>,
+    /// weft only: NAT traversal ([`super::nat`]); `None` when off.
+    pub weft_nat: Option<NatAttrs>,
 }
 
 impl Default for LeaseAttrs {
@@ -39,6 +47,7 @@ impl Default for LeaseAttrs {
             backend_type: String::new(),
             backend_data: None,
             backend_v6_data: None,
+            weft_nat: None,
         }
     }
 }
@@ -90,6 +99,10 @@ impl LeaseAttrs {
                 s.push_str(d);
             }
         }
+        if let Some(nat) = &self.weft_nat {
+            s.push_str(",\"WeftNAT\":");
+            s.push_str(&nat.to_json());
+        }
         s.push('}');
         s
     }
@@ -107,6 +120,7 @@ impl LeaseAttrs {
         attrs.backend_type = gojson::take::<String>(&mut m, "backendtype")?.unwrap_or_default();
         attrs.backend_data = raw(m.remove("backenddata"))?;
         attrs.backend_v6_data = raw(m.remove("backendv6data"))?;
+        attrs.weft_nat = m.remove("weftnat").as_ref().and_then(NatAttrs::from_value);
         Ok(attrs)
     }
 }
@@ -151,6 +165,24 @@ mod tests {
             a.to_json(),
             r#"{"PublicIP":"192.0.2.1","PublicIPv6":"2001:db8::1","BackendType":"wireguard","BackendData":{"PublicKey":"k","Port":51820},"BackendV6Data":{"PublicKey":"k","Port":51821}}"#
         );
+    }
+
+    #[test]
+    fn weft_nat_is_last_and_only_when_set() {
+        let mut a = LeaseAttrs::from_json(FLANNEL_VXLAN.as_bytes()).expect("decode");
+        a.weft_nat = Some(NatAttrs {
+            endpoint: Some("203.0.113.9:51820".parse().expect("addr")),
+        });
+        let text = a.to_json();
+        assert!(
+            text.ends_with(r#","WeftNAT":{"Endpoint":"203.0.113.9:51820"}}"#),
+            "{text}"
+        );
+        assert_eq!(LeaseAttrs::from_json(text.as_bytes()).expect("decode"), a);
+        // What weft cannot read of it is no field, never a bad lease.
+        let odd = br#"{"PublicIP":"192.0.2.1","weftnat":"v9"}"#;
+        let b = LeaseAttrs::from_json(odd).expect("decode");
+        assert_eq!(b.weft_nat, None);
     }
 
     #[test]

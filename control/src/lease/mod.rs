@@ -6,6 +6,7 @@
 
 pub mod attrs;
 pub mod key;
+pub mod nat;
 pub mod watcher;
 
 use std::time::SystemTime;
@@ -14,6 +15,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 
 pub use attrs::LeaseAttrs;
 pub use key::SubnetKey;
+pub use nat::NatAttrs;
 
 /// One node's lease, as read from (or written to) a lease store.
 #[derive(Debug, Clone, PartialEq, Eq)]

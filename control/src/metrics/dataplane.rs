@@ -233,6 +233,23 @@ impl PromCollector for Collector {
             peer(|p| p.last_handshake),
         )
         .encode(&mut enc)?;
+        // NAT traversal (docs/nat.md): 1 on the peer's path.
+        let paths = (self.0.peers.iter())
+            .filter_map(|p| {
+                let l = vec![
+                    backend(),
+                    ("subnet", p.subnet.clone().unwrap_or_default()),
+                    ("path", p.path.clone()?),
+                ];
+                Some((l, 1))
+            })
+            .collect();
+        gauge(
+            "peer_path",
+            "NAT traversal: 1 for the peer's path (direct, punched or unreachable)",
+            paths,
+        )
+        .encode(&mut enc)?;
         Ok(())
     }
 }

@@ -203,3 +203,21 @@ fn the_parser_rejects_garbage() {
     assert!(parse("weft x 1").is_err());
     assert!(parse("weft_x one").is_err());
 }
+
+#[test]
+fn the_nat_path_is_a_gauge_only_where_known() {
+    let mut st = crate::status::tests::full();
+    let text = DaemonMetrics::new().encode(Some(&st));
+    assert!(!text.contains("weft_peer_path{"), "feature off: {text}");
+    st.peers[0].path = Some("punched".into());
+    let text = DaemonMetrics::new().encode(Some(&st));
+    let (s, t) = parse(&text).expect("parses");
+    let series: Vec<_> = s
+        .iter()
+        .filter(|(k, _)| k.starts_with("weft_peer_path{"))
+        .collect();
+    assert_eq!(series.len(), 1, "{text}");
+    assert!(series[0].0.contains(r#"path="punched""#), "{text}");
+    assert_eq!(*series[0].1, 1.0);
+    assert_eq!(t.get("weft_peer_path").map(String::as_str), Some("gauge"));
+}

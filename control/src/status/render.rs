@@ -138,6 +138,9 @@ pub fn text(s: &Status) -> String {
                 let ago = i64::try_from(now.saturating_sub(at)).unwrap_or(i64::MAX);
                 let _ = write!(traffic, ", handshake {} ago", since(ago));
             }
+            if let Some(path) = &p.path {
+                let _ = write!(traffic, ", path {path}");
+            }
             [
                 both(p.subnet.as_deref(), p.ipv6_subnet.as_deref()),
                 both(public, p.public_ipv6.as_deref()),

@@ -27,6 +27,12 @@ impl DeviceProbe for EngineProbe {
             st.peer_counters.extend(peers);
         }
     }
+
+    fn nat_seen(&self) -> Option<std::net::SocketAddrV4> {
+        let e = self.0.upgrade()?;
+        let d = e.discovery()?;
+        d.enabled().then(|| d.seen()).flatten().map(|(a, _)| a)
+    }
 }
 
 /// A kernel device, by name (absent devices report nothing).

@@ -27,6 +27,7 @@
 
 pub mod devices;
 pub mod model;
+pub mod path;
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -79,6 +80,11 @@ impl Dataplane {
 pub trait DeviceProbe: Send + Sync + std::fmt::Debug {
     /// Adds the device (and the peers it carries) to `st`.
     fn report(&self, st: &mut BackendStatus);
+    /// The endpoint this node was last seen from by endpoint discovery
+    /// (docs/nat.md; `None`: off, unknown, or not an engine).
+    fn nat_seen(&self) -> Option<std::net::SocketAddrV4> {
+        None
+    }
 }
 
 /// What a backend publishes of itself (after setup and after every step

@@ -31,7 +31,8 @@
 //! `last_handshake` unless it is a userspace WireGuard peer that has
 //! completed a handshake; a peer's `probe` when weftd's overlay prober has
 //! no result for it (probing off, no overlay address, not probed yet), and
-//! its `reachable`, `rtt_us` and `pmtu` until known (docs/probes.md).
+//! its `reachable`, `rtt_us` and `pmtu` until known (docs/probes.md); a
+//! peer's `path` unless the node runs NAT traversal (docs/nat.md).
 //!
 //! `batching` and `drops` are the engine's counter sets ([`Batching`],
 //! [`Drops`]): their keys are the engine's counter names, in the engine's
@@ -200,6 +201,10 @@ pub struct PeerStatus {
     /// e.g. probing off or the node holds no overlay address).
     #[serde(default)]
     pub probe: Option<ProbeStatus>,
+    /// NAT traversal: `direct`, `punched` or `unreachable` ([`super::path`];
+    /// `null`: NAT traversal off, or not a userspace WireGuard peer).
+    #[serde(default)]
+    pub path: Option<String>,
 }
 
 /// A peer's health as weftd's overlay probes see it (docs/probes.md).
@@ -281,6 +286,9 @@ impl Status {
         // Each subnet's counters in report order, so that a peer is joined
         // with one lookup per subnet (not a scan of every device's peers).
         let mut by_subnet: HashMap<IpNet, Vec<(usize, &PeerCounters)>> = HashMap::new();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
         for (i, p) in backend.peer_counters.iter().enumerate() {
             by_subnet.entry(p.subnet.trunc()).or_default().push((i, p));
         }
@@ -305,6 +313,8 @@ impl Status {
                     .filter_map(|p| p.counters)
                     .reduce(Counters::plus);
                 let last_handshake = mine.iter().filter_map(|p| p.last_handshake).max();
+                let endpoint = mine.first().map(|p| p.endpoint);
+                let path = super::path::of(own, l, endpoint, last_handshake, now);
                 PeerStatus {
                     subnet: l.subnet.map(|s| s.to_string()),
                     ipv6_subnet: l.ipv6_subnet.map(|s| s.to_string()),
@@ -315,6 +325,7 @@ impl Status {
                     counters,
                     last_handshake,
                     probe: None,
+                    path,
                 }
             })
             .collect();

@@ -62,6 +62,13 @@
 //! restart) would otherwise keep encrypting into it until its 15 s rekey
 //! timer gave up. The owner follows the peer's endpoint to the source of
 //! authenticated packets (WireGuard roaming).
+//!
+//! NAT traversal's endpoint discovery (docs/nat.md,
+//! [`crate::path::wg::disco`]) shares the listen socket, so a NAT maps its
+//! requests as it maps WireGuard's packets: off until the control plane
+//! turns it on ([`crate::Engine::discovery`]); worker 0 asks, on its timer
+//! tick, with a nonce drawn here; the core looks at a datagram's first byte
+//! only after WireGuard's own check refused it.
 
 pub(crate) mod handoff;
 pub(crate) mod worker;
@@ -77,6 +84,7 @@ pub use crate::encap::wg::{key_from_base64, key_to_base64};
 use crate::builder::Builder;
 use crate::encap::wg::steering_program;
 use crate::path::wg::Config;
+use crate::path::wg::disco::Discovery;
 use crate::path::wg::gate::Load;
 use crate::sys::udp::Udp;
 use crate::worker::Worker;
@@ -124,6 +132,7 @@ pub(crate) fn start(b: Builder<'_>, port: u16, key: WgSecret) -> Result<Engine, 
     let dev = b.open_tun(false)?;
     let mut offloads = b.offloads(&dev, true);
     let load = Arc::new(Load::new(Instant::now()));
+    let disco = Arc::new(Discovery::default());
     let (hub, inboxes) =
         handoff::Hub::new(workers, crate::worker::TUN_BUF).map_err(|e| EngineError::Tun {
             name: cfg.tun_name.clone(),
@@ -169,10 +178,13 @@ pub(crate) fn start(b: Builder<'_>, port: u16, key: WgSecret) -> Result<Engine, 
                     seed,
                     load: Arc::clone(&load),
                     now: Instant::now(),
+                    disco: Arc::clone(&disco),
                 },
             };
             Ok(Worker::new(i, q, dev.vnet_hdr, cfg.mtu, &b.shared, encap))
         })
         .collect::<Result<Vec<_>, EngineError>>()?;
-    b.spawn(dev.name, port, offloads, "weft-wg", built)
+    let mut engine = b.spawn(dev.name, port, offloads, "weft-wg", built)?;
+    engine.disco = Some(disco);
+    Ok(engine)
 }

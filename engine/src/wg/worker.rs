@@ -273,6 +273,14 @@ impl Encapsulation for WgEncap {
     fn end_round(w: &Worker<Self>, s: &mut State, ctr: &mut Local) {
         let (core, now, mut io) = split(w, s, ctr);
         core.tick(now, &mut io);
+        if core.disco_due(now) {
+            // A fresh nonce each round (a syscall every second at most).
+            let mut nonce = [0u8; 16];
+            if getrandom::fill(&mut nonce).is_ok() {
+                let sent = core.disco_ask(now, nonce, &mut io);
+                io.ctr.add(Ctr::TxPackets, sent as u64);
+            }
+        }
         io.flush();
     }
 

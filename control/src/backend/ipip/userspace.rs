@@ -244,6 +244,7 @@ mod tests {
 
     fn tuning() -> EngineTuning {
         EngineTuning {
+            nat: false,
             workers: 1,
             offload: true,
             anti_spoof: weft_engine::AntiSpoofing::Strict,

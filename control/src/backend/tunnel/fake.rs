@@ -27,6 +27,10 @@ pub struct FakeEngine {
     pub tables: Mutex<usize>,
     /// Whether it was stopped.
     pub stopped: AtomicBool,
+    /// Endpoint discovery: on, and the servers, as last set (`None`: never).
+    pub discovery: Mutex<Option<(bool, Vec<std::net::SocketAddr>)>>,
+    /// The endpoint discovery "saw" (set by the test).
+    pub seen: Mutex<Option<std::net::SocketAddrV4>>,
 }
 
 impl FakeEngine {
@@ -122,6 +126,8 @@ impl StartEngine for FakeEngines {
             peers: Mutex::new(Vec::new()),
             tables: Mutex::new(0),
             stopped: AtomicBool::new(false),
+            discovery: Mutex::new(None),
+            seen: Mutex::new(None),
         });
         self.started.lock().expect("lock").push(e.clone());
         Ok(Box::new(Handle(e)))
@@ -144,6 +150,12 @@ impl TunnelEngine for Handle {
     }
     fn describe(&self) -> String {
         "fake engine".into()
+    }
+    fn set_discovery(&self, on: bool, servers: Vec<std::net::SocketAddr>) {
+        *self.0.discovery.lock().expect("lock") = Some((on, servers));
+    }
+    fn seen(&self) -> Option<std::net::SocketAddrV4> {
+        *self.0.seen.lock().expect("lock")
     }
     fn stop(self: Box<Self>) {
         self.0.stopped.store(true, Ordering::Relaxed);

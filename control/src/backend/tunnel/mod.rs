@@ -13,7 +13,7 @@
 //! root (as the kernel backends are with the fake netlink alone).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,6 +38,13 @@ pub trait TunnelEngine: Send + Sync {
     fn probe(&self) -> Arc<dyn DeviceProbe>;
     /// One line for the log: workers, anti-spoofing, offloads.
     fn describe(&self) -> String;
+    /// WireGuard's endpoint discovery on or off, and the peers it asks
+    /// (docs/nat.md); engines without it ignore this.
+    fn set_discovery(&self, _on: bool, _servers: Vec<SocketAddr>) {}
+    /// The endpoint discovery last saw this node from.
+    fn seen(&self) -> Option<SocketAddrV4> {
+        None
+    }
     /// Stops the workers and joins them (blocking: [`Tunnel::stop`] runs it
     /// on a blocking thread); the TUN device goes with them.
     fn stop(self: Box<Self>);
@@ -106,6 +113,15 @@ impl TunnelEngine for Shared {
     }
     fn probe(&self) -> Arc<dyn DeviceProbe> {
         Arc::new(EngineProbe(Arc::downgrade(&self.0)))
+    }
+    fn set_discovery(&self, on: bool, servers: Vec<SocketAddr>) {
+        if let Some(d) = self.0.discovery() {
+            d.set_servers(servers);
+            d.set_enabled(on);
+        }
+    }
+    fn seen(&self) -> Option<SocketAddrV4> {
+        self.0.discovery()?.seen().map(|(a, _)| a)
     }
     fn describe(&self) -> String {
         let e = &self.0;
@@ -329,6 +345,18 @@ impl Tunnel {
     /// engine's per-worker blocks; see [`crate::view::devices`]).
     pub fn probe(&self) -> Option<Arc<dyn DeviceProbe>> {
         self.engine.as_ref().map(|e| e.probe())
+    }
+
+    /// Turns the engine's endpoint discovery on or off, asking `servers`.
+    pub fn set_discovery(&self, on: bool, servers: Vec<SocketAddr>) {
+        if let Some(e) = &self.engine {
+            e.set_discovery(on, servers);
+        }
+    }
+
+    /// The endpoint discovery last saw this node from.
+    pub fn seen(&self) -> Option<SocketAddrV4> {
+        self.engine.as_ref()?.seen()
     }
 
     /// The engine's per-peer counters, while it runs.

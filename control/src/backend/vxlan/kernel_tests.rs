@@ -79,6 +79,7 @@ fn lease_is_byte_identical_to_the_userspace_backend() {
         let f = fake(&["vxlan"], false);
         let (_, us) = crate::backend::tunnel::fake::FakeEngines::new(&fake(&[], false));
         let tuning = EngineTuning {
+            nat: false,
             workers: 1,
             offload: false,
             anti_spoof: weft_engine::AntiSpoofing::Strict,

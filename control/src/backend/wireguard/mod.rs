@@ -8,6 +8,7 @@
 
 pub mod kernel;
 pub mod key;
+pub mod nat;
 pub mod userspace;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

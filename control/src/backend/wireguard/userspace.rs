@@ -15,6 +15,11 @@
 //!   endpoint `PublicIP:Port` (`[PublicIPv6]:Port`), a missing or 0 Port
 //!   meaning our own port; PSK and PersistentKeepaliveInterval from the
 //!   options. Non-wireguard leases are ignored.
+//! - NAT traversal (`--nat-traversal` or `WeftNATTraversal`, docs/nat.md,
+//!   [`super::nat`]): the lease gets `WeftNAT`, the engine asks the peers
+//!   [`super::nat::server`] names for this node's endpoint (the main loop
+//!   publishes it), a punched peer's endpoint is the one its lease
+//!   publishes, and keepalives hold the mappings. Off: nothing of it runs.
 //! - Differences: the engine's socket listens on one address family, so in
 //!   `auto` mode the endpoint family is the underlay family we listen on (IPv4
 //!   when IPv4 is enabled), not flannel's per-peer `selectMode`.
@@ -26,6 +31,7 @@ use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use weft_engine::{Encap, Peer, WgPeer};
 
+use super::nat::{self, Path};
 use super::{Carries, Node, NodeSpec};
 use crate::backend::Missing;
 use crate::backend::tunnel::{self, Tunnel, Userspace};
@@ -35,8 +41,8 @@ use crate::backend::{
 };
 use crate::config::backend::WireguardOptions;
 use crate::iface::ExternalInterface;
-use crate::lease::Lease;
 use crate::lease::watcher::Change;
+use crate::lease::{Lease, NatAttrs};
 
 #[derive(Debug)]
 struct Device {
@@ -62,6 +68,8 @@ struct Live {
     devices: Vec<Device>,
     /// `FLANNEL_MTU` (set up).
     mtu: u32,
+    /// NAT traversal: the discovery servers and each peer's path.
+    nat: nat::Peers,
 }
 
 /// Margin on top of [`weft_engine::wg::BORINGTUN_TAI64_AHEAD`]: the kernel
@@ -141,18 +149,36 @@ impl Live {
         Ok(())
     }
 
-    /// The peers a lease gives each device (empty when it is not usable).
-    fn peers_for(&self, lease: &Lease, dev: &Device) -> Vec<Peer> {
-        let Some(p) = self.node.peer(lease, dev.carries, false) else {
-            return Vec::new();
+    /// The peers a lease gives each device (empty when it is not usable)
+    /// and the path to it.
+    fn peers_for(&self, lease: &Lease, dev: &Device) -> (Vec<Peer>, Path) {
+        let Some(mut p) = self.node.peer(lease, dev.carries, false) else {
+            return (Vec::new(), Path::Direct);
         };
+        let (mut path, mut keepalive) = (Path::Direct, self.node.keepalive());
+        if self.tuning.nat && p.endpoint.is_ipv4() {
+            // BackendData's Port 0 means our own port (flannel's rule).
+            let port = if p.port == 0 { dev.port } else { p.port };
+            path = nat::path(lease, port, dev.tunnel.seen());
+            if let Path::Punched(e) = path {
+                (p.endpoint, p.port) = (IpAddr::V4(*e.ip()), e.port());
+            }
+            let own = IpAddr::V4(
+                self.node
+                    .ext
+                    .ext_addr
+                    .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
+            );
+            keepalive = nat::keepalive(keepalive, path, own);
+        }
         let wg = WgPeer {
             public_key: p.key,
             port: p.port,
             psk: self.node.psk,
-            keepalive: self.node.keepalive(),
+            keepalive,
         };
-        p.subnets
+        let peers = p
+            .subnets
             .into_iter()
             .map(|subnet| Peer {
                 subnet,
@@ -160,7 +186,8 @@ impl Live {
                 vtep_mac: None,
                 wireguard: Some(wg.clone()),
             })
-            .collect()
+            .collect();
+        (peers, path)
     }
 }
 
@@ -189,13 +216,17 @@ impl Backend for Wireguard {
         ext: &ExternalInterface,
         _prev: Option<&Lease>,
     ) -> Result<Prepared, BackendError> {
-        let (attrs, node) = self.spec.lease_attrs(ext, "")?;
+        let (mut attrs, node) = self.spec.lease_attrs(ext, "")?;
+        if self.tuning.nat {
+            attrs.weft_nat = Some(NatAttrs::default());
+        }
         let live = Live {
             node,
             tuning: self.tuning,
             us: self.us,
             devices: Vec::new(),
             mtu: 0,
+            nat: nat::Peers::default(),
         };
         Ok(Prepared {
             attrs,
@@ -211,6 +242,12 @@ impl Setup for Live {
         for d in plan {
             self.start_device(d.name, d.carries, d.port, d.bind, &d.addrs, mtu)
                 .await?;
+        }
+        if self.tuning.nat {
+            // Answer discovery from the start; servers come with the peers.
+            for d in &self.devices {
+                d.tunnel.set_discovery(true, Vec::new());
+            }
         }
         self.mtu = mtu;
         Ok(self)
@@ -228,16 +265,41 @@ impl Running for Live {
         for (i, c) in batch.changes.iter().enumerate() {
             out.record(i, self.change(c).await);
         }
+        if self.tuning.nat {
+            let servers = self.nat.servers();
+            for d in &self.devices {
+                d.tunnel.set_discovery(true, servers.clone());
+            }
+        }
         for d in &mut self.devices {
             d.tunnel.flush();
         }
-
         out.into_result()
     }
 
     async fn reconcile(&mut self) -> Result<(), BackendError> {
         for d in &mut self.devices {
             d.tunnel.reconcile().await?;
+        }
+        if self.tuning.nat {
+            // Our own endpoint moved: which peers share our NAT may have too.
+            let seen = self.devices.first().and_then(|d| d.tunnel.seen());
+            for lease in self.nat.again(seen) {
+                self.change(&Change::Add(lease)).await?;
+            }
+            for d in &mut self.devices {
+                d.tunnel.flush();
+            }
+            let stats = self.devices.iter().filter_map(|d| d.tunnel.peer_stats());
+            let handshakes = stats.flatten().map(|(net, s)| (net, s.last_handshake));
+            for (net, live) in self.nat.sessions(handshakes, SystemTime::now()) {
+                match live {
+                    true => tracing::info!("NAT: peer {net} has a session"),
+                    false => {
+                        tracing::warn!("NAT: peer {net} is unreachable (no handshake for 180 s)")
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -280,11 +342,15 @@ impl Live {
             lease.ipv6_subnet.map(IpNet::V6),
         ];
         for i in 0..self.devices.len() {
-            let peers = if add {
+            let (peers, path) = if add {
                 self.peers_for(lease, &self.devices[i])
             } else {
-                Vec::new()
+                (Vec::new(), Path::Direct)
             };
+            if self.tuning.nat && i == 0 {
+                let port = self.devices[0].port;
+                self.nat.note(lease, add, path, port);
+            }
             let dev = &mut self.devices[i];
             if add && peers.is_empty() {
                 tracing::error!(

@@ -29,6 +29,7 @@
 //! own: every call hands it `now` first (`boringtun::clock::set`), so its
 //! timers and session ages run on the same time as every decision here.
 
+pub mod disco;
 pub mod gate;
 mod io;
 mod peer;
@@ -88,6 +89,9 @@ pub struct Config {
     pub load: Arc<Load>,
     /// When the core starts.
     pub now: Instant,
+    /// Endpoint discovery, shared by the engine's cores ([`disco`]; off
+    /// until the control plane turns it on).
+    pub disco: Arc<disco::Discovery>,
 }
 
 /// One worker's WireGuard sessions (see the module docs).
@@ -104,6 +108,9 @@ pub struct Core {
     table: Arc<PeerTable>,
     owned: ById<Owned>,
     next_tick: Instant,
+    disco: Arc<disco::Discovery>,
+    /// Worker 0's side that asks ([`disco`]).
+    asker: Option<disco::Asker>,
 }
 
 impl std::fmt::Debug for Core {
@@ -131,6 +138,8 @@ impl Core {
             table: Arc::new(PeerTable::default()),
             owned: ById::default(),
             next_tick: c.now + TIMER_TICK,
+            asker: (c.me == 0).then(|| disco::Asker::new(Arc::clone(&c.disco), c.now)),
+            disco: c.disco,
         }
     }
 
@@ -161,6 +170,10 @@ impl Core {
                     if o.configured != w.endpoint {
                         o.configured = w.endpoint;
                         o.endpoint = w.endpoint;
+                        // NAT traversal: a peer's published endpoint moved
+                        // (a hole to punch): greet it there now rather than
+                        // at the next retry, up to 5 s later.
+                        o.greet = self.disco.enabled();
                     }
                 }
                 _ => {
@@ -265,7 +278,9 @@ impl Core {
         io: &mut impl Io,
     ) -> Rx<'t> {
         let Ok(m) = Message::new_checked(d) else {
-            return Rx::Drop(DropReason::Malformed);
+            // Not WireGuard: perhaps endpoint discovery (one byte compared).
+            let asker = self.asker.as_mut();
+            return disco::receive(d, src, self.me, &self.disco, asker, cx.now, io);
         };
         let now = cx.now;
         boringtun::clock::set(now.mono);
@@ -438,18 +453,35 @@ impl Core {
         }
         self.next_tick = now.mono + TIMER_TICK;
         boringtun::clock::set(now.mono);
+        let disco = self.disco.enabled();
+        let mut stale = false;
         for o in self.owned.values_mut() {
-            if let Some(at) = o
-                .tunn
-                .time_since_last_handshake()
-                .and_then(|d| now.wall.checked_sub(d))
-            {
+            let age = o.tunn.time_since_last_handshake();
+            if let Some(at) = age.and_then(|d| now.wall.checked_sub(d)) {
                 let secs = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
                 o.handshake.store(secs, Ordering::Relaxed);
             }
+            stale |= disco && o.keepalive > 0 && age.is_none_or(|a| a > disco::STALE);
             o.send(MIN_DST, now, out, |t, b| t.update_timers(b));
         }
+        if stale {
+            self.disco.hurry();
+        }
         true
+    }
+
+    /// Whether a discovery round is due (worker 0, discovery on): the
+    /// caller draws a random nonce and calls [`Core::disco_ask`].
+    pub fn disco_due(&self, now: Now) -> bool {
+        self.asker.as_ref().is_some_and(|a| a.due(now.mono))
+    }
+
+    /// A discovery round: a request with `nonce` to each server; how many.
+    pub fn disco_ask(&mut self, now: Now, nonce: [u8; 16], out: &mut impl Out) -> usize {
+        match self.asker.as_mut() {
+            Some(a) => a.ask(now, nonce, out),
+            None => 0,
+        }
     }
 
     /// Where the core sends to peer `id` now (its endpoint after roaming).

@@ -232,6 +232,7 @@ pub fn core(i: usize, me: usize, workers: usize, load: &Arc<Load>, now: Now) -> 
         seed: [i as u8 + 1; 64],
         load: Arc::clone(load),
         now: now.mono,
+        disco: Arc::default(),
     })
 }
 

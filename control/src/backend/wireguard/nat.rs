@@ -1,0 +1,257 @@
+//! NAT traversal for the userspace WireGuard path (docs/nat.md): which
+//! peers this node asks for its endpoint, which endpoint it sends a peer's
+//! traffic to, and the keepalive that holds a NAT mapping open. Pure
+//! functions of leases; `userspace.rs` applies them.
+//!
+//! - A peer is **asked** (a discovery server) when it runs NAT traversal
+//!   (its lease has `WeftNAT`) and its address is reachable: its
+//!   `PublicIP` is not private (RFC 1918, 100.64/10 shared, loopback,
+//!   link-local), or it was itself seen from exactly its `PublicIP` and port.
+//! - A peer is **punched** when both nodes run NAT traversal and the peer
+//!   was seen from an endpoint other than its `PublicIP`: its traffic goes
+//!   to that endpoint (the lease store is the only source of it; WireGuard
+//!   roaming may move it further, authenticated), unless this node was seen
+//!   from the same public address (the same NAT: Linux MASQUERADE does not
+//!   hairpin, so the pair talk over their LAN, directly). Every other peer
+//!   is **direct**, exactly as without the feature.
+//! - **Keepalive**: a punched peer, and every peer of a node whose own
+//!   address is private, gets at least [`NAT_KEEPALIVE`] seconds: WireGuard's
+//!   own recommendation for NAT, below the 30 s Linux keeps an unreplied UDP
+//!   mapping (`nf_conntrack_udp_timeout`) and the 120 s of an assured one.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::SystemTime;
+
+use ipnet::IpNet;
+
+use crate::lease::Lease;
+use crate::view::path::FRESH;
+
+/// The persistent keepalive (seconds) that holds a NAT mapping.
+pub const NAT_KEEPALIVE: u16 = 25;
+
+/// How this node reaches a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// At its `PublicIP` (as without NAT traversal).
+    Direct,
+    /// At the endpoint it was seen from, through its NAT.
+    Punched(SocketAddrV4),
+}
+
+/// Whether `ip` looks reachable from other sites (not a private range).
+pub fn is_public(ip: Ipv4Addr) -> bool {
+    let shared = ip.octets()[0] == 100 && (ip.octets()[1] & 0xc0) == 64;
+    !(ip.is_private() || shared || ip.is_loopback() || ip.is_link_local() || ip.is_unspecified())
+}
+
+/// The address to ask `lease`'s node for our endpoint, if it is a
+/// discovery server (see the module docs): its BackendData's port, or
+/// `port` (ours) when that is 0 or missing, as flannel reads it.
+pub fn server(lease: &Lease, port: u16) -> Option<SocketAddr> {
+    let nat = lease.attrs.weft_nat?;
+    let data = lease.attrs.backend_data.as_deref();
+    let port = match data.and_then(super::parse_backend_data) {
+        Some((_, p)) if p != 0 => p,
+        _ => port,
+    };
+    let own = SocketAddrV4::new(lease.attrs.public_ip, port);
+    (is_public(lease.attrs.public_ip) || nat.endpoint == Some(own)).then_some(SocketAddr::V4(own))
+}
+
+/// How to reach `lease`'s node, listening on `port`, when this node was
+/// seen from `seen` (see the module docs).
+pub fn path(lease: &Lease, port: u16, seen: Option<SocketAddrV4>) -> Path {
+    let Some(e) = lease.attrs.weft_nat.and_then(|n| n.endpoint) else {
+        return Path::Direct;
+    };
+    let direct = SocketAddrV4::new(lease.attrs.public_ip, port);
+    if e == direct || seen.is_some_and(|s| s.ip() == e.ip()) {
+        return Path::Direct;
+    }
+    Path::Punched(e)
+}
+
+/// The keepalive for a peer on `path` of a node at `own` configured with
+/// `configured` seconds (0: off).
+pub fn keepalive(configured: u16, path: Path, own: IpAddr) -> u16 {
+    let behind = matches!(own, IpAddr::V4(a) if !is_public(a));
+    if matches!(path, Path::Punched(_)) || behind {
+        match configured {
+            0 => NAT_KEEPALIVE,
+            c => c.min(NAT_KEEPALIVE),
+        }
+    } else {
+        configured
+    }
+}
+
+/// What the backend knows of its peers: the discovery servers and each
+/// peer's path, by lease key.
+#[derive(Debug, Default)]
+pub struct Peers {
+    servers: BTreeMap<String, SocketAddr>,
+    paths: BTreeMap<String, Path>,
+    /// The leases, to choose the paths again when our own endpoint changes.
+    leases: BTreeMap<String, Lease>,
+    /// Our own endpoint when the paths were chosen.
+    pub seen: Option<SocketAddrV4>,
+    /// Whether each peer (by subnet) had a live session at the last look.
+    live: BTreeMap<IpNet, bool>,
+}
+
+impl Peers {
+    /// `lease` added (or removed) on `path`, its node listening on `port`
+    /// if its lease says nothing else; a changed path is logged.
+    pub fn note(&mut self, lease: &Lease, add: bool, path: Path, port: u16) {
+        let key = lease.key().to_string();
+        match server(lease, port).filter(|_| add) {
+            Some(s) => self.servers.insert(key.clone(), s),
+            None => self.servers.remove(&key),
+        };
+        if !add {
+            self.paths.remove(&key);
+            self.leases.remove(&key);
+            return;
+        }
+        self.leases.insert(key.clone(), lease.clone());
+        if self.paths.insert(key.clone(), path) != Some(path) {
+            match path {
+                Path::Direct => {
+                    tracing::info!("NAT: peer {key} is direct at {}", lease.attrs.public_ip)
+                }
+                Path::Punched(e) => {
+                    tracing::info!("NAT: peer {key} is behind NAT, punching to {e}")
+                }
+            }
+        }
+    }
+
+    /// The discovery servers.
+    pub fn servers(&self) -> Vec<SocketAddr> {
+        self.servers.values().copied().collect()
+    }
+
+    /// The peers (by subnet) whose session came or went since the last
+    /// look, from each one's last handshake at `now`: live while younger
+    /// than [`FRESH`] (WireGuard's `REJECT_AFTER_TIME`). A peer seen for
+    /// the first time is reported only when live.
+    pub fn sessions(
+        &mut self,
+        handshakes: impl IntoIterator<Item = (IpNet, Option<SystemTime>)>,
+        now: SystemTime,
+    ) -> Vec<(IpNet, bool)> {
+        let mut changed = Vec::new();
+        let mut next = BTreeMap::new();
+        for (net, at) in handshakes {
+            let age = at.and_then(|t| now.duration_since(t).ok());
+            let live = age.is_some_and(|a| a.as_secs() <= FRESH);
+            if self.live.get(&net).copied().unwrap_or(false) != live {
+                changed.push((net, live));
+            }
+            next.insert(net, live);
+        }
+        self.live = next;
+        changed
+    }
+
+    /// The leases to choose paths for again when our own endpoint moved
+    /// from the one they were chosen with (a peer behind our own NAT is
+    /// direct, others are not): empty when it did not.
+    pub fn again(&mut self, seen: Option<SocketAddrV4>) -> Vec<Lease> {
+        if seen == self.seen {
+            return Vec::new();
+        }
+        self.seen = seen;
+        self.leases.values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::{LeaseAttrs, NatAttrs};
+
+    fn lease(ip: &str, nat: Option<&str>) -> Lease {
+        Lease {
+            subnet: Some("10.244.3.0/24".parse().expect("net")),
+            ipv6_subnet: None,
+            attrs: LeaseAttrs {
+                public_ip: ip.parse().expect("ip"),
+                backend_type: "wireguard".into(),
+                weft_nat: nat.map(|e| NatAttrs {
+                    endpoint: (!e.is_empty()).then(|| e.parse().expect("ep")),
+                }),
+                ..Default::default()
+            },
+            expiration: None,
+        }
+    }
+
+    fn v4(s: &str) -> SocketAddrV4 {
+        s.parse().expect("addr")
+    }
+
+    #[test]
+    fn servers_are_reachable_nodes_with_the_feature() {
+        let s = |l: &Lease| server(l, 51820);
+        assert_eq!(
+            s(&lease("192.0.2.1", Some(""))),
+            Some("192.0.2.1:51820".parse().expect("a"))
+        );
+        assert_eq!(s(&lease("192.0.2.1", None)), None, "feature off");
+        assert_eq!(s(&lease("10.12.0.2", Some(""))), None, "private");
+        assert_eq!(s(&lease("100.64.1.2", Some(""))), None, "shared range");
+        let seen_as_itself = lease("10.12.0.2", Some("10.12.0.2:51820"));
+        assert!(s(&seen_as_itself).is_some());
+    }
+
+    #[test]
+    fn a_peer_seen_through_a_nat_is_punched_unless_it_shares_ours() {
+        let behind = lease("10.12.0.2", Some("203.0.113.9:40001"));
+        assert_eq!(
+            path(&behind, 51820, None),
+            Path::Punched(v4("203.0.113.9:40001"))
+        );
+        let ours = Some(v4("203.0.113.9:51820"));
+        assert_eq!(path(&behind, 51820, ours), Path::Direct, "same NAT");
+        assert_eq!(path(&lease("10.12.0.2", None), 51820, None), Path::Direct);
+        assert_eq!(
+            path(&lease("10.12.0.2", Some("")), 51820, None),
+            Path::Direct
+        );
+        let public = lease("192.0.2.1", Some("192.0.2.1:51820"));
+        assert_eq!(path(&public, 51820, None), Path::Direct);
+    }
+
+    #[test]
+    fn sessions_that_come_and_go_are_reported_once() {
+        use std::time::{Duration, UNIX_EPOCH};
+        let mut p = Peers::default();
+        let t = |s| UNIX_EPOCH + Duration::from_secs(s);
+        let a: IpNet = "10.244.2.0/24".parse().expect("net");
+        let b: IpNet = "10.244.3.0/24".parse().expect("net");
+        assert_eq!(
+            p.sessions([(a, Some(t(990))), (b, None)], t(1000)),
+            vec![(a, true)]
+        );
+        assert_eq!(p.sessions([(a, Some(t(990))), (b, None)], t(1100)), vec![]);
+        assert_eq!(
+            p.sessions([(a, Some(t(990))), (b, Some(t(1190)))], t(1200)),
+            vec![(a, false), (b, true)]
+        );
+    }
+
+    #[test]
+    fn keepalive_holds_mappings() {
+        let public: IpAddr = "192.0.2.1".parse().expect("ip");
+        let private: IpAddr = "10.12.0.2".parse().expect("ip");
+        let punched = Path::Punched(v4("203.0.113.9:1"));
+        assert_eq!(keepalive(0, Path::Direct, public), 0);
+        assert_eq!(keepalive(0, punched, public), NAT_KEEPALIVE);
+        assert_eq!(keepalive(0, Path::Direct, private), NAT_KEEPALIVE);
+        assert_eq!(keepalive(5, punched, public), 5);
+        assert_eq!(keepalive(60, Path::Direct, private), NAT_KEEPALIVE);
+    }
+}

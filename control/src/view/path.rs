@@ -1,0 +1,80 @@
+//! A peer's path as NAT traversal sees it (docs/nat.md), for `weft status`
+//! and `/metrics`: `direct` (sent to its `PublicIP`), `punched` (sent to
+//! the endpoint its NAT maps, which its lease publishes) or `unreachable`
+//! (no WireGuard handshake within [`FRESH`]). `None` when this node does
+//! not run NAT traversal or the peer has no userspace WireGuard session.
+
+use std::net::IpAddr;
+
+use crate::lease::Lease;
+
+/// A session is alive while its last handshake is younger than this:
+/// WireGuard rekeys every 120 s of traffic and its persistent keepalive
+/// (25 s on a NAT path) keeps handshakes coming; after 180 s
+/// (`REJECT_AFTER_TIME`) no session is left to carry packets.
+pub const FRESH: u64 = 180;
+
+/// The path to `peer`, whose engine endpoint is `endpoint` and last
+/// handshake `handshake` (Unix seconds), at `now` (Unix seconds).
+pub fn of(
+    own: Option<&Lease>,
+    peer: &Lease,
+    endpoint: Option<IpAddr>,
+    handshake: Option<u64>,
+    now: u64,
+) -> Option<String> {
+    own?.attrs.weft_nat?;
+    let endpoint = endpoint?;
+    if peer.attrs.backend_type != "wireguard" {
+        return None;
+    }
+    if handshake.is_none_or(|at| now.saturating_sub(at) > FRESH) {
+        return Some("unreachable".into());
+    }
+    let published = peer.attrs.weft_nat.and_then(|n| n.endpoint);
+    let punched = published.is_some_and(|e| IpAddr::V4(*e.ip()) == endpoint)
+        && endpoint != IpAddr::V4(peer.attrs.public_ip);
+    Some(if punched { "punched" } else { "direct" }.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::{LeaseAttrs, NatAttrs};
+
+    fn lease(ip: &str, nat: Option<&str>) -> Lease {
+        Lease {
+            subnet: None,
+            ipv6_subnet: None,
+            attrs: LeaseAttrs {
+                public_ip: ip.parse().expect("ip"),
+                backend_type: "wireguard".into(),
+                weft_nat: nat.map(|e| NatAttrs {
+                    endpoint: e.parse().ok(),
+                }),
+                ..Default::default()
+            },
+            expiration: None,
+        }
+    }
+
+    #[test]
+    fn paths() {
+        let own = lease("192.0.2.1", Some(""));
+        let off = lease("192.0.2.1", None);
+        let peer = lease("10.12.0.2", Some("203.0.113.9:40001"));
+        let nat: IpAddr = "203.0.113.9".parse().expect("ip");
+        let lan: IpAddr = "10.12.0.2".parse().expect("ip");
+        let at = |own: &Lease, ep, hs| of(Some(own), &peer, Some(ep), hs, 1000);
+        assert_eq!(at(&own, nat, Some(990)).as_deref(), Some("punched"));
+        assert_eq!(at(&own, lan, Some(990)).as_deref(), Some("direct"));
+        assert_eq!(at(&own, nat, None).as_deref(), Some("unreachable"));
+        assert_eq!(at(&own, nat, Some(500)).as_deref(), Some("unreachable"));
+        assert_eq!(at(&off, nat, Some(990)), None, "feature off");
+        assert_eq!(
+            of(Some(&own), &peer, None, Some(990), 1000),
+            None,
+            "no session"
+        );
+    }
+}

@@ -1,0 +1,236 @@
+//! Endpoint discovery on the WireGuard port (docs/nat.md; the messages are
+//! [`crate::wire::disco`]): the asking side and the answering side, sans-IO,
+//! as part of worker 0's [`super::Core`].
+//!
+//! - **Off by default.** [`Discovery`] is shared by the engine's cores and
+//!   the control plane; until [`Discovery::set_enabled`] nothing is sent and
+//!   a discovery message is dropped like any other datagram that is not
+//!   WireGuard (`malformed`), so the wire is what it was without it.
+//! - **No cost on the data path.** The receive path looks at a datagram's
+//!   first byte only after WireGuard's own check refused it; it allocates
+//!   nothing and takes no lock (the servers are an `ArcSwap` load, the
+//!   answer one atomic store).
+//! - **Asking** (worker 0 only; the steering program sends every discovery
+//!   message there, byte 5 being 0): every [`SLOW`] (every [`FAST`] until an
+//!   answer came, when the last one is older than three [`SLOW`]s, or while
+//!   a kept-alive peer's handshakes have stopped, [`STALE`]) a
+//!   fresh random nonce goes to each server, at most [`MAX_SERVERS`], from
+//!   the listen port, so a NAT maps the request exactly as it maps the
+//!   node's WireGuard traffic. 15 s is half of the 30 s that Linux keeps
+//!   an unreplied UDP mapping (`nf_conntrack_udp_timeout`) and below
+//!   WireGuard's 25 s keepalive that holds it, so a mapping that changed is
+//!   seen again within one round; the measured recovery is in docs/nat.md.
+//! - **Answering** (any node with discovery on): a request gets an answer
+//!   of the same length to its source, naming that source. No state is kept.
+//! - **Trust.** An answer counts only when it echoes the outstanding nonce
+//!   and comes from a server asked; then it changes only what this node
+//!   publishes about itself ([`Discovery::seen`]), never where a peer's
+//!   traffic goes: that moves only with the peer table (the lease store)
+//!   or WireGuard's authenticated roaming.
+//!
+//! IPv4 only: an answer naming an IPv6 source is accepted on the wire but
+//! not published (NAT66 is out of scope).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+
+use super::{Io, Now, Out, Rx};
+use crate::encap::DropReason;
+#[cfg(test)]
+use crate::wire::disco::FIRST;
+use crate::wire::disco::{self, Disco, LEN};
+
+/// The round while no answer is known (and while starting): a node behind
+/// NAT publishes its endpoint about a second after its engine starts.
+pub const FAST: Duration = Duration::from_secs(1);
+/// The round once an answer is known (see the module docs).
+pub const SLOW: Duration = Duration::from_secs(15);
+/// A kept-alive peer whose last handshake is older than this has lost its
+/// path: WireGuard starts a new handshake 120 s into a session
+/// (`REKEY_AFTER_TIME`) and retries every 5 s, so a live peer with a
+/// persistent keepalive never gets here; then discovery runs its [`FAST`]
+/// round (a NAT mapping may have changed under the node).
+pub const STALE: Duration = Duration::from_secs(135);
+/// At most this many servers are asked each round.
+pub const MAX_SERVERS: usize = 4;
+
+/// The discovery state the cores and the control plane share.
+#[derive(Debug, Default)]
+pub struct Discovery {
+    enabled: AtomicBool,
+    servers: ArcSwap<Vec<SocketAddr>>,
+    /// The last IPv4 answer: `1 << 48 | address << 16 | port`, 0 for none.
+    seen: AtomicU64,
+    /// When it came, Unix milliseconds.
+    seen_at: AtomicU64,
+    /// Requests answered (this node as a server).
+    answered: AtomicU64,
+    /// A core saw a kept-alive peer without a recent handshake ([`STALE`]).
+    hurry: AtomicBool,
+}
+
+impl Discovery {
+    /// Turns discovery on or off (asking and answering).
+    pub fn set_enabled(&self, on: bool) {
+        self.enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether it is on.
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// The peers to ask (their listen address and port).
+    pub fn set_servers(&self, servers: Vec<SocketAddr>) {
+        self.servers.store(Arc::new(servers));
+    }
+
+    /// The endpoint this node was last seen from, and when the answer came.
+    pub fn seen(&self) -> Option<(SocketAddrV4, SystemTime)> {
+        let v = self.seen.load(Ordering::Acquire);
+        if v == 0 {
+            return None;
+        }
+        let ip = Ipv4Addr::from(((v >> 16) & 0xffff_ffff) as u32);
+        let at = UNIX_EPOCH + Duration::from_millis(self.seen_at.load(Ordering::Relaxed));
+        Some((SocketAddrV4::new(ip, v as u16), at))
+    }
+
+    /// Asks for the [`FAST`] round: a peer's handshakes stopped.
+    pub fn hurry(&self) {
+        self.hurry.store(true, Ordering::Relaxed);
+    }
+
+    /// Requests this node answered.
+    pub fn answered(&self) -> u64 {
+        self.answered.load(Ordering::Relaxed)
+    }
+
+    fn publish(&self, seen: SocketAddrV4, now: Now) {
+        let v = 1 << 48 | u64::from(u32::from(*seen.ip())) << 16 | u64::from(seen.port());
+        self.seen_at.store(now.unix_ms(), Ordering::Relaxed);
+        self.seen.store(v, Ordering::Release);
+    }
+}
+
+/// Worker 0's asking side: the outstanding nonce and the next round.
+#[derive(Debug)]
+pub(super) struct Asker {
+    pub shared: Arc<Discovery>,
+    nonce: Option<[u8; 16]>,
+    next: Instant,
+    last_answer: Option<Instant>,
+}
+
+impl Asker {
+    pub fn new(shared: Arc<Discovery>, now: Instant) -> Asker {
+        Asker {
+            shared,
+            nonce: None,
+            next: now,
+            last_answer: None,
+        }
+    }
+
+    /// Whether a round is due (the caller then draws a nonce).
+    pub fn due(&self, now: Instant) -> bool {
+        now >= self.next && self.shared.enabled()
+    }
+
+    /// One round: a request with `nonce` to each server.
+    pub fn ask(&mut self, now: Now, nonce: [u8; 16], out: &mut impl Out) -> usize {
+        let hurry = self.shared.hurry.swap(false, Ordering::Relaxed);
+        let fresh = !hurry
+            && self
+                .last_answer
+                .is_some_and(|t| now.mono.saturating_duration_since(t) < 3 * SLOW);
+        self.next = now.mono + if fresh { SLOW } else { FAST };
+        self.nonce = Some(nonce);
+        let servers = self.shared.servers.load();
+        let mut sent = 0;
+        for s in servers.iter().take(MAX_SERVERS) {
+            let room = out.room(LEN, 1);
+            if let Some(n) = (Disco::Request { nonce }).write(room) {
+                out.push(*s, n);
+                sent += 1;
+            }
+        }
+        sent
+    }
+
+    /// An answer: published when it echoes the outstanding nonce and comes
+    /// from a server asked; whether it was.
+    fn answer(&mut self, nonce: [u8; 16], seen: SocketAddr, src: SocketAddr, now: Now) -> bool {
+        if self.nonce != Some(nonce) || !self.shared.servers.load().contains(&src) {
+            return false;
+        }
+        self.last_answer = Some(now.mono);
+        if !self.shared.hurry.load(Ordering::Relaxed) {
+            self.next = now.mono + SLOW;
+        }
+        if let SocketAddr::V4(v4) = seen {
+            self.shared.publish(v4, now);
+        }
+        true
+    }
+}
+
+/// A datagram WireGuard refused, from `src`: a discovery message when
+/// discovery is on and it parses (`me`: this worker, `asker`: worker 0's).
+pub(super) fn receive(
+    d: &[u8],
+    src: SocketAddr,
+    me: usize,
+    shared: &Discovery,
+    asker: Option<&mut Asker>,
+    now: Now,
+    io: &mut impl Io,
+) -> Rx<'static> {
+    if !disco::maybe(d) || !shared.enabled() {
+        return Rx::Drop(DropReason::Malformed);
+    }
+    if me != 0 {
+        return Rx::HandOff {
+            to: 0,
+            vouched: None,
+        };
+    }
+    match Disco::parse(d) {
+        Ok(Disco::Request { nonce }) => {
+            let room = io.room(LEN, 1);
+            let seen = match src {
+                SocketAddr::V6(a) => match a.ip().to_ipv4_mapped() {
+                    Some(v4) => SocketAddr::new(IpAddr::V4(v4), a.port()),
+                    None => src,
+                },
+                v4 => v4,
+            };
+            match (Disco::Answer { nonce, seen }).write(room) {
+                Some(n) => {
+                    io.push(src, n);
+                    // One writer: only worker 0 answers.
+                    let c = shared.answered.load(Ordering::Relaxed);
+                    shared.answered.store(c + 1, Ordering::Relaxed);
+                    Rx::Done { sent: 1 }
+                }
+                None => Rx::Drop(DropReason::Malformed),
+            }
+        }
+        Ok(Disco::Answer { nonce, seen }) => {
+            if asker.is_some_and(|a| a.answer(nonce, seen, src, now)) {
+                Rx::Done { sent: 0 }
+            } else {
+                Rx::Drop(DropReason::Malformed)
+            }
+        }
+        Err(_) => Rx::Drop(DropReason::Malformed),
+    }
+}
+
+#[cfg(test)]
+#[path = "disco_tests.rs"]
+mod tests;

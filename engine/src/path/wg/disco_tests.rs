@@ -1,0 +1,147 @@
+use std::net::SocketAddr;
+
+use super::super::sim::{Outcome, Pair};
+use super::*;
+use crate::antispoof::AntiSpoofing::Strict;
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().expect("addr")
+}
+
+/// Node 1 (index 0) asks node 2, whose address is its server.
+fn asking_pair() -> Pair {
+    let p = Pair::connect(Now::read());
+    for n in &p.nodes {
+        n.core.disco.set_enabled(true);
+    }
+    let server = p.nodes[1].addr;
+    p.nodes[0].core.disco.set_servers(vec![server]);
+    p
+}
+
+/// Node 0's request (its first datagram after a round).
+fn ask(p: &mut Pair, nonce: [u8; 16]) -> Vec<u8> {
+    p.nodes[0].io.clear();
+    let now = p.now;
+    assert!(p.nodes[0].core.disco_due(now));
+    let server = p.nodes[1].addr;
+    let n = &mut p.nodes[0];
+    assert_eq!(n.core.disco_ask(now, nonce, &mut n.io), 1);
+    assert_eq!(n.io.sent[0].0, server);
+    n.io.datagram(0).to_vec()
+}
+
+#[test]
+fn off_by_default_a_request_is_dropped_and_nothing_is_asked() {
+    let mut p = Pair::connect(Now::read());
+    p.nodes[0].core.disco.set_servers(vec![p.nodes[1].addr]);
+    assert!(!p.nodes[0].core.disco_due(p.now));
+    let mut req = [0u8; LEN];
+    Disco::Request { nonce: [5; 16] }.write(&mut req);
+    p.nodes[1].io.clear();
+    let got = p.receive(1, &req, addr("203.0.113.9:4000"), Strict);
+    assert_eq!(got, Outcome::Drop(DropReason::Malformed));
+    assert!(p.nodes[1].io.sent.is_empty());
+}
+
+#[test]
+fn a_node_learns_the_address_it_is_seen_from() {
+    let mut p = asking_pair();
+    let req = ask(&mut p, [1; 16]);
+    // Through a NAT: node 2 sees the request from the NAT's address.
+    let nat = addr("203.0.113.9:40001");
+    p.nodes[1].io.clear();
+    assert_eq!(p.receive(1, &req, nat, Strict), Outcome::Done(1));
+    let (to, _) = p.nodes[1].io.sent[0].clone();
+    assert_eq!(to, nat);
+    let answer = p.nodes[1].io.datagram(0).to_vec();
+    assert_eq!(answer.len(), req.len(), "no amplification");
+    let server = p.nodes[1].addr;
+    assert_eq!(p.receive(0, &answer, server, Strict), Outcome::Done(0));
+    let (seen, _) = p.nodes[0].core.disco.seen().expect("published");
+    assert_eq!(SocketAddr::V4(seen), nat);
+    assert_eq!(p.nodes[1].core.disco.answered(), 1);
+    // The next round waits SLOW once an answer is known.
+    assert!(!p.nodes[0].core.disco_due(p.now));
+    p.advance(FAST);
+    assert!(!p.nodes[0].core.disco_due(p.now));
+    p.advance(SLOW);
+    assert!(p.nodes[0].core.disco_due(p.now));
+}
+
+#[test]
+fn forged_answers_change_nothing() {
+    let mut p = asking_pair();
+    let id = p.peer_id(0);
+    let before = p.nodes[0].core.endpoint(id);
+    ask(&mut p, [2; 16]);
+    let server = p.nodes[1].addr;
+    let liar = addr("198.51.100.66:51820");
+    let forged = |nonce| {
+        let mut b = [0u8; LEN];
+        let seen = addr("198.51.100.66:9");
+        Disco::Answer { nonce, seen }.write(&mut b);
+        b
+    };
+    // A guessed nonce from the server's address, the right one from elsewhere.
+    for (nonce, src) in [([3; 16], server), ([2; 16], liar)] {
+        let got = p.receive(0, &forged(nonce), src, Strict);
+        assert_eq!(got, Outcome::Drop(DropReason::Malformed));
+    }
+    assert_eq!(p.nodes[0].core.disco.seen(), None);
+    assert_eq!(p.nodes[0].core.endpoint(id), before, "a peer never moves");
+    // A request from anywhere is answered but moves no peer either.
+    let mut req = [0u8; LEN];
+    Disco::Request { nonce: [4; 16] }.write(&mut req);
+    assert_eq!(p.receive(0, &req, liar, Strict), Outcome::Done(1));
+    assert_eq!(p.nodes[0].core.endpoint(id), before);
+}
+
+#[test]
+fn another_worker_hands_discovery_to_worker_0() {
+    let p = Pair::connect(Now::read());
+    let shared = Arc::new(Discovery::default());
+    shared.set_enabled(true);
+    let mut req = [0u8; LEN];
+    Disco::Request { nonce: [6; 16] }.write(&mut req);
+    let mut io = super::super::sim::Wire::new(4096);
+    let got = receive(&req, p.nodes[1].addr, 1, &shared, None, p.now, &mut io);
+    assert!(matches!(
+        got,
+        Rx::HandOff {
+            to: 0,
+            vouched: None
+        }
+    ));
+    // Garbage with the first byte is dropped, never answered.
+    let got = receive(
+        &[FIRST; 10],
+        p.nodes[1].addr,
+        0,
+        &shared,
+        None,
+        p.now,
+        &mut io,
+    );
+    assert!(matches!(got, Rx::Drop(DropReason::Malformed)));
+    assert!(io.sent.is_empty());
+}
+
+#[test]
+fn stopped_handshakes_bring_the_fast_round_back() {
+    let mut p = asking_pair();
+    let req = ask(&mut p, [8; 16]);
+    p.nodes[1].io.clear();
+    let nat = addr("203.0.113.9:40001");
+    assert_eq!(p.receive(1, &req, nat, Strict), Outcome::Done(1));
+    let answer = p.nodes[1].io.datagram(0).to_vec();
+    let server = p.nodes[1].addr;
+    assert_eq!(p.receive(0, &answer, server, Strict), Outcome::Done(0));
+    p.advance(FAST);
+    assert!(!p.nodes[0].core.disco_due(p.now), "SLOW once answered");
+    p.advance(SLOW);
+    p.nodes[0].core.disco.hurry();
+    ask(&mut p, [9; 16]);
+    p.advance(FAST);
+    assert!(p.nodes[0].core.disco_due(p.now), "FAST while hurried");
+}

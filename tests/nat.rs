@@ -1,0 +1,274 @@
+//! Nodes behind NAT (docs/nat.md), through real weftd daemons on userspace
+//! WireGuard, pods from weft's CNI plugin, in the topology of
+//! `weft_tests::nat`: node 1 public, nodes 2 and 3 each behind a Linux
+//! MASQUERADE router of its own. With NAT traversal the two nodes behind
+//! NAT find their endpoints, publish them and punch through to each other
+//! (the path is theirs: the public node relays nothing); a flushed NAT
+//! mapping heals; forged answers and packets from an off-path address
+//! redirect nothing. Without it the two cannot reach each other at all.
+//! Times are printed (`--nocapture`) and bounded generously.
+
+use std::time::{Duration, Instant};
+
+use weft_testenv::{require_root, require_tool};
+use weft_tests::cluster::{Cluster, wait_ping};
+use weft_tests::nat::NatCluster;
+use weft_tests::netns::{Netns, run};
+use weft_tests::ping::Stream;
+
+/// Pods 0, 1, 2 on nodes 1, 2, 3 after every weftd started; the time from
+/// the start to the first reply of pod 1 (behind NAT) to pod 2 (behind the
+/// other NAT), when there is one within `within`.
+fn start(n: &mut NatCluster, within: Duration) -> Option<Duration> {
+    let t0 = Instant::now();
+    n.c.start_all().unwrap_or_else(|e| panic!("start: {e}"));
+    for i in 0..3 {
+        n.c.add_pod(i, &format!("p{i}"))
+            .unwrap_or_else(|e| panic!("pod: {e}"));
+    }
+    let (from, to) = (&n.c.pods[1].ns, n.c.pods[2].ip.clone());
+    while t0.elapsed() < within {
+        if from.ping(&to, 1) {
+            return Some(t0.elapsed());
+        }
+    }
+    None
+}
+
+/// The `WeftNAT` field of the lease of the node at `public_ip`.
+fn weft_nat(c: &Cluster, public_ip: &str) -> serde_json::Value {
+    c.lease_of(public_ip)["value"]["WeftNAT"].clone()
+}
+
+/// Node `i`'s path to the peer at `public_ip` in `weft status`.
+fn path(c: &Cluster, i: usize, public_ip: &str) -> Option<String> {
+    let st = c.status(i);
+    let p = st.peers.iter().find(|p| p.public_ip == public_ip);
+    p.and_then(|p| p.path.clone())
+}
+
+/// Waits up to 10 s for node `i`'s path to `public_ip` to be `want`
+/// (the engine publishes handshake times on its timer tick).
+#[track_caller]
+fn wait_path(c: &Cluster, i: usize, public_ip: &str, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while path(c, i, public_ip).as_deref() != Some(want) {
+        if Instant::now() > deadline {
+            panic!(
+                "node {i}'s path to {public_ip} is not {want}: {:?}",
+                c.status(i).peers
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Sends `hex` (a UDP payload) to `dst`:`port` from `src`:51820 as a raw
+/// IPv4 packet out of `ns` (so `src` may be forged: an off-path sender).
+fn forge(ns: &Netns, src: &str, dst: &str, port: u16, hex: &str) {
+    let script = format!(
+        r#"
+import socket, struct
+src, dst, data = "{src}", "{dst}", bytes.fromhex("{hex}")
+udp = struct.pack("!HHHH", 51820, {port}, 8 + len(data), 0) + data
+ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0, 64, 17, 0,
+                 socket.inet_aton(src), socket.inet_aton(dst))
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+for _ in range(20):
+    s.sendto(ip + udp, (dst, 0))
+"#
+    );
+    let out = ns.try_exec(&["python3", "-c", &script]);
+    assert!(
+        out.status.success(),
+        "forge: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Every packet node `i`'s engine dropped so far, whatever the reason.
+fn drops(c: &Cluster, i: usize) -> u64 {
+    let st = serde_json::to_value(c.status(i)).expect("status JSON");
+    let devs = st["backend"]["devices"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    devs.iter()
+        .filter_map(|d| d["drops"].as_object().cloned())
+        .flat_map(|m| m.into_iter().filter_map(|(_, v)| v.as_u64()))
+        .sum()
+}
+
+/// A discovery answer (docs/nat.md) with a guessed nonce naming `seen`.
+fn forged_answer(seen: [u8; 4], port: u16) -> String {
+    let mut b = vec![0xd1, b'W', b'D', 1, 2, 0, 0, 0];
+    b.extend([0x5a; 16]);
+    b.push(4);
+    b.extend(port.to_be_bytes());
+    b.extend(seen);
+    b.resize(48, 0);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The longest gap of a ping stream from pod 1 to pod 2 around flushing
+/// the conntrack table of node `i`'s router, waiting up to `bound` for the
+/// replies to resume.
+fn flush_gap(n: &NatCluster, i: usize, bound: Duration) -> Duration {
+    let s = Stream::start(&n.c.pods[1].ns, &n.c.pods[2].ip);
+    std::thread::sleep(Duration::from_millis(500));
+    let before = s.replies();
+    n.router(i).exec(&["conntrack", "-F"]);
+    std::thread::sleep(Duration::from_millis(200));
+    s.wait_more(s.replies().max(before), 100, bound);
+    let gap = s.finish();
+    println!("conntrack -F on node {}'s router: {gap}", i + 1);
+    gap.longest
+}
+
+#[test]
+fn nodes_behind_two_nats_punch_through_and_heal() {
+    require_root!();
+    require_tool!("conntrack", "conntrack", "conntrack");
+    require_tool!("iptables", "iptables", "iptables");
+    require_tool!("python3", "python3", "python3");
+    require_tool!("curl", "curl", "curl");
+    let mut n = NatCluster::create("nat", true);
+    let first = start(&mut n, Duration::from_secs(60));
+    let c = &n.c;
+    let logs = || (1..3).map(|i| c.log(i)).collect::<Vec<_>>().join("\n---\n");
+    let first = first.unwrap_or_else(|| panic!("pods behind NAT never met; logs:\n{}", logs()));
+    println!("time to first packet between the NATed nodes' pods (from weftd start): {first:?}");
+    // Each node behind NAT publishes the endpoint its NAT maps (MASQUERADE
+    // keeps the port); the public node is the one that told them.
+    for i in 1..3 {
+        let want = format!("{}:51820", NatCluster::public_ip(i));
+        let got = weft_nat(c, &NatCluster::node_ip(i));
+        assert_eq!(got, serde_json::json!({ "Endpoint": want }));
+    }
+    // Punched, not relayed: each goes to the other's NAT, and its router
+    // holds that very mapping.
+    wait_path(c, 1, "172.16.3.2", "punched");
+    wait_path(c, 2, "10.12.0.2", "punched");
+    wait_path(c, 1, "192.0.2.1", "direct");
+    wait_path(c, 0, "10.12.0.2", "punched");
+    let m = c.nodes[1]
+        .ns
+        .exec(&["curl", "-sf", "http://127.0.0.1:8471/metrics"]);
+    let punched = m
+        .lines()
+        .find(|l| l.starts_with("weft_peer_path{") && l.contains("punched"));
+    assert!(
+        punched.is_some_and(|l| l.ends_with(" 1")),
+        "no punched peer in /metrics:\n{m}"
+    );
+    let ct = n
+        .router(1)
+        .exec(&["conntrack", "-L", "-p", "udp", "--dst", "192.0.2.103"]);
+    assert!(
+        ct.contains("dport=51820"),
+        "no mapping to the other NAT:\n{ct}"
+    );
+    c.assert_mesh();
+    // The transitions are in the log.
+    let log = c.log(1);
+    for line in [
+        "NAT: this node is seen from 192.0.2.102:51820",
+        "is behind NAT, punching to 192.0.2.103:51820",
+    ] {
+        assert!(log.contains(line), "no {line:?} in node 2's log:\n{log}");
+    }
+
+    // Forged answers and packets from an off-path address: one with the
+    // public node's address forged (it passes node 2's NAT, which holds a
+    // mapping to it), one from the attacker's own.
+    let attacker = Netns::new(&format!("{}-x", n.prefix));
+    attach_attacker(&n, &attacker);
+    let s = Stream::start(&c.pods[1].ns, &c.pods[2].ip);
+    let dropped = drops(c, 1);
+    let lie = forged_answer([192, 0, 2, 66], 9);
+    forge(&attacker, "192.0.2.1", "192.0.2.102", 51820, &lie);
+    forge(&attacker, "192.0.2.66", "192.0.2.1", 51820, &lie);
+    let junk_data = format!("04000000{}", "ab".repeat(44));
+    forge(&attacker, "192.0.2.103", "192.0.2.102", 51820, &junk_data);
+    forge(&attacker, "192.0.2.66", "192.0.2.1", 51820, &junk_data);
+    std::thread::sleep(Duration::from_secs(3));
+    let gap = s.finish();
+    assert!(
+        gap.longest < Duration::from_secs(1),
+        "forged packets hurt: {gap}"
+    );
+    assert_eq!(
+        weft_nat(c, "10.12.0.2"),
+        serde_json::json!({"Endpoint": "192.0.2.102:51820"})
+    );
+    assert_eq!(path(c, 1, "172.16.3.2").as_deref(), Some("punched"));
+    // They reached node 2's engine through its NAT (20 of each kind) and
+    // were dropped there.
+    let more = drops(c, 1) - dropped;
+    assert!(
+        more >= 40,
+        "only {more} forged packets reached node 2's engine"
+    );
+    drop(attacker);
+
+    // A NAT mapping flushed on the pinging side heals at its next packet;
+    // on the answering side, at its next keepalive (25 s) at the latest.
+    let ours = flush_gap(&n, 1, Duration::from_secs(10));
+    assert!(ours < Duration::from_secs(5), "recovery took {ours:?}");
+    let theirs = flush_gap(&n, 2, Duration::from_secs(40));
+    assert!(theirs < Duration::from_secs(32), "recovery took {theirs:?}");
+}
+
+/// Attaches `ns` to the internet bridge at 192.0.2.66.
+fn attach_attacker(n: &NatCluster, ns: &Netns) {
+    let ul = format!("{}-ul", n.prefix);
+    run(
+        "ip",
+        &[
+            "link",
+            "add",
+            "eth0",
+            "netns",
+            ns.name(),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "atk",
+            "netns",
+            &ul,
+        ],
+    );
+    ns.exec(&["ip", "addr", "add", "192.0.2.66/24", "dev", "eth0"]);
+    ns.exec(&["ip", "link", "set", "eth0", "up"]);
+    run(
+        "ip",
+        &[
+            "netns", "exec", &ul, "ip", "link", "set", "atk", "master", "br0",
+        ],
+    );
+    run(
+        "ip",
+        &["netns", "exec", &ul, "ip", "link", "set", "atk", "up"],
+    );
+}
+
+#[test]
+fn without_nat_traversal_nodes_behind_nat_do_not_meet() {
+    require_root!();
+    require_tool!("iptables", "iptables", "iptables");
+    let mut n = NatCluster::create("nat0", false);
+    let first = start(&mut n, Duration::from_secs(15));
+    assert_eq!(
+        first, None,
+        "pods behind two NATs met without NAT traversal"
+    );
+    let c = &n.c;
+    // The cluster works otherwise: a node behind NAT reaches the public one.
+    assert!(wait_ping(&c.pods[1].ns, &c.pods[0].ip), "{}", c.log(1));
+    // And nothing of the feature is in a lease or the status.
+    for l in c.leases() {
+        assert!(l["value"].get("WeftNAT").is_none(), "{l}");
+    }
+    assert_eq!(path(c, 1, "192.0.2.1"), None);
+}

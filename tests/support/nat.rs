@@ -1,0 +1,166 @@
+//! Nodes behind NAT (docs/nat.md) on the cluster kit: a 3-node cluster
+//! whose underlay bridge is the internet, node 1 on it with a public
+//! address (`192.0.2.1`), nodes 2 and 3 each moved behind a NAT router of
+//! their own:
+//!
+//! ```text
+//!  n1 192.0.2.1 ─┐
+//!  r2 192.0.2.102 ─ br0 (<prefix>-ul) ─ r3 192.0.2.103
+//!   │ MASQUERADE                          │ MASQUERADE
+//!  n2 10.12.0.2 (LAN 10.12.0.0/24)       n3 172.16.3.2 (LAN 172.16.3.0/24)
+//! ```
+//!
+//! A router is what a Linux home or edge router is: `ip_forward`,
+//! `MASQUERADE` out of its WAN port (a port-restricted cone NAT that keeps
+//! the source port when it is free), no route into the other sites' LANs,
+//! and unsolicited packets to the router itself dropped (as any NAT
+//! router's firewall does; see docs/nat.md for what happens without it).
+//! The lease store is the embedded one (a file every node's weftd reads),
+//! so the nodes need no path to a store. Routers live in namespaces of
+//! their own, removed on drop with the cluster's.
+
+use crate::cluster::{self, Cluster, ClusterStore};
+use crate::netns::{Netns, run, veth};
+
+/// Each node's NAT (`None`: the public node): router WAN address, LAN
+/// prefix (the router is `.1`, the node `.2`).
+pub const SITES: [Option<(&str, &str)>; 3] = [
+    None,
+    Some(("192.0.2.102", "10.12.0")),
+    Some(("192.0.2.103", "172.16.3")),
+];
+
+/// The cluster and its routers (dropped after the cluster's namespaces).
+#[derive(Debug)]
+pub struct NatCluster {
+    /// The cluster (its node `i` is [`SITES`]`[i]`).
+    pub c: Cluster,
+    /// The router of each node behind NAT.
+    pub routers: Vec<Option<Netns>>,
+    /// The work directory.
+    pub work: tempfile::TempDir,
+    /// The namespaces' name prefix.
+    pub prefix: String,
+}
+
+/// The net-conf.json of a WireGuard network, NAT traversal on or off.
+pub fn net_conf(nat: bool) -> String {
+    let key = if nat {
+        r#""WeftNATTraversal":true,"#
+    } else {
+        ""
+    };
+    format!(
+        r#"{{"Network":"{}",{key}"Backend":{{"Type":"wireguard"}}}}"#,
+        cluster::NETWORK
+    )
+}
+
+impl NatCluster {
+    /// Builds the topology and the nodes (no weftd started yet).
+    pub fn create(tag: &str, nat: bool) -> NatCluster {
+        let work = tempfile::tempdir().expect("tempdir");
+        let args = [
+            "--traffic-manager=none",
+            "--dataplane=userspace",
+            "--probe-port=0",
+            "--healthz-port=8471",
+        ];
+        let spec = cluster::spec(tag, &net_conf(nat), 3, &args, work.path());
+        let prefix = spec.prefix.clone();
+        let c = Cluster::create(spec, &ClusterStore::Embedded, Vec::new())
+            .unwrap_or_else(|e| panic!("cluster: {e}"));
+        let mut routers = Vec::new();
+        for (i, site) in SITES.iter().enumerate() {
+            routers.push(site.map(|(wan, lan)| behind_nat(&prefix, i, &c.nodes[i].ns, wan, lan)));
+        }
+        NatCluster {
+            c,
+            routers,
+            work,
+            prefix,
+        }
+    }
+
+    /// The router of node `i` (panics for the public node).
+    pub fn router(&self, i: usize) -> &Netns {
+        self.routers[i].as_ref().expect("a node behind NAT")
+    }
+
+    /// Node `i`'s own address (its `PublicIP`).
+    pub fn node_ip(i: usize) -> String {
+        match SITES[i] {
+            Some((_, lan)) => format!("{lan}.2"),
+            None => "192.0.2.1".into(),
+        }
+    }
+
+    /// The address node `i` is seen from on the internet.
+    pub fn public_ip(i: usize) -> &'static str {
+        match SITES[i] {
+            Some((wan, _)) => wan,
+            None => "192.0.2.1",
+        }
+    }
+}
+
+/// Moves `node` (index `i`) behind a new NAT router `<prefix>-r<i>`: its
+/// underlay port goes, a LAN `<lan>.0/24` joins it to the router, whose WAN
+/// port `wan` sits on the internet bridge.
+fn behind_nat(prefix: &str, i: usize, node: &Netns, wan: &str, lan: &str) -> Netns {
+    let r = Netns::new(&format!("{prefix}-r{i}"));
+    let ul = format!("{prefix}-ul");
+    let port = format!("rw{i}");
+    run(
+        "ip",
+        &[
+            "link",
+            "add",
+            "wan",
+            "netns",
+            r.name(),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &port,
+            "netns",
+            &ul,
+        ],
+    );
+    r.exec(&["ip", "addr", "add", &format!("{wan}/24"), "dev", "wan"]);
+    r.exec(&["ip", "link", "set", "wan", "up"]);
+    for cmd in [
+        vec!["link", "set", &port, "master", "br0"],
+        vec!["link", "set", &port, "up"],
+    ] {
+        let mut full = vec!["netns", "exec", ul.as_str(), "ip"];
+        full.extend(cmd);
+        run("ip", &full);
+    }
+    node.exec(&["ip", "link", "del", "eth0"]);
+    let (gw, addr) = (format!("{lan}.1"), format!("{lan}.2"));
+    veth(
+        &r,
+        "lan",
+        &format!("{gw}/24"),
+        node,
+        "eth0",
+        &format!("{addr}/24"),
+    );
+    node.exec(&["ip", "route", "add", "default", "via", &gw]);
+    r.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    r.exec(&[
+        "iptables",
+        "-t",
+        "nat",
+        "-A",
+        "POSTROUTING",
+        "-o",
+        "wan",
+        "-j",
+        "MASQUERADE",
+    ]);
+    r.exec(&["iptables", "-A", "INPUT", "-i", "wan", "-j", "DROP"]);
+    r
+}

@@ -185,13 +185,23 @@ impl Netlink {
         if let Some(mtu) = route_mtu::lowered_mtu(r.dst) {
             route_mtu::set_mtu_metric(&mut m, Some(mtu));
         }
+        self.replace_message(m, format!("ip route replace {r}"))
+            .await
+    }
+
+    /// Sends a built route message as `ip route replace` (`what` names it in errors).
+    pub(super) async fn replace_message(
+        &self,
+        m: RouteMessage,
+        what: String,
+    ) -> Result<(), NetlinkError> {
         self.handle
             .route()
             .add(m)
             .replace()
             .execute()
             .await
-            .map_err(req(format!("ip route replace {r}")))
+            .map_err(req(what))
     }
 
     /// `ip route del DST [via GW] [dev OIF]`; a missing route is not an error.

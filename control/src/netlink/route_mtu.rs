@@ -22,7 +22,7 @@ use rtnetlink::packet_route::route::{
     RouteAttribute, RouteMessage, RouteMetric, RouteProtocol, RouteScope,
 };
 
-use super::{Netlink, NetlinkError, req, route_dst};
+use super::{Netlink, NetlinkError, route_dst};
 
 /// The `proto` of the per-peer routes the prober adds (`ip route show proto 87`).
 pub const PEER_ROUTE_PROTO: u8 = 87;
@@ -107,13 +107,8 @@ impl Netlink {
         }
         set_mtu_metric(&mut m, mtu);
         let shown = mtu.map_or("without mtu".to_string(), |v| format!("mtu {v}"));
-        self.handle
-            .route()
-            .add(m)
-            .replace()
-            .execute()
-            .await
-            .map_err(req(format!("ip route change {dst} {shown}")))?;
+        self.replace_message(m, format!("ip route change {dst} {shown}"))
+            .await?;
         Ok(true)
     }
 
@@ -148,15 +143,11 @@ impl Netlink {
         };
         m.header.protocol = RouteProtocol::Other(PEER_ROUTE_PROTO);
         set_mtu_metric(&mut m, Some(mtu));
-        self.handle
-            .route()
-            .add(m)
-            .replace()
-            .execute()
-            .await
-            .map_err(req(format!(
-                "ip route replace {dst} dev #{oif} mtu {mtu} proto {PEER_ROUTE_PROTO}"
-            )))
+        self.replace_message(
+            m,
+            format!("ip route replace {dst} dev #{oif} mtu {mtu} proto {PEER_ROUTE_PROTO}"),
+        )
+        .await
     }
 
     /// Deletes the prober's per-peer route to exactly `dst`; whether there

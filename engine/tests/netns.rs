@@ -141,19 +141,8 @@ fn three_nodes(test: &str, vxlan: bool, offload: bool) {
     for e in engines {
         e.stop();
     }
-    // stop() closes every queue: the TUN disappears (within a moment: a
-    // forked child of another test's thread may hold a copy until its exec).
-    assert!(
-        wait_for(5, || !try_sh(&[
-            "ip",
-            "-n",
-            &t.node(1),
-            "link",
-            "show",
-            dev
-        ])),
-        "tun device must be gone after stop"
-    );
+    // stop() closes every queue: the TUN disappears (within a moment).
+    assert!(t.link_gone(1, dev), "tun device must be gone after stop");
 }
 
 #[test]
@@ -321,19 +310,9 @@ fn garbage_is_dropped_and_counted() {
     );
     assert_eq!(e.stats().rx_packets, 1);
     e.stop();
-    // The TUN goes when its last descriptor closes: a child of another
-    // test's thread, forked before its exec closed the inherited copy
-    // (O_CLOEXEC), can hold it a moment longer on a loaded machine. The
-    // next engine must not attach to the old device (its address is still on).
+    // The next engine must not attach to the old device (its address is still on).
     assert!(
-        wait_for(5, || !try_sh(&[
-            "ip",
-            "-n",
-            &t.node(1),
-            "link",
-            "show",
-            "flannel.1"
-        ])),
+        t.link_gone(1, "flannel.1"),
         "flannel.1 outlived its engine by 5 s"
     );
 

@@ -214,6 +214,15 @@ impl Topo {
         sh(&a);
     }
 
+    /// Waits up to 5 s for device `dev` on node `n` to be gone: a stopped
+    /// engine's TUN goes when its last descriptor closes, and a child that
+    /// another test's thread forked before its exec (O_CLOEXEC) can hold a
+    /// copy a moment longer on a loaded machine.
+    pub fn link_gone(&self, n: usize, dev: &str) -> bool {
+        let ns = self.node(n);
+        wait_for(5, || !try_sh(&["ip", "-n", &ns, "link", "show", dev]))
+    }
+
     /// Configures a flannel-UDP TUN the way flannel does.
     pub fn configure_udp_tun(&self, n: usize, dev: &str, mtu: u16) {
         self.ip(n, &["addr", "add", &format!("10.244.{n}.0/32"), "dev", dev]);

@@ -591,3 +591,73 @@ fn deploy_manifests_pass_server_dry_run() {
 
 #[path = "kube_deploy.rs"]
 mod deploy;
+
+/// NAT traversal on the Kubernetes subnet manager (docs/nat.md): two public
+/// nodes on userspace WireGuard with `WEFT_NAT_TRAVERSAL=true` (the
+/// `--nat-traversal` flag's variable) answer each other's discovery; each
+/// publishes the endpoint it is seen from in weft's `weft-nat` annotation
+/// beside flannel's, and a restart with the feature off removes it.
+#[test]
+fn nat_traversal_publishes_weft_nat_annotation() {
+    let bin = require_apiserver!();
+    let pfx = weft_tests::unique("kt");
+    let mut cp = ControlPlane::start(&pfx, bin);
+    let conf = r#"{"Network":"10.244.0.0/16","Backend":{"Type":"wireguard"}}"#;
+    for i in 1..=2 {
+        cp.apply(&node_yaml(&format!("n{i}"), &format!("10.244.{i}.0/24")));
+    }
+    let mut nodes: Vec<Node> = (1..=2)
+        .map(|i| Node::new(&mut cp, &pfx, &format!("n{i}"), i))
+        .collect();
+    let start = |n: &mut Node, cp: &ControlPlane, nat: &str| {
+        let name = n.name.clone();
+        let key = cp.dir.path().join(format!("{name}.wgkey"));
+        let key = key.display().to_string();
+        n.start_with(
+            cp,
+            &cp.admin(),
+            &[
+                ("NODE_NAME", &name),
+                ("WEFT_DATAPLANE", "userspace"),
+                ("WEFT_NAT_TRAVERSAL", nat),
+                ("WIREGUARD_KEY_FILE", &key),
+            ],
+            conf,
+        );
+    };
+    let t0 = std::time::Instant::now();
+    for n in &mut nodes {
+        start(n, &cp, "true");
+    }
+    let key = format!("{P}weft-nat");
+    for (i, n) in nodes.iter_mut().enumerate() {
+        n.wait_ready();
+        let want = format!(r#"{{"Endpoint":"192.0.2.{}:51820"}}"#, i + 1);
+        let name = n.name.clone();
+        wait_for(&format!("{name}'s {key}"), WAIT, || {
+            let obj = cp.node_json(&name);
+            (obj["metadata"]["annotations"][&key] == want.as_str()).then_some(())
+        });
+        let a = flannel_annotations(&cp.node_json(&name));
+        assert_eq!(a["backend-type"], "wireguard", "{a:?}");
+        assert_eq!(a["public-ip"], format!("192.0.2.{}", i + 1), "{a:?}");
+        assert!(!a["backend-data"].contains("WeftNAT"), "{a:?}");
+    }
+    println!(
+        "kube: weftd start -> both nodes' weft-nat annotations carry their endpoints: {:?}",
+        t0.elapsed()
+    );
+    nodes[0].wait_log("NAT: this node is seen from 192.0.2.1:51820");
+    // The feature off: the annotation goes at the next acquisition.
+    nodes[0].proc = None;
+    start(&mut nodes[0], &cp, "false");
+    let name = nodes[0].name.clone();
+    wait_for(&format!("{name}'s {key} removed"), WAIT, || {
+        let obj = cp.node_json(&name);
+        obj["metadata"]["annotations"]
+            .get(&key)
+            .is_none()
+            .then_some(())
+    });
+    nodes[0].wait_ready();
+}

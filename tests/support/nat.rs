@@ -59,6 +59,17 @@ pub fn net_conf(nat: bool) -> String {
 impl NatCluster {
     /// Builds the topology and the nodes (no weftd started yet).
     pub fn create(tag: &str, nat: bool) -> NatCluster {
+        NatCluster::create_nodes(tag, nat, 3)
+    }
+
+    /// [`NatCluster::create`] with `nodes` (at least 3) nodes: those past
+    /// [`SITES`] sit on the internet with public addresses `192.0.2.<i+1>`.
+    pub fn create_nodes(tag: &str, nat: bool, nodes: u8) -> NatCluster {
+        assert!(
+            usize::from(nodes) >= SITES.len(),
+            "at least {} nodes",
+            SITES.len()
+        );
         let work = tempfile::tempdir().expect("tempdir");
         let args = [
             "--traffic-manager=none",
@@ -66,7 +77,7 @@ impl NatCluster {
             "--probe-port=0",
             "--healthz-port=8471",
         ];
-        let spec = cluster::spec(tag, &net_conf(nat), 3, &args, work.path());
+        let spec = cluster::spec(tag, &net_conf(nat), nodes, &args, work.path());
         let prefix = spec.prefix.clone();
         let c = Cluster::create(spec, &ClusterStore::Embedded, Vec::new())
             .unwrap_or_else(|e| panic!("cluster: {e}"));

@@ -4,6 +4,13 @@
 //! may hold at most one `/`. Without one, `/` is appended; a prefix that then
 //! ends in neither `/` nor `-` gets a `-`. The result must match flannel's
 //! (end-anchored) regex `(?:[a-z0-9_-]+\.)+[a-z0-9_-]+/(?:[a-z0-9_-]+-)?$`.
+//!
+//! weft adds one name of its own under the same prefix, `weft-nat` (the
+//! lease's `WeftNAT`, docs/nat.md): the prefix is what keeps two networks
+//! on one node apart, and `WeftNAT` belongs to one network's lease.
+//! flanneld reads its annotations by their fixed names (`nodeToLease`) and
+//! forwards a node update only when one of its own changed (spec §6.2), so
+//! it never sees this one.
 
 use std::sync::LazyLock;
 
@@ -40,6 +47,9 @@ pub struct Annotations {
     pub backend_public_ip_overwrite: String,
     /// `public-ipv6-overwrite`: user input, published as `public-ipv6`.
     pub backend_public_ipv6_overwrite: String,
+    /// weft only, `weft-nat`: the lease's `WeftNAT` JSON, present while the
+    /// node runs NAT traversal (written and removed by weftd).
+    pub weft_nat: String,
 }
 
 impl Annotations {
@@ -76,6 +86,7 @@ impl Annotations {
             backend_node_public_ipv6: k("node-public-ipv6"),
             backend_public_ip_overwrite: k("public-ip-overwrite"),
             backend_public_ipv6_overwrite: k("public-ipv6-overwrite"),
+            weft_nat: k("weft-nat"),
         })
     }
 }
@@ -114,6 +125,9 @@ mod tests {
             a.backend_public_ipv6_overwrite,
             "flannel.alpha.coreos.com/public-ipv6-overwrite"
         );
+        assert_eq!(a.weft_nat, "flannel.alpha.coreos.com/weft-nat");
+        let custom = Annotations::new("example.com/a_b").expect("custom prefix");
+        assert_eq!(custom.weft_nat, "example.com/a_b-weft-nat");
     }
 
     /// The cases of flannel's annotations_test.go.

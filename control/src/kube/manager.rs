@@ -244,7 +244,8 @@ impl KubeManager {
         node::pod_cidrs(&n)?;
         let current = node::annotations(&n);
         let updates = node::annotation_updates(current, &self.ann, attrs);
-        if !updates.is_empty() {
+        let nat = node::nat_update(current, &self.ann, attrs);
+        if !updates.is_empty() || nat.is_some() {
             for (key, over) in [
                 (
                     &self.ann.backend_public_ip,
@@ -262,7 +263,10 @@ impl KubeManager {
                 }
             }
             n = self
-                .patch_status("annotations", node::annotation_patch(&updates))
+                .patch_status(
+                    "annotations",
+                    node::node_patch(&updates, &self.ann, nat.as_ref()),
+                )
                 .await?;
         }
         let lease = node::own_lease(&n, &self.cfg, attrs)?;
@@ -270,6 +274,22 @@ impl KubeManager {
         st.own_node = Some(n);
         st.own_lease = Some(lease.clone());
         Ok(lease)
+    }
+
+    /// Brings the own node's `weft-nat` annotation in line with `lease`
+    /// (the daemon "renews" a kube lease only when its `WeftNAT` endpoint
+    /// changed: node leases do not expire).
+    async fn publish_nat(&self, lease: &Lease) -> Result<(), KubeError> {
+        let n = self.own_node().await?;
+        let Some(nat) = node::nat_update(node::annotations(&n), &self.ann, &lease.attrs) else {
+            return Ok(());
+        };
+        let patch = node::node_patch(&Default::default(), &self.ann, Some(&nat));
+        let n = self.patch_status("annotations", patch).await?;
+        let mut st = lock(&self.state);
+        st.own_node = Some(n);
+        st.own_lease = Some(lease.clone());
+        Ok(())
     }
 }
 
@@ -292,7 +312,11 @@ impl SubnetManager for KubeManager {
     }
 
     async fn renew_lease(&self, lease: &Lease) -> Result<Lease, SubnetError> {
-        // Node leases do not expire (flannel: RenewLease is unimplemented).
+        // Node leases do not expire (flannel: RenewLease is unimplemented);
+        // what may change is weft's `WeftNAT`, published as an annotation.
+        self.publish_nat(lease)
+            .await
+            .map_err(|e| SubnetError::Store(e.into()))?;
         Ok(lease.clone())
     }
 

@@ -1,7 +1,10 @@
 //! Pure conversions between Node objects and leases (no I/O): podCIDR
 //! parsing and checks, peer nodes as leases, and the annotations a daemon
 //! writes on its own node, all as flannel does (fl:pkg/subnet/kube/kube.go
-//! `AcquireLease`, `nodeToLease`, `CompleteLease`).
+//! `AcquireLease`, `nodeToLease`, `CompleteLease`), plus weft's own
+//! `weft-nat` annotation (the lease's `WeftNAT`, docs/nat.md): written
+//! when the lease has the field, removed when not, read leniently (a value
+//! weft cannot read is no field, never a skipped node).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -14,7 +17,7 @@ use weft_compat::gonet::{self, go_ip6_string};
 
 use super::{Annotations, KubeError};
 use crate::config::Config;
-use crate::lease::{Lease, LeaseAttrs};
+use crate::lease::{Lease, LeaseAttrs, NatAttrs};
 
 /// A node's pod networks, one per family at most.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -132,7 +135,52 @@ pub fn node_to_lease(
         );
     }
     lease.attrs.backend_type = get(a, &ann.backend_type).to_string();
+    lease.attrs.weft_nat = weft_nat(node, ann).ok().flatten();
     Ok(Some(lease))
+}
+
+/// The node's `WeftNAT` from weft's `weft-nat` annotation: `Ok(None)` when
+/// absent or empty, `Err(value)` when the value is not a JSON object (the
+/// caller logs it and treats it as absent). An object with an unreadable
+/// endpoint is the field without an endpoint, as in a stored lease
+/// ([`NatAttrs::from_value`]).
+pub fn weft_nat(node: &Node, ann: &Annotations) -> Result<Option<NatAttrs>, String> {
+    let v = get(annotations(node), &ann.weft_nat);
+    if v.is_empty() {
+        return Ok(None);
+    }
+    serde_json::from_str::<Value>(v)
+        .ok()
+        .as_ref()
+        .and_then(NatAttrs::from_value)
+        .map(Some)
+        .ok_or_else(|| v.to_string())
+}
+
+/// What the own node's `weft-nat` annotation needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NatUpdate {
+    /// Write this value (the lease has `WeftNAT` and the node holds another).
+    Set(String),
+    /// Remove it (the lease has no `WeftNAT`; the node still holds one).
+    Remove,
+}
+
+/// The change the own node's `weft-nat` annotation needs for `attrs`
+/// (`None`: it is right).
+pub fn nat_update(
+    current: &BTreeMap<String, String>,
+    ann: &Annotations,
+    attrs: &LeaseAttrs,
+) -> Option<NatUpdate> {
+    let have = current.get(&ann.weft_nat);
+    match attrs.weft_nat {
+        Some(n) => {
+            let v = n.to_json();
+            (have != Some(&v)).then_some(NatUpdate::Set(v))
+        }
+        None => have.map(|_| NatUpdate::Remove),
+    }
 }
 
 fn raw_data(text: &str) -> Option<String> {
@@ -210,6 +258,23 @@ pub fn annotation_updates(
 /// only annotations change.
 pub fn annotation_patch(updates: &BTreeMap<String, String>) -> Value {
     json!({ "metadata": { "annotations": updates } })
+}
+
+/// [`annotation_patch`] plus weft's `weft-nat` change (a strategic-merge
+/// patch removes a key given as `null`).
+pub fn node_patch(
+    updates: &BTreeMap<String, String>,
+    ann: &Annotations,
+    nat: Option<&NatUpdate>,
+) -> Value {
+    let mut p = annotation_patch(updates);
+    if let Some(nat) = nat {
+        p["metadata"]["annotations"][ann.weft_nat.as_str()] = match nat {
+            NatUpdate::Set(v) => Value::String(v.clone()),
+            NatUpdate::Remove => Value::Null,
+        };
+    }
+    p
 }
 
 /// The own lease from the own node (`AcquireLease` after the patch): the

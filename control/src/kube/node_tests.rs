@@ -280,3 +280,107 @@ fn peers_reachable_condition() {
         "{m}"
     );
 }
+
+fn wg_attrs(nat: Option<&str>) -> LeaseAttrs {
+    LeaseAttrs {
+        public_ip: "10.12.0.2".parse().expect("ip"),
+        backend_type: "wireguard".into(),
+        backend_data: Some(r#"{"PublicKey":"k","Port":51820}"#.into()),
+        weft_nat: nat.map(|e| crate::lease::NatAttrs {
+            endpoint: e.parse().ok(),
+        }),
+        ..Default::default()
+    }
+}
+
+/// weft's `weft-nat` annotation: written with the lease's `WeftNAT` bytes
+/// beside flannel's (which stay byte for byte), changed with the endpoint,
+/// removed (`null` in the strategic-merge patch) when the feature is off.
+#[test]
+fn weft_nat_annotation_is_written_and_removed() {
+    let a = ann();
+    let key = format!("{P}weft-nat");
+    let bare = node("n2", &["10.244.2.0/24"], &[]);
+    let on = wg_attrs(Some(""));
+    let flannel = annotation_updates(annotations(&bare), &a, &on);
+    assert!(!flannel.contains_key(&key), "flannel's set is unchanged");
+    let nat = nat_update(annotations(&bare), &a, &on);
+    assert_eq!(nat, Some(NatUpdate::Set("{}".into())));
+    let p = node_patch(&flannel, &a, nat.as_ref());
+    assert_eq!(p["metadata"]["annotations"][&key], "{}");
+    assert_eq!(
+        p["metadata"]["annotations"][format!("{P}backend-type")],
+        "wireguard"
+    );
+    // The endpoint learnt later changes the value, and only it.
+    let seen = wg_attrs(Some("192.0.2.102:51820"));
+    let with_empty = node("n2", &["10.244.2.0/24"], &[("weft-nat", "{}")]);
+    let nat = nat_update(annotations(&with_empty), &a, &seen).expect("changed");
+    assert_eq!(
+        nat,
+        NatUpdate::Set(r#"{"Endpoint":"192.0.2.102:51820"}"#.into())
+    );
+    assert_eq!(
+        node_patch(&BTreeMap::new(), &a, Some(&nat)).to_string(),
+        r#"{"metadata":{"annotations":{"flannel.alpha.coreos.com/weft-nat":"{\"Endpoint\":\"192.0.2.102:51820\"}"}}}"#
+    );
+    let current = node(
+        "n2",
+        &["10.244.2.0/24"],
+        &[("weft-nat", r#"{"Endpoint":"192.0.2.102:51820"}"#)],
+    );
+    assert_eq!(nat_update(annotations(&current), &a, &seen), None);
+    // Feature off: removed; never written on a node that has none.
+    let off = wg_attrs(None);
+    let nat = nat_update(annotations(&current), &a, &off);
+    assert_eq!(nat, Some(NatUpdate::Remove));
+    assert_eq!(
+        node_patch(&BTreeMap::new(), &a, nat.as_ref()).to_string(),
+        r#"{"metadata":{"annotations":{"flannel.alpha.coreos.com/weft-nat":null}}}"#
+    );
+    assert_eq!(nat_update(annotations(&bare), &a, &off), None);
+    assert_eq!(
+        annotation_patch(&flannel),
+        node_patch(&flannel, &a, None),
+        "no NAT change: flannel's patch exactly"
+    );
+}
+
+/// A peer's `weft-nat` becomes its lease's `WeftNAT`; a value weft cannot
+/// read is no field, never a skipped node.
+#[test]
+fn weft_nat_annotation_is_read_leniently() {
+    let a = ann();
+    let peer = |nat: Option<&str>| {
+        let mut list = vec![
+            ("kube-subnet-manager", "true"),
+            ("public-ip", "10.12.0.2"),
+            ("backend-type", "wireguard"),
+            ("backend-data", r#"{"PublicKey":"k","Port":51820}"#),
+        ];
+        list.extend(nat.map(|v| ("weft-nat", v)));
+        node("n2", &["10.244.2.0/24"], &list)
+    };
+    let lease = |n: &Node| {
+        node_to_lease(n, &a, true, false)
+            .expect("a good lease")
+            .expect("managed")
+    };
+    let n = peer(Some(r#"{"Endpoint":"192.0.2.102:51820"}"#));
+    assert_eq!(
+        lease(&n).attrs.weft_nat.and_then(|x| x.endpoint),
+        Some("192.0.2.102:51820".parse().expect("addr"))
+    );
+    assert_eq!(weft_nat(&peer(None), &a), Ok(None));
+    assert_eq!(lease(&peer(None)).attrs.weft_nat, None);
+    for bad in ["nope", "[1]", "null", "7", r#"{"Endpoint""#] {
+        let n = peer(Some(bad));
+        assert_eq!(weft_nat(&n, &a), Err(bad.to_string()), "{bad}");
+        let l = lease(&n);
+        assert_eq!(l.attrs.weft_nat, None, "{bad}");
+        assert_eq!(l.attrs.public_ip.to_string(), "10.12.0.2");
+    }
+    // An object with an unreadable endpoint is the field without one.
+    let odd = lease(&peer(Some(r#"{"Endpoint":"x"}"#)));
+    assert_eq!(odd.attrs.weft_nat, Some(crate::lease::NatAttrs::default()));
+}

@@ -38,6 +38,9 @@ pub(super) struct State {
     init: Option<Vec<Node>>,
     /// Where events go.
     subscriber: Option<mpsc::Sender<LeaseEvent>>,
+    /// The unreadable `weft-nat` value last logged for each node (logged
+    /// once, until it changes).
+    bad_nat: BTreeMap<String, String>,
 }
 
 impl State {
@@ -52,6 +55,7 @@ impl State {
             peers: BTreeMap::new(),
             init: None,
             subscriber: None,
+            bad_nat: BTreeMap::new(),
         }
     }
 
@@ -83,12 +87,32 @@ impl State {
         rx
     }
 
-    fn lease_of(&self, n: &Node) -> Option<Lease> {
+    fn lease_of(&mut self, n: &Node) -> Option<Lease> {
+        self.check_nat(n);
         match node::node_to_lease(n, &self.ann, self.v4, self.v6) {
             Ok(l) => l,
             Err(e) => {
                 tracing::info!("Error turning node {:?} to lease: {e}", node::name(n));
                 None
+            }
+        }
+    }
+
+    /// Logs a node's unreadable `weft-nat` value once (the lease reads it
+    /// as no field).
+    fn check_nat(&mut self, n: &Node) {
+        let name = node::name(n);
+        match node::weft_nat(n, &self.ann) {
+            Err(v) if self.bad_nat.get(name) != Some(&v) => {
+                tracing::warn!(
+                    "node {name:?}: ignoring annotation {}={v:?}: not a WeftNAT object",
+                    self.ann.weft_nat
+                );
+                self.bad_nat.insert(name.to_string(), v);
+            }
+            Err(_) => {}
+            Ok(_) => {
+                self.bad_nat.remove(name);
             }
         }
     }

@@ -138,3 +138,39 @@ fn broken_nodes_are_skipped() {
     n.spec = None;
     assert!(s.apply(n).is_empty());
 }
+
+/// A peer's `weft-nat` change is a lease change (its endpoint moved); a bad
+/// value is no field, logged once per value, never a lost peer.
+#[test]
+fn weft_nat_changes_are_events_and_bad_values_are_logged_once() {
+    let mut s = state();
+    let key = "flannel.alpha.coreos.com/weft-nat";
+    let with = |v: &str| {
+        let mut n = node("b", "10.244.2.0/24", "192.0.2.2", "wireguard");
+        if let Some(a) = n.metadata.annotations.as_mut() {
+            a.insert(key.into(), v.into());
+        }
+        n
+    };
+    assert_eq!(
+        keys(&s.apply(node("b", "10.244.2.0/24", "192.0.2.2", "wireguard"))),
+        ["add:10.244.2.0-24"]
+    );
+    let evs = s.apply(with(r#"{"Endpoint":"192.0.2.102:51820"}"#));
+    match evs.as_slice() {
+        [LeaseEvent::Added(l)] => assert_eq!(
+            l.attrs.weft_nat.and_then(|n| n.endpoint),
+            Some("192.0.2.102:51820".parse().expect("addr"))
+        ),
+        other => panic!("want one Added, got {other:?}"),
+    }
+    let evs = s.apply(with("garbage"));
+    match evs.as_slice() {
+        [LeaseEvent::Added(l)] => assert_eq!(l.attrs.weft_nat, None, "bad value: no field"),
+        other => panic!("want one Added, got {other:?}"),
+    }
+    assert_eq!(s.bad_nat.get("b").map(String::as_str), Some("garbage"));
+    assert!(s.apply(with("garbage")).is_empty(), "same node, no change");
+    s.apply(with("{}"));
+    assert!(s.bad_nat.is_empty(), "a good value clears the record");
+}

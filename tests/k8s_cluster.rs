@@ -402,6 +402,71 @@ impl<'a, 'c> PingStream<'a, 'c> {
     }
 }
 
+/// weft's share of a userspace node's outage in a rolling update, summed
+/// over both nodes: pings lost while a weftd ran (the old one stopping its
+/// engine, the new one starting it). SIGKILLed weftd is forwarding again
+/// within 1.4-2.4 s of the kill, kubelet's restart included
+/// ([`SIGKILL_GAP`]), so each node's own share is well under 1 s; 5 s for
+/// two nodes fails a weftd that waits for anything at start or stop
+/// (a lease, a lock, a timeout) while the pod is replaced.
+const USERSPACE_RESTART_SHARE: Duration = Duration::from_secs(5);
+
+/// Watches weftd (comm `flanneld`) on every node while the DaemonSet rolls:
+/// for each node, how long no weftd ran between the old one's exit and the
+/// new one's start. That window is Kubernetes' share of an interruption
+/// (the DaemonSet controller, the scheduler, kubelet's sandbox and the two
+/// init containers); weft's share is what the engine loses around it (the
+/// old weftd stopping, the new one bringing its engine up).
+struct WeftdWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: std::thread::JoinHandle<Vec<(String, Option<Duration>)>>,
+}
+
+impl WeftdWatch {
+    fn start(c: &Cluster) -> Self {
+        use std::sync::atomic::Ordering;
+        let nodes: Vec<(String, String, Vec<i32>)> = c
+            .nodes
+            .iter()
+            .map(|n| {
+                let pids = n.pids_named("flanneld");
+                assert!(!pids.is_empty(), "{}: weftd runs before the update", n.name);
+                (n.name.clone(), n.ns.name().to_string(), pids)
+            })
+            .collect();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut seen: Vec<(Option<Instant>, Option<Instant>)> = vec![(None, None); nodes.len()];
+            while !flag.load(Ordering::Relaxed) {
+                for ((_, ns, old), (gone, back)) in nodes.iter().zip(seen.iter_mut()) {
+                    let now = Instant::now();
+                    let pids = k8s::node::netns_pids_named(ns, "flanneld");
+                    if gone.is_none() && !pids.iter().any(|p| old.contains(p)) {
+                        *gone = Some(now);
+                    }
+                    if gone.is_some() && back.is_none() && pids.iter().any(|p| !old.contains(p)) {
+                        *back = Some(now);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            nodes
+                .into_iter()
+                .zip(seen)
+                .map(|((name, _, _), w)| (name, w.0.zip(w.1).map(|(g, b)| b - g)))
+                .collect()
+        });
+        WeftdWatch { stop, handle }
+    }
+
+    /// Per node, the time no weftd ran (None: it was not replaced).
+    fn stop(self) -> Vec<(String, Option<Duration>)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handle.join().expect("weftd watch thread")
+    }
+}
+
 /// The longest pod-to-pod interruption (a ping every 0.2 s: missing replies
 /// × 0.2 s) that SIGKILLing weftd in its pod may cause on the userspace
 /// dataplane, kubelet's restart of the container included. Measured on this
@@ -526,7 +591,12 @@ fn killed_weftd_is_restarted_and_traffic_resumes() {
 /// weftd is replaced (the devices and routes stay: goal, no loss); the
 /// userspace engine dies with its pod, so traffic through that node stops
 /// until the new pod's engine runs (Kubernetes 1.20's DaemonSet has no
-/// `maxSurge`: the new pod starts only after the old one is gone).
+/// `maxSurge`: the new pod starts only after the old one is gone). That
+/// outage has two shares, measured apart ([`WeftdWatch`]): Kubernetes'
+/// (no weftd on the node: the old pod deleted, the new one scheduled, its
+/// sandbox and init containers run) and weft's (the rest of the lost
+/// pings: the old engine stopping, the new one coming up). weft's share is
+/// bounded tightly; Kubernetes' only loosely, as it is the machine's speed.
 #[test]
 fn rolling_update_to_a_new_image_under_traffic() {
     let mut c = cluster!();
@@ -544,12 +614,15 @@ fn rolling_update_to_a_new_image_under_traffic() {
     // Kernel vxlan: no ping may be lost (under 0.2 s is no missing reply;
     // 255/255 on 2026-12-01, 187/187 on 2026-12-03; was a 1 s bound, which
     // let 4 pings go). Userspace: the old pod's engine goes before the new
-    // pod starts (no maxSurge in 1.20); 8.2 s on 2026-12-01 and 2026-12-03,
-    // so 20 s is 2.4× that: a new pod that waits for anything more (an image
-    // pull, a crash loop) fails it.
+    // pod starts (no maxSurge in 1.20): 7.0-8.2 s here (2026-12-01..06), but
+    // 30.6 s in CI's run of 2026-12-05 (2 cores, 190 pings lost over both
+    // nodes), where the old 20 s bound failed. Measured apart here on
+    // 2026-12-06: 15.2 s lost over both nodes, 14.8 s of it with no weftd
+    // on the node (7.9 and 6.9 s), weft's share 0.4 s. The whole outage is
+    // bounded at 60 s (twice CI's), weft's share at USERSPACE_RESTART_SHARE.
     for (dataplane, new, bound) in [
         ("", &tags[0], Duration::from_millis(200)),
-        ("userspace", &tags[1], Duration::from_secs(20)),
+        ("userspace", &tags[1], Duration::from_secs(60)),
     ] {
         let what = if dataplane.is_empty() {
             "kernel vxlan"
@@ -563,6 +636,7 @@ fn rolling_update_to_a_new_image_under_traffic() {
         let stream = PingStream::start(&ns, &b);
         std::thread::sleep(Duration::from_secs(2));
         let t = Instant::now();
+        let watch = WeftdWatch::start(&c);
         // The manifest's strategy: one node at a time.
         c.patch_weft_ds(
             r#"{"spec":{"updateStrategy":{"type":"RollingUpdate","rollingUpdate":{"maxUnavailable":1}}}}"#,
@@ -599,14 +673,41 @@ fn rolling_update_to_a_new_image_under_traffic() {
         ns.wait_ping("a", &b, Duration::from_secs(30));
         std::thread::sleep(Duration::from_secs(2));
         let (gap, replies, sent) = stream.stop();
+        let windows = watch.stop();
         figure(
             &format!("rolling update ({what}): longest pod-to-pod interruption (ping every 0.2 s)"),
             format!("{} ({replies}/{sent} replies)", secs(gap)),
         );
+        let kube: Duration = windows.iter().filter_map(|(_, w)| *w).sum();
+        let lost = Duration::from_millis(sent.saturating_sub(replies) * 200);
+        let weft_share = lost.saturating_sub(kube);
+        figure(
+            &format!("rolling update ({what}): pings lost vs no weftd on a node"),
+            format!(
+                "{} lost, {} with no weftd ({windows:?}): weft's share {}",
+                secs(lost),
+                secs(kube),
+                secs(weft_share)
+            ),
+        );
+        assert!(
+            windows.iter().all(|(_, w)| w.is_some()),
+            "every node's weftd was replaced once: {windows:?}"
+        );
         assert!(
             gap < bound,
-            "the rolling update ({what}) interrupted pod-to-pod traffic for {gap:?} (bound {bound:?})"
+            "the rolling update ({what}) interrupted pod-to-pod traffic for {gap:?} (bound {bound:?}); \
+             {lost:?} lost, {kube:?} of it with no weftd on a node ({windows:?})"
         );
+        if !dataplane.is_empty() {
+            assert!(
+                weft_share < USERSPACE_RESTART_SHARE,
+                "weft's share of the rolling update's outage ({what}) is {weft_share:?} \
+                 (bound {USERSPACE_RESTART_SHARE:?}): {lost:?} lost, {kube:?} with no weftd \
+                 on a node ({windows:?})\n{}",
+                c.weft_logs(30)
+            );
+        }
         drop(ns);
     }
     // The new tags hold the same image: the other tests run on it as they are.

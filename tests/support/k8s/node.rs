@@ -427,17 +427,7 @@ state = "{c}/state"
     /// node's network namespace: its own daemons and its hostNetwork pods'
     /// processes (weftd runs as `flanneld`).
     pub fn pids_named(&self, comm: &str) -> Vec<i32> {
-        let out = Command::new("ip")
-            .args(["netns", "pids", self.ns.name()])
-            .output()
-            .expect("ip netns pids");
-        String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .filter_map(|p| p.parse::<i32>().ok())
-            .filter(|p| {
-                std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == comm)
-            })
-            .collect()
+        netns_pids_named(self.ns.name(), comm)
     }
 
     /// Whether the node's daemons (containerd, kubelet, kube-proxy) all still run.
@@ -538,4 +528,20 @@ fn walk(dir: &Path, f: &mut dyn FnMut(&Path)) {
             }
         }
     }
+}
+
+/// The pids of the processes named `comm` in network namespace `netns`
+/// (for threads that watch a node without holding it).
+pub fn netns_pids_named(netns: &str, comm: &str) -> Vec<i32> {
+    let out = Command::new("ip")
+        .args(["netns", "pids", netns])
+        .output()
+        .expect("ip netns pids");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == comm)
+        })
+        .collect()
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 use kube_cluster::{ControlPlane, node_yaml, require_apiserver};
 use serde_json::Value;
 use weft_tests::netns::Netns;
-use weft_tests::proc::{Proc, wait_for};
+use weft_tests::proc::{Proc, wait_for, wait_for_or_show};
 use weft_tests::weftd::read_env;
 
 const NET_CONF: &str = r#"{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}"#;
@@ -634,10 +634,21 @@ fn nat_traversal_publishes_weft_nat_annotation() {
         n.wait_ready();
         let want = format!(r#"{{"Endpoint":"192.0.2.{}:51820"}}"#, i + 1);
         let name = n.name.clone();
-        wait_for(&format!("{name}'s {key}"), WAIT, || {
-            let obj = cp.node_json(&name);
-            (obj["metadata"]["annotations"][&key] == want.as_str()).then_some(())
-        });
+        wait_for_or_show(
+            &format!("{name}'s {key}"),
+            WAIT,
+            || {
+                let obj = cp.node_json(&name);
+                (obj["metadata"]["annotations"][&key] == want.as_str()).then_some(())
+            },
+            || {
+                format!(
+                    " (annotations: {}); weftd's log:\n{}",
+                    cp.node_json(&name)["metadata"]["annotations"],
+                    n.log()
+                )
+            },
+        );
         let a = flannel_annotations(&cp.node_json(&name));
         assert_eq!(a["backend-type"], "wireguard", "{a:?}");
         assert_eq!(a["public-ip"], format!("192.0.2.{}", i + 1), "{a:?}");

@@ -28,6 +28,14 @@
 //!   traffic goes: that moves only with the peer table (the lease store)
 //!   or WireGuard's authenticated roaming.
 //!
+//! - **Relays** (docs/nat.md, "Relays"; the relay is [`super::relay`]):
+//!   the control plane gives [`Discovery::set_relays`] ready-made
+//!   registrations (their MAC needs the node's key); worker 0 sends each
+//!   one to its relay's relay port every [`REGISTER_EVERY`] from the
+//!   listen port, and notes when a relay acknowledged (an ack counts only
+//!   from the relay asked and echoing that registration's MAC), which the
+//!   control plane reads to tell a live relay from a silent one.
+//!
 //! IPv4 only: an answer naming an IPv6 source is accepted on the wire but
 //! not published (NAT66 is out of scope).
 
@@ -42,7 +50,7 @@ use super::{Io, Now, Out, Rx};
 use crate::encap::DropReason;
 #[cfg(test)]
 use crate::wire::disco::FIRST;
-use crate::wire::disco::{self, Disco, LEN};
+use crate::wire::disco::{self, Disco, LEN, REGISTER_LEN, RelayMsg};
 
 /// The round while no answer is known (and while starting): a node behind
 /// NAT publishes its endpoint about a second after its engine starts.
@@ -57,6 +65,25 @@ pub const SLOW: Duration = Duration::from_secs(15);
 pub const STALE: Duration = Duration::from_secs(135);
 /// At most this many servers are asked each round.
 pub const MAX_SERVERS: usize = 4;
+/// At most this many relays are registered with.
+pub const MAX_RELAYS: usize = 4;
+/// How often a node registers with each relay: often enough that three
+/// missed acks (a relay gone silent, [`RELAY_SILENT`]) are noticed within
+/// 6 s, and far below the 30 s Linux keeps an unreplied UDP mapping. A
+/// 64-byte datagram per relay every 2 s costs nothing measurable.
+pub const REGISTER_EVERY: Duration = Duration::from_secs(2);
+/// A relay that acknowledged nothing for this long is silent: three
+/// registrations in a row went unanswered.
+pub const RELAY_SILENT: Duration = Duration::from_secs(3 * 2 + 1);
+
+/// A registration to send: the relay's relay address and the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Registration {
+    /// The relay's address and relay port.
+    pub to: SocketAddr,
+    /// The message ([`super::relay::registration`]).
+    pub msg: [u8; REGISTER_LEN],
+}
 
 /// The discovery state the cores and the control plane share.
 #[derive(Debug, Default)]
@@ -71,6 +98,10 @@ pub struct Discovery {
     answered: AtomicU64,
     /// A core saw a kept-alive peer without a recent handshake ([`STALE`]).
     hurry: AtomicBool,
+    /// The relays to register with.
+    relays: ArcSwap<Vec<Registration>>,
+    /// When each of them (by index) last acknowledged, Unix milliseconds.
+    acks: [AtomicU64; MAX_RELAYS],
 }
 
 impl Discovery {
@@ -105,6 +136,29 @@ impl Discovery {
         self.hurry.store(true, Ordering::Relaxed);
     }
 
+    /// The relays to register with (at most [`MAX_RELAYS`]); a relay kept
+    /// from the last list keeps its last ack.
+    pub fn set_relays(&self, relays: Vec<Registration>) {
+        let old = self.relays.load();
+        let mut times = [0u64; MAX_RELAYS];
+        for (i, r) in relays.iter().take(MAX_RELAYS).enumerate() {
+            if let Some(j) = old.iter().position(|o| o.to == r.to) {
+                times[i] = self.acks.get(j).map_or(0, |a| a.load(Ordering::Relaxed));
+            }
+        }
+        self.relays.store(Arc::new(relays));
+        for (a, t) in self.acks.iter().zip(times) {
+            a.store(t, Ordering::Relaxed);
+        }
+    }
+
+    /// When the relay at `to` last acknowledged a registration.
+    pub fn relay_ack(&self, to: SocketAddr) -> Option<SystemTime> {
+        let i = self.relays.load().iter().position(|r| r.to == to)?;
+        let ms = self.acks.get(i)?.load(Ordering::Relaxed);
+        (ms != 0).then(|| UNIX_EPOCH + Duration::from_millis(ms))
+    }
+
     /// Requests this node answered.
     pub fn answered(&self) -> u64 {
         self.answered.load(Ordering::Relaxed)
@@ -124,6 +178,7 @@ pub(super) struct Asker {
     nonce: Option<[u8; 16]>,
     next: Instant,
     last_answer: Option<Instant>,
+    next_register: Instant,
 }
 
 impl Asker {
@@ -133,16 +188,39 @@ impl Asker {
             nonce: None,
             next: now,
             last_answer: None,
+            next_register: now,
         }
     }
 
     /// Whether a round is due (the caller then draws a nonce).
     pub fn due(&self, now: Instant) -> bool {
-        now >= self.next && self.shared.enabled()
+        self.shared.enabled()
+            && (now >= self.next
+                || (now >= self.next_register && !self.shared.relays.load().is_empty()))
     }
 
-    /// One round: a request with `nonce` to each server.
+    /// One round: a request with `nonce` to each server when discovery is
+    /// due, a registration to each relay when that is; how many datagrams.
     pub fn ask(&mut self, now: Now, nonce: [u8; 16], out: &mut impl Out) -> usize {
+        let mut sent = 0;
+        if now.mono >= self.next_register {
+            self.next_register = now.mono + REGISTER_EVERY;
+            for r in self.shared.relays.load().iter().take(MAX_RELAYS) {
+                let room = out.room(REGISTER_LEN, 1);
+                if let Some(dst) = room.get_mut(..REGISTER_LEN) {
+                    dst.copy_from_slice(&r.msg);
+                    out.push(r.to, REGISTER_LEN);
+                    sent += 1;
+                }
+            }
+        }
+        if now.mono < self.next {
+            return sent;
+        }
+        sent + self.discover(now, nonce, out)
+    }
+
+    fn discover(&mut self, now: Now, nonce: [u8; 16], out: &mut impl Out) -> usize {
         let hurry = self.shared.hurry.swap(false, Ordering::Relaxed);
         let fresh = !hurry
             && self
@@ -227,7 +305,20 @@ pub(super) fn receive(
                 Rx::Drop(DropReason::Malformed)
             }
         }
-        Err(_) => Rx::Drop(DropReason::Malformed),
+        Err(_) => match RelayMsg::parse(d) {
+            Ok(RelayMsg::Ack { mac, .. }) => {
+                let relays = shared.relays.load();
+                let i = relays.iter().position(|r| r.to == src && r.msg[48..] == mac);
+                match i.and_then(|i| shared.acks.get(i)) {
+                    Some(a) => {
+                        a.store(now.unix_ms(), Ordering::Relaxed);
+                        Rx::Done { sent: 0 }
+                    }
+                    None => Rx::Drop(DropReason::Malformed),
+                }
+            }
+            _ => Rx::Drop(DropReason::Malformed),
+        },
     }
 }
 

@@ -145,3 +145,59 @@ fn stopped_handshakes_bring_the_fast_round_back() {
     p.advance(FAST);
     assert!(p.nodes[0].core.disco_due(p.now), "FAST while hurried");
 }
+
+#[test]
+fn a_node_registers_with_relays_and_notes_only_their_acks() {
+    use crate::path::wg::relay::{Relay, Verdict, registration};
+    use crate::wire::disco::ACK_LEN;
+    let mut p = asking_pair();
+    let relay_at = addr("192.0.2.11:51830");
+    let secret = [4u8; 32];
+    let relay_pub = [6u8; 32];
+    let rsecret = relay_pub; // the relay's private key in this test
+    let rpublic = boringtun::x25519::PublicKey::from(&boringtun::x25519::StaticSecret::from(
+        rsecret,
+    ))
+    .to_bytes();
+    let msg = registration(&secret, &rpublic, 1);
+    p.nodes[0]
+        .core
+        .disco
+        .set_relays(vec![Registration { to: relay_at, msg }]);
+    p.nodes[0].io.clear();
+    let now = p.now;
+    let n = &mut p.nodes[0];
+    // The first round: a registration and a discovery request.
+    assert_eq!(n.core.disco_ask(now, [1; 16], &mut n.io), 2);
+    assert_eq!(n.io.sent[0].0, relay_at);
+    let sent = n.io.datagram(0).to_vec();
+    assert_eq!(sent, msg);
+    // The relay takes it (the key is a member) and acks.
+    let mine = boringtun::x25519::PublicKey::from(&boringtun::x25519::StaticSecret::from(secret))
+        .to_bytes();
+    let mut r = Relay::new(rsecret, None, now.mono);
+    let mut ack = [0u8; ACK_LEN];
+    let src = addr("198.51.100.2:40001");
+    assert_eq!(r.datagram(&sent, src, now.mono, &[mine], &mut ack), Verdict::Ack);
+    assert_eq!(n.core.disco.relay_ack(relay_at), None);
+    // An ack from elsewhere, or echoing another MAC, is nothing.
+    let other = addr("192.0.2.66:51830");
+    assert_eq!(p.receive(0, &ack, other, Strict), Outcome::Drop(DropReason::Malformed));
+    let mut bad = ack;
+    bad[20] ^= 1;
+    assert_eq!(p.receive(0, &bad, relay_at, Strict), Outcome::Drop(DropReason::Malformed));
+    assert_eq!(p.nodes[0].core.disco.relay_ack(relay_at), None);
+    assert_eq!(p.receive(0, &ack, relay_at, Strict), Outcome::Done(0));
+    assert!(p.nodes[0].core.disco.relay_ack(relay_at).is_some());
+    // The next registration REGISTER_EVERY later (with discovery's FAST
+    // round: it has no answer yet).
+    assert!(!p.nodes[0].core.disco_due(p.now));
+    p.advance(REGISTER_EVERY);
+    assert!(p.nodes[0].core.disco_due(p.now));
+    p.nodes[0].io.clear();
+    let now = p.now;
+    let n = &mut p.nodes[0];
+    assert_eq!(n.core.disco_ask(now, [2; 16], &mut n.io), 2);
+    assert_eq!(n.io.sent[0].0, relay_at);
+    assert_eq!(n.io.datagram(0), &msg[..]);
+}

@@ -346,7 +346,10 @@ mod tests {
         }
         let mut req = [0u8; LEN];
         Disco::Request { nonce: [1; 16] }.write(&mut req);
-        assert!(RelayMsg::parse(&req).is_err(), "a request is not a relay message");
+        assert!(
+            RelayMsg::parse(&req).is_err(),
+            "a request is not a relay message"
+        );
         assert_eq!(RelayMsg::parse(&[1, 0, 0, 0]), Err(DiscoError::NotDisco));
     }
 }

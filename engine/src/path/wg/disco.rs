@@ -308,7 +308,9 @@ pub(super) fn receive(
         Err(_) => match RelayMsg::parse(d) {
             Ok(RelayMsg::Ack { mac, .. }) => {
                 let relays = shared.relays.load();
-                let i = relays.iter().position(|r| r.to == src && r.msg[48..] == mac);
+                let i = relays
+                    .iter()
+                    .position(|r| r.to == src && r.msg[48..] == mac);
                 match i.and_then(|i| shared.acks.get(i)) {
                     Some(a) => {
                         a.store(now.unix_ms(), Ordering::Relaxed);

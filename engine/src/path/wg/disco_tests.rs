@@ -155,10 +155,9 @@ fn a_node_registers_with_relays_and_notes_only_their_acks() {
     let secret = [4u8; 32];
     let relay_pub = [6u8; 32];
     let rsecret = relay_pub; // the relay's private key in this test
-    let rpublic = boringtun::x25519::PublicKey::from(&boringtun::x25519::StaticSecret::from(
-        rsecret,
-    ))
-    .to_bytes();
+    let rpublic =
+        boringtun::x25519::PublicKey::from(&boringtun::x25519::StaticSecret::from(rsecret))
+            .to_bytes();
     let msg = registration(&secret, &rpublic, 1);
     p.nodes[0]
         .core
@@ -178,14 +177,23 @@ fn a_node_registers_with_relays_and_notes_only_their_acks() {
     let mut r = Relay::new(rsecret, None, now.mono);
     let mut ack = [0u8; ACK_LEN];
     let src = addr("198.51.100.2:40001");
-    assert_eq!(r.datagram(&sent, src, now.mono, &[mine], &mut ack), Verdict::Ack);
+    assert_eq!(
+        r.datagram(&sent, src, now.mono, &[mine], &mut ack),
+        Verdict::Ack
+    );
     assert_eq!(n.core.disco.relay_ack(relay_at), None);
     // An ack from elsewhere, or echoing another MAC, is nothing.
     let other = addr("192.0.2.66:51830");
-    assert_eq!(p.receive(0, &ack, other, Strict), Outcome::Drop(DropReason::Malformed));
+    assert_eq!(
+        p.receive(0, &ack, other, Strict),
+        Outcome::Drop(DropReason::Malformed)
+    );
     let mut bad = ack;
     bad[20] ^= 1;
-    assert_eq!(p.receive(0, &bad, relay_at, Strict), Outcome::Drop(DropReason::Malformed));
+    assert_eq!(
+        p.receive(0, &bad, relay_at, Strict),
+        Outcome::Drop(DropReason::Malformed)
+    );
     assert_eq!(p.nodes[0].core.disco.relay_ack(relay_at), None);
     assert_eq!(p.receive(0, &ack, relay_at, Strict), Outcome::Done(0));
     assert!(p.nodes[0].core.disco.relay_ack(relay_at).is_some());

@@ -188,7 +188,11 @@ impl Relay {
 
     /// Registered nodes (with an address).
     pub fn registered(&self) -> usize {
-        self.nodes.iter().flatten().filter(|n| n.at.is_some()).count()
+        self.nodes
+            .iter()
+            .flatten()
+            .filter(|n| n.at.is_some())
+            .count()
     }
 
     /// One datagram `d` from `src` at `now`; `members` are the cluster's
@@ -267,7 +271,11 @@ impl Relay {
         if !members.contains(&key) {
             return Verdict::Drop(RelayDrop::Refused);
         }
-        let slot = match self.nodes.iter().position(|n| n.is_some_and(|n| n.key == key)) {
+        let slot = match self
+            .nodes
+            .iter()
+            .position(|n| n.is_some_and(|n| n.key == key))
+        {
             Some(i) => i,
             None => {
                 // A free slot, or one whose node went quiet.
@@ -389,8 +397,7 @@ impl Relay {
             return true;
         }
         let dt = now.saturating_duration_since(self.filled);
-        let add = (dt.as_nanos().min(u128::from(u64::MAX)) as u64)
-            .saturating_mul(self.rate)
+        let add = (dt.as_nanos().min(u128::from(u64::MAX)) as u64).saturating_mul(self.rate)
             / 1_000_000_000;
         if add > 0 {
             self.tokens = (self.tokens.saturating_add(add)).min(burst(self.rate));

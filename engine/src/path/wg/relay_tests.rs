@@ -57,12 +57,19 @@ impl T {
     }
     fn send(&mut self, d: &[u8], src: &str) -> Verdict {
         let members = self.members.clone();
-        self.r.datagram(d, addr(src), self.now, &members, &mut self.ack)
+        self.r
+            .datagram(d, addr(src), self.now, &members, &mut self.ack)
     }
     /// A and B registered, then a handshake through the relay.
     fn paired(&mut self) {
-        assert_eq!(self.send(&registration(&A, &public(&R), 10), A_AT), Verdict::Ack);
-        assert_eq!(self.send(&registration(&B, &public(&R), 10), B_AT), Verdict::Ack);
+        assert_eq!(
+            self.send(&registration(&A, &public(&R), 10), A_AT),
+            Verdict::Ack
+        );
+        assert_eq!(
+            self.send(&registration(&B, &public(&R), 10), B_AT),
+            Verdict::Ack
+        );
         let v = self.send(&initiation(0x100, &public(&B)), A_AT);
         assert_eq!(v, Verdict::Forward(addr(B_AT)));
         let v = self.send(&response(0x200, 0x100), B_AT);
@@ -78,13 +85,22 @@ const EVE: &str = "192.0.2.66:51820";
 fn registered_pairs_are_forwarded_by_mac1_and_learned_indices() {
     let mut t = T::new(None);
     t.paired();
-    assert_eq!(t.send(&data(0x200, 100), A_AT), Verdict::Forward(addr(B_AT)));
-    assert_eq!(t.send(&data(0x100, 100), B_AT), Verdict::Forward(addr(A_AT)));
+    assert_eq!(
+        t.send(&data(0x200, 100), A_AT),
+        Verdict::Forward(addr(B_AT))
+    );
+    assert_eq!(
+        t.send(&data(0x100, 100), B_AT),
+        Verdict::Forward(addr(A_AT))
+    );
     let mut cookie = data(0x100, COOKIE_REPLY_LEN);
     cookie[0] = msg::COOKIE_REPLY;
     assert_eq!(t.send(&cookie, B_AT), Verdict::Forward(addr(A_AT)));
     // An index is a pair's: B's index from A's side only.
-    assert_eq!(t.send(&data(0x200, 100), B_AT), Verdict::Drop(RelayDrop::NoRoute));
+    assert_eq!(
+        t.send(&data(0x200, 100), B_AT),
+        Verdict::Drop(RelayDrop::NoRoute)
+    );
     assert_eq!(t.r.stats.forwarded, 5);
     assert_eq!(t.r.registered(), 2);
 }
@@ -103,7 +119,10 @@ fn the_relay_is_no_reflector_for_unregistered_sources() {
     // An initiation for no registered key goes nowhere.
     let v = t.send(&initiation(0x300, &public(&[9; 32])), A_AT);
     assert_eq!(v, Verdict::Drop(RelayDrop::NoRoute));
-    assert_eq!(t.send(&[0xd1, 0, 1], A_AT), Verdict::Drop(RelayDrop::Malformed));
+    assert_eq!(
+        t.send(&[0xd1, 0, 1], A_AT),
+        Verdict::Drop(RelayDrop::Malformed)
+    );
 }
 
 #[test]
@@ -114,7 +133,11 @@ fn only_members_with_their_key_register_and_replays_do_not_move_them() {
     assert_eq!(v, Verdict::Drop(RelayDrop::Refused), "no lease has its key");
     let mut forged = registration(&A, &public(&R), 5);
     forged[60] ^= 1;
-    assert_eq!(t.send(&forged, EVE), Verdict::Drop(RelayDrop::Refused), "bad MAC");
+    assert_eq!(
+        t.send(&forged, EVE),
+        Verdict::Drop(RelayDrop::Refused),
+        "bad MAC"
+    );
     // A registration made for another relay does not verify here.
     let other = registration(&A, &public(&[8; 32]), 5);
     assert_eq!(t.send(&other, EVE), Verdict::Drop(RelayDrop::Refused));
@@ -129,11 +152,21 @@ fn only_members_with_their_key_register_and_replays_do_not_move_them() {
     );
     assert!(t.ack.len() < reg.len(), "no amplification");
     assert_eq!(t.send(&reg, A_AT), Verdict::Ack, "a refresh");
-    assert_eq!(t.send(&reg, EVE), Verdict::Drop(RelayDrop::Refused), "replay");
+    assert_eq!(
+        t.send(&reg, EVE),
+        Verdict::Drop(RelayDrop::Refused),
+        "replay"
+    );
     // The node moves with a newer counter (its NAT mapping changed).
     let moved = "198.51.100.2:40999";
-    assert_eq!(t.send(&registration(&A, &public(&R), 6), moved), Verdict::Ack);
-    assert_eq!(t.send(&data(1, 64), A_AT), Verdict::Drop(RelayDrop::Unregistered));
+    assert_eq!(
+        t.send(&registration(&A, &public(&R), 6), moved),
+        Verdict::Ack
+    );
+    assert_eq!(
+        t.send(&data(1, 64), A_AT),
+        Verdict::Drop(RelayDrop::Unregistered)
+    );
 }
 
 #[test]
@@ -141,7 +174,10 @@ fn quiet_nodes_expire() {
     let mut t = T::new(None);
     t.paired();
     t.now += NODE_TTL + Duration::from_secs(1);
-    assert_eq!(t.send(&data(0x200, 100), A_AT), Verdict::Drop(RelayDrop::Unregistered));
+    assert_eq!(
+        t.send(&data(0x200, 100), A_AT),
+        Verdict::Drop(RelayDrop::Unregistered)
+    );
 }
 
 #[test]

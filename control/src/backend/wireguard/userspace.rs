@@ -397,8 +397,15 @@ impl Live {
     }
 
     /// The leases whose relay changed ([`nat::Peers::choose_relays`]).
+    /// Only a node behind NAT relays: it registers with the relays, and
+    /// a relay forwards nothing for a node that did not.
     fn choose_relays(&mut self) -> Vec<Lease> {
-        let Some(dev) = self.devices.first() else {
+        let own = self
+            .node
+            .ext
+            .ext_addr
+            .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
+        let Some(dev) = self.devices.first().filter(|_| !nat::is_public(own)) else {
             return Vec::new();
         };
         let stats: BTreeMap<IpNet, Option<SystemTime>> = (dev.tunnel.peer_stats())

@@ -11,8 +11,8 @@
 //!   nothing and takes no lock (the servers are an `ArcSwap` load, the
 //!   answer one atomic store).
 //! - **Asking** (worker 0 only; the steering program sends every discovery
-//!   message there, byte 5 being 0): every [`SLOW`] (every [`FAST`] until an
-//!   answer came, when the last one is older than three [`SLOW`]s, or while
+//!   message there, byte 5 being 0): every [`SLOW`] (every [`FAST`], with
+//!   [`backoff`] while rounds go unanswered, until an answer came, when the last one is older than three [`SLOW`]s, or while
 //!   a kept-alive peer's handshakes have stopped, [`STALE`]) a
 //!   fresh random nonce goes to each server, at most [`MAX_SERVERS`], from
 //!   the listen port, so a NAT maps the request exactly as it maps the
@@ -65,6 +65,19 @@ pub const SLOW: Duration = Duration::from_secs(15);
 pub const STALE: Duration = Duration::from_secs(135);
 /// At most this many servers are asked each round.
 pub const MAX_SERVERS: usize = 4;
+/// The longest wait between rounds that got no answer: a round that goes
+/// unanswered doubles the next wait from [`FAST`] (1, 2, 4, 8, 16, 30 s),
+/// so servers that never answer (a peer that lost its address, or
+/// firewalls it) are not asked every second forever; any answer brings
+/// [`FAST`] back. 30 s is twice [`SLOW`]: at most one round more than a
+/// node with answers needs to see a new mapping.
+pub const BACKOFF_CAP: Duration = Duration::from_secs(30);
+
+/// The wait after `unanswered` rounds in a row without an answer.
+pub fn backoff(unanswered: u32) -> Duration {
+    FAST.saturating_mul(1u32 << unanswered.min(5))
+        .min(BACKOFF_CAP)
+}
 /// At most this many relays are registered with.
 pub const MAX_RELAYS: usize = 4;
 /// How often a node registers with each relay: often enough that three
@@ -179,6 +192,10 @@ pub(super) struct Asker {
     next: Instant,
     last_answer: Option<Instant>,
     next_register: Instant,
+    /// Whether the outstanding nonce was answered.
+    answered: bool,
+    /// Rounds in a row without an answer ([`backoff`]).
+    unanswered: u32,
 }
 
 impl Asker {
@@ -189,6 +206,8 @@ impl Asker {
             next: now,
             last_answer: None,
             next_register: now,
+            answered: false,
+            unanswered: 0,
         }
     }
 
@@ -226,7 +245,16 @@ impl Asker {
             && self
                 .last_answer
                 .is_some_and(|t| now.mono.saturating_duration_since(t) < 3 * SLOW);
-        self.next = now.mono + if fresh { SLOW } else { FAST };
+        if self.nonce.is_some() && !self.answered {
+            self.unanswered = self.unanswered.saturating_add(1);
+        }
+        self.answered = false;
+        self.next = now.mono
+            + if fresh {
+                SLOW
+            } else {
+                backoff(self.unanswered)
+            };
         self.nonce = Some(nonce);
         let servers = self.shared.servers.load();
         let mut sent = 0;
@@ -247,6 +275,8 @@ impl Asker {
             return false;
         }
         self.last_answer = Some(now.mono);
+        self.answered = true;
+        self.unanswered = 0;
         if !self.shared.hurry.load(Ordering::Relaxed) {
             self.next = now.mono + SLOW;
         }

@@ -1,4 +1,5 @@
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use super::super::sim::{Outcome, Pair};
 use super::*;
@@ -208,4 +209,58 @@ fn a_node_registers_with_relays_and_notes_only_their_acks() {
     assert_eq!(n.core.disco_ask(now, [2; 16], &mut n.io), 2);
     assert_eq!(n.io.sent[0].0, relay_at);
     assert_eq!(n.io.datagram(0), &msg[..]);
+}
+
+#[test]
+fn servers_that_never_answer_are_asked_ever_less_often() {
+    assert_eq!(
+        (0..8).map(|u| backoff(u).as_secs()).collect::<Vec<_>>(),
+        vec![1, 2, 4, 8, 16, 30, 30, 30]
+    );
+    let mut p = asking_pair();
+    // Unanswered rounds: the waits between them grow to the cap.
+    let mut waits = Vec::new();
+    ask(&mut p, [1; 16]);
+    for round in 2..=8u8 {
+        let mut waited = Duration::ZERO;
+        while !p.nodes[0].core.disco_due(p.now) {
+            p.advance(Duration::from_millis(500));
+            waited += Duration::from_millis(500);
+        }
+        waits.push(waited.as_secs());
+        ask(&mut p, [round; 16]);
+    }
+    assert_eq!(waits, vec![1, 2, 4, 8, 16, 30, 30]);
+    // An answer brings the normal rounds back (SLOW once answered).
+    let req = ask_again(&mut p);
+    p.nodes[1].io.clear();
+    let nat = addr("203.0.113.9:40001");
+    assert_eq!(p.receive(1, &req, nat, Strict), Outcome::Done(1));
+    let answer = p.nodes[1].io.datagram(0).to_vec();
+    let server = p.nodes[1].addr;
+    assert_eq!(p.receive(0, &answer, server, Strict), Outcome::Done(0));
+    p.advance(SLOW);
+    assert!(p.nodes[0].core.disco_due(p.now));
+    // Hurried with answers coming: FAST again.
+    p.nodes[0].core.disco.hurry();
+    let req = ask_again(&mut p);
+    p.nodes[1].io.clear();
+    assert_eq!(p.receive(1, &req, nat, Strict), Outcome::Done(1));
+    let answer = p.nodes[1].io.datagram(0).to_vec();
+    assert_eq!(p.receive(0, &answer, server, Strict), Outcome::Done(0));
+    p.nodes[0].core.disco.hurry();
+    ask_again(&mut p);
+    p.advance(FAST);
+    assert!(
+        p.nodes[0].core.disco_due(p.now),
+        "FAST: the last round was answered"
+    );
+}
+
+/// Waits for the next round and asks.
+fn ask_again(p: &mut Pair) -> Vec<u8> {
+    while !p.nodes[0].core.disco_due(p.now) {
+        p.advance(Duration::from_millis(500));
+    }
+    ask(p, [0x77; 16])
 }

@@ -141,4 +141,18 @@ fn nodes_behind_symmetric_nats_meet_through_a_relay_and_fail_over() {
         log.contains("relaying") && log.contains("went silent"),
         "{log}"
     );
+
+    // The relayed path's throughput beside a direct one from the same node
+    // (node 2 to the public node 1's pod), both 3 s of iperf3 TCP.
+    n.c.add_pod(0, "p0").unwrap_or_else(|e| panic!("pod: {e}"));
+    let c = &n.c;
+    let relayed = c.iperf_bytes(0, 1, 3);
+    let direct = c.iperf_bytes(0, 2, 3);
+    let mbit = |b: u64| b as f64 * 8.0 / 3.0 / 1e6;
+    println!(
+        "iperf3 3 s: relayed via {other} {:.0} Mbit/s, direct to the public node {:.0} Mbit/s",
+        mbit(relayed),
+        mbit(direct)
+    );
+    assert!(relayed > 0, "nothing moved through the relay");
 }

@@ -84,6 +84,8 @@ struct Live {
     relay: Option<RelayServer>,
     /// The cluster's WireGuard keys by lease key (who may register).
     members: BTreeMap<String, [u8; 32]>,
+    /// The relay's datagrams over its limit at the last look.
+    relay_limited: u64,
 }
 
 /// Margin on top of [`weft_engine::wg::BORINGTUN_TAI64_AHEAD`]: the kernel
@@ -252,6 +254,7 @@ impl Backend for Wireguard {
             nat: nat::Peers::default(),
             relay: None,
             members: BTreeMap::new(),
+            relay_limited: 0,
         };
         Ok(Prepared {
             attrs,
@@ -369,9 +372,19 @@ impl Live {
     /// a node whose own address is private registers with every relay (a
     /// fresh counter each time: a registration from a new NAT mapping is
     /// taken).
-    fn relays_changed(&self) {
+    fn relays_changed(&mut self) {
         if let Some(r) = &self.relay {
             r.set_members(self.members.values().copied().collect());
+            let st = r.stats();
+            if st.limited > self.relay_limited {
+                tracing::warn!(
+                    "NAT relay: {} datagrams over the bandwidth limit dropped ({} forwarded, {} bytes)",
+                    st.limited - self.relay_limited,
+                    st.forwarded,
+                    st.bytes
+                );
+                self.relay_limited = st.limited;
+            }
         }
         let own = self
             .node

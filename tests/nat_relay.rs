@@ -156,3 +156,33 @@ fn nodes_behind_symmetric_nats_meet_through_a_relay_and_fail_over() {
     );
     assert!(relayed > 0, "nothing moved through the relay");
 }
+
+/// The premise: without a relay, punching through the two symmetric NATs
+/// never works (each NAT gives every destination its own random port), so
+/// the pods of the test above can only have met through the relay. 20 s
+/// is past `RELAY_AFTER` and four WireGuard handshake rounds, while a pair
+/// behind cone NATs meets within 6 s of the start (tests/nat.rs).
+#[test]
+fn without_a_relay_symmetric_nats_keep_the_pair_apart() {
+    require_root!();
+    require_tool!("iptables", "iptables", "iptables");
+    require_tool!("curl", "curl", "curl");
+    let mut n = NatCluster::create_with("nrn", true, 3, Vec::new(), true);
+    n.c.start_all().unwrap_or_else(|e| panic!("start: {e}"));
+    n.c.add_pod(1, "p1").unwrap_or_else(|e| panic!("pod: {e}"));
+    n.c.add_pod(2, "p2").unwrap_or_else(|e| panic!("pod: {e}"));
+    let to = n.c.pods[1].ip.clone();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(20) {
+        assert!(
+            !n.c.pods[0].ns.ping(&to, 1),
+            "pods behind symmetric NATs met without a relay after {:?}",
+            t0.elapsed()
+        );
+    }
+    // Both published an endpoint (discovery works) and punch to it.
+    for i in [1, 2] {
+        let nat = &n.c.lease_of(&NatCluster::node_ip(i))["value"]["WeftNAT"];
+        assert!(nat["Endpoint"].is_string(), "node {}: {nat}", i + 1);
+    }
+}

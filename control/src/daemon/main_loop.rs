@@ -155,7 +155,7 @@ pub async fn run<M: SubnetManager>(
                 // NAT traversal's path choice (relays, their failover)
                 // runs at reconcile: every NAT_RECONCILE_EVERY polls.
                 nat_polls += 1;
-                if nat_polls % super::nat::NAT_RECONCILE_EVERY == 0 {
+                if nat_polls.is_multiple_of(super::nat::NAT_RECONCILE_EVERY) {
                     q.reconcile = true;
                 }
                 // A new endpoint from discovery: published with the lease.

@@ -111,6 +111,8 @@ pub struct Discovery {
     answered: AtomicU64,
     /// A core saw a kept-alive peer without a recent handshake ([`STALE`]).
     hurry: AtomicBool,
+    /// Bumped when the servers change.
+    generation: AtomicU64,
     /// The relays to register with.
     relays: ArcSwap<Vec<Registration>>,
     /// When each of them (by index) last acknowledged, Unix milliseconds.
@@ -128,9 +130,13 @@ impl Discovery {
         self.enabled.load(Ordering::Relaxed)
     }
 
-    /// The peers to ask (their listen address and port).
+    /// The peers to ask (their listen address and port). A changed list
+    /// starts the [`backoff`] over.
     pub fn set_servers(&self, servers: Vec<SocketAddr>) {
-        self.servers.store(Arc::new(servers));
+        if **self.servers.load() != servers {
+            self.servers.store(Arc::new(servers));
+            self.generation.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// The endpoint this node was last seen from, and when the answer came.
@@ -196,6 +202,9 @@ pub(super) struct Asker {
     answered: bool,
     /// Rounds in a row without an answer ([`backoff`]).
     unanswered: u32,
+    /// Requests the last round sent, and the servers' generation then.
+    sent: usize,
+    generation: u64,
 }
 
 impl Asker {
@@ -208,6 +217,8 @@ impl Asker {
             next_register: now,
             answered: false,
             unanswered: 0,
+            sent: 0,
+            generation: 0,
         }
     }
 
@@ -245,7 +256,12 @@ impl Asker {
             && self
                 .last_answer
                 .is_some_and(|t| now.mono.saturating_duration_since(t) < 3 * SLOW);
-        if self.nonce.is_some() && !self.answered {
+        // Only a round that asked someone counts; new servers start over.
+        let generation = self.shared.generation.load(Ordering::Relaxed);
+        if generation != self.generation {
+            self.generation = generation;
+            self.unanswered = 0;
+        } else if self.sent > 0 && !self.answered {
             self.unanswered = self.unanswered.saturating_add(1);
         }
         self.answered = false;
@@ -265,6 +281,7 @@ impl Asker {
                 sent += 1;
             }
         }
+        self.sent = sent;
         sent
     }
 

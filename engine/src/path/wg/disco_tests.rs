@@ -231,6 +231,29 @@ fn servers_that_never_answer_are_asked_ever_less_often() {
         ask(&mut p, [round; 16]);
     }
     assert_eq!(waits, vec![1, 2, 4, 8, 16, 30, 30]);
+    // New servers start over; rounds that ask no one do not count.
+    let server = p.nodes[1].addr;
+    p.nodes[0]
+        .core
+        .disco
+        .set_servers(vec![server, addr("192.0.2.77:51820")]);
+    while !p.nodes[0].core.disco_due(p.now) {
+        p.advance(Duration::from_millis(500));
+    }
+    let now = p.now;
+    let n = &mut p.nodes[0];
+    assert_eq!(n.core.disco_ask(now, [4; 16], &mut n.io), 2);
+    p.advance(FAST);
+    assert!(p.nodes[0].core.disco_due(p.now), "FAST with new servers");
+    p.nodes[0].core.disco.set_servers(Vec::new());
+    for _ in 0..5 {
+        p.advance(FAST);
+        assert!(p.nodes[0].core.disco_due(p.now), "no servers: no backoff");
+        let now = p.now;
+        let n = &mut p.nodes[0];
+        assert_eq!(n.core.disco_ask(now, [3; 16], &mut n.io), 0);
+    }
+    p.nodes[0].core.disco.set_servers(vec![server]);
     // An answer brings the normal rounds back (SLOW once answered).
     let req = ask_again(&mut p);
     p.nodes[1].io.clear();

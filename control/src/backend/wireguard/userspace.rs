@@ -351,6 +351,10 @@ impl Running for Live {
     }
 
     async fn teardown(&mut self) {
+        if let Some(r) = self.relay.take() {
+            // Joins its thread (it looks at its stop flag every 200 ms).
+            let _ = tokio::task::spawn_blocking(move || drop(r)).await;
+        }
         for mut d in self.devices.drain(..) {
             d.tunnel.stop().await;
         }

@@ -20,6 +20,7 @@
 //!   mapping (`nf_conntrack_udp_timeout`) and the 120 s of an assured one.
 //! - **Relayed** (docs/nat.md, "Relays"): a punched peer that has had no
 //!   handshake for [`RELAY_AFTER`] since punching began goes through a relay
+//!   (and no live session from before, [`FRESH`]) goes through a relay
 //!   (a peer whose lease has `"Relay":true`, reachable, acknowledging this
 //!   node's registrations): its traffic goes to the relay's relay port, and
 //!   the relay forwards it. Both ends choose the same relay (the first live
@@ -236,7 +237,14 @@ impl Peers {
                 Some(r) if live(r) => continue,
                 Some(r) => live_relays.iter().find(|n| n.at != r.at).copied(),
                 None => {
-                    let met = handshake(lease).is_some_and(|h| h >= *since);
+                    // A handshake since punching began, or a session
+                    // still alive (it may predate the punch: roaming).
+                    let met = handshake(lease).is_some_and(|h| {
+                        h >= *since
+                            || now
+                                .duration_since(h)
+                                .is_ok_and(|age| age.as_secs() <= FRESH)
+                    });
                     let waited = now.duration_since(*since).unwrap_or_default();
                     if met || waited < RELAY_AFTER {
                         continue;
@@ -416,6 +424,12 @@ mod tests {
         let met = |_: &Lease| Some(since + Duration::from_secs(3));
         assert!(
             p.choose_relays(met, all_live, since + RELAY_AFTER)
+                .is_empty()
+        );
+        // A session from before the punch (roaming) that is still alive.
+        let alive = |_: &Lease| Some(since - Duration::from_secs(30));
+        assert!(
+            p.choose_relays(alive, all_live, since + RELAY_AFTER)
                 .is_empty()
         );
         // No relay live yet: nothing to do.

@@ -86,7 +86,12 @@ struct Live {
     members: BTreeMap<String, [u8; 32]>,
     /// The relay's datagrams over its limit at the last look.
     relay_limited: u64,
+    /// When the relay's counters were last logged, and its forwarded count.
+    relay_logged: Option<(std::time::Instant, u64)>,
 }
+
+/// A relay logs its counters at most this often, when they moved.
+const RELAY_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// Margin on top of [`weft_engine::wg::BORINGTUN_TAI64_AHEAD`]: the kernel
 /// rounds its timestamps down to 1/64 s, and ours are noted just after
@@ -255,6 +260,7 @@ impl Backend for Wireguard {
             relay: None,
             members: BTreeMap::new(),
             relay_limited: 0,
+            relay_logged: None,
         };
         Ok(Prepared {
             attrs,
@@ -388,6 +394,20 @@ impl Live {
                     st.bytes
                 );
                 self.relay_limited = st.limited;
+            }
+            let due = self
+                .relay_logged
+                .is_none_or(|(t, _)| t.elapsed() >= RELAY_LOG_EVERY);
+            if due && self.relay_logged.is_none_or(|(_, f)| f != st.forwarded) {
+                tracing::info!(
+                    "NAT relay: {} datagrams forwarded ({} bytes), {} registrations, {} over the limit, {} dropped",
+                    st.forwarded,
+                    st.bytes,
+                    st.registered,
+                    st.limited,
+                    st.dropped
+                );
+                self.relay_logged = Some((std::time::Instant::now(), st.forwarded));
             }
         }
         let own = self

@@ -35,7 +35,11 @@
 //!   than the one received, and an ack is half a registration.
 //! - Fixed tables ([`MAX_NODES`], [`MAX_SESSIONS`]), allocated once; the
 //!   packet path allocates nothing and takes no lock. The X25519 runs once
-//!   per member key taking a slot (cached with the slot).
+//!   per member key taking a slot (cached with the slot); a slot whose
+//!   registration failed is the first to be taken over, so forged
+//!   registrations (public keys are public) cannot crowd real nodes out.
+//!   They can make the relay compute an X25519 each (tens of microseconds);
+//!   a per-source limit on registrations is left for later.
 //! - **Limit**: a token bucket of the configured Mbit/s with a burst of
 //!   [`BURST`] of it; a datagram over it is dropped and counted.
 
@@ -278,10 +282,21 @@ impl Relay {
         {
             Some(i) => i,
             None => {
-                // A free slot, or one whose node went quiet.
-                let Some(i) = self.nodes.iter().position(|n| {
-                    n.is_none_or(|n| now.saturating_duration_since(n.seen) > NODE_TTL)
-                }) else {
+                // A free slot, else one that never registered (a key
+                // cached for a registration that failed), else one whose
+                // node went quiet: failed registrations cannot hold slots.
+                let free = self.nodes.iter().position(Option::is_none);
+                let pending = || {
+                    self.nodes
+                        .iter()
+                        .position(|n| n.is_some_and(|n| n.at.is_none()))
+                };
+                let quiet = || {
+                    self.nodes.iter().position(|n| {
+                        n.is_some_and(|n| now.saturating_duration_since(n.seen) > NODE_TTL)
+                    })
+                };
+                let Some(i) = free.or_else(pending).or_else(quiet) else {
                     return Verdict::Drop(RelayDrop::Refused);
                 };
                 self.forget(i);

@@ -206,3 +206,23 @@ fn both_ends_derive_the_same_key() {
         registration_key(&R, &public(&A))
     );
 }
+
+#[test]
+fn forged_registrations_cannot_crowd_real_nodes_out() {
+    // More members than slots; a forger sends a bad registration for each.
+    let mut t = T::new(None);
+    let secrets: Vec<[u8; 32]> = (0..MAX_NODES as u8 + 8).map(|i| [i + 10; 32]).collect();
+    t.members = secrets.iter().map(public).collect();
+    t.members.push(public(&A));
+    for s in &secrets {
+        let mut forged = registration(s, &public(&R), 1);
+        forged[63] ^= 1;
+        assert_eq!(t.send(&forged, EVE), Verdict::Drop(RelayDrop::Refused));
+    }
+    // A real node still registers at once.
+    assert_eq!(
+        t.send(&registration(&A, &public(&R), 1), A_AT),
+        Verdict::Ack
+    );
+    assert_eq!(t.r.registered(), 1);
+}

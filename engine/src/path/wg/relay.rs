@@ -38,8 +38,10 @@
 //!   per member key taking a slot (cached with the slot); a slot whose
 //!   registration failed is the first to be taken over, so forged
 //!   registrations (public keys are public) cannot crowd real nodes out.
-//!   They can make the relay compute an X25519 each (tens of microseconds);
-//!   a per-source limit on registrations is left for later.
+//!   Each one for a key not cached costs an X25519 (tens of microseconds),
+//!   so at most [`DH_PER_SEC`] are computed a second (a bucket of as many):
+//!   a flood costs the relay a bounded share of a core, and a real node
+//!   refused during one registers at its next try, 2 s later.
 //! - **Limit**: a token bucket of the configured Mbit/s with a burst of
 //!   [`BURST`] of it; a datagram over it is dropped and counted.
 
@@ -65,6 +67,12 @@ pub const NODE_TTL: Duration = Duration::from_secs(30);
 pub const SESSION_TTL: Duration = Duration::from_secs(180);
 /// The bucket holds this share of a second's worth of the limit.
 pub const BURST: Duration = Duration::from_millis(100);
+
+/// X25519s (registrations of keys not cached) a relay computes per second
+/// at most: 100 x ~50 us is 0.5 % of a core; a cluster's nodes register
+/// once each (then the key is cached), so 100 a second is far more than a
+/// relay restart needs.
+pub const DH_PER_SEC: u32 = 100;
 
 const LABEL_REGISTER: &[u8] = b"weft relay register v1";
 
@@ -162,6 +170,9 @@ pub struct Relay {
     rate: u64,
     tokens: u64,
     filled: Instant,
+    /// X25519s left this second, and when the second began.
+    dh_left: u32,
+    dh_since: Instant,
     /// Counters.
     pub stats: RelayStats,
 }
@@ -186,6 +197,8 @@ impl Relay {
             rate,
             tokens: burst(rate),
             filled: now,
+            dh_left: DH_PER_SEC,
+            dh_since: now,
             stats: RelayStats::default(),
         }
     }
@@ -299,6 +312,13 @@ impl Relay {
                 let Some(i) = free.or_else(pending).or_else(quiet) else {
                     return Verdict::Drop(RelayDrop::Refused);
                 };
+                if now.saturating_duration_since(self.dh_since) >= Duration::from_secs(1) {
+                    (self.dh_left, self.dh_since) = (DH_PER_SEC, now);
+                }
+                if self.dh_left == 0 {
+                    return Verdict::Drop(RelayDrop::Refused);
+                }
+                self.dh_left -= 1;
                 self.forget(i);
                 self.nodes[i] = Some(Node {
                     key,

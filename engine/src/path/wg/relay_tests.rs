@@ -226,3 +226,21 @@ fn forged_registrations_cannot_crowd_real_nodes_out() {
     );
     assert_eq!(t.r.registered(), 1);
 }
+
+#[test]
+fn key_agreements_are_bounded_per_second() {
+    let mut t = T::new(None);
+    let secrets: Vec<[u8; 32]> = (0..DH_PER_SEC + 1).map(|i| [i as u8 ^ 0x80; 32]).collect();
+    t.members = secrets.iter().map(public).collect();
+    t.members.push(public(&A));
+    for s in &secrets[..DH_PER_SEC as usize] {
+        let mut forged = registration(s, &public(&R), 1);
+        forged[63] ^= 1;
+        assert_eq!(t.send(&forged, EVE), Verdict::Drop(RelayDrop::Refused));
+    }
+    // The budget is spent: even a real node waits for the next second.
+    let reg = registration(&A, &public(&R), 1);
+    assert_eq!(t.send(&reg, A_AT), Verdict::Drop(RelayDrop::Refused));
+    t.now += Duration::from_secs(1);
+    assert_eq!(t.send(&reg, A_AT), Verdict::Ack);
+}

@@ -111,6 +111,7 @@ pub mod ipip;
 pub mod offload;
 pub mod path;
 pub mod peers;
+pub mod relay;
 mod spare;
 mod stats;
 mod steer;

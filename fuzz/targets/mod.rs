@@ -29,6 +29,7 @@ pub const ALL: &[Target] = &[
     ("ipip_decap", engine::ipip_decap),
     ("wg_input", wg::wg_input),
     ("disco_msg", wg::disco_msg),
+    ("relay_msg", wg::relay_msg),
     ("net_conf", control::net_conf),
     ("lease_attrs", control::lease_attrs),
     ("subnet_key", control::subnet_key),

@@ -246,3 +246,49 @@ pub fn disco_msg(data: &[u8]) {
     assert_eq!(&out[..LEN], data, "written differently");
     assert_eq!(Disco::parse(&out[..LEN]), Ok(m));
 }
+
+/// `relay_msg`: a datagram on a relay's port (`wire::disco::RelayMsg::parse`
+/// and `path::wg::relay::Relay::datagram`, docs/nat.md "Relays"), given to
+/// a relay where node A is registered. What parses as a relay message
+/// writes back to the same bytes; nothing from an address no node
+/// registered from is forwarded (no reflector), nothing from A goes back to
+/// A, and nothing forwarded is larger than what came.
+pub fn relay_msg(data: &[u8]) {
+    use std::time::Instant;
+    use weft_engine::WgSecret;
+    use weft_engine::path::wg::relay::{Relay, Verdict, registration};
+    use weft_engine::wire::disco::{ACK_LEN, RelayMsg, maybe};
+    if let Ok(m) = RelayMsg::parse(data) {
+        assert!(maybe(data), "parsed without the first byte");
+        let mut out = [0xa5u8; 80];
+        let n = m.write(&mut out).expect("room for any relay message");
+        assert_eq!(&out[..n], data, "written differently");
+    }
+    let (relay, a, b) = ([1u8; 32], [2u8; 32], [3u8; 32]);
+    let members = [WgSecret(a).public_key(), WgSecret(b).public_key()];
+    let now = Instant::now();
+    let mut r = Relay::new(relay, Some(1), now);
+    let mut ack = [0u8; ACK_LEN];
+    let a_at: SocketAddr = "198.51.100.2:40001".parse().expect("addr");
+    let b_at: SocketAddr = "203.0.113.2:50002".parse().expect("addr");
+    let stranger: SocketAddr = "192.0.2.66:51820".parse().expect("addr");
+    let pub_r = WgSecret(relay).public_key();
+    assert_eq!(
+        r.datagram(&registration(&a, &pub_r, 1), a_at, now, &members, &mut ack),
+        Verdict::Ack
+    );
+    assert_eq!(
+        r.datagram(&registration(&b, &pub_r, 1), b_at, now, &members, &mut ack),
+        Verdict::Ack
+    );
+    let v = r.datagram(data, stranger, now, &members, &mut ack);
+    assert!(
+        !matches!(v, Verdict::Forward(_)),
+        "reflected for a stranger: {v:?}"
+    );
+    match r.datagram(data, a_at, now, &members, &mut ack) {
+        Verdict::Forward(to) => assert_ne!(to, a_at, "sent back to its sender"),
+        Verdict::Ack => assert!(ACK_LEN < data.len(), "an ack amplifies"),
+        Verdict::Drop(_) => {}
+    }
+}

@@ -15,6 +15,10 @@
 //! the source port when it is free), no route into the other sites' LANs,
 //! and unsolicited packets to the router itself dropped (as any NAT
 //! router's firewall does; see docs/nat.md for what happens without it).
+//! [`NatCluster::create_with`] makes both routers symmetric NATs instead
+//! (`MASQUERADE --random-fully`: a new random port per destination, which
+//! no punch gets through) and gives nodes weftd arguments of their own
+//! (e.g. `--nat-relay` for the public nodes past [`SITES`]).
 //! The lease store is the embedded one (a file every node's weftd reads),
 //! so the nodes need no path to a store. Routers live in namespaces of
 //! their own, removed on drop with the cluster's.
@@ -65,6 +69,18 @@ impl NatCluster {
     /// [`NatCluster::create`] with `nodes` (at least 3) nodes: those past
     /// [`SITES`] sit on the internet with public addresses `192.0.2.<i+1>`.
     pub fn create_nodes(tag: &str, nat: bool, nodes: u8) -> NatCluster {
+        NatCluster::create_with(tag, nat, nodes, Vec::new(), false)
+    }
+
+    /// [`NatCluster::create_nodes`] with weftd arguments of node `i` in
+    /// `node_args[i]`, and symmetric NATs when `symmetric`.
+    pub fn create_with(
+        tag: &str,
+        nat: bool,
+        nodes: u8,
+        node_args: Vec<Vec<String>>,
+        symmetric: bool,
+    ) -> NatCluster {
         assert!(
             usize::from(nodes) >= SITES.len(),
             "at least {} nodes",
@@ -79,11 +95,13 @@ impl NatCluster {
         ];
         let spec = cluster::spec(tag, &net_conf(nat), nodes, &args, work.path());
         let prefix = spec.prefix.clone();
-        let c = Cluster::create(spec, &ClusterStore::Embedded, Vec::new())
+        let c = Cluster::create(spec, &ClusterStore::Embedded, node_args)
             .unwrap_or_else(|e| panic!("cluster: {e}"));
         let mut routers = Vec::new();
         for (i, site) in SITES.iter().enumerate() {
-            routers.push(site.map(|(wan, lan)| behind_nat(&prefix, i, &c.nodes[i].ns, wan, lan)));
+            routers.push(
+                site.map(|(wan, lan)| behind_nat(&prefix, i, &c.nodes[i].ns, wan, lan, symmetric)),
+            );
         }
         NatCluster {
             c,
@@ -117,8 +135,16 @@ impl NatCluster {
 
 /// Moves `node` (index `i`) behind a new NAT router `<prefix>-r<i>`: its
 /// underlay port goes, a LAN `<lan>.0/24` joins it to the router, whose WAN
-/// port `wan` sits on the internet bridge.
-fn behind_nat(prefix: &str, i: usize, node: &Netns, wan: &str, lan: &str) -> Netns {
+/// port `wan` sits on the internet bridge; `symmetric`: a new random port
+/// for every mapping.
+fn behind_nat(
+    prefix: &str,
+    i: usize,
+    node: &Netns,
+    wan: &str,
+    lan: &str,
+    symmetric: bool,
+) -> Netns {
     let r = Netns::new(&format!("{prefix}-r{i}"));
     let ul = format!("{prefix}-ul");
     let port = format!("rw{i}");
@@ -161,7 +187,7 @@ fn behind_nat(prefix: &str, i: usize, node: &Netns, wan: &str, lan: &str) -> Net
     );
     node.exec(&["ip", "route", "add", "default", "via", &gw]);
     r.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
-    r.exec(&[
+    let mut masq = vec![
         "iptables",
         "-t",
         "nat",
@@ -171,7 +197,11 @@ fn behind_nat(prefix: &str, i: usize, node: &Netns, wan: &str, lan: &str) -> Net
         "wan",
         "-j",
         "MASQUERADE",
-    ]);
+    ];
+    if symmetric {
+        masq.push("--random-fully");
+    }
+    r.exec(&masq);
     r.exec(&["iptables", "-A", "INPUT", "-i", "wan", "-j", "DROP"]);
     r
 }

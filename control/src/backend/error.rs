@@ -64,6 +64,15 @@ pub enum BackendError {
     /// The node's WireGuard key could not be read or written.
     #[error("wireguard key: {0}")]
     Key(String),
+    /// The NAT relay's socket (`--nat-relay`).
+    #[error("NAT relay on {bind}: {source}")]
+    Relay {
+        /// The address it would listen on.
+        bind: std::net::SocketAddr,
+        /// Why it cannot.
+        #[source]
+        source: std::io::Error,
+    },
     /// Programming the kernel failed.
     #[error(transparent)]
     Netlink(#[from] NetlinkError),

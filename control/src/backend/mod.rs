@@ -321,6 +321,18 @@ pub struct EngineTuning {
     /// NAT traversal (docs/nat.md): `--nat-traversal` or net-conf.json's
     /// `WeftNATTraversal`; only the userspace WireGuard path acts on it.
     pub nat: bool,
+    /// Relay for nodes behind NAT (`--nat-relay`, docs/nat.md "Relays"):
+    /// only with `nat`, on the userspace WireGuard path.
+    pub relay: Option<RelayTuning>,
+}
+
+/// A relay's settings (`--nat-relay-port`, `--nat-relay-limit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelayTuning {
+    /// The UDP port it listens on.
+    pub port: u16,
+    /// Its bandwidth limit, Mbit/s (`None`: none).
+    pub mbit: Option<u64>,
 }
 
 impl EngineTuning {

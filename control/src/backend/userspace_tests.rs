@@ -17,6 +17,7 @@ use crate::config::backend::{BackendOptions, IpipOptions, VxlanOptions, Wireguar
 fn tuning() -> EngineTuning {
     EngineTuning {
         nat: false,
+        relay: None,
         workers: 1,
         offload: false,
         anti_spoof: AntiSpoofing::Subnet,
@@ -300,6 +301,7 @@ fn wireguard_nat_traversal_punches_to_published_endpoints() {
     let nat = |mut l: super::Lease, ep: Option<&str>| {
         l.attrs.weft_nat = Some(NatAttrs {
             endpoint: ep.map(|e| e.parse().expect("endpoint")),
+            relay: None,
         });
         l
     };
@@ -314,6 +316,7 @@ fn wireguard_nat_traversal_punches_to_published_endpoints() {
                 None,
                 EngineTuning {
                     nat: on,
+                    relay: None,
                     ..tuning()
                 },
                 us,

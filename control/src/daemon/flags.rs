@@ -220,6 +220,23 @@ pub struct Flags {
     /// when net-conf.json has `"WeftNATTraversal": true`.
     #[arg(long, env = "WEFT_NAT_TRAVERSAL", default_value = "false", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
     pub nat_traversal: bool,
+    /// weft: relay WireGuard datagrams for nodes behind NATs that cannot
+    /// punch (docs/nat.md "Relays"; turns on --nat-traversal): the lease's
+    /// WeftNAT gets `"Relay":true`. For a node with a reachable address.
+    #[arg(long, env = "WEFT_NAT_RELAY", default_value = "false", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
+    pub nat_relay: bool,
+    /// weft: the UDP port a relay listens on (--nat-relay).
+    #[arg(long, env = "WEFT_NAT_RELAY_PORT", default_value_t = 51830)]
+    pub nat_relay_port: u16,
+    /// weft: a relay's bandwidth limit in Mbit/s; datagrams over it are
+    /// dropped and counted (0: no limit).
+    #[arg(
+        long,
+        env = "WEFT_NAT_RELAY_LIMIT",
+        default_value_t = 0,
+        value_name = "MBIT/S"
+    )]
+    pub nat_relay_limit: u64,
     /// Resync period for iptables rules, in seconds.
     #[arg(long, env = "FLANNELD_IPTABLES_RESYNC", default_value_t = 5)]
     pub iptables_resync: u64,
@@ -567,8 +584,8 @@ mod tests {
             }
         }
         // flanneld's 7 booleans, weft's --probe-route-mtu and
-        // --nat-traversal; flanneld's 20 value flags and weft's own.
-        assert!(seen.0 >= 30 && seen.1 == 9, "{seen:?}");
+        // --nat-traversal and --nat-relay; flanneld's 20 value flags and weft's own.
+        assert!(seen.0 >= 30 && seen.1 == 10, "{seen:?}");
         // `--` ends the flags; a lone `-` and non-flags are left alone.
         assert_eq!(norm(&["--", "-v", "2"]), vec!["--", "-v", "2"]);
         assert_eq!(norm(&["-", "x"]), vec!["-", "x"]);

@@ -97,6 +97,7 @@ pub async fn run<M: SubnetManager>(
     let mut nat_tick = tokio::time::interval(super::nat::POLL);
     nat_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut peers_reported: Option<Vec<String>> = None;
+    let mut nat_polls: u64 = 0;
     loop {
         if !task.is_busy() {
             dispatch(task, &mut q, &mut backlog, &watcher, lease)?;
@@ -151,6 +152,12 @@ pub async fn run<M: SubnetManager>(
             }
             _ = reconcile.tick() => q.reconcile = true,
             _ = nat_tick.tick(), if lease.attrs.weft_nat.is_some() => {
+                // NAT traversal's path choice (relays, their failover)
+                // runs at reconcile: every NAT_RECONCILE_EVERY polls.
+                nat_polls += 1;
+                if nat_polls.is_multiple_of(super::nat::NAT_RECONCILE_EVERY) {
+                    q.reconcile = true;
+                }
                 // A new endpoint from discovery: published with the lease.
                 if let Some(next) = super::nat::changed(&nat_obs, lease) {
                     match mgr.renew_lease(&next).await {

@@ -14,6 +14,14 @@ use crate::view::Observer;
 /// How often the loop looks: discovery's fastest round ([`weft_engine::path::wg::disco::FAST`]).
 pub const POLL: Duration = weft_engine::path::wg::disco::FAST;
 
+/// A node with NAT traversal reconciles every this many [`POLL`]s (2 s)
+/// instead of every 10 s: the path choice (punched, relayed, which relay)
+/// runs there, and a relay that went silent
+/// ([`weft_engine::path::wg::disco::RELAY_SILENT`], 7 s) is then left
+/// within 9 s. A reconcile of the WireGuard backend is a netlink look at
+/// one device and its routes.
+pub const NAT_RECONCILE_EVERY: u64 = 2;
+
 /// The lease to publish when discovery saw this node from a new endpoint.
 pub fn changed(obs: &Observer, lease: &Lease) -> Option<Lease> {
     let nat = lease.attrs.weft_nat?;
@@ -29,6 +37,7 @@ pub fn changed(obs: &Observer, lease: &Lease) -> Option<Lease> {
     let mut next = lease.clone();
     next.attrs.weft_nat = Some(NatAttrs {
         endpoint: Some(seen),
+        ..nat
     });
     Some(next)
 }

@@ -151,7 +151,11 @@ pub async fn run_with<M: SubnetManager>(
         workers: flags.engine_workers,
         offload: true,
         anti_spoof: flags.anti_spoofing.engine(),
-        nat: flags.nat_traversal || cfg.weft_nat_traversal,
+        nat: flags.nat_traversal || cfg.weft_nat_traversal || flags.nat_relay,
+        relay: flags.nat_relay.then_some(crate::backend::RelayTuning {
+            port: flags.nat_relay_port,
+            mbit: (flags.nat_relay_limit > 0).then_some(flags.nat_relay_limit),
+        }),
     };
     let dataplane = match flags.dataplane {
         Dataplane::Auto => backend::DataplaneChoice::Auto,

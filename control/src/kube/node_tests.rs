@@ -288,6 +288,7 @@ fn wg_attrs(nat: Option<&str>) -> LeaseAttrs {
         backend_data: Some(r#"{"PublicKey":"k","Port":51820}"#.into()),
         weft_nat: nat.map(|e| crate::lease::NatAttrs {
             endpoint: e.parse().ok(),
+            relay: None,
         }),
         ..Default::default()
     }

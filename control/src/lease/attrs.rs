@@ -172,6 +172,7 @@ mod tests {
         let mut a = LeaseAttrs::from_json(FLANNEL_VXLAN.as_bytes()).expect("decode");
         a.weft_nat = Some(NatAttrs {
             endpoint: Some("203.0.113.9:51820".parse().expect("addr")),
+            relay: None,
         });
         let text = a.to_json();
         assert!(

@@ -236,17 +236,26 @@ impl PromCollector for Collector {
         // NAT traversal (docs/nat.md): 1 on the peer's path.
         let paths = (self.0.peers.iter())
             .filter_map(|p| {
-                let l = vec![
+                let path = p.path.clone()?;
+                // `relayed via <ip>` is path `relayed`, label `via`.
+                let (path, via) = match path.strip_prefix("relayed via ") {
+                    Some(ip) => ("relayed".to_string(), ip.to_string()),
+                    None => (path, String::new()),
+                };
+                let mut l = vec![
                     backend(),
                     ("subnet", p.subnet.clone().unwrap_or_default()),
-                    ("path", p.path.clone()?),
+                    ("path", path),
                 ];
+                if !via.is_empty() {
+                    l.push(("via", via));
+                }
                 Some((l, 1))
             })
             .collect();
         gauge(
             "peer_path",
-            "NAT traversal: 1 for the peer's path (direct, punched or unreachable)",
+            "NAT traversal: 1 for the peer's path (direct, punched, relayed via a node, or unreachable)",
             paths,
         )
         .encode(&mut enc)?;

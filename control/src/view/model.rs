@@ -292,6 +292,8 @@ impl Status {
         for (i, p) in backend.peer_counters.iter().enumerate() {
             by_subnet.entry(p.subnet.trunc()).or_default().push((i, p));
         }
+        let peers: Vec<&Lease> = peers.into_iter().collect();
+        let relays = super::path::relays(peers.iter().copied());
         let peers = peers
             .into_iter()
             .map(|l| {
@@ -314,7 +316,7 @@ impl Status {
                     .reduce(Counters::plus);
                 let last_handshake = mine.iter().filter_map(|p| p.last_handshake).max();
                 let endpoint = mine.first().map(|p| p.endpoint);
-                let path = super::path::of(own, l, endpoint, last_handshake, now);
+                let path = super::path::of(own, l, endpoint, last_handshake, now, &relays);
                 PeerStatus {
                     subnet: l.subnet.map(|s| s.to_string()),
                     ipv6_subnet: l.ipv6_subnet.map(|s| s.to_string()),

@@ -31,6 +31,25 @@
 //!
 //! A request and its answer have the same length, so answering a spoofed
 //! request does not amplify it.
+//!
+//! Relays (docs/nat.md, "Relays") add two kinds of other lengths, parsed by
+//! [`RelayMsg::parse`] (a 48-byte datagram is never one of them):
+//!
+//! ```text
+//!  register (k 3, 64 bytes, node -> relay's relay port):
+//!  0       4   5   6      8              40          48         64
+//!  | magic | 3 | 0 | 0  0 | WG public key | counter BE | MAC (16) |
+//!  ack (k 4, 32 bytes, relay -> node):
+//!  0       4   5   6      8           16                      32
+//!  | magic | 4 | 0 | 0  0 | counter BE | the registration's MAC |
+//! ```
+//!
+//! The registration's MAC is a keyed BLAKE2s-128 over bytes 0..48 with a
+//! key both ends derive from the static-static X25519 of the node's and the
+//! relay's WireGuard keys (`path::wg::relay`), so only the holder of the
+//! node's private key can register it. An ack echoes that MAC, which only
+//! the two ends (and anyone on the path) know, and is half as long as a
+//! registration: no amplification. Unknown kinds are ignored.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -45,6 +64,103 @@ pub const VERSION: u8 = 1;
 
 const REQUEST: u8 = 1;
 const ANSWER: u8 = 2;
+const REGISTER: u8 = 3;
+const ACK: u8 = 4;
+
+/// The length of a relay registration.
+pub const REGISTER_LEN: usize = 64;
+/// The length of a relay's acknowledgement.
+pub const ACK_LEN: usize = 32;
+/// The bytes a registration's MAC covers.
+pub const REGISTER_MACED: usize = 48;
+
+/// A relay message (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayMsg {
+    /// A node asks a relay to forward to and from its source address.
+    Register {
+        /// The node's WireGuard public key.
+        key: [u8; 32],
+        /// Grows with every new registration (the node's Unix milliseconds).
+        counter: u64,
+        /// Keyed BLAKE2s-128 of bytes 0..48.
+        mac: [u8; 16],
+    },
+    /// The relay took registration `counter` whose MAC was `mac`.
+    Ack {
+        /// The registration's counter.
+        counter: u64,
+        /// The registration's MAC.
+        mac: [u8; 16],
+    },
+}
+
+impl RelayMsg {
+    /// Parses an untrusted datagram.
+    pub fn parse(d: &[u8]) -> Result<RelayMsg, DiscoError> {
+        if d.len() < 8 || d[..3] != MAGIC[..3] {
+            return Err(DiscoError::NotDisco);
+        }
+        if d[3] != VERSION {
+            return Err(DiscoError::Version(d[3]));
+        }
+        if d[5..8] != [0, 0, 0] {
+            return Err(DiscoError::Malformed);
+        }
+        let u64_at = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&d[i..i + 8]);
+            u64::from_be_bytes(b)
+        };
+        let mut mac = [0u8; 16];
+        match (d[4], d.len()) {
+            (REGISTER, REGISTER_LEN) => {
+                let mut key = [0u8; 32];
+                key.copy_from_slice(&d[8..40]);
+                mac.copy_from_slice(&d[48..64]);
+                Ok(RelayMsg::Register {
+                    key,
+                    counter: u64_at(40),
+                    mac,
+                })
+            }
+            (ACK, ACK_LEN) => {
+                mac.copy_from_slice(&d[16..32]);
+                Ok(RelayMsg::Ack {
+                    counter: u64_at(8),
+                    mac,
+                })
+            }
+            _ => Err(DiscoError::Malformed),
+        }
+    }
+
+    /// Writes the message to the start of `out`; its length, `None` when
+    /// `out` is shorter.
+    pub fn write(&self, out: &mut [u8]) -> Option<usize> {
+        let len = match self {
+            RelayMsg::Register { .. } => REGISTER_LEN,
+            RelayMsg::Ack { .. } => ACK_LEN,
+        };
+        let out = out.get_mut(..len)?;
+        out.fill(0);
+        out[..4].copy_from_slice(&MAGIC);
+        match *self {
+            RelayMsg::Register { key, counter, mac } => {
+                out[4] = REGISTER;
+                out[8..40].copy_from_slice(&key);
+                out[40..48].copy_from_slice(&counter.to_be_bytes());
+                out[48..64].copy_from_slice(&mac);
+            }
+            RelayMsg::Ack { counter, mac } => {
+                out[4] = ACK;
+                out[8..16].copy_from_slice(&counter.to_be_bytes());
+                out[16..32].copy_from_slice(&mac);
+            }
+        }
+        Some(len)
+    }
+}
 
 /// A parsed message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,5 +317,39 @@ mod tests {
         }
         let mut short = [0u8; 10];
         assert_eq!(Disco::Request { nonce: [0; 16] }.write(&mut short), None);
+    }
+
+    #[test]
+    fn relay_messages_round_trip_and_are_never_discovery() {
+        for m in [
+            RelayMsg::Register {
+                key: [5; 32],
+                counter: 1_765_000_000_123,
+                mac: [6; 16],
+            },
+            RelayMsg::Ack {
+                counter: 77,
+                mac: [8; 16],
+            },
+        ] {
+            let mut b = [0xa5u8; 80];
+            let n = m.write(&mut b).expect("room");
+            assert_eq!(RelayMsg::parse(&b[..n]), Ok(m));
+            assert!(maybe(&b));
+            assert_eq!(b[5], 0, "steered to worker 0");
+            assert_eq!(Disco::parse(&b[..n]), Err(DiscoError::NotDisco));
+            // Any other length or kind is not one.
+            assert!(RelayMsg::parse(&b[..n - 1]).is_err());
+            let mut k = b;
+            k[4] = 9;
+            assert_eq!(RelayMsg::parse(&k[..n]), Err(DiscoError::Malformed));
+        }
+        let mut req = [0u8; LEN];
+        Disco::Request { nonce: [1; 16] }.write(&mut req);
+        assert!(
+            RelayMsg::parse(&req).is_err(),
+            "a request is not a relay message"
+        );
+        assert_eq!(RelayMsg::parse(&[1, 0, 0, 0]), Err(DiscoError::NotDisco));
     }
 }

@@ -245,6 +245,7 @@ mod tests {
     fn tuning() -> EngineTuning {
         EngineTuning {
             nat: false,
+            relay: None,
             workers: 1,
             offload: true,
             anti_spoof: weft_engine::AntiSpoofing::Strict,

@@ -15,9 +15,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use ipnet::IpNet;
+use weft_engine::path::wg::disco::Registration;
 use weft_engine::{AntiSpoofing, Engine, EngineConfig, Peer, PeerStats};
 
 use super::BackendError;
@@ -43,6 +44,12 @@ pub trait TunnelEngine: Send + Sync {
     fn set_discovery(&self, _on: bool, _servers: Vec<SocketAddr>) {}
     /// The endpoint discovery last saw this node from.
     fn seen(&self) -> Option<SocketAddrV4> {
+        None
+    }
+    /// The relays to register with (docs/nat.md "Relays").
+    fn set_relays(&self, _relays: Vec<Registration>) {}
+    /// When the relay at `to` last acknowledged a registration.
+    fn relay_ack(&self, _to: SocketAddr) -> Option<SystemTime> {
         None
     }
     /// Stops the workers and joins them (blocking: [`Tunnel::stop`] runs it
@@ -122,6 +129,14 @@ impl TunnelEngine for Shared {
     }
     fn seen(&self) -> Option<SocketAddrV4> {
         self.0.discovery()?.seen().map(|(a, _)| a)
+    }
+    fn set_relays(&self, relays: Vec<Registration>) {
+        if let Some(d) = self.0.discovery() {
+            d.set_relays(relays);
+        }
+    }
+    fn relay_ack(&self, to: SocketAddr) -> Option<SystemTime> {
+        self.0.discovery()?.relay_ack(to)
     }
     fn describe(&self) -> String {
         let e = &self.0;
@@ -357,6 +372,18 @@ impl Tunnel {
     /// The endpoint discovery last saw this node from.
     pub fn seen(&self) -> Option<SocketAddrV4> {
         self.engine.as_ref()?.seen()
+    }
+
+    /// The relays the engine registers with.
+    pub fn set_relays(&self, relays: Vec<Registration>) {
+        if let Some(e) = &self.engine {
+            e.set_relays(relays);
+        }
+    }
+
+    /// When the relay at `to` last acknowledged a registration.
+    pub fn relay_ack(&self, to: SocketAddr) -> Option<SystemTime> {
+        self.engine.as_ref()?.relay_ack(to)
     }
 
     /// The engine's per-peer counters, while it runs.

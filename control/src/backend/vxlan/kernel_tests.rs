@@ -80,6 +80,7 @@ fn lease_is_byte_identical_to_the_userspace_backend() {
         let (_, us) = crate::backend::tunnel::fake::FakeEngines::new(&fake(&[], false));
         let tuning = EngineTuning {
             nat: false,
+            relay: None,
             workers: 1,
             offload: false,
             anti_spoof: weft_engine::AntiSpoofing::Strict,

@@ -18,10 +18,19 @@
 //!   address is private, gets at least [`NAT_KEEPALIVE`] seconds: WireGuard's
 //!   own recommendation for NAT, below the 30 s Linux keeps an unreplied UDP
 //!   mapping (`nf_conntrack_udp_timeout`) and the 120 s of an assured one.
+//! - **Relayed** (docs/nat.md, "Relays"): a punched peer that has had no
+//!   handshake for [`RELAY_AFTER`] since punching began goes through a relay
+//!   (and no live session from before, [`FRESH`]) goes through a relay
+//!   (a peer whose lease has `"Relay":true`, reachable, acknowledging this
+//!   node's registrations): its traffic goes to the relay's relay port, and
+//!   the relay forwards it. Both ends choose the same relay (the first live
+//!   one in lease order), so a pair's handshake and data meet there. A relay
+//!   that stops acknowledging (`RELAY_SILENT` in the engine) is left for
+//!   the next live one.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use ipnet::IpNet;
 
@@ -38,6 +47,44 @@ pub enum Path {
     Direct,
     /// At the endpoint it was seen from, through its NAT.
     Punched(SocketAddrV4),
+    /// Through a relay.
+    Relayed(RelayNode),
+}
+
+/// A relay as its lease names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelayNode {
+    /// Its `PublicIP` (how `weft status` names it).
+    pub ip: Ipv4Addr,
+    /// Where it relays: `PublicIP` and `RelayPort`.
+    pub at: SocketAddrV4,
+    /// Its WireGuard public key (registrations are made for it).
+    pub key: [u8; 32],
+}
+
+/// How long a punched peer may go without a handshake before it is
+/// relayed: N = 2 WireGuard handshake rounds (`REKEY_TIMEOUT`, 5 s) and a
+/// second of margin. A pair behind cone NATs meets in the first or second
+/// round (the first packets of both sides race their NATs; tests/nat.rs
+/// measures 5.3-6.0 s from weftd start to the first reply, startup
+/// included), so two rounds tell an unpunchable pair (symmetric NAT) from
+/// a slow one without holding it up for long.
+pub const RELAY_AFTER: Duration = Duration::from_secs(2 * 5 + 1);
+
+/// The relay `lease` offers: it runs NAT traversal with `"Relay":true`, is
+/// reachable, and has a WireGuard key.
+pub fn relay(lease: &Lease) -> Option<RelayNode> {
+    let port = lease.attrs.weft_nat?.relay?;
+    let ip = lease.attrs.public_ip;
+    if !is_public(ip) {
+        return None;
+    }
+    let (key, _) = super::parse_backend_data(lease.attrs.backend_data.as_deref()?)?;
+    Some(RelayNode {
+        ip,
+        at: SocketAddrV4::new(ip, port),
+        key,
+    })
 }
 
 /// Whether `ip` looks reachable from other sites (not a private range).
@@ -73,11 +120,15 @@ pub fn path(lease: &Lease, port: u16, seen: Option<SocketAddrV4>) -> Path {
     Path::Punched(e)
 }
 
+fn waited_secs(now: SystemTime, since: SystemTime) -> u64 {
+    now.duration_since(since).unwrap_or_default().as_secs()
+}
+
 /// The keepalive for a peer on `path` of a node at `own` configured with
 /// `configured` seconds (0: off).
 pub fn keepalive(configured: u16, path: Path, own: IpAddr) -> u16 {
     let behind = matches!(own, IpAddr::V4(a) if !is_public(a));
-    if matches!(path, Path::Punched(_)) || behind {
+    if matches!(path, Path::Punched(_) | Path::Relayed(_)) || behind {
         match configured {
             0 => NAT_KEEPALIVE,
             c => c.min(NAT_KEEPALIVE),
@@ -99,6 +150,12 @@ pub struct Peers {
     pub seen: Option<SocketAddrV4>,
     /// Whether each peer (by subnet) had a live session at the last look.
     live: BTreeMap<IpNet, bool>,
+    /// The relays, by lease key.
+    relays: BTreeMap<String, RelayNode>,
+    /// Punched peers: since when.
+    punching: BTreeMap<String, SystemTime>,
+    /// Relayed peers: through which relay.
+    relayed: BTreeMap<String, RelayNode>,
 }
 
 impl Peers {
@@ -110,12 +167,30 @@ impl Peers {
             Some(s) => self.servers.insert(key.clone(), s),
             None => self.servers.remove(&key),
         };
+        match relay(lease).filter(|_| add) {
+            Some(r) => self.relays.insert(key.clone(), r),
+            None => self.relays.remove(&key),
+        };
         if !add {
             self.paths.remove(&key);
             self.leases.remove(&key);
+            self.punching.remove(&key);
+            self.relayed.remove(&key);
             return;
         }
         self.leases.insert(key.clone(), lease.clone());
+        match path {
+            Path::Punched(_) => {
+                self.punching
+                    .entry(key.clone())
+                    .or_insert_with(SystemTime::now);
+            }
+            Path::Direct => {
+                self.punching.remove(&key);
+                self.relayed.remove(&key);
+            }
+            Path::Relayed(_) => {}
+        }
         if self.paths.insert(key.clone(), path) != Some(path) {
             match path {
                 Path::Direct => {
@@ -124,8 +199,75 @@ impl Peers {
                 Path::Punched(e) => {
                     tracing::info!("NAT: peer {key} is behind NAT, punching to {e}")
                 }
+                Path::Relayed(r) => {
+                    tracing::info!("NAT: peer {key} is relayed via {} ({})", r.ip, r.at)
+                }
             }
         }
+    }
+
+    /// The relay a punched peer (by lease key) goes through, if any.
+    pub fn relayed(&self, key: &str) -> Option<RelayNode> {
+        self.relayed.get(key).copied()
+    }
+
+    /// The relays, in lease order.
+    pub fn relays(&self) -> Vec<RelayNode> {
+        self.relays.values().copied().collect()
+    }
+
+    /// Chooses relays at `now` from each punched peer's last handshake
+    /// (`handshake(lease)`) and which relays are live: a peer that had no
+    /// handshake for [`RELAY_AFTER`] since punching began goes through the
+    /// first live relay; a relayed peer whose relay went silent, through
+    /// the next. The leases whose path changed, to program again.
+    pub fn choose_relays(
+        &mut self,
+        handshake: impl Fn(&Lease) -> Option<SystemTime>,
+        live: impl Fn(&RelayNode) -> bool,
+        now: SystemTime,
+    ) -> Vec<Lease> {
+        let mut changed = Vec::new();
+        let live_relays: Vec<RelayNode> = self.relays.values().copied().filter(&live).collect();
+        for (key, since) in &self.punching {
+            let Some(lease) = self.leases.get(key) else {
+                continue;
+            };
+            let next = match self.relayed.get(key) {
+                Some(r) if live(r) => continue,
+                Some(r) => live_relays.iter().find(|n| n.at != r.at).copied(),
+                None => {
+                    // A handshake since punching began, or a session
+                    // still alive (it may predate the punch: roaming).
+                    let met = handshake(lease).is_some_and(|h| {
+                        h >= *since
+                            || now
+                                .duration_since(h)
+                                .is_ok_and(|age| age.as_secs() <= FRESH)
+                    });
+                    let waited = now.duration_since(*since).unwrap_or_default();
+                    if met || waited < RELAY_AFTER {
+                        continue;
+                    }
+                    live_relays.first().copied()
+                }
+            };
+            if let Some(r) = next {
+                match self.relayed.insert(key.clone(), r) {
+                    Some(was) => tracing::warn!(
+                        "NAT: relay {} went silent, peer {key} fails over to {}",
+                        was.ip,
+                        r.ip
+                    ),
+                    None => tracing::info!(
+                        "NAT: no handshake with peer {key} for {} s of punching, relaying",
+                        waited_secs(now, *since)
+                    ),
+                }
+                changed.push(lease.clone());
+            }
+        }
+        changed
     }
 
     /// The discovery servers.
@@ -182,6 +324,7 @@ mod tests {
                 backend_type: "wireguard".into(),
                 weft_nat: nat.map(|e| NatAttrs {
                     endpoint: (!e.is_empty()).then(|| e.parse().expect("ep")),
+                    relay: None,
                 }),
                 ..Default::default()
             },
@@ -241,6 +384,80 @@ mod tests {
             p.sessions([(a, Some(t(990))), (b, Some(t(1190)))], t(1200)),
             vec![(a, false), (b, true)]
         );
+    }
+
+    fn relay_lease(net: &str, ip: &str, key: u8) -> Lease {
+        let mut l = lease(ip, Some(""));
+        l.subnet = Some(net.parse().expect("net"));
+        let k = weft_engine::wg::key_to_base64(&[key; 32]);
+        l.attrs.backend_data = Some(format!("{{\"PublicKey\":\"{k}\",\"Port\":51820}}"));
+        l.attrs.weft_nat = Some(NatAttrs {
+            endpoint: None,
+            relay: Some(51830),
+        });
+        l
+    }
+
+    #[test]
+    fn an_unpunchable_peer_is_relayed_and_fails_over_to_a_live_relay() {
+        use std::time::Duration;
+        let mut p = Peers::default();
+        let r1 = relay_lease("10.244.11.0/24", "192.0.2.11", 1);
+        let r2 = relay_lease("10.244.12.0/24", "192.0.2.12", 2);
+        assert!(relay(&r1).is_some() && relay(&r2).is_some());
+        let private = relay_lease("10.244.13.0/24", "10.12.0.9", 3);
+        assert_eq!(relay(&private), None, "a relay must be reachable");
+        for r in [&r2, &r1] {
+            p.note(r, true, Path::Direct, 51820);
+        }
+        let peer = lease("10.12.0.2", Some("203.0.113.9:40001"));
+        let punched = Path::Punched(v4("203.0.113.9:40001"));
+        p.note(&peer, true, punched, 51820);
+        let since = *p.punching.values().next().expect("punching");
+        let key = peer.key().to_string();
+        let all_live = |_: &RelayNode| true;
+        let no_hs = |_: &Lease| None;
+        // Within N rounds: keep punching.
+        let early = since + RELAY_AFTER - Duration::from_secs(1);
+        assert!(p.choose_relays(no_hs, all_live, early).is_empty());
+        // A handshake since punching began: the punch worked.
+        let met = |_: &Lease| Some(since + Duration::from_secs(3));
+        assert!(
+            p.choose_relays(met, all_live, since + RELAY_AFTER)
+                .is_empty()
+        );
+        // A session from before the punch (roaming) that is still alive.
+        let alive = |_: &Lease| Some(since - Duration::from_secs(30));
+        assert!(
+            p.choose_relays(alive, all_live, since + RELAY_AFTER)
+                .is_empty()
+        );
+        // No relay live yet: nothing to do.
+        let none_live = |_: &RelayNode| false;
+        assert!(
+            p.choose_relays(no_hs, none_live, since + RELAY_AFTER)
+                .is_empty()
+        );
+        // N rounds without a handshake: the first live relay in lease order.
+        let got = p.choose_relays(no_hs, all_live, since + RELAY_AFTER);
+        assert_eq!(got.len(), 1);
+        assert_eq!(p.relayed(&key).map(|r| r.at), Some(v4("192.0.2.11:51830")));
+        // It stays while its relay is live, even with no handshake.
+        assert!(
+            p.choose_relays(no_hs, all_live, since + 10 * RELAY_AFTER)
+                .is_empty()
+        );
+        // Its relay goes silent: the other one.
+        let r1_dead = |r: &RelayNode| r.ip.octets()[3] != 11;
+        assert_eq!(
+            p.choose_relays(no_hs, r1_dead, since + 11 * RELAY_AFTER)
+                .len(),
+            1
+        );
+        assert_eq!(p.relayed(&key).map(|r| r.at), Some(v4("192.0.2.12:51830")));
+        // The peer's path turns direct (e.g. it left its NAT): relaying ends.
+        p.note(&peer, true, Path::Direct, 51820);
+        assert_eq!(p.relayed(&key), None);
     }
 
     #[test]

@@ -20,15 +20,25 @@
 //!   [`super::nat::server`] names for this node's endpoint (the main loop
 //!   publishes it), a punched peer's endpoint is the one its lease
 //!   publishes, and keepalives hold the mappings. Off: nothing of it runs.
+//! - Relays (`--nat-relay`, docs/nat.md "Relays"): a relay node runs a
+//!   [`weft_engine::relay::RelayServer`] on its relay port for the keys of
+//!   the wireguard leases; a node whose own address is private registers
+//!   with every relay (at most 4) and sends a punched peer that never
+//!   answered through one ([`super::nat::Peers::choose_relays`], at
+//!   reconcile).
 //! - Differences: the engine's socket listens on one address family, so in
 //!   `auto` mode the endpoint family is the underlay family we listen on (IPv4
 //!   when IPv4 is enabled), not flannel's per-peer `selectMode`.
 
-use std::net::IpAddr;
-use std::time::{Duration, SystemTime};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use weft_engine::path::wg::disco::{MAX_RELAYS, RELAY_SILENT, Registration};
+use weft_engine::path::wg::relay::registration;
+use weft_engine::relay::RelayServer;
 use weft_engine::{Encap, Peer, WgPeer};
 
 use super::nat::{self, Path};
@@ -70,7 +80,18 @@ struct Live {
     mtu: u32,
     /// NAT traversal: the discovery servers and each peer's path.
     nat: nat::Peers,
+    /// This node's relay (`--nat-relay`).
+    relay: Option<RelayServer>,
+    /// The cluster's WireGuard keys by lease key (who may register).
+    members: BTreeMap<String, [u8; 32]>,
+    /// The relay's datagrams over its limit at the last look.
+    relay_limited: u64,
+    /// When the relay's counters were last logged, and its forwarded count.
+    relay_logged: Option<(std::time::Instant, u64)>,
 }
+
+/// A relay logs its counters at most this often, when they moved.
+const RELAY_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// Margin on top of [`weft_engine::wg::BORINGTUN_TAI64_AHEAD`]: the kernel
 /// rounds its timestamps down to 1/64 s, and ours are noted just after
@@ -160,8 +181,14 @@ impl Live {
             // BackendData's Port 0 means our own port (flannel's rule).
             let port = if p.port == 0 { dev.port } else { p.port };
             path = nat::path(lease, port, dev.tunnel.seen());
-            if let Path::Punched(e) = path {
-                (p.endpoint, p.port) = (IpAddr::V4(*e.ip()), e.port());
+            if let (Path::Punched(_), Some(r)) = (path, self.nat.relayed(&lease.key().to_string()))
+            {
+                path = Path::Relayed(r);
+            }
+            match path {
+                Path::Punched(e) => (p.endpoint, p.port) = (IpAddr::V4(*e.ip()), e.port()),
+                Path::Relayed(r) => (p.endpoint, p.port) = (IpAddr::V4(r.ip), r.at.port()),
+                Path::Direct => {}
             }
             let own = IpAddr::V4(
                 self.node
@@ -218,7 +245,10 @@ impl Backend for Wireguard {
     ) -> Result<Prepared, BackendError> {
         let (mut attrs, node) = self.spec.lease_attrs(ext, "")?;
         if self.tuning.nat {
-            attrs.weft_nat = Some(NatAttrs::default());
+            attrs.weft_nat = Some(NatAttrs {
+                endpoint: None,
+                relay: self.tuning.relay.map(|r| r.port),
+            });
         }
         let live = Live {
             node,
@@ -227,6 +257,10 @@ impl Backend for Wireguard {
             devices: Vec::new(),
             mtu: 0,
             nat: nat::Peers::default(),
+            relay: None,
+            members: BTreeMap::new(),
+            relay_limited: 0,
+            relay_logged: None,
         };
         Ok(Prepared {
             attrs,
@@ -247,6 +281,19 @@ impl Setup for Live {
             // Answer discovery from the start; servers come with the peers.
             for d in &self.devices {
                 d.tunnel.set_discovery(true, Vec::new());
+            }
+            if let Some(r) = self.tuning.relay {
+                let ip = self
+                    .node
+                    .ext
+                    .ext_addr
+                    .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
+                let bind = SocketAddr::new(IpAddr::V4(ip), r.port);
+                let server = RelayServer::start(bind, self.node.key.0, r.mbit)
+                    .map_err(|source| BackendError::Relay { bind, source })?;
+                let limit = r.mbit.map_or("no limit".into(), |m| format!("{m} Mbit/s"));
+                tracing::info!("NAT: relaying on {bind} ({limit})");
+                self.relay = Some(server);
             }
         }
         self.mtu = mtu;
@@ -270,6 +317,7 @@ impl Running for Live {
             for d in &self.devices {
                 d.tunnel.set_discovery(true, servers.clone());
             }
+            self.relays_changed();
         }
         for d in &mut self.devices {
             d.tunnel.flush();
@@ -285,6 +333,10 @@ impl Running for Live {
             // Our own endpoint moved: which peers share our NAT may have too.
             let seen = self.devices.first().and_then(|d| d.tunnel.seen());
             for lease in self.nat.again(seen) {
+                self.change(&Change::Add(lease)).await?;
+            }
+            self.relays_changed();
+            for lease in self.choose_relays() {
                 self.change(&Change::Add(lease)).await?;
             }
             for d in &mut self.devices {
@@ -305,6 +357,10 @@ impl Running for Live {
     }
 
     async fn teardown(&mut self) {
+        if let Some(r) = self.relay.take() {
+            // Joins its thread (it looks at its stop flag every 200 ms).
+            let _ = tokio::task::spawn_blocking(move || drop(r)).await;
+        }
         for mut d in self.devices.drain(..) {
             d.tunnel.stop().await;
         }
@@ -322,6 +378,92 @@ impl Running for Live {
 }
 
 impl Live {
+    /// The relay's members and this node's registrations, from the leases:
+    /// a node whose own address is private registers with every relay (a
+    /// fresh counter each time: a registration from a new NAT mapping is
+    /// taken).
+    fn relays_changed(&mut self) {
+        if let Some(r) = &self.relay {
+            r.set_members(self.members.values().copied().collect());
+            let st = r.stats();
+            if st.limited > self.relay_limited {
+                tracing::warn!(
+                    "NAT relay: {} datagrams over the bandwidth limit dropped ({} forwarded, {} bytes)",
+                    st.limited - self.relay_limited,
+                    st.forwarded,
+                    st.bytes
+                );
+                self.relay_limited = st.limited;
+            }
+            let due = self
+                .relay_logged
+                .is_none_or(|(t, _)| t.elapsed() >= RELAY_LOG_EVERY);
+            if due && self.relay_logged.is_none_or(|(_, f)| f != st.forwarded) {
+                tracing::info!(
+                    "NAT relay: {} datagrams forwarded ({} bytes), {} registrations, {} over the limit, {} dropped",
+                    st.forwarded,
+                    st.bytes,
+                    st.registered,
+                    st.limited,
+                    st.dropped
+                );
+                self.relay_logged = Some((std::time::Instant::now(), st.forwarded));
+            }
+        }
+        let own = self
+            .node
+            .ext
+            .ext_addr
+            .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
+        if nat::is_public(own) {
+            return;
+        }
+        let counter = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let regs: Vec<Registration> = (self.nat.relays().iter())
+            .take(MAX_RELAYS)
+            .map(|r| Registration {
+                to: SocketAddr::V4(r.at),
+                msg: registration(&self.node.key.0, &r.key, counter),
+            })
+            .collect();
+        for d in &self.devices {
+            d.tunnel.set_relays(regs.clone());
+        }
+    }
+
+    /// The leases whose relay changed ([`nat::Peers::choose_relays`]).
+    /// Only a node behind NAT relays: it registers with the relays, and
+    /// a relay forwards nothing for a node that did not.
+    fn choose_relays(&mut self) -> Vec<Lease> {
+        let own = self
+            .node
+            .ext
+            .ext_addr
+            .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
+        let Some(dev) = self.devices.first().filter(|_| !nat::is_public(own)) else {
+            return Vec::new();
+        };
+        let stats: BTreeMap<IpNet, Option<SystemTime>> = (dev.tunnel.peer_stats())
+            .into_iter()
+            .flatten()
+            .map(|(net, s)| (net, s.last_handshake))
+            .collect();
+        let now = SystemTime::now();
+        let handshake = |l: &Lease| {
+            let net = IpNet::V4(l.subnet?);
+            stats.get(&net).copied().flatten()
+        };
+        let live = |r: &nat::RelayNode| {
+            dev.tunnel
+                .relay_ack(SocketAddr::V4(r.at))
+                .and_then(|t| now.duration_since(t).ok())
+                .is_some_and(|age| age < RELAY_SILENT)
+        };
+        self.nat.choose_relays(handshake, live, now)
+    }
+
     /// Programs (`Add`) or removes (`Remove`) one peer.
     async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         let (lease, add) = match change {
@@ -337,6 +479,16 @@ impl Live {
             );
             return Ok(());
         }
+        let key = lease.key().to_string();
+        match lease
+            .attrs
+            .backend_data
+            .as_deref()
+            .and_then(super::parse_backend_data)
+        {
+            Some((k, _)) if add => self.members.insert(key, k),
+            _ => self.members.remove(&key),
+        };
         let subnets = [
             lease.subnet.map(IpNet::V4),
             lease.ipv6_subnet.map(IpNet::V6),

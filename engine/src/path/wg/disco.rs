@@ -11,8 +11,8 @@
 //!   nothing and takes no lock (the servers are an `ArcSwap` load, the
 //!   answer one atomic store).
 //! - **Asking** (worker 0 only; the steering program sends every discovery
-//!   message there, byte 5 being 0): every [`SLOW`] (every [`FAST`] until an
-//!   answer came, when the last one is older than three [`SLOW`]s, or while
+//!   message there, byte 5 being 0): every [`SLOW`] (every [`FAST`], with
+//!   [`backoff`] while rounds go unanswered, until an answer came, when the last one is older than three [`SLOW`]s, or while
 //!   a kept-alive peer's handshakes have stopped, [`STALE`]) a
 //!   fresh random nonce goes to each server, at most [`MAX_SERVERS`], from
 //!   the listen port, so a NAT maps the request exactly as it maps the
@@ -28,6 +28,14 @@
 //!   traffic goes: that moves only with the peer table (the lease store)
 //!   or WireGuard's authenticated roaming.
 //!
+//! - **Relays** (docs/nat.md, "Relays"; the relay is [`super::relay`]):
+//!   the control plane gives [`Discovery::set_relays`] ready-made
+//!   registrations (their MAC needs the node's key); worker 0 sends each
+//!   one to its relay's relay port every [`REGISTER_EVERY`] from the
+//!   listen port, and notes when a relay acknowledged (an ack counts only
+//!   from the relay asked and echoing that registration's MAC), which the
+//!   control plane reads to tell a live relay from a silent one.
+//!
 //! IPv4 only: an answer naming an IPv6 source is accepted on the wire but
 //! not published (NAT66 is out of scope).
 
@@ -42,7 +50,7 @@ use super::{Io, Now, Out, Rx};
 use crate::encap::DropReason;
 #[cfg(test)]
 use crate::wire::disco::FIRST;
-use crate::wire::disco::{self, Disco, LEN};
+use crate::wire::disco::{self, Disco, LEN, REGISTER_LEN, RelayMsg};
 
 /// The round while no answer is known (and while starting): a node behind
 /// NAT publishes its endpoint about a second after its engine starts.
@@ -57,6 +65,38 @@ pub const SLOW: Duration = Duration::from_secs(15);
 pub const STALE: Duration = Duration::from_secs(135);
 /// At most this many servers are asked each round.
 pub const MAX_SERVERS: usize = 4;
+/// The longest wait between rounds that got no answer: a round that goes
+/// unanswered doubles the next wait from [`FAST`] (1, 2, 4, 8, 16, 30 s),
+/// so servers that never answer (a peer that lost its address, or
+/// firewalls it) are not asked every second forever; any answer brings
+/// [`FAST`] back. 30 s is twice [`SLOW`]: at most one round more than a
+/// node with answers needs to see a new mapping.
+pub const BACKOFF_CAP: Duration = Duration::from_secs(30);
+
+/// The wait after `unanswered` rounds in a row without an answer.
+pub fn backoff(unanswered: u32) -> Duration {
+    FAST.saturating_mul(1u32 << unanswered.min(5))
+        .min(BACKOFF_CAP)
+}
+/// At most this many relays are registered with.
+pub const MAX_RELAYS: usize = 4;
+/// How often a node registers with each relay: often enough that three
+/// missed acks (a relay gone silent, [`RELAY_SILENT`]) are noticed within
+/// 6 s, and far below the 30 s Linux keeps an unreplied UDP mapping. A
+/// 64-byte datagram per relay every 2 s costs nothing measurable.
+pub const REGISTER_EVERY: Duration = Duration::from_secs(2);
+/// A relay that acknowledged nothing for this long is silent: three
+/// registrations in a row went unanswered.
+pub const RELAY_SILENT: Duration = Duration::from_secs(3 * 2 + 1);
+
+/// A registration to send: the relay's relay address and the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Registration {
+    /// The relay's address and relay port.
+    pub to: SocketAddr,
+    /// The message ([`super::relay::registration`]).
+    pub msg: [u8; REGISTER_LEN],
+}
 
 /// The discovery state the cores and the control plane share.
 #[derive(Debug, Default)]
@@ -71,6 +111,12 @@ pub struct Discovery {
     answered: AtomicU64,
     /// A core saw a kept-alive peer without a recent handshake ([`STALE`]).
     hurry: AtomicBool,
+    /// Bumped when the servers change.
+    generation: AtomicU64,
+    /// The relays to register with.
+    relays: ArcSwap<Vec<Registration>>,
+    /// When each of them (by index) last acknowledged, Unix milliseconds.
+    acks: [AtomicU64; MAX_RELAYS],
 }
 
 impl Discovery {
@@ -84,9 +130,13 @@ impl Discovery {
         self.enabled.load(Ordering::Relaxed)
     }
 
-    /// The peers to ask (their listen address and port).
+    /// The peers to ask (their listen address and port). A changed list
+    /// starts the [`backoff`] over.
     pub fn set_servers(&self, servers: Vec<SocketAddr>) {
-        self.servers.store(Arc::new(servers));
+        if **self.servers.load() != servers {
+            self.servers.store(Arc::new(servers));
+            self.generation.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// The endpoint this node was last seen from, and when the answer came.
@@ -103,6 +153,29 @@ impl Discovery {
     /// Asks for the [`FAST`] round: a peer's handshakes stopped.
     pub fn hurry(&self) {
         self.hurry.store(true, Ordering::Relaxed);
+    }
+
+    /// The relays to register with (at most [`MAX_RELAYS`]); a relay kept
+    /// from the last list keeps its last ack.
+    pub fn set_relays(&self, relays: Vec<Registration>) {
+        let old = self.relays.load();
+        let mut times = [0u64; MAX_RELAYS];
+        for (i, r) in relays.iter().take(MAX_RELAYS).enumerate() {
+            if let Some(j) = old.iter().position(|o| o.to == r.to) {
+                times[i] = self.acks.get(j).map_or(0, |a| a.load(Ordering::Relaxed));
+            }
+        }
+        self.relays.store(Arc::new(relays));
+        for (a, t) in self.acks.iter().zip(times) {
+            a.store(t, Ordering::Relaxed);
+        }
+    }
+
+    /// When the relay at `to` last acknowledged a registration.
+    pub fn relay_ack(&self, to: SocketAddr) -> Option<SystemTime> {
+        let i = self.relays.load().iter().position(|r| r.to == to)?;
+        let ms = self.acks.get(i)?.load(Ordering::Relaxed);
+        (ms != 0).then(|| UNIX_EPOCH + Duration::from_millis(ms))
     }
 
     /// Requests this node answered.
@@ -124,6 +197,14 @@ pub(super) struct Asker {
     nonce: Option<[u8; 16]>,
     next: Instant,
     last_answer: Option<Instant>,
+    next_register: Instant,
+    /// Whether the outstanding nonce was answered.
+    answered: bool,
+    /// Rounds in a row without an answer ([`backoff`]).
+    unanswered: u32,
+    /// Requests the last round sent, and the servers' generation then.
+    sent: usize,
+    generation: u64,
 }
 
 impl Asker {
@@ -133,22 +214,63 @@ impl Asker {
             nonce: None,
             next: now,
             last_answer: None,
+            next_register: now,
+            answered: false,
+            unanswered: 0,
+            sent: 0,
+            generation: 0,
         }
     }
 
     /// Whether a round is due (the caller then draws a nonce).
     pub fn due(&self, now: Instant) -> bool {
-        now >= self.next && self.shared.enabled()
+        self.shared.enabled()
+            && (now >= self.next
+                || (now >= self.next_register && !self.shared.relays.load().is_empty()))
     }
 
-    /// One round: a request with `nonce` to each server.
+    /// One round: a request with `nonce` to each server when discovery is
+    /// due, a registration to each relay when that is; how many datagrams.
     pub fn ask(&mut self, now: Now, nonce: [u8; 16], out: &mut impl Out) -> usize {
+        let mut sent = 0;
+        if now.mono >= self.next_register {
+            self.next_register = now.mono + REGISTER_EVERY;
+            for r in self.shared.relays.load().iter().take(MAX_RELAYS) {
+                let room = out.room(REGISTER_LEN, 1);
+                if let Some(dst) = room.get_mut(..REGISTER_LEN) {
+                    dst.copy_from_slice(&r.msg);
+                    out.push(r.to, REGISTER_LEN);
+                    sent += 1;
+                }
+            }
+        }
+        if now.mono < self.next {
+            return sent;
+        }
+        sent + self.discover(now, nonce, out)
+    }
+
+    fn discover(&mut self, now: Now, nonce: [u8; 16], out: &mut impl Out) -> usize {
         let hurry = self.shared.hurry.swap(false, Ordering::Relaxed);
         let fresh = !hurry
             && self
                 .last_answer
                 .is_some_and(|t| now.mono.saturating_duration_since(t) < 3 * SLOW);
-        self.next = now.mono + if fresh { SLOW } else { FAST };
+        // Only a round that asked someone counts; new servers start over.
+        let generation = self.shared.generation.load(Ordering::Relaxed);
+        if generation != self.generation {
+            self.generation = generation;
+            self.unanswered = 0;
+        } else if self.sent > 0 && !self.answered {
+            self.unanswered = self.unanswered.saturating_add(1);
+        }
+        self.answered = false;
+        self.next = now.mono
+            + if fresh {
+                SLOW
+            } else {
+                backoff(self.unanswered)
+            };
         self.nonce = Some(nonce);
         let servers = self.shared.servers.load();
         let mut sent = 0;
@@ -159,6 +281,7 @@ impl Asker {
                 sent += 1;
             }
         }
+        self.sent = sent;
         sent
     }
 
@@ -169,6 +292,8 @@ impl Asker {
             return false;
         }
         self.last_answer = Some(now.mono);
+        self.answered = true;
+        self.unanswered = 0;
         if !self.shared.hurry.load(Ordering::Relaxed) {
             self.next = now.mono + SLOW;
         }
@@ -227,7 +352,22 @@ pub(super) fn receive(
                 Rx::Drop(DropReason::Malformed)
             }
         }
-        Err(_) => Rx::Drop(DropReason::Malformed),
+        Err(_) => match RelayMsg::parse(d) {
+            Ok(RelayMsg::Ack { mac, .. }) => {
+                let relays = shared.relays.load();
+                let i = relays
+                    .iter()
+                    .position(|r| r.to == src && r.msg[48..] == mac);
+                match i.and_then(|i| shared.acks.get(i)) {
+                    Some(a) => {
+                        a.store(now.unix_ms(), Ordering::Relaxed);
+                        Rx::Done { sent: 0 }
+                    }
+                    None => Rx::Drop(DropReason::Malformed),
+                }
+            }
+            _ => Rx::Drop(DropReason::Malformed),
+        },
     }
 }
 

@@ -1,4 +1,5 @@
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use super::super::sim::{Outcome, Pair};
 use super::*;
@@ -144,4 +145,145 @@ fn stopped_handshakes_bring_the_fast_round_back() {
     ask(&mut p, [9; 16]);
     p.advance(FAST);
     assert!(p.nodes[0].core.disco_due(p.now), "FAST while hurried");
+}
+
+#[test]
+fn a_node_registers_with_relays_and_notes_only_their_acks() {
+    use crate::path::wg::relay::{Relay, Verdict, registration};
+    use crate::wire::disco::ACK_LEN;
+    let mut p = asking_pair();
+    let relay_at = addr("192.0.2.11:51830");
+    let secret = [4u8; 32];
+    let relay_pub = [6u8; 32];
+    let rsecret = relay_pub; // the relay's private key in this test
+    let rpublic =
+        boringtun::x25519::PublicKey::from(&boringtun::x25519::StaticSecret::from(rsecret))
+            .to_bytes();
+    let msg = registration(&secret, &rpublic, 1);
+    p.nodes[0]
+        .core
+        .disco
+        .set_relays(vec![Registration { to: relay_at, msg }]);
+    p.nodes[0].io.clear();
+    let now = p.now;
+    let n = &mut p.nodes[0];
+    // The first round: a registration and a discovery request.
+    assert_eq!(n.core.disco_ask(now, [1; 16], &mut n.io), 2);
+    assert_eq!(n.io.sent[0].0, relay_at);
+    let sent = n.io.datagram(0).to_vec();
+    assert_eq!(sent, msg);
+    // The relay takes it (the key is a member) and acks.
+    let mine = boringtun::x25519::PublicKey::from(&boringtun::x25519::StaticSecret::from(secret))
+        .to_bytes();
+    let mut r = Relay::new(rsecret, None, now.mono);
+    let mut ack = [0u8; ACK_LEN];
+    let src = addr("198.51.100.2:40001");
+    assert_eq!(
+        r.datagram(&sent, src, now.mono, &[mine], &mut ack),
+        Verdict::Ack
+    );
+    assert_eq!(n.core.disco.relay_ack(relay_at), None);
+    // An ack from elsewhere, or echoing another MAC, is nothing.
+    let other = addr("192.0.2.66:51830");
+    assert_eq!(
+        p.receive(0, &ack, other, Strict),
+        Outcome::Drop(DropReason::Malformed)
+    );
+    let mut bad = ack;
+    bad[20] ^= 1;
+    assert_eq!(
+        p.receive(0, &bad, relay_at, Strict),
+        Outcome::Drop(DropReason::Malformed)
+    );
+    assert_eq!(p.nodes[0].core.disco.relay_ack(relay_at), None);
+    assert_eq!(p.receive(0, &ack, relay_at, Strict), Outcome::Done(0));
+    assert!(p.nodes[0].core.disco.relay_ack(relay_at).is_some());
+    // The next registration REGISTER_EVERY later (with discovery's FAST
+    // round: it has no answer yet).
+    assert!(!p.nodes[0].core.disco_due(p.now));
+    p.advance(REGISTER_EVERY);
+    assert!(p.nodes[0].core.disco_due(p.now));
+    p.nodes[0].io.clear();
+    let now = p.now;
+    let n = &mut p.nodes[0];
+    assert_eq!(n.core.disco_ask(now, [2; 16], &mut n.io), 2);
+    assert_eq!(n.io.sent[0].0, relay_at);
+    assert_eq!(n.io.datagram(0), &msg[..]);
+}
+
+#[test]
+fn servers_that_never_answer_are_asked_ever_less_often() {
+    assert_eq!(
+        (0..8).map(|u| backoff(u).as_secs()).collect::<Vec<_>>(),
+        vec![1, 2, 4, 8, 16, 30, 30, 30]
+    );
+    let mut p = asking_pair();
+    // Unanswered rounds: the waits between them grow to the cap.
+    let mut waits = Vec::new();
+    ask(&mut p, [1; 16]);
+    for round in 2..=8u8 {
+        let mut waited = Duration::ZERO;
+        while !p.nodes[0].core.disco_due(p.now) {
+            p.advance(Duration::from_millis(500));
+            waited += Duration::from_millis(500);
+        }
+        waits.push(waited.as_secs());
+        ask(&mut p, [round; 16]);
+    }
+    assert_eq!(waits, vec![1, 2, 4, 8, 16, 30, 30]);
+    // New servers start over; rounds that ask no one do not count.
+    let server = p.nodes[1].addr;
+    p.nodes[0]
+        .core
+        .disco
+        .set_servers(vec![server, addr("192.0.2.77:51820")]);
+    while !p.nodes[0].core.disco_due(p.now) {
+        p.advance(Duration::from_millis(500));
+    }
+    let now = p.now;
+    let n = &mut p.nodes[0];
+    assert_eq!(n.core.disco_ask(now, [4; 16], &mut n.io), 2);
+    p.advance(FAST);
+    assert!(p.nodes[0].core.disco_due(p.now), "FAST with new servers");
+    p.nodes[0].core.disco.set_servers(Vec::new());
+    for _ in 0..5 {
+        p.advance(FAST);
+        assert!(p.nodes[0].core.disco_due(p.now), "no servers: no backoff");
+        let now = p.now;
+        let n = &mut p.nodes[0];
+        assert_eq!(n.core.disco_ask(now, [3; 16], &mut n.io), 0);
+    }
+    p.nodes[0].core.disco.set_servers(vec![server]);
+    // An answer brings the normal rounds back (SLOW once answered).
+    let req = ask_again(&mut p);
+    p.nodes[1].io.clear();
+    let nat = addr("203.0.113.9:40001");
+    assert_eq!(p.receive(1, &req, nat, Strict), Outcome::Done(1));
+    let answer = p.nodes[1].io.datagram(0).to_vec();
+    let server = p.nodes[1].addr;
+    assert_eq!(p.receive(0, &answer, server, Strict), Outcome::Done(0));
+    p.advance(SLOW);
+    assert!(p.nodes[0].core.disco_due(p.now));
+    // Hurried with answers coming: FAST again.
+    p.nodes[0].core.disco.hurry();
+    let req = ask_again(&mut p);
+    p.nodes[1].io.clear();
+    assert_eq!(p.receive(1, &req, nat, Strict), Outcome::Done(1));
+    let answer = p.nodes[1].io.datagram(0).to_vec();
+    assert_eq!(p.receive(0, &answer, server, Strict), Outcome::Done(0));
+    p.nodes[0].core.disco.hurry();
+    ask_again(&mut p);
+    p.advance(FAST);
+    assert!(
+        p.nodes[0].core.disco_due(p.now),
+        "FAST: the last round was answered"
+    );
+}
+
+/// Waits for the next round and asks.
+fn ask_again(p: &mut Pair) -> Vec<u8> {
+    while !p.nodes[0].core.disco_due(p.now) {
+        p.advance(Duration::from_millis(500));
+    }
+    ask(p, [0x77; 16])
 }

@@ -48,7 +48,7 @@ pub const SOURCES: usize = 4096;
 /// How long a cookie secret lives (the paper's two minutes).
 pub const COOKIE_SECRET_AGE: Duration = Duration::from_secs(120);
 
-const LABEL_MAC1: &[u8; 8] = b"mac1----";
+pub(crate) const LABEL_MAC1: &[u8; 8] = b"mac1----";
 const LABEL_COOKIE: &[u8; 8] = b"cookie--";
 const NS: u64 = 1_000_000_000;
 /// A token costs this many nanoseconds of bucket time.
@@ -199,7 +199,7 @@ impl std::fmt::Debug for Gate {
     }
 }
 
-fn hash(a: &[u8], b: &[u8]) -> [u8; 32] {
+pub(crate) fn hash(a: &[u8], b: &[u8]) -> [u8; 32] {
     let mut h = Blake2s256::new();
     Digest::update(&mut h, a);
     Digest::update(&mut h, b);
@@ -207,7 +207,7 @@ fn hash(a: &[u8], b: &[u8]) -> [u8; 32] {
 }
 
 /// A keyed BLAKE2s MAC of `parts` (16 bytes: MAC1, MAC2, cookies).
-fn mac(key: &[u8], parts: &[&[u8]]) -> [u8; 16] {
+pub(crate) fn mac(key: &[u8], parts: &[&[u8]]) -> [u8; 16] {
     let mut m = <Blake2sMac<U16> as KeyInit>::new_from_slice(key)
         .unwrap_or_else(|_| unreachable!("blake2s takes keys of up to 32 bytes"));
     parts.iter().for_each(|p| m.update(p));
@@ -223,7 +223,7 @@ fn mac24(key: &[u8], data: &[u8]) -> [u8; 24] {
 }
 
 /// Constant-time comparison of two MACs.
-fn same(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

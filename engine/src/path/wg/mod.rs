@@ -33,6 +33,7 @@ pub mod disco;
 pub mod gate;
 mod io;
 mod peer;
+pub mod relay;
 pub mod seg;
 pub mod sim;
 

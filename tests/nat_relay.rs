@@ -1,0 +1,188 @@
+//! Relays for nodes behind NATs that cannot be punched (docs/nat.md,
+//! "Relays"), through real weftd daemons on userspace WireGuard and pods
+//! from weft's CNI plugin, in the topology of `weft_tests::nat` with both
+//! routers symmetric NATs (`MASQUERADE --random-fully`) and two more public
+//! nodes running `--nat-relay`:
+//!
+//! ```text
+//!  n1 192.0.2.1   n4 192.0.2.4 (relay)   n5 192.0.2.5 (relay)
+//!        └──────────── br0 (internet) ────────────┘
+//!  r2 192.0.2.102 (symmetric)           r3 192.0.2.103 (symmetric)
+//!  n2 10.12.0.2                         n3 172.16.3.2
+//! ```
+//!
+//! Punching between n2 and n3 cannot work (each NAT gives every
+//! destination its own random port), so after `RELAY_AFTER` (11 s) both
+//! go through the first live relay; the relay in use is then killed and
+//! the pair must recover through the other within [`FAILOVER_BOUND`].
+
+use std::time::{Duration, Instant};
+
+use weft_testenv::{require_root, require_tool};
+use weft_tests::cluster::Cluster;
+use weft_tests::nat::NatCluster;
+use weft_tests::ping::Stream;
+
+/// The relays' node indices and addresses.
+const RELAYS: [(usize, &str); 2] = [(3, "192.0.2.4"), (4, "192.0.2.5")];
+
+/// Relay failover bound: the silent relay is noticed after 7 s without an
+/// ack (three 2 s registrations missed, `RELAY_SILENT`), the path choice
+/// runs every 2 s (`NAT_RECONCILE_EVERY`), then one handshake through the
+/// other relay (its initiation goes out at once; a lost one is retried
+/// after 5 s, `REKEY_TIMEOUT`): 7 + 2 + 5 = 14 s, and 4 s of slack for the
+/// two sides not switching in the same reconcile.
+const FAILOVER_BOUND: Duration = Duration::from_secs(18);
+
+/// Node `i`'s path to the peer at `public_ip` in `weft status`.
+fn path(c: &Cluster, i: usize, public_ip: &str) -> Option<String> {
+    let st = c.status(i);
+    let p = st.peers.iter().find(|p| p.public_ip == public_ip);
+    p.and_then(|p| p.path.clone())
+}
+
+/// Waits up to `within` for node `i`'s path to `public_ip` to start with
+/// `relayed via `; the relay's address.
+#[track_caller]
+fn wait_relayed(c: &Cluster, i: usize, public_ip: &str, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(via) = path(c, i, public_ip)
+            .as_deref()
+            .and_then(|p| p.strip_prefix("relayed via "))
+        {
+            return via.to_string();
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "node {i}'s path to {public_ip} is not relayed: {:?}\nlog:\n{}",
+                c.status(i).peers,
+                c.log(i)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn nodes_behind_symmetric_nats_meet_through_a_relay_and_fail_over() {
+    require_root!();
+    require_tool!("iptables", "iptables", "iptables");
+    require_tool!("curl", "curl", "curl");
+    let mut args = vec![Vec::new(); 5];
+    for (i, _) in RELAYS {
+        args[i] = vec!["--nat-relay".to_string()];
+    }
+    let mut n = NatCluster::create_with("nrl", true, 5, args, true);
+    let t0 = Instant::now();
+    n.c.start_all().unwrap_or_else(|e| panic!("start: {e}"));
+    n.c.add_pod(1, "p1").unwrap_or_else(|e| panic!("pod: {e}"));
+    n.c.add_pod(2, "p2").unwrap_or_else(|e| panic!("pod: {e}"));
+    let (a, b) = (NatCluster::node_ip(1), NatCluster::node_ip(2));
+    let to = n.c.pods[1].ip.clone();
+    let mut first = None;
+    while t0.elapsed() < Duration::from_secs(45) {
+        if n.c.pods[0].ns.ping(&to, 1) {
+            first = Some(t0.elapsed());
+            break;
+        }
+    }
+    let c = &n.c;
+    let logs = || (1..5).map(|i| c.log(i)).collect::<Vec<_>>().join("\n---\n");
+    let first =
+        first.unwrap_or_else(|| panic!("pods behind symmetric NATs never met; logs:\n{}", logs()));
+    println!(
+        "time to first packet between pods behind the symmetric NATs (from weftd start): {first:?}"
+    );
+    // Both leases of the relays say so; the pair's paths name the relay.
+    for (_, ip) in RELAYS {
+        let nat = &c.lease_of(ip)["value"]["WeftNAT"];
+        assert_eq!(nat["Relay"], serde_json::json!(true), "{ip}: {nat}");
+        assert_eq!(nat["RelayPort"], serde_json::json!(51830), "{ip}: {nat}");
+    }
+    let via = wait_relayed(c, 1, &b, Duration::from_secs(5));
+    let back = wait_relayed(c, 2, &a, Duration::from_secs(15));
+    assert_eq!(via, back, "both ends use the same relay");
+    println!("relayed via {via}");
+    // A public node is never relayed.
+    assert_eq!(path(c, 1, "192.0.2.1").as_deref(), Some("direct"));
+
+    // Kill the relay in use; traffic must come back through the other.
+    let (dead, _) = RELAYS
+        .iter()
+        .copied()
+        .find(|(_, ip)| *ip == via)
+        .expect("a relay");
+    let other = RELAYS.iter().find(|(_, ip)| *ip != via).expect("other").1;
+    let s = Stream::start(&n.c.pods[0].ns, &to);
+    let before = s.replies();
+    let killed = Instant::now();
+    n.c.kill_weftd(dead);
+    s.wait_more(before, 100, FAILOVER_BOUND + Duration::from_secs(5));
+    let gap = s.finish();
+    println!(
+        "relay {via} killed: ping gap {:?} (bound {FAILOVER_BOUND:?}), {} lost, resumed {:?} after the kill",
+        gap.longest,
+        gap.lost(),
+        killed.elapsed()
+    );
+    let c = &n.c;
+    assert!(
+        gap.longest < FAILOVER_BOUND,
+        "failover took {:?}; logs:\n{}",
+        gap.longest,
+        (1..3).map(|i| c.log(i)).collect::<Vec<_>>().join("\n---\n")
+    );
+    let now_via = wait_relayed(c, 1, &b, Duration::from_secs(5));
+    assert_eq!(now_via, other, "node 2 fails over to the live relay");
+    assert_eq!(wait_relayed(c, 2, &a, Duration::from_secs(5)), other);
+    let log = c.log(1);
+    assert!(
+        log.contains("relaying") && log.contains("went silent"),
+        "{log}"
+    );
+
+    // The relayed path's throughput beside a direct one from the same node
+    // (node 2 to the public node 1's pod), both 3 s of iperf3 TCP.
+    n.c.add_pod(0, "p0").unwrap_or_else(|e| panic!("pod: {e}"));
+    let c = &n.c;
+    let relayed = c.iperf_bytes(0, 1, 3);
+    let direct = c.iperf_bytes(0, 2, 3);
+    let mbit = |b: u64| b as f64 * 8.0 / 3.0 / 1e6;
+    println!(
+        "iperf3 3 s: relayed via {other} {:.0} Mbit/s, direct to the public node {:.0} Mbit/s",
+        mbit(relayed),
+        mbit(direct)
+    );
+    assert!(relayed > 0, "nothing moved through the relay");
+}
+
+/// The premise: without a relay, punching through the two symmetric NATs
+/// never works (each NAT gives every destination its own random port), so
+/// the pods of the test above can only have met through the relay. 20 s
+/// is past `RELAY_AFTER` and four WireGuard handshake rounds, while a pair
+/// behind cone NATs meets within 6 s of the start (tests/nat.rs).
+#[test]
+fn without_a_relay_symmetric_nats_keep_the_pair_apart() {
+    require_root!();
+    require_tool!("iptables", "iptables", "iptables");
+    require_tool!("curl", "curl", "curl");
+    let mut n = NatCluster::create_with("nrn", true, 3, Vec::new(), true);
+    n.c.start_all().unwrap_or_else(|e| panic!("start: {e}"));
+    n.c.add_pod(1, "p1").unwrap_or_else(|e| panic!("pod: {e}"));
+    n.c.add_pod(2, "p2").unwrap_or_else(|e| panic!("pod: {e}"));
+    let to = n.c.pods[1].ip.clone();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(20) {
+        assert!(
+            !n.c.pods[0].ns.ping(&to, 1),
+            "pods behind symmetric NATs met without a relay after {:?}",
+            t0.elapsed()
+        );
+    }
+    // Both published an endpoint (discovery works) and punch to it.
+    for i in [1, 2] {
+        let nat = &n.c.lease_of(&NatCluster::node_ip(i))["value"]["WeftNAT"];
+        assert!(nat["Endpoint"].is_string(), "node {}: {nat}", i + 1);
+    }
+}

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use weft_testenv::{require_root, require_tool};
 use weft_tests::cluster::Cluster;
 use weft_tests::nat::NatCluster;
-use weft_tests::ping::Stream;
+use weft_tests::ping::{self, Stream};
 
 /// The relays' node indices and addresses.
 const RELAYS: [(usize, &str); 2] = [(3, "192.0.2.4"), (4, "192.0.2.5")];
@@ -185,4 +185,130 @@ fn without_a_relay_symmetric_nats_keep_the_pair_apart() {
         let nat = &n.c.lease_of(&NatCluster::node_ip(i))["value"]["WeftNAT"];
         assert!(nat["Endpoint"].is_string(), "node {}: {nat}", i + 1);
     }
+}
+
+/// Back to direct bound, from the NAT change: each node's discovery sees
+/// its new mapping within one 15 s round (`disco::SLOW`), the main loop
+/// publishes it within 1 s (`nat::POLL`) and the peer's store watch sees
+/// it within 2 s (the embedded store's poll); the peer probes the new
+/// endpoint at its next reconcile (2 s) and reads the ack at the one after
+/// (2 s); the side whose probe its peer's NAT dropped probes back at its
+/// next reconcile (2 s) and reads that ack 2 s later: 15 + 1 + 2 + 4 + 4
+/// = 26 s, and 9 s of slack for a probe lost in the race of the two NATs
+/// (the next round: `PROBE_EVERY`, 10 s, takes one of them further).
+const DIRECT_BOUND: Duration = Duration::from_secs(35);
+
+/// Pings (one every 200 ms) a switch from the relay to the direct path may
+/// lose, counted from 1 s before the first end reports the direct path:
+/// none is expected (the session and its keys stay; packets in flight
+/// through the relay still arrive and decrypt), 2 allow for a reply that
+/// crossed the moment the second end roamed.
+const SWITCH_LOST: u64 = 2;
+
+/// Pings (one every 200 ms) the NAT change itself may lose: the flushed
+/// mappings break the relayed path until each node's next registration
+/// with a new counter reaches the relay (registrations every 2 s, the
+/// counter renewed at every 2 s reconcile: at most 4 s), 20 pings, and 5
+/// more for a reply in flight.
+const CHANGE_LOST: u64 = 25;
+
+/// Whether `path` (`weft status`) is the punched or direct path.
+fn is_direct(path: Option<&str>) -> bool {
+    matches!(path, Some("punched" | "direct"))
+}
+
+/// A pair behind symmetric NATs meets through the relay; both NATs then turn
+/// into cone NATs (plain `MASQUERADE`, conntrack flushed) and the pair must
+/// find the direct path with its probes, without losing the session.
+#[test]
+fn a_relayed_pair_goes_direct_when_its_nats_allow_it() {
+    require_root!();
+    require_tool!("iptables", "iptables", "iptables");
+    require_tool!("conntrack", "conntrack", "conntrack");
+    require_tool!("curl", "curl", "curl");
+    let mut args = vec![Vec::new(); 4];
+    args[3] = vec!["--nat-relay".to_string()];
+    let mut n = NatCluster::create_with("nrd", true, 4, args, true);
+    n.c.start_all().unwrap_or_else(|e| panic!("start: {e}"));
+    n.c.add_pod(1, "p1").unwrap_or_else(|e| panic!("pod: {e}"));
+    n.c.add_pod(2, "p2").unwrap_or_else(|e| panic!("pod: {e}"));
+    let (a, b) = (NatCluster::node_ip(1), NatCluster::node_ip(2));
+    let to = n.c.pods[1].ip.clone();
+    let t0 = Instant::now();
+    while !n.c.pods[0].ns.ping(&to, 1) {
+        let c = &n.c;
+        assert!(
+            t0.elapsed() < Duration::from_secs(45),
+            "pods behind symmetric NATs never met; logs:\n{}",
+            (1..4).map(|i| c.log(i)).collect::<Vec<_>>().join("\n---\n")
+        );
+    }
+    let c = &n.c;
+    let via = wait_relayed(c, 1, &b, Duration::from_secs(5));
+    assert_eq!(wait_relayed(c, 2, &a, Duration::from_secs(15)), via);
+    // Relayed for a while: the probes run and find nothing (symmetric NATs).
+    std::thread::sleep(Duration::from_secs(12));
+    assert!(path(c, 1, &b).is_some_and(|p| p.starts_with("relayed via")));
+    assert!(path(c, 2, &a).is_some_and(|p| p.starts_with("relayed via")));
+
+    let s = Stream::start_every(&n.c.pods[0].ns, &to, "0.2", 5);
+    let changed = Instant::now();
+    for i in [1, 2] {
+        let r = n.router(i);
+        let rule = ["-t", "nat", "POSTROUTING", "-o", "wan", "-j", "MASQUERADE"];
+        let del = [&rule[..2], &["-D"], &rule[2..], &["--random-fully"]].concat();
+        let add = [&rule[..2], &["-A"], &rule[2..]].concat();
+        r.exec(&[&["iptables"][..], &del].concat());
+        r.exec(&[&["iptables"][..], &add].concat());
+        r.exec(&["conntrack", "-F"]);
+    }
+    let c = &n.c;
+    let mut direct = [None, None];
+    while direct.iter().any(Option::is_none) && changed.elapsed() < DIRECT_BOUND {
+        for (k, (i, ip)) in [(1, &b), (2, &a)].into_iter().enumerate() {
+            if direct[k].is_none() && is_direct(path(c, i, ip).as_deref()) {
+                let unix = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64());
+                direct[k] = Some((changed.elapsed(), unix));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let logs = || (1..4).map(|i| c.log(i)).collect::<Vec<_>>().join("\n---\n");
+    let [Some((t1, at1)), Some((t2, at2))] = direct else {
+        panic!(
+            "not direct {DIRECT_BOUND:?} after the NATs turned cone: {:?} / {:?}; logs:\n{}",
+            path(c, 1, &b),
+            path(c, 2, &a),
+            logs()
+        );
+    };
+    // Traffic keeps flowing on the direct path.
+    std::thread::sleep(Duration::from_secs(5));
+    let log = s.text();
+    let switch_lost = ping::lost_from(&log, at1.min(at2) - 1.0);
+    let gap = s.finish();
+    println!(
+        "NATs turned cone: node 2 direct after {t1:?}, node 3 after {t2:?} (bound {DIRECT_BOUND:?}); \
+         pings every 200 ms: {gap}, {switch_lost} lost from 1 s before the switch"
+    );
+    assert!(
+        is_direct(path(c, 1, &b).as_deref()) && is_direct(path(c, 2, &a).as_deref()),
+        "not direct 5 s later: {:?} / {:?}",
+        path(c, 1, &b),
+        path(c, 2, &a)
+    );
+    assert!(
+        switch_lost <= SWITCH_LOST,
+        "{switch_lost} pings lost across the switch; logs:\n{}",
+        logs()
+    );
+    assert!(gap.lost() <= CHANGE_LOST + SWITCH_LOST, "{gap}");
+    assert!(
+        c.log(1).contains("answered a direct probe")
+            || c.log(2).contains("answered a direct probe"),
+        "{}",
+        logs()
+    );
 }

@@ -305,6 +305,11 @@ fn a_relayed_pair_goes_direct_when_its_nats_allow_it() {
         logs()
     );
     assert!(gap.lost() <= CHANGE_LOST + SWITCH_LOST, "{gap}");
+    for i in [1, 2] {
+        let log = c.log(i);
+        let nat: Vec<&str> = log.lines().filter(|l| l.contains("NAT: ")).collect();
+        println!("node {} log:\n{}", i + 1, nat.join("\n"));
+    }
     assert!(
         c.log(1).contains("answered a direct probe")
             || c.log(2).contains("answered a direct probe"),

@@ -42,20 +42,30 @@ fn path(c: &Cluster, i: usize, public_ip: &str) -> Option<String> {
 }
 
 /// Waits up to `within` for node `i`'s path to `public_ip` to start with
-/// `relayed via `; the relay's address.
+/// `relayed via ` (followed by `want`, when given); the relay's address.
+/// Traffic may resume before a node's own path choice moves (its engine
+/// roams to the relay its peer chose), so a test waits for the relay it
+/// expects.
 #[track_caller]
-fn wait_relayed(c: &Cluster, i: usize, public_ip: &str, within: Duration) -> String {
+fn wait_relayed(
+    c: &Cluster,
+    i: usize,
+    public_ip: &str,
+    want: Option<&str>,
+    within: Duration,
+) -> String {
     let deadline = Instant::now() + within;
     loop {
         if let Some(via) = path(c, i, public_ip)
             .as_deref()
             .and_then(|p| p.strip_prefix("relayed via "))
+            .filter(|via| want.is_none_or(|w| w == *via))
         {
             return via.to_string();
         }
         if Instant::now() > deadline {
             panic!(
-                "node {i}'s path to {public_ip} is not relayed: {:?}\nlog:\n{}",
+                "node {i}'s path to {public_ip} is not relayed (via {want:?}): {:?}\nlog:\n{}",
                 c.status(i).peers,
                 c.log(i)
             );
@@ -100,8 +110,8 @@ fn nodes_behind_symmetric_nats_meet_through_a_relay_and_fail_over() {
         assert_eq!(nat["Relay"], serde_json::json!(true), "{ip}: {nat}");
         assert_eq!(nat["RelayPort"], serde_json::json!(51830), "{ip}: {nat}");
     }
-    let via = wait_relayed(c, 1, &b, Duration::from_secs(5));
-    let back = wait_relayed(c, 2, &a, Duration::from_secs(15));
+    let via = wait_relayed(c, 1, &b, None, Duration::from_secs(5));
+    let back = wait_relayed(c, 2, &a, None, Duration::from_secs(15));
     assert_eq!(via, back, "both ends use the same relay");
     println!("relayed via {via}");
     // A public node is never relayed.
@@ -133,9 +143,12 @@ fn nodes_behind_symmetric_nats_meet_through_a_relay_and_fail_over() {
         gap.longest,
         (1..3).map(|i| c.log(i)).collect::<Vec<_>>().join("\n---\n")
     );
-    let now_via = wait_relayed(c, 1, &b, Duration::from_secs(5));
+    let now_via = wait_relayed(c, 1, &b, Some(other), Duration::from_secs(5));
     assert_eq!(now_via, other, "node 2 fails over to the live relay");
-    assert_eq!(wait_relayed(c, 2, &a, Duration::from_secs(5)), other);
+    assert_eq!(
+        wait_relayed(c, 2, &a, Some(other), Duration::from_secs(5)),
+        other
+    );
     let log = c.log(1);
     assert!(
         log.contains("relaying") && log.contains("went silent"),
@@ -244,8 +257,8 @@ fn a_relayed_pair_goes_direct_when_its_nats_allow_it() {
         );
     }
     let c = &n.c;
-    let via = wait_relayed(c, 1, &b, Duration::from_secs(5));
-    assert_eq!(wait_relayed(c, 2, &a, Duration::from_secs(15)), via);
+    let via = wait_relayed(c, 1, &b, None, Duration::from_secs(5));
+    assert_eq!(wait_relayed(c, 2, &a, None, Duration::from_secs(15)), via);
     // Relayed for a while: the probes run and find nothing (symmetric NATs).
     std::thread::sleep(Duration::from_secs(12));
     assert!(path(c, 1, &b).is_some_and(|p| p.starts_with("relayed via")));

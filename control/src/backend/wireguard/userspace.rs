@@ -96,6 +96,23 @@ struct Live {
     probing: Vec<(String, std::net::SocketAddrV4)>,
 }
 
+/// The relay's counters in `weft status` and `/metrics`.
+#[derive(Debug)]
+struct RelayProbe(weft_engine::relay::RelayCounters);
+
+impl crate::view::DeviceProbe for RelayProbe {
+    fn report(&self, st: &mut crate::view::model::BackendStatus) {
+        let s = self.0.read();
+        st.relay = Some(crate::view::model::RelayStatus {
+            forwarded: s.forwarded,
+            bytes: s.bytes,
+            registered: s.registered,
+            limited: s.limited,
+            dropped: s.dropped,
+        });
+    }
+}
+
 /// A relay logs its counters at most this often, when they moved.
 const RELAY_LOG_EVERY: Duration = Duration::from_secs(60);
 
@@ -231,7 +248,11 @@ impl Observe for Live {
     }
 
     fn view(&self) -> crate::view::BackendView {
-        tunnel::view(self.name(), self.devices.iter().map(|d| &d.tunnel))
+        let v = tunnel::view(self.name(), self.devices.iter().map(|d| &d.tunnel));
+        match &self.relay {
+            Some(r) => v.device(std::sync::Arc::new(RelayProbe(r.counters()))),
+            None => v,
+        }
     }
 }
 

@@ -225,6 +225,17 @@ const SWITCH_LOST: u64 = 2;
 /// more for a reply in flight.
 const CHANGE_LOST: u64 = 25;
 
+/// The relay's limit in the back-to-direct test (`--nat-relay-limit`), well
+/// below what the relay carries without one (700-1100 Mbit/s here).
+const LIMIT_MBIT: u64 = 100;
+
+/// How far above the limit iperf3's goodput may be: the bucket holds
+/// 100 ms of the rate (`relay::BURST`), 3 % of a 3 s run, and iperf3's
+/// receiver counts its bytes over its own interval, which may end a little
+/// after the sender's 3 s; WireGuard's and the inner headers count against
+/// the limit, not in the goodput.
+const LIMIT_MARGIN: f64 = 1.1;
+
 /// Whether `path` (`weft status`) is the punched or direct path.
 fn is_direct(path: Option<&str>) -> bool {
     matches!(path, Some("punched" | "direct"))
@@ -239,8 +250,12 @@ fn a_relayed_pair_goes_direct_when_its_nats_allow_it() {
     require_tool!("iptables", "iptables", "iptables");
     require_tool!("conntrack", "conntrack", "conntrack");
     require_tool!("curl", "curl", "curl");
+    require_tool!("iperf3", "iperf3", "iperf3");
     let mut args = vec![Vec::new(); 4];
-    args[3] = vec!["--nat-relay".to_string()];
+    args[3] = vec![
+        "--nat-relay".to_string(),
+        format!("--nat-relay-limit={LIMIT_MBIT}"),
+    ];
     let mut n = NatCluster::create_with("nrd", true, 4, args, true);
     n.c.start_all().unwrap_or_else(|e| panic!("start: {e}"));
     n.c.add_pod(1, "p1").unwrap_or_else(|e| panic!("pod: {e}"));
@@ -259,8 +274,33 @@ fn a_relayed_pair_goes_direct_when_its_nats_allow_it() {
     let c = &n.c;
     let via = wait_relayed(c, 1, &b, None, Duration::from_secs(5));
     assert_eq!(wait_relayed(c, 2, &a, None, Duration::from_secs(15)), via);
-    // Relayed for a while: the probes run and find nothing (symmetric NATs).
-    std::thread::sleep(Duration::from_secs(12));
+    // The relay's limit holds (and its drops are counted) while the
+    // probes run and find nothing (symmetric NATs).
+    let relayed_at = Instant::now();
+    let metric = |name: &str| -> u64 {
+        let m = c.nodes[3]
+            .ns
+            .exec(&["curl", "-sf", "http://127.0.0.1:8471/metrics"]);
+        m.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{m}"))
+    };
+    let limited_before = metric("weft_nat_relay_limited_datagrams_total");
+    let bytes = c.iperf_bytes(0, 1, 3);
+    let mbit = bytes as f64 * 8.0 / 3.0 / 1e6;
+    let limited = metric("weft_nat_relay_limited_datagrams_total") - limited_before;
+    let forwarded = metric("weft_nat_relay_forwarded_datagrams_total");
+    println!(
+        "iperf3 3 s through the relay limited to {LIMIT_MBIT} Mbit/s: {mbit:.1} Mbit/s; \
+         {limited} datagrams dropped over the limit, {forwarded} forwarded in all"
+    );
+    assert!(bytes > 0, "nothing moved through the relay");
+    assert!(
+        mbit <= LIMIT_MBIT as f64 * LIMIT_MARGIN,
+        "{mbit:.1} Mbit/s through a relay limited to {LIMIT_MBIT}"
+    );
+    assert!(limited > 0, "no drop over the limit counted");
+    std::thread::sleep(Duration::from_secs(12).saturating_sub(relayed_at.elapsed()));
     assert!(path(c, 1, &b).is_some_and(|p| p.starts_with("relayed via")));
     assert!(path(c, 2, &a).is_some_and(|p| p.starts_with("relayed via")));
 

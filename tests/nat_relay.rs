@@ -15,6 +15,10 @@
 //! destination its own random port), so after `RELAY_AFTER` (11 s) both
 //! go through the first live relay; the relay in use is then killed and
 //! the pair must recover through the other within [`FAILOVER_BOUND`].
+//! In the third test (one relay, `--nat-relay-limit`) both NATs then turn
+//! into cone NATs and the pair must go back to the direct path by its
+//! probes within [`DIRECT_BOUND`], losing no more than [`SWITCH_LOST`]
+//! pings across the switch.
 
 use std::time::{Duration, Instant};
 

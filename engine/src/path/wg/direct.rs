@@ -16,8 +16,10 @@
 //! - **Answerer** (worker 0, any node with discovery on): a probe is
 //!   answered only when its key is a cluster member's
 //!   ([`Direct::set_members`], from the leases), its MAC is valid under
-//!   the pair's key and its counter is larger than the last one taken from
-//!   that key (a replayed probe proves nothing and is not answered). The
+//!   the pair's key and its counter was not taken from that key before
+//!   ([`fresh`]: larger than the largest, or one of the [`WINDOW`] below it
+//!   not seen yet, since one round's probes to two addresses may arrive out
+//!   of order; a replayed probe proves nothing and is not answered). The
 //!   ack goes to the probe's source, as long as the probe: no reflector,
 //!   no amplification. Anything else is dropped silently.
 //! - The per-packet work is a table scan, one or two BLAKE2s and atomics;
@@ -42,6 +44,29 @@ use crate::wire::direct::{DirectMsg, Kind, LEN, MACED};
 pub const MAX_PROBES: usize = 64;
 /// Member keys an answerer holds at most (a cluster's WireGuard leases).
 pub const MAX_MEMBERS: usize = 1024;
+/// Counters below the largest taken that may still be taken once (a
+/// round's probes carry consecutive counters, one per address).
+pub const WINDOW: u64 = 64;
+
+/// Whether `counter` may be taken from a key whose largest counter taken
+/// is `last` and whose window is `seen` (bit `k`: `last - 1 - k` was
+/// taken): the new `(last, seen)`, `None` for a replay or one too old.
+pub fn fresh(last: u64, seen: u64, counter: u64) -> Option<(u64, u64)> {
+    if counter > last {
+        let shift = counter - last;
+        let moved = match shift {
+            s if s > WINDOW => 0,
+            WINDOW => 1 << (WINDOW - 1),
+            s => (seen << s) | (1 << (s - 1)),
+        };
+        return Some((counter, if last == 0 { 0 } else { moved }));
+    }
+    let back = last - counter;
+    if back == 0 || back > WINDOW || seen & (1 << (back - 1)) != 0 {
+        return None;
+    }
+    Some((last, seen | (1 << (back - 1))))
+}
 
 const LABEL_DIRECT: &[u8] = b"weft direct probe v1";
 
@@ -102,8 +127,9 @@ impl Probe {
 struct Member {
     key: [u8; 32],
     pair: [u8; 32],
-    /// The largest counter taken.
+    /// The largest counter taken, and the window below it ([`fresh`]).
     last: AtomicU64,
+    seen: AtomicU64,
     /// When a valid probe last came, Unix milliseconds.
     probed: AtomicU64,
 }
@@ -114,46 +140,46 @@ struct Members {
     list: Vec<Member>,
 }
 
-/// The probing state the cores and the control plane share.
-#[derive(Debug)]
-pub struct Direct {
-    probes: ArcSwap<Vec<Probe>>,
-    /// Bumped with every new set: worker 0 sends a set once.
-    generation: AtomicU64,
+/// A set of probes and their acks: an ack late for an old set lands in the
+/// old set.
+#[derive(Debug, Default)]
+struct Set {
+    /// Worker 0 sends each set once.
+    generation: u64,
+    probes: Vec<Probe>,
     /// When each probe (by index) was acked, Unix milliseconds.
-    acks: [AtomicU64; MAX_PROBES],
+    acks: Vec<AtomicU64>,
+}
+
+/// The probing state the cores and the control plane share.
+#[derive(Debug, Default)]
+pub struct Direct {
+    set: ArcSwap<Set>,
+    generations: AtomicU64,
     members: ArcSwap<Members>,
     /// Probes answered.
     answered: AtomicU64,
 }
 
-impl Default for Direct {
-    fn default() -> Direct {
-        Direct {
-            probes: ArcSwap::default(),
-            generation: AtomicU64::new(0),
-            acks: std::array::from_fn(|_| AtomicU64::new(0)),
-            members: ArcSwap::default(),
-            answered: AtomicU64::new(0),
-        }
-    }
-}
-
 impl Direct {
     /// The next probes to send (at most [`MAX_PROBES`]), once; the acks of
-    /// the last set are forgotten.
-    pub fn set_probes(&self, probes: Vec<Probe>) {
-        self.probes.store(Arc::new(probes));
-        for a in &self.acks {
-            a.store(0, Ordering::Relaxed);
-        }
-        self.generation.fetch_add(1, Ordering::Release);
+    /// the last set are forgotten (one that comes late lands in it).
+    pub fn set_probes(&self, mut probes: Vec<Probe>) {
+        probes.truncate(MAX_PROBES);
+        let acks = probes.iter().map(|_| AtomicU64::new(0)).collect();
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        self.set.store(Arc::new(Set {
+            generation,
+            probes,
+            acks,
+        }));
     }
 
     /// When the probe of the current set sent to `to` was acked.
     pub fn acked(&self, to: SocketAddr) -> Option<SystemTime> {
-        let i = self.probes.load().iter().position(|p| p.to == to)?;
-        at(self.acks.get(i)?.load(Ordering::Relaxed))
+        let set = self.set.load();
+        let i = set.probes.iter().position(|p| p.to == to)?;
+        at(set.acks.get(i)?.load(Ordering::Relaxed))
     }
 
     /// The keys whose probes are answered, each with its [`pair_key`]
@@ -172,6 +198,7 @@ impl Direct {
                     key,
                     pair,
                     last: AtomicU64::new(get(|m| &m.last)),
+                    seen: AtomicU64::new(get(|m| &m.seen)),
                     probed: AtomicU64::new(get(|m| &m.probed)),
                 }
             })
@@ -196,13 +223,13 @@ impl Direct {
 
     /// The set's generation (worker 0 sends a set it has not sent).
     pub(super) fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
+        self.set.load().generation
     }
 
     /// Sends the current set into `out`; how many.
     pub(super) fn send(&self, out: &mut impl Out) -> usize {
         let mut sent = 0;
-        for p in self.probes.load().iter().take(MAX_PROBES) {
+        for p in &self.set.load().probes {
             if let Some(dst) = out.room(LEN, 1).get_mut(..LEN) {
                 dst.copy_from_slice(&p.msg);
                 out.push(p.to, LEN);
@@ -246,13 +273,18 @@ impl Direct {
                 let Some(p) = members.list.iter().find(|p| p.key == m.key) else {
                     return Answer::Drop;
                 };
-                if d.len() != LEN
-                    || !same(&mac(&p.pair, &[&d[..MACED]]), &m.mac)
-                    || m.counter <= p.last.load(Ordering::Relaxed)
-                {
+                if d.len() != LEN || !same(&mac(&p.pair, &[&d[..MACED]]), &m.mac) {
                     return Answer::Drop;
                 }
-                p.last.store(m.counter, Ordering::Relaxed);
+                let (last, seen) = (
+                    p.last.load(Ordering::Relaxed),
+                    p.seen.load(Ordering::Relaxed),
+                );
+                let Some((last, seen)) = fresh(last, seen, m.counter) else {
+                    return Answer::Drop;
+                };
+                p.last.store(last, Ordering::Relaxed);
+                p.seen.store(seen, Ordering::Relaxed);
                 p.probed.store(unix_ms, Ordering::Relaxed);
                 let reply = DirectMsg {
                     kind: Kind::Ack,
@@ -266,9 +298,9 @@ impl Direct {
                 Answer::Ack
             }
             Kind::Ack => {
-                let probes = self.probes.load();
-                let i = probes.iter().position(|p| p.to == src && same(&p.ack, d));
-                match i.and_then(|i| self.acks.get(i)) {
+                let set = self.set.load();
+                let i = (set.probes.iter()).position(|p| p.to == src && same(&p.ack, d));
+                match i.and_then(|i| set.acks.get(i)) {
                     Some(a) => {
                         a.store(unix_ms, Ordering::Relaxed);
                         Answer::Acked

@@ -137,3 +137,31 @@ fn forged_replayed_and_unknown_probes_are_dropped_unanswered() {
     let got = p.receive(1, &next, from, Strict);
     assert_eq!(got, Outcome::Drop(DropReason::Malformed));
 }
+
+#[test]
+fn counters_are_taken_once_in_any_order_within_the_window() {
+    let mut st = (0, 0);
+    let mut take = |c: u64| match fresh(st.0, st.1, c) {
+        Some(next) => {
+            st = next;
+            true
+        }
+        None => false,
+    };
+    assert!(take(1000));
+    assert!(!take(1000), "replay");
+    // One round's two probes out of order.
+    assert!(take(3001));
+    assert!(take(3000));
+    assert!(!take(3000) && !take(3001), "replays");
+    assert!(!take(1000), "an old one");
+    // The window: WINDOW below the largest, once each.
+    assert!(take(3001 + WINDOW));
+    assert!(take(3002), "WINDOW - 1 below");
+    assert!(!take(3001), "taken before");
+    assert!(!take(3000), "below the window");
+    assert!(take(10_000));
+    assert!(!take(10_000 - WINDOW - 1));
+    assert!(take(10_000 - WINDOW));
+    assert!(!take(10_000 - WINDOW));
+}

@@ -26,6 +26,12 @@
 //!   with every relay (at most 4) and sends a punched peer that never
 //!   answered through one ([`super::nat::Peers::choose_relays`], at
 //!   reconcile).
+//!   While a peer is relayed, the engine probes the direct path
+//!   ([`weft_engine::path::wg::direct`]; which peers and when:
+//!   [`super::nat::Peers::probes_due`]); an ack moves the peer back to it
+//!   at the next reconcile ([`super::nat::Peers::direct`]). Every node
+//!   with NAT traversal answers the probes of the leases' keys (the pair
+//!   keys: one X25519 per lease, cached).
 //! - Differences: the engine's socket listens on one address family, so in
 //!   `auto` mode the endpoint family is the underlay family we listen on (IPv4
 //!   when IPv4 is enabled), not flannel's per-peer `selectMode`.

@@ -144,8 +144,6 @@ struct Members {
 /// old set.
 #[derive(Debug, Default)]
 struct Set {
-    /// Worker 0 sends each set once.
-    generation: u64,
     probes: Vec<Probe>,
     /// When each probe (by index) was acked, Unix milliseconds.
     acks: Vec<AtomicU64>,
@@ -155,6 +153,7 @@ struct Set {
 #[derive(Debug, Default)]
 pub struct Direct {
     set: ArcSwap<Set>,
+    /// The newest set's generation (one relaxed load for worker 0's loop).
     generations: AtomicU64,
     members: ArcSwap<Members>,
     /// Probes answered.
@@ -163,16 +162,15 @@ pub struct Direct {
 
 impl Direct {
     /// The next probes to send (at most [`MAX_PROBES`]), once; the acks of
-    /// the last set are forgotten (one that comes late lands in it).
+    /// the last set are forgotten (one that comes late lands in it). One
+    /// caller (the control plane): the generation is published after the
+    /// set, so worker 0 never takes an old set for a new one.
     pub fn set_probes(&self, mut probes: Vec<Probe>) {
         probes.truncate(MAX_PROBES);
         let acks = probes.iter().map(|_| AtomicU64::new(0)).collect();
-        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
-        self.set.store(Arc::new(Set {
-            generation,
-            probes,
-            acks,
-        }));
+        let generation = self.generations.load(Ordering::Relaxed) + 1;
+        self.set.store(Arc::new(Set { probes, acks }));
+        self.generations.store(generation, Ordering::Release);
     }
 
     /// When the probe of the current set sent to `to` was acked.
@@ -223,7 +221,7 @@ impl Direct {
 
     /// The set's generation (worker 0 sends a set it has not sent).
     pub(super) fn generation(&self) -> u64 {
-        self.set.load().generation
+        self.generations.load(Ordering::Acquire)
     }
 
     /// Sends the current set into `out`; how many.

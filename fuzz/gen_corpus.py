@@ -262,6 +262,14 @@ def control():
     write("relay_msg", "wg-initiation", bytes([1, 0, 0, 0]) + struct.pack("<I", 0x100) + bytes(140))
     write("relay_msg", "wg-response", bytes([2, 0, 0, 0]) + struct.pack("<II", 0x200, 0x100) + bytes(80))
     write("relay_msg", "wg-data", bytes([4, 0, 0, 0]) + struct.pack("<I", 0x200) + bytes(40))
+    # Direct probes: valid ones between the target's keys [2; 32] (A) and
+    # [3; 32] (the answering node), as Probe::new builds them (X25519 +
+    # BLAKE2s, printed once from Rust), and a bad MAC.
+    write("direct_msg", "probe-from-a", bytes.fromhex("d157440105000000ce8d3ad1ccb633ec7b70c17814a5c76ecd029685050d344745ba05870e587d590000000000000005f702d55229b05b2a987e1577e65ae00f"))
+    write("direct_msg", "ack-from-a", bytes.fromhex("d157440106000000ce8d3ad1ccb633ec7b70c17814a5c76ecd029685050d344745ba05870e587d59000000000000000700b4cfddfcf4ffb30dcb040742bd3d2c"))
+    write("direct_msg", "probe-bad-mac", magic + bytes([5, 0, 0, 0]) + bytes(range(32)) + struct.pack("!Q", 1765000000123) + bytes(16))
+    write("direct_msg", "register", magic + bytes([3, 0, 0, 0]) + bytes(range(32)) + struct.pack("!Q", 1765000000123) + bytes(16))
+    write("direct_msg", "ack-short", magic + bytes([6, 0, 0, 0]) + bytes(40))
     write("probe_msg", "version-2", b"WFPR" + bytes([2, 1]) + struct.pack("!HQQ", 0, 7, 1))
     write("subnet_env", "v4", "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.7.1/24\nFLANNEL_MTU=1472\nFLANNEL_IPMASQ=false\n")
     write("subnet_env", "godotenv-quirks", "# written by hand\nexport FLANNEL_NETWORK='10.244.0.0/16'\nFLANNEL_SUBNET=\"10.244.3.1/24,bogus\"\nFLANNEL_MTU = 1450\r\nFLANNEL_IPMASQ=true # comment\n")

@@ -15,13 +15,17 @@
 //! destination its own random port), so after `RELAY_AFTER` (11 s) both
 //! go through the first live relay; the relay in use is then killed and
 //! the pair must recover through the other within [`FAILOVER_BOUND`].
+//! In the third test (one relay, `--nat-relay-limit`) both NATs then turn
+//! into cone NATs and the pair must go back to the direct path by its
+//! probes within [`DIRECT_BOUND`], losing no more than [`SWITCH_LOST`]
+//! pings across the switch.
 
 use std::time::{Duration, Instant};
 
 use weft_testenv::{require_root, require_tool};
 use weft_tests::cluster::Cluster;
 use weft_tests::nat::NatCluster;
-use weft_tests::ping::Stream;
+use weft_tests::ping::{self, Stream};
 
 /// The relays' node indices and addresses.
 const RELAYS: [(usize, &str); 2] = [(3, "192.0.2.4"), (4, "192.0.2.5")];
@@ -42,20 +46,30 @@ fn path(c: &Cluster, i: usize, public_ip: &str) -> Option<String> {
 }
 
 /// Waits up to `within` for node `i`'s path to `public_ip` to start with
-/// `relayed via `; the relay's address.
+/// `relayed via ` (followed by `want`, when given); the relay's address.
+/// Traffic may resume before a node's own path choice moves (its engine
+/// roams to the relay its peer chose), so a test waits for the relay it
+/// expects.
 #[track_caller]
-fn wait_relayed(c: &Cluster, i: usize, public_ip: &str, within: Duration) -> String {
+fn wait_relayed(
+    c: &Cluster,
+    i: usize,
+    public_ip: &str,
+    want: Option<&str>,
+    within: Duration,
+) -> String {
     let deadline = Instant::now() + within;
     loop {
         if let Some(via) = path(c, i, public_ip)
             .as_deref()
             .and_then(|p| p.strip_prefix("relayed via "))
+            .filter(|via| want.is_none_or(|w| w == *via))
         {
             return via.to_string();
         }
         if Instant::now() > deadline {
             panic!(
-                "node {i}'s path to {public_ip} is not relayed: {:?}\nlog:\n{}",
+                "node {i}'s path to {public_ip} is not relayed (via {want:?}): {:?}\nlog:\n{}",
                 c.status(i).peers,
                 c.log(i)
             );
@@ -100,8 +114,8 @@ fn nodes_behind_symmetric_nats_meet_through_a_relay_and_fail_over() {
         assert_eq!(nat["Relay"], serde_json::json!(true), "{ip}: {nat}");
         assert_eq!(nat["RelayPort"], serde_json::json!(51830), "{ip}: {nat}");
     }
-    let via = wait_relayed(c, 1, &b, Duration::from_secs(5));
-    let back = wait_relayed(c, 2, &a, Duration::from_secs(15));
+    let via = wait_relayed(c, 1, &b, None, Duration::from_secs(5));
+    let back = wait_relayed(c, 2, &a, None, Duration::from_secs(15));
     assert_eq!(via, back, "both ends use the same relay");
     println!("relayed via {via}");
     // A public node is never relayed.
@@ -133,9 +147,12 @@ fn nodes_behind_symmetric_nats_meet_through_a_relay_and_fail_over() {
         gap.longest,
         (1..3).map(|i| c.log(i)).collect::<Vec<_>>().join("\n---\n")
     );
-    let now_via = wait_relayed(c, 1, &b, Duration::from_secs(5));
+    let now_via = wait_relayed(c, 1, &b, Some(other), Duration::from_secs(5));
     assert_eq!(now_via, other, "node 2 fails over to the live relay");
-    assert_eq!(wait_relayed(c, 2, &a, Duration::from_secs(5)), other);
+    assert_eq!(
+        wait_relayed(c, 2, &a, Some(other), Duration::from_secs(5)),
+        other
+    );
     let log = c.log(1);
     assert!(
         log.contains("relaying") && log.contains("went silent"),
@@ -185,4 +202,175 @@ fn without_a_relay_symmetric_nats_keep_the_pair_apart() {
         let nat = &n.c.lease_of(&NatCluster::node_ip(i))["value"]["WeftNAT"];
         assert!(nat["Endpoint"].is_string(), "node {}: {nat}", i + 1);
     }
+}
+
+/// Back to direct bound, from the NAT change: each node's discovery sees
+/// its new mapping within one 15 s round (`disco::SLOW`), the main loop
+/// publishes it within 1 s (`nat::POLL`) and the peer's store watch sees
+/// it within 2 s (the embedded store's poll); the peer probes the new
+/// endpoint at its next reconcile (2 s) and reads the ack at the one after
+/// (2 s); the side whose probe its peer's NAT dropped probes back at its
+/// next reconcile (2 s) and reads that ack 2 s later: 15 + 1 + 2 + 4 + 4
+/// = 26 s, and 9 s of slack for a probe lost in the race of the two NATs
+/// (the next round: `PROBE_EVERY`, 10 s, takes one of them further).
+const DIRECT_BOUND: Duration = Duration::from_secs(35);
+
+/// Pings (one every 200 ms) a switch from the relay to the direct path may
+/// lose, counted from 1 s before the first end reports the direct path:
+/// none is expected (the session and its keys stay; packets in flight
+/// through the relay still arrive and decrypt), 2 allow for a reply that
+/// crossed the moment the second end roamed.
+const SWITCH_LOST: u64 = 2;
+
+/// Pings (one every 200 ms) the NAT change itself may lose: the flushed
+/// mappings break the relayed path until each node's next registration
+/// with a new counter reaches the relay (registrations every 2 s, the
+/// counter renewed at every 2 s reconcile: at most 4 s), 20 pings, and 5
+/// more for a reply in flight.
+const CHANGE_LOST: u64 = 25;
+
+/// The relay's limit in the back-to-direct test (`--nat-relay-limit`), well
+/// below what the relay carries without one (700-1100 Mbit/s here).
+const LIMIT_MBIT: u64 = 100;
+
+/// How far above the limit iperf3's goodput may be: the bucket holds
+/// 100 ms of the rate (`relay::BURST`), 3 % of a 3 s run, and iperf3's
+/// receiver counts its bytes over its own interval, which may end a little
+/// after the sender's 3 s; WireGuard's and the inner headers count against
+/// the limit, not in the goodput.
+const LIMIT_MARGIN: f64 = 1.1;
+
+/// Whether `path` (`weft status`) is the punched or direct path.
+fn is_direct(path: Option<&str>) -> bool {
+    matches!(path, Some("punched" | "direct"))
+}
+
+/// A pair behind symmetric NATs meets through the relay; both NATs then turn
+/// into cone NATs (plain `MASQUERADE`, conntrack flushed) and the pair must
+/// find the direct path with its probes, without losing the session.
+#[test]
+fn a_relayed_pair_goes_direct_when_its_nats_allow_it() {
+    require_root!();
+    require_tool!("iptables", "iptables", "iptables");
+    require_tool!("conntrack", "conntrack", "conntrack");
+    require_tool!("curl", "curl", "curl");
+    require_tool!("iperf3", "iperf3", "iperf3");
+    let mut args = vec![Vec::new(); 4];
+    args[3] = vec![
+        "--nat-relay".to_string(),
+        format!("--nat-relay-limit={LIMIT_MBIT}"),
+    ];
+    let mut n = NatCluster::create_with("nrd", true, 4, args, true);
+    n.c.start_all().unwrap_or_else(|e| panic!("start: {e}"));
+    n.c.add_pod(1, "p1").unwrap_or_else(|e| panic!("pod: {e}"));
+    n.c.add_pod(2, "p2").unwrap_or_else(|e| panic!("pod: {e}"));
+    let (a, b) = (NatCluster::node_ip(1), NatCluster::node_ip(2));
+    let to = n.c.pods[1].ip.clone();
+    let t0 = Instant::now();
+    while !n.c.pods[0].ns.ping(&to, 1) {
+        let c = &n.c;
+        assert!(
+            t0.elapsed() < Duration::from_secs(45),
+            "pods behind symmetric NATs never met; logs:\n{}",
+            (1..4).map(|i| c.log(i)).collect::<Vec<_>>().join("\n---\n")
+        );
+    }
+    let c = &n.c;
+    let via = wait_relayed(c, 1, &b, None, Duration::from_secs(5));
+    assert_eq!(wait_relayed(c, 2, &a, None, Duration::from_secs(15)), via);
+    // The relay's limit holds (and its drops are counted) while the
+    // probes run and find nothing (symmetric NATs).
+    let relayed_at = Instant::now();
+    let metric = |name: &str| -> u64 {
+        let m = c.nodes[3]
+            .ns
+            .exec(&["curl", "-sf", "http://127.0.0.1:8471/metrics"]);
+        m.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{m}"))
+    };
+    let limited_before = metric("weft_nat_relay_limited_datagrams_total");
+    let bytes = c.iperf_bytes(0, 1, 3);
+    let mbit = bytes as f64 * 8.0 / 3.0 / 1e6;
+    let limited = metric("weft_nat_relay_limited_datagrams_total") - limited_before;
+    let forwarded = metric("weft_nat_relay_forwarded_datagrams_total");
+    println!(
+        "iperf3 3 s through the relay limited to {LIMIT_MBIT} Mbit/s: {mbit:.1} Mbit/s; \
+         {limited} datagrams dropped over the limit, {forwarded} forwarded in all"
+    );
+    assert!(bytes > 0, "nothing moved through the relay");
+    assert!(
+        mbit <= LIMIT_MBIT as f64 * LIMIT_MARGIN,
+        "{mbit:.1} Mbit/s through a relay limited to {LIMIT_MBIT}"
+    );
+    assert!(limited > 0, "no drop over the limit counted");
+    std::thread::sleep(Duration::from_secs(12).saturating_sub(relayed_at.elapsed()));
+    assert!(path(c, 1, &b).is_some_and(|p| p.starts_with("relayed via")));
+    assert!(path(c, 2, &a).is_some_and(|p| p.starts_with("relayed via")));
+
+    let s = Stream::start_every(&n.c.pods[0].ns, &to, "0.2", 5);
+    let changed = Instant::now();
+    for i in [1, 2] {
+        let r = n.router(i);
+        let rule = ["-t", "nat", "POSTROUTING", "-o", "wan", "-j", "MASQUERADE"];
+        let del = [&rule[..2], &["-D"], &rule[2..], &["--random-fully"]].concat();
+        let add = [&rule[..2], &["-A"], &rule[2..]].concat();
+        r.exec(&[&["iptables"][..], &del].concat());
+        r.exec(&[&["iptables"][..], &add].concat());
+        r.exec(&["conntrack", "-F"]);
+    }
+    let c = &n.c;
+    let mut direct = [None, None];
+    while direct.iter().any(Option::is_none) && changed.elapsed() < DIRECT_BOUND {
+        for (k, (i, ip)) in [(1, &b), (2, &a)].into_iter().enumerate() {
+            if direct[k].is_none() && is_direct(path(c, i, ip).as_deref()) {
+                let unix = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64());
+                direct[k] = Some((changed.elapsed(), unix));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let logs = || (1..4).map(|i| c.log(i)).collect::<Vec<_>>().join("\n---\n");
+    let [Some((t1, at1)), Some((t2, at2))] = direct else {
+        panic!(
+            "not direct {DIRECT_BOUND:?} after the NATs turned cone: {:?} / {:?}; logs:\n{}",
+            path(c, 1, &b),
+            path(c, 2, &a),
+            logs()
+        );
+    };
+    // Traffic keeps flowing on the direct path.
+    std::thread::sleep(Duration::from_secs(5));
+    let log = s.text();
+    let switch_lost = ping::lost_from(&log, at1.min(at2) - 1.0);
+    let gap = s.finish();
+    println!(
+        "NATs turned cone: node 2 direct after {t1:?}, node 3 after {t2:?} (bound {DIRECT_BOUND:?}); \
+         pings every 200 ms: {gap}, {switch_lost} lost from 1 s before the switch"
+    );
+    assert!(
+        is_direct(path(c, 1, &b).as_deref()) && is_direct(path(c, 2, &a).as_deref()),
+        "not direct 5 s later: {:?} / {:?}",
+        path(c, 1, &b),
+        path(c, 2, &a)
+    );
+    assert!(
+        switch_lost <= SWITCH_LOST,
+        "{switch_lost} pings lost across the switch; logs:\n{}",
+        logs()
+    );
+    assert!(gap.lost() <= CHANGE_LOST + SWITCH_LOST, "{gap}");
+    for i in [1, 2] {
+        let log = c.log(i);
+        let nat: Vec<&str> = log.lines().filter(|l| l.contains("NAT: ")).collect();
+        println!("node {} log:\n{}", i + 1, nat.join("\n"));
+    }
+    assert!(
+        c.log(1).contains("answered a direct probe")
+            || c.log(2).contains("answered a direct probe"),
+        "{}",
+        logs()
+    );
 }

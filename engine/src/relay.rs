@@ -72,7 +72,24 @@ impl RelayServer {
 
     /// Its counters.
     pub fn stats(&self) -> RelayStats {
-        let s = &self.shared;
+        self.counters().read()
+    }
+
+    /// A handle on the relay's counters (for `/metrics`: read without the
+    /// backend).
+    pub fn counters(&self) -> RelayCounters {
+        RelayCounters(Arc::clone(&self.shared))
+    }
+}
+
+/// The counters of a [`RelayServer`], readable from anywhere.
+#[derive(Debug, Clone)]
+pub struct RelayCounters(Arc<Shared>);
+
+impl RelayCounters {
+    /// The counters now.
+    pub fn read(&self) -> RelayStats {
+        let s = &self.0;
         RelayStats {
             forwarded: s.forwarded.load(Ordering::Relaxed),
             bytes: s.bytes.load(Ordering::Relaxed),

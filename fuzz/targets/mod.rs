@@ -30,6 +30,7 @@ pub const ALL: &[Target] = &[
     ("wg_input", wg::wg_input),
     ("disco_msg", wg::disco_msg),
     ("relay_msg", wg::relay_msg),
+    ("direct_msg", wg::direct_msg),
     ("net_conf", control::net_conf),
     ("lease_attrs", control::lease_attrs),
     ("subnet_key", control::subnet_key),

@@ -292,3 +292,49 @@ pub fn relay_msg(data: &[u8]) {
         Verdict::Drop(_) => {}
     }
 }
+
+/// `direct_msg`: a datagram on the WireGuard port that parses as a direct
+/// probe or ack (`wire::direct::DirectMsg::parse` and
+/// `path::wg::direct::Direct::datagram`, docs/nat.md "Back to direct"),
+/// given to a node that answers member A's probes and probes A at `nat`.
+/// What parses writes back to the same bytes; only A's validly MACed probe
+/// is answered, never by more bytes than came; only the expected ack from
+/// the address probed counts.
+pub fn direct_msg(data: &[u8]) {
+    use weft_engine::WgSecret;
+    use weft_engine::path::wg::direct::{Answer, Direct, Probe, pair_key};
+    use weft_engine::wire::direct::{DirectMsg, Kind, LEN};
+    use weft_engine::wire::disco::maybe;
+    let Ok(m) = DirectMsg::parse(data) else {
+        return;
+    };
+    assert!(maybe(data), "parsed without the first byte");
+    let mut out = [0xa5u8; LEN + 8];
+    assert_eq!(m.write(&mut out), Some(LEN));
+    assert_eq!(&out[..LEN], data, "written differently");
+    let (a, b) = ([2u8; 32], [3u8; 32]);
+    let (pa, pb) = (WgSecret(a).public_key(), WgSecret(b).public_key());
+    let key = pair_key(&b, &pa);
+    let nat: SocketAddr = "203.0.113.9:40001".parse().expect("addr");
+    let stranger: SocketAddr = "192.0.2.66:51820".parse().expect("addr");
+    let d = Direct::default();
+    d.set_members(pb, vec![(pa, key)]);
+    let probe = Probe::new(&b, &pa, &key, nat, 7);
+    d.set_probes(vec![probe]);
+    let mut ack = [0u8; LEN];
+    match d.datagram(&m, data, stranger, 1, &mut ack) {
+        Answer::Ack => {
+            assert_eq!(m.kind, Kind::Probe);
+            assert_eq!(m.key, pa, "answered a stranger's key");
+            let real = Probe::new(&a, &pb, &key, nat, m.counter);
+            assert_eq!(&real.msg[..], data, "answered a forged probe");
+            assert!(ack.len() <= data.len(), "an ack amplifies");
+            assert_eq!(ack, real.ack);
+        }
+        Answer::Acked => panic!("an ack counted from an address not probed"),
+        Answer::Drop => {}
+    }
+    if d.datagram(&m, data, nat, 2, &mut ack) == Answer::Acked {
+        assert_eq!(&probe.ack[..], data, "a forged ack counted");
+    }
+}

@@ -51,32 +51,13 @@ impl std::fmt::Display for Gap {
 /// Parses the output of `ping -D` (iputils or busybox with `-D`): replies by
 /// sequence number, the first time each was seen, and the summary line.
 pub fn parse(log: &str) -> Gap {
-    let mut replies = std::collections::BTreeMap::new();
-    let mut sent = None;
-    for line in log.lines() {
-        if let Some(n) = line
-            .split(" packets transmitted")
+    let replies = replies(log);
+    let sent = log.lines().find_map(|line| {
+        line.split(" packets transmitted")
             .next()
             .filter(|_| line.contains(" packets transmitted"))
-        {
-            sent = n.trim().parse().ok();
-        }
-        if !line.contains("bytes from") {
-            continue;
-        }
-        let ts = line
-            .strip_prefix('[')
-            .and_then(|l| l.split(']').next())
-            .and_then(|t| t.parse::<f64>().ok());
-        let seq = line
-            .split("icmp_seq=")
-            .nth(1)
-            .and_then(|s| s.split_whitespace().next())
-            .and_then(|s| s.parse::<u64>().ok());
-        if let (Some(ts), Some(seq)) = (ts, seq) {
-            replies.entry(seq).or_insert(ts);
-        }
-    }
+            .and_then(|n| n.trim().parse().ok())
+    });
     let mut times: Vec<f64> = replies.values().copied().collect();
     times.sort_by(f64::total_cmp);
     let (mut longest, mut at) = (0.0f64, 0.0);
@@ -93,6 +74,48 @@ pub fn parse(log: &str) -> Gap {
         longest: Duration::from_secs_f64(longest.max(0.0)),
         at,
     }
+}
+
+/// Requests lost from wall-clock time `t` (seconds since the Unix epoch,
+/// the pinging machine's clock) on: sequence numbers without a reply after
+/// the last reply before `t` and before the last reply of all.
+pub fn lost_from(log: &str, t: f64) -> u64 {
+    let replies = replies(log);
+    let Some(last) = replies.keys().last().copied() else {
+        return 0;
+    };
+    let start = (replies.iter())
+        .filter(|(_, at)| **at < t)
+        .map(|(seq, _)| *seq)
+        .max()
+        .unwrap_or(0);
+    (start + 1..last)
+        .filter(|s| !replies.contains_key(s))
+        .count() as u64
+}
+
+/// The replies of a `ping -D` output: when each sequence number's first
+/// reply was seen.
+fn replies(log: &str) -> std::collections::BTreeMap<u64, f64> {
+    let mut replies = std::collections::BTreeMap::new();
+    for line in log.lines() {
+        if !line.contains("bytes from") {
+            continue;
+        }
+        let ts = line
+            .strip_prefix('[')
+            .and_then(|l| l.split(']').next())
+            .and_then(|t| t.parse::<f64>().ok());
+        let seq = line
+            .split("icmp_seq=")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|s| s.parse::<u64>().ok());
+        if let (Some(ts), Some(seq)) = (ts, seq) {
+            replies.entry(seq).or_insert(ts);
+        }
+    }
+    replies
 }
 
 /// Waits until a stream to `dst` has `more` replies after its first
@@ -138,12 +161,19 @@ impl Stream {
     /// (up to 30 s), so that what follows starts on a working path.
     #[track_caller]
     pub fn start(ns: &Netns, dst: &str) -> Stream {
+        Stream::start_every(ns, dst, "0.01", 50)
+    }
+
+    /// [`Stream::start`] with a request every `interval` seconds (as ping's
+    /// `-i` takes it), waiting for the first `first` replies.
+    #[track_caller]
+    pub fn start_every(ns: &Netns, dst: &str, interval: &str, first: u64) -> Stream {
         let dir = tempfile::tempdir().expect("tempdir");
         let out = dir.path().join("ping.txt");
         let f = std::fs::File::create(&out).expect("ping output");
         let child = ns
             .command("ping")
-            .args(["-D", "-n", "-i", "0.01", "-W", "1", dst])
+            .args(["-D", "-n", "-i", interval, "-W", "1", dst])
             .stdout(Stdio::from(f))
             .stderr(Stdio::null())
             .stdin(Stdio::null())
@@ -155,11 +185,12 @@ impl Stream {
             _dir: dir,
             dst: dst.to_string(),
         };
-        s.wait_more(0, 50, Duration::from_secs(30));
+        s.wait_more(0, first, Duration::from_secs(30));
         s
     }
 
-    fn text(&self) -> String {
+    /// The output so far.
+    pub fn text(&self) -> String {
         std::fs::read_to_string(&self.out).unwrap_or_default()
     }
 
@@ -233,5 +264,18 @@ mod tests {
         );
         assert_eq!((g.sent, g.replies), (9, 2));
         assert_eq!(g.longest.as_millis(), 500);
+    }
+
+    #[test]
+    fn losses_from_a_time_on() {
+        let log = "[1.0] 64 bytes from x: icmp_seq=1 ttl=1\n\
+            [1.6] 64 bytes from x: icmp_seq=4 ttl=1\n\
+            [2.0] 64 bytes from x: icmp_seq=6 ttl=1\n\
+            [2.2] 64 bytes from x: icmp_seq=7 ttl=1\n";
+        assert_eq!(lost_from(log, 0.0), 3, "2, 3 and 5");
+        assert_eq!(lost_from(log, 1.5), 3, "from the reply before 1.5: 2, 3, 5");
+        assert_eq!(lost_from(log, 1.7), 1, "5");
+        assert_eq!(lost_from(log, 2.1), 0);
+        assert_eq!(lost_from("", 1.0), 0);
     }
 }

@@ -259,6 +259,38 @@ impl PromCollector for Collector {
             paths,
         )
         .encode(&mut enc)?;
+        // This node's NAT relay (docs/nat.md "Relays").
+        if let Some(r) = b.relay {
+            for (name, help, v) in [
+                (
+                    "nat_relay_forwarded_datagrams",
+                    "NAT relay: datagrams forwarded",
+                    r.forwarded,
+                ),
+                (
+                    "nat_relay_forwarded_bytes",
+                    "NAT relay: bytes forwarded",
+                    r.bytes,
+                ),
+                (
+                    "nat_relay_registrations",
+                    "NAT relay: registrations taken",
+                    r.registered,
+                ),
+                (
+                    "nat_relay_limited_datagrams",
+                    "NAT relay: datagrams dropped over --nat-relay-limit",
+                    r.limited,
+                ),
+                (
+                    "nat_relay_dropped_datagrams",
+                    "NAT relay: datagrams dropped for another reason (unregistered source, no route, refused registration)",
+                    r.dropped,
+                ),
+            ] {
+                counter(name, help, vec![(vec![], v)]).encode(&mut enc)?;
+            }
+        }
         Ok(())
     }
 }

@@ -221,3 +221,30 @@ fn the_nat_path_is_a_gauge_only_where_known() {
     assert_eq!(*series[0].1, 1.0);
     assert_eq!(t.get("weft_peer_path").map(String::as_str), Some("gauge"));
 }
+
+#[test]
+fn a_relay_exports_its_counters() {
+    let mut st = crate::status::tests::full();
+    let text = DaemonMetrics::new().encode(Some(&st));
+    assert!(!text.contains("weft_nat_relay"), "not a relay: {text}");
+    st.backend.relay = Some(crate::view::model::RelayStatus {
+        forwarded: 10,
+        bytes: 1000,
+        registered: 3,
+        limited: 7,
+        dropped: 2,
+    });
+    let text = DaemonMetrics::new().encode(Some(&st));
+    let (s, t) = parse(&text).expect("parses");
+    for (name, v) in [
+        ("weft_nat_relay_forwarded_datagrams_total", 10.0),
+        ("weft_nat_relay_forwarded_bytes_total", 1000.0),
+        ("weft_nat_relay_registrations_total", 3.0),
+        ("weft_nat_relay_limited_datagrams_total", 7.0),
+        ("weft_nat_relay_dropped_datagrams_total", 2.0),
+    ] {
+        assert_eq!(s.get(name), Some(&v), "{name}: {text}");
+    }
+    let ty = t.get("weft_nat_relay_limited_datagrams_total");
+    assert_eq!(ty.map(String::as_str), Some("counter"));
+}

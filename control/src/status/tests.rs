@@ -69,6 +69,7 @@ pub(crate) fn full() -> Status {
                 last_handshake: None,
             },
         ],
+        relay: None,
     };
     let own = lease("10.244.1.0/24", "192.0.2.1");
     let mut st = Status::build(Some(&own), backend, full_peers().iter().map(|l| &**l));

@@ -99,6 +99,24 @@ pub struct BackendStatus {
     /// Per-peer counters by subnet (merged into [`Status::peers`]; not serialised).
     #[serde(skip)]
     pub peer_counters: Vec<PeerCounters>,
+    /// This node's NAT relay (`--nat-relay`, docs/nat.md "Relays").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay: Option<RelayStatus>,
+}
+
+/// A NAT relay's counters since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RelayStatus {
+    /// Datagrams forwarded.
+    pub forwarded: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Registrations taken.
+    pub registered: u64,
+    /// Datagrams dropped over the bandwidth limit.
+    pub limited: u64,
+    /// Datagrams dropped for any other reason.
+    pub dropped: u64,
 }
 
 /// One dataplane device (a TUN run by the engine, or a kernel device).

@@ -8,6 +8,7 @@
 //! too-short buffer. Nothing here allocates.
 
 pub mod checksum;
+pub mod direct;
 pub mod disco;
 pub mod ethernet;
 pub mod ip;

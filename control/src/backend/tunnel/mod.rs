@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use ipnet::IpNet;
+use weft_engine::path::wg::direct::Direct;
 use weft_engine::path::wg::disco::Registration;
 use weft_engine::{AntiSpoofing, Engine, EngineConfig, Peer, PeerStats};
 
@@ -50,6 +51,10 @@ pub trait TunnelEngine: Send + Sync {
     fn set_relays(&self, _relays: Vec<Registration>) {}
     /// When the relay at `to` last acknowledged a registration.
     fn relay_ack(&self, _to: SocketAddr) -> Option<SystemTime> {
+        None
+    }
+    /// The engine's direct probes (docs/nat.md "Back to direct").
+    fn direct(&self) -> Option<&Direct> {
         None
     }
     /// Stops the workers and joins them (blocking: [`Tunnel::stop`] runs it
@@ -137,6 +142,9 @@ impl TunnelEngine for Shared {
     }
     fn relay_ack(&self, to: SocketAddr) -> Option<SystemTime> {
         self.0.discovery()?.relay_ack(to)
+    }
+    fn direct(&self) -> Option<&Direct> {
+        self.0.discovery().map(|d| &d.direct)
     }
     fn describe(&self) -> String {
         let e = &self.0;
@@ -384,6 +392,11 @@ impl Tunnel {
     /// When the relay at `to` last acknowledged a registration.
     pub fn relay_ack(&self, to: SocketAddr) -> Option<SystemTime> {
         self.engine.as_ref()?.relay_ack(to)
+    }
+
+    /// The engine's direct probes, while it runs.
+    pub fn direct(&self) -> Option<&Direct> {
+        self.engine.as_ref()?.direct()
     }
 
     /// The engine's per-peer counters, while it runs.

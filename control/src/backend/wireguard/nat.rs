@@ -27,6 +27,14 @@
 //!   one in lease order), so a pair's handshake and data meet there. A relay
 //!   that stops acknowledging (`RELAY_SILENT` in the engine) is left for
 //!   the next live one.
+//! - **Back to direct** (docs/nat.md): while a peer is relayed, this node
+//!   sends it a direct probe ([`weft_engine::path::wg::direct`]) at its
+//!   published endpoint and its `PublicIP:port` every [`PROBE_EVERY`], at
+//!   once when those addresses change, and at once when the peer probed
+//!   this node since the last round (so the second of a simultaneous open
+//!   answers quickly). A valid ack from one of them moves the peer off the
+//!   relay to that address ([`Peers::direct`]): the WireGuard endpoint
+//!   moves, the session stays.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -70,6 +78,17 @@ pub struct RelayNode {
 /// included), so two rounds tell an unpunchable pair (symmetric NAT) from
 /// a slow one without holding it up for long.
 pub const RELAY_AFTER: Duration = Duration::from_secs(2 * 5 + 1);
+
+/// How often a relayed peer is probed for a direct path: a third of the
+/// 30 s Linux keeps an unreplied UDP mapping (`nf_conntrack_udp_timeout`),
+/// so the mapping one side's probe opened is still there when the other
+/// side's next probe arrives (the simultaneous open needs both), and a
+/// change that the published endpoints do not show (a firewall opened) is
+/// found within 10 s. A changed endpoint, or a probe from the peer, is
+/// answered with a probe at the next reconcile instead. Two 64-byte
+/// datagrams per relayed peer every 10 s cost nothing measurable, so no
+/// backoff.
+pub const PROBE_EVERY: Duration = Duration::from_secs(10);
 
 /// The relay `lease` offers: it runs NAT traversal with `"Relay":true`, is
 /// reachable, and has a WireGuard key.
@@ -156,6 +175,13 @@ pub struct Peers {
     punching: BTreeMap<String, SystemTime>,
     /// Relayed peers: through which relay.
     relayed: BTreeMap<String, RelayNode>,
+    /// Each peer's port (its BackendData's, or ours).
+    ports: BTreeMap<String, u16>,
+    /// Relayed peers: when they were last probed, and where.
+    probed: BTreeMap<String, (SystemTime, Vec<SocketAddrV4>)>,
+    /// Peers a direct probe found: their published endpoint then, and the
+    /// address that answered.
+    found: BTreeMap<String, (SocketAddrV4, SocketAddrV4)>,
 }
 
 impl Peers {
@@ -176,9 +202,13 @@ impl Peers {
             self.leases.remove(&key);
             self.punching.remove(&key);
             self.relayed.remove(&key);
+            self.ports.remove(&key);
+            self.probed.remove(&key);
+            self.found.remove(&key);
             return;
         }
         self.leases.insert(key.clone(), lease.clone());
+        self.ports.insert(key.clone(), port);
         match path {
             Path::Punched(_) => {
                 self.punching
@@ -188,8 +218,12 @@ impl Peers {
             Path::Direct => {
                 self.punching.remove(&key);
                 self.relayed.remove(&key);
+                self.found.remove(&key);
             }
             Path::Relayed(_) => {}
+        }
+        if !matches!(path, Path::Relayed(_)) {
+            self.probed.remove(&key);
         }
         if self.paths.insert(key.clone(), path) != Some(path) {
             match path {
@@ -209,6 +243,85 @@ impl Peers {
     /// The relay a punched peer (by lease key) goes through, if any.
     pub fn relayed(&self, key: &str) -> Option<RelayNode> {
         self.relayed.get(key).copied()
+    }
+
+    /// The path to the peer with lease key `key` whose lease alone gives
+    /// `base` ([`path`]): through its relay while relayed, at the address
+    /// a direct probe found while its published endpoint is the one it was
+    /// found with.
+    pub fn resolve(&self, key: &str, base: Path) -> Path {
+        let Path::Punched(e) = base else {
+            return base;
+        };
+        if let Some(r) = self.relayed.get(key) {
+            return Path::Relayed(*r);
+        }
+        match self.found.get(key) {
+            Some((was, at)) if *was == e => Path::Punched(*at),
+            _ => base,
+        }
+    }
+
+    /// The relayed peers to probe at `now` and the addresses to probe:
+    /// its published endpoint and its `PublicIP:port`. Due every
+    /// [`PROBE_EVERY`], at once when the addresses changed, and at once
+    /// when the peer's own valid probe came here since the last round
+    /// (`probed_by`).
+    pub fn probes_due(
+        &mut self,
+        probed_by: impl Fn(&Lease) -> Option<SystemTime>,
+        now: SystemTime,
+    ) -> Vec<(Lease, Vec<SocketAddrV4>)> {
+        let mut due = Vec::new();
+        for key in self.relayed.keys() {
+            let Some(lease) = self.leases.get(key) else {
+                continue;
+            };
+            let mut to: Vec<SocketAddrV4> = lease
+                .attrs
+                .weft_nat
+                .and_then(|n| n.endpoint)
+                .into_iter()
+                .collect();
+            if let Some(port) = self.ports.get(key) {
+                let own = SocketAddrV4::new(lease.attrs.public_ip, *port);
+                if !to.contains(&own) {
+                    to.push(own);
+                }
+            }
+            let go = match self.probed.get(key) {
+                None => true,
+                Some((last, was)) => {
+                    *was != to
+                        || now.duration_since(*last).is_ok_and(|d| d >= PROBE_EVERY)
+                        || probed_by(lease).is_some_and(|t| t > *last)
+                }
+            };
+            if go {
+                self.probed.insert(key.clone(), (now, to.clone()));
+                due.push((lease.clone(), to));
+            }
+        }
+        due
+    }
+
+    /// The relayed peer with lease key `key` answered a direct probe at
+    /// `at` (at `now`): it leaves its relay for `at`. Its lease, to
+    /// program again (`None` when it was not relayed).
+    pub fn direct(&mut self, key: &str, at: SocketAddrV4, now: SystemTime) -> Option<Lease> {
+        let lease = self.leases.get(key)?.clone();
+        let published = lease.attrs.weft_nat.and_then(|n| n.endpoint)?;
+        let r = self.relayed.remove(key)?;
+        tracing::info!(
+            "NAT: peer {key} answered a direct probe at {at}, leaving relay {}",
+            r.ip
+        );
+        self.found.insert(key.to_string(), (published, at));
+        self.probed.remove(key);
+        // Punching starts over: the session from the relay carries on, and
+        // a path that stops working is relayed again (choose_relays).
+        self.punching.insert(key.to_string(), now);
+        Some(lease)
     }
 
     /// The relays, in lease order.
@@ -458,6 +571,73 @@ mod tests {
         // The peer's path turns direct (e.g. it left its NAT): relaying ends.
         p.note(&peer, true, Path::Direct, 51820);
         assert_eq!(p.relayed(&key), None);
+    }
+
+    #[test]
+    fn a_relayed_peer_is_probed_and_an_ack_takes_it_back_to_direct() {
+        use std::time::Duration;
+        let mut p = Peers::default();
+        let r1 = relay_lease("10.244.11.0/24", "192.0.2.11", 1);
+        p.note(&r1, true, Path::Direct, 51820);
+        let peer = lease("10.12.0.2", Some("203.0.113.9:40001"));
+        let key = peer.key().to_string();
+        let base = path(&peer, 51820, None);
+        p.note(&peer, true, p.resolve(&key, base), 51820);
+        let since = *p.punching.values().next().expect("punching");
+        let never = |_: &Lease| None;
+        // Not relayed: nothing to probe.
+        assert!(p.probes_due(never, since).is_empty());
+        let t = |s: u64| since + RELAY_AFTER + Duration::from_secs(s);
+        assert_eq!(p.choose_relays(never, |_| true, t(0)).len(), 1);
+        let relayed = p.resolve(&key, base);
+        assert!(matches!(relayed, Path::Relayed(_)));
+        p.note(&peer, true, relayed, 51820);
+        // Relayed: its published endpoint and its PublicIP:port, at once.
+        let both = vec![v4("203.0.113.9:40001"), v4("10.12.0.2:51820")];
+        assert_eq!(
+            p.probes_due(never, t(0)),
+            vec![(peer.clone(), both.clone())]
+        );
+        // Then every PROBE_EVERY ...
+        assert!(p.probes_due(never, t(2)).is_empty());
+        let period = PROBE_EVERY.as_secs();
+        assert_eq!(p.probes_due(never, t(period)).len(), 1);
+        // ... or at once when the peer probed us since the last round.
+        assert!(p.probes_due(never, t(period + 2)).is_empty());
+        let probed = |_: &Lease| Some(t(period + 3));
+        assert_eq!(p.probes_due(probed, t(period + 4)).len(), 1);
+        assert!(p.probes_due(probed, t(period + 6)).is_empty(), "once");
+        // ... or when its published endpoint moved.
+        let moved = lease("10.12.0.2", Some("203.0.113.9:51820"));
+        p.note(
+            &moved,
+            true,
+            p.resolve(&key, path(&moved, 51820, None)),
+            51820,
+        );
+        let got = p.probes_due(never, t(period + 7));
+        assert_eq!(got[0].1[0], v4("203.0.113.9:51820"));
+        // An ack from the published endpoint: punched there, relay left,
+        // nothing more to probe, and no relaying again while the session
+        // lives.
+        let at = v4("203.0.113.9:51820");
+        assert_eq!(p.direct(&key, at, t(period + 8)), Some(moved.clone()));
+        assert_eq!(p.relayed(&key), None);
+        let now_path = p.resolve(&key, path(&moved, 51820, None));
+        assert_eq!(now_path, Path::Punched(at));
+        p.note(&moved, true, now_path, 51820);
+        assert!(p.probes_due(never, t(period + 30)).is_empty());
+        let alive = |_: &Lease| Some(t(period));
+        assert!(p.choose_relays(alive, |_| true, t(period + 30)).is_empty());
+        assert_eq!(p.direct(&key, at, t(period + 31)), None, "not relayed");
+        // An ack at its PublicIP:port would be kept while the published
+        // endpoint stays, and forgotten when it moves.
+        p.found.insert(key.clone(), (at, v4("10.12.0.2:51820")));
+        let base = path(&moved, 51820, None);
+        assert_eq!(p.resolve(&key, base), Path::Punched(v4("10.12.0.2:51820")));
+        let again = lease("10.12.0.2", Some("203.0.113.9:40777"));
+        let base = path(&again, 51820, None);
+        assert_eq!(p.resolve(&key, base), base);
     }
 
     #[test]

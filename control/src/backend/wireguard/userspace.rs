@@ -26,6 +26,12 @@
 //!   with every relay (at most 4) and sends a punched peer that never
 //!   answered through one ([`super::nat::Peers::choose_relays`], at
 //!   reconcile).
+//!   While a peer is relayed, the engine probes the direct path
+//!   ([`weft_engine::path::wg::direct`]; which peers and when:
+//!   [`super::nat::Peers::probes_due`]); an ack moves the peer back to it
+//!   at the next reconcile ([`super::nat::Peers::direct`]). Every node
+//!   with NAT traversal answers the probes of the leases' keys (the pair
+//!   keys: one X25519 per lease, cached).
 //! - Differences: the engine's socket listens on one address family, so in
 //!   `auto` mode the endpoint family is the underlay family we listen on (IPv4
 //!   when IPv4 is enabled), not flannel's per-peer `selectMode`.
@@ -36,6 +42,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use weft_engine::path::wg::direct::{Probe, pair_key};
 use weft_engine::path::wg::disco::{MAX_RELAYS, RELAY_SILENT, Registration};
 use weft_engine::path::wg::relay::registration;
 use weft_engine::relay::RelayServer;
@@ -88,6 +95,28 @@ struct Live {
     relay_limited: u64,
     /// When the relay's counters were last logged, and its forwarded count.
     relay_logged: Option<(std::time::Instant, u64)>,
+    /// Each member's key and the pair key of direct probes with it, by
+    /// lease key (one X25519 per lease key and WireGuard key).
+    pair_keys: BTreeMap<String, ([u8; 32], [u8; 32])>,
+    /// The direct probes in flight: lease key and address probed.
+    probing: Vec<(String, std::net::SocketAddrV4)>,
+}
+
+/// The relay's counters in `weft status` and `/metrics`.
+#[derive(Debug)]
+struct RelayProbe(weft_engine::relay::RelayCounters);
+
+impl crate::view::DeviceProbe for RelayProbe {
+    fn report(&self, st: &mut crate::view::model::BackendStatus) {
+        let s = self.0.read();
+        st.relay = Some(crate::view::model::RelayStatus {
+            forwarded: s.forwarded,
+            bytes: s.bytes,
+            registered: s.registered,
+            limited: s.limited,
+            dropped: s.dropped,
+        });
+    }
 }
 
 /// A relay logs its counters at most this often, when they moved.
@@ -180,11 +209,8 @@ impl Live {
         if self.tuning.nat && p.endpoint.is_ipv4() {
             // BackendData's Port 0 means our own port (flannel's rule).
             let port = if p.port == 0 { dev.port } else { p.port };
-            path = nat::path(lease, port, dev.tunnel.seen());
-            if let (Path::Punched(_), Some(r)) = (path, self.nat.relayed(&lease.key().to_string()))
-            {
-                path = Path::Relayed(r);
-            }
+            let base = nat::path(lease, port, dev.tunnel.seen());
+            path = self.nat.resolve(&lease.key().to_string(), base);
             match path {
                 Path::Punched(e) => (p.endpoint, p.port) = (IpAddr::V4(*e.ip()), e.port()),
                 Path::Relayed(r) => (p.endpoint, p.port) = (IpAddr::V4(r.ip), r.at.port()),
@@ -228,7 +254,11 @@ impl Observe for Live {
     }
 
     fn view(&self) -> crate::view::BackendView {
-        tunnel::view(self.name(), self.devices.iter().map(|d| &d.tunnel))
+        let v = tunnel::view(self.name(), self.devices.iter().map(|d| &d.tunnel));
+        match &self.relay {
+            Some(r) => v.device(std::sync::Arc::new(RelayProbe(r.counters()))),
+            None => v,
+        }
     }
 }
 
@@ -261,6 +291,8 @@ impl Backend for Wireguard {
             members: BTreeMap::new(),
             relay_limited: 0,
             relay_logged: None,
+            pair_keys: BTreeMap::new(),
+            probing: Vec::new(),
         };
         Ok(Prepared {
             attrs,
@@ -336,9 +368,13 @@ impl Running for Live {
                 self.change(&Change::Add(lease)).await?;
             }
             self.relays_changed();
+            for lease in self.found_direct() {
+                self.change(&Change::Add(lease)).await?;
+            }
             for lease in self.choose_relays() {
                 self.change(&Change::Add(lease)).await?;
             }
+            self.probe();
             for d in &mut self.devices {
                 d.tunnel.flush();
             }
@@ -410,6 +446,10 @@ impl Live {
                 self.relay_logged = Some((std::time::Instant::now(), st.forwarded));
             }
         }
+        if let Some(d) = self.devices.first().and_then(|d| d.tunnel.direct()) {
+            let own = weft_engine::WgSecret(self.node.key.0).public_key();
+            d.set_members(own, self.pair_keys.values().copied().collect());
+        }
         let own = self
             .node
             .ext
@@ -431,6 +471,61 @@ impl Live {
         for d in &self.devices {
             d.tunnel.set_relays(regs.clone());
         }
+    }
+
+    /// The relayed peers whose direct probe was acked since the last
+    /// look: they leave their relay ([`nat::Peers::direct`]).
+    fn found_direct(&mut self) -> Vec<Lease> {
+        let Some(d) = self.devices.first().and_then(|d| d.tunnel.direct()) else {
+            return Vec::new();
+        };
+        let now = SystemTime::now();
+        let acked: Vec<_> = (self.probing.iter())
+            .filter(|(_, to)| d.acked(SocketAddr::V4(*to)).is_some())
+            .cloned()
+            .collect();
+        let mut leases = Vec::new();
+        for (key, at) in acked {
+            self.probing.retain(|(k, _)| *k != key);
+            leases.extend(self.nat.direct(&key, at, now));
+        }
+        leases
+    }
+
+    /// Sends the direct probes that are due ([`nat::Peers::probes_due`]);
+    /// a new set replaces the last (whose acks [`Live::found_direct`] read).
+    fn probe(&mut self) {
+        let Some(dev) = self.devices.first() else {
+            return;
+        };
+        let Some(d) = dev.tunnel.direct() else {
+            return;
+        };
+        let keys = &self.pair_keys;
+        let probed_by = |l: &Lease| d.probed(&keys.get(&l.key().to_string())?.0);
+        let due = self.nat.probes_due(probed_by, SystemTime::now());
+        if due.is_empty() {
+            return;
+        }
+        let mut counter = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |dur| dur.as_millis() as u64);
+        let (mut probes, mut probing) = (Vec::new(), Vec::new());
+        for (lease, addrs) in due {
+            let key = lease.key().to_string();
+            let Some((peer, pair)) = self.pair_keys.get(&key) else {
+                continue;
+            };
+            for to in addrs {
+                let p = Probe::new(&self.node.key.0, peer, pair, SocketAddr::V4(to), counter);
+                counter += 1;
+                probes.push(p);
+                probing.push((key.clone(), to));
+            }
+        }
+        tracing::debug!("NAT: direct probes to {probing:?}");
+        d.set_probes(probes);
+        self.probing = probing;
     }
 
     /// The leases whose relay changed ([`nat::Peers::choose_relays`]).
@@ -486,8 +581,17 @@ impl Live {
             .as_deref()
             .and_then(super::parse_backend_data)
         {
-            Some((k, _)) if add => self.members.insert(key, k),
-            _ => self.members.remove(&key),
+            Some((k, _)) if add => {
+                if self.tuning.nat && self.pair_keys.get(&key).is_none_or(|(p, _)| *p != k) {
+                    let pair = pair_key(&self.node.key.0, &k);
+                    self.pair_keys.insert(key.clone(), (k, pair));
+                }
+                self.members.insert(key, k)
+            }
+            _ => {
+                self.pair_keys.remove(&key);
+                self.members.remove(&key)
+            }
         };
         let subnets = [
             lease.subnet.map(IpNet::V4),

@@ -36,6 +36,9 @@
 //!   from the relay asked and echoing that registration's MAC), which the
 //!   control plane reads to tell a live relay from a silent one.
 //!
+//! - **Direct probes** while relayed ([`super::direct`]): worker 0 sends a
+//!   new set once, and answers and notes kinds 5 and 6.
+//!
 //! IPv4 only: an answer naming an IPv6 source is accepted on the wire but
 //! not published (NAT66 is out of scope).
 
@@ -46,8 +49,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 
+use super::direct::{self, Direct};
 use super::{Io, Now, Out, Rx};
 use crate::encap::DropReason;
+use crate::wire::direct::DirectMsg;
 #[cfg(test)]
 use crate::wire::disco::FIRST;
 use crate::wire::disco::{self, Disco, LEN, REGISTER_LEN, RelayMsg};
@@ -117,6 +122,8 @@ pub struct Discovery {
     relays: ArcSwap<Vec<Registration>>,
     /// When each of them (by index) last acknowledged, Unix milliseconds.
     acks: [AtomicU64; MAX_RELAYS],
+    /// Direct probes while relayed ([`super::direct`]).
+    pub direct: Direct,
 }
 
 impl Discovery {
@@ -205,6 +212,8 @@ pub(super) struct Asker {
     /// Requests the last round sent, and the servers' generation then.
     sent: usize,
     generation: u64,
+    /// The generation of the last direct probes sent.
+    probes: u64,
 }
 
 impl Asker {
@@ -219,6 +228,7 @@ impl Asker {
             unanswered: 0,
             sent: 0,
             generation: 0,
+            probes: 0,
         }
     }
 
@@ -226,13 +236,20 @@ impl Asker {
     pub fn due(&self, now: Instant) -> bool {
         self.shared.enabled()
             && (now >= self.next
-                || (now >= self.next_register && !self.shared.relays.load().is_empty()))
+                || (now >= self.next_register && !self.shared.relays.load().is_empty())
+                || self.shared.direct.generation() != self.probes)
     }
 
     /// One round: a request with `nonce` to each server when discovery is
-    /// due, a registration to each relay when that is; how many datagrams.
+    /// due, a registration to each relay when that is, a new set of direct
+    /// probes ([`super::direct`]) once; how many datagrams.
     pub fn ask(&mut self, now: Now, nonce: [u8; 16], out: &mut impl Out) -> usize {
         let mut sent = 0;
+        let probes = self.shared.direct.generation();
+        if probes != self.probes {
+            self.probes = probes;
+            sent += self.shared.direct.send(out);
+        }
         if now.mono >= self.next_register {
             self.next_register = now.mono + REGISTER_EVERY;
             for r in self.shared.relays.load().iter().take(MAX_RELAYS) {
@@ -351,6 +368,9 @@ pub(super) fn receive(
             } else {
                 Rx::Drop(DropReason::Malformed)
             }
+        }
+        Err(_) if let Ok(m) = DirectMsg::parse(d) => {
+            direct::receive(m, d, src, &shared.direct, now, io)
         }
         Err(_) => match RelayMsg::parse(d) {
             Ok(RelayMsg::Ack { mac, .. }) => {

@@ -29,6 +29,7 @@
 //! own: every call hands it `now` first (`boringtun::clock::set`), so its
 //! timers and session ages run on the same time as every decision here.
 
+pub mod direct;
 pub mod disco;
 pub mod gate;
 mod io;

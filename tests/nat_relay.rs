@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use weft_testenv::{require_root, require_tool};
 use weft_tests::cluster::Cluster;
-use weft_tests::nat::NatCluster;
+use weft_tests::nat::{NatCluster, path};
 use weft_tests::ping::{self, Stream};
 
 /// The relays' node indices and addresses.
@@ -37,13 +37,6 @@ const RELAYS: [(usize, &str); 2] = [(3, "192.0.2.4"), (4, "192.0.2.5")];
 /// after 5 s, `REKEY_TIMEOUT`): 7 + 2 + 5 = 14 s, and 4 s of slack for the
 /// two sides not switching in the same reconcile.
 const FAILOVER_BOUND: Duration = Duration::from_secs(18);
-
-/// Node `i`'s path to the peer at `public_ip` in `weft status`.
-fn path(c: &Cluster, i: usize, public_ip: &str) -> Option<String> {
-    let st = c.status(i);
-    let p = st.peers.iter().find(|p| p.public_ip == public_ip);
-    p.and_then(|p| p.path.clone())
-}
 
 /// Waits up to `within` for node `i`'s path to `public_ip` to start with
 /// `relayed via ` (followed by `want`, when given); the relay's address.

@@ -156,15 +156,30 @@ fn nodes_behind_symmetric_nats_meet_through_a_relay_and_fail_over() {
     // (node 2 to the public node 1's pod), both 3 s of iperf3 TCP.
     n.c.add_pod(0, "p0").unwrap_or_else(|e| panic!("pod: {e}"));
     let c = &n.c;
+    // And what each costs: the relay's weftd (forwarding ciphertext) and
+    // the public node's (decrypting the direct stream), per Gbit moved.
+    let relay = RELAYS.iter().find(|(_, ip)| *ip == other).expect("relay").0;
+    let cpu = c.weftd_cpu(relay);
     let relayed = c.iperf_bytes(0, 1, 3);
+    let relay_cpu = c.weftd_cpu(relay).saturating_sub(cpu);
+    let cpu = c.weftd_cpu(0);
     let direct = c.iperf_bytes(0, 2, 3);
+    let direct_cpu = c.weftd_cpu(0).saturating_sub(cpu);
     let mbit = |b: u64| b as f64 * 8.0 / 3.0 / 1e6;
+    let per_gbit = |cpu: Duration, b: u64| cpu.as_secs_f64() / (b as f64 * 8.0 / 1e9).max(1e-9);
     println!(
-        "iperf3 3 s: relayed via {other} {:.0} Mbit/s, direct to the public node {:.0} Mbit/s",
+        "iperf3 3 s: relayed via {other} {:.0} Mbit/s, the relay's weftd {:.3} core-seconds \
+         per Gbit; direct to the public node {:.0} Mbit/s, its weftd {:.3} core-seconds per Gbit",
         mbit(relayed),
-        mbit(direct)
+        per_gbit(relay_cpu, relayed),
+        mbit(direct),
+        per_gbit(direct_cpu, direct)
     );
     assert!(relayed > 0, "nothing moved through the relay");
+    assert!(
+        relay_cpu > Duration::ZERO,
+        "the relay's weftd used no CPU while {relayed} bytes went through it"
+    );
 }
 
 /// The premise: without a relay, punching through the two symmetric NATs

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use weft_testenv::{require_root, require_tool};
 use weft_tests::cluster::{Cluster, wait_ping};
-use weft_tests::nat::NatCluster;
+use weft_tests::nat::{NatCluster, path, wait_path};
 use weft_tests::netns::{Netns, run};
 use weft_tests::ping::Stream;
 
@@ -38,29 +38,6 @@ fn start(n: &mut NatCluster, within: Duration) -> Option<Duration> {
 /// The `WeftNAT` field of the lease of the node at `public_ip`.
 fn weft_nat(c: &Cluster, public_ip: &str) -> serde_json::Value {
     c.lease_of(public_ip)["value"]["WeftNAT"].clone()
-}
-
-/// Node `i`'s path to the peer at `public_ip` in `weft status`.
-fn path(c: &Cluster, i: usize, public_ip: &str) -> Option<String> {
-    let st = c.status(i);
-    let p = st.peers.iter().find(|p| p.public_ip == public_ip);
-    p.and_then(|p| p.path.clone())
-}
-
-/// Waits up to 10 s for node `i`'s path to `public_ip` to be `want`
-/// (the engine publishes handshake times on its timer tick).
-#[track_caller]
-fn wait_path(c: &Cluster, i: usize, public_ip: &str, want: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while path(c, i, public_ip).as_deref() != Some(want) {
-        if Instant::now() > deadline {
-            panic!(
-                "node {i}'s path to {public_ip} is not {want}: {:?}",
-                c.status(i).peers
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 /// Sends `hex` (a UDP payload) to `dst`:`port` from `src`:51820 as a raw
@@ -147,10 +124,10 @@ fn nodes_behind_two_nats_punch_through_and_heal() {
     }
     // Punched, not relayed: each goes to the other's NAT, and its router
     // holds that very mapping.
-    wait_path(c, 1, "172.16.3.2", "punched");
-    wait_path(c, 2, "10.12.0.2", "punched");
-    wait_path(c, 1, "192.0.2.1", "direct");
-    wait_path(c, 0, "10.12.0.2", "punched");
+    wait_path(c, 1, "172.16.3.2", "punched", Duration::from_secs(10));
+    wait_path(c, 2, "10.12.0.2", "punched", Duration::from_secs(10));
+    wait_path(c, 1, "192.0.2.1", "direct", Duration::from_secs(10));
+    wait_path(c, 0, "10.12.0.2", "punched", Duration::from_secs(10));
     let m = c.nodes[1]
         .ns
         .exec(&["curl", "-sf", "http://127.0.0.1:8471/metrics"]);

@@ -21,28 +21,18 @@
 //! same rule on the public weft node counts the discovery it answers.
 //! Times are printed (`--nocapture`).
 
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use weft_testenv::{require_root, require_tool};
 use weft_tests::cluster::{Cluster, NETWORK, wait_ping};
-use weft_tests::nat::NatCluster;
+use weft_tests::nat::{NatCluster, wait_path};
 use weft_tests::netns::Netns;
 use weft_tests::proc::wait_for;
+use weft_tests::wggo::WireguardGo;
 
 /// The flannel-style node: cluster node index 3, `192.0.2.4`.
 const FL: usize = 3;
 const FL_IP: &str = "192.0.2.4";
-
-/// A child process killed (and reaped) on drop.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// An iptables rule in `ns` counting datagrams to UDP port 51820 whose
 /// payload starts with `0xd1` (a discovery message, docs/nat.md "The wire").
@@ -77,27 +67,6 @@ fn discovery_seen(ns: &Netns) -> u64 {
         .unwrap_or_else(|| panic!("no discovery counter in:\n{out}"))
 }
 
-/// Node `i`'s path to the peer at `public_ip` in `weft status`.
-fn path(c: &Cluster, i: usize, public_ip: &str) -> Option<String> {
-    let st = c.status(i);
-    let p = st.peers.iter().find(|p| p.public_ip == public_ip);
-    p.and_then(|p| p.path.clone())
-}
-
-/// Waits up to 15 s for node `i`'s path to `public_ip` to be `want`.
-#[track_caller]
-fn wait_path(c: &Cluster, i: usize, public_ip: &str, want: &str) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while path(c, i, public_ip).as_deref() != Some(want) {
-        assert!(
-            Instant::now() < deadline,
-            "node {i}'s path to {public_ip} is not {want}: {:?}",
-            c.status(i).peers
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// The first `10.244.<n>.0/24` (n from 200) no lease holds.
 fn free_subnet(c: &Cluster) -> u8 {
     let taken: Vec<String> = c
@@ -114,7 +83,7 @@ fn free_subnet(c: &Cluster) -> u8 {
 /// its key, device, addresses and routes as flannel's wireguard backend
 /// makes them, a peer per weft lease, `cni0` with a hand-made pod, and its
 /// lease as flanneld writes it. Returns the wireguard-go guard and the pod.
-fn flannel_node(c: &Cluster) -> (Guard, Netns, String) {
+fn flannel_node(c: &Cluster) -> (WireguardGo, Netns, String) {
     let ns = &c.nodes[FL].ns;
     let n = free_subnet(c);
     let (subnet, gw, bridge, pod_ip) = (
@@ -124,26 +93,8 @@ fn flannel_node(c: &Cluster) -> (Guard, Netns, String) {
         format!("10.244.{n}.2"),
     );
     let key_file = c.nodes[FL].dir.join("wg-go.key");
-    ns.sh(&format!("umask 077; wg genkey > {}", key_file.display()));
-    let public_key = ns
-        .sh(&format!("wg pubkey < {}", key_file.display()))
-        .trim()
-        .to_string();
-    let go = ns
-        .command("wireguard-go")
-        .args(["-f", "flannel-wg"])
-        .env("WG_PROCESS_FOREGROUND", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("wireguard-go");
-    let go = Guard(go);
-    wait_for("wireguard-go device", Duration::from_secs(10), || {
-        ns.try_exec(&["ip", "link", "show", "flannel-wg"])
-            .status
-            .success()
-            .then_some(())
-    });
+    let go = WireguardGo::start(ns, &key_file);
+    let public_key = go.public_key.clone();
     let mut script = format!(
         "wg set flannel-wg private-key {key} listen-port 51820
          ip addr add {gw}/32 dev flannel-wg
@@ -276,10 +227,10 @@ fn flannel_style_node_keeps_working_beside_nat_traversal() {
 
     // The weft mesh is as it was: punched between the NATed nodes, direct
     // to the public one; every pod reaches every weft pod.
-    wait_path(c, 1, "172.16.3.2", "punched");
-    wait_path(c, 2, "10.12.0.2", "punched");
-    wait_path(c, 1, "192.0.2.1", "direct");
-    wait_path(c, 0, FL_IP, "direct");
+    wait_path(c, 1, "172.16.3.2", "punched", Duration::from_secs(15));
+    wait_path(c, 2, "10.12.0.2", "punched", Duration::from_secs(15));
+    wait_path(c, 1, "192.0.2.1", "direct", Duration::from_secs(15));
+    wait_path(c, 0, FL_IP, "direct", Duration::from_secs(15));
     c.assert_mesh();
 
     // Leases: every weft lease has WeftNAT, the flannel-style one none,

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use weft_testenv::{require_root, require_tool};
 use weft_tests::cluster::Cluster;
-use weft_tests::nat::NatCluster;
+use weft_tests::nat::{NatCluster, path};
 use weft_tests::ping::{self, Stream};
 
 /// The relays' node indices and addresses.
@@ -37,13 +37,6 @@ const RELAYS: [(usize, &str); 2] = [(3, "192.0.2.4"), (4, "192.0.2.5")];
 /// after 5 s, `REKEY_TIMEOUT`): 7 + 2 + 5 = 14 s, and 4 s of slack for the
 /// two sides not switching in the same reconcile.
 const FAILOVER_BOUND: Duration = Duration::from_secs(18);
-
-/// Node `i`'s path to the peer at `public_ip` in `weft status`.
-fn path(c: &Cluster, i: usize, public_ip: &str) -> Option<String> {
-    let st = c.status(i);
-    let p = st.peers.iter().find(|p| p.public_ip == public_ip);
-    p.and_then(|p| p.path.clone())
-}
 
 /// Waits up to `within` for node `i`'s path to `public_ip` to start with
 /// `relayed via ` (followed by `want`, when given); the relay's address.
@@ -163,15 +156,30 @@ fn nodes_behind_symmetric_nats_meet_through_a_relay_and_fail_over() {
     // (node 2 to the public node 1's pod), both 3 s of iperf3 TCP.
     n.c.add_pod(0, "p0").unwrap_or_else(|e| panic!("pod: {e}"));
     let c = &n.c;
+    // And what each costs: the relay's weftd (forwarding ciphertext) and
+    // the public node's (decrypting the direct stream), per Gbit moved.
+    let relay = RELAYS.iter().find(|(_, ip)| *ip == other).expect("relay").0;
+    let cpu = c.weftd_cpu(relay);
     let relayed = c.iperf_bytes(0, 1, 3);
+    let relay_cpu = c.weftd_cpu(relay).saturating_sub(cpu);
+    let cpu = c.weftd_cpu(0);
     let direct = c.iperf_bytes(0, 2, 3);
+    let direct_cpu = c.weftd_cpu(0).saturating_sub(cpu);
     let mbit = |b: u64| b as f64 * 8.0 / 3.0 / 1e6;
+    let per_gbit = |cpu: Duration, b: u64| cpu.as_secs_f64() / (b as f64 * 8.0 / 1e9).max(1e-9);
     println!(
-        "iperf3 3 s: relayed via {other} {:.0} Mbit/s, direct to the public node {:.0} Mbit/s",
+        "iperf3 3 s: relayed via {other} {:.0} Mbit/s, the relay's weftd {:.3} core-seconds \
+         per Gbit; direct to the public node {:.0} Mbit/s, its weftd {:.3} core-seconds per Gbit",
         mbit(relayed),
-        mbit(direct)
+        per_gbit(relay_cpu, relayed),
+        mbit(direct),
+        per_gbit(direct_cpu, direct)
     );
     assert!(relayed > 0, "nothing moved through the relay");
+    assert!(
+        relay_cpu > Duration::ZERO,
+        "the relay's weftd used no CPU while {relayed} bytes went through it"
+    );
 }
 
 /// The premise: without a relay, punching through the two symmetric NATs

@@ -7,13 +7,13 @@
 //! flannel wireguard node would be), and key rotation.
 
 use std::os::unix::fs::PermissionsExt;
-use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use weft_testenv::{require_root, require_tool};
 use weft_tests::cluster::{self, Cluster, iperf_bytes, wait_ping};
 use weft_tests::proc::wait_for;
 use weft_tests::weftd::assert_dataplane;
+use weft_tests::wggo::WireguardGo;
 
 fn cluster(tag: &str, nodes: u8) -> (tempfile::TempDir, Cluster) {
     cluster_with(
@@ -34,16 +34,6 @@ fn cluster_with(tag: &str, nodes: u8, backend: &str) -> (tempfile::TempDir, Clus
         assert_dataplane(&c.subnet_file(i), "wireguard", "userspace");
     }
     (w, c)
-}
-
-/// A child process killed (and reaped) on drop.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[test]
@@ -117,26 +107,8 @@ fn interoperates_with_wireguard_go() {
     let n1_port = n1["value"]["BackendData"]["Port"].as_u64().expect("port");
     let n2 = &c.nodes[1].ns;
     let key_file = c.nodes[1].dir.join("wg-go.key");
-    n2.sh(&format!("umask 077; wg genkey > {}", key_file.display()));
-    let n2_pub = n2
-        .sh(&format!("wg pubkey < {}", key_file.display()))
-        .trim()
-        .to_string();
-    let go = n2
-        .command("wireguard-go")
-        .args(["-f", "flannel-wg"])
-        .env("WG_PROCESS_FOREGROUND", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("wireguard-go");
-    let _go = Guard(go);
-    wait_for("wireguard-go device", Duration::from_secs(10), || {
-        n2.try_exec(&["ip", "link", "show", "flannel-wg"])
-            .status
-            .success()
-            .then_some(())
-    });
+    let go = WireguardGo::start(n2, &key_file);
+    let n2_pub = go.public_key.clone();
     let (sub2, gw2) = ("10.244.200.0/24", "10.244.200.0");
     n2.sh(&format!(
         "wg set flannel-wg private-key {key} listen-port 51820 peer {n1_pub} allowed-ips {n1_subnet} endpoint 192.0.2.1:{n1_port}

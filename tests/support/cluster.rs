@@ -426,6 +426,26 @@ impl Cluster {
         )
     }
 
+    /// The CPU time node `i`'s weftd has used (user + system, from
+    /// /proc/PID/stat; zero when it does not run).
+    pub fn weftd_cpu(&self, i: usize) -> Duration {
+        let Some(pid) = self.c.nodes[i].weftd.as_ref().map(|p| p.id()) else {
+            return Duration::ZERO;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Fields after the command name (which may hold spaces): utime and
+        // stime are fields 14 and 15 of the line, 12 and 13 after `)`.
+        let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<u64> = after
+            .split_whitespace()
+            .map(|x| x.parse().unwrap_or(0))
+            .collect();
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+        Duration::from_millis(ticks * 1000 / hz)
+    }
+
     /// Whether node `i`'s weftd is running.
     pub fn running(&mut self, i: usize) -> bool {
         self.c.nodes[i]

@@ -39,6 +39,7 @@ pub mod proc;
 pub mod proxy;
 pub mod vm;
 pub mod weftd;
+pub mod wggo;
 
 /// Returns from the calling test unless etcd is installed (see
 /// [`etcd::require`]; fails under CI).

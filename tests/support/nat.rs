@@ -23,6 +23,8 @@
 //! so the nodes need no path to a store. Routers live in namespaces of
 //! their own, removed on drop with the cluster's.
 
+use std::time::{Duration, Instant};
+
 use crate::cluster::{self, Cluster, ClusterStore};
 use crate::netns::{Netns, run, veth};
 
@@ -204,4 +206,28 @@ fn behind_nat(
     r.exec(&masq);
     r.exec(&["iptables", "-A", "INPUT", "-i", "wan", "-j", "DROP"]);
     r
+}
+
+/// Node `i`'s path to the peer at `public_ip` in `weft status`
+/// (`direct`, `punched`, `relayed via <ip>`, `unreachable`; `None` with the
+/// feature off).
+pub fn path(c: &Cluster, i: usize, public_ip: &str) -> Option<String> {
+    let st = c.status(i);
+    let p = st.peers.iter().find(|p| p.public_ip == public_ip);
+    p.and_then(|p| p.path.clone())
+}
+
+/// Waits up to `within` for node `i`'s path to `public_ip` to be `want`
+/// (the engine publishes handshake times on its timer tick).
+#[track_caller]
+pub fn wait_path(c: &Cluster, i: usize, public_ip: &str, want: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    while path(c, i, public_ip).as_deref() != Some(want) {
+        assert!(
+            Instant::now() < deadline,
+            "node {i}'s path to {public_ip} is not {want}: {:?}",
+            c.status(i).peers
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

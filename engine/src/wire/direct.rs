@@ -19,7 +19,7 @@
 //! - Byte 5 is 0, so the engine's steering sends both to worker 0.
 //! - An ack is exactly as long as its probe: answering cannot amplify.
 
-use super::disco::{DiscoError, MAGIC, VERSION};
+use super::disco::{DiscoError, MAGIC, header};
 
 /// The length of a probe and of an ack.
 pub const LEN: usize = 64;
@@ -54,15 +54,12 @@ pub struct DirectMsg {
 impl DirectMsg {
     /// Parses an untrusted datagram.
     pub fn parse(d: &[u8]) -> Result<DirectMsg, DiscoError> {
-        if d.len() != LEN || d[..3] != MAGIC[..3] {
+        if d.len() != LEN {
             return Err(DiscoError::NotDisco);
         }
-        if d[3] != VERSION {
-            return Err(DiscoError::Version(d[3]));
-        }
-        let kind = match (d[4], &d[5..8]) {
-            (PROBE, [0, 0, 0]) => Kind::Probe,
-            (ACK, [0, 0, 0]) => Kind::Ack,
+        let kind = match header(d)? {
+            PROBE => Kind::Probe,
+            ACK => Kind::Ack,
             _ => return Err(DiscoError::Malformed),
         };
         let mut key = [0u8; 32];

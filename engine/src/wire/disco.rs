@@ -95,25 +95,32 @@ pub enum RelayMsg {
     },
 }
 
+/// The 8-byte header every message of the family shares (magic, version,
+/// kind, three zero bytes), checked the same way for each: its kind byte.
+pub(crate) fn header(d: &[u8]) -> Result<u8, DiscoError> {
+    if d.len() < 8 || d[..3] != MAGIC[..3] {
+        return Err(DiscoError::NotDisco);
+    }
+    if d[3] != VERSION {
+        return Err(DiscoError::Version(d[3]));
+    }
+    if d[5..8] != [0, 0, 0] {
+        return Err(DiscoError::Malformed);
+    }
+    Ok(d[4])
+}
+
 impl RelayMsg {
     /// Parses an untrusted datagram.
     pub fn parse(d: &[u8]) -> Result<RelayMsg, DiscoError> {
-        if d.len() < 8 || d[..3] != MAGIC[..3] {
-            return Err(DiscoError::NotDisco);
-        }
-        if d[3] != VERSION {
-            return Err(DiscoError::Version(d[3]));
-        }
-        if d[5..8] != [0, 0, 0] {
-            return Err(DiscoError::Malformed);
-        }
+        let kind = header(d)?;
         let u64_at = |i: usize| {
             let mut b = [0u8; 8];
             b.copy_from_slice(&d[i..i + 8]);
             u64::from_be_bytes(b)
         };
         let mut mac = [0u8; 16];
-        match (d[4], d.len()) {
+        match (kind, d.len()) {
             (REGISTER, REGISTER_LEN) => {
                 let mut key = [0u8; 32];
                 key.copy_from_slice(&d[8..40]);
@@ -203,20 +210,18 @@ pub fn maybe(d: &[u8]) -> bool {
 impl Disco {
     /// Parses an untrusted datagram.
     pub fn parse(d: &[u8]) -> Result<Disco, DiscoError> {
-        if d.len() != LEN || d[..3] != MAGIC[..3] {
+        if d.len() != LEN {
             return Err(DiscoError::NotDisco);
         }
-        if d[3] != VERSION {
-            return Err(DiscoError::Version(d[3]));
-        }
-        if d[5..8] != [0, 0, 0] || d[43..].iter().any(|b| *b != 0) {
+        let kind = header(d)?;
+        if d[43..].iter().any(|b| *b != 0) {
             return Err(DiscoError::Malformed);
         }
         let mut nonce = [0u8; 16];
         nonce.copy_from_slice(&d[8..24]);
         let port = u16::from_be_bytes([d[25], d[26]]);
         let addr = &d[27..43];
-        match (d[4], d[24]) {
+        match (kind, d[24]) {
             (REQUEST, 0) if port == 0 && addr.iter().all(|b| *b == 0) => {
                 Ok(Disco::Request { nonce })
             }

@@ -35,7 +35,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use arc_swap::ArcSwap;
 use boringtun::x25519;
 
-use super::gate::{hash, mac, same};
+use super::gate::{mac, same, static_pair_key};
 use super::{Io, Now, Out, Rx};
 use crate::encap::DropReason;
 use crate::wire::direct::{DirectMsg, Kind, LEN, MACED};
@@ -72,9 +72,7 @@ const LABEL_DIRECT: &[u8] = b"weft direct probe v1";
 
 /// The MAC key of probes between `secret` and `peer` (either end).
 pub fn pair_key(secret: &[u8; 32], peer: &[u8; 32]) -> [u8; 32] {
-    let s = x25519::StaticSecret::from(*secret);
-    let dh = s.diffie_hellman(&x25519::PublicKey::from(*peer));
-    hash(LABEL_DIRECT, dh.as_bytes())
+    static_pair_key(LABEL_DIRECT, secret, peer)
 }
 
 /// `m` written with its MAC under `key`.

@@ -199,6 +199,16 @@ impl std::fmt::Debug for Gate {
     }
 }
 
+/// A MAC key two nodes share from their static WireGuard keys alone: the
+/// BLAKE2s of `label` and the X25519 of `secret` and `peer` (either end
+/// computes the same). Each use has its own label (relay registrations,
+/// direct probes), so one key never serves two messages.
+pub(crate) fn static_pair_key(label: &[u8], secret: &[u8; 32], peer: &[u8; 32]) -> [u8; 32] {
+    let s = boringtun::x25519::StaticSecret::from(*secret);
+    let dh = s.diffie_hellman(&boringtun::x25519::PublicKey::from(*peer));
+    hash(label, dh.as_bytes())
+}
+
 pub(crate) fn hash(a: &[u8], b: &[u8]) -> [u8; 32] {
     let mut h = Blake2s256::new();
     Digest::update(&mut h, a);

@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 
 use boringtun::x25519;
 
-use super::gate::{LABEL_MAC1, hash, mac, same};
+use super::gate::{LABEL_MAC1, hash, mac, same, static_pair_key};
 use crate::wire::disco::{ACK_LEN, REGISTER_MACED, RelayMsg};
 use crate::wire::wg::{self as msg, Message};
 
@@ -78,9 +78,7 @@ const LABEL_REGISTER: &[u8] = b"weft relay register v1";
 
 /// The MAC key of registrations between `secret` and `peer` (either end).
 pub fn registration_key(secret: &[u8; 32], peer: &[u8; 32]) -> [u8; 32] {
-    let s = x25519::StaticSecret::from(*secret);
-    let dh = s.diffie_hellman(&x25519::PublicKey::from(*peer));
-    hash(LABEL_REGISTER, dh.as_bytes())
+    static_pair_key(LABEL_REGISTER, secret, peer)
 }
 
 /// A registration of `secret`'s key with the relay whose key is `relay`.

@@ -5,12 +5,15 @@
 //! ([`crate::steer`]). What all engines share is [`crate::builder`].
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use crate::builder::Builder;
 use crate::encap::{Codec, Vxlan};
+use crate::path::wg::disco::Discovery;
 use crate::sys::udp::Udp;
 use crate::{Encap, Engine, EngineError, SOCKET_BUFFER, steer, wire};
 
+pub(crate) mod nat;
 pub(crate) mod worker;
 
 use crate::worker::Worker;
@@ -46,6 +49,7 @@ pub(crate) fn start(b: Builder<'_>, codec: Codec) -> Result<Engine, EngineError>
         _ => None,
     };
     let mut built = Vec::with_capacity(b.workers);
+    let disco = Arc::new(Discovery::default());
     for q in dev.queues {
         let addr = SocketAddr::new(cfg.local_addr, port);
         let rx = Udp::bind(addr, true, true, SOCKET_BUFFER)
@@ -61,13 +65,16 @@ pub(crate) fn start(b: Builder<'_>, codec: Codec) -> Result<Engine, EngineError>
                     .map_err(|source| EngineError::Socket { addr: a, source })?,
             );
         }
+        let i = built.len();
         let encap = UdpEncap {
             codec,
             rx,
             tx,
             icmp_src,
+            nat: nat::Nat {
+                shared: Arc::clone(&disco),
+            },
         };
-        let i = built.len();
         built.push(Worker::new(i, q, dev.vnet_hdr, cfg.mtu, &b.shared, encap));
     }
     // Both directions of a flow to one worker (see `steer`); the workers bound in order.
@@ -79,5 +86,7 @@ pub(crate) fn start(b: Builder<'_>, codec: Codec) -> Result<Engine, EngineError>
     {
         tracing::debug!("reuseport flow steering unavailable ({e}); the kernel hashes outer ports");
     }
-    b.spawn(dev.name, port, offloads, "weft-w", built)
+    let mut engine = b.spawn(dev.name, port, offloads, "weft-w", built)?;
+    engine.disco = Some(disco);
+    Ok(engine)
 }

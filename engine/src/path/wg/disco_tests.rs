@@ -106,7 +106,7 @@ fn another_worker_hands_discovery_to_worker_0() {
     let mut req = [0u8; LEN];
     Disco::Request { nonce: [6; 16] }.write(&mut req);
     let mut io = super::super::sim::Wire::new(4096);
-    let got = receive(&req, p.nodes[1].addr, 1, &shared, None, p.now, &mut io);
+    let got = receive(&req, p.nodes[1].addr, 1, &shared, p.now, &mut io);
     assert!(matches!(
         got,
         Rx::HandOff {
@@ -115,15 +115,7 @@ fn another_worker_hands_discovery_to_worker_0() {
         }
     ));
     // Garbage with the first byte is dropped, never answered.
-    let got = receive(
-        &[FIRST; 10],
-        p.nodes[1].addr,
-        0,
-        &shared,
-        None,
-        p.now,
-        &mut io,
-    );
+    let got = receive(&[FIRST; 10], p.nodes[1].addr, 0, &shared, p.now, &mut io);
     assert!(matches!(got, Rx::Drop(DropReason::Malformed)));
     assert!(io.sent.is_empty());
 }

@@ -47,6 +47,22 @@ pub const TUN_F_UDP_TUNNEL_GSO: u32 = 0x80;
 /// `TUN_F_UDP_TUNNEL_GSO_CSUM` (Linux 6.17+): the same with an outer checksum.
 pub const TUN_F_UDP_TUNNEL_GSO_CSUM: u32 = 0x100;
 
+/// `name` as `ifr_name`: `InvalidInput` unless it is shorter than
+/// `IFNAMSIZ` and holds no NUL.
+fn ifname(name: &str) -> io::Result<[libc::c_char; libc::IFNAMSIZ]> {
+    if name.len() >= libc::IFNAMSIZ || name.as_bytes().contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "bad interface name",
+        ));
+    }
+    let mut out = [0; libc::IFNAMSIZ];
+    for (d, s) in out.iter_mut().zip(name.as_bytes()) {
+        *d = *s as libc::c_char;
+    }
+    Ok(out)
+}
+
 #[repr(C)]
 struct IfReq {
     name: [libc::c_char; libc::IFNAMSIZ],
@@ -64,20 +80,11 @@ struct IfReqInt {
 
 /// Sets the transmit queue length of interface `name` (`SIOCSIFTXQLEN`).
 pub fn set_txqueuelen(name: &str, len: i32) -> io::Result<()> {
-    if name.len() >= libc::IFNAMSIZ || name.as_bytes().contains(&0) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "bad interface name",
-        ));
-    }
     let mut req = IfReqInt {
-        name: [0; libc::IFNAMSIZ],
+        name: ifname(name)?,
         value: len,
         _pad: [0; 20],
     };
-    for (d, s) in req.name.iter_mut().zip(name.as_bytes()) {
-        *d = *s as libc::c_char;
-    }
     let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM.cloexec(), None)?;
     syscall!(ioctl(
         sock.as_raw_fd(),
@@ -115,19 +122,10 @@ fn open_queue(name: &str, flags: libc::c_short) -> io::Result<(Queue, String)> {
     // SAFETY: `fd` was just returned by open() and is owned by nobody else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let mut req = IfReq {
-        name: [0; libc::IFNAMSIZ],
+        name: ifname(name)?,
         flags,
         _pad: [0; 22],
     };
-    if name.len() >= libc::IFNAMSIZ || name.as_bytes().contains(&0) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "bad interface name",
-        ));
-    }
-    for (d, s) in req.name.iter_mut().zip(name.as_bytes()) {
-        *d = *s as libc::c_char;
-    }
     syscall!(ioctl(fd.as_raw_fd(), TUNSETIFF, &mut req as *mut IfReq))?;
     // SAFETY: the kernel NUL-terminates ifr_name within IFNAMSIZ; the buffer is zero-initialised.
     let actual = unsafe { CStr::from_ptr(req.name.as_ptr()) }
@@ -243,16 +241,13 @@ fn hwaddr(name: &str) -> io::Result<[u8; 6]> {
         _pad: [u8; 8],
     }
     let mut req = IfReqAddr {
-        name: [0; libc::IFNAMSIZ],
+        name: ifname(name)?,
         addr: libc::sockaddr {
             sa_family: 0,
             sa_data: [0; 14],
         },
         _pad: [0; 8],
     };
-    for (d, s) in req.name.iter_mut().zip(name.as_bytes()) {
-        *d = *s as libc::c_char;
-    }
     let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM.cloexec(), None)?;
     syscall!(ioctl(
         sock.as_raw_fd(),

@@ -26,6 +26,7 @@ DEPS=(
   "iperf3                        /usr/bin/iperf3"
   "sockperf                      /usr/bin/sockperf"                # the throughput harness latency tests (rr-*)
   "tcpdump                       /usr/bin/tcpdump"
+  "ethtool                       /usr/sbin/ethtool"                # uplink offloads (tests/tap_gso.rs, the harness)
   "curl                          /usr/bin/curl"
   "openssl                       /usr/bin/openssl"
   "python3-matplotlib            /usr/lib/python3/dist-packages/matplotlib" # the throughput harness chart

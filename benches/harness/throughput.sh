@@ -10,6 +10,11 @@
 #   wggo-new      the same with the wireguard-go binary $WGGO_NEW (a newer build, made apart; never committed)
 #   weft-udp      weftd, backend udp (userspace engine)
 #   weft-vxlan    weftd, backend vxlan, --dataplane=userspace
+#   weft-vxlan-tap  the same with WEFT_ENGINE_TAP_GSO (issue 32, experimental): TCP
+#                 super-packets written whole to a TAP with UDP-tunnel GSO, the
+#                 kernel segments them; the uplinks' tx-udp_tnl-segmentation off and
+#                 GRO on, as a NIC without the offload (TAP_UPLINK_TNL_GSO=1 leaves
+#                 the veth as it is: it carries the unsegmented skb to the peer)
 #   weft-kvxlan   weftd, backend vxlan, --dataplane=kernel
 #   weft-wg       weftd, backend wireguard, --dataplane=userspace
 #   weft-ipip     weftd, backend ipip, --dataplane=userspace
@@ -154,7 +159,7 @@ add_pod() { # node -> sets POD_IP<node>
 }
 
 start_node() { # node: (re)starts node's weftd on $DATAPLANE, its pid in DAEMON_PIDS[node-1]
-    ip netns exec $P-n$1 env WIREGUARD_KEY_FILE="$OUT/work/n$1/wgkey" RUST_LOG=info "$BIN/weftd" \
+    ip netns exec $P-n$1 env WIREGUARD_KEY_FILE="$OUT/work/n$1/wgkey" RUST_LOG=info ${WEFTD_ENV:-} "$BIN/weftd" \
         --store=embedded --store-path="$OUT/work/store" --net-config-path="$OUT/work/net-conf.json" \
         --subnet-file="$OUT/work/n$1/subnet.env" --iface=$P-v$1 --traffic-manager=none \
         --dataplane="$DATAPLANE" $WEFTD_ARGS >>"$OUT/logs/weftd-$CASE-$ROUND-n$1.log" 2>&1 &
@@ -176,8 +181,23 @@ start_weftd() { # backend-json dataplane
     done
 }
 
+tap_up() { # the tunnel TAP of weft-vxlan-tap, on both nodes
+    for n in 1 2; do
+        local N="ip -n $P-n$n"
+        for _ in $(seq 50); do $N link show wtap0 >/dev/null 2>&1 && break; sleep 0.1; done
+        ip netns exec $P-n$n sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 \
+            net.ipv4.conf.wtap0.rp_filter=0 net.ipv4.conf.wtap0.accept_local=1
+        $N link set wtap0 up
+        # As across a NIC without UDP-tunnel segmentation: the sender's stack
+        # cuts, the receiver's GRO (on for the veth: NAPI) coalesces again.
+        [ "${TAP_UPLINK_TNL_GSO:-0}" = 1 ] || ip netns exec $P-n$n ethtool -K $P-v$n \
+            tx-udp_tnl-segmentation off tx-udp_tnl-csum-segmentation off gro on >/dev/null
+    done
+}
+
 setup() { # case[@variant]
     base
+    WEFTD_ENV=
     SRC_NS=$P-p1; DST_NS=$P-p2
     BIN=$BIN0
     if [[ $1 == *@* ]]; then
@@ -214,6 +234,7 @@ setup() { # case[@variant]
         done ;;
     weft-udp) start_weftd '{"Type":"udp"}' userspace ;;
     weft-vxlan) start_weftd '{"Type":"vxlan"}' userspace ;;
+    weft-vxlan-tap) WEFTD_ENV=WEFT_ENGINE_TAP_GSO=wtap0; start_weftd '{"Type":"vxlan"}' userspace && tap_up ;;
     weft-kvxlan) start_weftd '{"Type":"vxlan"}' kernel ;;
     weft-wg) start_weftd '{"Type":"wireguard"}' userspace ;;
     weft-ipip) start_weftd '{"Type":"ipip"}' userspace ;;

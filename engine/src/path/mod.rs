@@ -9,6 +9,8 @@
 //! - [`gather`]: the transmit step for TCP super-packets over flannel-UDP
 //!   and VXLAN without a payload copy (header blocks written, payload left
 //!   in the TUN read for a gathered send).
+//! - [`tap`]: the transmit step that leaves segmenting to the kernel: one
+//!   frame per VXLAN TCP super-packet for a TAP with UDP-tunnel GSO.
 //! - [`rx`]: a received datagram (or raw IPIP packet) -> decapsulated,
 //!   sources checked ([`crate::antispoof`]), the inner range to deliver and
 //!   the peer entry to count it on; or the [`DropReason`].
@@ -29,10 +31,13 @@
 
 pub mod gather;
 pub mod rx;
+pub mod tap;
 pub mod tx;
 pub mod wg;
 
 pub use crate::stats::DropReason;
 
+#[cfg(test)]
+mod tap_tests;
 #[cfg(test)]
 mod tests;

@@ -22,7 +22,7 @@ fn peer(subnet: &str, endpoint: [u8; 4]) -> Peer {
 }
 
 /// Node 2 (10.244.2.0/24, fd00:2::/32) and node 1 (10.244.1.0/24, fd00:1::/32) as peers.
-fn table() -> PeerTable {
+pub(super) fn table() -> PeerTable {
     PeerTable::new(
         &[
             peer("10.244.2.0/24", [192, 0, 2, 2]),
@@ -34,7 +34,7 @@ fn table() -> PeerTable {
     )
 }
 
-fn vxlan(mac: [u8; 6]) -> Codec {
+pub(super) fn vxlan(mac: [u8; 6]) -> Codec {
     Codec::Vxlan(Vxlan {
         vni: 1,
         local_mac: mac,
@@ -42,7 +42,7 @@ fn vxlan(mac: [u8; 6]) -> Codec {
 }
 
 /// A TUN read with a virtio-net header.
-fn read(hdr: VnetHdr, pkt: &[u8]) -> Vec<u8> {
+pub(super) fn read(hdr: VnetHdr, pkt: &[u8]) -> Vec<u8> {
     let mut r = hdr.to_bytes().to_vec();
     r.extend_from_slice(pkt);
     r

@@ -19,7 +19,10 @@ use super::syscall;
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
+const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
+const SIOCGIFHWADDR: libc::c_ulong = 0x8927;
 const IFF_TUN: libc::c_short = 0x0001;
+const IFF_TAP: libc::c_short = 0x0002;
 const IFF_NO_PI: libc::c_short = 0x1000;
 const IFF_VNET_HDR: libc::c_short = 0x4000;
 const IFF_MULTI_QUEUE: libc::c_short = 0x0100;
@@ -39,6 +42,27 @@ pub const TUN_F_USO4: u32 = 0x20;
 /// `TUN_F_USO6` (Linux 6.2+): the same over IPv6.
 pub const TUN_F_USO6: u32 = 0x40;
 
+/// `TUN_F_UDP_TUNNEL_GSO` (Linux 6.17+): UDP-tunnel super-packets.
+pub const TUN_F_UDP_TUNNEL_GSO: u32 = 0x80;
+/// `TUN_F_UDP_TUNNEL_GSO_CSUM` (Linux 6.17+): the same with an outer checksum.
+pub const TUN_F_UDP_TUNNEL_GSO_CSUM: u32 = 0x100;
+
+/// `name` as `ifr_name`: `InvalidInput` unless it is shorter than
+/// `IFNAMSIZ` and holds no NUL.
+fn ifname(name: &str) -> io::Result<[libc::c_char; libc::IFNAMSIZ]> {
+    if name.len() >= libc::IFNAMSIZ || name.as_bytes().contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "bad interface name",
+        ));
+    }
+    let mut out = [0; libc::IFNAMSIZ];
+    for (d, s) in out.iter_mut().zip(name.as_bytes()) {
+        *d = *s as libc::c_char;
+    }
+    Ok(out)
+}
+
 #[repr(C)]
 struct IfReq {
     name: [libc::c_char; libc::IFNAMSIZ],
@@ -56,20 +80,11 @@ struct IfReqInt {
 
 /// Sets the transmit queue length of interface `name` (`SIOCSIFTXQLEN`).
 pub fn set_txqueuelen(name: &str, len: i32) -> io::Result<()> {
-    if name.len() >= libc::IFNAMSIZ || name.as_bytes().contains(&0) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "bad interface name",
-        ));
-    }
     let mut req = IfReqInt {
-        name: [0; libc::IFNAMSIZ],
+        name: ifname(name)?,
         value: len,
         _pad: [0; 20],
     };
-    for (d, s) in req.name.iter_mut().zip(name.as_bytes()) {
-        *d = *s as libc::c_char;
-    }
     let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM.cloexec(), None)?;
     syscall!(ioctl(
         sock.as_raw_fd(),
@@ -107,19 +122,10 @@ fn open_queue(name: &str, flags: libc::c_short) -> io::Result<(Queue, String)> {
     // SAFETY: `fd` was just returned by open() and is owned by nobody else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let mut req = IfReq {
-        name: [0; libc::IFNAMSIZ],
+        name: ifname(name)?,
         flags,
         _pad: [0; 22],
     };
-    if name.len() >= libc::IFNAMSIZ || name.as_bytes().contains(&0) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "bad interface name",
-        ));
-    }
-    for (d, s) in req.name.iter_mut().zip(name.as_bytes()) {
-        *d = *s as libc::c_char;
-    }
     syscall!(ioctl(fd.as_raw_fd(), TUNSETIFF, &mut req as *mut IfReq))?;
     // SAFETY: the kernel NUL-terminates ifr_name within IFNAMSIZ; the buffer is zero-initialised.
     let actual = unsafe { CStr::from_ptr(req.name.as_ptr()) }
@@ -182,6 +188,77 @@ pub fn open(name: &str, queues: usize, want_offload: bool, want_uso: bool) -> io
         vnet_hdr,
         offload,
     })
+}
+
+/// A TAP for UDP-tunnel GSO writes (issue 32, [`crate::path::tap`]).
+#[derive(Debug)]
+pub struct TunnelTap {
+    /// Queues, one per worker.
+    pub queues: Vec<Queue>,
+    /// The kernel's name for the device.
+    pub name: String,
+    /// Its MAC (frames are addressed to it).
+    pub mac: [u8; 6],
+}
+
+/// Opens `queues` queues of TAP `name` with the 24-byte virtio-net header
+/// and the UDP-tunnel GSO offloads; an error on a kernel without them
+/// (before 6.17 `TUNSETOFFLOAD` refuses the bits with `EINVAL`).
+pub fn open_tunnel_tap(name: &str, queues: usize) -> io::Result<TunnelTap> {
+    let flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR | IFF_MULTI_QUEUE;
+    let (first, actual) = open_queue(name, flags)?;
+    let sz: libc::c_int = 24;
+    syscall!(ioctl(
+        first.fd.as_raw_fd(),
+        TUNSETVNETHDRSZ,
+        &sz as *const libc::c_int
+    ))?;
+    let set =
+        TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6 | TUN_F_UDP_TUNNEL_GSO | TUN_F_UDP_TUNNEL_GSO_CSUM;
+    syscall!(ioctl(
+        first.fd.as_raw_fd(),
+        TUNSETOFFLOAD,
+        libc::c_ulong::from(set)
+    ))?;
+    let mut qs = vec![first];
+    for _ in 1..queues.max(1) {
+        qs.push(open_queue(&actual, flags)?.0);
+    }
+    let mac = hwaddr(&actual)?;
+    Ok(TunnelTap {
+        queues: qs,
+        name: actual,
+        mac,
+    })
+}
+
+/// The MAC of interface `name` (`SIOCGIFHWADDR`).
+fn hwaddr(name: &str) -> io::Result<[u8; 6]> {
+    #[repr(C)]
+    struct IfReqAddr {
+        name: [libc::c_char; libc::IFNAMSIZ],
+        addr: libc::sockaddr,
+        _pad: [u8; 8],
+    }
+    let mut req = IfReqAddr {
+        name: ifname(name)?,
+        addr: libc::sockaddr {
+            sa_family: 0,
+            sa_data: [0; 14],
+        },
+        _pad: [0; 8],
+    };
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM.cloexec(), None)?;
+    syscall!(ioctl(
+        sock.as_raw_fd(),
+        SIOCGIFHWADDR,
+        &mut req as *mut IfReqAddr
+    ))?;
+    let mut mac = [0u8; 6];
+    for (m, b) in mac.iter_mut().zip(req.addr.sa_data.iter()) {
+        *m = *b as u8;
+    }
+    Ok(mac)
 }
 
 impl Queue {

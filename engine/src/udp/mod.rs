@@ -17,7 +17,7 @@ pub(crate) mod nat;
 pub(crate) mod worker;
 
 use crate::worker::Worker;
-use worker::{SEND_SOCKETS, UdpEncap};
+use worker::{SEND_SOCKETS, TapTx, UdpEncap};
 
 /// The codec `encap` (flannel-UDP or VXLAN) runs, validated.
 pub(crate) fn codec(encap: Encap, local_addr: IpAddr) -> Result<Codec, EngineError> {
@@ -37,6 +37,43 @@ pub(crate) fn codec(encap: Encap, local_addr: IpAddr) -> Result<Codec, EngineErr
     }
 }
 
+/// Experimental (issue 32): with `WEFT_ENGINE_TAP_GSO=<name>` in the
+/// environment, a VXLAN engine on an IPv4 node opens TAP `<name>` with
+/// UDP-tunnel GSO (Linux 6.17+) and writes TCP super-packets to it whole
+/// ([`crate::path::tap`]). The TAP is the operator's to bring up, with
+/// `accept_local=1` and `rp_filter=0` on it and `ip_forward=1` on the
+/// node; while it is down, packets go through the UDP sockets as without.
+fn tunnel_tap(local: IpAddr, codec: Codec, workers: usize) -> Vec<TapTx> {
+    let Ok(name) = std::env::var("WEFT_ENGINE_TAP_GSO") else {
+        return Vec::new();
+    };
+    let (IpAddr::V4(local), Codec::Vxlan(_)) = (local, codec) else {
+        tracing::warn!("WEFT_ENGINE_TAP_GSO: only for VXLAN over IPv4; ignored");
+        return Vec::new();
+    };
+    match crate::sys::tun::open_tunnel_tap(&name, workers) {
+        Ok(t) => {
+            tracing::info!(tap = %t.name, "VXLAN TCP super-packets go whole through the tunnel TAP");
+            let side = crate::path::tap::TapSide {
+                tap_mac: t.mac,
+                local,
+            };
+            t.queues
+                .into_iter()
+                .map(|queue| TapTx {
+                    queue,
+                    side,
+                    id: std::cell::Cell::new(0),
+                })
+                .collect()
+        }
+        Err(e) => {
+            tracing::warn!("WEFT_ENGINE_TAP_GSO: tunnel TAP {name}: {e}; UDP sockets only");
+            Vec::new()
+        }
+    }
+}
+
 /// Starts a flannel-UDP or VXLAN engine.
 pub(crate) fn start(b: Builder<'_>, codec: Codec) -> Result<Engine, EngineError> {
     let cfg = b.cfg;
@@ -48,6 +85,7 @@ pub(crate) fn start(b: Builder<'_>, codec: Codec) -> Result<Engine, EngineError>
         Some(IpAddr::V4(a)) => Some(a),
         _ => None,
     };
+    let mut taps = tunnel_tap(cfg.local_addr, codec, b.workers).into_iter();
     let mut built = Vec::with_capacity(b.workers);
     let disco = Arc::new(Discovery::default());
     for q in dev.queues {
@@ -74,6 +112,7 @@ pub(crate) fn start(b: Builder<'_>, codec: Codec) -> Result<Engine, EngineError>
             nat: nat::Nat {
                 shared: Arc::clone(&disco),
             },
+            tap: taps.next(),
         };
         built.push(Worker::new(i, q, dev.vnet_hdr, cfg.mtu, &b.shared, encap));
     }

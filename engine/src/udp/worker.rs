@@ -20,6 +20,7 @@
 //!   failed to decapsulate may be a discovery message or keepalive; worker
 //!   0 asks and sends keepalives at the start of its round.
 
+use std::cell::Cell;
 use std::io::IoSlice;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::RawFd;
@@ -29,7 +30,7 @@ use std::sync::atomic::Ordering;
 use super::nat::{Ask, Nat};
 use crate::encap::{Codec, DropReason};
 use crate::path::tx::{self, Refusal};
-use crate::path::{gather, rx};
+use crate::path::{gather, rx, tap};
 use crate::peers::PeerTable;
 use crate::stats::{Ctr, Local};
 use crate::sys::udp::{BATCH, RxMeta, TxMsg, Udp};
@@ -62,6 +63,17 @@ pub(crate) struct UdpEncap {
     pub icmp_src: Option<Ipv4Addr>,
     /// NAT traversal's discovery state.
     pub nat: Nat,
+    /// VXLAN TCP super-packets go here whole, the kernel segments them
+    /// (`WEFT_ENGINE_TAP_GSO`, [`tap`]).
+    pub tap: Option<TapTx>,
+}
+
+/// This worker's queue of the tunnel TAP.
+pub(crate) struct TapTx {
+    pub queue: crate::sys::tun::Queue,
+    pub side: tap::TapSide,
+    /// The next outer IP ID (the kernel counts on per segment).
+    pub id: Cell<u16>,
 }
 
 impl UdpEncap {
@@ -147,6 +159,14 @@ impl Encapsulation for UdpEncap {
             // next read overwrites it.
             flush(w, s, ctr);
             let b = &mut s.b;
+            // Not for a NAT peer: the TAP's datagrams do not leave the
+            // backend port ([`crate::peers::Entry::from_port`]).
+            if let Some(t) = &e.tap
+                && !plan.entry.from_port
+                && w.tap_send(t, &plan, read, &mut b.tx.buf, ctr)
+            {
+                return Ok(());
+            }
             if let Some(g) = gather::udp_gather(&e.codec, &plan, read, &mut b.tx.buf)?
                 && let Some(s) = e.sock(sock)
             {
@@ -243,6 +263,42 @@ fn flush(w: &Worker<UdpEncap>, s: &mut State, ctr: &mut Local) {
 }
 
 impl Worker<UdpEncap> {
+    /// The planned TCP super-packet of `read` written whole to the tunnel
+    /// TAP (header block in `buf`); false when [`tap::tunnel_header`] does
+    /// not take it or the write fails (a TAP that is down: `EIO`), and the
+    /// caller sends it through its sockets.
+    fn tap_send(
+        &self,
+        t: &TapTx,
+        plan: &tx::Plan<'_>,
+        read: &[u8],
+        buf: &mut [u8],
+        ctr: &mut Local,
+    ) -> bool {
+        let ip = &read[plan.pkt.start..];
+        let tx::Shape::Tcp(mss) = plan.shape else {
+            return false;
+        };
+        // Source ports spread by flow, as kernel vxlan's `udp_flow_src_port`.
+        let sport = 49152 | (tx::flow_hash(ip) as u16 & 0x3fff);
+        let (segs, inner) = tap::segments(ip, usize::from(plan.pkt.hdr.csum_start), mss);
+        let id = t.id.get();
+        let Some(n) = tap::tunnel_header(&self.encap.codec, plan, ip, t.side, (sport, id), buf)
+        else {
+            return false;
+        };
+        if t.queue
+            .writev(&[IoSlice::new(&buf[..n]), IoSlice::new(ip)])
+            .is_err()
+        {
+            ctr.add(Ctr::TunWriteError, 1);
+            return false;
+        }
+        t.id.set(id.wrapping_add(segs as u16));
+        self.count_sent(plan.entry, segs as u64, inner as u64, true, ctr);
+        true
+    }
+
     /// Appends `tx[start..start+len]` to the last message when it extends an
     /// equal-size train on the same socket (UDP GSO), else starts a new one.
     fn queue(

@@ -19,6 +19,13 @@ pub const GSO_TCPV6: u8 = 4;
 pub const GSO_UDP_L4: u8 = 5;
 /// `VIRTIO_NET_HDR_GSO_ECN` bit.
 pub const GSO_ECN: u8 = 0x80;
+/// `VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV4` (Linux 6.17+): the packet is a UDP
+/// tunnel over IPv4; or'd with the inner GSO type.
+pub const GSO_UDP_TUNNEL_IPV4: u8 = 0x20;
+/// Length of `struct virtio_net_hdr_v1_hash_tunnel` (Linux 6.17+): the
+/// legacy 10 bytes, `num_buffers` (2), the hash report (8), then the outer
+/// transport header's and the inner network header's offsets (2 + 2).
+pub const TUNNEL_HEADER_LEN: usize = 24;
 
 /// Decoded virtio-net header.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -73,6 +80,20 @@ impl VnetHdr {
         b[6..8].copy_from_slice(&self.csum_start.to_le_bytes());
         b[8..10].copy_from_slice(&self.csum_offset.to_le_bytes());
     }
+    /// Encodes the 24-byte tunnel header ([`TUNNEL_HEADER_LEN`]) into the
+    /// first bytes of `b`: this header, zero `num_buffers` and hash, then
+    /// the outer transport header's and the inner network header's offsets
+    /// from the frame's start.
+    ///
+    /// # Panics
+    /// If `b` is shorter than [`TUNNEL_HEADER_LEN`].
+    pub fn emit_tunnel(&self, outer_th: u16, inner_nh: u16, b: &mut [u8]) {
+        self.emit(b);
+        b[HEADER_LEN..20].fill(0);
+        b[20..22].copy_from_slice(&outer_th.to_le_bytes());
+        b[22..24].copy_from_slice(&inner_nh.to_le_bytes());
+    }
+
     /// The encoded bytes.
     pub fn to_bytes(self) -> [u8; HEADER_LEN] {
         let mut b = [0; HEADER_LEN];

@@ -255,6 +255,8 @@ def control():
     write("disco_msg", "answer-v6", bytes([0xD1]) + b"WD" + bytes([1, 2, 0, 0, 0]) + nonce + bytes([6]) + struct.pack("!H", 51820) + bytes([0x20, 1, 0xd, 0xb8]) + bytes(11) + bytes([5]) + bytes(5))
     write("disco_msg", "version-2", bytes([0xD1]) + b"WD" + bytes([2, 1, 0, 0, 0]) + nonce + bytes(24))
     write("disco_msg", "wireguard-data", bytes([4, 0, 0, 0]) + bytes(44))
+    write("disco_msg", "keepalive", bytes([0xD1]) + b"WD" + bytes([1, 7, 0, 0, 0]))
+    write("disco_msg", "vxlan-data", bytes([8, 0, 0, 0, 0, 0, 1, 0]) + bytes(40))
     magic = bytes([0xD1]) + b"WD" + bytes([1])
     write("relay_msg", "register-bad-mac", magic + bytes([3, 0, 0, 0]) + bytes(range(32)) + struct.pack("!Q", 1765000000123) + bytes(16))
     write("relay_msg", "ack", magic + bytes([4, 0, 0, 0]) + struct.pack("!Q", 7) + bytes(range(16)))

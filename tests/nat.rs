@@ -8,99 +8,16 @@
 //! redirect nothing. Without it the two cannot reach each other at all.
 //! Times are printed (`--nocapture`) and bounded generously.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use weft_testenv::{require_root, require_tool};
-use weft_tests::cluster::{Cluster, wait_ping};
-use weft_tests::nat::{NatCluster, path, wait_path};
-use weft_tests::netns::{Netns, run};
+use weft_tests::cluster::wait_ping;
+use weft_tests::nat::{
+    NatCluster, attach_attacker, drops, flush_gap, forge, forged_answer, path, start, wait_path,
+    weft_nat,
+};
+use weft_tests::netns::Netns;
 use weft_tests::ping::Stream;
-
-/// Pods 0, 1, 2 on nodes 1, 2, 3 after every weftd started; the time from
-/// the start to the first reply of pod 1 (behind NAT) to pod 2 (behind the
-/// other NAT), when there is one within `within`.
-fn start(n: &mut NatCluster, within: Duration) -> Option<Duration> {
-    let t0 = Instant::now();
-    n.c.start_all().unwrap_or_else(|e| panic!("start: {e}"));
-    for i in 0..3 {
-        n.c.add_pod(i, &format!("p{i}"))
-            .unwrap_or_else(|e| panic!("pod: {e}"));
-    }
-    let (from, to) = (&n.c.pods[1].ns, n.c.pods[2].ip.clone());
-    while t0.elapsed() < within {
-        if from.ping(&to, 1) {
-            return Some(t0.elapsed());
-        }
-    }
-    None
-}
-
-/// The `WeftNAT` field of the lease of the node at `public_ip`.
-fn weft_nat(c: &Cluster, public_ip: &str) -> serde_json::Value {
-    c.lease_of(public_ip)["value"]["WeftNAT"].clone()
-}
-
-/// Sends `hex` (a UDP payload) to `dst`:`port` from `src`:51820 as a raw
-/// IPv4 packet out of `ns` (so `src` may be forged: an off-path sender).
-fn forge(ns: &Netns, src: &str, dst: &str, port: u16, hex: &str) {
-    let script = format!(
-        r#"
-import socket, struct
-src, dst, data = "{src}", "{dst}", bytes.fromhex("{hex}")
-udp = struct.pack("!HHHH", 51820, {port}, 8 + len(data), 0) + data
-ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0, 64, 17, 0,
-                 socket.inet_aton(src), socket.inet_aton(dst))
-s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
-for _ in range(20):
-    s.sendto(ip + udp, (dst, 0))
-"#
-    );
-    let out = ns.try_exec(&["python3", "-c", &script]);
-    assert!(
-        out.status.success(),
-        "forge: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Every packet node `i`'s engine dropped so far, whatever the reason.
-fn drops(c: &Cluster, i: usize) -> u64 {
-    let st = serde_json::to_value(c.status(i)).expect("status JSON");
-    let devs = st["backend"]["devices"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    devs.iter()
-        .filter_map(|d| d["drops"].as_object().cloned())
-        .flat_map(|m| m.into_iter().filter_map(|(_, v)| v.as_u64()))
-        .sum()
-}
-
-/// A discovery answer (docs/nat.md) with a guessed nonce naming `seen`.
-fn forged_answer(seen: [u8; 4], port: u16) -> String {
-    let mut b = vec![0xd1, b'W', b'D', 1, 2, 0, 0, 0];
-    b.extend([0x5a; 16]);
-    b.push(4);
-    b.extend(port.to_be_bytes());
-    b.extend(seen);
-    b.resize(48, 0);
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// The longest gap of a ping stream from pod 1 to pod 2 around flushing
-/// the conntrack table of node `i`'s router, waiting up to `bound` for the
-/// replies to resume.
-fn flush_gap(n: &NatCluster, i: usize, bound: Duration) -> Duration {
-    let s = Stream::start(&n.c.pods[1].ns, &n.c.pods[2].ip);
-    std::thread::sleep(Duration::from_millis(500));
-    let before = s.replies();
-    n.router(i).exec(&["conntrack", "-F"]);
-    std::thread::sleep(Duration::from_millis(200));
-    s.wait_more(s.replies().max(before), 100, bound);
-    let gap = s.finish();
-    println!("conntrack -F on node {}'s router: {gap}", i + 1);
-    gap.longest
-}
 
 #[test]
 fn nodes_behind_two_nats_punch_through_and_heal() {
@@ -163,11 +80,26 @@ fn nodes_behind_two_nats_punch_through_and_heal() {
     let s = Stream::start(&c.pods[1].ns, &c.pods[2].ip);
     let dropped = drops(c, 1);
     let lie = forged_answer([192, 0, 2, 66], 9);
-    forge(&attacker, "192.0.2.1", "192.0.2.102", 51820, &lie);
-    forge(&attacker, "192.0.2.66", "192.0.2.1", 51820, &lie);
+    forge(
+        &attacker,
+        ("192.0.2.1", 51820),
+        ("192.0.2.102", 51820),
+        &lie,
+    );
+    forge(&attacker, ("192.0.2.66", 51820), ("192.0.2.1", 51820), &lie);
     let junk_data = format!("04000000{}", "ab".repeat(44));
-    forge(&attacker, "192.0.2.103", "192.0.2.102", 51820, &junk_data);
-    forge(&attacker, "192.0.2.66", "192.0.2.1", 51820, &junk_data);
+    forge(
+        &attacker,
+        ("192.0.2.103", 51820),
+        ("192.0.2.102", 51820),
+        &junk_data,
+    );
+    forge(
+        &attacker,
+        ("192.0.2.66", 51820),
+        ("192.0.2.1", 51820),
+        &junk_data,
+    );
     std::thread::sleep(Duration::from_secs(3));
     let gap = s.finish();
     assert!(
@@ -194,40 +126,6 @@ fn nodes_behind_two_nats_punch_through_and_heal() {
     assert!(ours < Duration::from_secs(5), "recovery took {ours:?}");
     let theirs = flush_gap(&n, 2, Duration::from_secs(40));
     assert!(theirs < Duration::from_secs(32), "recovery took {theirs:?}");
-}
-
-/// Attaches `ns` to the internet bridge at 192.0.2.66.
-fn attach_attacker(n: &NatCluster, ns: &Netns) {
-    let ul = format!("{}-ul", n.prefix);
-    run(
-        "ip",
-        &[
-            "link",
-            "add",
-            "eth0",
-            "netns",
-            ns.name(),
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "atk",
-            "netns",
-            &ul,
-        ],
-    );
-    ns.exec(&["ip", "addr", "add", "192.0.2.66/24", "dev", "eth0"]);
-    ns.exec(&["ip", "link", "set", "eth0", "up"]);
-    run(
-        "ip",
-        &[
-            "netns", "exec", &ul, "ip", "link", "set", "atk", "master", "br0",
-        ],
-    );
-    run(
-        "ip",
-        &["netns", "exec", &ul, "ip", "link", "set", "atk", "up"],
-    );
 }
 
 #[test]

@@ -59,6 +59,7 @@ pub fn peer_tables() -> (PeerTable, PeerTable) {
             subnet: subnet.parse().expect("subnet"),
             endpoint: IpAddr::from(endpoint),
             vtep_mac: Some(mac),
+            nat: None,
             wireguard: None,
         };
         PeerTable::new(&[p], 8472)

@@ -52,6 +52,7 @@ fn parse_peer(s: &str, psk: Option<[u8; 32]>, keepalive: u16) -> Result<Peer> {
         subnet: subnet.parse().context("peer subnet")?,
         endpoint: ep.parse().context("peer endpoint")?,
         vtep_mac: mac,
+        nat: None,
         wireguard,
     })
 }

@@ -167,6 +167,7 @@ mod tests {
             subnet: s.parse().expect("subnet"),
             endpoint: ip(ep),
             vtep_mac: None,
+            nat: None,
             wireguard: None,
         };
         PeerTable::new(

@@ -135,7 +135,7 @@ use arc_swap::ArcSwap;
 pub use antispoof::AntiSpoofing;
 pub use idle::PollWindow;
 pub use ipnet;
-pub use peers::{Peer, PeerTable, WgPeer};
+pub use peers::{NatPath, Peer, PeerTable, WgPeer};
 pub use stats::{
     Batching, Counter, CounterSet, DropReason, Drops, PeerReport, PeerStats, Report, Stats,
 };
@@ -295,7 +295,7 @@ pub struct Engine {
     sampler: Option<JoinHandle<()>>,
     /// Why the default window stays closed for good, if it does.
     poll_window_off: Option<String>,
-    /// WireGuard's endpoint discovery (`None` for other encapsulations).
+    /// Endpoint discovery (WireGuard, vxlan, flannel-UDP; `None` for IPIP).
     disco: Option<Arc<path::wg::disco::Discovery>>,
 }
 
@@ -402,8 +402,8 @@ impl Engine {
         }
     }
 
-    /// WireGuard's endpoint discovery (docs/nat.md): off until turned on;
-    /// `None` for the other encapsulations.
+    /// Endpoint discovery (docs/nat.md): off until turned on; `None` for
+    /// IPIP.
     pub fn discovery(&self) -> Option<&path::wg::disco::Discovery> {
         self.disco.as_deref()
     }

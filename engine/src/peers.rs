@@ -28,6 +28,27 @@ pub struct Peer {
     /// WireGuard parameters (WireGuard engines only). Several `Peer`s with the
     /// same public key form one WireGuard peer whose AllowedIPs are their subnets.
     pub wireguard: Option<WgPeer>,
+    /// NAT traversal's path to a vxlan / flannel-UDP peer (docs/nat.md,
+    /// "vxlan and udp"); `None` (as without the feature): sent to
+    /// `endpoint` from the engine's send sockets.
+    pub nat: Option<NatPath>,
+}
+
+/// How a vxlan / flannel-UDP engine reaches a peer whose lease runs NAT
+/// traversal. It comes from the lease store only: nothing received moves it
+/// (these encapsulations authenticate nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NatPath {
+    /// Where its traffic goes: the endpoint its NAT maps (punched) or its
+    /// `PublicIP` and port. Sent **from the backend port** (the receive
+    /// socket), so this node's NAT maps it exactly as it mapped the
+    /// discovery request whose answer this node published, and the
+    /// peer's packets to that published endpoint come back through it.
+    /// Outer sources from `to`'s address are the peer's (anti-spoofing).
+    pub to: SocketAddr,
+    /// Whether it gets a NAT keepalive ([`crate::wire::disco::KEEPALIVE_MSG`])
+    /// every [`crate::path::wg::disco::KEEPALIVE`].
+    pub keepalive: bool,
 }
 
 /// A peer's WireGuard parameters (flannel: lease `BackendData` + backend options).
@@ -145,6 +166,8 @@ pub struct Entry {
     pub mac: [u8; 6],
     /// Index into [`PeerTable::wg_peers`] (WireGuard).
     pub wg: Option<usize>,
+    /// vxlan / flannel-UDP: sent from the backend port ([`NatPath`]).
+    pub from_port: bool,
     /// Per-peer counters (empty until [`PeerTable::attach_counters`]).
     pub(crate) counters: Arc<PeerSlots>,
 }
@@ -162,6 +185,8 @@ pub struct PeerTable {
     wg: Vec<WgEntry>,
     /// WireGuard id -> index into `wg`.
     wg_by_id: HashMap<u32, usize>,
+    /// Where NAT keepalives go ([`NatPath::keepalive`]), deduplicated.
+    keepalives: Vec<SocketAddr>,
 }
 
 fn mask4(a: u32, len: u8) -> u32 {
@@ -222,13 +247,25 @@ impl PeerTable {
                 Some(w) if w.port != 0 => w.port,
                 _ => port,
             };
+            let nat = p.nat.filter(|_| p.wireguard.is_none());
             t.entries.push(Entry {
                 subnet,
-                dst: SocketAddr::new(p.endpoint, dst_port),
+                dst: nat.map_or(SocketAddr::new(p.endpoint, dst_port), |n| n.to),
                 mac: p.vtep_mac.unwrap_or([0; 6]),
                 wg,
+                from_port: nat.is_some(),
                 counters: Arc::default(),
             });
+            if let Some(n) = nat {
+                if n.keepalive && !t.keepalives.contains(&n.to) {
+                    t.keepalives.push(n.to);
+                }
+                // Its NAT's public address sends its packets: only that
+                // address, for this peer's subnet (`antispoof::check`).
+                if n.to.ip() != p.endpoint {
+                    t.by_endpoint.entry(n.to.ip()).or_default().push(idx);
+                }
+            }
             match subnet {
                 IpNet::V4(n) => {
                     let len = n.prefix_len();
@@ -318,6 +355,11 @@ impl PeerTable {
         self.wg.iter().find(|w| &w.params.public_key == key)
     }
 
+    /// Where NAT keepalives go (vxlan / flannel-UDP, [`NatPath`]).
+    pub fn keepalives(&self) -> &[SocketAddr] {
+        &self.keepalives
+    }
+
     /// Number of peers.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -383,11 +425,37 @@ impl PeerTable {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_nat_path_moves_the_destination_and_admits_only_the_nats_address() {
+        let mut punched = peer("10.244.2.0/24", "10.12.0.2");
+        let to: SocketAddr = "203.0.113.9:40001".parse().expect("addr");
+        punched.nat = Some(NatPath {
+            to,
+            keepalive: true,
+        });
+        let mut plain = peer("10.244.3.0/24", "192.0.2.3");
+        plain.nat = Some(NatPath {
+            to: "192.0.2.3:8472".parse().expect("addr"),
+            keepalive: false,
+        });
+        let t = PeerTable::new(&[punched, plain, peer("10.244.4.0/24", "192.0.2.4")], 8472);
+        let e = t.lookup("10.244.2.9".parse().expect("ip")).expect("entry");
+        assert_eq!((e.dst, e.from_port), (to, true));
+        let nat = t.endpoint_entries(to.ip());
+        assert_eq!(nat.len(), 1, "the NAT's address is this peer's");
+        assert!(t.src_allowed(nat, "10.244.2.9".parse().expect("ip")));
+        assert!(!t.src_allowed(nat, "10.244.4.9".parse().expect("ip")));
+        assert_eq!(t.keepalives(), &[to], "only asked-for keepalives");
+        let other = t.lookup("10.244.4.9".parse().expect("ip")).expect("entry");
+        assert!(!other.from_port, "without NAT: as before");
+    }
+
     fn peer(s: &str, ep: &str) -> Peer {
         Peer {
             subnet: s.parse().expect("cidr"),
             endpoint: ep.parse().expect("ip"),
             vtep_mac: Some([2, 0, 0, 0, 0, 1]),
+            nat: None,
             wireguard: None,
         }
     }
@@ -401,6 +469,7 @@ mod tests {
                 keepalive: 0,
             }),
             vtep_mac: None,
+            nat: None,
             ..peer(s, ep)
         }
     }

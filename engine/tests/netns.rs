@@ -457,6 +457,7 @@ fn vxlan_dual_stack() {
             subnet: format!("fd00:10:244:{m}::/64").parse().expect("cidr"),
             endpoint: format!("2001:db8::{m}").parse().expect("v6"),
             vtep_mac: Some(peer_mac6),
+            nat: None,
             wireguard: None,
         }]);
         t.ip(

@@ -54,6 +54,7 @@ fn table(subnet: &str, endpoint: [u8; 4], mac: [u8; 6]) -> PeerTable {
         subnet: subnet.parse().expect("subnet"),
         endpoint: IpAddr::from(endpoint),
         vtep_mac: Some(mac),
+        nat: None,
         wireguard: None,
     };
     PeerTable::new(&[peer], 8472)

@@ -162,6 +162,7 @@ fn wireguard_engine_talks_to_boringtun_and_counts_drops() {
             subnet: "10.244.2.0/24".parse().expect("cidr"),
             endpoint: "127.0.0.1".parse().expect("ip"),
             vtep_mac: None,
+            nat: None,
             wireguard: Some(WgPeer {
                 public_key: peer_pub,
                 port: PEER_PORT,

@@ -54,6 +54,7 @@ fn table() -> PeerTable {
         endpoint: IpAddr::V4(endpoint),
         // Our own MAC, so that our decap takes what our encap wrote.
         vtep_mac: Some(LOCAL_MAC),
+        nat: None,
         wireguard: None,
     };
     PeerTable::new(

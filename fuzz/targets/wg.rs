@@ -231,12 +231,59 @@ fn tun_read(p: &mut Pair, read: &[u8]) {
     );
 }
 
-/// `disco_msg`: a datagram on the WireGuard port that WireGuard refused, as
-/// endpoint discovery parses it (`wire::disco::Disco::parse`). What parses
-/// starts with the first byte the receive path checks and writes back to
-/// exactly the same 48 bytes (the format has one encoding per message).
+/// `disco_msg`: a datagram on a backend port that its own parser refused
+/// (WireGuard's, VXLAN's, flannel-UDP's), as endpoint discovery parses it
+/// (`wire::disco::Disco::parse`, `wire::disco::is_keepalive`) and as every
+/// backend's receive side decides it (`path::wg::disco::handle`, docs/nat.md).
+/// What parses starts with the first byte the receive path checks and
+/// writes back to exactly the same 48 bytes (the format has one encoding
+/// per message). Only a request is answered, with one datagram to its
+/// source of its own length; a keepalive is taken without an answer; with
+/// no nonce outstanding nothing is published.
 pub fn disco_msg(data: &[u8]) {
-    use weft_engine::wire::disco::{Disco, LEN, maybe};
+    use weft_engine::path::wg::disco::{Discovery, Handled, handle};
+    use weft_engine::wire::disco::{Disco, KEEPALIVE_LEN, LEN, is_keepalive, maybe};
+
+    /// What `handle` sent.
+    struct Sent {
+        room: [u8; 128],
+        to: Vec<(SocketAddr, usize)>,
+    }
+    impl Out for Sent {
+        fn room(&mut self, len: usize, _: usize) -> &mut [u8] {
+            &mut self.room[..len.min(128)]
+        }
+        fn push(&mut self, to: SocketAddr, len: usize) {
+            self.to.push((to, len));
+        }
+    }
+
+    if is_keepalive(data) {
+        assert!(maybe(data), "a keepalive without the first byte");
+        assert_eq!(data.len(), KEEPALIVE_LEN);
+    }
+    let d = Discovery::default();
+    d.set_enabled(true);
+    let server: SocketAddr = "192.0.2.1:8472".parse().expect("addr");
+    d.set_servers(vec![server]);
+    let src: SocketAddr = "198.51.100.7:40001".parse().expect("addr");
+    let mut sent = Sent {
+        room: [0; 128],
+        to: Vec::new(),
+    };
+    let h = handle(data, src, &d, Now::read(), &mut sent);
+    assert_eq!(d.seen(), None, "published with no nonce outstanding");
+    match h {
+        Handled::Answered => {
+            assert!(matches!(Disco::parse(data), Ok(Disco::Request { .. })));
+            assert_eq!(sent.to, vec![(src, data.len())], "one answer, same length");
+        }
+        Handled::Taken => {
+            assert!(is_keepalive(data), "taken without a nonce: {data:?}");
+            assert!(sent.to.is_empty(), "a keepalive answered");
+        }
+        Handled::No => assert!(sent.to.is_empty(), "sent for nothing"),
+    }
     let Ok(m) = Disco::parse(data) else {
         return;
     };

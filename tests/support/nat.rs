@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use crate::cluster::{self, Cluster, ClusterStore};
 use crate::netns::{Netns, run, veth};
+use crate::ping::Stream;
 
 /// Each node's NAT (`None`: the public node): router WAN address, LAN
 /// prefix (the router is `.1`, the node `.2`).
@@ -51,13 +52,18 @@ pub struct NatCluster {
 
 /// The net-conf.json of a WireGuard network, NAT traversal on or off.
 pub fn net_conf(nat: bool) -> String {
+    net_conf_for(nat, "wireguard")
+}
+
+/// The net-conf.json of a network of backend `backend`, NAT traversal on or off.
+pub fn net_conf_for(nat: bool, backend: &str) -> String {
     let key = if nat {
         r#""WeftNATTraversal":true,"#
     } else {
         ""
     };
     format!(
-        r#"{{"Network":"{}",{key}"Backend":{{"Type":"wireguard"}}}}"#,
+        r#"{{"Network":"{}",{key}"Backend":{{"Type":"{backend}"}}}}"#,
         cluster::NETWORK
     )
 }
@@ -83,6 +89,18 @@ impl NatCluster {
         node_args: Vec<Vec<String>>,
         symmetric: bool,
     ) -> NatCluster {
+        NatCluster::create_backend(tag, &net_conf(nat), nodes, node_args, symmetric)
+    }
+
+    /// [`NatCluster::create_with`] for the network `net_conf`
+    /// ([`net_conf_for`]: another backend).
+    pub fn create_backend(
+        tag: &str,
+        net_conf: &str,
+        nodes: u8,
+        node_args: Vec<Vec<String>>,
+        symmetric: bool,
+    ) -> NatCluster {
         assert!(
             usize::from(nodes) >= SITES.len(),
             "at least {} nodes",
@@ -95,7 +113,7 @@ impl NatCluster {
             "--probe-port=0",
             "--healthz-port=8471",
         ];
-        let spec = cluster::spec(tag, &net_conf(nat), nodes, &args, work.path());
+        let spec = cluster::spec(tag, net_conf, nodes, &args, work.path());
         let prefix = spec.prefix.clone();
         let c = Cluster::create(spec, &ClusterStore::Embedded, node_args)
             .unwrap_or_else(|e| panic!("cluster: {e}"));
@@ -230,4 +248,125 @@ pub fn wait_path(c: &Cluster, i: usize, public_ip: &str, want: &str, within: Dur
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// Pods 0, 1, 2 on nodes 1, 2, 3 after every weftd started; the time from
+/// the start to the first reply of pod 1 (behind NAT) to pod 2 (behind the
+/// other NAT), when there is one within `within`.
+pub fn start(n: &mut NatCluster, within: Duration) -> Option<Duration> {
+    let t0 = Instant::now();
+    n.c.start_all().unwrap_or_else(|e| panic!("start: {e}"));
+    for i in 0..3 {
+        n.c.add_pod(i, &format!("p{i}"))
+            .unwrap_or_else(|e| panic!("pod: {e}"));
+    }
+    let (from, to) = (&n.c.pods[1].ns, n.c.pods[2].ip.clone());
+    while t0.elapsed() < within {
+        if from.ping(&to, 1) {
+            return Some(t0.elapsed());
+        }
+    }
+    None
+}
+
+/// The `WeftNAT` field of the lease of the node at `public_ip`.
+pub fn weft_nat(c: &Cluster, public_ip: &str) -> serde_json::Value {
+    c.lease_of(public_ip)["value"]["WeftNAT"].clone()
+}
+
+/// Sends `hex` (a UDP payload) 20 times to `dst` from `src` (address,
+/// port) as a raw IPv4 packet out of `ns` (so `src` may be forged: an
+/// off-path sender).
+pub fn forge(ns: &Netns, (src, sport): (&str, u16), (dst, port): (&str, u16), hex: &str) {
+    let script = format!(
+        r#"
+import socket, struct
+src, dst, data = "{src}", "{dst}", bytes.fromhex("{hex}")
+udp = struct.pack("!HHHH", {sport}, {port}, 8 + len(data), 0) + data
+ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0, 64, 17, 0,
+                 socket.inet_aton(src), socket.inet_aton(dst))
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+for _ in range(20):
+    s.sendto(ip + udp, (dst, 0))
+"#
+    );
+    let out = ns.try_exec(&["python3", "-c", &script]);
+    assert!(
+        out.status.success(),
+        "forge: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Every packet node `i`'s engine dropped so far, whatever the reason.
+pub fn drops(c: &Cluster, i: usize) -> u64 {
+    let st = serde_json::to_value(c.status(i)).expect("status JSON");
+    let devs = st["backend"]["devices"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    devs.iter()
+        .filter_map(|d| d["drops"].as_object().cloned())
+        .flat_map(|m| m.into_iter().filter_map(|(_, v)| v.as_u64()))
+        .sum()
+}
+
+/// A discovery answer (docs/nat.md) with a guessed nonce naming `seen`.
+pub fn forged_answer(seen: [u8; 4], port: u16) -> String {
+    let mut b = vec![0xd1, b'W', b'D', 1, 2, 0, 0, 0];
+    b.extend([0x5a; 16]);
+    b.push(4);
+    b.extend(port.to_be_bytes());
+    b.extend(seen);
+    b.resize(48, 0);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The longest gap of a ping stream from pod 1 to pod 2 around flushing
+/// the conntrack table of node `i`'s router, waiting up to `bound` for the
+/// replies to resume.
+pub fn flush_gap(n: &NatCluster, i: usize, bound: Duration) -> Duration {
+    let s = Stream::start(&n.c.pods[1].ns, &n.c.pods[2].ip);
+    std::thread::sleep(Duration::from_millis(500));
+    let before = s.replies();
+    n.router(i).exec(&["conntrack", "-F"]);
+    std::thread::sleep(Duration::from_millis(200));
+    s.wait_more(s.replies().max(before), 100, bound);
+    let gap = s.finish();
+    println!("conntrack -F on node {}'s router: {gap}", i + 1);
+    gap.longest
+}
+
+/// Attaches `ns` to the internet bridge at 192.0.2.66.
+pub fn attach_attacker(n: &NatCluster, ns: &Netns) {
+    let ul = format!("{}-ul", n.prefix);
+    run(
+        "ip",
+        &[
+            "link",
+            "add",
+            "eth0",
+            "netns",
+            ns.name(),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "atk",
+            "netns",
+            &ul,
+        ],
+    );
+    ns.exec(&["ip", "addr", "add", "192.0.2.66/24", "dev", "eth0"]);
+    ns.exec(&["ip", "link", "set", "eth0", "up"]);
+    run(
+        "ip",
+        &[
+            "netns", "exec", &ul, "ip", "link", "set", "atk", "master", "br0",
+        ],
+    );
+    run(
+        "ip",
+        &["netns", "exec", &ul, "ip", "link", "set", "atk", "up"],
+    );
 }

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net};
 use weft_engine::Encap;
 
+use super::tunnel::nat::TunnelNat;
 use super::tunnel::{self, Tunnel, Userspace};
 use super::{
     ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe, Prepared, Running,
@@ -19,7 +20,7 @@ use crate::backend::Missing;
 use crate::config::backend::UdpOptions;
 use crate::iface::ExternalInterface;
 use crate::lease::watcher::Change;
-use crate::lease::{Lease, LeaseAttrs};
+use crate::lease::{Lease, LeaseAttrs, NatAttrs};
 use crate::view::BackendView;
 
 /// See the module docs.
@@ -45,6 +46,8 @@ struct Ready {
 struct Live {
     mtu: u32,
     tunnel: Option<Tunnel>,
+    /// NAT traversal (docs/nat.md "vxlan and udp"), when on.
+    nat: Option<TunnelNat>,
 }
 
 impl Udp {
@@ -75,6 +78,7 @@ impl Backend for Udp {
                 backend: "udp",
                 what: Missing::PublicV4,
             })?,
+            weft_nat: self.tuning.nat.then(NatAttrs::default),
             ..Default::default()
         };
         let local = ext.iface_addr.ok_or(BackendError::Missing {
@@ -113,9 +117,14 @@ impl Setup for Ready {
         let addr = IpNet::from(std::net::IpAddr::V4(subnet.network()));
         let mut t = Tunnel::start(&udp.us, cfg, addr, mtu, udp.tuning.anti_spoof).await?;
         t.add_route(IpNet::V4(udp.network), true).await?;
+        let nat = udp.tuning.nat.then(|| {
+            t.set_discovery(true, Vec::new());
+            TunnelNat::new(lease.attrs.public_ip, udp.opts.port)
+        });
         Ok(Box::new(Live {
             mtu,
             tunnel: Some(t),
+            nat,
         }))
     }
 }
@@ -145,15 +154,19 @@ impl Running for Live {
             return Ok(());
         };
         for c in batch.changes {
-            change(t, c);
+            change(t, c, self.nat.as_mut());
         }
+        nat_sync(t, self.nat.as_mut());
         t.flush();
         Ok(())
     }
 
     async fn reconcile(&mut self) -> Result<(), BackendError> {
         match self.tunnel.as_mut() {
-            Some(t) => t.reconcile().await,
+            Some(t) => {
+                nat_sync(t, self.nat.as_mut());
+                t.reconcile().await
+            }
             None => Ok(()),
         }
     }
@@ -165,18 +178,36 @@ impl Running for Live {
     }
 }
 
-/// Programs (`Add`) or removes (`Remove`) one peer.
-fn change(t: &mut Tunnel, change: &Change) {
+/// Programs (`Add`) or removes (`Remove`) one peer, with its NAT path
+/// when NAT traversal is on.
+fn change(t: &mut Tunnel, change: &Change, nat: Option<&mut TunnelNat>) {
     match change {
         Change::Add(l) => {
             if let Some(s) = l.subnet {
                 t.upsert_peer(IpNet::V4(s), l.attrs.public_ip.into(), None);
+                let path = nat.and_then(|n| n.path(l, true, t.seen()));
+                t.set_nat(IpNet::V4(s), path);
             }
         }
         Change::Remove(l) => {
             if let Some(s) = l.subnet {
+                if let Some(n) = nat {
+                    n.path(l, false, None);
+                }
                 t.remove_peer(IpNet::V4(s));
             }
         }
     }
+}
+
+/// NAT traversal: discovery's servers to the engine, and every NAT peer's
+/// path chosen again when this node's endpoint moved.
+fn nat_sync(t: &mut Tunnel, nat: Option<&mut TunnelNat>) {
+    let Some(n) = nat else {
+        return;
+    };
+    for l in n.sync(t) {
+        change(t, &Change::Add(l), Some(&mut *n));
+    }
+    t.flush();
 }

@@ -122,6 +122,7 @@ fn vxlan_peers_carry_the_vtep_mac_and_get_a_route_each() {
                 subnet: net("10.244.2.0/24"),
                 endpoint: ip("192.0.2.2"),
                 vtep_mac: Some(mac),
+                nat: None,
                 wireguard: None,
             }]
         );
@@ -199,6 +200,7 @@ fn udp_peers_are_public_ips_behind_one_network_route() {
                 subnet: net("10.244.2.0/24"),
                 endpoint: ip("192.0.2.2"),
                 vtep_mac: None,
+                nat: None,
                 wireguard: None,
             }]
         );

@@ -215,9 +215,9 @@ pub struct Flags {
     )]
     pub vxlan_tx_checksum_offload: crate::backend::vxlan::TxCsumOffload,
     /// weft: nodes behind NAT (docs/nat.md): discover the endpoint this node
-    /// is seen from on the WireGuard port, publish it in the lease and punch
-    /// holes to peers that do the same (userspace WireGuard only). Also on
-    /// when net-conf.json has `"WeftNATTraversal": true`.
+    /// is seen from on the backend port, publish it in the lease and punch
+    /// holes to peers that do the same (userspace wireguard, vxlan and udp).
+    /// Also on when net-conf.json has `"WeftNATTraversal": true`.
     #[arg(long, env = "WEFT_NAT_TRAVERSAL", default_value = "false", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
     pub nat_traversal: bool,
     /// weft: relay WireGuard datagrams for nodes behind NATs that cannot

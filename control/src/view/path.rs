@@ -4,6 +4,9 @@
 //! <relay's PublicIP>` (sent to a relay's relay port, docs/nat.md
 //! "Relays") or `unreachable` (no WireGuard handshake within [`FRESH`]). `None` when this node does
 //! not run NAT traversal or the peer has no userspace WireGuard session.
+//! A userspace `vxlan` or `udp` peer (docs/nat.md, "vxlan and udp") is
+//! `direct` or `punched` by its engine endpoint alone: those encapsulations
+//! have no session to call it `unreachable` by, and no relay.
 
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -36,13 +39,17 @@ pub fn of(
 ) -> Option<String> {
     own?.attrs.weft_nat?;
     let endpoint = endpoint?;
-    if peer.attrs.backend_type != "wireguard" {
-        return None;
-    }
-    if handshake.is_none_or(|at| now.saturating_sub(at) > FRESH) {
+    // flannel's udp backend writes no BackendType (nor does weft's).
+    let wireguard = match peer.attrs.backend_type.as_str() {
+        "wireguard" => true,
+        "vxlan" | "udp" | "" => false,
+        _ => return None,
+    };
+    if wireguard && handshake.is_none_or(|at| now.saturating_sub(at) > FRESH) {
         return Some("unreachable".into());
     }
     if let IpAddr::V4(e) = endpoint
+        && wireguard
         && e != peer.attrs.public_ip
         && relays.contains(&e)
     {
@@ -114,5 +121,22 @@ mod tests {
             &[relay],
         );
         assert_eq!(to_the_relay.as_deref(), Some("direct"), "the relay itself");
+    }
+
+    #[test]
+    fn vxlan_and_udp_peers_are_punched_or_direct_without_sessions() {
+        let own = lease("192.0.2.1", Some(""));
+        let nat: IpAddr = "203.0.113.9".parse().expect("ip");
+        let lan: IpAddr = "10.12.0.2".parse().expect("ip");
+        for ty in ["vxlan", "udp", ""] {
+            let mut peer = lease("10.12.0.2", Some("203.0.113.9:40001"));
+            peer.attrs.backend_type = ty.into();
+            let at = |ep| of(Some(&own), &peer, Some(ep), None, 1000, &[]);
+            assert_eq!(at(nat).as_deref(), Some("punched"), "{ty}");
+            assert_eq!(at(lan).as_deref(), Some("direct"), "{ty}");
+        }
+        let mut ipip = lease("10.12.0.2", Some("203.0.113.9:40001"));
+        ipip.attrs.backend_type = "ipip".into();
+        assert_eq!(of(Some(&own), &ipip, Some(nat), None, 1000, &[]), None);
     }
 }

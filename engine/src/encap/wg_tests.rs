@@ -48,6 +48,7 @@ fn peer(subnet: &str, endpoint: [u8; 4], key: u8) -> Peer {
         subnet: subnet.parse().expect("subnet"),
         endpoint: IpAddr::from(endpoint),
         vtep_mac: None,
+        nat: None,
         wireguard: Some(WgPeer {
             public_key: [key; 32],
             port: 51820,

@@ -16,6 +16,7 @@ fn peer(subnet: &str, endpoint: [u8; 4]) -> Peer {
         subnet: subnet.parse().expect("subnet"),
         endpoint: IpAddr::from(endpoint),
         vtep_mac: Some(MAC),
+        nat: None,
         wireguard: None,
     }
 }

@@ -5,12 +5,15 @@
 //! ([`crate::steer`]). What all engines share is [`crate::builder`].
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use crate::builder::Builder;
 use crate::encap::{Codec, Vxlan};
+use crate::path::wg::disco::Discovery;
 use crate::sys::udp::Udp;
 use crate::{Encap, Engine, EngineError, SOCKET_BUFFER, steer, wire};
 
+pub(crate) mod nat;
 pub(crate) mod worker;
 
 use crate::worker::Worker;
@@ -84,6 +87,7 @@ pub(crate) fn start(b: Builder<'_>, codec: Codec) -> Result<Engine, EngineError>
     };
     let mut taps = tunnel_tap(cfg.local_addr, codec, b.workers).into_iter();
     let mut built = Vec::with_capacity(b.workers);
+    let disco = Arc::new(Discovery::default());
     for q in dev.queues {
         let addr = SocketAddr::new(cfg.local_addr, port);
         let rx = Udp::bind(addr, true, true, SOCKET_BUFFER)
@@ -99,14 +103,17 @@ pub(crate) fn start(b: Builder<'_>, codec: Codec) -> Result<Engine, EngineError>
                     .map_err(|source| EngineError::Socket { addr: a, source })?,
             );
         }
+        let i = built.len();
         let encap = UdpEncap {
             codec,
             rx,
             tx,
             icmp_src,
+            nat: nat::Nat {
+                shared: Arc::clone(&disco),
+            },
             tap: taps.next(),
         };
-        let i = built.len();
         built.push(Worker::new(i, q, dev.vnet_hdr, cfg.mtu, &b.shared, encap));
     }
     // Both directions of a flow to one worker (see `steer`); the workers bound in order.
@@ -118,5 +125,7 @@ pub(crate) fn start(b: Builder<'_>, codec: Codec) -> Result<Engine, EngineError>
     {
         tracing::debug!("reuseport flow steering unavailable ({e}); the kernel hashes outer ports");
     }
-    b.spawn(dev.name, port, offloads, "weft-w", built)
+    let mut engine = b.spawn(dev.name, port, offloads, "weft-w", built)?;
+    engine.disco = Some(disco);
+    Ok(engine)
 }

@@ -14,13 +14,20 @@
 //!   per segment (decap + anti-spoofing; over an IPv6 underlay the inner
 //!   TCP checksum trusted, [`rx::outer_checksum_covers`]), userspace GRO,
 //!   one `writev` per (coalesced) packet.
+//! - NAT traversal ([`super::nat`], docs/nat.md "vxlan and udp"): a peer
+//!   entry [`crate::peers::Entry::from_port`] is sent from the receive
+//!   socket (the backend port) instead of a send socket; a datagram that
+//!   failed to decapsulate may be a discovery message or keepalive; worker
+//!   0 asks and sends keepalives at the start of its round.
 
 use std::cell::Cell;
 use std::io::IoSlice;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::RawFd;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use super::nat::{Ask, Nat};
 use crate::encap::{Codec, DropReason};
 use crate::path::tx::{self, Refusal};
 use crate::path::{gather, rx, tap};
@@ -54,6 +61,8 @@ pub(crate) struct UdpEncap {
     pub tx: Vec<Udp>,
     /// Source of ICMP net-unreachables (flannel-UDP).
     pub icmp_src: Option<Ipv4Addr>,
+    /// NAT traversal's discovery state.
+    pub nat: Nat,
     /// VXLAN TCP super-packets go here whole, the kernel segments them
     /// (`WEFT_ENGINE_TAP_GSO`, [`tap`]).
     pub tap: Option<TapTx>,
@@ -67,6 +76,24 @@ pub(crate) struct TapTx {
     pub id: Cell<u16>,
 }
 
+impl UdpEncap {
+    /// Send socket `i`; one past the send sockets, the receive socket (the
+    /// backend port: [`crate::peers::Entry::from_port`]).
+    fn sock(&self, i: usize) -> Option<&Udp> {
+        self.tx.get(i).or((i == self.tx.len()).then_some(&self.rx))
+    }
+}
+
+/// A worker's state: its buffers and, on worker 0, the asking side of
+/// NAT traversal.
+pub(crate) struct State {
+    b: Buffers,
+    ask: Option<Ask>,
+    /// Something is queued for the receive socket (so a flush without NAT
+    /// peers makes no pass more over the queue).
+    port_queued: bool,
+}
+
 /// A queued message plus the send socket it leaves through.
 #[derive(Clone, Copy)]
 pub(crate) struct Queued {
@@ -77,24 +104,42 @@ pub(crate) struct Queued {
 type Buffers = worker::Buffers<Queued, RxMeta, RX_SLOTS>;
 
 impl Encapsulation for UdpEncap {
-    type State = Buffers;
+    type State = State;
     const FLUSH_AT: usize = FLUSH_AT;
 
-    fn state(w: &Worker<Self>) -> Buffers {
-        Buffers::new(w, TX_ARENA, TX_MSGS)
+    fn state(w: &Worker<Self>) -> State {
+        State {
+            b: Buffers::new(w, TX_ARENA, TX_MSGS),
+            ask: (w.index == 0).then(|| Ask::new(Arc::clone(&w.encap.nat.shared))),
+            port_queued: false,
+        }
+    }
+
+    /// Worker 0: NAT traversal's discovery round and keepalives when due
+    /// (one relaxed load while it is off).
+    fn begin_round(
+        w: &Worker<Self>,
+        s: &mut State,
+        peers: &Arc<PeerTable>,
+        ctr: &mut Local,
+    ) -> bool {
+        match s.ask.as_mut() {
+            Some(a) => a.round(peers, &w.encap.rx, ctr),
+            None => false,
+        }
     }
 
     /// Planned by [`tx::udp_plan`], written into the arena by
     /// [`tx::udp_write`] (after a flush if it does not fit), queued.
     fn tun_packet(
         w: &Worker<Self>,
-        b: &mut Buffers,
+        s: &mut State,
         peers: &PeerTable,
         read: &mut [u8],
         ctr: &mut Local,
     ) -> Result<(), DropReason> {
         let e = &w.encap;
-        let plan = match tx::udp_plan(&e.codec, peers, read, w.vnet_hdr, b.tx.buf.len()) {
+        let plan = match tx::udp_plan(&e.codec, peers, read, w.vnet_hdr, s.b.tx.buf.len()) {
             Ok(p) => p,
             Err(r) => {
                 if let Refusal::Unreachable { start } = r {
@@ -103,19 +148,27 @@ impl Encapsulation for UdpEncap {
                 return Err(r.reason());
             }
         };
-        let sock = (tx::flow_hash(&read[plan.pkt.start..]) as usize) % e.tx.len().max(1);
+        let sock = if plan.entry.from_port {
+            e.tx.len()
+        } else {
+            (tx::flow_hash(&read[plan.pkt.start..]) as usize) % e.tx.len().max(1)
+        };
         if matches!(plan.shape, tx::Shape::Tcp(_)) {
             // Gathered: what is queued goes first (order, and the arena is
             // free for the header blocks), then the super-packet, before the
             // next read overwrites it.
-            Self::flush(w, b, ctr);
+            flush(w, s, ctr);
+            let b = &mut s.b;
+            // Not for a NAT peer: the TAP's datagrams do not leave the
+            // backend port ([`crate::peers::Entry::from_port`]).
             if let Some(t) = &e.tap
+                && !plan.entry.from_port
                 && w.tap_send(t, &plan, read, &mut b.tx.buf, ctr)
             {
                 return Ok(());
             }
             if let Some(g) = gather::udp_gather(&e.codec, &plan, read, &mut b.tx.buf)?
-                && let Some(s) = e.tx.get(sock)
+                && let Some(s) = e.sock(sock)
             {
                 let ip = &read[plan.pkt.start..];
                 udp_tx::send_gathered(s, plan.entry.dst, &g, (&b.tx.buf, ip), &w.udp_gso, ctr);
@@ -124,9 +177,12 @@ impl Encapsulation for UdpEncap {
                 return Ok(());
             }
         }
-        if !b.tx.fits(plan.need, plan.datagrams) {
-            Self::flush(w, b, ctr);
+        if !s.b.tx.fits(plan.need, plan.datagrams) {
+            flush(w, s, ctr);
         }
+        // Queued for the receive socket: the next flush sends it too.
+        s.port_queued |= plan.entry.from_port;
+        let b = &mut s.b;
         let start = b.tx.pos;
         let out = tx::udp_write(&e.codec, &plan, read, &mut b.tx.buf[start..])?;
         for i in 0..out.count() {
@@ -138,24 +194,19 @@ impl Encapsulation for UdpEncap {
         Ok(())
     }
 
-    fn queued(b: &Buffers) -> usize {
-        b.tx.pos
+    fn queued(s: &State) -> usize {
+        s.b.tx.pos
     }
 
     /// Sends the queue, socket by socket.
-    fn flush(w: &Worker<Self>, b: &mut Buffers, ctr: &mut Local) {
-        let q = &mut b.tx;
-        for (si, sock) in w.encap.tx.iter().enumerate() {
-            let msgs = q.msgs.iter().filter(|m| m.sock == si).map(|m| m.msg);
-            in_batches::<_, BATCH>(msgs, |batch| {
-                udp_tx::send_all(sock, batch, &q.buf, &w.udp_gso, ctr);
-            });
-        }
-        q.clear();
+    fn flush(w: &Worker<Self>, s: &mut State, ctr: &mut Local) {
+        flush(w, s, ctr);
     }
 
-    /// One `recvmmsg`; [`rx::udp`] for each datagram of each train.
-    fn net_step(w: &Worker<Self>, b: &mut Buffers, peers: &PeerTable, ctr: &mut Local) -> bool {
+    /// One `recvmmsg`; [`rx::udp`] for each datagram of each train; one
+    /// that fails may be NAT traversal's ([`Nat::receive`]).
+    fn net_step(w: &Worker<Self>, s: &mut State, peers: &PeerTable, ctr: &mut Local) -> bool {
+        let b = &mut s.b;
         let e = &w.encap;
         let Some(got) = received(e.rx.recv_batch(&mut b.rx, RX_SLOT, &mut b.meta), ctr) else {
             return false;
@@ -176,7 +227,12 @@ impl Encapsulation for UdpEncap {
                 let dgram = &mut b.rx[base + seg.start..base + seg.end];
                 match rx::udp_from(&e.codec, mode, peers, (m.src, entries), dgram) {
                     Ok(d) => w.deliver(&mut b.out, &mut b.rx, base + seg.start, &d, m.src, ctr),
-                    Err(r) => ctr.drop(r, 1),
+                    Err(r) => {
+                        let src = SocketAddr::new(m.src, m.src_port);
+                        if !e.nat.receive(dgram, src, &e.rx, ctr) {
+                            ctr.drop(r, 1);
+                        }
+                    }
                 }
             }
         }
@@ -187,6 +243,23 @@ impl Encapsulation for UdpEncap {
     fn net_fd(&self) -> RawFd {
         self.rx.raw_fd()
     }
+}
+
+/// Sends the queue, socket by socket (the receive socket last, when
+/// anything is queued for it).
+fn flush(w: &Worker<UdpEncap>, s: &mut State, ctr: &mut Local) {
+    let q = &mut s.b.tx;
+    let socks = w.encap.tx.len() + usize::from(std::mem::take(&mut s.port_queued));
+    for si in 0..socks {
+        let Some(sock) = w.encap.sock(si) else {
+            continue;
+        };
+        let msgs = q.msgs.iter().filter(|m| m.sock == si).map(|m| m.msg);
+        in_batches::<_, BATCH>(msgs, |batch| {
+            udp_tx::send_all(sock, batch, &q.buf, &w.udp_gso, ctr);
+        });
+    }
+    q.clear();
 }
 
 impl Worker<UdpEncap> {

@@ -50,6 +50,11 @@
 //! node's private key can register it. An ack echoes that MAC, which only
 //! the two ends (and anyone on the path) know, and is half as long as a
 //! registration: no amplification. Unknown kinds are ignored.
+//!
+//! The vxlan and udp backends (docs/nat.md, "vxlan and udp") add one more
+//! kind, the NAT **keepalive** (k 7, exactly [`KEEPALIVE_LEN`] = 8 bytes:
+//! the header alone), sent from the backend port to hold a NAT mapping
+//! open. A receiver drops it without answering: it is no reflector.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -66,6 +71,19 @@ const REQUEST: u8 = 1;
 const ANSWER: u8 = 2;
 const REGISTER: u8 = 3;
 const ACK: u8 = 4;
+const KEEPALIVE: u8 = 7;
+
+/// The length of a NAT keepalive (the vxlan and udp backends).
+pub const KEEPALIVE_LEN: usize = 8;
+
+/// The NAT keepalive: the 8-byte header with kind 7.
+pub const KEEPALIVE_MSG: [u8; KEEPALIVE_LEN] = [FIRST, b'W', b'D', VERSION, KEEPALIVE, 0, 0, 0];
+
+/// Whether the untrusted datagram `d` is a NAT keepalive: exactly
+/// [`KEEPALIVE_MSG`].
+pub fn is_keepalive(d: &[u8]) -> bool {
+    d.len() == KEEPALIVE_LEN && header(d) == Ok(KEEPALIVE)
+}
 
 /// The length of a relay registration.
 pub const REGISTER_LEN: usize = 64;
@@ -356,5 +374,23 @@ mod tests {
             "a request is not a relay message"
         );
         assert_eq!(RelayMsg::parse(&[1, 0, 0, 0]), Err(DiscoError::NotDisco));
+    }
+
+    #[test]
+    fn a_keepalive_is_exactly_its_eight_bytes_and_nothing_else() {
+        assert!(is_keepalive(&KEEPALIVE_MSG));
+        assert!(maybe(&KEEPALIVE_MSG));
+        assert_eq!(KEEPALIVE_MSG[5], 0, "steered to worker 0");
+        assert!(Disco::parse(&KEEPALIVE_MSG).is_err());
+        assert!(RelayMsg::parse(&KEEPALIVE_MSG).is_err());
+        assert!(!is_keepalive(&KEEPALIVE_MSG[..7]));
+        let mut long = [0u8; 9];
+        long[..8].copy_from_slice(&KEEPALIVE_MSG);
+        assert!(!is_keepalive(&long));
+        for at in 0..KEEPALIVE_LEN {
+            let mut b = KEEPALIVE_MSG;
+            b[at] ^= 1;
+            assert!(!is_keepalive(&b), "byte {at}");
+        }
     }
 }

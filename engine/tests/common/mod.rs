@@ -443,6 +443,7 @@ pub fn peers_for(n: usize, nodes: usize, skip: &[usize], vxlan: bool) -> Vec<Pee
             subnet: format!("10.244.{m}.0/24").parse().expect("cidr"),
             endpoint: IpAddr::from([192, 0, 2, u8::try_from(m).expect("small")]),
             vtep_mac: vxlan.then_some(mac_of(m)),
+            nat: None,
             wireguard: None,
         })
         .collect()

@@ -284,9 +284,22 @@ impl Tunnel {
                 endpoint,
                 vtep_mac,
                 wireguard: None,
+                nat: None,
             },
         );
         self.dirty = true;
+    }
+
+    /// Sets the NAT path of the peer with `subnet` (docs/nat.md, "vxlan and
+    /// udp"; `None`: as without NAT traversal); the engine gets it at the
+    /// next [`Tunnel::flush`].
+    pub fn set_nat(&mut self, subnet: IpNet, nat: Option<weft_engine::NatPath>) {
+        if let Some(p) = self.peers.get_mut(&subnet)
+            && p.nat != nat
+        {
+            p.nat = nat;
+            self.dirty = true;
+        }
     }
 
     /// Adds or replaces a peer given in full (WireGuard peers carry keys).
@@ -462,6 +475,7 @@ pub fn unexpected_source_message(
 #[cfg(test)]
 #[path = "fake.rs"]
 pub mod fake;
+pub mod nat;
 
 #[cfg(test)]
 mod tests {

@@ -11,6 +11,12 @@
 //! The VTEP MAC persists across restarts (flannel loses it in etcd mode): it
 //! is taken from this node's previous lease when that has one, else derived
 //! from the node's public IP and the VNI, so it is stable without state.
+//!
+//! NAT traversal (`--nat-traversal` / `WeftNATTraversal`, docs/nat.md
+//! "vxlan and udp", [`TunnelNat`]): the lease gets `WeftNAT`, the IPv4
+//! engine discovers this node's endpoint on the VXLAN port, and peers with
+//! `WeftNAT` get their path (`punched` to their published endpoint, kept
+//! alive) from the lease store.
 
 use std::net::IpAddr;
 
@@ -20,6 +26,7 @@ use weft_engine::Encap;
 
 use super::{Mtus, direct_route, lease_attrs, log_config, peer_change};
 use crate::backend::Missing;
+use crate::backend::tunnel::nat::TunnelNat;
 use crate::backend::tunnel::{self, Tunnel, Userspace, recover_routes};
 use crate::backend::{
     ApplyError, Backend, BackendError, Batch, Dataplane, EngineTuning, Observe, Prepared, Running,
@@ -27,8 +34,8 @@ use crate::backend::{
 };
 use crate::config::backend::VxlanOptions;
 use crate::iface::ExternalInterface;
-use crate::lease::Lease;
 use crate::lease::watcher::Change;
+use crate::lease::{Lease, NatAttrs};
 use crate::netlink::Route;
 
 /// One address family's device.
@@ -62,6 +69,8 @@ struct Live {
     mtu: u32,
     /// Direct routes installed for on-link peers (DirectRouting).
     direct: Vec<Route>,
+    /// NAT traversal (IPv4), when on.
+    nat: Option<TunnelNat>,
 }
 
 impl Vxlan {
@@ -115,7 +124,14 @@ impl Backend for Vxlan {
             ));
         }
         log_config(&self.opts);
-        let (attrs, vteps) = lease_attrs(self.opts.vni, ext, prev, self.v4, self.v6)?;
+        let (mut attrs, vteps) = lease_attrs(self.opts.vni, ext, prev, self.v4, self.v6)?;
+        let nat = match ext.ext_addr {
+            Some(own) if self.tuning.nat && self.v4 => {
+                attrs.weft_nat = Some(NatAttrs::default());
+                Some(TunnelNat::new(own, self.opts.effective_port()))
+            }
+            _ => None,
+        };
         let fam = |mac: Option<[u8; 6]>| mac.map(|mac| Family { mac, tunnel: None });
         let live = Live {
             v4: fam(vteps.v4.filter(|_| self.v4)),
@@ -126,6 +142,7 @@ impl Backend for Vxlan {
             tuning: self.tuning,
             us: self.us,
             direct: Vec::new(),
+            nat,
         };
         Ok(Prepared {
             attrs,
@@ -163,7 +180,11 @@ impl Setup for Live {
                 mtu,
             );
             let addr = IpNet::from(IpAddr::V4(sn.network()));
-            f.tunnel = Some(Tunnel::start(&self.us, cfg, addr, mtu, tuning.anti_spoof).await?);
+            let t = Tunnel::start(&self.us, cfg, addr, mtu, tuning.anti_spoof).await?;
+            if self.nat.is_some() {
+                t.set_discovery(true, Vec::new());
+            }
+            f.tunnel = Some(t);
         }
         if let (Some(f), Some(sn)) = (self.v6.as_mut(), lease.ipv6_subnet) {
             let local = ext_v6.map(IpAddr::V6).ok_or(BackendError::Missing {
@@ -200,11 +221,15 @@ impl Running for Live {
                 t.flush();
             }
         }
-
+        if let Err(e) = self.nat_sync().await {
+            // Retried at the next reconcile, which reports it.
+            tracing::warn!("NAT: {e}");
+        }
         out.into_result()
     }
 
     async fn reconcile(&mut self) -> Result<(), BackendError> {
+        self.nat_sync().await?;
         for f in [self.v4.as_mut(), self.v6.as_mut()].into_iter().flatten() {
             if let Some(t) = f.tunnel.as_mut() {
                 t.reconcile().await?;
@@ -224,10 +249,32 @@ impl Running for Live {
 }
 
 impl Live {
+    /// NAT traversal: discovery's servers to the engine, and every NAT
+    /// peer's path chosen again when this node's endpoint moved.
+    async fn nat_sync(&mut self) -> Result<(), BackendError> {
+        let (Some(n), Some(t)) = (
+            self.nat.as_mut(),
+            self.v4.as_mut().and_then(|f| f.tunnel.as_mut()),
+        ) else {
+            return Ok(());
+        };
+        let again = n.sync(t);
+        for l in again {
+            self.change(&Change::Add(l)).await?;
+        }
+        if let Some(t) = self.v4.as_mut().and_then(|f| f.tunnel.as_mut()) {
+            t.flush();
+        }
+        Ok(())
+    }
+
     /// Programs (`Add`) or removes (`Remove`) one peer.
     async fn change(&mut self, change: &Change) -> Result<(), BackendError> {
         let Some((add, targets)) = peer_change(change) else {
             return Ok(());
+        };
+        let lease = match change {
+            Change::Add(l) | Change::Remove(l) => l,
         };
         let direct = self.opts.direct_routing;
         let mut direct_routes = Vec::new();
@@ -239,6 +286,10 @@ impl Live {
             };
             let Some(t) = fam.and_then(|f| f.tunnel.as_mut()) else {
                 continue;
+            };
+            let nat = match (subnet, self.nat.as_mut()) {
+                (IpNet::V4(_), Some(n)) => n.path(lease, add, t.seen()),
+                _ => None,
             };
             if !add {
                 t.remove_peer(subnet);
@@ -257,6 +308,7 @@ impl Live {
                 continue;
             };
             t.upsert_peer(subnet, endpoint, Some(mac));
+            t.set_nat(subnet, nat);
             t.add_route(subnet, false).await?;
         }
         for (subnet, via) in direct_routes {

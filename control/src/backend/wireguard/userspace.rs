@@ -237,6 +237,7 @@ impl Live {
                 subnet,
                 endpoint: p.endpoint,
                 vtep_mac: None,
+                nat: None,
                 wireguard: Some(wg.clone()),
             })
             .collect();

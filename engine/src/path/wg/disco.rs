@@ -1,6 +1,9 @@
-//! Endpoint discovery on the WireGuard port (docs/nat.md; the messages are
-//! [`crate::wire::disco`]): the asking side and the answering side, sans-IO,
-//! as part of worker 0's [`super::Core`].
+//! Endpoint discovery on a backend's own port (docs/nat.md; the messages are
+//! [`crate::wire::disco`]): the asking side and the answering side, sans-IO.
+//! One implementation for every backend that has it: WireGuard's
+//! [`super::Core`] runs it on worker 0 (and [`receive`] adds relays and
+//! direct probes), the vxlan and flannel-UDP engine (`udp/nat.rs`) through
+//! [`Asker`] on worker 0 and [`handle`] on every worker.
 //!
 //! - **Off by default.** [`Discovery`] is shared by the engine's cores and
 //!   the control plane; until [`Discovery::set_enabled`] nothing is sent and
@@ -23,7 +26,9 @@
 //! - **Answering** (any node with discovery on): a request gets an answer
 //!   of the same length to its source, naming that source. No state is kept.
 //! - **Trust.** An answer counts only when it echoes the outstanding nonce
-//!   and comes from a server asked; then it changes only what this node
+//!   (kept in [`Discovery`], so any worker can check an answer: the vxlan
+//!   and udp engines' steering does not send it to worker 0) and comes
+//!   from a server asked; then it changes only what this node
 //!   publishes about itself ([`Discovery::seen`]), never where a peer's
 //!   traffic goes: that moves only with the peer table (the lease store)
 //!   or WireGuard's authenticated roaming.
@@ -68,6 +73,12 @@ pub const SLOW: Duration = Duration::from_secs(15);
 /// persistent keepalive never gets here; then discovery runs its [`FAST`]
 /// round (a NAT mapping may have changed under the node).
 pub const STALE: Duration = Duration::from_secs(135);
+/// How often the vxlan and udp engines send a NAT keepalive
+/// ([`crate::wire::disco::KEEPALIVE_MSG`]) to each peer that gets one
+/// ([`crate::peers::NatPath`]): WireGuard's advice for NAT, the same
+/// persistent keepalive its peers get, below the 30 s Linux keeps an
+/// unreplied UDP mapping (`nf_conntrack_udp_timeout`).
+pub const KEEPALIVE: Duration = Duration::from_secs(25);
 /// At most this many servers are asked each round.
 pub const MAX_SERVERS: usize = 4;
 /// The longest wait between rounds that got no answer: a round that goes
@@ -124,6 +135,14 @@ pub struct Discovery {
     acks: [AtomicU64; MAX_RELAYS],
     /// Direct probes while relayed ([`super::direct`]).
     pub direct: Direct,
+    /// The outstanding nonce (two halves; written by worker 0 when a round
+    /// starts, read by any worker an answer reaches), and whether one is.
+    nonce: [AtomicU64; 2],
+    asking: AtomicBool,
+    /// Valid answers received (worker 0's [`Asker`] notes new ones), and
+    /// when the last came, Unix milliseconds.
+    answers: AtomicU64,
+    answer_at: AtomicU64,
 }
 
 impl Discovery {
@@ -190,6 +209,40 @@ impl Discovery {
         self.answered.load(Ordering::Relaxed)
     }
 
+    fn set_nonce(&self, nonce: [u8; 16]) {
+        let (hi, lo) = split_nonce(nonce);
+        self.nonce[0].store(hi, Ordering::Relaxed);
+        self.nonce[1].store(lo, Ordering::Relaxed);
+        self.asking.store(true, Ordering::Release);
+    }
+
+    /// An answer from `src` naming `seen`: published when it echoes the
+    /// outstanding nonce and comes from a server asked; whether it was.
+    /// Any worker may call it (two relaxed loads against a 128-bit nonce:
+    /// a read torn by a new round only refuses an answer).
+    pub(crate) fn answer(
+        &self,
+        nonce: [u8; 16],
+        seen: SocketAddr,
+        src: SocketAddr,
+        now: Now,
+    ) -> bool {
+        let (hi, lo) = split_nonce(nonce);
+        if !self.asking.load(Ordering::Acquire)
+            || self.nonce[0].load(Ordering::Relaxed) != hi
+            || self.nonce[1].load(Ordering::Relaxed) != lo
+            || !self.servers.load().contains(&src)
+        {
+            return false;
+        }
+        if let SocketAddr::V4(v4) = seen {
+            self.publish(v4, now);
+        }
+        self.answer_at.store(now.unix_ms(), Ordering::Relaxed);
+        self.answers.fetch_add(1, Ordering::Release);
+        true
+    }
+
     fn publish(&self, seen: SocketAddrV4, now: Now) {
         let v = 1 << 48 | u64::from(u32::from(*seen.ip())) << 16 | u64::from(seen.port());
         self.seen_at.store(now.unix_ms(), Ordering::Relaxed);
@@ -197,11 +250,21 @@ impl Discovery {
     }
 }
 
-/// Worker 0's asking side: the outstanding nonce and the next round.
+fn split_nonce(n: [u8; 16]) -> (u64, u64) {
+    let mut hi = [0u8; 8];
+    let mut lo = [0u8; 8];
+    hi.copy_from_slice(&n[..8]);
+    lo.copy_from_slice(&n[8..]);
+    (u64::from_ne_bytes(hi), u64::from_ne_bytes(lo))
+}
+
+/// Worker 0's asking side: the next round (the outstanding nonce is in
+/// [`Discovery`]).
 #[derive(Debug)]
-pub(super) struct Asker {
+pub(crate) struct Asker {
     pub shared: Arc<Discovery>,
-    nonce: Option<[u8; 16]>,
+    /// The answers [`Discovery::answer`] took, as last noted.
+    answers: u64,
     next: Instant,
     last_answer: Option<Instant>,
     next_register: Instant,
@@ -220,7 +283,7 @@ impl Asker {
     pub fn new(shared: Arc<Discovery>, now: Instant) -> Asker {
         Asker {
             shared,
-            nonce: None,
+            answers: 0,
             next: now,
             last_answer: None,
             next_register: now,
@@ -232,8 +295,11 @@ impl Asker {
         }
     }
 
-    /// Whether a round is due (the caller then draws a nonce).
-    pub fn due(&self, now: Instant) -> bool {
+    /// Whether a round is due (the caller then draws a nonce); notes an
+    /// answer that came since the last look.
+    pub fn due(&mut self, now: Now) -> bool {
+        self.note_answers(now);
+        let now = now.mono;
         self.shared.enabled()
             && (now >= self.next
                 || (now >= self.next_register && !self.shared.relays.load().is_empty())
@@ -288,7 +354,7 @@ impl Asker {
             } else {
                 backoff(self.unanswered)
             };
-        self.nonce = Some(nonce);
+        self.shared.set_nonce(nonce);
         let servers = self.shared.servers.load();
         let mut sent = 0;
         for s in servers.iter().take(MAX_SERVERS) {
@@ -302,33 +368,86 @@ impl Asker {
         sent
     }
 
-    /// An answer: published when it echoes the outstanding nonce and comes
-    /// from a server asked; whether it was.
-    fn answer(&mut self, nonce: [u8; 16], seen: SocketAddr, src: SocketAddr, now: Now) -> bool {
-        if self.nonce != Some(nonce) || !self.shared.servers.load().contains(&src) {
-            return false;
+    /// Notes the answers [`Discovery::answer`] took since the last look:
+    /// the round was answered, the next one waits [`SLOW`] from the answer.
+    fn note_answers(&mut self, now: Now) {
+        let n = self.shared.answers.load(Ordering::Acquire);
+        if n == self.answers {
+            return;
         }
-        self.last_answer = Some(now.mono);
+        self.answers = n;
+        let ago = now
+            .unix_ms()
+            .saturating_sub(self.shared.answer_at.load(Ordering::Relaxed));
+        let now = (now.mono)
+            .checked_sub(Duration::from_millis(ago))
+            .unwrap_or(now.mono);
+        self.last_answer = Some(now);
         self.answered = true;
         self.unanswered = 0;
         if !self.shared.hurry.load(Ordering::Relaxed) {
-            self.next = now.mono + SLOW;
+            self.next = now + SLOW;
         }
-        if let SocketAddr::V4(v4) = seen {
-            self.shared.publish(v4, now);
+    }
+}
+
+/// What [`handle`] did with a datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handled {
+    /// A request, answered (one datagram pushed).
+    Answered,
+    /// A valid answer, or a NAT keepalive: consumed, nothing sent.
+    Taken,
+    /// Not one of these (or not valid): the caller goes on or drops it.
+    No,
+}
+
+/// The backend-neutral part of the receive side, on any worker, for a
+/// datagram `d` from `src` whose first byte is `0xd1`, discovery being on:
+/// a request is answered to its source with the same length, naming it; an
+/// answer is checked ([`Discovery::answer`]); a NAT keepalive
+/// ([`disco::is_keepalive`]) is taken without an answer.
+pub fn handle(
+    d: &[u8],
+    src: SocketAddr,
+    shared: &Discovery,
+    now: Now,
+    out: &mut impl Out,
+) -> Handled {
+    if disco::is_keepalive(d) {
+        return Handled::Taken;
+    }
+    match Disco::parse(d) {
+        Ok(Disco::Request { nonce }) => {
+            let room = out.room(LEN, 1);
+            let seen = match src {
+                SocketAddr::V6(a) => match a.ip().to_ipv4_mapped() {
+                    Some(v4) => SocketAddr::new(IpAddr::V4(v4), a.port()),
+                    None => src,
+                },
+                v4 => v4,
+            };
+            match (Disco::Answer { nonce, seen }).write(room) {
+                Some(n) => {
+                    out.push(src, n);
+                    shared.answered.fetch_add(1, Ordering::Relaxed);
+                    Handled::Answered
+                }
+                None => Handled::No,
+            }
         }
-        true
+        Ok(Disco::Answer { nonce, seen }) if shared.answer(nonce, seen, src, now) => Handled::Taken,
+        _ => Handled::No,
     }
 }
 
 /// A datagram WireGuard refused, from `src`: a discovery message when
-/// discovery is on and it parses (`me`: this worker, `asker`: worker 0's).
+/// discovery is on and it parses (`me`: this worker; worker 0 handles them).
 pub(super) fn receive(
     d: &[u8],
     src: SocketAddr,
     me: usize,
     shared: &Discovery,
-    asker: Option<&mut Asker>,
     now: Now,
     io: &mut impl Io,
 ) -> Rx<'static> {
@@ -341,34 +460,13 @@ pub(super) fn receive(
             vouched: None,
         };
     }
+    match handle(d, src, shared, now, io) {
+        Handled::Answered => return Rx::Done { sent: 1 },
+        Handled::Taken => return Rx::Done { sent: 0 },
+        Handled::No => {}
+    }
     match Disco::parse(d) {
-        Ok(Disco::Request { nonce }) => {
-            let room = io.room(LEN, 1);
-            let seen = match src {
-                SocketAddr::V6(a) => match a.ip().to_ipv4_mapped() {
-                    Some(v4) => SocketAddr::new(IpAddr::V4(v4), a.port()),
-                    None => src,
-                },
-                v4 => v4,
-            };
-            match (Disco::Answer { nonce, seen }).write(room) {
-                Some(n) => {
-                    io.push(src, n);
-                    // One writer: only worker 0 answers.
-                    let c = shared.answered.load(Ordering::Relaxed);
-                    shared.answered.store(c + 1, Ordering::Relaxed);
-                    Rx::Done { sent: 1 }
-                }
-                None => Rx::Drop(DropReason::Malformed),
-            }
-        }
-        Ok(Disco::Answer { nonce, seen }) => {
-            if asker.is_some_and(|a| a.answer(nonce, seen, src, now)) {
-                Rx::Done { sent: 0 }
-            } else {
-                Rx::Drop(DropReason::Malformed)
-            }
-        }
+        Ok(_) => Rx::Drop(DropReason::Malformed),
         Err(_) if let Ok(m) = DirectMsg::parse(d) => {
             direct::receive(m, d, src, &shared.direct, now, io)
         }

@@ -106,7 +106,7 @@ fn another_worker_hands_discovery_to_worker_0() {
     let mut req = [0u8; LEN];
     Disco::Request { nonce: [6; 16] }.write(&mut req);
     let mut io = super::super::sim::Wire::new(4096);
-    let got = receive(&req, p.nodes[1].addr, 1, &shared, None, p.now, &mut io);
+    let got = receive(&req, p.nodes[1].addr, 1, &shared, p.now, &mut io);
     assert!(matches!(
         got,
         Rx::HandOff {
@@ -115,15 +115,7 @@ fn another_worker_hands_discovery_to_worker_0() {
         }
     ));
     // Garbage with the first byte is dropped, never answered.
-    let got = receive(
-        &[FIRST; 10],
-        p.nodes[1].addr,
-        0,
-        &shared,
-        None,
-        p.now,
-        &mut io,
-    );
+    let got = receive(&[FIRST; 10], p.nodes[1].addr, 0, &shared, p.now, &mut io);
     assert!(matches!(got, Rx::Drop(DropReason::Malformed)));
     assert!(io.sent.is_empty());
 }
@@ -286,4 +278,56 @@ fn ask_again(p: &mut Pair) -> Vec<u8> {
         p.advance(Duration::from_millis(500));
     }
     ask(p, [0x77; 16])
+}
+
+/// The backend-neutral receive side the vxlan and udp engines run on every
+/// worker (`udp/nat.rs`): a keepalive is taken silently, a request is
+/// answered with its own length, and an answer counts only for the nonce
+/// worker 0's round set, from a server asked, whichever worker it reaches.
+#[test]
+fn any_worker_handles_keepalives_requests_and_answers() {
+    use crate::wire::disco::KEEPALIVE_MSG;
+    let shared = Arc::new(Discovery::default());
+    shared.set_enabled(true);
+    let server = addr("192.0.2.1:8472");
+    shared.set_servers(vec![server]);
+    let now = Now::read();
+    let mut out = super::super::sim::Wire::new(4096);
+    let nat = addr("203.0.113.9:40001");
+    let got = handle(&KEEPALIVE_MSG, nat, &shared, now, &mut out);
+    assert_eq!(got, Handled::Taken);
+    assert!(out.sent.is_empty(), "a keepalive is never answered");
+    let mut req = [0u8; LEN];
+    Disco::Request { nonce: [1; 16] }.write(&mut req);
+    assert_eq!(handle(&req, nat, &shared, now, &mut out), Handled::Answered);
+    assert_eq!(out.sent.len(), 1);
+    assert_eq!(out.sent[0].0, nat);
+    assert_eq!(out.datagram(0).len(), LEN, "no amplification");
+    out.clear();
+    let mut answer = [0u8; LEN];
+    Disco::Answer {
+        nonce: [2; 16],
+        seen: nat,
+    }
+    .write(&mut answer);
+    // Before any round: refused.
+    assert_eq!(handle(&answer, server, &shared, now, &mut out), Handled::No);
+    assert_eq!(shared.seen(), None);
+    // Worker 0's round draws nonce [2; 16].
+    let mut asker = Asker::new(Arc::clone(&shared), now.mono);
+    assert!(asker.due(now));
+    assert_eq!(asker.ask(now, [2; 16], &mut out), 1);
+    out.clear();
+    // The right nonce from elsewhere, then from the server.
+    let liar = addr("198.51.100.66:8472");
+    assert_eq!(handle(&answer, liar, &shared, now, &mut out), Handled::No);
+    assert_eq!(shared.seen(), None);
+    assert_eq!(
+        handle(&answer, server, &shared, now, &mut out),
+        Handled::Taken
+    );
+    assert!(out.sent.is_empty());
+    assert_eq!(shared.seen().map(|(a, _)| SocketAddr::V4(a)), Some(nat));
+    // Worker 0 notes it: the next round waits SLOW.
+    assert!(!asker.due(now));
 }

@@ -281,8 +281,7 @@ impl Core {
     ) -> Rx<'t> {
         let Ok(m) = Message::new_checked(d) else {
             // Not WireGuard: perhaps endpoint discovery (one byte compared).
-            let asker = self.asker.as_mut();
-            return disco::receive(d, src, self.me, &self.disco, asker, cx.now, io);
+            return disco::receive(d, src, self.me, &self.disco, cx.now, io);
         };
         let now = cx.now;
         boringtun::clock::set(now.mono);
@@ -474,8 +473,8 @@ impl Core {
 
     /// Whether a discovery round is due (worker 0, discovery on): the
     /// caller draws a random nonce and calls [`Core::disco_ask`].
-    pub fn disco_due(&self, now: Now) -> bool {
-        self.asker.as_ref().is_some_and(|a| a.due(now.mono))
+    pub fn disco_due(&mut self, now: Now) -> bool {
+        self.asker.as_mut().is_some_and(|a| a.due(now))
     }
 
     /// A discovery round: a request with `nonce` to each server; how many.

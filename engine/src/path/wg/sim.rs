@@ -202,6 +202,7 @@ pub fn table(i: usize, keepalive: u16) -> PeerTable {
         subnet: format!("10.244.{}.0/24", o + 1).parse().expect("subnet"),
         endpoint: IpAddr::from(ADDRS[o]),
         vtep_mac: None,
+        nat: None,
         wireguard: Some(WgPeer {
             public_key: public(KEYS[o]),
             port: PORT,

@@ -31,6 +31,7 @@
 
 pub mod direct;
 pub mod disco;
+pub mod fixmap;
 pub mod gate;
 mod io;
 mod peer;

@@ -119,7 +119,8 @@ pub const QUIET_IDLE: Duration = Duration::from_secs(30);
 /// Direct probes a silent punched peer leaves unanswered before it is
 /// relayed: one per reconcile (2 s), so one lost probe on a working path
 /// does not move it, and the pair is relayed 4-6 s after it was found
-/// silent (measured in tests/nat_relay.rs).
+/// silent: 6.5-7.0 s after its direct path was cut in tests/nat_relay.rs
+/// (six runs, both ends).
 pub const CHECKS: u32 = 2;
 
 /// What the engine saw of a peer lately (its 250 ms tick publishes it).
@@ -512,9 +513,10 @@ impl Peers {
 
     /// Chooses relays at `now` from each punched peer's last handshake
     /// (`handshake(lease)`) and which relays are live: a peer that had no
-    /// handshake for [`RELAY_AFTER`] since punching began goes through the
-    /// first live relay; a relayed peer whose relay went silent, through
-    /// the next. The leases whose path changed, to program again.
+    /// handshake for [`RELAY_AFTER`] since punching began, or whose check
+    /// went unanswered [`CHECKS`] times ([`Peers::watch`]), goes through
+    /// the first live relay; a relayed peer whose relay went silent,
+    /// through the next. The leases whose path changed, to program again.
     pub fn choose_relays(
         &mut self,
         handshake: impl Fn(&Lease) -> Option<SystemTime>,

@@ -32,6 +32,10 @@
 //!   at the next reconcile ([`super::nat::Peers::direct`]). Every node
 //!   with NAT traversal answers the probes of the leases' keys (the pair
 //!   keys: one X25519 per lease, cached).
+//!   A punched peer that falls silent is checked with direct probes and
+//!   relayed when they go unanswered, and one whose engine endpoint moved
+//!   to a relay is taken as relayed via it ([`super::nat::Peers::watch`],
+//!   from the engine's per-peer `last_heard`/`last_sent`/`current`).
 //! - Differences: the engine's socket listens on one address family, so in
 //!   `auto` mode the endpoint family is the underlay family we listen on (IPv4
 //!   when IPv4 is enabled), not flannel's per-peer `selectMode`.

@@ -120,7 +120,7 @@ pub const QUIET_IDLE: Duration = Duration::from_secs(30);
 /// relayed: one per reconcile (2 s), so one lost probe on a working path
 /// does not move it, and the pair is relayed 4-6 s after it was found
 /// silent: 6.5-7.0 s after its direct path was cut in tests/nat_relay.rs
-/// (six runs, both ends).
+/// (seven runs, both ends).
 pub const CHECKS: u32 = 2;
 
 /// What the engine saw of a peer lately (its 250 ms tick publishes it).

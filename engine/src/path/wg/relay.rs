@@ -36,8 +36,8 @@
 //! - Fixed tables ([`MAX_NODES`], [`MAX_SESSIONS`]), allocated once; the
 //!   packet path allocates nothing and takes no lock. A datagram's two
 //!   lookups (the registered node at its source, the learned index) are
-//!   fixed-size hash maps ([`super::fixmap`]: open addressing, at most
-//!   half full, at most 16 buckets read, keyed by a secret derived from
+//!   fixed-size hash maps ([`super::fixmap`]: open addressing, at most a
+//!   quarter full, at most 16 buckets read, keyed by a secret derived from
 //!   the relay's key): constant time however full the tables are
 //!   (`relay_lookup` bench: 1024 indices learned, see docs/nat.md).
 //!   Registrations and initiations still scan the 64 nodes (a key, a
@@ -173,7 +173,8 @@ pub struct Relay {
     nodes: Vec<Option<Node>>,
     /// The registered nodes' slots by address.
     at: FixMap<SocketAddr, u8>,
-    /// Learned indices, at most [`MAX_SESSIONS`], in twice as many buckets.
+    /// Learned indices, at most [`MAX_SESSIONS`], in four times as many
+    /// buckets (see [`super::fixmap`] for why a quarter).
     sessions: FixMap<(u8, u32), Session>,
     /// Bytes per second (0: no limit), the bucket and its last fill.
     rate: u64,
@@ -204,8 +205,8 @@ impl Relay {
         Relay {
             secret,
             nodes: vec![None; MAX_NODES],
-            at: FixMap::new(2 * MAX_NODES, seed(0)),
-            sessions: FixMap::new(2 * MAX_SESSIONS, seed(8)),
+            at: FixMap::new(4 * MAX_NODES, seed(0)),
+            sessions: FixMap::new(4 * MAX_SESSIONS, seed(8)),
             rate,
             tokens: burst(rate),
             filled: now,

@@ -120,7 +120,7 @@ pub const QUIET_IDLE: Duration = Duration::from_secs(30);
 /// relayed: one per reconcile (2 s), so one lost probe on a working path
 /// does not move it, and the pair is relayed 4-6 s after it was found
 /// silent: 6.5-7.0 s after its direct path was cut in tests/nat_relay.rs
-/// (seven runs, both ends).
+/// (ten runs, both ends).
 pub const CHECKS: u32 = 2;
 
 /// What the engine saw of a peer lately (its 250 ms tick publishes it).
@@ -439,6 +439,10 @@ impl Peers {
                 self.relayed.insert(key.clone(), *r);
                 self.checks.remove(key);
                 changed.push(lease.clone());
+                continue;
+            }
+            if at_relay.is_some() {
+                // Its traffic goes through a relay now: nothing to probe.
                 continue;
             }
             let held = (self.passed.get(key))
@@ -947,14 +951,17 @@ mod tests {
             b.note(r, true, Path::Direct, 51820);
         }
         b.note(&peer, true, Path::Punched(ep), 51820);
+        // (Silent too: data went since it last heard; still no probe to
+        // the relay.)
         let via_r2 = |_: &Lease| {
             Some(Seen {
-                heard: Some(t(36)),
+                heard: Some(t(30)),
                 sent: Some(t(36)),
                 at: Some(v4("192.0.2.12:51830")),
             })
         };
         assert!(b.watch(via_r2, t(37)).is_empty(), "one look: in flight?");
+        assert!(b.checks_due(t(37)).is_empty(), "a relay is not probed");
         assert_eq!(b.watch(via_r2, t(39)), vec![peer.clone()]);
         assert_eq!(b.relayed(&key).map(|r| r.ip.octets()[3]), Some(12));
         assert!(b.watch(via_r2, t(41)).is_empty(), "once");

@@ -18,7 +18,11 @@
 //! In the third test (one relay, `--nat-relay-limit`) both NATs then turn
 //! into cone NATs and the pair must go back to the direct path by its
 //! probes within [`DIRECT_BOUND`], losing no more than [`SWITCH_LOST`]
-//! pings across the switch.
+//! pings across the switch. In the fourth (cone NATs, one relay) the pair
+//! punches, its direct path is then cut (a `DROP` of the other NAT's
+//! address in each router's `FORWARD` chain: the relay stays reachable)
+//! and both ends must be relayed within [`RERELAY_BOUND`], then go direct
+//! again when the cut is lifted.
 
 use std::time::{Duration, Instant};
 
@@ -381,4 +385,153 @@ fn a_relayed_pair_goes_direct_when_its_nats_allow_it() {
         "{}",
         logs()
     );
+}
+
+/// Back to the relay bound, from the cut: the end that sends finds the
+/// peer silent at the first reconcile at least 2 s (`nat::QUIET`) after
+/// the last packet came (2-4 s), probes it at that reconcile and the next
+/// (`nat::CHECKS` = 2, every 2 s) and relays it at the one after (2 s):
+/// 8 s; the greeting through the relay takes a round trip (a lost one is
+/// retried after 5 s, `REKEY_TIMEOUT`); the other end's engine roams to
+/// the relay on that greeting and its path follows two looks later (2-4
+/// s; its traffic already goes through the relay). 8 + 4 = 12 s, and 6 s
+/// for a lost greeting.
+const RERELAY_BOUND: Duration = Duration::from_secs(18);
+
+/// Back to direct after the cut is lifted: the relayed peers are probed
+/// every 10 s (`PROBE_EVERY`), the ack is read at the next reconcile (2 s),
+/// the other end follows with its own probe (up to 10 s later) or by
+/// roaming: 10 + 2 + 10 + 2 = 24 s, and 6 s of slack.
+const REDIRECT_BOUND: Duration = Duration::from_secs(30);
+
+/// A pair behind cone NATs punches; the direct path between the two NATs
+/// is then cut while the relay stays reachable: both ends must be relayed
+/// (the same relay) within [`RERELAY_BOUND`], losing at most the pings of
+/// that time, and go direct again when the cut is lifted.
+#[test]
+fn a_punched_pair_whose_direct_path_breaks_is_relayed_fast() {
+    require_root!();
+    require_tool!("iptables", "iptables", "iptables");
+    require_tool!("curl", "curl", "curl");
+    let mut args = vec![Vec::new(); 4];
+    args[3] = vec!["--nat-relay".to_string()];
+    let mut n = NatCluster::create_with("nrb", true, 4, args, false);
+    n.c.start_all().unwrap_or_else(|e| panic!("start: {e}"));
+    n.c.add_pod(1, "p1").unwrap_or_else(|e| panic!("pod: {e}"));
+    n.c.add_pod(2, "p2").unwrap_or_else(|e| panic!("pod: {e}"));
+    let (a, b) = (NatCluster::node_ip(1), NatCluster::node_ip(2));
+    let to = n.c.pods[1].ip.clone();
+    let t0 = Instant::now();
+    while !n.c.pods[0].ns.ping(&to, 1) {
+        assert!(t0.elapsed() < Duration::from_secs(45), "pods never met");
+    }
+    let c = &n.c;
+    let logs = || (1..4).map(|i| c.log(i)).collect::<Vec<_>>().join("\n---\n");
+    weft_tests::nat::wait_path(c, 1, &b, "punched", Duration::from_secs(15));
+    weft_tests::nat::wait_path(c, 2, &a, "punched", Duration::from_secs(15));
+    // The engine's endpoint is the punched one; nothing roamed.
+    let peer = |i: usize, ip: &str| {
+        let st = c.status(i);
+        let p = st.peers.into_iter().find(|p| p.public_ip == ip);
+        p.map(|p| (p.endpoint, p.roamed)).unwrap_or_default()
+    };
+    let (ep, roamed) = peer(1, &b);
+    assert!(
+        ep.as_deref()
+            .is_some_and(|e| e.starts_with(NatCluster::public_ip(2))),
+        "{ep:?}"
+    );
+    assert_eq!(roamed, Some(false));
+
+    // Cut the direct path in both routers; the relay stays reachable.
+    let cut = |op: &str| {
+        for (i, other) in [(1, 2), (2, 1)] {
+            let far = NatCluster::public_ip(other);
+            for dir in ["-s", "-d"] {
+                n.router(i)
+                    .exec(&["iptables", op, "FORWARD", dir, far, "-j", "DROP"]);
+            }
+        }
+    };
+    let s = Stream::start_every(&n.c.pods[0].ns, &to, "0.2", 5);
+    std::thread::sleep(Duration::from_secs(2));
+    let cut_at = Instant::now();
+    cut("-I");
+    let c = &n.c;
+    let mut relayed = [None, None];
+    while relayed.iter().any(Option::is_none) && cut_at.elapsed() < RERELAY_BOUND {
+        for (k, (i, ip)) in [(1, &b), (2, &a)].into_iter().enumerate() {
+            let p = path(c, i, ip);
+            if relayed[k].is_none() && p.as_deref().is_some_and(|p| p.starts_with("relayed via")) {
+                relayed[k] = Some((cut_at.elapsed(), p.unwrap_or_default()));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let [Some((t1, via1)), Some((t2, via2))] = relayed.clone() else {
+        panic!(
+            "not relayed {RERELAY_BOUND:?} after the cut: {relayed:?}; logs:\n{}",
+            logs()
+        );
+    };
+    assert_eq!(via1, via2, "both ends on the same relay");
+    assert_eq!(via1, "relayed via 192.0.2.4");
+    // Traffic flows through the relay.
+    let before = s.replies();
+    s.wait_more(before, 10, Duration::from_secs(5));
+    let log = s.text();
+    let gap = ping::parse(&log);
+    println!(
+        "direct path cut: node 2 relayed after {t1:?}, node 3 after {t2:?} (bound \
+         {RERELAY_BOUND:?}); pings every 200 ms: {gap}"
+    );
+    assert!(
+        gap.longest < RERELAY_BOUND,
+        "ping gap {:?}; logs:\n{}",
+        gap.longest,
+        logs()
+    );
+    // At most the pings of the bound (one every 200 ms), and a few more
+    // in flight.
+    let lost_bound = RERELAY_BOUND.as_millis() as u64 / 200 + 5;
+    assert!(gap.lost() <= lost_bound, "{gap}");
+    for (i, ip) in [(1, &b), (2, &a)] {
+        let (ep, _) = peer(i, ip);
+        assert_eq!(ep.as_deref(), Some("192.0.2.4:51830"), "node {i}");
+    }
+    assert!(
+        c.log(1).contains("direct probes to") || c.log(2).contains("direct probes to"),
+        "{}",
+        logs()
+    );
+
+    // Lift the cut: back to direct by the probes.
+    let lifted = Instant::now();
+    cut("-D");
+    let mut direct = [None, None];
+    while direct.iter().any(Option::is_none) && lifted.elapsed() < REDIRECT_BOUND {
+        for (k, (i, ip)) in [(1, &b), (2, &a)].into_iter().enumerate() {
+            if direct[k].is_none() && is_direct(path(c, i, ip).as_deref()) {
+                direct[k] = Some(lifted.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let [Some(d1), Some(d2)] = direct else {
+        panic!(
+            "not direct {REDIRECT_BOUND:?} after the cut was lifted: {direct:?}; logs:\n{}",
+            logs()
+        );
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let gap = s.finish();
+    println!(
+        "cut lifted: node 2 direct after {d1:?}, node 3 after {d2:?} (bound {REDIRECT_BOUND:?}); \
+         whole run: {gap}"
+    );
+    for i in [1, 2] {
+        let log = c.log(i);
+        let nat: Vec<&str> = log.lines().filter(|l| l.contains("NAT: ")).collect();
+        println!("node {} log:\n{}", i + 1, nat.join("\n"));
+    }
 }

@@ -439,6 +439,9 @@ fn peer_sum(t: &PeerTable, e: &peers::Entry) -> PeerStats {
     let w = e.wg.and_then(|i| t.wg_peers().get(i));
     s.last_handshake = w.and_then(|w| w.last_handshake());
     s.last_initiation = w.and_then(|w| w.last_initiation());
+    s.last_heard = w.and_then(|w| w.last_heard());
+    s.last_sent = w.and_then(|w| w.last_sent());
+    s.current = w.and_then(|w| w.current_endpoint());
     s
 }
 

@@ -97,6 +97,71 @@ pub struct WgEntry {
     /// 0 = none yet; written by the owner worker when it sends one (control
     /// pace: greetings, retries, rekeys), kept across tables.
     pub(crate) initiated: Arc<AtomicU64>,
+    /// What the owner worker last saw of the peer ([`WgSeen`]), kept across
+    /// tables.
+    pub(crate) seen: Arc<WgSeen>,
+}
+
+/// What a WireGuard peer's owner worker publishes on its timer tick (every
+/// 250 ms, never per packet): when an authenticated packet last came from
+/// the peer, when a data packet last went to it, and where it sends now
+/// (after roaming). The control plane reads them (docs/nat.md, "Back to
+/// the relay" and "Observing it").
+#[derive(Debug, Default)]
+pub struct WgSeen {
+    /// Unix ms of the last authenticated packet received, 0 = none yet.
+    heard: AtomicU64,
+    /// Unix ms of the last data packet sent, 0 = none yet.
+    sent: AtomicU64,
+    /// The current IPv4 endpoint ([`pack`]), 0 = not known (IPv6).
+    at: AtomicU64,
+}
+
+/// `a` as one word: bit 48 set, the address in bits 16..48, the port below.
+fn pack(a: SocketAddr) -> u64 {
+    match a {
+        SocketAddr::V4(v) => 1 << 48 | u64::from(u32::from(*v.ip())) << 16 | u64::from(v.port()),
+        SocketAddr::V6(_) => 0,
+    }
+}
+
+fn unpack(w: u64) -> Option<SocketAddr> {
+    (w >> 48 == 1).then(|| {
+        let ip = std::net::Ipv4Addr::from((w >> 16) as u32);
+        SocketAddr::from((ip, w as u16))
+    })
+}
+
+fn ms(t: u64) -> Option<SystemTime> {
+    (t != 0).then(|| UNIX_EPOCH + Duration::from_millis(t))
+}
+
+impl WgSeen {
+    /// The owner worker's tick: `heard` and `sent` (Unix ms, 0 = none)
+    /// and the endpoint it sends to.
+    pub(crate) fn publish(&self, heard: u64, sent: u64, at: SocketAddr) {
+        self.heard.store(heard, Ordering::Relaxed);
+        self.sent.store(sent, Ordering::Relaxed);
+        self.at.store(pack(at), Ordering::Relaxed);
+    }
+}
+
+impl WgEntry {
+    /// When an authenticated packet last came from this peer.
+    pub fn last_heard(&self) -> Option<SystemTime> {
+        ms(self.seen.heard.load(Ordering::Relaxed))
+    }
+
+    /// When a data packet (not a keepalive) last went to this peer.
+    pub fn last_sent(&self) -> Option<SystemTime> {
+        ms(self.seen.sent.load(Ordering::Relaxed))
+    }
+
+    /// Where the owner worker sends now: the configured endpoint or the
+    /// one WireGuard roamed to (`None` before its first tick, or IPv6).
+    pub fn current_endpoint(&self) -> Option<SocketAddr> {
+        unpack(self.seen.at.load(Ordering::Relaxed))
+    }
 }
 
 impl WgEntry {
@@ -237,6 +302,7 @@ impl PeerTable {
                             allowed: vec![subnet],
                             handshake: Arc::default(),
                             initiated: Arc::default(),
+                            seen: Arc::default(),
                         });
                         t.wg_by_id.insert(id, i);
                         i
@@ -305,6 +371,7 @@ impl PeerTable {
             if let Some(o) = prev.wg_by_key(&w.params.public_key) {
                 w.handshake = Arc::clone(&o.handshake);
                 w.initiated = Arc::clone(&o.initiated);
+                w.seen = Arc::clone(&o.seen);
             }
         }
         let old: HashMap<IpNet, &Arc<PeerSlots>> = prev
@@ -519,6 +586,8 @@ mod tests {
         assert_eq!((w.last_handshake(), w.last_initiation()), (None, None));
         w.handshake.store(1_700_000_000, Ordering::Relaxed);
         w.initiated.store(1_700_000_000_250, Ordering::Relaxed);
+        let roamed: SocketAddr = "198.51.100.7:40001".parse().expect("addr");
+        w.seen.publish(1_700_000_000_500, 1_700_000_000_600, roamed);
         // The peer moves (new endpoint, a second subnet): same key, same slots.
         let mut t2 = PeerTable::with_ids(
             &[
@@ -539,8 +608,14 @@ mod tests {
             w2.last_initiation(),
             Some(UNIX_EPOCH + Duration::from_millis(1_700_000_000_250))
         );
+        let ms = |m| Some(UNIX_EPOCH + Duration::from_millis(m));
+        assert_eq!(
+            (w2.last_heard(), w2.last_sent(), w2.current_endpoint()),
+            (ms(1_700_000_000_500), ms(1_700_000_000_600), Some(roamed))
+        );
         let w3 = t2.wg_by_key(&[3; 32]).expect("peer 3");
         assert_eq!((w3.last_handshake(), w3.last_initiation()), (None, None));
+        assert_eq!((w3.last_heard(), w3.current_endpoint()), (None, None));
     }
 
     #[test]

@@ -303,6 +303,15 @@ pub struct PeerStats {
     /// WireGuard: when we last sent the peer a handshake initiation (see
     /// [`crate::wg::BORINGTUN_TAI64_AHEAD`]).
     pub last_initiation: Option<std::time::SystemTime>,
+    /// WireGuard: when an authenticated packet (data, keepalive or
+    /// handshake) last came from the peer (published on the owner's 250 ms
+    /// tick).
+    pub last_heard: Option<std::time::SystemTime>,
+    /// WireGuard: when a data packet (not a keepalive) last went to it.
+    pub last_sent: Option<std::time::SystemTime>,
+    /// WireGuard: where its owner worker sends now: the configured
+    /// endpoint or where WireGuard roamed it (`None`: not yet ticked, IPv6).
+    pub current: Option<std::net::SocketAddr>,
     /// Inner packets sent to the peer.
     pub tx_packets: u64,
     /// Inner bytes sent to the peer.
@@ -406,6 +415,9 @@ impl PeerSlots {
             unexpected_from: from,
             last_handshake: None,
             last_initiation: None,
+            last_heard: None,
+            last_sent: None,
+            current: None,
             tx_packets: t[0],
             tx_bytes: t[1],
             rx_packets: t[2],

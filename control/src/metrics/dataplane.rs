@@ -259,6 +259,24 @@ impl PromCollector for Collector {
             paths,
         )
         .encode(&mut enc)?;
+        // Where WireGuard roamed a peer, when not where it was configured.
+        let roamed = (self.0.peers.iter())
+            .filter(|p| p.roamed == Some(true))
+            .filter_map(|p| {
+                let l = vec![
+                    backend(),
+                    ("subnet", p.subnet.clone().unwrap_or_default()),
+                    ("endpoint", p.endpoint.clone()?),
+                ];
+                Some((l, 1))
+            })
+            .collect();
+        gauge(
+            "peer_roamed",
+            "Userspace WireGuard: 1 for a peer the engine sends to an endpoint (label) other than the configured one (roaming)",
+            roamed,
+        )
+        .encode(&mut enc)?;
         // This node's NAT relay (docs/nat.md "Relays").
         if let Some(r) = b.relay {
             for (name, help, v) in [

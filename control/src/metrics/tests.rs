@@ -223,6 +223,29 @@ fn the_nat_path_is_a_gauge_only_where_known() {
 }
 
 #[test]
+fn a_roamed_peer_is_a_gauge_naming_its_endpoint() {
+    let mut st = crate::status::tests::full();
+    st.peers[0].roamed = None;
+    let text = DaemonMetrics::new().encode(Some(&st));
+    assert!(!text.contains("weft_peer_roamed{"), "none roamed: {text}");
+    st.peers[0].endpoint = Some("203.0.113.9:40001".into());
+    st.peers[0].roamed = Some(false);
+    let text = DaemonMetrics::new().encode(Some(&st));
+    assert!(!text.contains("weft_peer_roamed{"), "not roamed: {text}");
+    st.peers[0].roamed = Some(true);
+    let text = DaemonMetrics::new().encode(Some(&st));
+    let (s, _) = parse(&text).expect("parses");
+    let series: Vec<_> = (s.iter())
+        .filter(|(k, _)| k.starts_with("weft_peer_roamed{"))
+        .collect();
+    assert_eq!(series.len(), 1, "{text}");
+    assert!(
+        series[0].0.contains(r#"endpoint="203.0.113.9:40001""#),
+        "{text}"
+    );
+}
+
+#[test]
 fn a_relay_exports_its_counters() {
     let mut st = crate::status::tests::full();
     let text = DaemonMetrics::new().encode(Some(&st));

@@ -141,6 +141,9 @@ pub fn text(s: &Status) -> String {
             if let Some(path) = &p.path {
                 let _ = write!(traffic, ", path {path}");
             }
+            if let (Some(true), Some(at)) = (p.roamed, &p.endpoint) {
+                let _ = write!(traffic, ", roamed to {at}");
+            }
             [
                 both(p.subnet.as_deref(), p.ipv6_subnet.as_deref()),
                 both(public, p.public_ipv6.as_deref()),

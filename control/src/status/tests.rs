@@ -60,6 +60,8 @@ pub(crate) fn full() -> Status {
                 device: "flannel.1".into(),
                 counters: Some(counters),
                 last_handshake: Some(1_764_547_200),
+                current: Some("198.51.100.7:40001".parse().expect("addr")),
+                roamed: true,
             },
             PeerCounters {
                 subnet: "10.244.3.0/24".parse().expect("net"),
@@ -67,6 +69,8 @@ pub(crate) fn full() -> Status {
                 device: "flannel.1".into(),
                 counters: None,
                 last_handshake: None,
+                current: None,
+                roamed: false,
             },
         ],
         relay: None,
@@ -379,6 +383,8 @@ fn thousands_of_peers_are_joined_by_subnet() {
                 ..Default::default()
             }),
             last_handshake: None,
+            current: None,
+            roamed: false,
         })
         .collect();
     let s = Status::build(None, backend, leases.iter());
@@ -405,4 +411,64 @@ fn text_shows_both_families_of_a_dual_stack_peer() {
     for want in ["fd00:10:0:3::/64", "192.0.2.3", "fd00::3"] {
         assert!(line.contains(want), "{want} missing in {line:?}\n{t}");
     }
+}
+
+#[test]
+fn a_peer_shows_where_the_engine_sends_now() {
+    use crate::lease::NatAttrs;
+    let nat = |mut l: Lease, ep: Option<&str>| {
+        l.attrs.backend_type = "wireguard".into();
+        l.attrs.weft_nat = Some(NatAttrs {
+            endpoint: ep.map(|e| e.parse().expect("ep")),
+            relay: None,
+        });
+        l
+    };
+    let own = nat(lease("10.244.1.0/24", "10.11.0.2"), None);
+    let peer = nat(
+        lease("10.244.2.0/24", "10.12.0.2"),
+        Some("203.0.113.9:40001"),
+    );
+    let mut relay = nat(lease("10.244.9.0/24", "192.0.2.9"), None);
+    relay.attrs.weft_nat = Some(NatAttrs {
+        endpoint: None,
+        relay: Some(51830),
+    });
+    let now = SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("time")
+        .as_secs();
+    let status = |current: Option<&str>| {
+        let mut backend =
+            BackendStatus::new("wireguard", Some(crate::backend::Dataplane::Userspace));
+        let configured: std::net::SocketAddr = "203.0.113.9:40001".parse().expect("addr");
+        let current: Option<std::net::SocketAddr> = current.map(|c| c.parse().expect("addr"));
+        backend.peer_counters = vec![PeerCounters {
+            subnet: "10.244.2.0/24".parse().expect("net"),
+            endpoint: configured.ip(),
+            device: "flannel-wg".into(),
+            counters: None,
+            last_handshake: Some(now),
+            current,
+            roamed: current.is_some_and(|c| c != configured),
+        }];
+        Status::build(Some(&own), backend, [&peer, &relay])
+    };
+    let p = status(Some("203.0.113.9:40001")).peers[0].clone();
+    assert_eq!(p.path.as_deref(), Some("punched"));
+    assert_eq!(p.endpoint.as_deref(), Some("203.0.113.9:40001"));
+    assert_eq!(p.roamed, Some(false));
+    // WireGuard roamed the peer to the relay: that is its path now.
+    let st = status(Some("192.0.2.9:51830"));
+    assert!(render::text(&st).contains("path relayed via 192.0.2.9, roamed to 192.0.2.9:51830"));
+    let p = st.peers[0].clone();
+    assert_eq!(p.path.as_deref(), Some("relayed via 192.0.2.9"));
+    assert_eq!(p.endpoint.as_deref(), Some("192.0.2.9:51830"));
+    assert_eq!(p.roamed, Some(true));
+    // Unknown (another dataplane): the configured endpoint, no field.
+    let st = status(None);
+    assert!(!render::text(&st).contains("roamed"));
+    let p = st.peers[0].clone();
+    assert_eq!(p.path.as_deref(), Some("punched"));
+    assert_eq!((p.endpoint, p.roamed), (None, None));
 }

@@ -101,6 +101,11 @@ pub fn engine_device(engine: &Engine) -> (DeviceStatus, Vec<PeerCounters>) {
                 .and_then(|c| c.last_handshake)
                 .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                 .map(|d| d.as_secs()),
+            current: p.stats.and_then(|c| c.current),
+            roamed: p
+                .stats
+                .and_then(|c| c.current)
+                .is_some_and(|c| c != p.endpoint),
         })
         .collect();
     (dev, peers)

@@ -192,6 +192,11 @@ pub struct PeerCounters {
     pub counters: Option<Counters>,
     /// WireGuard: when the last handshake completed (seconds since the Unix epoch).
     pub last_handshake: Option<u64>,
+    /// WireGuard on the engine: where it sends now (after roaming), when
+    /// known.
+    pub current: Option<std::net::SocketAddr>,
+    /// Whether `current` differs from the configured `ip:port`.
+    pub roamed: bool,
 }
 
 /// One peer in status.
@@ -219,10 +224,20 @@ pub struct PeerStatus {
     /// e.g. probing off or the node holds no overlay address).
     #[serde(default)]
     pub probe: Option<ProbeStatus>,
-    /// NAT traversal: `direct`, `punched` or `unreachable` ([`super::path`];
+    /// NAT traversal: `direct`, `punched`, `relayed via <ip>` or
+    /// `unreachable` ([`super::path`], from where the engine sends now;
     /// `null`: NAT traversal off, or not a userspace WireGuard peer).
     #[serde(default)]
     pub path: Option<String>,
+    /// Userspace WireGuard: the address the engine sends this peer's
+    /// packets to now, `ip:port` (WireGuard roaming may have moved it;
+    /// `null`: not known, e.g. another dataplane or IPv6).
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// Whether `endpoint` differs from the one configured from the lease
+    /// (the peer roamed; `null` when `endpoint` is).
+    #[serde(default)]
+    pub roamed: Option<bool>,
 }
 
 /// A peer's health as weftd's overlay probes see it (docs/probes.md).
@@ -333,8 +348,11 @@ impl Status {
                     .filter_map(|p| p.counters)
                     .reduce(Counters::plus);
                 let last_handshake = mine.iter().filter_map(|p| p.last_handshake).max();
-                let endpoint = mine.first().map(|p| p.endpoint);
+                let current = mine.first().and_then(|p| p.current);
+                let configured = mine.first().map(|p| p.endpoint);
+                let endpoint = current.map(|c| c.ip()).or(configured);
                 let path = super::path::of(own, l, endpoint, last_handshake, now, &relays);
+                let roamed = current.map(|_| mine.iter().any(|p| p.roamed));
                 PeerStatus {
                     subnet: l.subnet.map(|s| s.to_string()),
                     ipv6_subnet: l.ipv6_subnet.map(|s| s.to_string()),
@@ -346,6 +364,8 @@ impl Status {
                     last_handshake,
                     probe: None,
                     path,
+                    endpoint: current.map(|c| c.to_string()),
+                    roamed,
                 }
             })
             .collect();

@@ -26,7 +26,8 @@ pub fn relays<'a>(leases: impl IntoIterator<Item = &'a Lease>) -> Vec<Ipv4Addr> 
         .collect()
 }
 
-/// The path to `peer`, whose engine endpoint is `endpoint` and last
+/// The path to `peer`, whose engine endpoint (where it sends now, roaming
+/// included, when the engine tells; else the configured one) is `endpoint` and last
 /// handshake `handshake` (Unix seconds), at `now` (Unix seconds); `relays`
 /// are the relays' `PublicIP`s ([`relays`]).
 pub fn of(

@@ -35,6 +35,17 @@
 //!   answers quickly). A valid ack from one of them moves the peer off the
 //!   relay to that address ([`Peers::direct`]): the WireGuard endpoint
 //!   moves, the session stays.
+//! - **Back to the relay** (docs/nat.md): a punched peer that is
+//!   [`silent`] (no authenticated packet for [`QUIET`] although data went
+//!   to it, or for [`QUIET_IDLE`] at all) is sent a direct probe at the
+//!   address the engine sends it to, every reconcile ([`Peers::checks_due`]);
+//!   when [`CHECKS`] go unanswered and it is still silent, it goes through
+//!   the first live relay as at the start. An ack ends the check and holds
+//!   the next one off for [`PROBE_EVERY`] (a one-way flow is silent and
+//!   healthy). A punched peer whose engine endpoint roamed to a relay (the
+//!   other end relayed it first and its handshake came through the relay)
+//!   is taken as relayed via that relay ([`Peers::watch`]): both ends end
+//!   up on the same relay and probe their way back to direct.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -89,6 +100,64 @@ pub const RELAY_AFTER: Duration = Duration::from_secs(2 * 5 + 1);
 /// datagrams per relayed peer every 10 s cost nothing measurable, so no
 /// backoff.
 pub const PROBE_EVERY: Duration = Duration::from_secs(10);
+
+/// A busy punched peer is [`silent`] when no authenticated packet came
+/// from it for this long although data went to it since: a ping or a TCP
+/// flow hears back within a round trip, a one-way flow within WireGuard's
+/// 10 s passive keepalive (its check is answered: it stays). 2 s is one
+/// reconcile, so a broken path is probed at the first or second reconcile
+/// after it broke.
+pub const QUIET: Duration = Duration::from_secs(2);
+
+/// Any punched peer is [`silent`] after this long without an authenticated
+/// packet: it sends a persistent keepalive at least every 25 s
+/// ([`NAT_KEEPALIVE`]; a punched peer is behind NAT, so all its peers are
+/// kept alive), so 30 s is one keepalive missed with 5 s of margin for a
+/// tick (250 ms) and a handshake in progress (keepalives wait for it).
+pub const QUIET_IDLE: Duration = Duration::from_secs(30);
+
+/// Direct probes a silent punched peer leaves unanswered before it is
+/// relayed: one per reconcile (2 s), so one lost probe on a working path
+/// does not move it, and the pair is relayed 4-6 s after it was found
+/// silent: 6.5-7.0 s after its direct path was cut in tests/nat_relay.rs
+/// (ten runs, both ends).
+pub const CHECKS: u32 = 2;
+
+/// What the engine saw of a peer lately (its 250 ms tick publishes it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// When an authenticated packet last came from it.
+    pub heard: Option<SystemTime>,
+    /// When a data packet last went to it.
+    pub sent: Option<SystemTime>,
+    /// Where the engine sends now (roaming included).
+    pub at: Option<SocketAddrV4>,
+}
+
+/// Whether a punched peer that the engine saw as `seen` is silent at `now`:
+/// nothing authenticated for [`QUIET`] although data went to it after the
+/// last packet came, or nothing for [`QUIET_IDLE`]. Never heard at all is
+/// not silent: that is the start, which [`RELAY_AFTER`] covers.
+pub fn silent(seen: &Seen, now: SystemTime) -> bool {
+    let Some(heard) = seen.heard else {
+        return false;
+    };
+    let quiet = now.duration_since(heard).unwrap_or_default();
+    let sent_since = seen.sent.is_some_and(|s| s > heard);
+    quiet >= QUIET && (sent_since || quiet >= QUIET_IDLE)
+}
+
+/// A silent punched peer being checked.
+#[derive(Debug, Clone, Copy)]
+struct Check {
+    /// Its last authenticated packet when the check began.
+    heard: Option<SystemTime>,
+    /// Where it is probed (where the engine sends it).
+    to: SocketAddrV4,
+    /// Probes sent, and when the last went.
+    sent: u32,
+    last: Option<SystemTime>,
+}
 
 /// The relay `lease` offers: it runs NAT traversal with `"Relay":true`, is
 /// reachable, and has a WireGuard key.
@@ -182,6 +251,12 @@ pub struct Peers {
     /// Peers a direct probe found: their published endpoint then, and the
     /// address that answered.
     found: BTreeMap<String, (SocketAddrV4, SocketAddrV4)>,
+    /// Silent punched peers being checked.
+    checks: BTreeMap<String, Check>,
+    /// When each punched peer last answered a check.
+    passed: BTreeMap<String, SystemTime>,
+    /// Punched peers whose engine endpoint was a relay's at the last look.
+    roams: BTreeMap<String, SocketAddrV4>,
 }
 
 impl Peers {
@@ -205,6 +280,9 @@ impl Peers {
             self.ports.remove(&key);
             self.probed.remove(&key);
             self.found.remove(&key);
+            self.checks.remove(&key);
+            self.passed.remove(&key);
+            self.roams.remove(&key);
             return;
         }
         self.leases.insert(key.clone(), lease.clone());
@@ -219,8 +297,11 @@ impl Peers {
                 self.punching.remove(&key);
                 self.relayed.remove(&key);
                 self.found.remove(&key);
+                self.checks.remove(&key);
             }
-            Path::Relayed(_) => {}
+            Path::Relayed(_) => {
+                self.checks.remove(&key);
+            }
         }
         if !matches!(path, Path::Relayed(_)) {
             self.probed.remove(&key);
@@ -324,6 +405,111 @@ impl Peers {
         Some(lease)
     }
 
+    /// Looks at each punched peer that is not relayed, from what the
+    /// engine saw of it (`seen(lease)`) at `now`: a [`silent`] one is
+    /// checked (unless it answered a check within [`PROBE_EVERY`]), one
+    /// that spoke since its check began is not; one whose engine endpoint
+    /// is a relay's at two looks in a row is relayed via that relay (the
+    /// other end chose it and greeted this node through it). The leases
+    /// whose path changed, to program again.
+    pub fn watch(&mut self, seen: impl Fn(&Lease) -> Option<Seen>, now: SystemTime) -> Vec<Lease> {
+        let mut changed = Vec::new();
+        for key in self.punching.keys() {
+            let (Some(lease), None) = (self.leases.get(key), self.relayed.get(key)) else {
+                continue;
+            };
+            let Some(s) = seen(lease) else {
+                continue;
+            };
+            // At a relay two looks in a row (2 s): a handshake came through
+            // it, not a packet still in flight through the relay left
+            // just now (that one roams the engine back within a round trip).
+            let at_relay = (self.relays.values()).find(|r| s.at == Some(r.at));
+            let was = match at_relay {
+                Some(r) => self.roams.insert(key.clone(), r.at),
+                None => self.roams.remove(key),
+            };
+            let roamed = at_relay.filter(|r| was == Some(r.at));
+            if let Some(r) = roamed {
+                self.roams.remove(key);
+                tracing::info!(
+                    "NAT: peer {key} came through relay {}, relaying via it too",
+                    r.ip
+                );
+                self.relayed.insert(key.clone(), *r);
+                self.checks.remove(key);
+                changed.push(lease.clone());
+                continue;
+            }
+            if at_relay.is_some() {
+                // Its traffic goes through a relay now: nothing to probe.
+                continue;
+            }
+            let held = (self.passed.get(key))
+                .is_some_and(|t| now.duration_since(*t).is_ok_and(|d| d < PROBE_EVERY));
+            let spoke = |c: &Check| c.heard != s.heard;
+            match self.checks.get(key) {
+                Some(c) if spoke(c) => {
+                    self.checks.remove(key);
+                }
+                Some(_) => {}
+                None if silent(&s, now) && !held => {
+                    let to = s.at.or(match self.paths.get(key) {
+                        Some(Path::Punched(e)) => Some(*e),
+                        _ => None,
+                    });
+                    if let Some(to) = to {
+                        tracing::info!(
+                            "NAT: peer {key} is silent for {} s, probing {to}",
+                            s.heard.map_or(0, |h| waited_secs(now, h))
+                        );
+                        let c = Check {
+                            heard: s.heard,
+                            to,
+                            sent: 0,
+                            last: None,
+                        };
+                        self.checks.insert(key.clone(), c);
+                    }
+                }
+                None => {}
+            }
+        }
+        changed
+    }
+
+    /// The silent punched peers to probe at `now`, and where: each one once
+    /// per reconcile (every 2 s; due after 1.5 s so a late reconcile does
+    /// not skip a round), until [`CHECKS`] went.
+    pub fn checks_due(&mut self, now: SystemTime) -> Vec<(Lease, SocketAddrV4)> {
+        let mut due = Vec::new();
+        for (key, c) in &mut self.checks {
+            let Some(lease) = self.leases.get(key) else {
+                continue;
+            };
+            let go = c.sent < CHECKS
+                && c.last.is_none_or(|t| {
+                    now.duration_since(t)
+                        .is_ok_and(|d| d >= Duration::from_millis(1500))
+                });
+            if go {
+                c.sent += 1;
+                c.last = Some(now);
+                due.push((lease.clone(), c.to));
+            }
+        }
+        due
+    }
+
+    /// The punched peer with lease key `key` answered a check at `now`:
+    /// its direct path works (the flow was one-way).
+    pub fn checked(&mut self, key: &str, now: SystemTime) {
+        if self.checks.remove(key).is_some() {
+            tracing::debug!("NAT: peer {key} answered its check");
+            self.passed.insert(key.to_string(), now);
+        }
+    }
+
     /// The relays, in lease order.
     pub fn relays(&self) -> Vec<RelayNode> {
         self.relays.values().copied().collect()
@@ -331,9 +517,10 @@ impl Peers {
 
     /// Chooses relays at `now` from each punched peer's last handshake
     /// (`handshake(lease)`) and which relays are live: a peer that had no
-    /// handshake for [`RELAY_AFTER`] since punching began goes through the
-    /// first live relay; a relayed peer whose relay went silent, through
-    /// the next. The leases whose path changed, to program again.
+    /// handshake for [`RELAY_AFTER`] since punching began, or whose check
+    /// went unanswered [`CHECKS`] times ([`Peers::watch`]), goes through
+    /// the first live relay; a relayed peer whose relay went silent,
+    /// through the next. The leases whose path changed, to program again.
     pub fn choose_relays(
         &mut self,
         handshake: impl Fn(&Lease) -> Option<SystemTime>,
@@ -346,6 +533,15 @@ impl Peers {
             let Some(lease) = self.leases.get(key) else {
                 continue;
             };
+            // A silent peer whose CHECKS probes went unanswered (the last
+            // one at least a second ago: a reconcile).
+            let failed = self.checks.get(key).filter(|c| {
+                c.sent >= CHECKS
+                    && c.last.is_some_and(|t| {
+                        now.duration_since(t)
+                            .is_ok_and(|d| d >= Duration::from_secs(1))
+                    })
+            });
             let next = match self.relayed.get(key) {
                 Some(r) if live(r) => continue,
                 Some(r) => live_relays.iter().find(|n| n.at != r.at).copied(),
@@ -359,26 +555,33 @@ impl Peers {
                                 .is_ok_and(|age| age.as_secs() <= FRESH)
                     });
                     let waited = now.duration_since(*since).unwrap_or_default();
-                    if met || waited < RELAY_AFTER {
+                    if failed.is_none() && (met || waited < RELAY_AFTER) {
                         continue;
                     }
                     live_relays.first().copied()
                 }
             };
-            if let Some(r) = next {
-                match self.relayed.insert(key.clone(), r) {
-                    Some(was) => tracing::warn!(
-                        "NAT: relay {} went silent, peer {key} fails over to {}",
-                        was.ip,
-                        r.ip
-                    ),
-                    None => tracing::info!(
-                        "NAT: no handshake with peer {key} for {} s of punching, relaying",
-                        waited_secs(now, *since)
-                    ),
-                }
-                changed.push(lease.clone());
+            let Some(r) = next else {
+                continue;
+            };
+            match (self.relayed.insert(key.clone(), r), failed) {
+                (Some(was), _) => tracing::warn!(
+                    "NAT: relay {} went silent, peer {key} fails over to {}",
+                    was.ip,
+                    r.ip
+                ),
+                (None, Some(c)) => tracing::warn!(
+                    "NAT: peer {key} silent for {} s, {CHECKS} direct probes to {} unanswered, relaying",
+                    c.heard.map_or(0, |h| waited_secs(now, h)),
+                    c.to
+                ),
+                (None, None) => tracing::info!(
+                    "NAT: no handshake with peer {key} for {} s of punching, relaying",
+                    waited_secs(now, *since)
+                ),
             }
+            self.checks.remove(key);
+            changed.push(lease.clone());
         }
         changed
     }
@@ -638,6 +841,148 @@ mod tests {
         let again = lease("10.12.0.2", Some("203.0.113.9:40777"));
         let base = path(&again, 51820, None);
         assert_eq!(p.resolve(&key, base), base);
+    }
+
+    #[test]
+    fn silent_means_no_answer_to_data_or_no_keepalive() {
+        use std::time::{Duration, UNIX_EPOCH};
+        let t = |ms: u64| Some(UNIX_EPOCH + Duration::from_millis(ms));
+        let now = UNIX_EPOCH + Duration::from_secs(1000);
+        let seen = |heard, sent| Seen {
+            heard,
+            sent,
+            at: None,
+        };
+        // Busy: data went after the last packet came, 2 s ago.
+        assert!(silent(&seen(t(998_000), t(999_900)), now));
+        assert!(!silent(&seen(t(998_100), t(999_900)), now), "1.9 s");
+        // Heard after the last data went: answered, not silent.
+        assert!(!silent(&seen(t(990_000), t(989_000)), now));
+        // Idle: only keepalives, one missed.
+        assert!(!silent(&seen(t(971_000), None), now), "29 s");
+        assert!(silent(&seen(t(970_000), None), now), "30 s");
+        // Never heard: the start (RELAY_AFTER), not this rule.
+        assert!(!silent(&seen(None, t(999_000)), now));
+    }
+
+    #[test]
+    fn a_silent_punched_peer_is_checked_then_relayed_and_both_ends_meet() {
+        use std::time::Duration;
+        let mut p = Peers::default();
+        let r1 = relay_lease("10.244.11.0/24", "192.0.2.11", 1);
+        let r2 = relay_lease("10.244.12.0/24", "192.0.2.12", 2);
+        for r in [&r1, &r2] {
+            p.note(r, true, Path::Direct, 51820);
+        }
+        let peer = lease("10.12.0.2", Some("203.0.113.9:40001"));
+        let key = peer.key().to_string();
+        let ep = v4("203.0.113.9:40001");
+        p.note(&peer, true, Path::Punched(ep), 51820);
+        let since = *p.punching.values().next().expect("punching");
+        let t = |s: u64| since + Duration::from_secs(s);
+        let hs = |_: &Lease| Some(since + Duration::from_secs(1));
+        let live = |_: &RelayNode| true;
+        // Talking: nothing to check.
+        let ok = |now: u64| {
+            move |_: &Lease| {
+                Some(Seen {
+                    heard: Some(t(now)),
+                    sent: Some(t(now)),
+                    at: Some(ep),
+                })
+            }
+        };
+        assert!(p.watch(ok(20), t(20)).is_empty());
+        assert!(p.checks_due(t(20)).is_empty());
+        // The path breaks at 30 s: data still goes, nothing comes.
+        let broken = |now: u64| {
+            move |_: &Lease| {
+                Some(Seen {
+                    heard: Some(t(30)),
+                    sent: Some(t(now)),
+                    at: Some(ep),
+                })
+            }
+        };
+        assert!(p.watch(broken(31), t(31)).is_empty());
+        assert!(p.checks_due(t(31)).is_empty(), "1 s: not silent yet");
+        p.watch(broken(32), t(32));
+        assert_eq!(p.checks_due(t(32)), vec![(peer.clone(), ep)]);
+        assert!(p.choose_relays(hs, live, t(32)).is_empty(), "one probe");
+        assert!(p.checks_due(t(33)).is_empty(), "one per reconcile");
+        p.watch(broken(34), t(34));
+        assert!(
+            p.choose_relays(hs, live, t(34)).is_empty(),
+            "one unanswered"
+        );
+        assert_eq!(p.checks_due(t(34)).len(), 1);
+        // Two unanswered, a reconcile later: the first live relay.
+        p.watch(broken(36), t(36));
+        assert_eq!(p.choose_relays(hs, live, t(36)), vec![peer.clone()]);
+        assert_eq!(p.relayed(&key).map(|r| r.ip.octets()[3]), Some(11));
+        assert!(p.checks_due(t(36)).is_empty(), "relayed: no more checks");
+        // The relayed peer probes its way back as before.
+        let relayed = p.resolve(&key, Path::Punched(ep));
+        p.note(&peer, true, relayed, 51820);
+        assert_eq!(p.probes_due(|_| None, t(36)).len(), 1);
+
+        // A one-way flow: silent, but the check is answered: it stays,
+        // and is not checked again for PROBE_EVERY.
+        let mut q = Peers::default();
+        q.note(&r1, true, Path::Direct, 51820);
+        q.note(&peer, true, Path::Punched(ep), 51820);
+        q.watch(broken(40), t(40));
+        assert_eq!(q.checks_due(t(40)).len(), 1);
+        q.checked(&key, t(40));
+        q.watch(broken(42), t(42));
+        assert!(q.checks_due(t(42)).is_empty(), "held off");
+        assert!(q.choose_relays(hs, live, t(44)).is_empty());
+        q.watch(broken(51), t(51));
+        assert_eq!(q.checks_due(t(51)).len(), 1, "checked again");
+        // It speaks before the second probe is due: the check ends.
+        q.watch(ok(52), t(52));
+        assert!(q.checks_due(t(53)).is_empty());
+        assert!(q.choose_relays(hs, live, t(60)).is_empty());
+
+        // The other end: its engine roamed to the relay the first end
+        // chose (the handshake came through it): relayed via that one.
+        let mut b = Peers::default();
+        for r in [&r1, &r2] {
+            b.note(r, true, Path::Direct, 51820);
+        }
+        b.note(&peer, true, Path::Punched(ep), 51820);
+        // (Silent too: data went since it last heard; still no probe to
+        // the relay.)
+        let via_r2 = |_: &Lease| {
+            Some(Seen {
+                heard: Some(t(30)),
+                sent: Some(t(36)),
+                at: Some(v4("192.0.2.12:51830")),
+            })
+        };
+        assert!(b.watch(via_r2, t(37)).is_empty(), "one look: in flight?");
+        assert!(b.checks_due(t(37)).is_empty(), "a relay is not probed");
+        assert_eq!(b.watch(via_r2, t(39)), vec![peer.clone()]);
+        assert_eq!(b.relayed(&key).map(|r| r.ip.octets()[3]), Some(12));
+        assert!(b.watch(via_r2, t(41)).is_empty(), "once");
+        // A packet still in flight through the relay when the pair went
+        // direct roams the engine there for one look only: nothing moves.
+        let mut c = Peers::default();
+        c.note(&r1, true, Path::Direct, 51820);
+        c.note(&peer, true, Path::Punched(ep), 51820);
+        let at = |a: &'static str| {
+            move |_: &Lease| {
+                Some(Seen {
+                    heard: Some(t(50)),
+                    sent: Some(t(50)),
+                    at: Some(v4(a)),
+                })
+            }
+        };
+        assert!(c.watch(at("192.0.2.11:51830"), t(50)).is_empty());
+        assert!(c.watch(at("203.0.113.9:40001"), t(52)).is_empty());
+        assert!(c.watch(at("192.0.2.11:51830"), t(54)).is_empty());
+        assert_eq!(c.relayed(&key), None);
     }
 
     #[test]

@@ -32,6 +32,10 @@
 //!   at the next reconcile ([`super::nat::Peers::direct`]). Every node
 //!   with NAT traversal answers the probes of the leases' keys (the pair
 //!   keys: one X25519 per lease, cached).
+//!   A punched peer that falls silent is checked with direct probes and
+//!   relayed when they go unanswered, and one whose engine endpoint moved
+//!   to a relay is taken as relayed via it ([`super::nat::Peers::watch`],
+//!   from the engine's per-peer `last_heard`/`last_sent`/`current`).
 //! - Differences: the engine's socket listens on one address family, so in
 //!   `auto` mode the endpoint family is the underlay family we listen on (IPv4
 //!   when IPv4 is enabled), not flannel's per-peer `selectMode`.
@@ -98,8 +102,9 @@ struct Live {
     /// Each member's key and the pair key of direct probes with it, by
     /// lease key (one X25519 per lease key and WireGuard key).
     pair_keys: BTreeMap<String, ([u8; 32], [u8; 32])>,
-    /// The direct probes in flight: lease key and address probed.
-    probing: Vec<(String, std::net::SocketAddrV4)>,
+    /// The direct probes in flight: lease key, address probed, and
+    /// whether it checks a punched peer (else: a relayed one's way back).
+    probing: Vec<(String, std::net::SocketAddrV4, bool)>,
 }
 
 /// The relay's counters in `weft status` and `/metrics`.
@@ -372,6 +377,9 @@ impl Running for Live {
             for lease in self.found_direct() {
                 self.change(&Change::Add(lease)).await?;
             }
+            for lease in self.watch() {
+                self.change(&Change::Add(lease)).await?;
+            }
             for lease in self.choose_relays() {
                 self.change(&Change::Add(lease)).await?;
             }
@@ -482,13 +490,16 @@ impl Live {
         };
         let now = SystemTime::now();
         let acked: Vec<_> = (self.probing.iter())
-            .filter(|(_, to)| d.acked(SocketAddr::V4(*to)).is_some())
+            .filter(|(_, to, _)| d.acked(SocketAddr::V4(*to)).is_some())
             .cloned()
             .collect();
         let mut leases = Vec::new();
-        for (key, at) in acked {
-            self.probing.retain(|(k, _)| *k != key);
-            leases.extend(self.nat.direct(&key, at, now));
+        for (key, at, check) in acked {
+            self.probing.retain(|(k, _, _)| *k != key);
+            match check {
+                true => self.nat.checked(&key, now),
+                false => leases.extend(self.nat.direct(&key, at, now)),
+            }
         }
         leases
     }
@@ -504,7 +515,11 @@ impl Live {
         };
         let keys = &self.pair_keys;
         let probed_by = |l: &Lease| d.probed(&keys.get(&l.key().to_string())?.0);
-        let due = self.nat.probes_due(probed_by, SystemTime::now());
+        let now = SystemTime::now();
+        let due = self.nat.probes_due(probed_by, now);
+        let due = (due.into_iter().map(|(l, to)| (l, to, false)))
+            .chain((self.nat.checks_due(now).into_iter()).map(|(l, to)| (l, vec![to], true)));
+        let due: Vec<_> = due.collect();
         if due.is_empty() {
             return;
         }
@@ -512,7 +527,7 @@ impl Live {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |dur| dur.as_millis() as u64);
         let (mut probes, mut probing) = (Vec::new(), Vec::new());
-        for (lease, addrs) in due {
+        for (lease, addrs, check) in due {
             let key = lease.key().to_string();
             let Some((peer, pair)) = self.pair_keys.get(&key) else {
                 continue;
@@ -521,12 +536,44 @@ impl Live {
                 let p = Probe::new(&self.node.key.0, peer, pair, SocketAddr::V4(to), counter);
                 counter += 1;
                 probes.push(p);
-                probing.push((key.clone(), to));
+                probing.push((key.clone(), to, check));
             }
         }
         tracing::debug!("NAT: direct probes to {probing:?}");
         d.set_probes(probes);
         self.probing = probing;
+    }
+
+    /// What the engine saw of each punched peer ([`nat::Peers::watch`]):
+    /// the leases whose path changed. Only a node behind NAT (one that
+    /// can relay) checks its punched peers.
+    fn watch(&mut self) -> Vec<Lease> {
+        let own = self
+            .node
+            .ext
+            .ext_addr
+            .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
+        let Some(dev) = self.devices.first().filter(|_| !nat::is_public(own)) else {
+            return Vec::new();
+        };
+        let stats: BTreeMap<IpNet, nat::Seen> = (dev.tunnel.peer_stats())
+            .into_iter()
+            .flatten()
+            .map(|(net, s)| {
+                let at = match s.current {
+                    Some(SocketAddr::V4(a)) => Some(a),
+                    _ => None,
+                };
+                let seen = nat::Seen {
+                    heard: s.last_heard,
+                    sent: s.last_sent,
+                    at,
+                };
+                (net, seen)
+            })
+            .collect();
+        let seen = |l: &Lease| stats.get(&IpNet::V4(l.subnet?)).copied();
+        self.nat.watch(seen, SystemTime::now())
     }
 
     /// The leases whose relay changed ([`nat::Peers::choose_relays`]).

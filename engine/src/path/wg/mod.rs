@@ -31,6 +31,7 @@
 
 pub mod direct;
 pub mod disco;
+pub mod fixmap;
 pub mod gate;
 mod io;
 mod peer;
@@ -169,6 +170,7 @@ impl Core {
                 Some(o) if o.psk == w.params.psk && o.keepalive == w.params.keepalive => {
                     o.handshake = Arc::clone(&w.handshake);
                     o.initiated = Arc::clone(&w.initiated);
+                    o.seen = Arc::clone(&w.seen);
                     if o.configured != w.endpoint {
                         o.configured = w.endpoint;
                         o.endpoint = w.endpoint;
@@ -213,6 +215,7 @@ impl Core {
             greet: true,
             handshake: Arc::clone(&w.handshake),
             initiated: Arc::clone(&w.initiated),
+            seen: Arc::clone(&w.seen),
         }
     }
 
@@ -463,6 +466,16 @@ impl Core {
                 o.handshake.store(secs, Ordering::Relaxed);
             }
             stale |= disco && o.keepalive > 0 && age.is_none_or(|a| a > disco::STALE);
+            let unix = |ago: Option<Duration>| {
+                let at = ago.and_then(|d| now.wall.checked_sub(d));
+                at.and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                    .map_or(0, |d| (d.as_millis() as u64).max(1))
+            };
+            o.seen.publish(
+                unix(o.tunn.time_since_last_received()),
+                unix(o.tunn.time_since_last_data_sent()),
+                o.endpoint,
+            );
             o.send(MIN_DST, now, out, |t, b| t.update_timers(b));
         }
         if stale {

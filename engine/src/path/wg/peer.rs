@@ -53,6 +53,8 @@ pub(super) struct Owned {
     pub(super) handshake: Arc<AtomicU64>,
     /// The table's last-initiation slot for this peer (unix milliseconds).
     pub(super) initiated: Arc<AtomicU64>,
+    /// The table's slot for what this worker saw of the peer.
+    pub(super) seen: Arc<crate::peers::WgSeen>,
 }
 
 impl Owned {

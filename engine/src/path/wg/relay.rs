@@ -34,7 +34,14 @@
 //!   the relay is no open reflector; a forwarded datagram is never larger
 //!   than the one received, and an ack is half a registration.
 //! - Fixed tables ([`MAX_NODES`], [`MAX_SESSIONS`]), allocated once; the
-//!   packet path allocates nothing and takes no lock. The X25519 runs once
+//!   packet path allocates nothing and takes no lock. A datagram's two
+//!   lookups (the registered node at its source, the learned index) are
+//!   fixed-size hash maps ([`super::fixmap`]: open addressing, at most a
+//!   quarter full, at most 16 buckets read, keyed by a secret derived from
+//!   the relay's key): constant time however full the tables are
+//!   (`relay_lookup` bench: 1024 indices learned, see docs/nat.md).
+//!   Registrations and initiations still scan the 64 nodes (a key, a
+//!   MAC1 per node: handshake pace). The X25519 runs once
 //!   per member key taking a slot (cached with the slot); a slot whose
 //!   registration failed is the first to be taken over, so forged
 //!   registrations (public keys are public) cannot crowd real nodes out.
@@ -50,6 +57,7 @@ use std::time::{Duration, Instant};
 
 use boringtun::x25519;
 
+use super::fixmap::FixMap;
 use super::gate::{LABEL_MAC1, hash, mac, same, static_pair_key};
 use crate::wire::disco::{ACK_LEN, REGISTER_MACED, RelayMsg};
 use crate::wire::wg::{self as msg, Message};
@@ -75,6 +83,8 @@ pub const BURST: Duration = Duration::from_millis(100);
 pub const DH_PER_SEC: u32 = 100;
 
 const LABEL_REGISTER: &[u8] = b"weft relay register v1";
+/// Derives the tables' hash seeds from the relay's key.
+const LABEL_TABLES: &[u8] = b"weft relay tables v1";
 
 /// The MAC key of registrations between `secret` and `peer` (either end).
 pub fn registration_key(secret: &[u8; 32], peer: &[u8; 32]) -> [u8; 32] {
@@ -149,11 +159,9 @@ struct Node {
     seen: Instant,
 }
 
+/// A learned index, by (node slot the datagram comes from, index).
 #[derive(Debug, Clone, Copy)]
 struct Session {
-    /// Node slot the datagram comes from.
-    from: u8,
-    index: u32,
     /// Node slot it goes to.
     to: u8,
     used: Instant,
@@ -163,7 +171,11 @@ struct Session {
 pub struct Relay {
     secret: [u8; 32],
     nodes: Vec<Option<Node>>,
-    sessions: Vec<Option<Session>>,
+    /// The registered nodes' slots by address.
+    at: FixMap<SocketAddr, u8>,
+    /// Learned indices, at most [`MAX_SESSIONS`], in four times as many
+    /// buckets (see [`super::fixmap`] for why a quarter).
+    sessions: FixMap<(u8, u32), Session>,
     /// Bytes per second (0: no limit), the bucket and its last fill.
     rate: u64,
     tokens: u64,
@@ -188,10 +200,13 @@ impl Relay {
     /// Mbit/s (`None`: no limit).
     pub fn new(secret: [u8; 32], mbit: Option<u64>, now: Instant) -> Relay {
         let rate = mbit.map_or(0, |m| m.saturating_mul(125_000));
+        let h = hash(LABEL_TABLES, &secret);
+        let seed = |i: usize| u64::from_le_bytes(h[i..i + 8].try_into().unwrap_or_default());
         Relay {
             secret,
             nodes: vec![None; MAX_NODES],
-            sessions: vec![None; MAX_SESSIONS],
+            at: FixMap::new(4 * MAX_NODES, seed(0)),
+            sessions: FixMap::new(4 * MAX_SESSIONS, seed(8)),
             rate,
             tokens: burst(rate),
             filled: now,
@@ -318,6 +333,9 @@ impl Relay {
                 }
                 self.dh_left -= 1;
                 self.forget(i);
+                if let Some(old) = self.nodes[i].and_then(|n| n.at) {
+                    self.at.remove(&old);
+                }
                 self.nodes[i] = Some(Node {
                     key,
                     reg_key: registration_key(&self.secret, &key),
@@ -341,14 +359,20 @@ impl Relay {
             return Verdict::Drop(RelayDrop::Refused);
         }
         n.counter = counter;
-        n.at = Some(src);
+        let moved = n.at.replace(src).filter(|a| *a != src);
         n.seen = now;
-        // Another slot at this address (a node that re-keyed) gives it up.
-        for (i, o) in self.nodes.iter_mut().enumerate() {
-            if i != slot && o.is_some_and(|o| o.at == Some(src)) {
-                *o = None;
-            }
+        if let Some(old) = moved {
+            self.at.remove(&old);
         }
+        // Another slot at this address (a node that re-keyed) gives it up.
+        let slot8 = u8::try_from(slot).unwrap_or(u8::MAX);
+        if let Some(&o) = self.at.get(&src)
+            && o != slot8
+            && let Some(n) = self.nodes.get_mut(usize::from(o))
+        {
+            *n = None;
+        }
+        self.at.insert(src, slot8, |_| 0);
         match (RelayMsg::Ack { counter, mac: got }).write(ack) {
             Some(_) => Verdict::Ack,
             None => Verdict::Drop(RelayDrop::Malformed),
@@ -357,12 +381,9 @@ impl Relay {
 
     /// The slot of the registered node at `src`.
     fn slot_at(&self, src: SocketAddr, now: Instant) -> Option<u8> {
-        let i = self.nodes.iter().position(|n| {
-            n.is_some_and(|n| {
-                n.at == Some(src) && now.saturating_duration_since(n.seen) <= NODE_TTL
-            })
-        })?;
-        u8::try_from(i).ok()
+        let i = *self.at.get(&src)?;
+        let n = self.nodes.get(usize::from(i))?.as_ref()?;
+        (n.at == Some(src) && now.saturating_duration_since(n.seen) <= NODE_TTL).then_some(i)
     }
 
     /// The registered node (not `from`) whose key `m`'s MAC1 was made for.
@@ -380,11 +401,7 @@ impl Relay {
 
     /// Where a datagram from `from` to receiver index `index` goes.
     fn learned(&mut self, from: u8, index: u32, now: Instant) -> Option<u8> {
-        let s = self
-            .sessions
-            .iter_mut()
-            .flatten()
-            .find(|s| s.from == from && s.index == index)?;
+        let s = self.sessions.get_mut(&(from, index))?;
         if now.saturating_duration_since(s.used) > SESSION_TTL {
             return None;
         }
@@ -394,34 +411,24 @@ impl Relay {
 
     /// Datagrams from `from` to index `index` go to `to` from now on.
     fn learn(&mut self, from: u8, index: u32, to: u8, now: Instant) {
-        let new = Session {
-            from,
-            index,
-            to,
-            used: now,
-        };
-        let same_key = self
-            .sessions
-            .iter()
-            .position(|s| s.is_some_and(|s| s.from == from && s.index == index));
-        let slot = same_key
-            .or_else(|| self.sessions.iter().position(Option::is_none))
-            .or_else(|| {
-                // All taken: the least recently used.
-                (0..self.sessions.len()).min_by_key(|i| self.sessions[*i].map(|s| s.used))
-            });
-        if let Some(i) = slot {
-            self.sessions[i] = Some(new);
+        let key = (from, index);
+        if self.sessions.len() >= MAX_SESSIONS && self.sessions.get(&key).is_none() {
+            // All taken: the least recently used goes (a scan, on a
+            // handshake only, and only with every index learned).
+            if let Some(old) = self.sessions.min_by(|s| s.used) {
+                self.sessions.remove(&old);
+            }
         }
+        // A full window gives up its least recently used.
+        self.sessions
+            .insert(key, Session { to, used: now }, |s| s.used);
     }
 
     /// Forgets the sessions of node slot `i` (its slot is taken over).
     fn forget(&mut self, i: usize) {
-        for s in &mut self.sessions {
-            if s.is_some_and(|s| usize::from(s.from) == i || usize::from(s.to) == i) {
-                *s = None;
-            }
-        }
+        let i = u8::try_from(i).unwrap_or(u8::MAX);
+        self.sessions
+            .remove_where(|(from, _), s| *from == i || s.to == i);
     }
 
     /// Takes `bytes` from the bucket; whether there were enough.

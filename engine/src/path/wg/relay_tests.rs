@@ -170,6 +170,42 @@ fn only_members_with_their_key_register_and_replays_do_not_move_them() {
 }
 
 #[test]
+fn a_full_index_table_gives_up_its_least_recently_used() {
+    let mut t = T::new(None);
+    t.paired();
+    // 0x200 (B's, from the pairing) and 1023 more from A's initiations.
+    let senders: Vec<u32> = (0..MAX_SESSIONS as u32 - 2).map(|k| 0x1000 + k).collect();
+    for s in &senders {
+        t.now += Duration::from_millis(1);
+        let v = t.send(&initiation(*s, &public(&B)), A_AT);
+        assert_eq!(v, Verdict::Forward(addr(B_AT)));
+    }
+    assert_eq!(t.r.sessions.len(), MAX_SESSIONS);
+    // Every one is found (B's datagrams to A's indices, A's to B's).
+    for s in &senders {
+        assert_eq!(t.send(&data(*s, 64), B_AT), Verdict::Forward(addr(A_AT)));
+    }
+    assert_eq!(t.send(&data(0x200, 64), A_AT), Verdict::Forward(addr(B_AT)));
+    // One more: the least recently used (A's first index, 0x100) goes.
+    t.now += Duration::from_millis(1);
+    let v = t.send(&initiation(0x9999, &public(&B)), A_AT);
+    assert_eq!(v, Verdict::Forward(addr(B_AT)));
+    assert_eq!(t.r.sessions.len(), MAX_SESSIONS);
+    assert_eq!(
+        t.send(&data(0x100, 64), B_AT),
+        Verdict::Drop(RelayDrop::NoRoute)
+    );
+    assert_eq!(
+        t.send(&data(0x9999, 64), B_AT),
+        Verdict::Forward(addr(A_AT))
+    );
+    assert_eq!(
+        t.send(&data(senders[0], 64), B_AT),
+        Verdict::Forward(addr(A_AT))
+    );
+}
+
+#[test]
 fn quiet_nodes_expire() {
     let mut t = T::new(None);
     t.paired();
@@ -243,4 +279,67 @@ fn key_agreements_are_bounded_per_second() {
     assert_eq!(t.send(&reg, A_AT), Verdict::Drop(RelayDrop::Refused));
     t.now += Duration::from_secs(1);
     assert_eq!(t.send(&reg, A_AT), Verdict::Ack);
+}
+
+/// Per-datagram cost with the tables full: 64 nodes registered, 1024
+/// indices learned, data datagrams to indices spread over all of them.
+/// Run: `cargo test --release -p weft-engine --lib relay_lookup_cost --
+/// --ignored --nocapture` (docs/nat.md has the figures).
+#[test]
+#[ignore = "timing; run by hand in release"]
+fn relay_lookup_cost() {
+    let now = Instant::now();
+    let mut r = Relay::new(R, None, now);
+    let secrets: Vec<[u8; 32]> = (0..MAX_NODES as u8).map(|i| [i + 10; 32]).collect();
+    let members: Vec<[u8; 32]> = secrets.iter().map(public).collect();
+    let at = |i: usize| SocketAddr::from(([198, 51, 100, i as u8 + 1], 40000 + i as u16));
+    let mut ack = [0; ACK_LEN];
+    for (i, s) in secrets.iter().enumerate() {
+        let v = r.datagram(
+            &registration(s, &public(&R), 1),
+            at(i),
+            now,
+            &members,
+            &mut ack,
+        );
+        assert_eq!(v, Verdict::Ack);
+    }
+    // 1024 indices: node i's initiation to node i+1 teaches (i+1, sender).
+    let n = MAX_NODES;
+    let learned: Vec<(usize, u32)> = (0..MAX_SESSIONS)
+        .map(|k| {
+            let (from, to) = (k % n, (k + 1) % n);
+            let sender = 0x1000 + k as u32 * 7919;
+            let v = r.datagram(
+                &initiation(sender, &members[to]),
+                at(from),
+                now,
+                &members,
+                &mut ack,
+            );
+            assert_eq!(v, Verdict::Forward(at(to)));
+            (to, sender)
+        })
+        .collect();
+    let mut d = data(0, 1400);
+    let rounds = 50;
+    // Nine batches; the smallest and the median (the machine is shared).
+    let mut per: Vec<f64> = (0..9)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..rounds {
+                for (to, sender) in &learned {
+                    d[4..8].copy_from_slice(&sender.to_le_bytes());
+                    let v = r.datagram(&d, at(*to), now, &members, &mut ack);
+                    assert!(matches!(v, Verdict::Forward(_)));
+                }
+            }
+            t.elapsed().as_nanos() as f64 / (rounds * learned.len()) as f64
+        })
+        .collect();
+    per.sort_by(f64::total_cmp);
+    println!(
+        "relay: {:.1} ns (min) / {:.1} ns (median of 9) per data datagram, 64 nodes and 1024 indices learned",
+        per[0], per[4]
+    );
 }

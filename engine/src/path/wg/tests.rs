@@ -311,3 +311,43 @@ fn under_load_an_initiation_earns_a_cookie_and_the_retry_passes() {
     assert!(got.dropped.is_empty(), "{got:?}");
     assert_eq!(p.nodes[1].io.datagram(0)[0], msg::RESPONSE);
 }
+
+#[test]
+fn the_tick_publishes_what_was_heard_and_sent_and_where_it_sends() {
+    let mut p = Pair::connect(now());
+    let roamed: SocketAddr = "198.51.100.7:40000".parse().expect("addr");
+    let near = |t: Option<std::time::SystemTime>, want: std::time::SystemTime| {
+        let t = t.expect("published");
+        let d = t.duration_since(want).unwrap_or_else(|e| e.duration());
+        assert!(d < Duration::from_millis(300), "{t:?} vs {want:?}");
+    };
+    p.advance(Duration::from_secs(1));
+    let at = p.now.wall;
+    let mut pkt = udp4(A, B, 64, &[1; 20]);
+    p.send(0, &mut pkt, false).expect("sent");
+    assert_eq!(
+        p.deliver_from(0, roamed, AntiSpoofing::Strict)
+            .delivered
+            .len(),
+        1
+    );
+    p.advance(TIMER_TICK);
+    p.tick();
+    let w = |p: &Pair, i: usize| p.nodes[i].table.wg_peers()[0].clone();
+    let (a, b) = (w(&p, 0), w(&p, 1));
+    near(b.last_heard(), at);
+    assert_eq!(b.current_endpoint(), Some(roamed), "roamed");
+    near(a.last_sent(), at);
+    assert_eq!(a.current_endpoint(), Some(p.nodes[1].addr), "configured");
+    // The path breaks: node 0 keeps sending, hears nothing.
+    p.advance(Duration::from_secs(3));
+    let later = p.now.wall;
+    let mut pkt = udp4(A, B, 64, &[2; 20]);
+    p.send(0, &mut pkt, false).expect("sent");
+    p.nodes[0].io.clear();
+    p.advance(TIMER_TICK);
+    p.tick();
+    let a = w(&p, 0);
+    near(a.last_sent(), later);
+    assert!(a.last_heard() < a.last_sent(), "sent since heard");
+}

@@ -323,6 +323,28 @@ impl Tunn {
         now.saturating_sub(established) >= REJECT_AFTER_TIME
     }
 
+    /// weft: how long ago an authenticated packet (data, keepalive or
+    /// handshake) was last received (`None`: none yet), on the caller's
+    /// clock as of the last call that read it (PATCHES.md 7).
+    pub fn time_since_last_received(&self) -> Option<Duration> {
+        self.time_since(TimeLastPacketReceived)
+    }
+
+    /// weft: how long ago a data packet (not a keepalive) was last sent
+    /// (`None`: none yet), as [`Tunn::time_since_last_received`].
+    pub fn time_since_last_data_sent(&self) -> Option<Duration> {
+        self.time_since(TimeLastDataPacketSent)
+    }
+
+    fn time_since(&self, timer: TimerName) -> Option<Duration> {
+        let at = self.timers[timer];
+        if at.is_zero() {
+            return None;
+        }
+        let since_start = Instant::now().duration_since(self.timers.time_started);
+        Some(since_start.saturating_sub(at))
+    }
+
     pub fn time_since_last_handshake(&self) -> Option<Duration> {
         let current_session = self.current;
         if self.sessions[current_session % super::N_SESSIONS].is_some() {

@@ -20,7 +20,8 @@
 //!   (`[PublicIPv6]:Port`), a missing or 0 Port meaning our own port; in
 //!   `auto` mode flannel's `selectPublicEndpoint`. Another key we configured
 //!   at the same endpoint IP is removed (flannel's `cleanupEndpointPeers`,
-//!   tracked here instead of read back). Lease removal removes the peer by key.
+//!   tracked here instead of read back; not for punched peers, which share
+//!   their NAT's address). Lease removal removes the peer by key.
 //! - A peer new on a device is greeted: unless it has a keepalive, it is
 //!   first configured with a keepalive of 1 s, then with 0, so that the
 //!   kernel initiates a handshake at once (see `greeting`).
@@ -39,7 +40,9 @@
 //!   peer ([`super::nat::path`]) gets the endpoint its lease publishes and
 //!   a keepalive of at most 25 s ([`super::nat::keepalive`]); a peer whose
 //!   endpoint moved is greeted (keepalive 0, then its own: the kernel sends
-//!   at once, so the punch starts without waiting for a timer). When this
+//!   at once, so the punch starts without waiting for a timer); a peer
+//!   behind another NAT that has published no endpoint yet is not greeted
+//!   (see `Live::awaits_endpoint`). When this
 //!   node's own endpoint changes, every peer's path is chosen again at the
 //!   next reconcile. No relays and no direct probes on this path.
 
@@ -236,13 +239,15 @@ impl Live {
         Ok(())
     }
 
-    /// The peer a lease gives device `d` and the path to it, or `None`
-    /// when it is not usable.
-    fn peer_for(&self, lease: &Lease, d: &Device) -> Option<(WgPeerSet, Path)> {
+    /// The peer a lease gives device `d`, the path to it and whether to
+    /// wait for its endpoint ([`Live::awaits_endpoint`]), or `None` when it
+    /// is not usable.
+    fn peer_for(&self, lease: &Lease, d: &Device) -> Option<(WgPeerSet, Path, bool)> {
         let p = self.node.peer(lease, d.carries, true)?;
         let port = if p.port == 0 { d.port } else { p.port };
         let mut endpoint = SocketAddr::new(p.endpoint, port);
         let (mut path, mut keepalive) = (Path::Direct, self.node.keepalive());
+        let mut wait = false;
         if self.nat && endpoint.is_ipv4() {
             let seen = self.disco.as_ref().and_then(KernelDisco::seen);
             path = nat::path(lease, port, seen);
@@ -255,6 +260,10 @@ impl Live {
                 .ext_addr
                 .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
             keepalive = nat::keepalive(keepalive, path, IpAddr::V4(own));
+            wait = self.awaits_endpoint(lease, path);
+            if wait {
+                keepalive = 0;
+            }
         }
         let peer = WgPeerSet {
             public_key: p.key,
@@ -264,7 +273,24 @@ impl Live {
             keepalive: Some(keepalive),
             allowed_ips: p.subnets,
         };
-        Some((peer, path))
+        Some((peer, path, wait))
+    }
+
+    /// Whether `lease`'s node, on `path`, is behind another NAT whose
+    /// mapping it has not published yet: it runs NAT traversal without an
+    /// endpoint, its `PublicIP` is private and not on our own link. Such a
+    /// peer gets no keepalive and no greeting until its endpoint comes:
+    /// a handshake initiation to its private address would go nowhere and
+    /// hold back the punch's, which the kernel sends at most once per
+    /// `REKEY_TIMEOUT` (5 s; `wg_packet_send_handshake_initiation`), so
+    /// the punch would wait for the retry timer. A node on a routed LAN
+    /// of ours still gets its handshake once its endpoint is published
+    /// (the same NAT's address: direct) or when traffic starts one.
+    fn awaits_endpoint(&self, lease: &Lease, path: Path) -> bool {
+        let ip = lease.attrs.public_ip;
+        let unpublished = lease.attrs.weft_nat.is_some_and(|n| n.endpoint.is_none());
+        let on_link = (self.node.ext.connected.iter()).any(|n| n.contains(&IpAddr::V4(ip)));
+        path == Path::Direct && unpublished && !nat::is_public(ip) && !on_link
     }
 
     /// Reads device `d`'s peers back and restores what differs from what
@@ -489,7 +515,7 @@ impl Live {
                 d.want.remove(&key);
                 continue;
             }
-            let Some((peer, path)) = self.peer_for(lease, d) else {
+            let Some((peer, path, wait)) = self.peer_for(lease, d) else {
                 tracing::error!(
                     "wireguard lease {:?} has no usable BackendData for {}",
                     lease.subnet,
@@ -507,7 +533,7 @@ impl Live {
             if nat_device {
                 self.paths.note(lease, true, path, d.port);
             }
-            let greet = peer.keepalive == Some(0) && !d.peers.values().any(|k| *k == key);
+            let greet = !wait && peer.keepalive == Some(0) && !d.peers.values().any(|k| *k == key);
             if greet {
                 self.set(d, vec![greeting(&peer)]).await?;
             }
@@ -527,7 +553,9 @@ impl Live {
             }
             self.set(d, vec![peer.clone()]).await?;
             self.devices[i].want.insert(key, peer);
-            if let Some(ip) = ip {
+            // flannel's one-key-per-endpoint-IP rule, for direct peers
+            // only: punched peers behind one NAT share its address.
+            if let Some(ip) = ip.filter(|_| path == Path::Direct) {
                 let d = &mut self.devices[i];
                 let stale = d.peers.insert(ip, key).filter(|old| *old != key);
                 if let Some(old) = stale {

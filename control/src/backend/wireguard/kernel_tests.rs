@@ -818,11 +818,41 @@ fn nat_traversal_punches_to_published_endpoints_with_keepalives() {
     };
     assert_eq!(nl.take_ops(), vec![set(vec![quiet]), set(vec![punched2])]);
 
-    // Published nothing yet: direct at PublicIP:Port, and (this node
-    // being public) no keepalive: greeted like any new peer.
-    let direct = nat_lease("10.244.3.0/24", "10.13.0.7", PEER_KEY2, None);
-    block_on(b.apply(Batch::one(&Change::Add(direct)))).expect("add");
-    let d = peer(PEER_KEY2, "10.13.0.7:51820", 0, "10.244.3.0/24");
+    // Another node behind the same NAT: its own mapping; both stay (the
+    // one-key-per-endpoint-IP rule is for direct peers).
+    let k3 = weft_engine::wg::key_to_base64(&[3; 32]);
+    let same_nat = nat_lease("10.244.4.0/24", "10.12.0.3", &k3, Some("203.0.113.9:40003"));
+    block_on(b.apply(Batch::one(&Change::Add(same_nat)))).expect("add");
+    let punched3 = peer(&k3, "203.0.113.9:40003", 25, "10.244.4.0/24");
+    assert_eq!(nl.take_ops(), vec![set(vec![punched3])], "no removal");
+
+    // Behind another NAT, nothing published yet: at PublicIP:Port but no
+    // keepalive and no greeting (an initiation there would go nowhere and
+    // hold back the punch's for 5 s) ...
+    let waiting = nat_lease("10.244.3.0/24", "10.13.0.7", PEER_KEY2, None);
+    block_on(b.apply(Batch::one(&Change::Add(waiting)))).expect("add");
+    let w = peer(PEER_KEY2, "10.13.0.7:51820", 0, "10.244.3.0/24");
+    assert_eq!(nl.take_ops(), vec![set(vec![w])]);
+    // ... then its endpoint: punched, and the kernel sends at once.
+    let published = nat_lease(
+        "10.244.3.0/24",
+        "10.13.0.7",
+        PEER_KEY2,
+        Some("198.51.100.9:51820"),
+    );
+    block_on(b.apply(Batch::one(&Change::Add(published)))).expect("update");
+    let p2 = peer(PEER_KEY2, "198.51.100.9:51820", 25, "10.244.3.0/24");
+    let quiet = WgPeerSet {
+        keepalive: Some(0),
+        ..p2.clone()
+    };
+    assert_eq!(nl.take_ops(), vec![set(vec![quiet]), set(vec![p2])]);
+    // A node without the feature: as flannel programs it, greeted (this
+    // node being public, no keepalive).
+    let k5 = weft_engine::wg::key_to_base64(&[5; 32]);
+    let flannel = peer_lease("10.244.5.0/24", "10.13.0.8", &k5, Some(51820));
+    block_on(b.apply(Batch::one(&Change::Add(flannel)))).expect("add");
+    let d = peer(&k5, "10.13.0.8:51820", 0, "10.244.5.0/24");
     let greet = WgPeerSet {
         keepalive: Some(1),
         ..d.clone()

@@ -39,10 +39,12 @@
 //!   others' requests (the main loop publishes the endpoint); a punched
 //!   peer ([`super::nat::path`]) gets the endpoint its lease publishes and
 //!   a keepalive of at most 25 s ([`super::nat::keepalive`]); a peer whose
-//!   endpoint moved is greeted (keepalive 0, then its own: the kernel sends
-//!   at once, so the punch starts without waiting for a timer); a peer
-//!   behind another NAT that has published no endpoint yet is not greeted
-//!   (see `Live::awaits_endpoint`). When this
+//!   endpoint moved where the kernel has not heard from it is configured
+//!   anew (removed, added: a new peer with a keepalive, or greeted, makes
+//!   the kernel initiate at once, which an existing one may not for 5 s),
+//!   so the punch starts without waiting for a timer; a peer behind
+//!   another NAT that has published no endpoint yet is not greeted (see
+//!   `Live::awaits_endpoint`). When this
 //!   node's own endpoint changes, every peer's path is chosen again at the
 //!   next reconcile. No relays and no direct probes on this path.
 
@@ -533,23 +535,27 @@ impl Live {
             if nat_device {
                 self.paths.note(lease, true, path, d.port);
             }
-            let greet = !wait && peer.keepalive == Some(0) && !d.peers.values().any(|k| *k == key);
-            if greet {
-                self.set(d, vec![greeting(&peer)]).await?;
-            }
             let moved = d
                 .want
                 .get(&key)
                 .is_some_and(|w| w.endpoint != peer.endpoint);
-            if moved && peer.keepalive.is_some_and(|k| k > 0) {
-                // From 0 to its keepalive: the kernel sends to the new
-                // endpoint at once (a handshake when there is no session),
-                // which opens our NAT towards it (netlink.c `set_peer`).
-                let quiet = WgPeerSet {
-                    keepalive: Some(0),
-                    ..peer.clone()
-                };
-                self.set(d, vec![quiet]).await?;
+            let mut fresh = false;
+            if moved && nat_device {
+                // Its endpoint moved (a punch begins) and the kernel has
+                // not heard from it there (roaming would have moved it):
+                // configured anew, so that the kernel initiates at once.
+                // The same peer would not: it sends at most one initiation
+                // per REKEY_TIMEOUT (5 s), and traffic may just have sent
+                // one to the old endpoint.
+                let have = self.wg.wg_get(d.name).await?;
+                if have.peer(&key).and_then(|p| p.endpoint) != peer.endpoint {
+                    self.set(d, vec![WgPeerSet::removal(key)]).await?;
+                    fresh = true;
+                }
+            }
+            let new = fresh || !d.peers.values().any(|k| *k == key);
+            if !wait && peer.keepalive == Some(0) && new {
+                self.set(d, vec![greeting(&peer)]).await?;
             }
             self.set(d, vec![peer.clone()]).await?;
             self.devices[i].want.insert(key, peer);

@@ -802,8 +802,8 @@ fn nat_traversal_punches_to_published_endpoints_with_keepalives() {
     let punched = peer(PEER_KEY, "203.0.113.9:40001", 25, "10.244.2.0/24");
     assert_eq!(nl.take_ops(), vec![set(vec![punched.clone()])]);
 
-    // Its NAT mapping moved: keepalive 0, then 25, so the kernel sends to
-    // the new endpoint at once.
+    // Its NAT mapping moved and the kernel has not heard from it there:
+    // removed and added again, so the kernel initiates at once.
     let moved = nat_lease(
         "10.244.2.0/24",
         "10.12.0.2",
@@ -812,11 +812,33 @@ fn nat_traversal_punches_to_published_endpoints_with_keepalives() {
     );
     block_on(b.apply(Batch::one(&Change::Add(moved)))).expect("update");
     let punched2 = peer(PEER_KEY, "203.0.113.9:40002", 25, "10.244.2.0/24");
-    let quiet = WgPeerSet {
-        keepalive: Some(0),
-        ..punched2.clone()
+    let again = |p: &WgPeerSet| {
+        vec![
+            set(vec![WgPeerSet::removal(p.public_key)]),
+            set(vec![p.clone()]),
+        ]
     };
-    assert_eq!(nl.take_ops(), vec![set(vec![quiet]), set(vec![punched2])]);
+    assert_eq!(nl.take_ops(), again(&punched2));
+    // Moved again, but the kernel roamed there already (the peer's
+    // authenticated packets came from it): the session stays.
+    let roamed = peer(PEER_KEY, "203.0.113.9:40004", 25, "10.244.2.0/24");
+    block_on(nl.wg_set(&WgSet {
+        ifname: "flannel-wg".into(),
+        private_key: None,
+        listen_port: None,
+        replace_peers: false,
+        peers: vec![roamed.clone()],
+    }))
+    .expect("roam");
+    nl.take_ops();
+    let moved = nat_lease(
+        "10.244.2.0/24",
+        "10.12.0.2",
+        PEER_KEY,
+        Some("203.0.113.9:40004"),
+    );
+    block_on(b.apply(Batch::one(&Change::Add(moved)))).expect("update");
+    assert_eq!(nl.take_ops(), vec![set(vec![roamed])], "no removal");
 
     // Another node behind the same NAT: its own mapping; both stay (the
     // one-key-per-endpoint-IP rule is for direct peers).
@@ -842,11 +864,7 @@ fn nat_traversal_punches_to_published_endpoints_with_keepalives() {
     );
     block_on(b.apply(Batch::one(&Change::Add(published)))).expect("update");
     let p2 = peer(PEER_KEY2, "198.51.100.9:51820", 25, "10.244.3.0/24");
-    let quiet = WgPeerSet {
-        keepalive: Some(0),
-        ..p2.clone()
-    };
-    assert_eq!(nl.take_ops(), vec![set(vec![quiet]), set(vec![p2])]);
+    assert_eq!(nl.take_ops(), again(&p2));
     // A node without the feature: as flannel programs it, greeted (this
     // node being public, no keepalive).
     let k5 = weft_engine::wg::key_to_base64(&[5; 32]);

@@ -175,7 +175,7 @@ fn kernel_wireguard_nodes_behind_nat_punch_through() {
     // overlay). Bound: from the last subnet.env, discovery's first round
     // (1 s) and the main loop's publish poll (1 s), the peers' lease watch,
     // the greeting handshake and one 5 s retry if its first initiation
-    // raced the other NAT's mapping: ~10 s of protocol, 8.6 s measured;
+    // raced the other NAT's mapping: ~10 s of protocol, 1.6-2.4 s measured;
     // 45 s leaves the emulated CPU (speed varying 2x between sessions)
     // four times that.
     let from = "ip netns exec kn-n2";

@@ -264,7 +264,7 @@ impl Shared {
 }
 
 /// Discovery on a kernel device's port: a thread with one raw UDP socket
-/// (see the module docs). Dropping it stops the thread (within [`TICK`]).
+/// (see the module docs). Dropping it stops the thread (within 200 ms).
 #[derive(Debug)]
 pub struct KernelDisco {
     shared: Arc<Shared>,
@@ -370,7 +370,7 @@ impl KernelDisco {
         self.shared.answered.load(Ordering::Relaxed)
     }
 
-    /// The view's device for it (see [`SeenProbe`]).
+    /// The view's device for it: it reports the endpoint this node was seen from.
     pub fn probe(&self) -> Arc<dyn crate::view::DeviceProbe> {
         Arc::new(SeenProbe(self.shared.clone()))
     }

@@ -73,6 +73,9 @@ pub enum BackendError {
         #[source]
         source: std::io::Error,
     },
+    /// NAT discovery on the kernel WireGuard path (`--nat-traversal`).
+    #[error(transparent)]
+    NatDiscovery(#[from] crate::backend::wireguard::kernel_disco::KernelDiscoError),
     /// Programming the kernel failed.
     #[error(transparent)]
     Netlink(#[from] NetlinkError),

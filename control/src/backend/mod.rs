@@ -319,7 +319,8 @@ pub struct EngineTuning {
     /// (`--anti-spoofing`; see [`weft_engine::antispoof`]).
     pub anti_spoof: weft_engine::AntiSpoofing,
     /// NAT traversal (docs/nat.md): `--nat-traversal` or net-conf.json's
-    /// `WeftNATTraversal`; only the userspace WireGuard path acts on it.
+    /// `WeftNATTraversal`; the WireGuard paths act on it (the kernel one
+    /// without relays and direct probes).
     pub nat: bool,
     /// Relay for nodes behind NAT (`--nat-relay`, docs/nat.md "Relays"):
     /// only with `nat`, on the userspace WireGuard path.
@@ -548,13 +549,10 @@ pub fn build(
                     .kernel(
                         Some(probe::Capability::Wireguard),
                         Box::new(move || {
-                            Box::new(KernelWireguard::new(
-                                ok.clone(),
-                                n4,
-                                n6,
-                                c.clone(),
-                                wg.clone(),
-                            ))
+                            Box::new(
+                                KernelWireguard::new(ok.clone(), n4, n6, c.clone(), wg.clone())
+                                    .with_nat(tuning.nat),
+                            )
                         }),
                     )
                     .userspace(Box::new(move || {

@@ -20,7 +20,8 @@
 //!   (`[PublicIPv6]:Port`), a missing or 0 Port meaning our own port; in
 //!   `auto` mode flannel's `selectPublicEndpoint`. Another key we configured
 //!   at the same endpoint IP is removed (flannel's `cleanupEndpointPeers`,
-//!   tracked here instead of read back). Lease removal removes the peer by key.
+//!   tracked here instead of read back; not for punched peers, which share
+//!   their NAT's address). Lease removal removes the peer by key.
 //! - A peer new on a device is greeted: unless it has a keepalive, it is
 //!   first configured with a keepalive of 1 s, then with 0, so that the
 //!   kernel initiates a handshake at once (see `greeting`).
@@ -31,6 +32,21 @@
 //!   have roamed. Peers we did not configure are left alone. A
 //!   deleted device is reported as [`BackendError::DeviceGone`] (the daemon
 //!   rebuilds the backend, which re-applies every peer).
+//! - NAT traversal (`--nat-traversal` or `WeftNATTraversal`, docs/nat.md
+//!   "Kernel WireGuard"): the lease gets `WeftNAT`; [`super::kernel_disco`]
+//!   asks the peers [`super::nat::server`] names for this node's endpoint
+//!   from the IPv4 device's own listen port (raw sockets) and answers
+//!   others' requests (the main loop publishes the endpoint); a punched
+//!   peer ([`super::nat::path`]) gets the endpoint its lease publishes and
+//!   a keepalive of at most 25 s ([`super::nat::keepalive`]); a peer whose
+//!   endpoint moved where the kernel has not heard from it is configured
+//!   anew (removed, added: a new peer with a keepalive, or greeted, makes
+//!   the kernel initiate at once, which an existing one may not for 5 s),
+//!   so the punch starts without waiting for a timer; a peer behind
+//!   another NAT that has published no endpoint yet is not greeted (see
+//!   `Live::awaits_endpoint`). When this
+//!   node's own endpoint changes, every peer's path is chosen again at the
+//!   next reconcile. No relays and no direct probes on this path.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -40,14 +56,16 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
+use super::kernel_disco::KernelDisco;
+use super::nat::{self, Path};
 use super::{Carries, Node, NodeSpec};
 use crate::backend::{
     ApplyError, Backend, BackendError, Batch, Dataplane, Observe, Prepared, Running, Setup,
 };
 use crate::config::backend::WireguardOptions;
 use crate::iface::ExternalInterface;
-use crate::lease::Lease;
 use crate::lease::watcher::Change;
+use crate::lease::{Lease, NatAttrs};
 use crate::netlink::{Client, LinkSpec, Route, WgClient, WgPeerSet, WgSet, WireguardLink};
 
 #[derive(Debug)]
@@ -70,6 +88,7 @@ pub struct KernelWireguard {
     spec: NodeSpec,
     nl: Arc<dyn Client>,
     wg: Arc<dyn WgClient>,
+    nat: bool,
 }
 
 /// [`KernelWireguard`] with its key ([`Setup`]) and, once set up, running.
@@ -81,6 +100,12 @@ struct Live {
     devices: Vec<Device>,
     /// `FLANNEL_MTU` (set up).
     mtu: u32,
+    /// NAT traversal on.
+    nat: bool,
+    /// NAT traversal: the discovery servers and each peer's path.
+    paths: nat::Peers,
+    /// NAT traversal: discovery on the IPv4 device's port (set up).
+    disco: Option<KernelDisco>,
 }
 
 /// `peer` with a persistent keepalive of 1 s: configured on an up device
@@ -113,7 +138,14 @@ impl KernelWireguard {
             spec: NodeSpec::new(opts, network, network_v6),
             nl,
             wg,
+            nat: false,
         }
+    }
+
+    /// With NAT traversal (`--nat-traversal`, `WeftNATTraversal`) when `on`.
+    pub fn with_nat(mut self, on: bool) -> KernelWireguard {
+        self.nat = on;
+        self
     }
 
     /// Uses `path` instead of `$WIREGUARD_KEY_FILE` / `/run/flannel/wgkey` (tests).
@@ -209,18 +241,58 @@ impl Live {
         Ok(())
     }
 
-    /// The peer a lease gives device `d`, or `None` when it is not usable.
-    fn peer_for(&self, lease: &Lease, d: &Device) -> Option<WgPeerSet> {
+    /// The peer a lease gives device `d`, the path to it and whether to
+    /// wait for its endpoint ([`Live::awaits_endpoint`]), or `None` when it
+    /// is not usable.
+    fn peer_for(&self, lease: &Lease, d: &Device) -> Option<(WgPeerSet, Path, bool)> {
         let p = self.node.peer(lease, d.carries, true)?;
         let port = if p.port == 0 { d.port } else { p.port };
-        Some(WgPeerSet {
+        let mut endpoint = SocketAddr::new(p.endpoint, port);
+        let (mut path, mut keepalive) = (Path::Direct, self.node.keepalive());
+        let mut wait = false;
+        if self.nat && endpoint.is_ipv4() {
+            let seen = self.disco.as_ref().and_then(KernelDisco::seen);
+            path = nat::path(lease, port, seen);
+            if let Path::Punched(e) = path {
+                endpoint = SocketAddr::V4(e);
+            }
+            let own = self
+                .node
+                .ext
+                .ext_addr
+                .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
+            keepalive = nat::keepalive(keepalive, path, IpAddr::V4(own));
+            wait = self.awaits_endpoint(lease, path);
+            if wait {
+                keepalive = 0;
+            }
+        }
+        let peer = WgPeerSet {
             public_key: p.key,
             remove: false,
             psk: self.node.psk,
-            endpoint: Some(SocketAddr::new(p.endpoint, port)),
-            keepalive: Some(self.node.keepalive()),
+            endpoint: Some(endpoint),
+            keepalive: Some(keepalive),
             allowed_ips: p.subnets,
-        })
+        };
+        Some((peer, path, wait))
+    }
+
+    /// Whether `lease`'s node, on `path`, is behind another NAT whose
+    /// mapping it has not published yet: it runs NAT traversal without an
+    /// endpoint, its `PublicIP` is private and not on our own link. Such a
+    /// peer gets no keepalive and no greeting until its endpoint comes:
+    /// a handshake initiation to its private address would go nowhere and
+    /// hold back the punch's, which the kernel sends at most once per
+    /// `REKEY_TIMEOUT` (5 s; `wg_packet_send_handshake_initiation`), so
+    /// the punch would wait for the retry timer. A node on a routed LAN
+    /// of ours still gets its handshake once its endpoint is published
+    /// (the same NAT's address: direct) or when traffic starts one.
+    fn awaits_endpoint(&self, lease: &Lease, path: Path) -> bool {
+        let ip = lease.attrs.public_ip;
+        let unpublished = lease.attrs.weft_nat.is_some_and(|n| n.endpoint.is_none());
+        let on_link = (self.node.ext.connected.iter()).any(|n| n.contains(&IpAddr::V4(ip)));
+        path == Path::Direct && unpublished && !nat::is_public(ip) && !on_link
     }
 
     /// Reads device `d`'s peers back and restores what differs from what
@@ -301,6 +373,8 @@ impl Observe for Live {
                 .iter()
                 .map(|d| crate::view::devices::KernelDevice::probe(d.name)),
         );
+        v.devices
+            .extend(self.disco.as_ref().map(KernelDisco::probe));
         v
     }
 }
@@ -316,13 +390,22 @@ impl Backend for KernelWireguard {
         ext: &ExternalInterface,
         _prev: Option<&Lease>,
     ) -> Result<Prepared, BackendError> {
-        let (attrs, node) = self.spec.lease_attrs(ext, " (kernel module)")?;
+        let (mut attrs, node) = self.spec.lease_attrs(ext, " (kernel module)")?;
+        if self.nat {
+            attrs.weft_nat = Some(NatAttrs {
+                endpoint: None,
+                relay: None,
+            });
+        }
         let live = Live {
             node,
             nl: self.nl,
             wg: self.wg,
             devices: Vec::new(),
             mtu: 0,
+            nat: self.nat,
+            paths: nat::Peers::default(),
+            disco: None,
         };
         Ok(Prepared {
             attrs,
@@ -338,6 +421,17 @@ impl Setup for Live {
         for d in plan {
             self.create_device(d.name, d.carries, d.port, d.addrs, mtu)
                 .await?;
+        }
+        if self.nat
+            && let Some(d) = self.devices.iter().find(|d| d.carries != Carries::V6)
+        {
+            // Answer discovery from the start; servers come with the peers.
+            self.disco = Some(KernelDisco::start(d.port)?);
+            tracing::info!(
+                "NAT: discovery on {}'s port {} (raw UDP socket)",
+                d.name,
+                d.port
+            );
         }
         self.mtu = mtu;
         Ok(self)
@@ -355,6 +449,9 @@ impl Running for Live {
         for (i, c) in batch.changes.iter().enumerate() {
             out.record(i, self.change(c).await);
         }
+        if let Some(disco) = &self.disco {
+            disco.set_servers(&self.paths.servers());
+        }
         out.into_result()
     }
 
@@ -367,10 +464,20 @@ impl Running for Live {
             }
             self.reconcile_peers(&self.devices[i]).await?;
         }
+        if let Some(disco) = &self.disco {
+            // Our own endpoint moved: which peers share our NAT may have too.
+            for lease in self.paths.again(disco.seen()) {
+                self.change(&Change::Add(lease)).await?;
+            }
+        }
         Ok(())
     }
 
     async fn teardown(&mut self) {
+        if let Some(d) = self.disco.take() {
+            // Joins its thread (it looks at its stop flag every 200 ms).
+            let _ = tokio::task::spawn_blocking(move || drop(d)).await;
+        }
         for d in self.devices.drain(..) {
             match self.nl.delete_link(d.index).await {
                 Ok(()) => tracing::info!("Removed wireguard device {}", d.name),
@@ -396,7 +503,11 @@ impl Live {
         }
         for i in 0..self.devices.len() {
             let d = &self.devices[i];
+            let nat_device = self.nat && d.carries != Carries::V6;
             if !add {
+                if nat_device {
+                    self.paths.note(lease, false, Path::Direct, d.port);
+                }
                 let Some(key) = self.node.key_for(lease, d.carries) else {
                     continue;
                 };
@@ -406,7 +517,7 @@ impl Live {
                 d.want.remove(&key);
                 continue;
             }
-            let Some(peer) = self.peer_for(lease, d) else {
+            let Some((peer, path, wait)) = self.peer_for(lease, d) else {
                 tracing::error!(
                     "wireguard lease {:?} has no usable BackendData for {}",
                     lease.subnet,
@@ -421,13 +532,36 @@ impl Live {
                 peer.endpoint,
                 d.name
             );
-            let greet = peer.keepalive == Some(0) && !d.peers.values().any(|k| *k == key);
-            if greet {
+            if nat_device {
+                self.paths.note(lease, true, path, d.port);
+            }
+            let moved = d
+                .want
+                .get(&key)
+                .is_some_and(|w| w.endpoint != peer.endpoint);
+            let mut fresh = false;
+            if moved && nat_device {
+                // Its endpoint moved (a punch begins) and the kernel has
+                // not heard from it there (roaming would have moved it):
+                // configured anew, so that the kernel initiates at once.
+                // The same peer would not: it sends at most one initiation
+                // per REKEY_TIMEOUT (5 s), and traffic may just have sent
+                // one to the old endpoint.
+                let have = self.wg.wg_get(d.name).await?;
+                if have.peer(&key).and_then(|p| p.endpoint) != peer.endpoint {
+                    self.set(d, vec![WgPeerSet::removal(key)]).await?;
+                    fresh = true;
+                }
+            }
+            let new = fresh || !d.peers.values().any(|k| *k == key);
+            if !wait && peer.keepalive == Some(0) && new {
                 self.set(d, vec![greeting(&peer)]).await?;
             }
             self.set(d, vec![peer.clone()]).await?;
             self.devices[i].want.insert(key, peer);
-            if let Some(ip) = ip {
+            // flannel's one-key-per-endpoint-IP rule, for direct peers
+            // only: punched peers behind one NAT share its address.
+            if let Some(ip) = ip.filter(|_| path == Path::Direct) {
                 let d = &mut self.devices[i];
                 let stale = d.peers.insert(ip, key).filter(|old| *old != key);
                 if let Some(old) = stale {

@@ -724,3 +724,158 @@ fn reconcile_restores_a_removed_peer_and_fixes_allowed_ips_only() {
     assert!(r.nl.wg_device("flannel-wg").expect("dev").peers.is_empty());
     assert!(!r.nl.take_ops().iter().any(|o| matches!(o, Op::WgSet(_))));
 }
+
+/// A peer lease with `WeftNAT` (docs/nat.md), published endpoint `ep`.
+fn nat_lease(subnet: &str, ip: &str, k: &str, ep: Option<&str>) -> Lease {
+    let mut l = peer_lease(subnet, ip, k, Some(51820));
+    l.attrs.weft_nat = Some(crate::lease::NatAttrs {
+        endpoint: ep.map(|e| e.parse().expect("endpoint")),
+        relay: None,
+    });
+    l
+}
+
+#[test]
+fn nat_traversal_punches_to_published_endpoints_with_keepalives() {
+    // No discovery server among these leases: the raw socket this starts
+    // in the test's namespace sends nothing (no traffic off the machine).
+    let mut r = rig(WireguardMode::Separate, "", 0);
+    let off = block_on(r.b.lease_attrs(&ext(), None)).expect("attrs");
+    assert_eq!(off.weft_nat, None, "off: no WeftNAT in the lease");
+
+    let nl = fake(&["wireguard"], false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("wgkey");
+    let secret = key::load_or_generate(&path).expect("key").0;
+    let net = Some("10.244.0.0/16".parse().expect("net"));
+    let b = KernelWireguard::new(
+        opts(WireguardMode::Separate, "", 0),
+        net,
+        None,
+        nl.clone(),
+        nl.clone(),
+    )
+    .with_key_file(path)
+    .with_nat(true);
+    let mut b = Staged::new(b);
+    let own = lease("10.244.1.0/24", "192.0.2.1", "wireguard", None);
+    block_on(async {
+        let attrs = b.lease_attrs(&ext(), None).await.expect("attrs");
+        assert_eq!(
+            attrs.weft_nat,
+            Some(crate::lease::NatAttrs {
+                endpoint: None,
+                relay: None
+            }),
+            "on: WeftNAT, no endpoint yet"
+        );
+        b.setup(&own).await.expect("setup")
+    });
+    nl.take_ops();
+    let set = |peers| {
+        Op::WgSet(WgSet {
+            ifname: "flannel-wg".into(),
+            private_key: Some(secret),
+            listen_port: Some(51820),
+            replace_peers: false,
+            peers,
+        })
+    };
+    let peer = |k: &str, ep: &str, keepalive: u16, net: &str| WgPeerSet {
+        public_key: key(k),
+        remove: false,
+        psk: None,
+        endpoint: Some(ep.parse().expect("ep")),
+        keepalive: Some(keepalive),
+        allowed_ips: vec![net.parse().expect("net")],
+    };
+
+    // Behind NAT: its published endpoint, a 25 s keepalive (new on the
+    // device: the kernel sends at once when a keepalive is set).
+    let behind = nat_lease(
+        "10.244.2.0/24",
+        "10.12.0.2",
+        PEER_KEY,
+        Some("203.0.113.9:40001"),
+    );
+    block_on(b.apply(Batch::one(&Change::Add(behind)))).expect("add");
+    let punched = peer(PEER_KEY, "203.0.113.9:40001", 25, "10.244.2.0/24");
+    assert_eq!(nl.take_ops(), vec![set(vec![punched.clone()])]);
+
+    // Its NAT mapping moved and the kernel has not heard from it there:
+    // removed and added again, so the kernel initiates at once.
+    let moved = nat_lease(
+        "10.244.2.0/24",
+        "10.12.0.2",
+        PEER_KEY,
+        Some("203.0.113.9:40002"),
+    );
+    block_on(b.apply(Batch::one(&Change::Add(moved)))).expect("update");
+    let punched2 = peer(PEER_KEY, "203.0.113.9:40002", 25, "10.244.2.0/24");
+    let again = |p: &WgPeerSet| {
+        vec![
+            set(vec![WgPeerSet::removal(p.public_key)]),
+            set(vec![p.clone()]),
+        ]
+    };
+    assert_eq!(nl.take_ops(), again(&punched2));
+    // Moved again, but the kernel roamed there already (the peer's
+    // authenticated packets came from it): the session stays.
+    let roamed = peer(PEER_KEY, "203.0.113.9:40004", 25, "10.244.2.0/24");
+    block_on(nl.wg_set(&WgSet {
+        ifname: "flannel-wg".into(),
+        private_key: None,
+        listen_port: None,
+        replace_peers: false,
+        peers: vec![roamed.clone()],
+    }))
+    .expect("roam");
+    nl.take_ops();
+    let moved = nat_lease(
+        "10.244.2.0/24",
+        "10.12.0.2",
+        PEER_KEY,
+        Some("203.0.113.9:40004"),
+    );
+    block_on(b.apply(Batch::one(&Change::Add(moved)))).expect("update");
+    assert_eq!(nl.take_ops(), vec![set(vec![roamed])], "no removal");
+
+    // Another node behind the same NAT: its own mapping; both stay (the
+    // one-key-per-endpoint-IP rule is for direct peers).
+    let k3 = weft_engine::wg::key_to_base64(&[3; 32]);
+    let same_nat = nat_lease("10.244.4.0/24", "10.12.0.3", &k3, Some("203.0.113.9:40003"));
+    block_on(b.apply(Batch::one(&Change::Add(same_nat)))).expect("add");
+    let punched3 = peer(&k3, "203.0.113.9:40003", 25, "10.244.4.0/24");
+    assert_eq!(nl.take_ops(), vec![set(vec![punched3])], "no removal");
+
+    // Behind another NAT, nothing published yet: at PublicIP:Port but no
+    // keepalive and no greeting (an initiation there would go nowhere and
+    // hold back the punch's for 5 s) ...
+    let waiting = nat_lease("10.244.3.0/24", "10.13.0.7", PEER_KEY2, None);
+    block_on(b.apply(Batch::one(&Change::Add(waiting)))).expect("add");
+    let w = peer(PEER_KEY2, "10.13.0.7:51820", 0, "10.244.3.0/24");
+    assert_eq!(nl.take_ops(), vec![set(vec![w])]);
+    // ... then its endpoint: punched, and the kernel sends at once.
+    let published = nat_lease(
+        "10.244.3.0/24",
+        "10.13.0.7",
+        PEER_KEY2,
+        Some("198.51.100.9:51820"),
+    );
+    block_on(b.apply(Batch::one(&Change::Add(published)))).expect("update");
+    let p2 = peer(PEER_KEY2, "198.51.100.9:51820", 25, "10.244.3.0/24");
+    assert_eq!(nl.take_ops(), again(&p2));
+    // A node without the feature: as flannel programs it, greeted (this
+    // node being public, no keepalive).
+    let k5 = weft_engine::wg::key_to_base64(&[5; 32]);
+    let flannel = peer_lease("10.244.5.0/24", "10.13.0.8", &k5, Some(51820));
+    block_on(b.apply(Batch::one(&Change::Add(flannel)))).expect("add");
+    let d = peer(&k5, "10.13.0.8:51820", 0, "10.244.5.0/24");
+    let greet = WgPeerSet {
+        keepalive: Some(1),
+        ..d.clone()
+    };
+    assert_eq!(nl.take_ops(), vec![set(vec![greet]), set(vec![d])]);
+    block_on(b.teardown());
+    drop(dir);
+}

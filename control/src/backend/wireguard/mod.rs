@@ -7,6 +7,7 @@
 //! [`super::dual`] switches between them.
 
 pub mod kernel;
+pub mod kernel_disco;
 pub mod key;
 pub mod nat;
 pub mod userspace;

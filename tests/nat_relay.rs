@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use weft_testenv::{require_root, require_tool};
 use weft_tests::cluster::Cluster;
-use weft_tests::nat::{NatCluster, path};
+use weft_tests::nat::{NatCluster, path, start_pair};
 use weft_tests::ping::{self, Stream};
 
 /// The relays' node indices and addresses.
@@ -85,19 +85,9 @@ fn nodes_behind_symmetric_nats_meet_through_a_relay_and_fail_over() {
         args[i] = vec!["--nat-relay".to_string()];
     }
     let mut n = NatCluster::create_with("nrl", true, 5, args, true);
-    let t0 = Instant::now();
-    n.c.start_all().unwrap_or_else(|e| panic!("start: {e}"));
-    n.c.add_pod(1, "p1").unwrap_or_else(|e| panic!("pod: {e}"));
-    n.c.add_pod(2, "p2").unwrap_or_else(|e| panic!("pod: {e}"));
+    let first = start_pair(&mut n, Duration::from_secs(45));
     let (a, b) = (NatCluster::node_ip(1), NatCluster::node_ip(2));
     let to = n.c.pods[1].ip.clone();
-    let mut first = None;
-    while t0.elapsed() < Duration::from_secs(45) {
-        if n.c.pods[0].ns.ping(&to, 1) {
-            first = Some(t0.elapsed());
-            break;
-        }
-    }
     let c = &n.c;
     let logs = || (1..5).map(|i| c.log(i)).collect::<Vec<_>>().join("\n---\n");
     let first =
@@ -188,8 +178,9 @@ fn nodes_behind_symmetric_nats_meet_through_a_relay_and_fail_over() {
 
 /// The premise: without a relay, punching through the two symmetric NATs
 /// never works (each NAT gives every destination its own random port), so
-/// the pods of the test above can only have met through the relay. 20 s
-/// is past `RELAY_AFTER` and four WireGuard handshake rounds, while a pair
+/// the pods of the test above can only have met through the relay. 22 s
+/// from weftd start (about 20 s from the pods') is past `RELAY_AFTER` and
+/// four WireGuard handshake rounds, while a pair
 /// behind cone NATs meets within 6 s of the start (tests/nat.rs).
 #[test]
 fn without_a_relay_symmetric_nats_keep_the_pair_apart() {
@@ -197,17 +188,8 @@ fn without_a_relay_symmetric_nats_keep_the_pair_apart() {
     require_tool!("iptables", "iptables", "iptables");
     require_tool!("curl", "curl", "curl");
     let mut n = NatCluster::create_with("nrn", true, 3, Vec::new(), true);
-    n.c.start_all().unwrap_or_else(|e| panic!("start: {e}"));
-    n.c.add_pod(1, "p1").unwrap_or_else(|e| panic!("pod: {e}"));
-    n.c.add_pod(2, "p2").unwrap_or_else(|e| panic!("pod: {e}"));
-    let to = n.c.pods[1].ip.clone();
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(20) {
-        assert!(
-            !n.c.pods[0].ns.ping(&to, 1),
-            "pods behind symmetric NATs met without a relay after {:?}",
-            t0.elapsed()
-        );
+    if let Some(t) = start_pair(&mut n, Duration::from_secs(22)) {
+        panic!("pods behind symmetric NATs met without a relay after {t:?}");
     }
     // Both published an endpoint (discovery works) and punch to it.
     for i in [1, 2] {
@@ -273,21 +255,15 @@ fn a_relayed_pair_goes_direct_when_its_nats_allow_it() {
         format!("--nat-relay-limit={LIMIT_MBIT}"),
     ];
     let mut n = NatCluster::create_with("nrd", true, 4, args, true);
-    n.c.start_all().unwrap_or_else(|e| panic!("start: {e}"));
-    n.c.add_pod(1, "p1").unwrap_or_else(|e| panic!("pod: {e}"));
-    n.c.add_pod(2, "p2").unwrap_or_else(|e| panic!("pod: {e}"));
+    let met = start_pair(&mut n, Duration::from_secs(45));
     let (a, b) = (NatCluster::node_ip(1), NatCluster::node_ip(2));
     let to = n.c.pods[1].ip.clone();
-    let t0 = Instant::now();
-    while !n.c.pods[0].ns.ping(&to, 1) {
-        let c = &n.c;
-        assert!(
-            t0.elapsed() < Duration::from_secs(45),
-            "pods behind symmetric NATs never met; logs:\n{}",
-            (1..4).map(|i| c.log(i)).collect::<Vec<_>>().join("\n---\n")
-        );
-    }
     let c = &n.c;
+    assert!(
+        met.is_some(),
+        "pods behind symmetric NATs never met; logs:\n{}",
+        (1..4).map(|i| c.log(i)).collect::<Vec<_>>().join("\n---\n")
+    );
     let via = wait_relayed(c, 1, &b, None, Duration::from_secs(5));
     assert_eq!(wait_relayed(c, 2, &a, None, Duration::from_secs(15)), via);
     // The relay's limit holds (and its drops are counted) while the
@@ -416,15 +392,10 @@ fn a_punched_pair_whose_direct_path_breaks_is_relayed_fast() {
     let mut args = vec![Vec::new(); 4];
     args[3] = vec!["--nat-relay".to_string()];
     let mut n = NatCluster::create_with("nrb", true, 4, args, false);
-    n.c.start_all().unwrap_or_else(|e| panic!("start: {e}"));
-    n.c.add_pod(1, "p1").unwrap_or_else(|e| panic!("pod: {e}"));
-    n.c.add_pod(2, "p2").unwrap_or_else(|e| panic!("pod: {e}"));
+    let met = start_pair(&mut n, Duration::from_secs(45));
+    assert!(met.is_some(), "pods never met");
     let (a, b) = (NatCluster::node_ip(1), NatCluster::node_ip(2));
     let to = n.c.pods[1].ip.clone();
-    let t0 = Instant::now();
-    while !n.c.pods[0].ns.ping(&to, 1) {
-        assert!(t0.elapsed() < Duration::from_secs(45), "pods never met");
-    }
     let c = &n.c;
     let logs = || (1..4).map(|i| c.log(i)).collect::<Vec<_>>().join("\n---\n");
     weft_tests::nat::wait_path(c, 1, &b, "punched", Duration::from_secs(15));

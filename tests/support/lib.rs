@@ -33,6 +33,7 @@ pub mod cluster;
 pub mod etcd;
 pub mod k8s;
 pub mod nat;
+pub mod nat_story;
 pub mod netns;
 pub mod ping;
 pub mod proc;

@@ -269,6 +269,25 @@ pub fn start(n: &mut NatCluster, within: Duration) -> Option<Duration> {
     None
 }
 
+/// Every weftd started, then pods 0 and 1 on nodes 2 and 3 (the two
+/// behind NAT; no pod on the public node); the time from the start to the
+/// first reply of pod 0 to pod 1, when there is one within `within`.
+pub fn start_pair(n: &mut NatCluster, within: Duration) -> Option<Duration> {
+    let t0 = Instant::now();
+    n.c.start_all().unwrap_or_else(|e| panic!("start: {e}"));
+    for i in 1..3 {
+        n.c.add_pod(i, &format!("p{i}"))
+            .unwrap_or_else(|e| panic!("pod: {e}"));
+    }
+    let to = n.c.pods[1].ip.clone();
+    while t0.elapsed() < within {
+        if n.c.pods[0].ns.ping(&to, 1) {
+            return Some(t0.elapsed());
+        }
+    }
+    None
+}
+
 /// The `WeftNAT` field of the lease of the node at `public_ip`.
 pub fn weft_nat(c: &Cluster, public_ip: &str) -> serde_json::Value {
     c.lease_of(public_ip)["value"]["WeftNAT"].clone()

@@ -221,12 +221,7 @@ impl Live {
                 Path::Relayed(r) => (p.endpoint, p.port) = (IpAddr::V4(r.ip), r.at.port()),
                 Path::Direct => {}
             }
-            let own = IpAddr::V4(
-                self.node
-                    .ext
-                    .ext_addr
-                    .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
-            );
+            let own = IpAddr::V4(self.own_addr());
             keepalive = nat::keepalive(keepalive, path, own);
         }
         let wg = WgPeer {
@@ -321,11 +316,7 @@ impl Setup for Live {
                 d.tunnel.set_discovery(true, Vec::new());
             }
             if let Some(r) = self.tuning.relay {
-                let ip = self
-                    .node
-                    .ext
-                    .ext_addr
-                    .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
+                let ip = self.own_addr();
                 let bind = SocketAddr::new(IpAddr::V4(ip), r.port);
                 let server = RelayServer::start(bind, self.node.key.0, r.mbit)
                     .map_err(|source| BackendError::Relay { bind, source })?;
@@ -423,6 +414,14 @@ impl Running for Live {
 }
 
 impl Live {
+    /// This node's external address (unspecified when it has none yet).
+    fn own_addr(&self) -> std::net::Ipv4Addr {
+        self.node
+            .ext
+            .ext_addr
+            .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED)
+    }
+
     /// The relay's members and this node's registrations, from the leases:
     /// a node whose own address is private registers with every relay (a
     /// fresh counter each time: a registration from a new NAT mapping is
@@ -459,11 +458,7 @@ impl Live {
             let own = weft_engine::WgSecret(self.node.key.0).public_key();
             d.set_members(own, self.pair_keys.values().copied().collect());
         }
-        let own = self
-            .node
-            .ext
-            .ext_addr
-            .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
+        let own = self.own_addr();
         if nat::is_public(own) {
             return;
         }
@@ -548,12 +543,7 @@ impl Live {
     /// the leases whose path changed. Only a node behind NAT (one that
     /// can relay) checks its punched peers.
     fn watch(&mut self) -> Vec<Lease> {
-        let own = self
-            .node
-            .ext
-            .ext_addr
-            .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
-        let Some(dev) = self.devices.first().filter(|_| !nat::is_public(own)) else {
+        let Some(dev) = behind_nat(&self.devices, self.own_addr()) else {
             return Vec::new();
         };
         let stats: BTreeMap<IpNet, nat::Seen> = (dev.tunnel.peer_stats())
@@ -580,12 +570,7 @@ impl Live {
     /// Only a node behind NAT relays: it registers with the relays, and
     /// a relay forwards nothing for a node that did not.
     fn choose_relays(&mut self) -> Vec<Lease> {
-        let own = self
-            .node
-            .ext
-            .ext_addr
-            .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
-        let Some(dev) = self.devices.first().filter(|_| !nat::is_public(own)) else {
+        let Some(dev) = behind_nat(&self.devices, self.own_addr()) else {
             return Vec::new();
         };
         let stats: BTreeMap<IpNet, Option<SystemTime>> = (dev.tunnel.peer_stats())
@@ -682,6 +667,13 @@ impl Live {
         }
         Ok(())
     }
+}
+
+/// The WireGuard device when this node, at `own`, is behind NAT (it has no
+/// public address): only such a node watches its punched peers and relays.
+/// A free function so that it borrows the devices alone.
+fn behind_nat(devices: &[Device], own: std::net::Ipv4Addr) -> Option<&Device> {
+    devices.first().filter(|_| !nat::is_public(own))
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ fn tuning() -> EngineTuning {
     EngineTuning {
         nat: false,
         relay: None,
+        tunnel_gso: Default::default(),
         workers: 1,
         offload: false,
         anti_spoof: AntiSpoofing::Subnet,

@@ -52,6 +52,7 @@ pub(crate) fn full() -> Status {
             }),
             peers: Some(2),
             poll_window: Some("auto, open (50 us)".into()),
+            tunnel_gso: None,
         }],
         peer_counters: vec![
             PeerCounters {

@@ -18,6 +18,8 @@
 //!   status says why, no TAP, pods still reach each other.
 //! - `on` with `net.ipv4.conf.all.rp_filter=1`: weftd refuses to start,
 //!   naming the condition, and leaves no TAP.
+//! - The other node switched to the kernel dataplane and back: the TAP
+//!   goes and comes back; after weftd stops it is gone.
 
 use std::time::Duration;
 
@@ -207,8 +209,35 @@ fn weftd_runs_the_tunnel_tap_and_follows_the_uplink() {
         "weftd changed a node-wide sysctl"
     );
 
-    // After weftd stops, the TAP is gone (node 1 still runs with it).
+    // Node 1 (still on it) switched to the kernel dataplane: the TAP goes;
+    // back to userspace: it comes back, configured again.
     assert!(has_tap(&c, 1));
+    switch(&c, 1, "kernel");
+    assert!(!has_tap(&c, 1), "{TAP} left behind on the kernel dataplane");
+    switch(&c, 1, "userspace");
+    assert!(
+        has_tap(&c, 1),
+        "no {TAP} after switching back:\n{}",
+        c.log(1)
+    );
+    assert_eq!(gso_status(&c, 1).tap.as_deref(), Some(TAP));
+    // After weftd stops, the TAP is gone.
     c.stop_weftd(1);
     assert!(!has_tap(&c, 1), "{TAP} left behind after weftd stopped");
+}
+
+/// `weft dataplane set <to>` on node `n`.
+fn switch(c: &Cluster, n: usize, to: &str) {
+    let out = std::process::Command::new(weft_tests::bins::path("weft"))
+        .args(["dataplane", "set", to, "--subnet-file"])
+        .arg(c.subnet_file(n))
+        .output()
+        .expect("weft dataplane set");
+    assert!(
+        out.status.success(),
+        "weft dataplane set {to}: {}{}\nlog:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        c.log(n)
+    );
 }

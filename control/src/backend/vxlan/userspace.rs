@@ -196,7 +196,15 @@ impl Setup for Live {
                 });
             }
             let addr = IpNet::from(IpAddr::V4(sn.network()));
-            let mut t = Tunnel::start(&self.us, cfg, addr, mtu, tuning.anti_spoof).await?;
+            let mut t = Tunnel::start(&self.us, cfg, addr, mtu, tuning.anti_spoof)
+                .await
+                .map_err(|e| match e {
+                    // `on`: the kernel refused the TAP or its offloads.
+                    BackendError::Engine(weft_engine::EngineError::TunnelTap { why, .. }) => {
+                        BackendError::TunnelGso(gso::Unmet::Kernel(why))
+                    }
+                    e => e,
+                })?;
             let used = match (unmet, t.tunnel_tap()) {
                 (Some(why), _) => Err(why),
                 (None, TunnelTapState::Open(tap)) => match gso::configure(&*self.us.nl, &tap).await

@@ -1,17 +1,32 @@
-//! The engine's experimental tunnel TAP (issue 32, `WEFT_ENGINE_TAP_GSO`,
-//! `engine/src/path/tap.rs`): userspace VXLAN writes each TCP super-packet
-//! whole to a TAP with UDP-tunnel GSO (Linux 6.17+) and the kernel cuts it.
-//! Two real weftd nodes; the TAP brought up as docs/performance.md says.
-//! Asserts, for an uplink that carries the unsegmented skb (a veth, as a NIC
-//! with `tx-udp_tnl-segmentation`) and for one where the node's stack must
-//! cut it (the offload off): TCP moves between the pods, the TAP carried
-//! the super-packets, and the receiving pod counted no TCP checksum error
-//! (the kernel's segments carry correct inner checksums).
+//! weftd's tunnel TAP (issue 32, `--tunnel-gso`, `engine/src/path/tap.rs`,
+//! `control/src/backend/vxlan/gso.rs`): userspace VXLAN writes each TCP
+//! super-packet whole to a TAP with UDP-tunnel GSO (Linux 6.17+) and the
+//! kernel cuts it. Two real weftd nodes; nothing configured by hand but
+//! `ip_forward=1` on the nodes (a Kubernetes node has it; the CNI bridge
+//! plugin would set it only with the first pod, after weftd started).
+//!
+//! One cluster, one node restarted through the cases (a few seconds):
+//!
+//! - `on`: weftd set the TAP's `rp_filter=0` and `accept_local=1` and
+//!   brought it up, status names it; TCP moves between the pods, the TAP
+//!   carried the super-packets and the receiving pod counted no TCP
+//!   checksum error, both with the uplink passing the unsegmented skb (a
+//!   veth, as a NIC with `tx-udp_tnl-segmentation`) and with the node's
+//!   stack cutting it (the offload turned off under the running weftd);
+//!   after weftd stops the TAP is gone.
+//! - `auto` on an uplink without `tx-udp_tnl-segmentation`: the sockets,
+//!   status says why, no TAP, pods still reach each other.
+//! - `on` with `net.ipv4.conf.all.rp_filter=1`: weftd refuses to start,
+//!   naming the condition, and leaves no TAP.
+//! - The other node switched to the kernel dataplane and back: the TAP
+//!   goes and comes back; after weftd stops it is gone.
+
+use std::time::Duration;
 
 use weft_testenv::require_root;
-use weft_tests::cluster;
+use weft_tests::cluster::{self, Cluster, ClusterStore};
 
-const TAP: &str = "wtap0";
+const TAP: &str = "weft-gso0";
 
 fn counter(ns: &weft_tests::netns::Netns, name: &str) -> u64 {
     let out = ns.sh(&format!("nstat -az {name} | awk '/{name}/{{print $2}}'"));
@@ -20,40 +35,74 @@ fn counter(ns: &weft_tests::netns::Netns, name: &str) -> u64 {
         .unwrap_or_else(|_| panic!("nstat gave no {name}: {out:?}"))
 }
 
+fn has_tap(c: &Cluster, n: usize) -> bool {
+    c.nodes[n]
+        .ns
+        .try_exec(&["ip", "link", "show", TAP])
+        .status
+        .success()
+}
+
+/// Node `n`'s IPv4 vxlan device's `tunnel_gso` status.
+fn gso_status(c: &Cluster, n: usize) -> weft_control::status::model::TunnelGsoStatus {
+    let st = c.status(n);
+    let dev = st
+        .backend
+        .devices
+        .iter()
+        .find(|d| d.name == "flannel.1")
+        .unwrap_or_else(|| panic!("node {n}: no flannel.1 in status: {st:?}"));
+    dev.tunnel_gso
+        .clone()
+        .unwrap_or_else(|| panic!("node {n}: no tunnel_gso in status: {dev:?}"))
+}
+
+/// Restarts node 0's weftd with `--tunnel-gso=<mode>` (and no subnet.env,
+/// so that readiness is this run's).
+fn restart(c: &mut Cluster, mode: &str) {
+    c.stop_weftd(0);
+    let _ = std::fs::remove_file(c.subnet_file(0));
+    c.start_weftd_with(0, &[format!("--tunnel-gso={mode}")])
+        .expect("start weftd");
+}
+
 #[test]
-fn tcp_through_the_tunnel_tap_arrives_intact() {
+fn weftd_runs_the_tunnel_tap_and_follows_the_uplink() {
     require_root!();
-    // SAFETY: the only test in this binary; set before weftd is spawned and
-    // before any other thread of this process reads the environment.
-    unsafe { std::env::set_var("WEFT_ENGINE_TAP_GSO", TAP) };
+    let work = tempfile::tempdir().expect("tempdir");
     let conf = cluster::net_conf(r#"{"Type":"vxlan"}"#);
-    let (_w, mut c) = cluster::start(
-        "tapgso",
-        &conf,
-        2,
-        &["--traffic-manager=none", "--dataplane=userspace"],
-    );
+    let args = ["--traffic-manager=none", "--dataplane=userspace"];
+    let spec = cluster::spec("tapgso", &conf, 2, &args, work.path());
+    let mut c = Cluster::create(spec, &ClusterStore::Embedded, Vec::new()).expect("cluster");
     for n in 0..2 {
         let ns = &c.nodes[n].ns;
-        let have = ns.try_exec(&["ip", "link", "show", TAP]);
+        ns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        let rp = ns.sh("sysctl -n net.ipv4.conf.all.rp_filter");
+        assert_ne!(rp.trim(), "1", "a fresh namespace has no strict rp_filter");
+        c.start_weftd_with(n, &["--tunnel-gso=on".into()])
+            .expect("start weftd");
+    }
+    for n in 0..2 {
+        c.wait_ready(n, Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let ns = &c.nodes[n].ns;
         assert!(
-            have.status.success(),
-            "node {n}: weftd opened no {TAP} (kernel without UDP-tunnel GSO?):\n{}",
+            has_tap(&c, n),
+            "node {n}: weftd opened no {TAP}:\n{}",
             c.log(n)
         );
-        ns.exec(&[
-            "sysctl",
-            "-qw",
-            "net.ipv4.ip_forward=1",
-            "net.ipv4.conf.all.rp_filter=0",
-        ]);
-        ns.exec(&["sysctl", "-qw", &format!("net.ipv4.conf.{TAP}.rp_filter=0")]);
-        ns.exec(&[
-            "sysctl",
-            "-qw",
-            &format!("net.ipv4.conf.{TAP}.accept_local=1"),
-        ]);
-        ns.exec(&["ip", "link", "set", TAP, "up"]);
+        let link = ns.sh(&format!("ip -o link show {TAP}"));
+        assert!(link.contains(",UP"), "node {n}: {TAP} is not up: {link}");
+        for (key, want) in [("rp_filter", "0"), ("accept_local", "1")] {
+            let v = ns.sh(&format!("sysctl -n net.ipv4.conf.{TAP}.{key}"));
+            assert_eq!(v.trim(), want, "node {n}: {TAP} {key}");
+        }
+        let g = gso_status(&c, n);
+        assert_eq!(
+            (g.mode.as_str(), g.tap.as_deref(), g.reason.as_deref()),
+            ("on", Some(TAP), None),
+            "node {n}"
+        );
     }
     for n in 0..2 {
         c.add_pod(n, &format!("p{n}"))
@@ -66,20 +115,23 @@ fn tcp_through_the_tunnel_tap_arrives_intact() {
     ));
     let uplink = uplink.trim().to_string();
     assert!(!uplink.is_empty(), "no uplink with {addr}");
-    for (mode, features) in [
-        ("uplink passes the skb whole", "on"),
-        ("the node's stack segments", "off"),
-    ] {
+    let offload = |c: &Cluster, on: &str| {
         c.nodes[0].ns.exec(&[
             "ethtool",
             "-K",
             &uplink,
             "tx-udp_tnl-segmentation",
-            features,
+            on,
             "tx-udp_tnl-csum-segmentation",
-            features,
+            on,
         ]);
-        let frames = |c: &cluster::Cluster| -> u64 {
+    };
+    for (mode, features) in [
+        ("uplink passes the skb whole", "on"),
+        ("the node's stack segments", "off"),
+    ] {
+        offload(&c, features);
+        let frames = |c: &Cluster| -> u64 {
             let s = c.nodes[0].ns.exec(&[
                 "cat",
                 &format!("/sys/class/net/{TAP}/statistics/rx_packets"),
@@ -108,4 +160,84 @@ fn tcp_through_the_tunnel_tap_arrives_intact() {
             "{mode}: the receiving pod saw TCP checksum errors"
         );
     }
+
+    // auto, the uplink's offload still off: the sockets, and why.
+    restart(&mut c, "auto");
+    c.wait_ready(0, Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        !has_tap(&c, 0),
+        "auto made {TAP} on an uplink without the offload"
+    );
+    let g = gso_status(&c, 0);
+    assert_eq!((g.mode.as_str(), g.tap.as_deref()), ("auto", None));
+    let why = g.reason.unwrap_or_default();
+    assert!(
+        why.contains(&format!("uplink {uplink} has no tx-udp_tnl-segmentation")),
+        "{why}"
+    );
+    println!("auto without the offload: {why}");
+    assert!(
+        c.wait_ping(0, 1),
+        "pods do not reach each other over the sockets"
+    );
+
+    // on, strict rp_filter: no start, the condition named, no TAP.
+    offload(&c, "on");
+    c.nodes[0]
+        .ns
+        .exec(&["sysctl", "-qw", "net.ipv4.conf.all.rp_filter=1"]);
+    restart(&mut c, "on");
+    let code = c.wait_exit(0, Duration::from_secs(30));
+    let log = c.log(0);
+    assert!(
+        code.is_some_and(|c| c != 0),
+        "weftd exited {code:?}:\n{log}"
+    );
+    assert!(
+        log.contains("--tunnel-gso=on: net.ipv4.conf.all.rp_filter is 1 (strict)"),
+        "{log}"
+    );
+    assert!(!has_tap(&c, 0), "{TAP} left behind after a refused start");
+    println!("on with strict rp_filter: refused");
+    assert!(
+        c.nodes[0]
+            .ns
+            .sh("sysctl -n net.ipv4.conf.all.rp_filter")
+            .trim()
+            == "1",
+        "weftd changed a node-wide sysctl"
+    );
+
+    // Node 1 (still on it) switched to the kernel dataplane: the TAP goes;
+    // back to userspace: it comes back, configured again.
+    assert!(has_tap(&c, 1));
+    switch(&c, 1, "kernel");
+    assert!(!has_tap(&c, 1), "{TAP} left behind on the kernel dataplane");
+    switch(&c, 1, "userspace");
+    assert!(
+        has_tap(&c, 1),
+        "no {TAP} after switching back:\n{}",
+        c.log(1)
+    );
+    assert_eq!(gso_status(&c, 1).tap.as_deref(), Some(TAP));
+    // After weftd stops, the TAP is gone.
+    c.stop_weftd(1);
+    assert!(!has_tap(&c, 1), "{TAP} left behind after weftd stopped");
+}
+
+/// `weft dataplane set <to>` on node `n`.
+fn switch(c: &Cluster, n: usize, to: &str) {
+    let out = std::process::Command::new(weft_tests::bins::path("weft"))
+        .args(["dataplane", "set", to, "--subnet-file"])
+        .arg(c.subnet_file(n))
+        .output()
+        .expect("weft dataplane set");
+    assert!(
+        out.status.success(),
+        "weft dataplane set {to}: {}{}\nlog:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        c.log(n)
+    );
 }

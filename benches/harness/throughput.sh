@@ -10,7 +10,7 @@
 #   wggo-new      the same with the wireguard-go binary $WGGO_NEW (a newer build, made apart; never committed)
 #   weft-udp      weftd, backend udp (userspace engine)
 #   weft-vxlan    weftd, backend vxlan, --dataplane=userspace
-#   weft-vxlan-tap  the same with WEFT_ENGINE_TAP_GSO (issue 32, experimental): TCP
+#   weft-vxlan-tap  the same with --tunnel-gso=on (issue 32, experimental): TCP
 #                 super-packets written whole to a TAP with UDP-tunnel GSO, the
 #                 kernel segments them; the uplinks' tx-udp_tnl-segmentation off and
 #                 GRO on, as a NIC without the offload (TAP_UPLINK_TNL_GSO=1 leaves
@@ -181,16 +181,16 @@ start_weftd() { # backend-json dataplane
     done
 }
 
-tap_up() { # the tunnel TAP of weft-vxlan-tap, on both nodes
+tap_forward() { # weft-vxlan-tap: the nodes forward (a Kubernetes node does; weftd checks, never sets it)
+    for n in 1 2; do ip netns exec $P-n$n sysctl -qw net.ipv4.ip_forward=1; done
+}
+
+tap_uplinks() { # weft-vxlan-tap, after weftd took the TAP (--tunnel-gso=on checks the offload at start)
+    # As across a NIC without UDP-tunnel segmentation: the sender's stack
+    # cuts, the receiver's GRO (on for the veth: NAPI) coalesces again.
+    [ "${TAP_UPLINK_TNL_GSO:-0}" = 1 ] && return 0
     for n in 1 2; do
-        local N="ip -n $P-n$n"
-        for _ in $(seq 50); do $N link show wtap0 >/dev/null 2>&1 && break; sleep 0.1; done
-        ip netns exec $P-n$n sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 \
-            net.ipv4.conf.wtap0.rp_filter=0 net.ipv4.conf.wtap0.accept_local=1
-        $N link set wtap0 up
-        # As across a NIC without UDP-tunnel segmentation: the sender's stack
-        # cuts, the receiver's GRO (on for the veth: NAPI) coalesces again.
-        [ "${TAP_UPLINK_TNL_GSO:-0}" = 1 ] || ip netns exec $P-n$n ethtool -K $P-v$n \
+        ip netns exec $P-n$n ethtool -K $P-v$n \
             tx-udp_tnl-segmentation off tx-udp_tnl-csum-segmentation off gro on >/dev/null
     done
 }
@@ -234,7 +234,7 @@ setup() { # case[@variant]
         done ;;
     weft-udp) start_weftd '{"Type":"udp"}' userspace ;;
     weft-vxlan) start_weftd '{"Type":"vxlan"}' userspace ;;
-    weft-vxlan-tap) WEFTD_ENV=WEFT_ENGINE_TAP_GSO=wtap0; start_weftd '{"Type":"vxlan"}' userspace && tap_up ;;
+    weft-vxlan-tap) WEFTD_ENV=WEFT_TUNNEL_GSO=on; tap_forward; start_weftd '{"Type":"vxlan"}' userspace && tap_uplinks ;;
     weft-kvxlan) start_weftd '{"Type":"vxlan"}' kernel ;;
     weft-wg) start_weftd '{"Type":"wireguard"}' userspace ;;
     weft-ipip) start_weftd '{"Type":"ipip"}' userspace ;;

@@ -127,7 +127,7 @@ fn masquerades_only_non_cluster_traffic(kind: Kind, tag: &str) {
         v6: None,
     };
     mgr.setup_masq(&network, &subnet, None).expect("masq");
-    mgr.setup_forward(&network).expect("forward");
+    mgr.setup_forward(&network, None).expect("forward");
 
     assert_eq!(
         seen_sources(&t, TARGETS),

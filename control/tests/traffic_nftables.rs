@@ -65,7 +65,8 @@ fn setup(ns: &Netns, random_fully_disable: bool, s4: &str, s6: &str) -> Nftables
     mgr.init().expect("init");
     mgr.setup_masq(&nets(N4, Some(N6)), &nets(s4, Some(s6)), None)
         .expect("masq");
-    mgr.setup_forward(&nets(N4, Some(N6))).expect("forward");
+    mgr.setup_forward(&nets(N4, Some(N6)), None)
+        .expect("forward");
     mgr
 }
 
@@ -239,4 +240,24 @@ fn switching_to_iptables_deletes_the_nft_tables() {
     weft_control::traffic::cleanup_other(Kind::Iptables, false, ns.runner()).expect("idempotent");
     let tables = ns.exec(&["nft", "list", "tables"]);
     assert!(!tables.contains("flannel"), "{tables}");
+}
+
+/// `--tunnel-gso`: the accept for packets in from weft's tunnel TAP, as nft
+/// lists it (so ensure finds it intact), in the IPv4 chain only.
+#[test]
+fn the_tunnel_tap_accept_is_intact_after_setup() {
+    require_root!();
+    let ns = Netns::new("nft-tap");
+    let mgr = NftablesManager::new(ns.runner(), false);
+    mgr.init().expect("init");
+    mgr.setup_forward(&nets(N4, Some(N6)), Some("weft-gso0"))
+        .expect("forward");
+    let got = list(&ns, "ip", "forward");
+    let want = golden_forward("ip", N4).replace(
+        &format!("daddr {N4} accept\n"),
+        &format!("daddr {N4} accept\n\t\tiifname \"weft-gso0\" accept\n"),
+    );
+    assert_eq!(got, want);
+    assert_eq!(list(&ns, "ip6", "forward"), golden_forward("ip6", N6));
+    assert!(!mgr.ensure().expect("ensure"), "nothing to repair");
 }

@@ -115,6 +115,7 @@ fn main() -> Result<()> {
         workers,
         offload,
         anti_spoof,
+        tunnel_tap: None,
     };
     // Block SIGINT/SIGTERM before the workers start so that only sigwait below sees them.
     // SAFETY: plain signal-mask manipulation on a zero-initialised sigset_t.

@@ -121,6 +121,7 @@ impl<'c> Builder<'c> {
             sampler: None,
             poll_window_off: None,
             disco: None,
+            tunnel_tap: crate::TunnelTapState::NotAsked,
         };
         for (i, w) in workers.into_iter().enumerate() {
             let h = std::thread::Builder::new()

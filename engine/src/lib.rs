@@ -140,7 +140,7 @@ pub use stats::{
     Batching, Counter, CounterSet, DropReason, Drops, PeerReport, PeerStats, Report, Stats,
 };
 pub use sys::clock::clock_synchronised;
-pub use sys::ethtool::{set_tx_checksum, tx_checksum};
+pub use sys::ethtool::{feature as ethtool_feature, set_tx_checksum, tx_checksum};
 pub use sys::udp::set_pmtu_probe;
 pub use wg::WgSecret;
 
@@ -225,6 +225,36 @@ pub struct EngineConfig {
     /// starts in [`AntiSpoofing::Strict`] when set, [`AntiSpoofing::Off`]
     /// when not; [`Engine::set_anti_spoofing`] picks any mode.
     pub anti_spoof: bool,
+    /// VXLAN over IPv4: write TCP super-packets whole to this tunnel TAP
+    /// (issue 32, [`TunnelTap`]); `None` for every other engine.
+    pub tunnel_tap: Option<TunnelTap>,
+}
+
+/// The tunnel TAP a VXLAN engine on an IPv4 node is asked to write TCP
+/// super-packets to (UDP-tunnel GSO, Linux 6.17+, [`path::tap`]). The
+/// engine creates it, not persistent (it goes with the engine), with one
+/// queue per worker, and leaves it down: bringing it up, with
+/// `rp_filter=0` and `accept_local=1` on it, is the daemon's job. While
+/// it is down, packets go through the UDP sockets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TunnelTap {
+    /// The TAP's name (at most 15 bytes, no `%d` template).
+    pub name: String,
+    /// Whether the engine refuses to start without it
+    /// ([`EngineError::TunnelTap`]); else it logs why and uses its sockets.
+    pub required: bool,
+}
+
+/// Whether an engine writes through its tunnel TAP ([`Engine::tunnel_tap`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TunnelTapState {
+    /// Not asked for ([`EngineConfig::tunnel_tap`] is `None`).
+    NotAsked,
+    /// Open, under this name.
+    Open(String),
+    /// Asked for but not opened (not VXLAN over IPv4, or the kernel refused
+    /// the TAP or its UDP-tunnel offloads): why.
+    Unavailable(String),
 }
 
 /// Which offloads are active.
@@ -273,6 +303,14 @@ pub enum EngineError {
     /// Spawning a worker thread failed.
     #[error("cannot spawn worker thread")]
     Spawn(#[source] std::io::Error),
+    /// A required tunnel TAP ([`TunnelTap::required`]) could not be opened.
+    #[error("cannot open tunnel TAP {name}: {why}")]
+    TunnelTap {
+        /// The TAP's name.
+        name: String,
+        /// Why (the kernel's error, or the engine's reason).
+        why: String,
+    },
 }
 
 /// A running dataplane for one TUN device.
@@ -297,6 +335,8 @@ pub struct Engine {
     poll_window_off: Option<String>,
     /// Endpoint discovery (WireGuard, vxlan, flannel-UDP; `None` for IPIP).
     disco: Option<Arc<path::wg::disco::Discovery>>,
+    /// The tunnel TAP, if asked for ([`EngineConfig::tunnel_tap`]).
+    tunnel_tap: TunnelTapState,
 }
 
 impl std::fmt::Debug for Engine {
@@ -419,6 +459,12 @@ impl Engine {
             Some(why) => PollWindow::Unavailable(why.clone()),
             None => self.spin.report(),
         }
+    }
+
+    /// Whether TCP super-packets go through a tunnel TAP, and if one was
+    /// asked for and is not open, why.
+    pub fn tunnel_tap(&self) -> &TunnelTapState {
+        &self.tunnel_tap
     }
 
     /// Number of worker threads.

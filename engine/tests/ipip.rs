@@ -29,6 +29,7 @@ fn ipip_cfg(n: usize, offload: bool) -> EngineConfig {
         workers: 2,
         offload,
         anti_spoof: true,
+        tunnel_tap: None,
     }
 }
 

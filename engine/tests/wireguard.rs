@@ -111,6 +111,7 @@ fn wireguard_engine_talks_to_boringtun_and_counts_drops() {
         workers: 2,
         offload: true,
         anti_spoof: true,
+        tunnel_tap: None,
     };
     let engine = common::start_engine(&ns, cfg);
     common::sh(&[

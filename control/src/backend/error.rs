@@ -83,6 +83,9 @@ pub enum BackendError {
     /// TUN failure, [`probe::engine_error`]).
     #[error("engine: {}", probe::engine_error(.0))]
     Engine(#[source] weft_engine::EngineError),
+    /// `--tunnel-gso=on` and a condition of the tunnel TAP failed.
+    #[error("--tunnel-gso=on: {0}")]
+    TunnelGso(#[from] crate::backend::vxlan::Unmet),
     /// The engine's TUN device was gone right after the engine made it.
     #[error("engine: tun {0} vanished")]
     TunVanished(String),

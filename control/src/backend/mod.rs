@@ -325,6 +325,9 @@ pub struct EngineTuning {
     /// Relay for nodes behind NAT (`--nat-relay`, docs/nat.md "Relays"):
     /// only with `nat`, on the userspace WireGuard path.
     pub relay: Option<RelayTuning>,
+    /// `--tunnel-gso` (issue 32, [`vxlan::TunnelGso`]): the userspace IPv4
+    /// vxlan engine's tunnel TAP.
+    pub tunnel_gso: vxlan::TunnelGso,
 }
 
 /// A relay's settings (`--nat-relay-port`, `--nat-relay-limit`).
@@ -357,6 +360,7 @@ impl EngineTuning {
             workers: self.workers,
             offload: self.offload,
             anti_spoof: self.anti_spoof != weft_engine::AntiSpoofing::Off,
+            tunnel_tap: None,
         }
     }
 }

@@ -18,6 +18,7 @@ fn tuning() -> EngineTuning {
     EngineTuning {
         nat: false,
         relay: None,
+        tunnel_gso: Default::default(),
         workers: 1,
         offload: false,
         anti_spoof: AntiSpoofing::Subnet,
@@ -385,5 +386,82 @@ fn an_engine_that_cannot_start_fails_setup_with_its_reason() {
         let b = super::vxlan::userspace::Vxlan::new(vxlan_opts("{}"), true, false, tuning(), us);
         let e = up(b, &own()).await.expect_err("no engine");
         assert!(e.to_string().contains("/dev/net/tun"), "{e}");
+    });
+}
+
+/// `--tunnel-gso`: the IPv4 engine is asked for the tunnel TAP only where
+/// the node passes the checks (required with `on`), weftd configures the
+/// TAP it got, and status says which and why; `on` on a node that fails a
+/// check does not start.
+#[test]
+fn vxlan_tunnel_gso_follows_the_node() {
+    use super::vxlan::{TUNNEL_TAP, TunnelGso};
+    use weft_engine::TunnelTap;
+    block_on(async {
+        let node = |offload: bool| {
+            let f = fake(&[], false);
+            f.set_feature("eth0", "tx-udp_tnl-segmentation", offload);
+            f.set_sysctl("net/ipv4/ip_forward", "1");
+            f
+        };
+        let start = |f: &std::sync::Arc<crate::netlink::FakeNetlink>, mode| {
+            let (engines, us) = FakeEngines::new(f);
+            let t = EngineTuning {
+                tunnel_gso: mode,
+                ..tuning()
+            };
+            let b = super::vxlan::userspace::Vxlan::new(vxlan_opts("{}"), true, false, t, us);
+            (engines, b)
+        };
+        let gso = |b: &dyn Running| {
+            let st = b.view().read();
+            st.devices[0].tunnel_gso.clone().expect("tunnel_gso")
+        };
+
+        let f = node(true);
+        let (engines, b) = start(&f, TunnelGso::Off);
+        let b = up(b, &own()).await.expect("off");
+        assert_eq!(engines.running("flannel.1").cfg.tunnel_tap, None);
+        assert_eq!(gso(&*b).reason.as_deref(), Some("off"));
+
+        for (mode, required) in [(TunnelGso::Auto, false), (TunnelGso::On, true)] {
+            let f = node(true);
+            let (engines, b) = start(&f, mode);
+            let b = up(b, &own()).await.expect("passes");
+            assert_eq!(
+                engines.running("flannel.1").cfg.tunnel_tap,
+                Some(TunnelTap {
+                    name: TUNNEL_TAP.into(),
+                    required
+                })
+            );
+            let tap = f
+                .links()
+                .into_values()
+                .find(|l| l.link.name == TUNNEL_TAP)
+                .expect("tap");
+            assert!(tap.link.up, "{tap:?}");
+            let g = gso(&*b);
+            assert_eq!((g.tap.as_deref(), g.reason), (Some(TUNNEL_TAP), None));
+        }
+
+        let f = node(false);
+        let (engines, b) = start(&f, TunnelGso::Auto);
+        let b = up(b, &own()).await.expect("auto falls back");
+        assert_eq!(engines.running("flannel.1").cfg.tunnel_tap, None);
+        let why = gso(&*b).reason.expect("reason");
+        assert!(
+            why.starts_with("uplink eth0 has no tx-udp_tnl-segmentation"),
+            "{why}"
+        );
+
+        let f = node(false);
+        let (_, b) = start(&f, TunnelGso::On);
+        let e = up(b, &own()).await.expect_err("on refuses");
+        assert!(
+            e.to_string()
+                .starts_with("--tunnel-gso=on: uplink eth0 has no tx-udp_tnl-segmentation"),
+            "{e}"
+        );
     });
 }

@@ -214,6 +214,21 @@ pub struct Flags {
         value_name = "auto|on|off"
     )]
     pub vxlan_tx_checksum_offload: crate::backend::vxlan::TxCsumOffload,
+    /// weft: the userspace vxlan engine on an IPv4 node writes each TCP
+    /// super-packet whole to the tunnel TAP `weft-gso0` with UDP-tunnel GSO
+    /// (Linux 6.17+) and the uplink segments it (docs/performance.md, "The
+    /// engine writing through it"): `off` (the engine's UDP sockets), `auto`
+    /// (the TAP where the uplink has `tx-udp_tnl-segmentation`,
+    /// `net.ipv4.ip_forward` is 1 and `net.ipv4.conf.all.rp_filter` is not 1,
+    /// else the sockets; weftd changes none of these) or `on` (the same
+    /// conditions, each a start-up error).
+    #[arg(
+        long,
+        env = "WEFT_TUNNEL_GSO",
+        default_value = "off",
+        value_name = "off|auto|on"
+    )]
+    pub tunnel_gso: crate::backend::vxlan::TunnelGso,
     /// weft: nodes behind NAT (docs/nat.md): discover the endpoint this node
     /// is seen from on the backend port, publish it in the lease and punch
     /// holes to peers that do the same (userspace wireguard, vxlan and udp).
@@ -665,6 +680,24 @@ mod tests {
             );
         }
         assert!(parse(&["--anti-spoofing=loose"]).is_err());
+    }
+
+    #[test]
+    fn tunnel_gso_modes() {
+        use crate::backend::vxlan::TunnelGso;
+        assert_eq!(parse(&[]).expect("parse").tunnel_gso, TunnelGso::Off);
+        for (v, m) in [
+            ("off", TunnelGso::Off),
+            ("auto", TunnelGso::Auto),
+            ("on", TunnelGso::On),
+        ] {
+            assert_eq!(parse(&["-tunnel-gso", v]).expect("parse").tunnel_gso, m);
+            let f = parse(&[&format!("--tunnel-gso={v}")]).expect("parse");
+            assert_eq!(f.tunnel_gso, m);
+        }
+        let e = parse(&["--tunnel-gso=yes"]).expect_err("refused");
+        assert!(e.to_string().contains("not one of off, auto, on"), "{e}");
+        assert!(parse(&["--tunnel-gso"]).is_err(), "needs a value");
     }
 
     #[test]

@@ -156,6 +156,7 @@ pub async fn run_with<M: SubnetManager>(
             port: flags.nat_relay_port,
             mbit: (flags.nat_relay_limit > 0).then_some(flags.nat_relay_limit),
         }),
+        tunnel_gso: flags.tunnel_gso,
     };
     let dataplane = match flags.dataplane {
         Dataplane::Auto => backend::DataplaneChoice::Auto,
@@ -330,6 +331,9 @@ async fn host_rules(
         random_fully_disable: flags.ip_masq_fully_random_disable,
         forward_rules: flags.iptables_forward_rules,
         resync: Duration::from_secs(flags.iptables_resync),
+        accept_in: (flags.tunnel_gso != crate::backend::vxlan::TunnelGso::Off
+            && cfg.backend_type == "vxlan")
+            .then_some(crate::backend::vxlan::TUNNEL_TAP),
     };
     let network = traffic::Networks {
         v4: cfg.network.filter(|_| cfg.enable_ipv4),

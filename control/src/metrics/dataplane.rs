@@ -174,6 +174,12 @@ impl PromCollector for Collector {
                     (l, u64::from(on))
                 })
             })
+            .chain(b.devices.iter().filter_map(|d| {
+                let g = d.tunnel_gso.as_ref()?;
+                let mut l = short(d);
+                l.push(("offload", "tunnel_gso".to_string()));
+                Some((l, u64::from(g.tap.is_some())))
+            }))
             .collect();
         gauge(
             "offload_enabled",

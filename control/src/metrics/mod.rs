@@ -27,6 +27,8 @@
 //!                                                       (every weft_engine::Batching counter, by its
 //!                                                       metric name; packets per syscall = packets / calls)
 //! weft_offload_enabled{backend,device,offload="tun_vnet_hdr|tun_tso|tun_uso|tun_csum|udp_gso|udp_gro"} gauge 0|1
+//!                                                       (and offload="tunnel_gso" on the userspace
+//!                                                       IPv4 vxlan device: the tunnel TAP in use, --tunnel-gso)
 //! weft_engine_workers{backend,device}                 gauge
 //! weft_peer_{tx,rx}_{packets,bytes}_total{backend,device,subnet,endpoint}  counter
 //!                                                       (only where the dataplane keeps per-peer counters)

@@ -132,6 +132,10 @@ fn dataplane_metrics_come_from_the_status() {
         Some(&0.0)
     );
     assert_eq!(
+        s.get(r#"weft_offload_enabled{backend="vxlan",device="flannel.1",offload="tunnel_gso"}"#),
+        Some(&1.0)
+    );
+    assert_eq!(
         s.get(r#"weft_udp_send_calls_total{backend="vxlan",device="flannel.1"}"#),
         Some(&2.0)
     );

@@ -83,6 +83,13 @@ pub trait Client: Send + Sync + std::fmt::Debug {
     /// (e.g. `net/ipv6/conf/flannel.1/accept_ra`).
     async fn sysctl(&self, key: &str, value: &str) -> Result<(), NetlinkError>;
 
+    /// `sysctl -n KEY` (`key` as for [`Client::sysctl`]), trimmed.
+    async fn sysctl_read(&self, key: &str) -> Result<String, NetlinkError>;
+
+    /// `ethtool -k DEV`'s feature `name` (e.g. `tx-udp_tnl-segmentation`):
+    /// whether it is on; `None` when the kernel has no feature of that name.
+    async fn ethtool_feature(&self, dev: &str, name: &str) -> Result<Option<bool>, NetlinkError>;
+
     /// `ethtool -K DEV tx on|off` (every transmit checksum offload of the
     /// device); returns whether that changed it.
     async fn set_tx_checksum(&self, dev: &str, on: bool) -> Result<bool, NetlinkError>;

@@ -81,6 +81,10 @@ struct State {
     default_via: Option<(IpAddr, u32)>,
     /// Devices whose transmit checksum offload was turned off.
     tx_csum_off: BTreeSet<String>,
+    /// Sysctl values by key, as written or set by the test (unset: `0`).
+    sysctls: BTreeMap<String, String>,
+    /// ethtool features by (device, name), as set by the test.
+    features: BTreeMap<(String, String), bool>,
 }
 
 /// See the module docs.
@@ -141,6 +145,16 @@ impl FakeNetlink {
     /// Sets the default route used by `ip route get` for other addresses.
     pub fn set_default_via(&self, gw: IpAddr, index: u32) {
         self.lock().default_via = Some((gw, index));
+    }
+
+    /// Sets sysctl `key` (as under /proc/sys) without recording a write.
+    pub fn set_sysctl(&self, key: &str, value: &str) {
+        self.lock().sysctls.insert(key.into(), value.into());
+    }
+
+    /// Gives `dev` ethtool feature `name`, on or off.
+    pub fn set_feature(&self, dev: &str, name: &str, on: bool) {
+        self.lock().features.insert((dev.into(), name.into()), on);
     }
 
     /// Every request so far, in order.
@@ -523,8 +537,27 @@ impl Client for FakeNetlink {
     }
 
     async fn sysctl(&self, key: &str, value: &str) -> Result<(), NetlinkError> {
-        self.lock().ops.push(Op::Sysctl(key.into(), value.into()));
+        let mut s = self.lock();
+        s.ops.push(Op::Sysctl(key.into(), value.into()));
+        s.sysctls.insert(key.into(), value.into());
         Ok(())
+    }
+
+    async fn sysctl_read(&self, key: &str) -> Result<String, NetlinkError> {
+        Ok(self
+            .lock()
+            .sysctls
+            .get(key)
+            .cloned()
+            .unwrap_or_else(|| "0".into()))
+    }
+
+    async fn ethtool_feature(&self, dev: &str, name: &str) -> Result<Option<bool>, NetlinkError> {
+        Ok(self
+            .lock()
+            .features
+            .get(&(dev.to_string(), name.to_string()))
+            .copied())
     }
 
     /// Devices start with the offload on (as the kernel creates a vxlan device).

@@ -558,6 +558,21 @@ impl Client for Netlink {
         std::fs::write(&path, value).map_err(|source| NetlinkError::Sysctl { path, source })
     }
 
+    async fn sysctl_read(&self, key: &str) -> Result<String, NetlinkError> {
+        let path = format!("/proc/sys/{key}");
+        match std::fs::read_to_string(&path) {
+            Ok(v) => Ok(v.trim().to_string()),
+            Err(source) => Err(NetlinkError::Sysctl { path, source }),
+        }
+    }
+
+    async fn ethtool_feature(&self, dev: &str, name: &str) -> Result<Option<bool>, NetlinkError> {
+        weft_engine::ethtool_feature(dev, name).map_err(|source| NetlinkError::Ethtool {
+            dev: dev.into(),
+            source,
+        })
+    }
+
     async fn set_tx_checksum(&self, dev: &str, on: bool) -> Result<bool, NetlinkError> {
         weft_engine::set_tx_checksum(dev, on).map_err(|source| NetlinkError::Ethtool {
             dev: dev.into(),

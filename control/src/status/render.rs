@@ -77,6 +77,22 @@ pub fn text(s: &Status) -> String {
         if let Some(w) = &d.poll_window {
             let _ = writeln!(o, "  poll-on window: {w}");
         }
+        if let Some(g) = &d.tunnel_gso {
+            let _ = match (&g.tap, &g.reason) {
+                (Some(tap), _) => writeln!(
+                    o,
+                    "  tunnel gso: {}, TCP super-packets through {tap}",
+                    g.mode
+                ),
+                (None, Some(why)) if why == "off" => writeln!(o, "  tunnel gso: off"),
+                (None, why) => writeln!(
+                    o,
+                    "  tunnel gso: {}, UDP sockets: {}",
+                    g.mode,
+                    why.as_deref().unwrap_or("?")
+                ),
+            };
+        }
         let _ = writeln!(o, "  {}", counters(&d.counters));
         if let Some(b) = &d.batching {
             let _ = writeln!(

@@ -52,6 +52,11 @@ pub(crate) fn full() -> Status {
             }),
             peers: Some(2),
             poll_window: Some("auto, open (50 us)".into()),
+            tunnel_gso: Some(crate::view::TunnelGsoStatus {
+                mode: "auto".into(),
+                tap: Some("weft-gso0".into()),
+                reason: None,
+            }),
         }],
         peer_counters: vec![
             PeerCounters {
@@ -185,6 +190,36 @@ fn json_round_trips() {
     ));
 }
 
+/// The tunnel TAP's line: in use, off, or the failed condition.
+#[test]
+fn text_says_why_the_tunnel_tap_is_not_used() {
+    let mut st = full();
+    let why = |st: &Status| {
+        render::text(st)
+            .lines()
+            .find(|l| l.contains("tunnel gso"))
+            .map(str::trim)
+            .map(String::from)
+    };
+    st.backend.devices[0].tunnel_gso = Some(crate::view::TunnelGsoStatus {
+        mode: "off".into(),
+        tap: None,
+        reason: Some("off".into()),
+    });
+    assert_eq!(why(&st).as_deref(), Some("tunnel gso: off"));
+    st.backend.devices[0].tunnel_gso = Some(crate::view::TunnelGsoStatus {
+        mode: "auto".into(),
+        tap: None,
+        reason: Some("uplink eth0 has no tx-udp_tnl-segmentation".into()),
+    });
+    assert_eq!(
+        why(&st).as_deref(),
+        Some("tunnel gso: auto, UDP sockets: uplink eth0 has no tx-udp_tnl-segmentation")
+    );
+    st.backend.devices[0].tunnel_gso = None;
+    assert_eq!(why(&st), None);
+}
+
 #[test]
 fn text_shows_the_node_devices_and_every_peer() {
     let t = render::text(&full());
@@ -193,6 +228,7 @@ fn text_shows_the_node_devices_and_every_peer() {
         "vxlan on the userspace dataplane (requested: auto)",
         "flannel.1 (engine), 2 workers",
         "poll-on window: auto, open (50 us)",
+        "tunnel gso: auto, TCP super-packets through weft-gso0",
         "udp-gso",
         "unknown_peer 4",
     ] {

@@ -266,7 +266,7 @@ impl TrafficManager for IptablesManager {
         Ok(())
     }
 
-    fn setup_forward(&self, network: &Networks) -> Result<(), Error> {
+    fn setup_forward(&self, network: &Networks, accept_in: Option<&str>) -> Result<(), Error> {
         let mut st = self.lock();
         for family in Family::ALL {
             if let Some(n) = network.get(family) {
@@ -278,7 +278,8 @@ impl TrafficManager for IptablesManager {
                         "IPv6: Changing default FORWARD chain policy to ACCEPT"
                     }
                 );
-                self.install(&mut st, rules::forward_rules(n))?;
+                let dev = accept_in.filter(|_| family == Family::V4);
+                self.install(&mut st, rules::forward_rules(n, dev))?;
             }
         }
         Ok(())

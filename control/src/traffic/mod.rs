@@ -28,7 +28,7 @@
 //! 4. If `--ip-masq`: read the previous `FLANNEL_NETWORK`/`FLANNEL_SUBNET` (and v6) from the old
 //!    subnet.env into a [`Previous`], then `mgr.setup_masq(&network, &subnet, Some(&prev))`; an
 //!    error is fatal (`Failed to setup masq rules, <error>`).
-//! 5. Unless `--iptables-forward-rules=false`: `mgr.setup_forward(&network)`.
+//! 5. Unless `--iptables-forward-rules=false`: `mgr.setup_forward(&network, accept_in)`.
 //!    ([`install`] does 4 and 5 from a [`Flags`].)
 //! 6. Only now write subnet.env (flannel-compat §7: the rules are in place first).
 //! 7. [`spawn_resync`]`(mgr, flags.resync)`; keep the handle for the daemon's lifetime.
@@ -101,6 +101,10 @@ pub struct Flags {
     pub forward_rules: bool,
     /// `--iptables-resync` (default 5 s): period of [`spawn_resync`].
     pub resync: Duration,
+    /// weft's tunnel TAP (`--tunnel-gso` not `off` on a vxlan node): IPv4 packets forwarded in
+    /// from it are accepted with the forward rules. The TAP exists only while the userspace
+    /// engine uses it; the rule matches nothing otherwise.
+    pub accept_in: Option<&'static str>,
 }
 
 impl Default for Flags {
@@ -110,6 +114,7 @@ impl Default for Flags {
             random_fully_disable: false,
             forward_rules: true,
             resync: Duration::from_secs(5),
+            accept_in: None,
         }
     }
 }
@@ -139,8 +144,10 @@ pub trait TrafficManager: Send + Sync + fmt::Debug {
     ) -> Result<(), Error>;
 
     /// Installs the forward-accept rules for every family that has a `network` (unless
-    /// `--iptables-forward-rules=false`). The rules are re-checked by [`Self::ensure`].
-    fn setup_forward(&self, network: &Networks) -> Result<(), Error>;
+    /// `--iptables-forward-rules=false`), with an accept for IPv4 packets forwarded in from
+    /// device `accept_in` (weft's tunnel TAP, `--tunnel-gso`). The rules are re-checked by
+    /// [`Self::ensure`].
+    fn setup_forward(&self, network: &Networks, accept_in: Option<&str>) -> Result<(), Error>;
 
     /// Re-checks everything set up so far and re-applies whatever is missing or altered.
     /// Returns whether anything was repaired.
@@ -210,7 +217,7 @@ pub fn install(
         mgr.setup_masq(network, subnet, prev)?;
     }
     if flags.forward_rules {
-        mgr.setup_forward(network)?;
+        mgr.setup_forward(network, flags.accept_in)?;
     }
     Ok(())
 }

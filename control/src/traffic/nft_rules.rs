@@ -63,19 +63,22 @@ pub struct NftChain {
     pub rules: Vec<String>,
 }
 
-/// Chain `forward`: accept traffic from and to the Network.
-pub fn forward_chain(network: IpNet) -> NftChain {
+/// Chain `forward`: accept traffic from and to the Network, and from
+/// device `accept_in` (see [`super::rules::forward_rules`]).
+pub fn forward_chain(network: IpNet, accept_in: Option<&str>) -> NftChain {
     let family = Family::of(&network);
     let f = nft_family(family);
+    let mut rules = vec![
+        format!("{f} saddr {network} accept"),
+        format!("{f} daddr {network} accept"),
+    ];
+    rules.extend(accept_in.map(|dev| format!("iifname \"{dev}\" accept")));
     NftChain {
         family,
         name: FORWARD_CHAIN,
         hook: "type filter hook forward priority filter",
         comment: "chain to accept flannel traffic",
-        rules: vec![
-            format!("{f} saddr {network} accept"),
-            format!("{f} daddr {network} accept"),
-        ],
+        rules,
     }
 }
 

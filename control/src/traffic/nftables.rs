@@ -161,7 +161,7 @@ impl TrafficManager for NftablesManager {
         Ok(())
     }
 
-    fn setup_forward(&self, network: &Networks) -> Result<(), Error> {
+    fn setup_forward(&self, network: &Networks, accept_in: Option<&str>) -> Result<(), Error> {
         let mut st = self.lock();
         for family in Family::ALL {
             if let Some(n) = network.get(family) {
@@ -173,7 +173,8 @@ impl TrafficManager for NftablesManager {
                         "Changing default FORWARD chain policy to ACCEPT (ipv6)"
                     }
                 );
-                self.install(&mut st, nft_rules::forward_chain(n))?;
+                let dev = accept_in.filter(|_| family == Family::V4);
+                self.install(&mut st, nft_rules::forward_chain(n, dev))?;
             }
         }
         Ok(())

@@ -21,10 +21,12 @@ pub enum Call {
         /// Previous subnet.env values.
         prev: Option<Previous>,
     },
-    /// `setup_forward(network)`.
+    /// `setup_forward(network, accept_in)`.
     SetupForward {
         /// Cluster networks.
         network: Networks,
+        /// The device whose forwarded packets are accepted.
+        accept_in: Option<String>,
     },
     /// `ensure()`.
     Ensure,
@@ -96,8 +98,11 @@ impl TrafficManager for NoneManager {
         Ok(())
     }
 
-    fn setup_forward(&self, network: &Networks) -> Result<(), Error> {
-        self.record(Call::SetupForward { network: *network });
+    fn setup_forward(&self, network: &Networks, accept_in: Option<&str>) -> Result<(), Error> {
+        self.record(Call::SetupForward {
+            network: *network,
+            accept_in: accept_in.map(String::from),
+        });
         Ok(())
     }
 

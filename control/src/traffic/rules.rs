@@ -127,19 +127,24 @@ pub fn masq_rules(network: IpNet, subnet: IpNet, random_fully: bool) -> ChainRul
     }
 }
 
-/// flannel's forward rules (`forwardRules`) for Network `network`.
-pub fn forward_rules(network: IpNet) -> ChainRules {
+/// flannel's forward rules (`forwardRules`) for Network `network`, and
+/// weft's accept for packets forwarded in from device `accept_in` (the
+/// tunnel TAP of `--tunnel-gso`, whose frames go from the node's address to
+/// a peer node's: no Network rule matches them).
+pub fn forward_rules(network: IpNet, accept_in: Option<&str>) -> ChainRules {
     let c = format!("-m comment --comment \"{FORWARD_COMMENT}\"");
+    let mut rules = vec![
+        format!("-A {FWD_CHAIN} -s {network} {c} -j ACCEPT"),
+        format!("-A {FWD_CHAIN} -d {network} {c} -j ACCEPT"),
+    ];
+    rules.extend(accept_in.map(|dev| format!("-A {FWD_CHAIN} -i {dev} {c} -j ACCEPT")));
     ChainRules {
         family: Family::of(&network),
         table: "filter",
         builtin: "FORWARD",
         chain: FWD_CHAIN,
         jump: format!("-A FORWARD {c} -j {FWD_CHAIN}"),
-        rules: vec![
-            format!("-A {FWD_CHAIN} -s {network} {c} -j ACCEPT"),
-            format!("-A {FWD_CHAIN} -d {network} {c} -j ACCEPT"),
-        ],
+        rules,
     }
 }
 

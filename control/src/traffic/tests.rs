@@ -68,7 +68,7 @@ fn iptables_masq_rules_match_flannel_v6_without_random_fully() {
 
 #[test]
 fn iptables_forward_rules_match_flannel() {
-    let cr = rules::forward_rules(net("10.244.0.0/16"));
+    let cr = rules::forward_rules(net("10.244.0.0/16"), None);
     assert_eq!(
         lines(&cr),
         [
@@ -80,9 +80,40 @@ fn iptables_forward_rules_match_flannel() {
     assert_eq!((cr.table, cr.builtin), ("filter", "FORWARD"));
 }
 
+/// `--tunnel-gso`: packets forwarded in from weft's tunnel TAP (node
+/// address to peer node) are accepted, in the same chain, removed with it.
+#[test]
+fn the_tunnel_tap_gets_a_forward_accept() {
+    let cr = rules::forward_rules(net("10.244.0.0/16"), Some("weft-gso0"));
+    assert_eq!(
+        cr.rules[2],
+        r#"-A FLANNEL-FWD -i weft-gso0 -m comment --comment "flanneld forward" -j ACCEPT"#
+    );
+    assert_eq!(cr.rules.len(), 3);
+    let fwd = nft_rules::forward_chain(net("10.244.0.0/16"), Some("weft-gso0"));
+    assert_eq!(fwd.rules[2], r#"iifname "weft-gso0" accept"#);
+    let mgr = NoneManager::new();
+    let network = Networks {
+        v4: Some("10.244.0.0/16".parse().expect("cidr")),
+        v6: None,
+    };
+    let flags = Flags {
+        accept_in: Some("weft-gso0"),
+        ..Flags::default()
+    };
+    install(&mgr, &flags, &network, &network, None).expect("install");
+    assert_eq!(
+        mgr.calls(),
+        [Call::SetupForward {
+            network,
+            accept_in: Some("weft-gso0".into())
+        }]
+    );
+}
+
 #[test]
 fn apply_payload_flushes_chain_and_moves_every_jump_copy_to_the_end() {
-    let cr = rules::forward_rules(net("10.244.0.0/16"));
+    let cr = rules::forward_rules(net("10.244.0.0/16"), None);
     let builtin = format!(
         "-P FORWARD ACCEPT\n{0}\n-A FORWARD -j KUBE-FORWARD\n{0}\n",
         cr.jump
@@ -220,7 +251,7 @@ fn nft_listings_match_flannel_e2e() {
         masq.listing().trim_end(),
         flannel_nft_postrouting("10.244.1.0/24", "10.244.0.0/16")
     );
-    let fwd = nft_rules::forward_chain(net("10.244.0.0/16"));
+    let fwd = nft_rules::forward_chain(net("10.244.0.0/16"), None);
     let want = "table ip flannel-ipv4 {\n\tchain forward {\n\t\tcomment \"chain to accept flannel traffic\"\n\
         \t\ttype filter hook forward priority filter; policy accept;\n\
         \t\tip saddr 10.244.0.0/16 accept\n\t\tip daddr 10.244.0.0/16 accept\n\t}\n}";
@@ -248,7 +279,7 @@ fn nft_v6_uses_ip6_and_ff00() {
 
 #[test]
 fn nft_payloads() {
-    let fwd = nft_rules::forward_chain(net("10.244.0.0/16"));
+    let fwd = nft_rules::forward_chain(net("10.244.0.0/16"), None);
     assert_eq!(
         fwd.payload(),
         "add table ip flannel-ipv4 { comment \"rules for flannel-ipv4\" ; }\n\
@@ -306,7 +337,13 @@ fn install_follows_the_flags() {
     };
     let prev = Previous { network, subnet };
     install(&mgr, &Flags::default(), &network, &subnet, Some(&prev)).expect("install");
-    assert_eq!(mgr.calls(), [Call::SetupForward { network }]);
+    assert_eq!(
+        mgr.calls(),
+        [Call::SetupForward {
+            network,
+            accept_in: None
+        }]
+    );
     let flags = Flags {
         ip_masq: true,
         forward_rules: false,

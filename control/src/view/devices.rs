@@ -83,6 +83,7 @@ pub fn engine_device(engine: &Engine) -> (DeviceStatus, Vec<PeerCounters>) {
         drops: Some(s.drops),
         peers: u32::try_from(peers.len()).ok(),
         poll_window: Some(engine.poll_window().to_string()),
+        tunnel_gso: None,
     };
     let peers = peers
         .into_iter()
@@ -143,6 +144,7 @@ pub fn kernel_device_in(root: &Path, name: &str) -> Option<DeviceStatus> {
         drops: None,
         peers: None,
         poll_window: None,
+        tunnel_gso: None,
     })
 }
 

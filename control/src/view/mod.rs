@@ -36,6 +36,7 @@ use tokio::sync::watch;
 
 pub use model::{
     BackendStatus, Batching, Counters, DeviceStatus, Drops, PeerStatus, ProbeStatus, Status,
+    TunnelGsoStatus,
 };
 
 /// What weftd's overlay prober publishes: each probed peer's health, by

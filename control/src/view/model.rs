@@ -146,6 +146,21 @@ pub struct DeviceStatus {
     /// open (50 us)`.
     #[serde(default)]
     pub poll_window: Option<String>,
+    /// The userspace IPv4 vxlan device's tunnel TAP (`--tunnel-gso`,
+    /// issue 32): in use, or why not; `null` for every other device.
+    #[serde(default)]
+    pub tunnel_gso: Option<TunnelGsoStatus>,
+}
+
+/// Whether TCP super-packets leave through the tunnel TAP (`--tunnel-gso`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TunnelGsoStatus {
+    /// The flag: `off`, `auto` or `on`.
+    pub mode: String,
+    /// The TAP, when in use (`null`: the engine's UDP sockets).
+    pub tap: Option<String>,
+    /// Why the TAP is not in use (`off`, or the condition that failed).
+    pub reason: Option<String>,
 }
 
 /// Active offloads of an engine device.

@@ -39,6 +39,7 @@ impl DeviceProbe for Counted {
             drops: None,
             peers: None,
             poll_window: None,
+            tunnel_gso: None,
         });
     }
 }

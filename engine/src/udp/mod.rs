@@ -11,7 +11,7 @@ use crate::builder::Builder;
 use crate::encap::{Codec, Vxlan};
 use crate::path::wg::disco::Discovery;
 use crate::sys::udp::Udp;
-use crate::{Encap, Engine, EngineError, SOCKET_BUFFER, steer, wire};
+use crate::{Encap, Engine, EngineError, SOCKET_BUFFER, TunnelTapState, steer, wire};
 
 pub(crate) mod nat;
 pub(crate) mod worker;
@@ -37,39 +37,54 @@ pub(crate) fn codec(encap: Encap, local_addr: IpAddr) -> Result<Codec, EngineErr
     }
 }
 
-/// Experimental (issue 32): with `WEFT_ENGINE_TAP_GSO=<name>` in the
-/// environment, a VXLAN engine on an IPv4 node opens TAP `<name>` with
-/// UDP-tunnel GSO (Linux 6.17+) and writes TCP super-packets to it whole
-/// ([`crate::path::tap`]). The TAP is the operator's to bring up, with
-/// `accept_local=1` and `rp_filter=0` on it and `ip_forward=1` on the
-/// node; while it is down, packets go through the UDP sockets as without.
-fn tunnel_tap(local: IpAddr, codec: Codec, workers: usize) -> Vec<TapTx> {
-    let Ok(name) = std::env::var("WEFT_ENGINE_TAP_GSO") else {
-        return Vec::new();
+/// The tunnel TAP of [`crate::EngineConfig::tunnel_tap`] (issue 32): a
+/// VXLAN engine on an IPv4 node opens it with UDP-tunnel GSO (Linux 6.17+)
+/// and writes TCP super-packets to it whole ([`crate::path::tap`]); the
+/// daemon brings it up. While it is down, packets go through the UDP
+/// sockets as without. A TAP that cannot be had is an error when required,
+/// else a warning and the sockets alone.
+fn tunnel_tap(
+    cfg: &crate::EngineConfig,
+    codec: Codec,
+    workers: usize,
+) -> Result<(Vec<TapTx>, TunnelTapState), EngineError> {
+    let Some(want) = &cfg.tunnel_tap else {
+        return Ok((Vec::new(), TunnelTapState::NotAsked));
     };
-    let (IpAddr::V4(local), Codec::Vxlan(_)) = (local, codec) else {
-        tracing::warn!("WEFT_ENGINE_TAP_GSO: only for VXLAN over IPv4; ignored");
-        return Vec::new();
+    let opened = match (cfg.local_addr, codec) {
+        (IpAddr::V4(local), Codec::Vxlan(_)) => {
+            crate::sys::tun::open_tunnel_tap(&want.name, workers)
+                .map(|t| (t, local))
+                .map_err(|e| e.to_string())
+        }
+        _ => Err("only for VXLAN over IPv4".to_string()),
     };
-    match crate::sys::tun::open_tunnel_tap(&name, workers) {
-        Ok(t) => {
+    match opened {
+        Ok((t, local)) => {
             tracing::info!(tap = %t.name, "VXLAN TCP super-packets go whole through the tunnel TAP");
             let side = crate::path::tap::TapSide {
                 tap_mac: t.mac,
                 local,
             };
-            t.queues
+            let state = TunnelTapState::Open(t.name);
+            let taps = t
+                .queues
                 .into_iter()
                 .map(|queue| TapTx {
                     queue,
                     side,
                     id: std::cell::Cell::new(0),
                 })
-                .collect()
+                .collect();
+            Ok((taps, state))
         }
-        Err(e) => {
-            tracing::warn!("WEFT_ENGINE_TAP_GSO: tunnel TAP {name}: {e}; UDP sockets only");
-            Vec::new()
+        Err(why) if want.required => Err(EngineError::TunnelTap {
+            name: want.name.clone(),
+            why,
+        }),
+        Err(why) => {
+            tracing::warn!("tunnel TAP {}: {why}; UDP sockets only", want.name);
+            Ok((Vec::new(), TunnelTapState::Unavailable(why)))
         }
     }
 }
@@ -85,7 +100,8 @@ pub(crate) fn start(b: Builder<'_>, codec: Codec) -> Result<Engine, EngineError>
         Some(IpAddr::V4(a)) => Some(a),
         _ => None,
     };
-    let mut taps = tunnel_tap(cfg.local_addr, codec, b.workers).into_iter();
+    let (taps, tap_state) = tunnel_tap(cfg, codec, b.workers)?;
+    let mut taps = taps.into_iter();
     let mut built = Vec::with_capacity(b.workers);
     let disco = Arc::new(Discovery::default());
     for q in dev.queues {
@@ -127,5 +143,6 @@ pub(crate) fn start(b: Builder<'_>, codec: Codec) -> Result<Engine, EngineError>
     }
     let mut engine = b.spawn(dev.name, port, offloads, "weft-w", built)?;
     engine.disco = Some(disco);
+    engine.tunnel_tap = tap_state;
     Ok(engine)
 }

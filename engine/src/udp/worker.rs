@@ -64,7 +64,7 @@ pub(crate) struct UdpEncap {
     /// NAT traversal's discovery state.
     pub nat: Nat,
     /// VXLAN TCP super-packets go here whole, the kernel segments them
-    /// (`WEFT_ENGINE_TAP_GSO`, [`tap`]).
+    /// (`EngineConfig::tunnel_tap`, [`tap`]).
     pub tap: Option<TapTx>,
 }
 

@@ -70,6 +70,7 @@ pub fn udp_cfg(n: usize) -> EngineConfig {
         workers: 2,
         offload: true,
         anti_spoof: true,
+        tunnel_tap: None,
     }
 }
 

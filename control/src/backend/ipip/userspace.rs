@@ -246,6 +246,7 @@ mod tests {
         EngineTuning {
             nat: false,
             relay: None,
+            tunnel_gso: Default::default(),
             workers: 1,
             offload: true,
             anti_spoof: weft_engine::AntiSpoofing::Strict,

@@ -101,6 +101,7 @@ impl crate::view::DeviceProbe for Probe {
             drops: None,
             peers: u32::try_from(peers.len()).ok(),
             poll_window: None,
+            tunnel_gso: None,
         });
     }
 }
@@ -120,6 +121,9 @@ impl StartEngine for FakeEngines {
         }
         self.nl
             .insert_link(&cfg.tun_name, LinkKind::Tun, u32::from(cfg.mtu), None);
+        if let Some(t) = &cfg.tunnel_tap {
+            self.nl.insert_link(&t.name, LinkKind::Tun, 1500, None);
+        }
         let e = Arc::new(FakeEngine {
             cfg,
             anti,
@@ -150,6 +154,12 @@ impl TunnelEngine for Handle {
     }
     fn describe(&self) -> String {
         "fake engine".into()
+    }
+    fn tunnel_tap(&self) -> weft_engine::TunnelTapState {
+        match &self.0.cfg.tunnel_tap {
+            Some(t) => weft_engine::TunnelTapState::Open(t.name.clone()),
+            None => weft_engine::TunnelTapState::NotAsked,
+        }
     }
     fn set_discovery(&self, on: bool, servers: Vec<std::net::SocketAddr>) {
         *self.0.discovery.lock().expect("lock") = Some((on, servers));

@@ -24,7 +24,7 @@ use weft_engine::{AntiSpoofing, Engine, EngineConfig, Peer, PeerStats};
 
 use super::BackendError;
 use crate::netlink::{Client, Route};
-use crate::view::{BackendView, Dataplane, DeviceProbe, devices::EngineProbe};
+use crate::view::{BackendView, Dataplane, DeviceProbe, TunnelGsoStatus, devices::EngineProbe};
 
 /// The engine under a [`Tunnel`].
 pub trait TunnelEngine: Send + Sync {
@@ -40,6 +40,10 @@ pub trait TunnelEngine: Send + Sync {
     fn probe(&self) -> Arc<dyn DeviceProbe>;
     /// One line for the log: workers, anti-spoofing, offloads.
     fn describe(&self) -> String;
+    /// Whether the engine writes through a tunnel TAP (`--tunnel-gso`).
+    fn tunnel_tap(&self) -> weft_engine::TunnelTapState {
+        weft_engine::TunnelTapState::NotAsked
+    }
     /// WireGuard's endpoint discovery on or off, and the peers it asks
     /// (docs/nat.md); engines without it ignore this.
     fn set_discovery(&self, _on: bool, _servers: Vec<SocketAddr>) {}
@@ -146,6 +150,9 @@ impl TunnelEngine for Shared {
     fn direct(&self) -> Option<&Direct> {
         self.0.discovery().map(|d| &d.direct)
     }
+    fn tunnel_tap(&self) -> weft_engine::TunnelTapState {
+        self.0.tunnel_tap().clone()
+    }
     fn describe(&self) -> String {
         let e = &self.0;
         let o = e.offloads();
@@ -197,6 +204,8 @@ pub struct Tunnel {
     routes: BTreeMap<IpNet, Route>,
     /// Peers already reported for packets from an unexpected outer source.
     warned: BTreeSet<IpNet>,
+    /// The tunnel TAP as status shows it (`--tunnel-gso`; vxlan over IPv4).
+    gso: Option<TunnelGsoStatus>,
 }
 
 impl std::fmt::Debug for Tunnel {
@@ -240,6 +249,7 @@ impl Tunnel {
             peers: BTreeMap::new(),
             routes: BTreeMap::new(),
             warned: BTreeSet::new(),
+            gso: None,
         })
     }
 
@@ -378,9 +388,26 @@ impl Tunnel {
     }
 
     /// This tunnel's device as readers see it (counters read from the
-    /// engine's per-worker blocks; see [`crate::view::devices`]).
+    /// engine's per-worker blocks; see [`crate::view::devices`]), with its
+    /// tunnel TAP when [`Tunnel::set_tunnel_gso`] gave one.
     pub fn probe(&self) -> Option<Arc<dyn DeviceProbe>> {
-        self.engine.as_ref().map(|e| e.probe())
+        let p = self.engine.as_ref()?.probe();
+        Some(match &self.gso {
+            Some(g) => Arc::new(WithGso(p, g.clone())),
+            None => p,
+        })
+    }
+
+    /// Whether the engine writes through a tunnel TAP.
+    pub fn tunnel_tap(&self) -> weft_engine::TunnelTapState {
+        self.engine
+            .as_ref()
+            .map_or(weft_engine::TunnelTapState::NotAsked, |e| e.tunnel_tap())
+    }
+
+    /// What status shows of the tunnel TAP from now on.
+    pub fn set_tunnel_gso(&mut self, gso: TunnelGsoStatus) {
+        self.gso = Some(gso);
     }
 
     /// Turns the engine's endpoint discovery on or off, asking `servers`.
@@ -428,6 +455,26 @@ impl Drop for Tunnel {
                 Err(_) => e.stop(),
             }
         }
+    }
+}
+
+/// A device probe whose device also reports its tunnel TAP.
+#[derive(Debug)]
+struct WithGso(Arc<dyn DeviceProbe>, TunnelGsoStatus);
+
+impl DeviceProbe for WithGso {
+    fn report(&self, st: &mut crate::view::BackendStatus) {
+        let before = st.devices.len();
+        self.0.report(st);
+        if st.devices.len() > before
+            && let Some(d) = st.devices.last_mut()
+        {
+            d.tunnel_gso = Some(self.1.clone());
+        }
+    }
+
+    fn nat_seen(&self) -> Option<SocketAddrV4> {
+        self.0.nat_seen()
     }
 }
 

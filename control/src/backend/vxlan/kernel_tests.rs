@@ -81,6 +81,7 @@ fn lease_is_byte_identical_to_the_userspace_backend() {
         let tuning = EngineTuning {
             nat: false,
             relay: None,
+            tunnel_gso: Default::default(),
             workers: 1,
             offload: false,
             anti_spoof: weft_engine::AntiSpoofing::Strict,

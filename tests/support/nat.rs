@@ -254,34 +254,33 @@ pub fn wait_path(c: &Cluster, i: usize, public_ip: &str, want: &str, within: Dur
 /// the start to the first reply of pod 1 (behind NAT) to pod 2 (behind the
 /// other NAT), when there is one within `within`.
 pub fn start(n: &mut NatCluster, within: Duration) -> Option<Duration> {
-    let t0 = Instant::now();
-    n.c.start_all().unwrap_or_else(|e| panic!("start: {e}"));
-    for i in 0..3 {
-        n.c.add_pod(i, &format!("p{i}"))
-            .unwrap_or_else(|e| panic!("pod: {e}"));
-    }
-    let (from, to) = (&n.c.pods[1].ns, n.c.pods[2].ip.clone());
-    while t0.elapsed() < within {
-        if from.ping(&to, 1) {
-            return Some(t0.elapsed());
-        }
-    }
-    None
+    start_pods(n, 0..3, (1, 2), within)
 }
 
 /// Every weftd started, then pods 0 and 1 on nodes 2 and 3 (the two
 /// behind NAT; no pod on the public node); the time from the start to the
 /// first reply of pod 0 to pod 1, when there is one within `within`.
 pub fn start_pair(n: &mut NatCluster, within: Duration) -> Option<Duration> {
+    start_pods(n, 1..3, (0, 1), within)
+}
+
+/// Every weftd started, then a pod on each of `nodes`; the time from the
+/// start to the first reply of pod `from` to pod `to` within `within`.
+fn start_pods(
+    n: &mut NatCluster,
+    nodes: std::ops::Range<usize>,
+    (from, to): (usize, usize),
+    within: Duration,
+) -> Option<Duration> {
     let t0 = Instant::now();
     n.c.start_all().unwrap_or_else(|e| panic!("start: {e}"));
-    for i in 1..3 {
+    for i in nodes {
         n.c.add_pod(i, &format!("p{i}"))
             .unwrap_or_else(|e| panic!("pod: {e}"));
     }
-    let to = n.c.pods[1].ip.clone();
+    let (from, to) = (&n.c.pods[from].ns, n.c.pods[to].ip.clone());
     while t0.elapsed() < within {
-        if n.c.pods[0].ns.ping(&to, 1) {
+        if from.ping(&to, 1) {
             return Some(t0.elapsed());
         }
     }

@@ -290,24 +290,6 @@ fn lease_json(c: &Cluster, node: usize) -> serde_json::Value {
     serde_json::json!({ "key": l["key"], "value": l["value"] })
 }
 
-fn switch(c: &Cluster, node: usize, to: &str) -> Duration {
-    let t0 = Instant::now();
-    let out = Command::new(weft_tests::bins::path("weft"))
-        .args(["dataplane", "set", to, "--subnet-file"])
-        .arg(c.nodes[node].dir.join("subnet.env"))
-        .output()
-        .expect("weft dataplane set");
-    assert!(
-        out.status.success(),
-        "weft dataplane set {to} failed: {}{}\nlog:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        c.log(node)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("runs in the {to}")));
-    t0.elapsed()
-}
-
 /// The longest ping gap (one ping every 10 ms) a live switch of kernel
 /// vxlan to the engine or back may cause on this machine's real CPU, with a
 /// TCP flow running beside it (debug build, as `cargo test` builds it).
@@ -368,7 +350,7 @@ fn live_switching_keeps_the_lease_and_traffic_resumes() {
         (1, "kernel", "userspace"),
     ] {
         let stream = ping::Stream::start(&c.pods[0].ns, &b);
-        let took = switch(&c, node, to);
+        let took = c.switch_dataplane(node, to);
         assert_dataplane(&c.nodes[node].dir.join("subnet.env"), "vxlan", to);
         let at = stream.replies();
         stream.wait_more(at, 100, Duration::from_secs(30));

@@ -212,9 +212,9 @@ fn weftd_runs_the_tunnel_tap_and_follows_the_uplink() {
     // Node 1 (still on it) switched to the kernel dataplane: the TAP goes;
     // back to userspace: it comes back, configured again.
     assert!(has_tap(&c, 1));
-    switch(&c, 1, "kernel");
+    c.switch_dataplane(1, "kernel");
     assert!(!has_tap(&c, 1), "{TAP} left behind on the kernel dataplane");
-    switch(&c, 1, "userspace");
+    c.switch_dataplane(1, "userspace");
     assert!(
         has_tap(&c, 1),
         "no {TAP} after switching back:\n{}",
@@ -224,20 +224,4 @@ fn weftd_runs_the_tunnel_tap_and_follows_the_uplink() {
     // After weftd stops, the TAP is gone.
     c.stop_weftd(1);
     assert!(!has_tap(&c, 1), "{TAP} left behind after weftd stopped");
-}
-
-/// `weft dataplane set <to>` on node `n`.
-fn switch(c: &Cluster, n: usize, to: &str) {
-    let out = std::process::Command::new(weft_tests::bins::path("weft"))
-        .args(["dataplane", "set", to, "--subnet-file"])
-        .arg(c.subnet_file(n))
-        .output()
-        .expect("weft dataplane set");
-    assert!(
-        out.status.success(),
-        "weft dataplane set {to}: {}{}\nlog:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        c.log(n)
-    );
 }

@@ -287,6 +287,27 @@ impl Cluster {
         crate::weftd::status(&self.subnet_file(i))
     }
 
+    /// `weft dataplane set <to>` on node `i`, asserting that it succeeded
+    /// and that weftd reports the new dataplane; the time it took.
+    #[track_caller]
+    pub fn switch_dataplane(&self, i: usize, to: &str) -> Duration {
+        let t0 = Instant::now();
+        let out = std::process::Command::new(crate::bins::path("weft"))
+            .args(["dataplane", "set", to, "--subnet-file"])
+            .arg(self.subnet_file(i))
+            .output()
+            .expect("weft dataplane set");
+        assert!(
+            out.status.success(),
+            "weft dataplane set {to} failed: {}{}\nlog:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.log(i)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("runs in the {to}")));
+        t0.elapsed()
+    }
+
     /// `weft leases <args>` on the embedded store (`put` checks its key
     /// against the cluster's network config): stdout, or the error text.
     pub fn weft_leases(&self, args: &[&str]) -> Result<String, String> {

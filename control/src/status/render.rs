@@ -84,7 +84,7 @@ pub fn text(s: &Status) -> String {
                     "  tunnel gso: {}, TCP super-packets through {tap}",
                     g.mode
                 ),
-                (None, Some(why)) if why == "off" => writeln!(o, "  tunnel gso: off"),
+                (None, _) if g.mode == "off" => writeln!(o, "  tunnel gso: off"),
                 (None, why) => writeln!(
                     o,
                     "  tunnel gso: {}, UDP sockets: {}",

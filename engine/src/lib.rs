@@ -116,6 +116,13 @@ mod spare;
 mod stats;
 mod steer;
 mod sys;
+/// The TUN module (`sys::tun`), exposed for `benches/tun_ab` only: not an API.
+#[doc(hidden)]
+pub mod bench_tun {
+    pub use crate::sys::tun::{
+        Device, Queue, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6, TUN_F_USO4, TUN_F_USO6, open,
+    };
+}
 #[cfg(test)]
 mod test_util;
 mod tun_out;

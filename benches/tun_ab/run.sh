@@ -89,9 +89,9 @@ runs = [dict(kv.split("=", 1) for kv in l.split() if "=" in kv)
 def cell(rs, k):
     v = sorted(float(r[k]) for r in rs)
     return statistics.median(v), f"{statistics.median(v):.3f} [{v[0]:.3f}-{v[-1]:.3f}]"
-keys = ["gbps", "fwd_cores_per_gbps", "machine_cores_per_gbps"]
-print("\n| offload | impl | runs | Gbit/s | forwarder cores/Gbit/s | machine cores/Gbit/s |")
-print("|---|---|---|---|---|---|")
+keys = ["gbps", "fwd_cores_per_gbps", "fwd_user_cores_per_gbps", "machine_cores_per_gbps"]
+print("\n| offload | impl | runs | Gbit/s | forwarder cores/Gbit/s | of which user | machine cores/Gbit/s |")
+print("|---|---|---|---|---|---|---|")
 for mode in dict.fromkeys(r["offload"] for r in runs):
     med = {}
     for impl in ("own", "tunrs"):

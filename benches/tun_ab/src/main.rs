@@ -5,8 +5,11 @@
 //! (10.99.0.1) to namespace B (10.99.0.2), where the only path between them
 //! is this process forwarding every packet TUN A -> TUN B and back, one
 //! thread per direction. It prints, for one run, iperf3's receiver Gbit/s,
-//! this process's CPU (utime + stime, `getrusage`) and the machine's busy
-//! CPU (`/proc/stat`) over the client's run, as cores and cores per Gbit/s.
+//! this process's CPU (utime + stime, and utime alone: `getrusage`) and the
+//! machine's busy CPU (`/proc/stat`) over the client's run, as cores and
+//! cores per Gbit/s. The forwarder's stime includes the receiving kernel
+//! stack (a TUN write delivers the packet in the writer's context), the
+//! same for both implementations; utime is each one's own work.
 //!
 //! With `--offload on` both sides get the virtio-net header and TSO: weft's
 //! module writes each super-packet unchanged; tun-rs splits it
@@ -211,19 +214,27 @@ fn main() -> Res<()> {
             / 1e9;
         let retr = json_num(&out, "\"sum_sent\"", "retransmits").unwrap_or(f64::NAN);
         let secs = dt.as_secs_f64();
-        result = Some((gbps, retr, (cpu1 - cpu0) / secs, (stat1 - stat0) / secs));
+        let user = (cpu1.0 - cpu0.0) / secs;
+        result = Some((
+            gbps,
+            retr,
+            user,
+            (cpu1.1 - cpu0.1) / secs,
+            (stat1 - stat0) / secs,
+        ));
         Ok(counts)
     })?;
-    let (gbps, retr, fwd_cores, machine_cores) = result.ok_or("no result")?;
+    let (gbps, retr, fwd_user, fwd_cores, machine_cores) = result.ok_or("no result")?;
     println!(
-        "impl={} offload={} mtu={} gbps={gbps:.3} fwd_cores={fwd_cores:.3} \
+        "impl={} offload={} mtu={} gbps={gbps:.3} fwd_cores={fwd_cores:.3} fwd_user_cores={fwd_user:.3} \
          machine_cores={machine_cores:.3} fwd_cores_per_gbps={:.4} \
-         machine_cores_per_gbps={:.4} retransmits={retr} reads={} errors={} {offloads}",
+         machine_cores_per_gbps={:.4} fwd_user_cores_per_gbps={:.4} retransmits={retr} reads={} errors={} {offloads}",
         if a.tunrs { "tunrs" } else { "own" },
         if a.offload { "on" } else { "off" },
         a.mtu,
         fwd_cores / gbps,
         machine_cores / gbps,
+        fwd_user / gbps,
         counts.reads,
         counts.errors,
     );

@@ -31,14 +31,15 @@ fn setns(ns: &File) -> io::Result<()> {
     Ok(())
 }
 
-/// This process's CPU time (user + system, all threads) in seconds.
-pub fn self_cpu() -> f64 {
+/// This process's CPU time (all threads) in seconds: (user, user + system).
+pub fn self_cpu() -> (f64, f64) {
     // SAFETY: an all-zero rusage is a valid value of the plain C struct.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `ru` is a live rusage the kernel fills.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    secs(ru.ru_utime) + secs(ru.ru_stime)
+    let user = secs(ru.ru_utime);
+    (user, user + secs(ru.ru_stime))
 }
 
 /// The machine's busy CPU time in seconds since boot, from `/proc/stat`

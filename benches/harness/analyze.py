@@ -39,6 +39,7 @@ LABELS = {
     "wggo-new": "wireguard-go (newest)",
     "weft-udp": "weft udp",
     "weft-vxlan": "weft vxlan (userspace)",
+    "weft-vxlan-tap": "weft vxlan, tunnel TAP",
     "weft-kvxlan": "weft vxlan (kernel)",
     "weft-wg": "weft wireguard",
     "weft-ipip": "weft ipip (userspace)",

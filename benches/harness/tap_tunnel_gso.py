@@ -4,8 +4,12 @@ a UDP-tunnel GSO virtio-net header (Linux 6.17+) and leaves the segmenting to
 the kernel. Issue 32's "let the kernel segment" probe; driven by
 tap_tunnel_gso.sh, which builds the namespaces. Not part of the engine.
 
-argv: N (segments), the TAP's MAC (hex, 12 digits); reads one line from stdin
-after creating the TAP (so the caller can set its sysctls) before writing."""
+argv: N (segments), the TAP's MAC (hex, 12 digits), optionally "udp" for
+flannel-UDP's encapsulation (the inner IP packet right behind the UDP header,
+port 8285) instead of VXLAN; reads one line from stdin after creating the TAP
+(so the caller can set its sysctls) before writing.
+`--check PCAP`: prints each captured flannel-UDP datagram's size and whether
+its inner IP and TCP checksums are right."""
 import fcntl, os, socket, struct, sys, time
 
 TUNSETIFF, TUNSETOFFLOAD, TUNSETVNETHDRSZ = 0x400454CA, 0x400454D0, 0x400454D8
@@ -32,7 +36,10 @@ def ip4(src, dst, proto, plen):
 
 
 def main():
+    if sys.argv[1] == "--check":
+        return check(sys.argv[2])
     n, tap_mac = int(sys.argv[1]), bytes.fromhex(sys.argv[2])
+    udp_encap = sys.argv[3:] == ["udp"]
     fd = os.open("/dev/net/tun", os.O_RDWR)
     fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH", b"tap0", IFF_TAP | IFF_NO_PI | IFF_VNET_HDR))
     # the 24-byte virtio_net_hdr_v1_hash_tunnel carries the tunnel offsets
@@ -51,19 +58,42 @@ def main():
     pseudo = struct.pack("!4s4sBBH", socket.inet_aton(isrc), socket.inet_aton(idst), 0, 6, tcp_len)
     tcp = struct.pack("!HHIIBBHHH", 40000, 5201, 1, 1, 0x50, 0x18, 65535, csum(pseudo), 0)
     # inner: the peer vxlan device's MAC (02:..:02) from a pod-side MAC
-    inner = bytes.fromhex("020000000002020000000001") + b"\x08\x00" + ip4(isrc, idst, 6, tcp_len) + tcp + payload
-    vxlan = struct.pack("!II", 0x08000000, 1 << 8)  # VNI 1
+    inner = ip4(isrc, idst, 6, tcp_len) + tcp + payload
+    if udp_encap:  # flannel-UDP: no tunnel header, no inner Ethernet
+        vxlan, port = b"", 8285
+    else:  # inner: the peer vxlan device's MAC (02:..:02) from a pod-side MAC
+        inner = bytes.fromhex("020000000002020000000001") + b"\x08\x00" + inner
+        vxlan, port = struct.pack("!II", 0x08000000, 1 << 8), 4789  # VNI 1
     udp_len = 8 + len(vxlan) + len(inner)
-    udp = struct.pack("!HHHH", 54321, 4789, udp_len, 0)
+    udp = struct.pack("!HHHH", 54321, port, udp_len, 0)
     frame = tap_mac + bytes.fromhex("0200000000bb") + b"\x08\x00" + ip4("192.0.2.1", "192.0.2.2", 17, udp_len) + udp + vxlan + inner
     outer_th = 14 + 20
-    inner_nh = outer_th + 8 + 8 + 14
+    inner_nh = outer_th + 8 + len(vxlan) + (0 if udp_encap else 14)
     inner_th = inner_nh + 20
     vnet = struct.pack("<BBHHHHH", F_NEEDS_CSUM, GSO_TCPV4 | GSO_UDP_TUNNEL_IPV4, inner_th + 20, MSS, inner_th, 16, 0)
     vnet += struct.pack("<IHH", 0, 0, 0) + struct.pack("<HH", outer_th, inner_nh)
     wrote = os.write(fd, vnet + frame)
     print(f"wrote {wrote} bytes: one super-packet of {n} segments", flush=True)
     time.sleep(2)  # the TAP goes with this fd: let the stack take the skb first
+
+
+def check(path):
+    """Each flannel-UDP datagram of a pcap (Ethernet): size, inner sums."""
+    d = open(path, "rb").read()
+    off, n, bad = 24, 0, 0
+    while off + 16 <= len(d):
+        incl = struct.unpack("<I", d[off + 8:off + 12])[0]
+        ip = d[off + 16 + 14:off + 16 + incl]
+        off += 16 + incl
+        inner = ip[(ip[0] & 15) * 4 + 8:]
+        ihl, tot = (inner[0] & 15) * 4, struct.unpack("!H", inner[2:4])[0]
+        tcp = inner[ihl:tot]
+        pseudo = inner[12:20] + struct.pack("!BBH", 0, 6, len(tcp))
+        ok = csum(inner[:ihl]) == 0xFFFF and csum(pseudo + tcp) == 0xFFFF
+        n, bad = n + 1, bad + (not ok)
+        print(f"  datagram {len(ip)} bytes, inner TCP seq {struct.unpack('!I', tcp[4:8])[0]}, "
+              f"inner IP and TCP checksums {'right' if ok else 'WRONG'}")
+    print(f"  {n} datagrams, {bad} with a wrong inner checksum")
 
 
 if __name__ == "__main__":

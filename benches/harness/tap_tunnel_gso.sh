@@ -8,7 +8,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 P=wtgso$$
 A=${P}a B=${P}b
-cleanup() { ip netns del "$A" 2>/dev/null || true; ip netns del "$B" 2>/dev/null || true; rm -f "/tmp/$P.fifo" "/tmp/$P.cap"; }
+cleanup() { ip netns del "$A" 2>/dev/null || true; ip netns del "$B" 2>/dev/null || true; rm -f "/tmp/$P.fifo" "/tmp/$P.cap" "/tmp/$P.pcap"; }
 trap cleanup EXIT
 ip netns add "$A"; ip netns add "$B"
 ip link add a0 netns "$A" type veth peer name b0 netns "$B"
@@ -43,6 +43,21 @@ echo "uplink with tx-udp_tnl-segmentation (veth default):"; one
 if command -v ethtool >/dev/null; then
   ip netns exec "$A" ethtool -K a0 tx-udp_tnl-segmentation off tx-udp_tnl-csum-segmentation off tx off >/dev/null
   echo "uplink without it or checksum offload (the stack segments and sums):"; one
+  # flannel-UDP (IP in UDP, no inner Ethernet) through the same header, cut by the stack
+  rm -f "/tmp/$P.fifo" "/tmp/$P.pcap"; mkfifo "/tmp/$P.fifo"
+  ip netns exec "$B" timeout 6 tcpdump -i b0 -nn -w "/tmp/$P.pcap" -c 40 udp port 8285 2>/dev/null &
+  dump=$!
+  sleep 1
+  ip netns exec "$A" python3 "$here/tap_tunnel_gso.py" 10 0200000000aa udp < "/tmp/$P.fifo" &
+  writer=$!
+  exec 7>"/tmp/$P.fifo"
+  for _ in $(seq 50); do ip -n "$A" link show tap0 >/dev/null 2>&1 && break; sleep 0.1; done
+  ip -n "$A" link set tap0 address 02:00:00:00:00:aa up
+  ip netns exec "$A" sysctl -qw net.ipv4.conf.tap0.rp_filter=0 net.ipv4.conf.tap0.accept_local=1
+  echo go >&7; exec 7>&-
+  wait "$writer"; wait "$dump" || true
+  echo "flannel-UDP (IP in UDP), uplink without the offload (the stack segments and sums):"
+  python3 "$here/tap_tunnel_gso.py" --check "/tmp/$P.pcap"
 else
-  echo "(no ethtool: the software-segmentation case is left out)"
+  echo "(no ethtool: the software-segmentation cases are left out)"
 fi

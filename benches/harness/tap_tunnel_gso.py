@@ -9,7 +9,8 @@ flannel-UDP's encapsulation (the inner IP packet right behind the UDP header,
 port 8285) instead of VXLAN; reads one line from stdin after creating the TAP
 (so the caller can set its sysctls) before writing.
 `--check PCAP`: prints each captured flannel-UDP datagram's size and whether
-its inner IP and TCP checksums are right."""
+its inner IP and TCP checksums are right. `--recv ADDR`: a plain UDP socket on
+ADDR:8285, as flanneld's, prints the same for what it receives in 4 s."""
 import fcntl, os, socket, struct, sys, time
 
 TUNSETIFF, TUNSETOFFLOAD, TUNSETVNETHDRSZ = 0x400454CA, 0x400454D0, 0x400454D8
@@ -38,6 +39,8 @@ def ip4(src, dst, proto, plen):
 def main():
     if sys.argv[1] == "--check":
         return check(sys.argv[2])
+    if sys.argv[1] == "--recv":
+        return recv(sys.argv[2])
     n, tap_mac = int(sys.argv[1]), bytes.fromhex(sys.argv[2])
     udp_encap = sys.argv[3:] == ["udp"]
     fd = os.open("/dev/net/tun", os.O_RDWR)
@@ -77,23 +80,46 @@ def main():
     time.sleep(2)  # the TAP goes with this fd: let the stack take the skb first
 
 
+def inner_ok(inner):
+    """Whether a flannel-UDP payload's inner IP and TCP checksums are right."""
+    ihl, tot = (inner[0] & 15) * 4, struct.unpack("!H", inner[2:4])[0]
+    tcp = inner[ihl:tot]
+    pseudo = inner[12:20] + struct.pack("!BBH", 0, 6, len(tcp))
+    return csum(inner[:ihl]) == 0xFFFF and csum(pseudo + tcp) == 0xFFFF
+
+
+def report(payloads):
+    bad = 0
+    for p in payloads:
+        ok = inner_ok(p)
+        bad += not ok
+        print(f"  UDP payload {len(p)} bytes, inner IP and TCP checksums {'right' if ok else 'WRONG'}")
+    print(f"  {len(payloads)} datagrams, {bad} with a wrong inner checksum")
+
+
 def check(path):
-    """Each flannel-UDP datagram of a pcap (Ethernet): size, inner sums."""
-    d = open(path, "rb").read()
-    off, n, bad = 24, 0, 0
+    """Each flannel-UDP datagram of a pcap (Ethernet)."""
+    d, off, got = open(path, "rb").read(), 24, []
     while off + 16 <= len(d):
         incl = struct.unpack("<I", d[off + 8:off + 12])[0]
         ip = d[off + 16 + 14:off + 16 + incl]
         off += 16 + incl
-        inner = ip[(ip[0] & 15) * 4 + 8:]
-        ihl, tot = (inner[0] & 15) * 4, struct.unpack("!H", inner[2:4])[0]
-        tcp = inner[ihl:tot]
-        pseudo = inner[12:20] + struct.pack("!BBH", 0, 6, len(tcp))
-        ok = csum(inner[:ihl]) == 0xFFFF and csum(pseudo + tcp) == 0xFFFF
-        n, bad = n + 1, bad + (not ok)
-        print(f"  datagram {len(ip)} bytes, inner TCP seq {struct.unpack('!I', tcp[4:8])[0]}, "
-              f"inner IP and TCP checksums {'right' if ok else 'WRONG'}")
-    print(f"  {n} datagrams, {bad} with a wrong inner checksum")
+        got.append(ip[(ip[0] & 15) * 4 + 8:])
+    report(got)
+
+
+def recv(addr):
+    """What a plain UDP socket (flanneld's kind: no UDP_GRO) receives."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((addr, 8285))
+    s.settimeout(4)
+    got = []
+    try:
+        while True:
+            got.append(s.recv(70000))
+    except socket.timeout:
+        pass
+    report(got)
 
 
 if __name__ == "__main__":

@@ -39,25 +39,40 @@ one() {
   echo "  on b0: $(grep -c 'proto UDP' "/tmp/$P.cap") UDP datagrams, IP lengths: $(grep -o 'proto UDP (17), length [0-9]*' "/tmp/$P.cap" | awk '{print $NF}' | sort | uniq -c | tr '\n' ' ')inner TCP checksums tcpdump calls incorrect (still partial while offloaded): $(grep -c 'cksum.*incorrect' "/tmp/$P.cap" || true)"
   echo "  peer stack: $(ip netns exec "$B" nstat 2>/dev/null | awk '/UdpInDatagrams|TcpInSegs|TcpInCsumErrors|TcpOutRsts|IpExtInNoECTPkts/{printf "%s=%s ", $1, $2}')"
 }
-echo "uplink with tx-udp_tnl-segmentation (veth default):"; one
-if command -v ethtool >/dev/null; then
-  ip netns exec "$A" ethtool -K a0 tx-udp_tnl-segmentation off tx-udp_tnl-csum-segmentation off tx off >/dev/null
-  echo "uplink without it or checksum offload (the stack segments and sums):"; one
-  # flannel-UDP (IP in UDP, no inner Ethernet) through the same header, cut by the stack
-  rm -f "/tmp/$P.fifo" "/tmp/$P.pcap"; mkfifo "/tmp/$P.fifo"
-  ip netns exec "$B" timeout 6 tcpdump -i b0 -nn -w "/tmp/$P.pcap" -c 40 udp port 8285 2>/dev/null &
-  dump=$!
-  sleep 1
-  ip netns exec "$A" python3 "$here/tap_tunnel_gso.py" 10 0200000000aa udp < "/tmp/$P.fifo" &
-  writer=$!
+# One flannel-UDP super-packet (10 segments) written through a new TAP.
+write_udp() {
+  rm -f "/tmp/$P.fifo"; mkfifo "/tmp/$P.fifo"
+  ip netns exec "$A" python3 "$here/tap_tunnel_gso.py" 10 0200000000aa udp < "/tmp/$P.fifo" >/dev/null &
+  local writer=$!
   exec 7>"/tmp/$P.fifo"
   for _ in $(seq 50); do ip -n "$A" link show tap0 >/dev/null 2>&1 && break; sleep 0.1; done
   ip -n "$A" link set tap0 address 02:00:00:00:00:aa up
   ip netns exec "$A" sysctl -qw net.ipv4.conf.tap0.rp_filter=0 net.ipv4.conf.tap0.accept_local=1
   echo go >&7; exec 7>&-
-  wait "$writer"; wait "$dump" || true
+  wait "$writer"
+}
+echo "uplink with tx-udp_tnl-segmentation (veth default):"; one
+if command -v ethtool >/dev/null; then
+  ip netns exec "$A" ethtool -K a0 tx-udp_tnl-segmentation off tx-udp_tnl-csum-segmentation off tx off >/dev/null
+  echo "uplink without it or checksum offload (the stack segments and sums):"; one
+  # flannel-UDP (IP in UDP, no inner Ethernet) through the same header, cut by the stack
+  rm -f "/tmp/$P.pcap"
+  ip netns exec "$B" timeout 6 tcpdump -i b0 -nn -w "/tmp/$P.pcap" -c 40 udp port 8285 2>/dev/null &
+  dump=$!
+  sleep 1
+  write_udp
+  wait "$dump" || true
   echo "flannel-UDP (IP in UDP), uplink without the offload (the stack segments and sums):"
   python3 "$here/tap_tunnel_gso.py" --check "/tmp/$P.pcap"
+  # the same skb across a veth that passes it whole, to a plain socket (flanneld's kind)
+  ip netns exec "$A" ethtool -K a0 tx-udp_tnl-segmentation on tx-udp_tnl-csum-segmentation on tx on >/dev/null
+  ip netns exec "$B" python3 "$here/tap_tunnel_gso.py" --recv 192.0.2.2 > "/tmp/$P.cap" &
+  local_rcv=$!
+  sleep 0.5
+  write_udp
+  wait "$local_rcv"
+  echo "flannel-UDP, uplink passing the skb whole, to a plain UDP socket on the peer (no UDP_GRO, as flanneld):"
+  cat "/tmp/$P.cap"
 else
   echo "(no ethtool: the software-segmentation cases are left out)"
 fi

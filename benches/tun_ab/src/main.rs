@@ -74,7 +74,13 @@ fn parse_args() -> Args {
         match k.as_str() {
             "--ns-a" => a.ns_a = v,
             "--ns-b" => a.ns_b = v,
-            "--offload" => a.offload = v == "on",
+            "--offload" => {
+                a.offload = match v.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    _ => usage(),
+                }
+            }
             "--secs" => a.secs = v.parse().unwrap_or_else(|_| usage()),
             "--mtu" => a.mtu = v.parse().unwrap_or_else(|_| usage()),
             _ => usage(),

@@ -187,6 +187,16 @@ fn json_num(json: &str, section: &str, key: &str) -> Option<f64> {
     rest[..end].trim().parse().ok()
 }
 
+/// One run's figures: iperf3's receiver Gbit/s and retransmits; the
+/// forwarder's user and total CPU and the machine's busy CPU, in cores.
+struct Figures {
+    gbps: f64,
+    retr: f64,
+    fwd_user: f64,
+    fwd_cores: f64,
+    machine_cores: f64,
+}
+
 fn main() -> Res<()> {
     let a = parse_args();
     let ta = Tun::open_in(&a.ns_a, &a)?;
@@ -196,8 +206,7 @@ fn main() -> Res<()> {
     let offloads = ta.offloads();
 
     let stop = AtomicBool::new(false);
-    let mut result = None;
-    let counts = std::thread::scope(|s| -> Res<fwd::Counts> {
+    let (counts, f) = std::thread::scope(|s| -> Res<(fwd::Counts, Figures)> {
         let fw = s.spawn(|| forward(&ta, &tb, usize::from(a.mtu), &stop, a.offload));
         let mut server = Command::new("ip")
             .args(["netns", "exec", &a.ns_b, "iperf3", "-s", "-1", "-B", ADDR_B])
@@ -220,27 +229,32 @@ fn main() -> Res<()> {
             / 1e9;
         let retr = json_num(&out, "\"sum_sent\"", "retransmits").unwrap_or(f64::NAN);
         let secs = dt.as_secs_f64();
-        let user = (cpu1.0 - cpu0.0) / secs;
-        result = Some((
-            gbps,
-            retr,
-            user,
-            (cpu1.1 - cpu0.1) / secs,
-            (stat1 - stat0) / secs,
-        ));
-        Ok(counts)
+        Ok((
+            counts,
+            Figures {
+                gbps,
+                retr,
+                fwd_user: (cpu1.0 - cpu0.0) / secs,
+                fwd_cores: (cpu1.1 - cpu0.1) / secs,
+                machine_cores: (stat1 - stat0) / secs,
+            },
+        ))
     })?;
-    let (gbps, retr, fwd_user, fwd_cores, machine_cores) = result.ok_or("no result")?;
     println!(
-        "impl={} offload={} mtu={} gbps={gbps:.3} fwd_cores={fwd_cores:.3} fwd_user_cores={fwd_user:.3} \
-         machine_cores={machine_cores:.3} fwd_cores_per_gbps={:.4} \
-         machine_cores_per_gbps={:.4} fwd_user_cores_per_gbps={:.4} retransmits={retr} reads={} errors={} {offloads}",
+        "impl={} offload={} mtu={} gbps={:.3} fwd_cores={:.3} fwd_user_cores={:.3} \
+         machine_cores={:.3} fwd_cores_per_gbps={:.4} \
+         machine_cores_per_gbps={:.4} fwd_user_cores_per_gbps={:.4} retransmits={} reads={} errors={} {offloads}",
         if a.tunrs { "tunrs" } else { "own" },
         if a.offload { "on" } else { "off" },
         a.mtu,
-        fwd_cores / gbps,
-        machine_cores / gbps,
-        fwd_user / gbps,
+        f.gbps,
+        f.fwd_cores,
+        f.fwd_user,
+        f.machine_cores,
+        f.fwd_cores / f.gbps,
+        f.machine_cores / f.gbps,
+        f.fwd_user / f.gbps,
+        f.retr,
         counts.reads,
         counts.errors,
     );

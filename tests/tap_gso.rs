@@ -20,6 +20,12 @@
 //!   naming the condition, and leaves no TAP.
 //! - The other node switched to the kernel dataplane and back: the TAP
 //!   goes and comes back; after weftd stops it is gone.
+//!
+//! The udp backend (flannel-UDP, a second cluster): with `on` on both
+//! nodes the TAP carries the super-packets (the peer's lease has
+//! `WeftGSO`), TCP moves without checksum errors; once the peer runs with
+//! `off` (no `WeftGSO`: what flanneld's lease looks like), nothing more
+//! goes through the TAP toward it and TCP still moves, over the sockets.
 
 use std::time::Duration;
 
@@ -45,16 +51,43 @@ fn has_tap(c: &Cluster, n: usize) -> bool {
 
 /// Node `n`'s IPv4 vxlan device's `tunnel_gso` status.
 fn gso_status(c: &Cluster, n: usize) -> weft_control::status::model::TunnelGsoStatus {
+    device_gso_status(c, n, "flannel.1")
+}
+
+/// Node `n`'s device `name`'s `tunnel_gso` status.
+fn device_gso_status(
+    c: &Cluster,
+    n: usize,
+    name: &str,
+) -> weft_control::status::model::TunnelGsoStatus {
     let st = c.status(n);
     let dev = st
         .backend
         .devices
         .iter()
-        .find(|d| d.name == "flannel.1")
-        .unwrap_or_else(|| panic!("node {n}: no flannel.1 in status: {st:?}"));
+        .find(|d| d.name == name)
+        .unwrap_or_else(|| panic!("node {n}: no {name} in status: {st:?}"));
     dev.tunnel_gso
         .clone()
         .unwrap_or_else(|| panic!("node {n}: no tunnel_gso in status: {dev:?}"))
+}
+
+/// The frames node `n`'s weftd wrote to its TAP (the TAP's `rx_packets`).
+fn tap_frames(c: &Cluster, n: usize) -> u64 {
+    let s = c.nodes[n].ns.exec(&[
+        "cat",
+        &format!("/sys/class/net/{TAP}/statistics/rx_packets"),
+    ]);
+    s.trim().parse().unwrap_or(0)
+}
+
+/// 2 s of iperf3 from pod 0 to pod 1: (bytes, frames through node 0's
+/// TAP, TCP checksum errors counted in pod 1).
+fn run_iperf(c: &Cluster) -> (u64, u64, u64) {
+    let before = (tap_frames(c, 0), counter(&c.pods[1].ns, "TcpInCsumErrors"));
+    let bytes = c.iperf_bytes(0, 1, 2);
+    let after = (tap_frames(c, 0), counter(&c.pods[1].ns, "TcpInCsumErrors"));
+    (bytes, after.0 - before.0, after.1 - before.1)
 }
 
 /// Restarts node 0's weftd with `--tunnel-gso=<mode>` (and no subnet.env,
@@ -131,32 +164,20 @@ fn weftd_runs_the_tunnel_tap_and_follows_the_uplink() {
         ("the node's stack segments", "off"),
     ] {
         offload(&c, features);
-        let frames = |c: &Cluster| -> u64 {
-            let s = c.nodes[0].ns.exec(&[
-                "cat",
-                &format!("/sys/class/net/{TAP}/statistics/rx_packets"),
-            ]);
-            s.trim().parse().unwrap_or(0)
-        };
-        let before = (frames(&c), counter(&c.pods[1].ns, "TcpInCsumErrors"));
-        let bytes = c.iperf_bytes(0, 1, 2);
-        let after = (frames(&c), counter(&c.pods[1].ns, "TcpInCsumErrors"));
+        let (bytes, frames, errors) = run_iperf(&c);
         println!(
-            "{mode}: {bytes} bytes in 2 s, {} super-packets through {TAP}, {} TCP checksum errors",
-            after.0 - before.0,
-            after.1 - before.1
+            "{mode}: {bytes} bytes in 2 s, {frames} super-packets through {TAP}, {errors} TCP checksum errors"
         );
         assert!(
             bytes > 10_000_000,
             "{mode}: iperf3 moved only {bytes} bytes"
         );
         assert!(
-            after.0 - before.0 > 100,
-            "{mode}: only {} frames went through {TAP}",
-            after.0 - before.0
+            frames > 100,
+            "{mode}: only {frames} frames went through {TAP}"
         );
         assert_eq!(
-            after.1, before.1,
+            errors, 0,
             "{mode}: the receiving pod saw TCP checksum errors"
         );
     }
@@ -224,4 +245,78 @@ fn weftd_runs_the_tunnel_tap_and_follows_the_uplink() {
     // After weftd stops, the TAP is gone.
     c.stop_weftd(1);
     assert!(!has_tap(&c, 1), "{TAP} left behind after weftd stopped");
+}
+
+#[test]
+fn weftd_udp_sends_whole_only_to_peers_whose_lease_takes_it() {
+    require_root!();
+    let work = tempfile::tempdir().expect("tempdir");
+    let conf = cluster::net_conf(r#"{"Type":"udp"}"#);
+    let args = ["--traffic-manager=none"];
+    let spec = cluster::spec("tapudp", &conf, 2, &args, work.path());
+    let mut c = Cluster::create(spec, &ClusterStore::Embedded, Vec::new()).expect("cluster");
+    for n in 0..2 {
+        c.nodes[n]
+            .ns
+            .exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        c.start_weftd_with(n, &["--tunnel-gso=on".into()])
+            .expect("start weftd");
+    }
+    for n in 0..2 {
+        c.wait_ready(n, Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(has_tap(&c, n), "node {n}: no {TAP}:\n{}", c.log(n));
+        let g = device_gso_status(&c, n, "flannel0");
+        assert_eq!(
+            (g.mode.as_str(), g.tap.as_deref(), g.reason.as_deref()),
+            ("on", Some(TAP), None),
+            "node {n}"
+        );
+        c.add_pod(n, &format!("p{n}"))
+            .unwrap_or_else(|e| panic!("pod: {e}"));
+    }
+    assert!(c.wait_ping(0, 1), "pods do not reach each other");
+    let (bytes, frames, errors) = run_iperf(&c);
+    println!(
+        "both WeftGSO: {bytes} bytes in 2 s, {frames} through {TAP}, {errors} checksum errors"
+    );
+    assert!(bytes > 10_000_000, "iperf3 moved only {bytes} bytes");
+    assert!(frames > 100, "only {frames} frames went through {TAP}");
+    assert_eq!(errors, 0, "the receiving pod saw TCP checksum errors");
+
+    // Node 1 without the flag: its lease loses WeftGSO, as a flanneld
+    // node's never has it. Node 0 keeps its TAP but stops using it toward
+    // node 1 once the lease change reaches it (within a few seconds).
+    c.stop_weftd(1);
+    let _ = std::fs::remove_file(c.subnet_file(1));
+    c.start_weftd_with(1, &["--tunnel-gso=off".into()])
+        .expect("start weftd");
+    c.wait_ready(1, Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!has_tap(&c, 1), "off made a {TAP}");
+    assert!(has_tap(&c, 0));
+    assert!(c.wait_ping(0, 1), "pods do not reach each other");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let (bytes, frames, errors) = loop {
+        let r = run_iperf(&c);
+        if r.1 == 0 || std::time::Instant::now() > deadline {
+            break r;
+        }
+    };
+    println!(
+        "peer without WeftGSO: {bytes} bytes in 2 s, {frames} through {TAP}, {errors} checksum errors"
+    );
+    assert_eq!(
+        frames, 0,
+        "node 0 still writes to {TAP} for a peer without WeftGSO"
+    );
+    assert!(
+        bytes > 10_000_000,
+        "iperf3 moved only {bytes} bytes over the sockets"
+    );
+    assert_eq!(errors, 0, "the receiving pod saw TCP checksum errors");
+    let g = device_gso_status(&c, 1, "flannel0");
+    assert_eq!((g.mode.as_str(), g.tap.as_deref()), ("off", None));
+    c.stop_weftd(0);
+    assert!(!has_tap(&c, 0), "{TAP} left behind after weftd stopped");
 }

@@ -61,6 +61,7 @@ pub fn peer_tables() -> (PeerTable, PeerTable) {
             vtep_mac: Some(mac),
             nat: None,
             wireguard: None,
+            tunnel_gso: false,
         };
         PeerTable::new(&[p], 8472)
     };

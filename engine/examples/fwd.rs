@@ -54,6 +54,7 @@ fn parse_peer(s: &str, psk: Option<[u8; 32]>, keepalive: u16) -> Result<Peer> {
         vtep_mac: mac,
         nat: None,
         wireguard,
+        tunnel_gso: false,
     })
 }
 

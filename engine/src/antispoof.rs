@@ -169,6 +169,7 @@ mod tests {
             vtep_mac: None,
             nat: None,
             wireguard: None,
+            tunnel_gso: false,
         };
         PeerTable::new(
             &[

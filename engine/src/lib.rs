@@ -232,13 +232,15 @@ pub struct EngineConfig {
     /// starts in [`AntiSpoofing::Strict`] when set, [`AntiSpoofing::Off`]
     /// when not; [`Engine::set_anti_spoofing`] picks any mode.
     pub anti_spoof: bool,
-    /// VXLAN over IPv4: write TCP super-packets whole to this tunnel TAP
-    /// (issue 32, [`TunnelTap`]); `None` for every other engine.
+    /// VXLAN or flannel-UDP over IPv4: write TCP super-packets whole to
+    /// this tunnel TAP (issue 32, [`TunnelTap`]); ignored by every other
+    /// engine.
     pub tunnel_tap: Option<TunnelTap>,
 }
 
-/// The tunnel TAP a VXLAN engine on an IPv4 node is asked to write TCP
-/// super-packets to (UDP-tunnel GSO, Linux 6.17+, [`path::tap`]). The
+/// The tunnel TAP a VXLAN or flannel-UDP engine on an IPv4 node is asked to
+/// write TCP super-packets to (UDP-tunnel GSO, Linux 6.17+, [`path::tap`];
+/// flannel-UDP only to peers with [`Peer::tunnel_gso`]). The
 /// engine creates it, not persistent (it goes with the engine), with one
 /// queue per worker, and leaves it down: bringing it up, with
 /// `rp_filter=0` and `accept_local=1` on it, is the daemon's job. While
@@ -259,7 +261,7 @@ pub enum TunnelTapState {
     NotAsked,
     /// Open, under this name.
     Open(String),
-    /// Asked for but not opened (not VXLAN over IPv4, or the kernel refused
+    /// Asked for but not opened (not over IPv4, or the kernel refused
     /// the TAP or its UDP-tunnel offloads): why.
     Unavailable(String),
 }

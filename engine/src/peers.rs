@@ -32,6 +32,11 @@ pub struct Peer {
     /// "vxlan and udp"); `None` (as without the feature): sent to
     /// `endpoint` from the engine's send sockets.
     pub nat: Option<NatPath>,
+    /// flannel-UDP: the peer takes a UDP-tunnel GSO datagram whole (its
+    /// lease's `WeftGSO`: a weft node), so the tunnel TAP may send to it
+    /// ([`crate::path::tap`]). VXLAN ignores it: every VXLAN receiver,
+    /// kernel or weft, takes them.
+    pub tunnel_gso: bool,
 }
 
 /// How a vxlan / flannel-UDP engine reaches a peer whose lease runs NAT
@@ -233,6 +238,8 @@ pub struct Entry {
     pub wg: Option<usize>,
     /// vxlan / flannel-UDP: sent from the backend port ([`NatPath`]).
     pub from_port: bool,
+    /// flannel-UDP: the tunnel TAP may send to it ([`Peer::tunnel_gso`]).
+    pub tunnel_gso: bool,
     /// Per-peer counters (empty until [`PeerTable::attach_counters`]).
     pub(crate) counters: Arc<PeerSlots>,
 }
@@ -320,6 +327,7 @@ impl PeerTable {
                 mac: p.vtep_mac.unwrap_or([0; 6]),
                 wg,
                 from_port: nat.is_some(),
+                tunnel_gso: p.tunnel_gso,
                 counters: Arc::default(),
             });
             if let Some(n) = nat {
@@ -524,6 +532,7 @@ mod tests {
             vtep_mac: Some([2, 0, 0, 0, 0, 1]),
             nat: None,
             wireguard: None,
+            tunnel_gso: false,
         }
     }
 

@@ -459,6 +459,7 @@ fn vxlan_dual_stack() {
             vtep_mac: Some(peer_mac6),
             nat: None,
             wireguard: None,
+            tunnel_gso: false,
         }]);
         t.ip(
             n,

@@ -56,6 +56,7 @@ fn table(subnet: &str, endpoint: [u8; 4], mac: [u8; 6]) -> PeerTable {
         vtep_mac: Some(mac),
         nat: None,
         wireguard: None,
+        tunnel_gso: false,
     };
     PeerTable::new(&[peer], 8472)
 }

@@ -170,6 +170,7 @@ fn wireguard_engine_talks_to_boringtun_and_counts_drops() {
                 psk: None,
                 keepalive: 0,
             }),
+            tunnel_gso: false,
         }]);
         // A new peer gets a handshake initiation right away, without traffic
         // (a restarted node must not wait for the peer's rekey timer).

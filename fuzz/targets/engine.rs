@@ -56,6 +56,7 @@ fn table() -> PeerTable {
         vtep_mac: Some(LOCAL_MAC),
         nat: None,
         wireguard: None,
+        tunnel_gso: false,
     };
     PeerTable::new(
         &[

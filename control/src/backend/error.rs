@@ -85,7 +85,7 @@ pub enum BackendError {
     Engine(#[source] weft_engine::EngineError),
     /// `--tunnel-gso=on` and a condition of the tunnel TAP failed.
     #[error("--tunnel-gso=on: {0}")]
-    TunnelGso(#[from] crate::backend::vxlan::Unmet),
+    TunnelGso(#[from] crate::backend::tunnel::gso::Unmet),
     /// The engine's TUN device was gone right after the engine made it.
     #[error("engine: tun {0} vanished")]
     TunVanished(String),

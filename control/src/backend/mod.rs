@@ -325,9 +325,9 @@ pub struct EngineTuning {
     /// Relay for nodes behind NAT (`--nat-relay`, docs/nat.md "Relays"):
     /// only with `nat`, on the userspace WireGuard path.
     pub relay: Option<RelayTuning>,
-    /// `--tunnel-gso` (issue 32, [`vxlan::TunnelGso`]): the userspace IPv4
-    /// vxlan engine's tunnel TAP.
-    pub tunnel_gso: vxlan::TunnelGso,
+    /// `--tunnel-gso` (issue 32, [`tunnel::gso::TunnelGso`]): the tunnel TAP
+    /// of the userspace IPv4 vxlan and udp engines.
+    pub tunnel_gso: tunnel::gso::TunnelGso,
 }
 
 /// A relay's settings (`--nat-relay-port`, `--nat-relay-limit`).

@@ -5,11 +5,19 @@
 //! As in flannel, the lease carries no BackendType and no BackendData, every
 //! node sends to `peerPublicIP:<its own Port>`, and peer leases are not
 //! filtered by backend type. Unlike flannel's, it is fast and not amd64-only.
+//!
+//! `--tunnel-gso` (issue 32, [`gso`]): with `auto` or `on` the lease gets
+//! weft's `WeftGSO` (this node takes UDP-tunnel GSO datagrams whole) and
+//! the engine writes TCP super-packets whole to the tunnel TAP for peers
+//! whose lease has it too; peers without it (flanneld, weft with `off`)
+//! get the sockets' datagrams, since across an uplink that passes the skb
+//! whole flanneld's socket would read one oversized datagram.
 
 use async_trait::async_trait;
 use ipnet::{IpNet, Ipv4Net};
 use weft_engine::Encap;
 
+use super::tunnel::gso::{self, TunnelGso};
 use super::tunnel::nat::TunnelNat;
 use super::tunnel::{self, Tunnel, Userspace};
 use super::{
@@ -36,9 +44,11 @@ pub struct Udp {
 #[derive(Debug)]
 struct Ready {
     udp: Udp,
-    /// The interface's IPv4 address (the engine sends from it) and MTU.
+    /// The interface's IPv4 address (the engine sends from it), MTU and
+    /// name (the tunnel TAP's uplink).
     local: std::net::Ipv4Addr,
     iface_mtu: u32,
+    uplink: String,
 }
 
 /// [`Udp`] running: its engine and TUN.
@@ -79,6 +89,7 @@ impl Backend for Udp {
                 what: Missing::PublicV4,
             })?,
             weft_nat: self.tuning.nat.then(NatAttrs::default),
+            weft_gso: self.tuning.tunnel_gso != TunnelGso::Off,
             ..Default::default()
         };
         let local = ext.iface_addr.ok_or(BackendError::Missing {
@@ -91,6 +102,7 @@ impl Backend for Udp {
                 udp: *self,
                 local,
                 iface_mtu: ext.iface.mtu,
+                uplink: ext.iface.name.clone(),
             }),
         })
     }
@@ -103,6 +115,7 @@ impl Setup for Ready {
             udp,
             local,
             iface_mtu,
+            uplink,
         } = *self;
         let subnet = lease.subnet.ok_or(BackendError::Missing {
             backend: "udp",
@@ -115,7 +128,8 @@ impl Setup for Ready {
         let tun_addr = Some(subnet.network().into());
         let cfg = (udp.tuning).engine("flannel%d".into(), encap, local.into(), tun_addr, mtu);
         let addr = IpNet::from(std::net::IpAddr::V4(subnet.network()));
-        let mut t = Tunnel::start(&udp.us, cfg, addr, mtu, udp.tuning.anti_spoof).await?;
+        let (anti, mode) = (udp.tuning.anti_spoof, udp.tuning.tunnel_gso);
+        let mut t = gso::start(&udp.us, cfg, (addr, mtu), anti, mode, &uplink).await?;
         t.add_route(IpNet::V4(udp.network), true).await?;
         let nat = udp.tuning.nat.then(|| {
             t.set_discovery(true, Vec::new());
@@ -185,6 +199,7 @@ fn change(t: &mut Tunnel, change: &Change, nat: Option<&mut TunnelNat>) {
         Change::Add(l) => {
             if let Some(s) = l.subnet {
                 t.upsert_peer(IpNet::V4(s), l.attrs.public_ip.into(), None);
+                t.set_peer_tunnel_gso(IpNet::V4(s), l.attrs.weft_gso);
                 let path = nat.and_then(|n| n.path(l, true, t.seen()));
                 t.set_nat(IpNet::V4(s), path);
             }

@@ -125,6 +125,7 @@ fn vxlan_peers_carry_the_vtep_mac_and_get_a_route_each() {
                 vtep_mac: Some(mac),
                 nat: None,
                 wireguard: None,
+                tunnel_gso: false,
             }]
         );
         assert_eq!(*e.tables.lock().expect("lock"), 1, "one table per batch");
@@ -203,6 +204,7 @@ fn udp_peers_are_public_ips_behind_one_network_route() {
                 vtep_mac: None,
                 nat: None,
                 wireguard: None,
+                tunnel_gso: false,
             }]
         );
         remove(b.as_mut(), &e, peer).await;
@@ -395,7 +397,7 @@ fn an_engine_that_cannot_start_fails_setup_with_its_reason() {
 /// check does not start.
 #[test]
 fn vxlan_tunnel_gso_follows_the_node() {
-    use super::vxlan::{TUNNEL_TAP, TunnelGso};
+    use super::tunnel::gso::{TAP as TUNNEL_TAP, TunnelGso};
     use weft_engine::TunnelTap;
     block_on(async {
         let node = |offload: bool| {

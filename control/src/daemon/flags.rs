@@ -214,21 +214,22 @@ pub struct Flags {
         value_name = "auto|on|off"
     )]
     pub vxlan_tx_checksum_offload: crate::backend::vxlan::TxCsumOffload,
-    /// weft: the userspace vxlan engine on an IPv4 node writes each TCP
+    /// weft: the userspace vxlan or udp engine on an IPv4 node writes each TCP
     /// super-packet whole to the tunnel TAP `weft-gso0` with UDP-tunnel GSO
     /// (Linux 6.17+) and the uplink segments it (docs/performance.md, "The
     /// engine writing through it"): `off` (the engine's UDP sockets), `auto`
     /// (the TAP where the uplink has `tx-udp_tnl-segmentation`,
     /// `net.ipv4.ip_forward` is 1 and `net.ipv4.conf.all.rp_filter` is not 1,
     /// else the sockets; weftd changes none of these) or `on` (the same
-    /// conditions, each a start-up error).
+    /// conditions, each a start-up error). udp: only toward peers whose lease
+    /// has `WeftGSO` (weft nodes with `auto` or `on`), never to flanneld.
     #[arg(
         long,
         env = "WEFT_TUNNEL_GSO",
         default_value = "off",
         value_name = "off|auto|on"
     )]
-    pub tunnel_gso: crate::backend::vxlan::TunnelGso,
+    pub tunnel_gso: crate::backend::tunnel::gso::TunnelGso,
     /// weft: nodes behind NAT (docs/nat.md): discover the endpoint this node
     /// is seen from on the backend port, publish it in the lease and punch
     /// holes to peers that do the same (userspace wireguard, vxlan and udp).
@@ -684,7 +685,7 @@ mod tests {
 
     #[test]
     fn tunnel_gso_modes() {
-        use crate::backend::vxlan::TunnelGso;
+        use crate::backend::tunnel::gso::TunnelGso;
         assert_eq!(parse(&[]).expect("parse").tunnel_gso, TunnelGso::Off);
         for (v, m) in [
             ("off", TunnelGso::Off),

@@ -331,9 +331,9 @@ async fn host_rules(
         random_fully_disable: flags.ip_masq_fully_random_disable,
         forward_rules: flags.iptables_forward_rules,
         resync: Duration::from_secs(flags.iptables_resync),
-        accept_in: (flags.tunnel_gso != crate::backend::vxlan::TunnelGso::Off
-            && cfg.backend_type == "vxlan")
-            .then_some(crate::backend::vxlan::TUNNEL_TAP),
+        accept_in: (flags.tunnel_gso != crate::backend::tunnel::gso::TunnelGso::Off
+            && matches!(cfg.backend_type.as_str(), "vxlan" | "udp"))
+        .then_some(crate::backend::tunnel::gso::TAP),
     };
     let network = traffic::Networks {
         v4: cfg.network.filter(|_| cfg.enable_ipv4),

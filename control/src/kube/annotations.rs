@@ -50,6 +50,9 @@ pub struct Annotations {
     /// weft only, `weft-nat`: the lease's `WeftNAT` JSON, present while the
     /// node runs NAT traversal (written and removed by weftd).
     pub weft_nat: String,
+    /// weft only, `weft-gso`: `"true"` while the lease has `WeftGSO` (a
+    /// weft udp node with `--tunnel-gso`; written and removed by weftd).
+    pub weft_gso: String,
 }
 
 impl Annotations {
@@ -87,6 +90,7 @@ impl Annotations {
             backend_public_ip_overwrite: k("public-ip-overwrite"),
             backend_public_ipv6_overwrite: k("public-ipv6-overwrite"),
             weft_nat: k("weft-nat"),
+            weft_gso: k("weft-gso"),
         })
     }
 }
@@ -128,6 +132,7 @@ mod tests {
         assert_eq!(a.weft_nat, "flannel.alpha.coreos.com/weft-nat");
         let custom = Annotations::new("example.com/a_b").expect("custom prefix");
         assert_eq!(custom.weft_nat, "example.com/a_b-weft-nat");
+        assert_eq!(custom.weft_gso, "example.com/a_b-weft-gso");
     }
 
     /// The cases of flannel's annotations_test.go.

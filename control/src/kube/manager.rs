@@ -244,8 +244,8 @@ impl KubeManager {
         node::pod_cidrs(&n)?;
         let current = node::annotations(&n);
         let updates = node::annotation_updates(current, &self.ann, attrs);
-        let nat = node::nat_update(current, &self.ann, attrs);
-        if !updates.is_empty() || nat.is_some() {
+        let weft = node::weft_updates(current, &self.ann, attrs);
+        if !updates.is_empty() || !weft.is_empty() {
             for (key, over) in [
                 (
                     &self.ann.backend_public_ip,
@@ -263,10 +263,7 @@ impl KubeManager {
                 }
             }
             n = self
-                .patch_status(
-                    "annotations",
-                    node::node_patch(&updates, &self.ann, nat.as_ref()),
-                )
+                .patch_status("annotations", node::node_patch(&updates, &weft))
                 .await?;
         }
         let lease = node::own_lease(&n, &self.cfg, attrs)?;
@@ -281,10 +278,11 @@ impl KubeManager {
     /// changed: node leases do not expire).
     async fn publish_nat(&self, lease: &Lease) -> Result<(), KubeError> {
         let n = self.own_node().await?;
-        let Some(nat) = node::nat_update(node::annotations(&n), &self.ann, &lease.attrs) else {
+        let weft = node::weft_updates(node::annotations(&n), &self.ann, &lease.attrs);
+        if weft.is_empty() {
             return Ok(());
-        };
-        let patch = node::node_patch(&Default::default(), &self.ann, Some(&nat));
+        }
+        let patch = node::node_patch(&Default::default(), &weft);
         let n = self.patch_status("annotations", patch).await?;
         let mut st = lock(&self.state);
         st.own_node = Some(n);

@@ -136,6 +136,7 @@ pub fn node_to_lease(
     }
     lease.attrs.backend_type = get(a, &ann.backend_type).to_string();
     lease.attrs.weft_nat = weft_nat(node, ann).ok().flatten();
+    lease.attrs.weft_gso = get(a, &ann.weft_gso) == "true";
     Ok(Some(lease))
 }
 
@@ -157,30 +158,22 @@ pub fn weft_nat(node: &Node, ann: &Annotations) -> Result<Option<NatAttrs>, Stri
         .ok_or_else(|| v.to_string())
 }
 
-/// What the own node's `weft-nat` annotation needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NatUpdate {
-    /// Write this value (the lease has `WeftNAT` and the node holds another).
-    Set(String),
-    /// Remove it (the lease has no `WeftNAT`; the node still holds one).
-    Remove,
-}
-
-/// The change the own node's `weft-nat` annotation needs for `attrs`
-/// (`None`: it is right).
-pub fn nat_update(
+/// The changes the own node's weft annotations (`weft-nat`, `weft-gso`)
+/// need for `attrs`: annotation -> its new value, or `None` to remove it
+/// (empty: they are right). flannel's own annotations are not among them.
+pub fn weft_updates(
     current: &BTreeMap<String, String>,
     ann: &Annotations,
     attrs: &LeaseAttrs,
-) -> Option<NatUpdate> {
-    let have = current.get(&ann.weft_nat);
-    match attrs.weft_nat {
-        Some(n) => {
-            let v = n.to_json();
-            (have != Some(&v)).then_some(NatUpdate::Set(v))
-        }
-        None => have.map(|_| NatUpdate::Remove),
-    }
+) -> BTreeMap<String, Option<String>> {
+    let want = [
+        (&ann.weft_nat, attrs.weft_nat.map(|n| n.to_json())),
+        (&ann.weft_gso, attrs.weft_gso.then(|| "true".to_string())),
+    ];
+    want.into_iter()
+        .filter(|(k, v)| current.get(*k) != v.as_ref())
+        .map(|(k, v)| (k.clone(), v))
+        .collect()
 }
 
 fn raw_data(text: &str) -> Option<String> {
@@ -260,18 +253,17 @@ pub fn annotation_patch(updates: &BTreeMap<String, String>) -> Value {
     json!({ "metadata": { "annotations": updates } })
 }
 
-/// [`annotation_patch`] plus weft's `weft-nat` change (a strategic-merge
-/// patch removes a key given as `null`).
+/// [`annotation_patch`] plus weft's annotation changes ([`weft_updates`];
+/// a strategic-merge patch removes a key given as `null`).
 pub fn node_patch(
     updates: &BTreeMap<String, String>,
-    ann: &Annotations,
-    nat: Option<&NatUpdate>,
+    weft: &BTreeMap<String, Option<String>>,
 ) -> Value {
     let mut p = annotation_patch(updates);
-    if let Some(nat) = nat {
-        p["metadata"]["annotations"][ann.weft_nat.as_str()] = match nat {
-            NatUpdate::Set(v) => Value::String(v.clone()),
-            NatUpdate::Remove => Value::Null,
+    for (k, v) in weft {
+        p["metadata"]["annotations"][k.as_str()] = match v {
+            Some(v) => Value::String(v.clone()),
+            None => Value::Null,
         };
     }
     p

@@ -301,13 +301,14 @@ fn wg_attrs(nat: Option<&str>) -> LeaseAttrs {
 fn weft_nat_annotation_is_written_and_removed() {
     let a = ann();
     let key = format!("{P}weft-nat");
+    let set = |v: &str| BTreeMap::from([(key.clone(), Some(v.to_string()))]);
     let bare = node("n2", &["10.244.2.0/24"], &[]);
     let on = wg_attrs(Some(""));
     let flannel = annotation_updates(annotations(&bare), &a, &on);
     assert!(!flannel.contains_key(&key), "flannel's set is unchanged");
-    let nat = nat_update(annotations(&bare), &a, &on);
-    assert_eq!(nat, Some(NatUpdate::Set("{}".into())));
-    let p = node_patch(&flannel, &a, nat.as_ref());
+    let weft = weft_updates(annotations(&bare), &a, &on);
+    assert_eq!(weft, set("{}"));
+    let p = node_patch(&flannel, &weft);
     assert_eq!(p["metadata"]["annotations"][&key], "{}");
     assert_eq!(
         p["metadata"]["annotations"][format!("{P}backend-type")],
@@ -316,13 +317,10 @@ fn weft_nat_annotation_is_written_and_removed() {
     // The endpoint learnt later changes the value, and only it.
     let seen = wg_attrs(Some("192.0.2.102:51820"));
     let with_empty = node("n2", &["10.244.2.0/24"], &[("weft-nat", "{}")]);
-    let nat = nat_update(annotations(&with_empty), &a, &seen).expect("changed");
+    let weft = weft_updates(annotations(&with_empty), &a, &seen);
+    assert_eq!(weft, set(r#"{"Endpoint":"192.0.2.102:51820"}"#));
     assert_eq!(
-        nat,
-        NatUpdate::Set(r#"{"Endpoint":"192.0.2.102:51820"}"#.into())
-    );
-    assert_eq!(
-        node_patch(&BTreeMap::new(), &a, Some(&nat)).to_string(),
+        node_patch(&BTreeMap::new(), &weft).to_string(),
         r#"{"metadata":{"annotations":{"flannel.alpha.coreos.com/weft-nat":"{\"Endpoint\":\"192.0.2.102:51820\"}"}}}"#
     );
     let current = node(
@@ -330,21 +328,53 @@ fn weft_nat_annotation_is_written_and_removed() {
         &["10.244.2.0/24"],
         &[("weft-nat", r#"{"Endpoint":"192.0.2.102:51820"}"#)],
     );
-    assert_eq!(nat_update(annotations(&current), &a, &seen), None);
+    assert!(weft_updates(annotations(&current), &a, &seen).is_empty());
     // Feature off: removed; never written on a node that has none.
     let off = wg_attrs(None);
-    let nat = nat_update(annotations(&current), &a, &off);
-    assert_eq!(nat, Some(NatUpdate::Remove));
+    let weft = weft_updates(annotations(&current), &a, &off);
+    assert_eq!(weft, BTreeMap::from([(key.clone(), None)]));
     assert_eq!(
-        node_patch(&BTreeMap::new(), &a, nat.as_ref()).to_string(),
+        node_patch(&BTreeMap::new(), &weft).to_string(),
         r#"{"metadata":{"annotations":{"flannel.alpha.coreos.com/weft-nat":null}}}"#
     );
-    assert_eq!(nat_update(annotations(&bare), &a, &off), None);
+    assert!(weft_updates(annotations(&bare), &a, &off).is_empty());
     assert_eq!(
         annotation_patch(&flannel),
-        node_patch(&flannel, &a, None),
-        "no NAT change: flannel's patch exactly"
+        node_patch(&flannel, &BTreeMap::new()),
+        "no weft change: flannel's patch exactly"
     );
+}
+
+/// `weft-gso`: "true" while the lease has `WeftGSO`, removed when it has
+/// not; a peer's reads as `WeftGSO` only when it is exactly "true".
+#[test]
+fn weft_gso_annotation_is_written_removed_and_read() {
+    let a = ann();
+    let key = format!("{P}weft-gso");
+    let mut udp = LeaseAttrs {
+        public_ip: "10.12.0.2".parse().expect("ip"),
+        weft_gso: true,
+        ..Default::default()
+    };
+    let bare = node("n2", &["10.244.2.0/24"], &[]);
+    let weft = weft_updates(annotations(&bare), &a, &udp);
+    assert_eq!(weft, BTreeMap::from([(key.clone(), Some("true".into()))]));
+    let with = node("n2", &["10.244.2.0/24"], &[("weft-gso", "true")]);
+    assert!(weft_updates(annotations(&with), &a, &udp).is_empty());
+    udp.weft_gso = false;
+    let weft = weft_updates(annotations(&with), &a, &udp);
+    assert_eq!(weft, BTreeMap::from([(key, None)]));
+    assert!(weft_updates(annotations(&bare), &a, &udp).is_empty());
+    for (v, want) in [("true", true), ("True", false), ("1", false), ("", false)] {
+        let mut n = node("n3", &["10.244.3.0/24"], &[("weft-gso", v)]);
+        if v.is_empty() {
+            n = node("n3", &["10.244.3.0/24"], &[]);
+        }
+        let l = node_to_lease(&n, &a, true, false)
+            .expect("lease")
+            .expect("managed");
+        assert_eq!(l.attrs.weft_gso, want, "{v:?}");
+    }
 }
 
 /// A peer's `weft-nat` becomes its lease's `WeftNAT`; a value weft cannot

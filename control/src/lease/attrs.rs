@@ -11,9 +11,12 @@
 //! kept as compact raw JSON text so it round-trips byte for byte.
 //! Decoding follows Go's rules ([`weft_compat::gojson`]).
 //!
-//! weft adds one field of its own, last and only when set: `WeftNAT`
-//! ([`super::nat`], NAT traversal), which flanneld ignores as an unknown
-//! key. A lease without it is byte for byte what flannel writes.
+//! weft adds two fields of its own, last and only when set, which flanneld
+//! ignores as unknown keys: `WeftNAT` ([`super::nat`], NAT traversal) and
+//! `WeftGSO` (`true`: a weft udp node that takes UDP-tunnel GSO datagrams
+//! whole, so peers' tunnel TAPs may send to it; `--tunnel-gso`,
+//! [`crate::backend::tunnel::gso`]). A lease without them is byte for byte
+//! what flannel writes.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -37,6 +40,9 @@ pub struct LeaseAttrs {
     pub backend_v6_data: Option<String>,
     /// weft only: NAT traversal ([`super::nat`]); `None` when off.
     pub weft_nat: Option<NatAttrs>,
+    /// weft only: `WeftGSO` (see the module docs); written only when true,
+    /// read as true only from a JSON `true`.
+    pub weft_gso: bool,
 }
 
 impl Default for LeaseAttrs {
@@ -48,6 +54,7 @@ impl Default for LeaseAttrs {
             backend_data: None,
             backend_v6_data: None,
             weft_nat: None,
+            weft_gso: false,
         }
     }
 }
@@ -103,6 +110,9 @@ impl LeaseAttrs {
             s.push_str(",\"WeftNAT\":");
             s.push_str(&nat.to_json());
         }
+        if self.weft_gso {
+            s.push_str(",\"WeftGSO\":true");
+        }
         s.push('}');
         s
     }
@@ -121,6 +131,7 @@ impl LeaseAttrs {
         attrs.backend_data = raw(m.remove("backenddata"))?;
         attrs.backend_v6_data = raw(m.remove("backendv6data"))?;
         attrs.weft_nat = m.remove("weftnat").as_ref().and_then(NatAttrs::from_value);
+        attrs.weft_gso = m.remove("weftgso") == Some(Value::Bool(true));
         Ok(attrs)
     }
 }
@@ -184,6 +195,23 @@ mod tests {
         let odd = br#"{"PublicIP":"192.0.2.1","weftnat":"v9"}"#;
         let b = LeaseAttrs::from_json(odd).expect("decode");
         assert_eq!(b.weft_nat, None);
+    }
+
+    #[test]
+    fn weft_gso_is_last_only_when_true_and_only_true_reads_as_true() {
+        let udp = r#"{"PublicIP":"192.0.2.1","PublicIPv6":null}"#;
+        let mut a = LeaseAttrs::from_json(udp.as_bytes()).expect("decode");
+        assert_eq!(a.to_json(), udp, "flannel's udp lease, byte for byte");
+        a.weft_gso = true;
+        a.weft_nat = Some(NatAttrs::default());
+        let text = a.to_json();
+        assert!(text.ends_with(r#","WeftNAT":{},"WeftGSO":true}"#), "{text}");
+        assert_eq!(LeaseAttrs::from_json(text.as_bytes()).expect("decode"), a);
+        for odd in [r#""true""#, "1", "null", "{}", "false"] {
+            let v = format!(r#"{{"PublicIP":"192.0.2.1","WeftGSO":{odd}}}"#);
+            let b = LeaseAttrs::from_json(v.as_bytes()).expect("decode");
+            assert!(!b.weft_gso, "{v}");
+        }
     }
 
     #[test]

@@ -55,6 +55,7 @@ fn peer(subnet: &str, endpoint: [u8; 4], key: u8) -> Peer {
             psk: None,
             keepalive: 0,
         }),
+        tunnel_gso: false,
     }
 }
 

@@ -170,3 +170,78 @@ fn everything_else_stays_on_the_sockets() {
         &mut out
     ));
 }
+
+/// The table of [`table`] with the peer 10.244.2.0/24 marked (or not) as
+/// taking UDP-tunnel GSO datagrams whole.
+fn flannel_table(whole: bool) -> crate::peers::PeerTable {
+    let mut p = super::tests::peer("10.244.2.0/24", [192, 0, 2, 2]);
+    p.tunnel_gso = whole;
+    crate::peers::PeerTable::new(&[p], 8285)
+}
+
+#[test]
+fn flannel_udp_gets_the_block_without_tunnel_header_only_toward_weft_peers() {
+    let sp = tcp4(
+        [10, 244, 1, 2],
+        [10, 244, 2, 3],
+        1,
+        &payload(10_000, 1),
+        true,
+    );
+    let mut out = [0u8; BLOCK_LEN];
+    // A peer not marked (flanneld, or weft without WeftGSO): the sockets.
+    let t = flannel_table(false);
+    let mut r = read(partial(vnet::GSO_TCPV4, 1398, 20), &sp);
+    let plan = tx::udp_plan(&Codec::FlannelUdp, &t, &mut r, true, 1 << 20).expect("plan");
+    let ip = r[plan.pkt.start..].to_vec();
+    assert!(tap::tunnel_header(&Codec::FlannelUdp, &plan, &ip, SIDE, (1, 1), &mut out).is_none());
+
+    let t = flannel_table(true);
+    let mut r = read(partial(vnet::GSO_TCPV4, 1398, 20), &sp);
+    let plan = tx::udp_plan(&Codec::FlannelUdp, &t, &mut r, true, 1 << 20).expect("plan");
+    let ip = r[plan.pkt.start..].to_vec();
+    assert_eq!(
+        ip[8], 63,
+        "flannel-UDP's TTL decrement happened in the plan"
+    );
+    let n = tap::tunnel_header(&Codec::FlannelUdp, &plan, &ip, SIDE, (50000, 7), &mut out)
+        .expect("taken");
+    assert_eq!(n, BLOCK_LEN - VXLAN_HEADROOM);
+    let h = vnet::VnetHdr::parse(&out).expect("vnet");
+    let frame = &out[vnet::TUNNEL_HEADER_LEN..n];
+    let le = |i: usize| usize::from(u16::from_le_bytes([out[i], out[i + 1]]));
+    let (outer_th, inner_nh) = (le(20), le(22));
+    assert_eq!(outer_th, 14 + 20);
+    assert_eq!(
+        inner_nh,
+        outer_th + 8,
+        "the inner IP header follows the UDP header"
+    );
+    assert_eq!(inner_nh, frame.len());
+    assert_eq!(h.gso_type, vnet::GSO_TCPV4 | vnet::GSO_UDP_TUNNEL_IPV4);
+    assert_eq!(usize::from(h.csum_start), inner_nh + 20);
+    assert_eq!(usize::from(h.hdr_len), inner_nh + 20 + 32);
+    let o = &frame[14..34];
+    assert_eq!(checksum::checksum(o), 0, "outer IPv4 checksum");
+    assert_eq!(
+        usize::from(u16::from_be_bytes([o[2], o[3]])),
+        20 + 8 + ip.len()
+    );
+    let u = &frame[34..42];
+    assert_eq!(&u[2..4], &8285u16.to_be_bytes(), "the peer's flannel port");
+    assert_eq!(usize::from(u16::from_be_bytes([u[4], u[5]])), 8 + ip.len());
+
+    // flannel-UDP's larger limit: 22 bytes more inner packet than VXLAN's.
+    assert_eq!(tap::max_inner(0), tap::MAX_INNER + VXLAN_HEADROOM);
+    let big = tcp4(
+        [10, 244, 1, 2],
+        [10, 244, 2, 3],
+        1,
+        &payload(tap::max_inner(0) - 52, 3),
+        true,
+    );
+    let mut r = read(partial(vnet::GSO_TCPV4, 1398, 20), &big);
+    let plan = tx::udp_plan(&Codec::FlannelUdp, &t, &mut r, true, 1 << 20).expect("plan");
+    let ip = r[plan.pkt.start..].to_vec();
+    assert!(tap::tunnel_header(&Codec::FlannelUdp, &plan, &ip, SIDE, (1, 1), &mut out).is_some());
+}

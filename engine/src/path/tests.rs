@@ -11,13 +11,14 @@ use crate::wire::vnet::{self, VnetHdr};
 const MAC: [u8; 6] = [2, 0, 0, 0, 2, 1];
 const ARENA: usize = 1 << 20;
 
-fn peer(subnet: &str, endpoint: [u8; 4]) -> Peer {
+pub(super) fn peer(subnet: &str, endpoint: [u8; 4]) -> Peer {
     Peer {
         subnet: subnet.parse().expect("subnet"),
         endpoint: IpAddr::from(endpoint),
         vtep_mac: Some(MAC),
         nat: None,
         wireguard: None,
+        tunnel_gso: false,
     }
 }
 

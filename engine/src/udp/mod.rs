@@ -38,8 +38,9 @@ pub(crate) fn codec(encap: Encap, local_addr: IpAddr) -> Result<Codec, EngineErr
 }
 
 /// The tunnel TAP of [`crate::EngineConfig::tunnel_tap`] (issue 32): a
-/// VXLAN engine on an IPv4 node opens it with UDP-tunnel GSO (Linux 6.17+)
-/// and writes TCP super-packets to it whole ([`crate::path::tap`]); the
+/// VXLAN or flannel-UDP engine on an IPv4 node opens it with UDP-tunnel GSO
+/// (Linux 6.17+) and writes TCP super-packets to it whole
+/// ([`crate::path::tap`]; flannel-UDP only to peers that take them); the
 /// daemon brings it up. While it is down, packets go through the UDP
 /// sockets as without. A TAP that cannot be had is an error when required,
 /// else a warning and the sockets alone.
@@ -51,17 +52,19 @@ fn tunnel_tap(
     let Some(want) = &cfg.tunnel_tap else {
         return Ok((Vec::new(), TunnelTapState::NotAsked));
     };
-    let opened = match (cfg.local_addr, codec) {
-        (IpAddr::V4(local), Codec::Vxlan(_)) => {
-            crate::sys::tun::open_tunnel_tap(&want.name, workers)
-                .map(|t| (t, local))
-                .map_err(|e| e.to_string())
-        }
-        _ => Err("only for VXLAN over IPv4".to_string()),
+    let opened = match cfg.local_addr {
+        IpAddr::V4(local) => crate::sys::tun::open_tunnel_tap(&want.name, workers)
+            .map(|t| (t, local))
+            .map_err(|e| e.to_string()),
+        IpAddr::V6(_) => Err("only over IPv4".to_string()),
     };
     match opened {
         Ok((t, local)) => {
-            tracing::info!(tap = %t.name, "VXLAN TCP super-packets go whole through the tunnel TAP");
+            let what = match codec {
+                Codec::Vxlan(_) => "VXLAN",
+                Codec::FlannelUdp => "flannel-UDP",
+            };
+            tracing::info!(tap = %t.name, "{what} TCP super-packets go whole through the tunnel TAP");
             let side = crate::path::tap::TapSide {
                 tap_mac: t.mac,
                 local,

@@ -446,6 +446,7 @@ pub fn peers_for(n: usize, nodes: usize, skip: &[usize], vxlan: bool) -> Vec<Pee
             vtep_mac: vxlan.then_some(mac_of(m)),
             nat: None,
             wireguard: None,
+            tunnel_gso: false,
         })
         .collect()
 }

@@ -295,6 +295,7 @@ impl Tunnel {
                 vtep_mac,
                 wireguard: None,
                 nat: None,
+                tunnel_gso: false,
             },
         );
         self.dirty = true;
@@ -308,6 +309,18 @@ impl Tunnel {
             && p.nat != nat
         {
             p.nat = nat;
+            self.dirty = true;
+        }
+    }
+
+    /// Marks the peer with `subnet` as taking UDP-tunnel GSO datagrams
+    /// whole (its lease's `WeftGSO`; [`weft_engine::Peer::tunnel_gso`]);
+    /// the engine gets it at the next [`Tunnel::flush`].
+    pub fn set_peer_tunnel_gso(&mut self, subnet: IpNet, on: bool) {
+        if let Some(p) = self.peers.get_mut(&subnet)
+            && p.tunnel_gso != on
+        {
+            p.tunnel_gso = on;
             self.dirty = true;
         }
     }
@@ -522,6 +535,7 @@ pub fn unexpected_source_message(
 #[cfg(test)]
 #[path = "fake.rs"]
 pub mod fake;
+pub mod gso;
 pub mod nat;
 
 #[cfg(test)]

@@ -6,12 +6,10 @@
 //! [`userspace`] on weft's engine; [`super::dual`] switches between them.
 
 mod csum;
-mod gso;
 pub mod kernel;
 pub mod userspace;
 
 pub use csum::{TxCsumOffload, kernel_release};
-pub use gso::{TAP as TUNNEL_TAP, TunnelGso, Unmet};
 
 use std::net::IpAddr;
 

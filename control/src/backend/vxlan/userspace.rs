@@ -22,11 +22,11 @@ use std::net::IpAddr;
 
 use async_trait::async_trait;
 use ipnet::IpNet;
-use weft_engine::{Encap, TunnelTapState};
+use weft_engine::Encap;
 
-use super::gso::{self, TunnelGso};
 use super::{Mtus, direct_route, lease_attrs, log_config, peer_change};
 use crate::backend::Missing;
+use crate::backend::tunnel::gso;
 use crate::backend::tunnel::nat::TunnelNat;
 use crate::backend::tunnel::{self, Tunnel, Userspace, recover_routes};
 use crate::backend::{
@@ -173,54 +173,16 @@ impl Setup for Live {
                 what: Missing::PublicV4,
             })?;
             let mtu = mtus.v4;
-            let mut cfg = engine(
+            let cfg = engine(
                 format!("flannel.{vni}"),
                 f.mac,
                 local,
                 sn.network().into(),
                 mtu,
             );
-            let gso = tuning.tunnel_gso;
-            let unmet = match gso {
-                TunnelGso::Off => Some("off".to_string()),
-                _ => gso::check(&*self.us.nl, &ext.iface.name)
-                    .await
-                    .err()
-                    .map(|u| gso_unmet(gso, u))
-                    .transpose()?,
-            };
-            if unmet.is_none() {
-                cfg.tunnel_tap = Some(weft_engine::TunnelTap {
-                    name: gso::TAP.into(),
-                    required: gso == TunnelGso::On,
-                });
-            }
             let addr = IpNet::from(IpAddr::V4(sn.network()));
-            let mut t = Tunnel::start(&self.us, cfg, addr, mtu, tuning.anti_spoof)
-                .await
-                .map_err(|e| match e {
-                    // `on`: the kernel refused the TAP or its offloads.
-                    BackendError::Engine(weft_engine::EngineError::TunnelTap { why, .. }) => {
-                        BackendError::TunnelGso(gso::Unmet::Kernel(why))
-                    }
-                    e => e,
-                })?;
-            let used = match (unmet, t.tunnel_tap()) {
-                (Some(why), _) => Err(why),
-                (None, TunnelTapState::Open(tap)) => match gso::configure(&*self.us.nl, &tap).await
-                {
-                    Ok(()) => {
-                        tracing::info!("--tunnel-gso={gso}: TCP super-packets leave through {tap}");
-                        Ok(tap)
-                    }
-                    Err(u) => Err(gso_unmet(gso, u)?),
-                },
-                (None, TunnelTapState::Unavailable(why)) => {
-                    Err(gso_unmet(gso, gso::Unmet::Kernel(why))?)
-                }
-                (None, TunnelTapState::NotAsked) => Err("not asked".to_string()),
-            };
-            t.set_tunnel_gso(gso::status(gso, used.as_deref().map_err(Clone::clone)));
+            let (mode, uplink) = (tuning.tunnel_gso, &ext.iface.name);
+            let t = gso::start(&self.us, cfg, (addr, mtu), tuning.anti_spoof, mode, uplink).await?;
             if self.nat.is_some() {
                 t.set_discovery(true, Vec::new());
             }
@@ -370,14 +332,6 @@ impl Live {
 
 /// A failed condition of `--tunnel-gso` (`mode`): a start-up error with
 /// `on`, else one log line and the reason status shows.
-fn gso_unmet(mode: TunnelGso, u: gso::Unmet) -> Result<String, BackendError> {
-    if mode == TunnelGso::On {
-        return Err(BackendError::TunnelGso(u));
-    }
-    tracing::info!("--tunnel-gso={mode}: UDP sockets, not the tunnel TAP: {u}");
-    Ok(u.to_string())
-}
-
 /// Whether `ip` is on one of the external interface's connected prefixes
 /// (flannel: `ip route get` gives a single route without a gateway).
 fn on_link(ext: &ExternalInterface, ip: IpAddr) -> bool {

@@ -239,6 +239,7 @@ impl Live {
                 vtep_mac: None,
                 nat: None,
                 wireguard: Some(wg.clone()),
+                tunnel_gso: false,
             })
             .collect();
         (peers, path)

@@ -209,6 +209,7 @@ pub fn table(i: usize, keepalive: u16) -> PeerTable {
             psk: Some(PSK),
             keepalive,
         }),
+        tunnel_gso: false,
     };
     PeerTable::new(&[peer], PORT)
 }

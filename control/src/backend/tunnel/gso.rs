@@ -1,6 +1,9 @@
-//! `--tunnel-gso` (issue 32): whether the userspace VXLAN engine on an IPv4
-//! node writes each TCP super-packet whole to a tunnel TAP with UDP-tunnel
-//! GSO (Linux 6.17+) instead of cutting it into datagrams itself. The kernel
+//! `--tunnel-gso` (issue 32): whether the userspace vxlan or udp engine on
+//! an IPv4 node writes each TCP super-packet whole to a tunnel TAP with
+//! UDP-tunnel GSO (Linux 6.17+) instead of cutting it into datagrams itself
+//! ([`start`]); udp only toward peers whose lease has `WeftGSO`
+//! ([`crate::lease::LeaseAttrs::weft_gso`]: a weft node, which takes such a
+//! datagram whole where flanneld's plain socket would not). The kernel
 //! forwards the frame (outer IPv4 from the node's address to the peer node)
 //! out of the uplink, which segments it when it has
 //! `tx-udp_tnl-segmentation`; without it the node's stack must, and that
@@ -25,11 +28,16 @@
 
 use std::str::FromStr;
 
+use ipnet::IpNet;
+use weft_engine::{AntiSpoofing, EngineConfig, TunnelTapState};
+
+use super::{Tunnel, Userspace};
+use crate::backend::BackendError;
 use crate::netlink::Client;
 use crate::view::TunnelGsoStatus;
 
-/// The tunnel TAP's name (one per network namespace: only the IPv4 vxlan
-/// device uses it).
+/// The tunnel TAP's name (one per network namespace: only the IPv4 vxlan or
+/// udp device uses it, and a node runs one backend).
 pub const TAP: &str = "weft-gso0";
 
 /// The uplink feature the TAP path needs.
@@ -175,6 +183,68 @@ pub async fn configure(nl: &dyn Client, tap: &str) -> Result<(), Unmet> {
         .ok_or_else(|| Unmet::Configure("it vanished".into()))?;
     nl.link_up(link.link.index, None).await.map_err(err)?;
     Ok(())
+}
+
+/// [`Tunnel::start`] for `cfg` (a vxlan or udp engine on an IPv4 node) with
+/// the tunnel TAP of `mode`: [`check`] on the node's `uplink`, the engine
+/// asked for the TAP, the TAP [`configure`]d, and the outcome on the
+/// tunnel's status. `on` fails on the first unmet condition; `auto` logs it
+/// and runs on the sockets.
+pub async fn start(
+    us: &Userspace,
+    mut cfg: EngineConfig,
+    (addr, mtu): (IpNet, u32),
+    anti: AntiSpoofing,
+    mode: TunnelGso,
+    uplink: &str,
+) -> Result<Tunnel, BackendError> {
+    let unmet = match mode {
+        TunnelGso::Off => Some("off".to_string()),
+        _ => check(&*us.nl, uplink)
+            .await
+            .err()
+            .map(|u| fall_back(mode, u))
+            .transpose()?,
+    };
+    if unmet.is_none() {
+        cfg.tunnel_tap = Some(weft_engine::TunnelTap {
+            name: TAP.into(),
+            required: mode == TunnelGso::On,
+        });
+    }
+    let mut t = Tunnel::start(us, cfg, addr, mtu, anti)
+        .await
+        .map_err(|e| match e {
+            // `on`: the kernel refused the TAP or its offloads.
+            BackendError::Engine(weft_engine::EngineError::TunnelTap { why, .. }) => {
+                BackendError::TunnelGso(Unmet::Kernel(why))
+            }
+            e => e,
+        })?;
+    let used = match (unmet, t.tunnel_tap()) {
+        (Some(why), _) => Err(why),
+        (None, TunnelTapState::Open(tap)) => match configure(&*us.nl, &tap).await {
+            Ok(()) => {
+                tracing::info!("--tunnel-gso={mode}: TCP super-packets leave through {tap}");
+                Ok(tap)
+            }
+            Err(u) => Err(fall_back(mode, u)?),
+        },
+        (None, TunnelTapState::Unavailable(why)) => Err(fall_back(mode, Unmet::Kernel(why))?),
+        (None, TunnelTapState::NotAsked) => Err("not asked".to_string()),
+    };
+    t.set_tunnel_gso(status(mode, used.as_deref().map_err(Clone::clone)));
+    Ok(t)
+}
+
+/// `on`: the unmet condition is the error; `auto`: logged, and the reason
+/// status shows.
+fn fall_back(mode: TunnelGso, u: Unmet) -> Result<String, BackendError> {
+    if mode == TunnelGso::On {
+        return Err(BackendError::TunnelGso(u));
+    }
+    tracing::info!("--tunnel-gso={mode}: UDP sockets, not the tunnel TAP: {u}");
+    Ok(u.to_string())
 }
 
 /// What status shows for mode `mode`: the TAP in use, or why not.

@@ -12,7 +12,8 @@
 //!   carried the super-packets and the receiving pod counted no TCP
 //!   checksum error, both with the uplink passing the unsegmented skb (a
 //!   veth, as a NIC with `tx-udp_tnl-segmentation`) and with the node's
-//!   stack cutting it (the offload turned off under the running weftd);
+//!   stack cutting it (the offload turned off under the running weftd,
+//!   which `weft doctor` then reports as `tunnel_gso_stack_segments`);
 //!   after weftd stops the TAP is gone.
 //! - `auto` on an uplink without `tx-udp_tnl-segmentation`: the sockets,
 //!   status says why, no TAP, pods still reach each other.
@@ -26,6 +27,8 @@
 //! `WeftGSO`), TCP moves without checksum errors; once the peer runs with
 //! `off` (no `WeftGSO`: what flanneld's lease looks like), nothing more
 //! goes through the TAP toward it and TCP still moves, over the sockets.
+
+mod doctor_kit;
 
 use std::time::Duration;
 

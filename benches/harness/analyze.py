@@ -40,6 +40,7 @@ LABELS = {
     "weft-udp": "weft udp",
     "weft-vxlan": "weft vxlan (userspace)",
     "weft-vxlan-tap": "weft vxlan, tunnel TAP",
+    "weft-udp-tap": "weft udp, tunnel TAP",
     "weft-kvxlan": "weft vxlan (kernel)",
     "weft-wg": "weft wireguard",
     "weft-ipip": "weft ipip (userspace)",

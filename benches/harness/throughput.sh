@@ -15,6 +15,8 @@
 #                 kernel segments them; the uplinks' tx-udp_tnl-segmentation off and
 #                 GRO on, as a NIC without the offload (TAP_UPLINK_TNL_GSO=1 leaves
 #                 the veth as it is: it carries the unsegmented skb to the peer)
+#   weft-udp-tap  weft-udp with --tunnel-gso=on on both nodes (flannel-UDP
+#                 super-packets through the TAP; uplinks as for weft-vxlan-tap)
 #   weft-kvxlan   weftd, backend vxlan, --dataplane=kernel
 #   weft-wg       weftd, backend wireguard, --dataplane=userspace
 #   weft-ipip     weftd, backend ipip, --dataplane=userspace
@@ -181,11 +183,11 @@ start_weftd() { # backend-json dataplane
     done
 }
 
-tap_forward() { # weft-vxlan-tap: the nodes forward (a Kubernetes node does; weftd checks, never sets it)
+tap_forward() { # weft-vxlan-tap, weft-udp-tap: the nodes forward (a Kubernetes node does; weftd checks, never sets it)
     for n in 1 2; do ip netns exec $P-n$n sysctl -qw net.ipv4.ip_forward=1; done
 }
 
-tap_uplinks() { # weft-vxlan-tap, after weftd took the TAP (--tunnel-gso=on checks the offload at start)
+tap_uplinks() { # weft-vxlan-tap, weft-udp-tap, after weftd took the TAP (--tunnel-gso=on checks the offload at start)
     # As across a NIC without UDP-tunnel segmentation: the sender's stack
     # cuts, the receiver's GRO (on for the veth: NAPI) coalesces again.
     [ "${TAP_UPLINK_TNL_GSO:-0}" = 1 ] && return 0
@@ -235,6 +237,7 @@ setup() { # case[@variant]
     weft-udp) start_weftd '{"Type":"udp"}' userspace ;;
     weft-vxlan) start_weftd '{"Type":"vxlan"}' userspace ;;
     weft-vxlan-tap) WEFTD_ENV=WEFT_TUNNEL_GSO=on; tap_forward; start_weftd '{"Type":"vxlan"}' userspace && tap_uplinks ;;
+    weft-udp-tap) WEFTD_ENV=WEFT_TUNNEL_GSO=on; tap_forward; start_weftd '{"Type":"udp"}' userspace && tap_uplinks ;;
     weft-kvxlan) start_weftd '{"Type":"vxlan"}' kernel ;;
     weft-wg) start_weftd '{"Type":"wireguard"}' userspace ;;
     weft-ipip) start_weftd '{"Type":"ipip"}' userspace ;;

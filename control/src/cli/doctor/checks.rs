@@ -5,7 +5,7 @@
 
 use super::facts::Facts;
 use super::{Finding, Severity};
-use super::{csum, nft, overlay, peers, policy, wg};
+use super::{csum, gso, nft, overlay, peers, policy, wg};
 use crate::traffic::rules::FWD_CHAIN;
 
 /// A check: its name and its judgement.
@@ -30,6 +30,7 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("wg_handshakes", wg::handshakes),
     ("path_mtu", peers::path_mtu),
     ("checksums", csum::checksums),
+    ("tunnel_gso", gso::tunnel_gso),
 ];
 
 /// Runs every check: errors first, then warnings, then notes (stable within each).

@@ -106,6 +106,10 @@ pub struct Facts {
     pub udp_csum_errors: Option<u64>,
     /// weft's kernel vxlan devices whose transmit checksum offload is off.
     pub tx_csum_off: Vec<String>,
+    /// The link carrying the lease's public IPv4 address and whether it
+    /// has `tx-udp_tnl-segmentation` on (`None`: no such link, or its
+    /// features unreadable); read only when a device uses the tunnel TAP.
+    pub tunnel_uplink: Option<(String, bool)>,
 }
 
 /// Where the CNI config and plugins are looked for.
@@ -165,10 +169,12 @@ pub fn gather(subnet_file: &Path, socket: &Path, cni: &CniFactsOpt) -> Facts {
             &std::fs::read_to_string("/proc/net/snmp6").unwrap_or_default(),
         ),
         tx_csum_off: Vec::new(),
+        tunnel_uplink: None,
     };
     if let Err(e) = netlink_facts(&mut f) {
         f.netlink_error = Some(e);
     }
+    f.tunnel_uplink = tunnel_uplink(&f);
     let mut names: Vec<String> = vec!["all".into()];
     names.extend(f.links.iter().map(|l| l.name.clone()));
     for n in names {
@@ -177,6 +183,27 @@ pub fn gather(subnet_file: &Path, socket: &Path, cni: &CniFactsOpt) -> Facts {
         }
     }
     f
+}
+
+/// [`Facts::tunnel_uplink`], from the links, addresses and status read.
+fn tunnel_uplink(f: &Facts) -> Option<(String, bool)> {
+    let st = f.daemon.as_ref().ok()?;
+    let tap_used = st
+        .backend
+        .devices
+        .iter()
+        .any(|d| d.tunnel_gso.as_ref().is_some_and(|g| g.tap.is_some()));
+    let public: IpAddr = st.lease.as_ref()?.public_ip.parse().ok()?;
+    if !tap_used {
+        return None;
+    }
+    let index = f.addrs.iter().find(|(_, a)| a.addr() == public)?.0;
+    let name = &f.links.iter().find(|l| l.index == index)?.name;
+    // A kernel without the feature's name has not got it (as weftd's check).
+    let on = weft_engine::ethtool_feature(name, crate::backend::tunnel::gso::UPLINK_FEATURE)
+        .ok()?
+        .unwrap_or(false);
+    Some((name.clone(), on))
 }
 
 /// Links, addresses, routes and the L2 entries of weft's devices.

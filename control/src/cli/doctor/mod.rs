@@ -16,6 +16,7 @@
 pub mod checks;
 mod csum;
 pub mod facts;
+mod gso;
 mod nft;
 mod overlay;
 mod peers;

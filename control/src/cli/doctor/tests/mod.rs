@@ -117,6 +117,7 @@ fn healthy() -> Facts {
         daemon: Ok(serde_json::from_value(status).expect("test fixture")),
         udp_csum_errors: Some(0),
         tx_csum_off: Vec::new(),
+        tunnel_uplink: None,
     }
 }
 
@@ -130,6 +131,7 @@ fn a_healthy_node_has_no_finding() {
     assert!(found.is_empty(), "{found:#?}");
 }
 
+mod gso;
 mod policy;
 mod rows;
 mod wg;

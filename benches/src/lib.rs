@@ -52,7 +52,8 @@ pub fn ipip_packet(inner: &[u8]) -> Vec<u8> {
 
 /// Node 1's peer table (the packets' sender): node 2, 10.244.2.0/24 at
 /// 192.0.2.2 with VTEP MAC [`PEER`]; and node 2's: node 1, 10.244.1.0/24 at
-/// 192.0.2.1 with [`LOCAL`].
+/// 192.0.2.1 with [`LOCAL`]. Both are weft nodes that take UDP-tunnel GSO
+/// datagrams whole (`tunnel_gso`: the tunnel TAP may send flannel-UDP to them).
 pub fn peer_tables() -> (PeerTable, PeerTable) {
     let table = |subnet: &str, endpoint: [u8; 4], mac| {
         let p = Peer {
@@ -61,7 +62,7 @@ pub fn peer_tables() -> (PeerTable, PeerTable) {
             vtep_mac: Some(mac),
             nat: None,
             wireguard: None,
-            tunnel_gso: false,
+            tunnel_gso: true,
         };
         PeerTable::new(&[p], 8472)
     };

@@ -2,7 +2,8 @@
 //! every encapsulation, decapsulation, segmentation and coalescing call the
 //! engine's workers make per packet (flannel-UDP, VXLAN, IPIP, WireGuard's
 //! `Tunn`, userspace GSO/GRO and checksum completion, the gathered transmit
-//! step, and the packet path's steps that call them, `weft_engine::path`),
+//! step, the tunnel TAP's header block, and the packet path's steps that
+//! call them, `weft_engine::path`),
 //! in the steady state
 //! (after one warm-up call, with the caller-owned buffers the workers keep).
 //!
@@ -13,13 +14,14 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use weft_benches::{
-    LOCAL, PEER, SIZES, ipip_packet, peer_tables, tcp_packet, tcp_super_read, udp_packet,
+    LOCAL, PEER, SIZES, ipip_packet, peer_tables, tcp_packet, tcp_super_read, tun_read, udp_packet,
     udp_super_read,
 };
 use weft_engine::AntiSpoofing;
 use weft_engine::encap::{Codec, VXLAN_HEADROOM, Vxlan};
 use weft_engine::offload::{self, gro::Gro, gso};
-use weft_engine::path::{gather, rx, tx};
+use weft_engine::path::{gather, rx, tap, tx};
+use weft_engine::wire::vnet;
 
 struct Counting;
 
@@ -248,6 +250,33 @@ fn packet_path_steps_allocate_nothing() {
                 gro.flush(train, |_| {});
             });
             assert_eq!(n, 0, "vxlan path, {size}-byte segments");
+        }
+        // The tunnel TAP's header block, VXLAN and flannel-UDP.
+        let side = tap::TapSide {
+            tap_mac: [2, 0, 0, 0, 0, 0xaa],
+            local: [192, 0, 2, 1].into(),
+        };
+        let mut block = [0u8; tap::BLOCK_LEN];
+        for codec in [tx_codec, Codec::FlannelUdp] {
+            // 30 KB with a partial checksum, as a pod's stack hands it over.
+            let hdr = vnet::VnetHdr {
+                flags: vnet::F_NEEDS_CSUM,
+                gso_type: vnet::GSO_TCPV4,
+                gso_size: u16::try_from(size).expect("mss"),
+                csum_start: 20,
+                csum_offset: 16,
+                ..vnet::VnetHdr::default()
+            };
+            let mut read = hdr.to_bytes().to_vec();
+            read.extend_from_slice(&tcp_packet(1, 30_000));
+            let n = allocations(10, || {
+                let plan =
+                    tx::udp_plan(&codec, &peers1, &mut read, true, arena.len()).expect("plan");
+                let ip = &read[plan.pkt.start..];
+                let n = tap::tunnel_header(&codec, &plan, ip, side, (1, 1), &mut block);
+                assert!(n.is_some(), "the TAP takes the super-packet");
+            });
+            assert_eq!(n, 0, "tunnel TAP header, {size}-byte segments");
         }
         let mut read = tcp_super_read(size);
         let inner = tcp_packet(1, size);

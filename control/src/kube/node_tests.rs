@@ -366,10 +366,11 @@ fn weft_gso_annotation_is_written_removed_and_read() {
     assert_eq!(weft, BTreeMap::from([(key, None)]));
     assert!(weft_updates(annotations(&bare), &a, &udp).is_empty());
     for (v, want) in [("true", true), ("True", false), ("1", false), ("", false)] {
-        let mut n = node("n3", &["10.244.3.0/24"], &[("weft-gso", v)]);
-        if v.is_empty() {
-            n = node("n3", &["10.244.3.0/24"], &[]);
+        let mut list = vec![("kube-subnet-manager", "true"), ("public-ip", "10.12.0.3")];
+        if !v.is_empty() {
+            list.push(("weft-gso", v));
         }
+        let n = node("n3", &["10.244.3.0/24"], &list);
         let l = node_to_lease(&n, &a, true, false)
             .expect("lease")
             .expect("managed");

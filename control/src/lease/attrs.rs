@@ -14,9 +14,8 @@
 //! weft adds two fields of its own, last and only when set, which flanneld
 //! ignores as unknown keys: `WeftNAT` ([`super::nat`], NAT traversal) and
 //! `WeftGSO` (`true`: a weft udp node that takes UDP-tunnel GSO datagrams
-//! whole, so peers' tunnel TAPs may send to it; `--tunnel-gso`,
-//! [`crate::backend::tunnel::gso`]). A lease without them is byte for byte
-//! what flannel writes.
+//! whole, so peers' tunnel TAPs may send to it; weftd's `--tunnel-gso`).
+//! A lease without them is byte for byte what flannel writes.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 

@@ -14,7 +14,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use weft_benches::{
-    LOCAL, PEER, SIZES, ipip_packet, peer_tables, tcp_packet, tcp_super_read, tun_read, udp_packet,
+    LOCAL, PEER, SIZES, ipip_packet, peer_tables, tcp_packet, tcp_super_read, udp_packet,
     udp_super_read,
 };
 use weft_engine::AntiSpoofing;

@@ -1,5 +1,5 @@
 //! weftd's tunnel TAP (issue 32, `--tunnel-gso`, `engine/src/path/tap.rs`,
-//! `control/src/backend/vxlan/gso.rs`): userspace VXLAN writes each TCP
+//! `control/src/backend/tunnel/gso.rs`): userspace VXLAN writes each TCP
 //! super-packet whole to a TAP with UDP-tunnel GSO (Linux 6.17+) and the
 //! kernel cuts it. Two real weftd nodes; nothing configured by hand but
 //! `ip_forward=1` on the nodes (a Kubernetes node has it; the CNI bridge

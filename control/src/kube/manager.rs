@@ -273,9 +273,9 @@ impl KubeManager {
         Ok(lease)
     }
 
-    /// Brings the own node's `weft-nat` annotation in line with `lease`
-    /// (the daemon "renews" a kube lease only when its `WeftNAT` endpoint
-    /// changed: node leases do not expire).
+    /// Brings the own node's weft annotations (`weft-nat`, `weft-gso`) in
+    /// line with `lease` (the daemon "renews" a kube lease only when its
+    /// `WeftNAT` endpoint changed: node leases do not expire).
     async fn publish_nat(&self, lease: &Lease) -> Result<(), KubeError> {
         let n = self.own_node().await?;
         let weft = node::weft_updates(node::annotations(&n), &self.ann, &lease.attrs);

@@ -330,8 +330,6 @@ impl Live {
     }
 }
 
-/// A failed condition of `--tunnel-gso` (`mode`): a start-up error with
-/// `on`, else one log line and the reason status shows.
 /// Whether `ip` is on one of the external interface's connected prefixes
 /// (flannel: `ip route get` gives a single route without a gateway).
 fn on_link(ext: &ExternalInterface, ip: IpAddr) -> bool {

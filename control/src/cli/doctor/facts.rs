@@ -185,7 +185,8 @@ pub fn gather(subnet_file: &Path, socket: &Path, cni: &CniFactsOpt) -> Facts {
     f
 }
 
-/// [`Facts::tunnel_uplink`], from the links, addresses and status read.
+/// [`Facts::tunnel_uplink`], from the links, addresses and status read:
+/// the link weftd published the address of ([`super::overlay::ext_link`]).
 fn tunnel_uplink(f: &Facts) -> Option<(String, bool)> {
     let st = f.daemon.as_ref().ok()?;
     let tap_used = st
@@ -193,12 +194,10 @@ fn tunnel_uplink(f: &Facts) -> Option<(String, bool)> {
         .devices
         .iter()
         .any(|d| d.tunnel_gso.as_ref().is_some_and(|g| g.tap.is_some()));
-    let public: IpAddr = st.lease.as_ref()?.public_ip.parse().ok()?;
     if !tap_used {
         return None;
     }
-    let index = f.addrs.iter().find(|(_, a)| a.addr() == public)?.0;
-    let name = &f.links.iter().find(|l| l.index == index)?.name;
+    let name = &super::overlay::ext_link(f)?.name;
     // A kernel without the feature's name has not got it (as weftd's check).
     let on = weft_engine::ethtool_feature(name, crate::backend::tunnel::gso::UPLINK_FEATURE)
         .ok()?

@@ -226,7 +226,7 @@ pub fn vxlan_l2(f: &Facts) -> Vec<Finding> {
 }
 
 /// The interface whose address weftd published (or the default route's).
-fn ext_link(f: &Facts) -> Option<&LinkFact> {
+pub(super) fn ext_link(f: &Facts) -> Option<&LinkFact> {
     let public = status(f)
         .and_then(|st| st.lease.as_ref())
         .and_then(|l| l.public_ip.parse::<IpAddr>().ok());

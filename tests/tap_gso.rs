@@ -94,12 +94,12 @@ fn run_iperf(c: &Cluster) -> (u64, u64, u64) {
     (bytes, after.0 - before.0, after.1 - before.1)
 }
 
-/// Restarts node 0's weftd with `--tunnel-gso=<mode>` (and no subnet.env,
+/// Restarts node `n`'s weftd with `--tunnel-gso=<mode>` (and no subnet.env,
 /// so that readiness is this run's).
-fn restart(c: &mut Cluster, mode: &str) {
-    c.stop_weftd(0);
-    let _ = std::fs::remove_file(c.subnet_file(0));
-    c.start_weftd_with(0, &[format!("--tunnel-gso={mode}")])
+fn restart(c: &mut Cluster, n: usize, mode: &str) {
+    c.stop_weftd(n);
+    let _ = std::fs::remove_file(c.subnet_file(n));
+    c.start_weftd_with(n, &[format!("--tunnel-gso={mode}")])
         .expect("start weftd");
 }
 
@@ -187,7 +187,7 @@ fn weftd_runs_the_tunnel_tap_and_follows_the_uplink() {
     }
 
     // auto, the uplink's offload still off: the sockets, and why.
-    restart(&mut c, "auto");
+    restart(&mut c, 0, "auto");
     c.wait_ready(0, Duration::from_secs(60))
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(
@@ -212,7 +212,7 @@ fn weftd_runs_the_tunnel_tap_and_follows_the_uplink() {
     c.nodes[0]
         .ns
         .exec(&["sysctl", "-qw", "net.ipv4.conf.all.rp_filter=1"]);
-    restart(&mut c, "on");
+    restart(&mut c, 0, "on");
     let code = c.wait_exit(0, Duration::from_secs(30));
     let log = c.log(0);
     assert!(
@@ -291,10 +291,7 @@ fn weftd_udp_sends_whole_only_to_peers_whose_lease_takes_it() {
     // Node 1 without the flag: its lease loses WeftGSO, as a flanneld
     // node's never has it. Node 0 keeps its TAP but stops using it toward
     // node 1 once the lease change reaches it (within a few seconds).
-    c.stop_weftd(1);
-    let _ = std::fs::remove_file(c.subnet_file(1));
-    c.start_weftd_with(1, &["--tunnel-gso=off".into()])
-        .expect("start weftd");
+    restart(&mut c, 1, "off");
     c.wait_ready(1, Duration::from_secs(60))
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(!has_tap(&c, 1), "off made a {TAP}");
